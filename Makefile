@@ -1,0 +1,44 @@
+# Every target CI uses lives here; .ci/run calls `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: demo test lint fmt typecheck bench install dev clean
+
+$(VENV)/.core: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.core
+	$(VENV)/bin/pip install -q -e ".[dev,postgres,anthropic,openai,google,otel]"
+	touch $@
+
+install: $(VENV)/.core
+dev: $(VENV)/.dev
+
+## demo: the ETL crash/resume story on an embedded SQLite store, no API key needed
+demo: $(VENV)/.core
+	$(VENV)/bin/stepstone demo
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check src tests examples bench
+	$(VENV)/bin/ruff format --check src tests examples bench
+
+fmt: $(VENV)/.dev
+	$(VENV)/bin/ruff format src tests examples bench
+	$(VENV)/bin/ruff check --fix src tests examples bench
+
+typecheck: $(VENV)/.dev
+	$(VENV)/bin/mypy
+
+## test: linters, type checker, then the whole suite (PostgreSQL tests start their own server)
+test: lint typecheck
+	$(VENV)/bin/pytest
+
+bench: $(VENV)/.dev
+	$(PY) bench/plan_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,97 @@
+"""stepstone: durable LLM-agent pipelines.
+
+Every step of a pipeline (a Plan step, a graph node, an LLM turn, a tool call) is committed
+to a store before the next one starts, so a crash, a deploy, a rate limit or a pause for
+human approval costs one step, never the whole run.
+
+Example::
+
+    from stepstone import Agent, Plan, Step, Store
+
+    store = Store(db="pipeline.sqlite")
+    plan = Plan(Step(extract, writes="raw"), Step(transform, writes="clean"),
+                store=store, checkpoint_key="etl-2026-04-30", resume=True)
+    Agent(engine=plan)("today's batch")
+"""
+
+from stepstone.agent import Agent
+from stepstone.core import (
+    Envelope,
+    ErrorInfo,
+    SignedPickle,
+    Tool,
+    from_parallel,
+    from_parallel_all,
+    from_prev,
+    from_start,
+    from_step,
+    tool,
+)
+from stepstone.exceptions import (
+    AgentCheckpointCorruptionError,
+    CheckpointCorruptError,
+    ConcurrentPlanRunError,
+    MaxTurnsExceeded,
+    MissingExtraError,
+    PlanCompileError,
+    PlanPaused,
+    PlanRuntimeError,
+    SerializationError,
+    StaleCheckpointError,
+    StepstoneError,
+    StoreError,
+    StoreKeyConflictError,
+    StreamStallError,
+    ToolTimeoutError,
+    UnserializableValueWarning,
+    UserError,
+)
+from stepstone.observability import Event, EventType, Session
+from stepstone.store import Store, StoreEntry
+
+# --- plan engine (issue 2) ---
+# --- llm engine (issue 3) ---
+# --- graph engine (issue 4) ---
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # pipelines
+    "Agent",
+    "Envelope",
+    "ErrorInfo",
+    "Store",
+    "StoreEntry",
+    "from_parallel",
+    "from_parallel_all",
+    "from_prev",
+    "from_start",
+    "from_step",
+    # tools
+    "Tool",
+    "tool",
+    # serialization
+    "SignedPickle",
+    # observability
+    "Event",
+    "EventType",
+    "Session",
+    # errors
+    "AgentCheckpointCorruptionError",
+    "CheckpointCorruptError",
+    "ConcurrentPlanRunError",
+    "MaxTurnsExceeded",
+    "MissingExtraError",
+    "PlanCompileError",
+    "PlanPaused",
+    "PlanRuntimeError",
+    "SerializationError",
+    "StaleCheckpointError",
+    "StepstoneError",
+    "StoreError",
+    "StoreKeyConflictError",
+    "StreamStallError",
+    "ToolTimeoutError",
+    "UnserializableValueWarning",
+    "UserError",
+]

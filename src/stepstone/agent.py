@@ -1,0 +1,216 @@
+"""Agent: an engine plus its tools, callable like a function."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from stepstone.core import Envelope, Tool
+from stepstone.core._sync import run_sync
+from stepstone.engines._protocol import Engine
+from stepstone.exceptions import UserError
+from stepstone.observability import Session
+
+__all__ = ["Agent", "build_tool_map"]
+
+
+class Agent:
+    """An engine (a ``Plan``, an ``LLMEngine``...) with a tool map, a name and an output type.
+
+    ``agent("task")`` runs it synchronously and returns an :class:`Envelope`;
+    ``await agent.run("task")`` is the async form. Step failures come back as error
+    envelopes (check ``env.ok``); misuse and ownership conflicts raise.
+
+    Args:
+        engine: What runs: a ``Plan``, an ``LLMEngine``, or a model string (shorthand for
+            ``LLMEngine(model)``).
+        tools: Functions (become tools named after the function), Agents (become tools
+            named after the agent) and :class:`Tool` objects. ``Step("name")`` targets and
+            LLM tool calls resolve against them.
+        name: The agent's name (its tool name when used as a tool). Default: ``"agent"``.
+        description: What the agent does (shown to models when it is a tool).
+        output: The payload type: ``str`` or a pydantic model (structured output).
+        session: Where run events go.
+
+    Example::
+
+        agent = Agent(engine=Plan(Step(extract), Step(transform)), tools=[])
+        env = agent("today's batch")
+        env.ok, env.payload
+    """
+
+    def __init__(
+        self,
+        engine: Engine | str | None = None,
+        *,
+        tools: Iterable[Any] | None = None,
+        name: str | None = None,
+        description: str | None = None,
+        output: type = str,
+        session: Session | None = None,
+        **engine_options: Any,
+    ) -> None:
+        if engine is None or isinstance(engine, str):
+            engine = _llm_engine(engine, engine_options)
+        elif engine_options:
+            raise TypeError(
+                f"Agent() got unexpected keyword arguments {sorted(engine_options)}; engine "
+                "options belong to the engine (e.g. LLMEngine(model, temperature=...))"
+            )
+        if not hasattr(engine, "run"):
+            raise TypeError(f"Agent(engine=...) needs an engine with .run(), got {engine!r}")
+        self.engine: Engine = engine
+        self.name = name or "agent"
+        self.description = description or ""
+        self.output = output
+        self.session = session
+        self.tool_map: dict[str, Tool] = build_tool_map(tools or [])
+        engine_name = getattr(engine, "_agent_name", None)
+        if engine_name is None:
+            try:
+                setattr(engine, "_agent_name", self.name)  # noqa: B010 - not every engine declares it
+            except AttributeError:
+                pass
+        compile_fn: Callable[..., Any] | None = getattr(engine, "compile", None)
+        if compile_fn is not None:
+            compile_fn(list(self.tool_map.values()), output_type=output)
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r}, engine={type(self.engine).__name__})"
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The agent's tools, in the order given."""
+        return list(self.tool_map.values())
+
+    def _envelope(self, task: str | Envelope[Any], context: str | None) -> Envelope[Any]:
+        if isinstance(task, Envelope):
+            if context is not None:
+                joined = "\n\n".join(p for p in (task.context, context) if p)
+                return Envelope(
+                    task=task.task,
+                    context=joined,
+                    payload=task.payload,
+                    metadata=dict(task.metadata),
+                    error=task.error,
+                )
+            return task
+        if not isinstance(task, str):
+            raise TypeError(f"Agent tasks are str or Envelope, got {type(task).__name__}: {task!r}")
+        return Envelope.from_task(task, context=context)
+
+    async def run(
+        self,
+        task: str | Envelope[Any],
+        *,
+        context: str | None = None,
+        output: type | None = None,
+        session: Session | None = None,
+    ) -> Envelope[Any]:
+        """Run the engine on ``task`` and return the result envelope.
+
+        Args:
+            task: A string or an Envelope (a Plan step passes its resolved envelope).
+            context: Extra context for this call, added to the envelope's context.
+            output: Override the agent's output type for this call.
+            session: Override the agent's session for this call.
+        """
+        env = self._envelope(task, context)
+        return await self.engine.run(
+            env,
+            tools=self.tools,
+            output_type=output or self.output,
+            memory=None,
+            session=session or self.session,
+        )
+
+    def __call__(
+        self,
+        task: str | Envelope[Any],
+        *,
+        context: str | None = None,
+        output: type | None = None,
+        session: Session | None = None,
+    ) -> Envelope[Any]:
+        """Synchronous :meth:`run` (not from inside a running event loop)."""
+        return run_sync(
+            self.run(task, context=context, output=output, session=session),
+            sync_name=f"{self.name}(...)",
+            async_name=f"{self.name}.run(...)",
+        )
+
+    async def stream(
+        self, task: str | Envelope[Any], *, context: str | None = None
+    ) -> AsyncIterator[str]:
+        """Stream text tokens (engines with ``stream``; others yield the final text once)."""
+        env = self._envelope(task, context)
+        stream_fn = getattr(self.engine, "stream", None)
+        if stream_fn is None:
+            result = await self.run(env)
+            if not result.ok:
+                assert result.error is not None
+                raise RuntimeError(f"{result.error.type}: {result.error.message}")
+            yield result.text()
+            return
+        async for token in stream_fn(
+            env, tools=self.tools, output_type=self.output, memory=None, session=self.session
+        ):
+            yield token
+
+    def as_tool(self, name: str | None = None, *, description: str | None = None) -> Tool:
+        """This agent as a tool named ``name`` (default: the agent's name).
+
+        The tool takes one argument, ``task`` (a string), and returns the agent's payload.
+        """
+        return Tool(
+            name=name or self.name,
+            description=description or self.description or f"Ask the {self.name} agent.",
+            parameters={
+                "type": "object",
+                "properties": {"task": {"type": "string", "description": "The task to do."}},
+                "required": ["task"],
+            },
+            agent=self,
+        )
+
+
+def build_tool_map(tools: Iterable[Any]) -> dict[str, Tool]:
+    """Turn functions, Agents and Tools into a name → Tool map (names must be unique)."""
+    out: dict[str, Tool] = {}
+    for item in tools:
+        if isinstance(item, Tool):
+            t = item
+        elif isinstance(item, Agent):
+            t = item.as_tool()
+        elif callable(item) and (
+            inspect.isfunction(item) or inspect.ismethod(item) or hasattr(item, "__name__")
+        ):
+            t = Tool.from_function(item)
+        else:
+            raise TypeError(
+                f"tools= takes functions, Agents and Tool objects, got {type(item).__name__}: "
+                f"{item!r}"
+            )
+        if t.name in out:
+            raise UserError(
+                f"two tools are named {t.name!r}; give one another name "
+                f"(Tool.from_function(fn, name=...) or agent.as_tool('other'))"
+            )
+        out[t.name] = t
+    return out
+
+
+def _llm_engine(model: str | None, options: dict[str, Any]) -> Engine:
+    if model is None:
+        raise TypeError(
+            "Agent() needs an engine: Agent(engine=Plan(...)) or Agent('claude-sonnet-4-6')"
+        )
+    try:
+        from stepstone.engines.llm import LLMEngine  # type: ignore[attr-defined]
+    except ImportError as exc:  # pragma: no cover - the LLM engine ships with stepstone
+        raise UserError(
+            f"Agent({model!r}) needs the LLM engine, which failed to import: {exc}"
+        ) from exc
+    engine: Engine = LLMEngine(model, **options)
+    return engine

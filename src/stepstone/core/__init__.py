@@ -1,0 +1,29 @@
+"""Core value types shared by every layer: Envelope, sentinels, tools, serialization."""
+
+from stepstone.core._envelope import Envelope, ErrorInfo, payload_text
+from stepstone.core._sentinels import (
+    Sentinel,
+    from_parallel,
+    from_parallel_all,
+    from_prev,
+    from_start,
+    from_step,
+)
+from stepstone.core._serialization import SignedPickle
+from stepstone.core._tool import Tool, call_maybe_async, tool
+
+__all__ = [
+    "Envelope",
+    "ErrorInfo",
+    "Sentinel",
+    "SignedPickle",
+    "Tool",
+    "call_maybe_async",
+    "from_parallel",
+    "from_parallel_all",
+    "from_prev",
+    "from_start",
+    "from_step",
+    "payload_text",
+    "tool",
+]

@@ -1,0 +1,190 @@
+"""Tool: a named callable (function or agent) with a JSON schema for its arguments."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import re
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+__all__ = ["Tool", "tool"]
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
+_ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Tool:
+    """A callable the framework can run by name: a Plan step target or an LLM tool.
+
+    Build one with :func:`tool` / :meth:`Tool.from_function`, or let ``Agent(tools=[fn])``
+    wrap plain functions (named after the function). ``agent.as_tool("name")`` wraps an
+    Agent.
+
+    Attributes:
+        name: The key in the tool map (``Step("name")`` and LLM tool calls use it).
+        description: Shown to models; defaults to the function's docstring summary.
+        parameters: JSON schema of the arguments, derived from type hints.
+        fn: The function to call (sync or async). None for agent tools.
+        agent: The Agent behind an ``as_tool`` tool, else None.
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fn: Callable[..., Any] | None = None
+    agent: Any = None
+    args_model: type[BaseModel] | None = None
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> Tool:
+        """Wrap ``fn``; its type hints and Google-style docstring give the schema."""
+        if not callable(fn):
+            raise TypeError(f"Tool.from_function needs a callable, got {fn!r}")
+        tool_name = name or getattr(fn, "__name__", None)
+        if not tool_name or tool_name == "<lambda>":
+            raise ValueError(
+                f"cannot name a tool after {fn!r}; pass name=... (Tool.from_function(fn, name='x'))"
+            )
+        summary, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        model = _args_model(fn, tool_name, arg_docs)
+        schema = (
+            model.model_json_schema() if model is not None else {"type": "object", "properties": {}}
+        )
+        schema.pop("title", None)
+        return cls(
+            name=tool_name,
+            description=description if description is not None else summary,
+            parameters=schema,
+            fn=fn,
+            args_model=model,
+        )
+
+    @property
+    def is_async(self) -> bool:
+        """True when calling the function returns an awaitable."""
+        return self.fn is not None and (
+            inspect.iscoroutinefunction(self.fn)
+            or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))  # noqa: B004
+        )
+
+    def definition(self) -> dict[str, Any]:
+        """Provider-neutral definition: name, description, JSON schema of parameters."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def validate_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Validate and coerce keyword arguments against the schema (pydantic errors raise)."""
+        if self.args_model is None:
+            return dict(kwargs)
+        validated = self.args_model.model_validate(kwargs)
+        return {name: getattr(validated, name) for name in type(validated).model_fields}
+
+    async def run(self, **kwargs: Any) -> Any:
+        """Call the tool with keyword arguments (validated); sync functions run in a thread."""
+        if self.fn is None:
+            if self.agent is None:
+                raise RuntimeError(f"tool {self.name!r} has neither a function nor an agent")
+            task = kwargs.get("task")
+            if task is None and len(kwargs) == 1:
+                task = next(iter(kwargs.values()))
+            env = await self.agent.run(str(task) if task is not None else "")
+            if not env.ok:
+                raise RuntimeError(f"{env.error.type}: {env.error.message}")
+            return env.payload
+        args = self.validate_args(kwargs)
+        return await call_maybe_async(self.fn, **args)
+
+
+def tool(
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None
+) -> Any:
+    """Decorator form of :meth:`Tool.from_function`.
+
+    Example::
+
+        @tool
+        def add(a: int, b: int) -> int:
+            '''Add two integers.'''
+            return a + b
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool.from_function(f, name=name, description=description)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Await ``fn`` when it is async; run it in a worker thread when it is sync."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    ):
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    lines = doc.splitlines()
+    summary_lines: list[str] = []
+    for line in lines:
+        if not line.strip():
+            break
+        summary_lines.append(line.strip())
+    args: dict[str, str] = {}
+    in_args = False
+    current: str | None = None
+    for line in lines:
+        if _ARGS_HEADER.match(line):
+            in_args = True
+            continue
+        if not in_args:
+            continue
+        if line.strip() and not line.startswith((" ", "\t")):
+            break  # next section
+        m = _ARG_LINE.match(line)
+        if m and len(line) - len(line.lstrip()) <= 4:
+            current = m.group(1).lstrip("*")
+            args[current] = m.group(3).strip()
+        elif current and line.strip():
+            args[current] = f"{args[current]} {line.strip()}".strip()
+    return " ".join(summary_lines), args
+
+
+def _args_model(
+    fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]
+) -> type[BaseModel] | None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:
+        hints = {}
+    fields: dict[str, Any] = {}
+    from pydantic import Field
+
+    for pname, param in sig.parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        annotation = hints.get(pname, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (annotation, Field(default, description=arg_docs.get(pname) or None))
+    safe = re.sub(r"\W", "_", tool_name)
+    return create_model(
+        f"{safe}_args", __config__=ConfigDict(arbitrary_types_allowed=True), **fields
+    )

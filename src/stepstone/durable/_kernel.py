@@ -1,0 +1,288 @@
+"""The durable kernel: claim a run, commit each step atomically, release it.
+
+Every engine (Plan, graph, agent runner) drives its runs through these calls and nothing
+else, so they all get the same guarantees:
+
+* **Ownership.** ``claim_run`` records ``run_uid``, host, pid and a lease in one database
+  transaction. A live owner is never displaced (``ConcurrentPlanRunError``); a dead one
+  (lease expired, or its process gone on this host) is taken over by ``resume=True``.
+* **One atomic commit per step.** ``OwnedRun.commit`` replaces the head (compare-and-swap
+  on its version and run_uid), appends journal rows and upserts ``writes=`` values in one
+  transaction: the checkpoint and the Store never disagree.
+* **Append, don't rewrite.** Heads are small and updated in place; history is appended, so
+  a step costs the same at step 1,000 as at step 10.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from stepstone.core._ids import host_id, new_uid, process_start_time
+from stepstone.core._serialization import dumps
+from stepstone.durable._leases import keeper, owner_alive
+from stepstone.exceptions import ConcurrentPlanRunError, StoreKeyConflictError
+from stepstone.store._base import Claim, JournalRow, RunHead
+from stepstone.store._store import Store
+
+__all__ = ["ClaimResult", "OwnedRun", "claim_run", "describe_owner"]
+
+Outcome = Literal["fresh", "resumed", "done"]
+LegacyImport = Callable[[str, str], tuple[RunHead, list[JournalRow]] | None]
+
+
+def describe_owner(head: RunHead) -> str:
+    """``run 3f2a... (pid 123 on host h, lease until 12:00:01)`` for error messages."""
+    until = time.strftime("%H:%M:%S", time.localtime(head.lease_until))
+    return f"run {head.run_uid} (pid {head.pid} on host {head.host}, lease until {until})"
+
+
+@dataclasses.dataclass(eq=False)
+class OwnedRun:
+    """A run this process owns: commit steps through it, then :meth:`release` it."""
+
+    store: Store
+    head: RunHead
+
+    @property
+    def key(self) -> str:
+        """The checkpoint key."""
+        return self.head.key
+
+    @property
+    def run_uid(self) -> str:
+        """This run's ownership stamp."""
+        return self.head.run_uid
+
+    def _next_head(
+        self,
+        *,
+        status: str,
+        next_step: str | None,
+        iteration: int | None,
+        meta: dict[str, Any] | None,
+        n_rows: int,
+    ) -> RunHead:
+        now = time.time()
+        return self.head.replace(
+            status=status,
+            next_step=next_step,
+            version=self.head.version + 1,
+            iteration=self.head.iteration if iteration is None else iteration,
+            journal_len=self.head.journal_len + n_rows,
+            lease_until=now + self.store.lease_seconds,
+            meta=self.head.meta if meta is None else meta,
+            updated_at=now,
+        )
+
+    def _rows(self, rows: Sequence[tuple[str, str | None, Any]]) -> list[JournalRow]:
+        base = self.head.journal_len
+        return [
+            JournalRow(base + i, kind, name, dumps(data))
+            for i, (kind, name, data) in enumerate(rows)
+        ]
+
+    def commit_sync(
+        self,
+        *,
+        status: str,
+        next_step: str | None,
+        iteration: int | None = None,
+        meta: dict[str, Any] | None = None,
+        rows: Sequence[tuple[str, str | None, Any]] = (),
+        writes: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        """Commit one step: new head, journal rows (``(kind, name, json_data)``) and
+        ``writes`` (``(key, json_value)``), in one transaction.
+
+        Raises:
+            ConcurrentPlanRunError: another run took the key over (this run's lease had
+                expired); nothing was written.
+        """
+        new = self._next_head(
+            status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
+        )
+        journal = self._rows(rows)
+        encoded = [(k, dumps(v)) for k, v in writes]
+        if not self.store.backend.run_commit(new, self.head.version, journal, encoded):
+            raise self._lost()
+        self.head = new
+
+    async def commit(
+        self,
+        *,
+        status: str,
+        next_step: str | None,
+        iteration: int | None = None,
+        meta: dict[str, Any] | None = None,
+        rows: Sequence[tuple[str, str | None, Any]] = (),
+        writes: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        """Async :meth:`commit_sync` (blocking backends run in a worker thread)."""
+        new = self._next_head(
+            status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
+        )
+        journal = self._rows(rows)
+        encoded = [(k, dumps(v)) for k, v in writes]
+        ok = await self.store._offload(
+            self.store.backend.run_commit, new, self.head.version, journal, encoded
+        )
+        if not ok:
+            raise self._lost()
+        self.head = new
+
+    def _lost(self) -> ConcurrentPlanRunError:
+        current = self.store.backend.run_get(self.key)
+        who = describe_owner(current) if current is not None else "a delete"
+        return ConcurrentPlanRunError(
+            f"run {self.run_uid} lost checkpoint {self.key!r} to {who}: its lease had "
+            f"expired (lease_seconds={self.store.lease_seconds}) or the key was deleted; "
+            "nothing was written. Raise Store(lease_seconds=...) if steps block the process "
+            "for longer than that"
+        )
+
+    def journal(self, since_seq: int = 0) -> list[JournalRow]:
+        """This run's journal rows (all runs of the key since its last fresh start)."""
+        return self.store.backend.run_journal(self.key, since_seq)
+
+    def lease_due(self, now: float) -> bool:
+        """Whether a third of the lease has passed since it was last extended."""
+        return self.head.lease_until - now < self.store.lease_seconds * 2 / 3
+
+    def renew(self) -> None:
+        """Extend the lease (called by the lease keeper thread)."""
+        until = time.time() + self.store.lease_seconds
+        if self.store.backend.run_renew(self.key, self.run_uid, until):
+            self.head = self.head.replace(lease_until=until)
+        else:
+            keeper.remove(self)
+
+    def release(self) -> None:
+        """Stop renewing the lease (the run reached a terminal status or crashed)."""
+        keeper.remove(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """What :func:`claim_run` found and did.
+
+    Attributes:
+        outcome: ``"fresh"`` (new run from the start), ``"resumed"`` (took over a paused,
+            failed or dead run where it stopped) or ``"done"`` (``resume=True`` on a
+            finished run: nothing claimed).
+        head: The head now stored.
+        run: The owned run, None when ``outcome == "done"``.
+        previous: The head found before the claim, if any.
+    """
+
+    outcome: Outcome
+    head: RunHead
+    run: OwnedRun | None
+    previous: RunHead | None
+
+
+def claim_run(
+    store: Store,
+    key: str,
+    *,
+    kind: str,
+    resume: bool,
+    first_step: str | None,
+    meta: dict[str, Any] | None = None,
+    legacy_import: LegacyImport | None = None,
+    what: str = "run",
+) -> ClaimResult:
+    """Claim ``key`` for a new run of ``kind`` (or take over a resumable one).
+
+    Args:
+        store: Where the run lives.
+        key: The checkpoint key.
+        kind: The engine's run kind; a key holding another kind is refused.
+        resume: Take over a paused, failed or dead run (and short-circuit a done one)
+            instead of starting fresh.
+        first_step: ``next_step`` of a fresh run.
+        meta: Head meta of a fresh run (merged into a resumed run's meta).
+        legacy_import: Turns a plain value found under ``key`` into a run (an older
+            checkpoint format); returns None when the value is not one.
+        what: How to call the run in messages (``"Plan"``).
+
+    Raises:
+        ConcurrentPlanRunError: a live run owns ``key``.
+        StoreKeyConflictError: ``key`` holds a plain value or another kind of run.
+    """
+    me = host_id()
+    pid = os.getpid()
+    pid_start = process_start_time(pid)
+    found: list[RunHead | None] = [None]
+    outcome: list[Outcome] = ["fresh"]
+
+    def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
+        now = time.time()
+        imported: list[JournalRow] = []
+        drop_kv = False
+        if head is None and kv_text is not None:
+            legacy = legacy_import(key, kv_text) if legacy_import is not None else None
+            if legacy is None:
+                raise StoreKeyConflictError(
+                    f"checkpoint_key {key!r} already holds a plain value that is not a "
+                    f"{what} checkpoint; refusing to overwrite it. Use another checkpoint_key "
+                    f"or remove the value with store.delete({key!r})"
+                )
+            head, imported = legacy
+            drop_kv = True
+        found[0] = head
+        if head is not None and head.kind != kind:
+            raise StoreKeyConflictError(
+                f"checkpoint_key {key!r} holds a {head.kind} run, not a {kind} run; use "
+                f"another key or remove it with store.delete({key!r})"
+            )
+        if head is not None and owner_alive(head, now=now):
+            raise ConcurrentPlanRunError(
+                f"checkpoint_key {key!r} is owned by live {describe_owner(head)}, status "
+                f"{head.status!r}. Wait for it to finish, use a distinct checkpoint_key per "
+                "run, or on_concurrent='fork' for fan-out"
+            )
+        base = dict(
+            run_uid=new_uid(),
+            status="claimed",
+            host=me,
+            pid=pid,
+            pid_start=pid_start,
+            lease_until=now + store.lease_seconds,
+            updated_at=now,
+        )
+        if head is not None and resume:
+            if head.status == "done" and not drop_kv:
+                outcome[0] = "done"
+                return None
+            if head.status == "done":
+                outcome[0] = "done"
+                return Claim(head=head, rows=imported, drop_kv=True)
+            outcome[0] = "resumed"
+            merged = {**head.meta, **(meta or {})}
+            new = head.replace(version=head.version + 1, meta=merged, **base)
+            return Claim(head=new, rows=imported, drop_kv=drop_kv)
+        outcome[0] = "fresh"
+        new = RunHead(
+            key=key,
+            kind=kind,
+            next_step=first_step,
+            version=(head.version + 1) if head is not None else 1,
+            iteration=0,
+            journal_len=0,
+            meta=dict(meta or {}),
+            created_at=now,
+            **base,  # type: ignore[arg-type]
+        )
+        return Claim(head=new, reset_journal=True, drop_kv=drop_kv)
+
+    head = store.backend.run_transact(key, decide)
+    assert head is not None  # decide either wrote a head or found a done one
+    if outcome[0] == "done":
+        return ClaimResult("done", head, None, found[0])
+    run = OwnedRun(store, head)
+    keeper.add(run)
+    return ClaimResult(outcome[0], head, run, found[0])

@@ -1,0 +1,103 @@
+"""Ownership liveness: the lease keeper thread and the "is this owner alive?" test."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from stepstone.core._ids import host_id, process_alive
+from stepstone.store._base import RunHead
+
+if TYPE_CHECKING:
+    from stepstone.durable._kernel import OwnedRun
+
+__all__ = ["LeaseKeeper", "keeper", "owner_alive"]
+
+log = logging.getLogger("stepstone")
+
+LIVE_STATUSES = ("claimed", "running")
+
+
+class LeaseKeeper:
+    """Renews the leases of every run this process owns, from one daemon thread.
+
+    A thread (rather than an event-loop task) keeps renewing while a synchronous step
+    blocks its loop, so a long step never looks dead to other processes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[int, weakref.ref[OwnedRun]] = {}
+        self._owned: set[tuple[str, str]] = set()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, run: OwnedRun) -> None:
+        """Start renewing ``run``'s lease."""
+        with self._lock:
+            if self._pid != os.getpid():  # forked child: the parent's thread is not ours
+                self._runs.clear()
+                self._owned.clear()
+                self._thread = None
+                self._pid = os.getpid()
+            self._runs[id(run)] = weakref.ref(run)
+            self._owned.add((run.key, run.run_uid))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="stepstone-lease-keeper", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def remove(self, run: OwnedRun) -> None:
+        """Stop renewing ``run``'s lease (it finished or was released)."""
+        with self._lock:
+            self._runs.pop(id(run), None)
+            self._owned.discard((run.key, run.run_uid))
+
+    def owns(self, key: str, run_uid: str) -> bool:
+        """Whether a run of this process currently owns ``key`` as ``run_uid``."""
+        with self._lock:
+            return (key, run_uid) in self._owned
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                runs = [r for ref in self._runs.values() if (r := ref()) is not None]
+                interval = min((r.store.lease_seconds for r in runs), default=30.0) / 3
+            now = time.time()
+            for run in runs:
+                if run.lease_due(now):
+                    try:
+                        run.renew()
+                    except Exception:
+                        log.warning(
+                            "stepstone: renewing the lease of %r failed", run.key, exc_info=True
+                        )
+            with self._lock:
+                self._wake.wait(timeout=max(0.05, interval / 2))
+
+
+keeper = LeaseKeeper()
+
+
+def owner_alive(head: RunHead, *, now: float | None = None) -> bool:
+    """Whether the run recorded in ``head`` is still being executed by a live owner.
+
+    Dead when its status is terminal (paused, failed, done), its lease expired, or it ran
+    on this host and its process is gone (or is this process, which no longer runs it).
+    """
+    if head.status not in LIVE_STATUSES:
+        return False
+    if head.lease_until < (time.time() if now is None else now):
+        return False
+    if head.host == host_id():
+        if head.pid == os.getpid():
+            return keeper.owns(head.key, head.run_uid)
+        return process_alive(head.pid, head.pid_start)
+    return True

@@ -1,0 +1,180 @@
+"""The backend contract: a handful of blocking primitives every backend implements.
+
+Everything else (JSON encoding, async twins, checkpoint views, the durable kernel) is built
+on top of these in shared code. Concurrency control lives in the database: each primitive
+is one transaction, and the two conditional ones (``kv_cas``, ``run_commit``) decide inside
+it. A new backend passes ``stepstone.testing.store_conformance``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Backend", "Claim", "JournalRow", "RunHead"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunHead:
+    """The small, updated-in-place record of one durable run (a Plan, graph or agent run).
+
+    Attributes:
+        key: The checkpoint key.
+        kind: Which engine wrote it (``"plan"``, ``"graph"``, ``"agent"``).
+        status: ``claimed | running | paused | failed | done``.
+        next_step: What the run does next (engine-defined), None when done.
+        run_uid: Hex stamp of the owning run; changes on every claim or takeover.
+        version: Bumped by every commit; commits compare-and-swap on it.
+        iteration: The engine's persisted iteration counter.
+        journal_len: Number of journal rows; the next row's ``seq``.
+        host: Owner's host id (hostname/boot id).
+        pid: Owner's process id on that host.
+        pid_start: Owner process start time (ticks), to detect recycled pids.
+        lease_until: Unix time until which the owner's claim holds without renewal.
+        meta: Small engine-defined JSON dict (fingerprint, error, schema version...).
+        created_at: Unix time of the first claim.
+        updated_at: Unix time of the last change.
+    """
+
+    key: str
+    kind: str
+    status: str
+    next_step: str | None
+    run_uid: str
+    version: int
+    iteration: int
+    journal_len: int
+    host: str
+    pid: int
+    pid_start: int | None
+    lease_until: float
+    meta: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+    def replace(self, **changes: Any) -> RunHead:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JournalRow:
+    """One append-only journal entry of a run (a step result, an effect, a marker).
+
+    ``data`` is JSON text; ``kind`` and ``name`` are engine-defined and indexed.
+    """
+
+    seq: int
+    kind: str
+    name: str | None
+    data: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """What a claim decision writes, atomically, in :meth:`Backend.run_transact`.
+
+    Attributes:
+        head: The new head (inserted or replacing the old one).
+        reset_journal: Drop the run's existing journal rows first (a fresh start).
+        rows: Journal rows to append (for example, an imported legacy checkpoint).
+        drop_kv: Delete the plain KV value under the same key (a legacy checkpoint that
+            was stored as a value and is now imported as a run).
+    """
+
+    head: RunHead
+    reset_journal: bool = False
+    rows: Sequence[JournalRow] = ()
+    drop_kv: bool = False
+
+
+Decide = Callable[[RunHead | None, str | None], Claim | None]
+
+
+class Backend(abc.ABC):
+    """Blocking storage primitives. Values are JSON text; the facade encodes and decodes."""
+
+    #: True when primitives may block on I/O (the async twins then run them in a thread).
+    blocking: bool = True
+
+    # -- key/value ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def kv_get(self, key: str) -> str | None:
+        """The JSON text under ``key``, or None."""
+
+    @abc.abstractmethod
+    def kv_put(self, key: str, text: str) -> None:
+        """Insert or replace ``key``. Raises StoreKeyConflictError if ``key`` is a run."""
+
+    @abc.abstractmethod
+    def kv_delete(self, key: str) -> bool:
+        """Delete the value or run (head and journal) under ``key``; True if one existed."""
+
+    @abc.abstractmethod
+    def kv_keys(self, prefix: str | None) -> list[str]:
+        """Sorted keys of values and runs, optionally only those starting with ``prefix``."""
+
+    @abc.abstractmethod
+    def kv_items(self, prefix: str | None) -> list[tuple[str, str]]:
+        """Sorted ``(key, text)`` pairs of plain values (runs are not included)."""
+
+    @abc.abstractmethod
+    def kv_cas(
+        self, key: str, expected: Any, new_text: str, equal: Callable[[str, Any], bool]
+    ) -> bool:
+        """Atomically replace ``key`` with ``new_text`` if its current value matches.
+
+        ``expected is None`` means "only if absent". Otherwise ``equal(current_text,
+        expected)`` decides. Raises StoreKeyConflictError if ``key`` is a run.
+        """
+
+    # -- runs --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def run_get(self, key: str) -> RunHead | None:
+        """The head of the run under ``key``, or None."""
+
+    @abc.abstractmethod
+    def run_transact(self, key: str, decide: Decide) -> RunHead | None:
+        """Read the head and KV text under ``key``, call ``decide``, apply its Claim.
+
+        All in one transaction that excludes other writers of ``key``; if ``decide``
+        raises, nothing is written and the exception propagates. Returns the written head
+        (or the current head when ``decide`` returned None).
+        """
+
+    @abc.abstractmethod
+    def run_commit(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+    ) -> bool:
+        """One step's atomic commit.
+
+        If the stored head of ``head.key`` has ``expected_version`` and ``head.run_uid``,
+        replace it with ``head``, append ``rows`` and upsert ``writes`` (key, JSON text) into
+        the KV space, all in one transaction, and return True. Otherwise write nothing and
+        return False.
+        """
+
+    @abc.abstractmethod
+    def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
+        """Extend the lease if ``run_uid`` still owns ``key``; False if it does not."""
+
+    @abc.abstractmethod
+    def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
+        """Journal rows of ``key`` with ``seq >= since_seq``, in order."""
+
+    @abc.abstractmethod
+    def run_list(self, prefix: str | None) -> list[RunHead]:
+        """Heads of runs whose key starts with ``prefix`` (all when None), sorted by key."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Idempotent."""
+
+    def describe(self) -> str:
+        """Short human description (``"sqlite:/path/db.sqlite"``)."""
+        return type(self).__name__

@@ -1,0 +1,257 @@
+"""The Store facade: a JSON key/value store that also holds durable run records."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
+from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
+from stepstone.store._base import Backend
+from stepstone.store._memory import MemoryBackend
+from stepstone.store._views import render_run
+
+__all__ = ["Store", "StoreEntry"]
+
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class StoreEntry:
+    """A value with what the store knows about it.
+
+    Attributes:
+        key: The key.
+        value: The decoded value (for a checkpoint: the assembled checkpoint dict).
+        kind: ``"value"`` for plain values, ``"checkpoint"`` for durable run records.
+        run_kind: For checkpoints, the engine that wrote it (``"plan"``, ``"graph"``...).
+        version: For checkpoints, the head version (bumped by every commit), else None.
+        updated_at: For checkpoints, unix time of the last commit, else None.
+    """
+
+    key: str
+    value: Any
+    kind: Literal["value", "checkpoint"]
+    run_kind: str | None = None
+    version: int | None = None
+    updated_at: float | None = None
+
+
+class Store:
+    """Key/value storage for ``writes=`` values and durable checkpoints.
+
+    ``Store()`` keeps everything in memory. ``Store(db="run.sqlite")`` uses a SQLite file
+    (WAL, safe for concurrent readers and writers across threads and processes).
+    ``Store(url="postgresql://user:pw@host/db")`` uses PostgreSQL (``stepstone[postgres]``).
+
+    Values are JSON: pydantic models are stored as their ``model_dump``; anything JSON cannot
+    hold is stored as ``str(value)`` with a warning.
+
+    Args:
+        db: Path of a SQLite file (created if missing).
+        url: ``sqlite:///path`` or ``postgresql://...``; alternative to ``db``.
+        durability: SQLite only. ``"full"`` (default) survives power loss; ``"normal"``
+            survives a process crash and is faster.
+        busy_timeout: Seconds to wait for another writer's lock before failing.
+        lease_seconds: How long a run's ownership holds without renewal. A live run renews
+            it every third of this; a run whose owner stopped renewing for this long (or
+            whose process is gone, on the same host) can be resumed by another process.
+        backend: A ready :class:`~stepstone.store.Backend` (for custom backends).
+
+    Example::
+
+        with Store(db="pipeline.sqlite") as store:
+            store.write("greeting", {"text": "hello"})
+            store.read("greeting")            # {'text': 'hello'}
+            store.compare_and_swap("n", None, 1)   # True: created because absent
+    """
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        url: str | None = None,
+        durability: Literal["full", "normal"] = "full",
+        busy_timeout: float = 30.0,
+        lease_seconds: float = 30.0,
+        backend: Backend | None = None,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+        given = [name for name, v in (("db", db), ("url", url), ("backend", backend)) if v]
+        if len(given) > 1:
+            raise ValueError(f"pass only one of db=, url=, backend= (got {', '.join(given)})")
+        self.lease_seconds = float(lease_seconds)
+        self.backend: Backend
+        if backend is not None:
+            self.backend = backend
+        elif url is not None:
+            self.backend = _backend_from_url(url, durability=durability, busy_timeout=busy_timeout)
+        elif db is not None:
+            from stepstone.store._sqlite import SQLiteBackend
+
+            self.backend = SQLiteBackend(db, durability=durability, busy_timeout=busy_timeout)
+        else:
+            self.backend = MemoryBackend()
+
+    def __repr__(self) -> str:
+        return f"Store({self.backend.describe()})"
+
+    # -- sync API ------------------------------------------------------------------------
+    def read(self, key: str, default: Any = None) -> Any:
+        """The value under ``key`` (a checkpoint key gives the assembled checkpoint dict)."""
+        entry = self.read_entry(key)
+        return default if entry is None else entry.value
+
+    def read_entry(self, key: str) -> StoreEntry | None:
+        """The value under ``key`` with its kind and version, or None."""
+        text = self.backend.kv_get(key)
+        if text is not None:
+            return StoreEntry(key=key, value=_decode(key, text), kind="value")
+        head = self.backend.run_get(key)
+        if head is None:
+            return None
+        rows = self.backend.run_journal(key)
+        return StoreEntry(
+            key=key,
+            value=render_run(head, rows),
+            kind="checkpoint",
+            run_kind=head.kind,
+            version=head.version,
+            updated_at=head.updated_at,
+        )
+
+    def write(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key`` (replacing a plain value; a checkpoint key refuses)."""
+        self.backend.kv_put(_check_key(key), dumps(to_json_value(value, where=f"store[{key!r}]")))
+
+    def delete(self, key: str) -> bool:
+        """Delete the value or checkpoint (with its journal) under ``key``. True if found."""
+        return self.backend.kv_delete(_check_key(key))
+
+    def keys(self, prefix: str | None = None) -> list[str]:
+        """Sorted keys of values and checkpoints, optionally only those with ``prefix``."""
+        return self.backend.kv_keys(prefix)
+
+    def items(self, prefix: str | None = None) -> dict[str, Any]:
+        """Plain values (not checkpoints) as a key-sorted dict, optionally by ``prefix``."""
+        return {k: _decode(k, t) for k, t in self.backend.kv_items(prefix)}
+
+    def compare_and_swap(self, key: str, expected: Any, new: Any) -> bool:
+        """Set ``key`` to ``new`` only if it currently equals ``expected`` (JSON equality).
+
+        ``expected=None`` means "only if the key is absent". Returns whether it swapped.
+        Atomic across threads and processes: the comparison runs inside the database
+        transaction.
+        """
+        new_text = dumps(to_json_value(new, where=f"store[{key!r}]"))
+        expected_json = None if expected is None else to_json_value(expected, warn=False)
+        return self.backend.kv_cas(_check_key(key), expected_json, new_text, _text_equals)
+
+    def close(self) -> None:
+        """Close connections. The store cannot be used afterwards."""
+        self.backend.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- async twins ---------------------------------------------------------------------
+    async def _offload(self, fn: Callable[..., R], *args: Any) -> R:
+        if self.backend.blocking:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    async def aread(self, key: str, default: Any = None) -> Any:
+        """Async :meth:`read`."""
+        return await self._offload(self.read, key, default)
+
+    async def aread_entry(self, key: str) -> StoreEntry | None:
+        """Async :meth:`read_entry`."""
+        return await self._offload(self.read_entry, key)
+
+    async def awrite(self, key: str, value: Any) -> None:
+        """Async :meth:`write`."""
+        text = dumps(to_json_value(value, where=f"store[{key!r}]"))
+        await self._offload(self.backend.kv_put, _check_key(key), text)
+
+    async def adelete(self, key: str) -> bool:
+        """Async :meth:`delete`."""
+        return await self._offload(self.delete, key)
+
+    async def akeys(self, prefix: str | None = None) -> list[str]:
+        """Async :meth:`keys`."""
+        return await self._offload(self.keys, prefix)
+
+    async def aitems(self, prefix: str | None = None) -> dict[str, Any]:
+        """Async :meth:`items`."""
+        return await self._offload(self.items, prefix)
+
+    async def acompare_and_swap(self, key: str, expected: Any, new: Any) -> bool:
+        """Async :meth:`compare_and_swap`."""
+        return await self._offload(self.compare_and_swap, key, expected, new)
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        await self._offload(self.close)
+
+
+def _text_equals(current_text: str, expected: Any) -> bool:
+    try:
+        current = loads(current_text)
+    except ValueError:
+        return False
+    return json_equal(current, expected)
+
+
+def _decode(key: str, text: str) -> Any:
+    try:
+        return loads(text)
+    except ValueError as exc:
+        raise CheckpointCorruptError(
+            f"value under key {key!r} is not valid JSON ({exc}); remove it with "
+            f"store.delete({key!r})"
+        ) from exc
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"store keys are non-empty strings, got {key!r}")
+    return key
+
+
+def _backend_from_url(url: str, *, durability: Any, busy_timeout: float) -> Backend:
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        from stepstone.store._sqlite import SQLiteBackend
+
+        # sqlite:///relative.db and sqlite:////absolute/path.db, as SQLAlchemy spells them
+        rest = url[len("sqlite:") :]
+        path = rest[3:] if rest.startswith("///") else rest.lstrip("/")
+        if not path:
+            raise ValueError(f"store URL {url!r} names no file; use 'sqlite:///path/to/file'")
+        return SQLiteBackend(path, durability=durability, busy_timeout=busy_timeout)
+    if scheme in ("postgres", "postgresql"):
+        try:
+            importlib.import_module("psycopg")
+        except ImportError as exc:
+            raise MissingExtraError("psycopg", "postgres") from exc
+        module = importlib.import_module("stepstone.store._postgres")
+        backend: Backend = module.PostgresBackend(url)
+        return backend
+    raise ValueError(
+        f"unsupported store URL scheme {scheme!r} in {url!r}; use 'sqlite:///path/to/file' "
+        "or 'postgresql://user:password@host/dbname'"
+    )

@@ -1,0 +1,3 @@
+"""Testing helpers for users' own tests: scripted models, the store conformance suite."""
+
+__all__: list[str] = []

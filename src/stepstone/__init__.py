@@ -27,6 +27,9 @@ from stepstone.core import (
     from_step,
     tool,
 )
+
+# --- plan engine (issue 2) ---
+from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
@@ -49,7 +52,6 @@ from stepstone.exceptions import (
 from stepstone.observability import Event, EventType, Session
 from stepstone.store import Store, StoreEntry
 
-# --- plan engine (issue 2) ---
 # --- llm engine (issue 3) ---
 # --- graph engine (issue 4) ---
 
@@ -58,8 +60,11 @@ __version__ = "0.1.0"
 __all__ = [
     # pipelines
     "Agent",
+    "CHECKPOINT_VERSION",
     "Envelope",
     "ErrorInfo",
+    "Plan",
+    "Step",
     "Store",
     "StoreEntry",
     "from_parallel",

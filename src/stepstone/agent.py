@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from stepstone.core import Envelope, Tool
+from stepstone.core import Envelope, Tool, build_tool_map
 from stepstone.core._sync import run_sync
 from stepstone.engines._protocol import Engine
 from stepstone.exceptions import UserError
 from stepstone.observability import Session
 
-__all__ = ["Agent", "build_tool_map"]
+__all__ = ["Agent"]
 
 
 class Agent:
@@ -173,32 +172,6 @@ class Agent:
             },
             agent=self,
         )
-
-
-def build_tool_map(tools: Iterable[Any]) -> dict[str, Tool]:
-    """Turn functions, Agents and Tools into a name → Tool map (names must be unique)."""
-    out: dict[str, Tool] = {}
-    for item in tools:
-        if isinstance(item, Tool):
-            t = item
-        elif isinstance(item, Agent):
-            t = item.as_tool()
-        elif callable(item) and (
-            inspect.isfunction(item) or inspect.ismethod(item) or hasattr(item, "__name__")
-        ):
-            t = Tool.from_function(item)
-        else:
-            raise TypeError(
-                f"tools= takes functions, Agents and Tool objects, got {type(item).__name__}: "
-                f"{item!r}"
-            )
-        if t.name in out:
-            raise UserError(
-                f"two tools are named {t.name!r}; give one another name "
-                f"(Tool.from_function(fn, name=...) or agent.as_tool('other'))"
-            )
-        out[t.name] = t
-    return out
 
 
 def _llm_engine(model: str | None, options: dict[str, Any]) -> Engine:

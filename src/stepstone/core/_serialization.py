@@ -34,6 +34,7 @@ __all__ = [
     "loads",
     "to_json_value",
     "to_typed_json",
+    "untag",
 ]
 
 _MODEL_TAG = "$stepstone_model"
@@ -88,11 +89,22 @@ def from_typed_json(value: Any) -> Any:
                 return data
             try:
                 return cls.model_validate(data)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the class changed shape: keep the data
                 return data
         return {k: from_typed_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [from_typed_json(v) for v in value]
+    return value
+
+
+def untag(value: Any) -> Any:
+    """Plain JSON from :func:`to_typed_json` output (model tags dropped, data kept)."""
+    if isinstance(value, dict):
+        if _MODEL_TAG in value and len(value) == 2 and "data" in value:
+            return untag(value["data"])
+        return {k: untag(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [untag(v) for v in value]
     return value
 
 

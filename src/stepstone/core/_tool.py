@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-__all__ = ["Tool", "tool"]
+__all__ = ["Tool", "build_tool_map", "call_maybe_async", "tool"]
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
@@ -84,8 +84,16 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
     def validate_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Validate and coerce keyword arguments against the schema (pydantic errors raise)."""
+        """Validate and coerce keyword arguments against the schema.
+
+        Raises:
+            pydantic.ValidationError: for function tools whose arguments do not validate.
+            TypeError: when a required argument of a schema-only tool is missing.
+        """
         if self.args_model is None:
+            missing = [k for k in self.parameters.get("required", []) if k not in kwargs]
+            if missing:
+                raise TypeError(f"tool {self.name!r} is missing required argument(s) {missing}")
             return dict(kwargs)
         validated = self.args_model.model_validate(kwargs)
         return {name: getattr(validated, name) for name in type(validated).model_fields}
@@ -93,16 +101,21 @@ class Tool:
     async def run(self, **kwargs: Any) -> Any:
         """Call the tool with keyword arguments (validated); sync functions run in a thread."""
         if self.fn is None:
+            return await self.invoke(kwargs)
+        return await self.invoke(self.validate_args(kwargs))
+
+    async def invoke(self, args: dict[str, Any]) -> Any:
+        """Call the tool with arguments already checked by :meth:`validate_args`."""
+        if self.fn is None:
             if self.agent is None:
                 raise RuntimeError(f"tool {self.name!r} has neither a function nor an agent")
-            task = kwargs.get("task")
-            if task is None and len(kwargs) == 1:
-                task = next(iter(kwargs.values()))
+            task = args.get("task")
+            if task is None and len(args) == 1:
+                task = next(iter(args.values()))
             env = await self.agent.run(str(task) if task is not None else "")
             if not env.ok:
                 raise RuntimeError(f"{env.error.type}: {env.error.message}")
             return env.payload
-        args = self.validate_args(kwargs)
         return await call_maybe_async(self.fn, **args)
 
 
@@ -173,7 +186,7 @@ def _args_model(
         return None
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - unresolvable forward refs: fall back to Any
         hints = {}
     fields: dict[str, Any] = {}
     from pydantic import Field
@@ -188,3 +201,33 @@ def _args_model(
     return create_model(
         f"{safe}_args", __config__=ConfigDict(arbitrary_types_allowed=True), **fields
     )
+
+
+def build_tool_map(tools: Any) -> dict[str, Tool]:
+    """Turn functions, Agents and Tools into a name -> Tool map (names must be unique).
+
+    Functions become tools named after the function, Agents tools named after the agent
+    (``agent.as_tool()``).
+    """
+    from stepstone.exceptions import UserError
+
+    out: dict[str, Tool] = {}
+    for item in tools:
+        if isinstance(item, Tool):
+            t = item
+        elif hasattr(item, "as_tool") and hasattr(item, "engine"):
+            t = item.as_tool()
+        elif callable(item):
+            t = Tool.from_function(item)
+        else:
+            raise TypeError(
+                f"tools= takes functions, Agents and Tool objects, got {type(item).__name__}: "
+                f"{item!r}"
+            )
+        if t.name in out:
+            raise UserError(
+                f"two tools are named {t.name!r}; give one another name "
+                "(Tool.from_function(fn, name=...) or agent.as_tool('other'))"
+            )
+        out[t.name] = t
+    return out

@@ -193,6 +193,8 @@ def claim_run(
     first_step: str | None,
     meta: dict[str, Any] | None = None,
     legacy_import: LegacyImport | None = None,
+    check_resume: Callable[[RunHead], None] | None = None,
+    run_uid: str | None = None,
     what: str = "run",
 ) -> ClaimResult:
     """Claim ``key`` for a new run of ``kind`` (or take over a resumable one).
@@ -207,6 +209,9 @@ def claim_run(
         meta: Head meta of a fresh run (merged into a resumed run's meta).
         legacy_import: Turns a plain value found under ``key`` into a run (an older
             checkpoint format); returns None when the value is not one.
+        check_resume: Called with the head about to be taken over (or short-circuited as
+            done); raising refuses the resume and writes nothing.
+        run_uid: The new run's stamp (default: a fresh one).
         what: How to call the run in messages (``"Plan"``).
 
     Raises:
@@ -246,7 +251,7 @@ def claim_run(
                 "run, or on_concurrent='fork' for fan-out"
             )
         base = dict(
-            run_uid=new_uid(),
+            run_uid=run_uid or new_uid(),
             status="claimed",
             host=me,
             pid=pid,
@@ -255,6 +260,8 @@ def claim_run(
             updated_at=now,
         )
         if head is not None and resume:
+            if check_resume is not None:
+                check_resume(head)
             if head.status == "done" and not drop_kv:
                 outcome[0] = "done"
                 return None

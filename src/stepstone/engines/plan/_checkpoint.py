@@ -1,0 +1,211 @@
+"""How a Plan run is journaled, replayed on resume, and shown by ``store.read(key)``.
+
+A step commit appends one ``step`` row (the step's envelope, its ``writes=`` key and the
+iteration). Branches of a parallel band append their ``step`` rows as they finish, marked
+with the band; the band's own ``band`` row, committed with every branch's ``writes=``
+value, applies them all at once. Branch rows without a ``band`` row are pending: a resumed
+run reuses them instead of re-running those branches (spec 11).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+from stepstone.core import Envelope
+from stepstone.core._serialization import dumps, untag
+from stepstone.exceptions import CheckpointCorruptError
+from stepstone.store._base import JournalRow, RunHead
+
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "Replay",
+    "band_row",
+    "legacy_import",
+    "plan_view",
+    "replay",
+    "step_row",
+]
+
+CHECKPOINT_VERSION = 2
+
+Row = tuple[str, str | None, Any]
+
+
+def step_row(
+    name: str,
+    env: Envelope[Any],
+    *,
+    iteration: int,
+    band: str | None,
+    writes: str | None,
+    strict: bool,
+) -> tuple[Row, Any]:
+    """The journal row for a finished step, and its ``writes=`` value (plain JSON)."""
+    where = f"step {name!r} writes[{writes!r}]" if writes else f"step {name!r} output"
+    env_data = env.to_dict(where=where, strict=strict)
+    data: dict[str, Any] = {"iteration": iteration, "envelope": env_data}
+    if band is not None:
+        data["band"] = band
+    if writes is not None:
+        data["writes"] = writes
+    return ("step", name, data), (untag(env_data["payload"]) if writes else None)
+
+
+def band_row(entry: str, names: list[str]) -> Row:
+    """The row that applies a band's pending branch rows."""
+    return ("band", entry, {"steps": names})
+
+
+@dataclasses.dataclass
+class Replay:
+    """A run's journal, decoded.
+
+    Attributes:
+        applied: ``(step_name, row_data)`` of completed steps, in completion order.
+        pending: Per band entry, branch results journaled before the band completed.
+        kv: The ``writes=`` values of applied steps (latest per key).
+    """
+
+    applied: list[tuple[str, dict[str, Any]]]
+    pending: dict[str, dict[str, dict[str, Any]]]
+    kv: dict[str, Any]
+
+    def envelopes(self) -> dict[str, Envelope[Any]]:
+        """Latest output envelope per applied step (legacy rows without one are skipped)."""
+        out: dict[str, Envelope[Any]] = {}
+        for name, data in self.applied:
+            env = data.get("envelope")
+            if env is not None:
+                out[name] = Envelope.from_dict(env)
+        return out
+
+
+def replay(key: str, rows: list[JournalRow]) -> Replay:
+    """Decode ``rows``; raises CheckpointCorruptError naming ``key`` when they are bad."""
+    applied: list[tuple[str, dict[str, Any]]] = []
+    pending: dict[str, dict[str, dict[str, Any]]] = {}
+    kv: dict[str, Any] = {}
+    for row in rows:
+        try:
+            data = json.loads(row.data)
+        except ValueError as exc:
+            raise _corrupt(key, f"journal row {row.seq} is not JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise _corrupt(key, f"journal row {row.seq} is {type(data).__name__}, not an object")
+        if row.kind == "step":
+            if not row.name:
+                raise _corrupt(key, f"journal row {row.seq} has no step name")
+            band = data.get("band")
+            if band is not None:
+                pending.setdefault(str(band), {})[row.name] = data
+                continue
+            applied.append((row.name, data))
+            _apply_write(kv, data)
+        elif row.kind == "band":
+            branches = pending.pop(str(row.name), {})
+            for name, branch in branches.items():
+                applied.append((name, branch))
+                _apply_write(kv, branch)
+        elif row.kind == "kv":
+            kv[str(data["key"])] = data.get("value")
+    return Replay(applied, pending, kv)
+
+
+def _apply_write(kv: dict[str, Any], data: dict[str, Any]) -> None:
+    writes = data.get("writes")
+    if writes is not None:
+        env = data.get("envelope") or {}
+        kv[str(writes)] = untag(env.get("payload"))
+
+
+def _corrupt(key: str, what: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"checkpoint {key!r} is corrupt: {what}. Inspect it with `stepstone inspect --db ... "
+        f"{key}`; to start over, remove it with store.delete({key!r})"
+    )
+
+
+def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
+    """The seed-000 checkpoint shape, assembled from the head and the journal."""
+    rep = replay(head.key, rows)
+    return {
+        "next_step": head.next_step,
+        "kv": rep.kv,
+        "completed_steps": [name for name, _ in rep.applied],
+        "status": head.status,
+        "run_uid": head.run_uid,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "history": [
+            {"step": name, "iteration": data.get("iteration"), "envelope": data["envelope"]}
+            for name, data in rep.applied
+            if data.get("envelope") is not None
+        ],
+        "iteration": head.iteration,
+        "error": head.meta.get("error"),
+    }
+
+
+_LEGACY_KEYS = ("next_step", "kv", "status")
+
+
+def legacy_import(key: str, text: str) -> tuple[RunHead, list[JournalRow]] | None:
+    """Turn a checkpoint stored as a plain value (seed-000 v1 or v2 shape) into a run.
+
+    Returns None when the value is not a checkpoint at all. A v1 checkpoint (no
+    ``history``) imports with an empty history (spec 26).
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not all(k in data for k in _LEGACY_KEYS):
+        return None
+    status, next_step, kv = data["status"], data["next_step"], data["kv"]
+    if (
+        status not in ("claimed", "running", "paused", "failed", "done")
+        or not isinstance(kv, dict)
+        or not (next_step is None or isinstance(next_step, str))
+    ):
+        raise _corrupt(key, f"legacy checkpoint has invalid status/next_step/kv: {text[:200]}")
+    version = data.get("checkpoint_version", 1)
+    rows: list[JournalRow] = []
+    for k, v in kv.items():
+        rows.append(JournalRow(len(rows), "kv", None, dumps({"key": k, "value": v})))
+    history = data.get("history") or []
+    completed = [str(n) for n in data.get("completed_steps") or []]
+    if isinstance(history, list) and history:
+        for item in history:
+            if not isinstance(item, dict):
+                continue
+            name = item.get("step") or item.get("name")
+            env = item.get("envelope")
+            if env is None and "payload" in item:
+                env = {"task": item.get("task"), "payload": item.get("payload")}
+            if name:
+                row = {"iteration": item.get("iteration"), "envelope": env}
+                rows.append(JournalRow(len(rows), "step", str(name), dumps(row)))
+    else:
+        for name in completed:
+            rows.append(JournalRow(len(rows), "step", name, dumps({"envelope": None})))
+    now = time.time()
+    head = RunHead(
+        key=key,
+        kind="plan",
+        status=str(status),
+        next_step=next_step,
+        run_uid=str(data.get("run_uid") or "legacy"),
+        version=1,
+        iteration=int(data.get("iteration") or 0),
+        journal_len=len(rows),
+        host="",
+        pid=0,
+        pid_start=None,
+        lease_until=0.0,
+        meta={"checkpoint_version": CHECKPOINT_VERSION, "imported_from_version": version},
+        created_at=now,
+        updated_at=now,
+    )
+    return head, rows

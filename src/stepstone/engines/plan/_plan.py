@@ -1,0 +1,456 @@
+"""Plan: the deterministic step engine, durable when given a store and a checkpoint key."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from stepstone.core import Envelope, Sentinel, Tool, build_tool_map
+from stepstone.core._ids import new_uid
+from stepstone.core._sync import run_sync
+from stepstone.durable import claim_run, owner_alive
+from stepstone.engines.plan._checkpoint import CHECKPOINT_VERSION, legacy_import, replay
+from stepstone.engines.plan._compiler import CompiledPlan, compile_plan
+from stepstone.engines.plan._runner import PlanRun
+from stepstone.engines.plan._step import Step, is_agent, target_name
+from stepstone.exceptions import PlanCompileError, StaleCheckpointError
+from stepstone.observability import Session
+from stepstone.store import RunHead, Store
+
+__all__ = ["Plan"]
+
+log = logging.getLogger("stepstone")
+
+
+class Plan:
+    """A deterministic multi-step engine, with checkpoint and resume.
+
+    Steps run in order; ``Step(parallel=True)`` neighbours run concurrently as a band;
+    ``routes=`` / ``routes_by=`` jump (loops are routes back, capped by ``max_iterations``).
+    Every invalid plan raises :class:`PlanCompileError` at construction, and again when an
+    Agent binds its tools, before anything runs.
+
+    With ``store=`` and ``checkpoint_key=``, every step is committed before the next one
+    starts: the checkpoint head, the step's history entry and its ``writes=`` value in ONE
+    transaction. ``store.read(checkpoint_key)`` shows the checkpoint (``next_step, kv,
+    completed_steps, status, run_uid, checkpoint_version, history``).
+
+    Args:
+        *steps: The steps, in order.
+        max_iterations: Cap on executed steps (bands count once); a resumed run continues
+            the persisted counter. Hitting it returns an error envelope.
+        store: Where checkpoints live (needs ``checkpoint_key`` too).
+        checkpoint_key: The run's identity in the store.
+        resume: Take over a failed, paused or dead run where it stopped (and return the
+            cached ``kv`` of a done one). ``False`` starts fresh on any key not owned by a
+            live run.
+        on_concurrent: ``"fail"``: a second live run on the key raises
+            ``ConcurrentPlanRunError``. ``"fork"``: each run gets its own key
+            ``f"{checkpoint_key}:{run_uid}"`` and its ``writes=`` go under that key too.
+        strict: Raise :class:`SerializationError` for values JSON cannot hold, instead of
+            storing their ``str()`` with a warning.
+
+    Example::
+
+        store = Store(db="run.sqlite")
+        plan = Plan(
+            Step(extract, writes="raw"),
+            Step(transform, writes="clean"),
+            store=store,
+            checkpoint_key="etl-2026-04-30",
+            resume=True,
+        )
+        Agent(engine=plan)("today's batch")   # continues where a crashed run stopped
+    """
+
+    def __init__(
+        self,
+        *steps: Step,
+        max_iterations: int = 100,
+        store: Store | None = None,
+        checkpoint_key: str | None = None,
+        resume: bool = False,
+        on_concurrent: Literal["fail", "fork"] = "fail",
+        strict: bool = False,
+    ) -> None:
+        if on_concurrent not in ("fail", "fork"):
+            raise PlanCompileError(
+                f"Plan(on_concurrent={on_concurrent!r}): must be 'fail' (default: raise on a "
+                "collision) or 'fork' (isolate each run under a suffixed key)"
+            )
+        if on_concurrent == "fork" and resume:
+            raise PlanCompileError(
+                "Plan(on_concurrent='fork', resume=True) is not supported: 'fork' gives each "
+                "run its own key, so there is no shared checkpoint to resume. Use "
+                "on_concurrent='fail' with a unique checkpoint_key per run to resume"
+            )
+        if (store is None) != (checkpoint_key is None):
+            missing = "checkpoint_key=" if store is not None else "store="
+            raise PlanCompileError(
+                f"checkpointing needs both store= and checkpoint_key=; {missing} is missing"
+            )
+        if checkpoint_key is not None and (
+            not isinstance(checkpoint_key, str) or not checkpoint_key
+        ):
+            raise PlanCompileError(
+                f"checkpoint_key must be a non-empty str, got {checkpoint_key!r}"
+            )
+        if store is not None and not isinstance(store, Store):
+            raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
+        if resume and store is None:
+            raise PlanCompileError("resume=True needs store= and checkpoint_key=")
+        self.steps: list[Step] = list(steps)
+        self.max_iterations = max_iterations
+        self.store = store
+        self.checkpoint_key = checkpoint_key
+        self.resume = resume
+        self.on_concurrent = on_concurrent
+        self.strict = strict
+        self._compiled: CompiledPlan = compile_plan(tuple(steps), max_iterations=max_iterations)
+        for step in self.steps:
+            if checkpoint_key is not None and step.writes == checkpoint_key:
+                raise PlanCompileError(
+                    f"step {step.step_name!r} writes to {step.writes!r}, the checkpoint_key; "
+                    "pick another writes= key"
+                )
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.step_name for s in self.steps)
+        return f"Plan({names})"
+
+    def compile(self, tools: list[Tool], *, output_type: type = str) -> None:
+        """Check the plan against an Agent's tools (called at Agent construction)."""
+        compile_plan(
+            tuple(self.steps),
+            max_iterations=self.max_iterations,
+            tools={t.name: t for t in tools},
+        )
+
+    # -- running -------------------------------------------------------------------------
+    async def run(
+        self,
+        env: Envelope[Any],
+        *,
+        tools: list[Any] | None = None,
+        output_type: type = str,
+        memory: Any = None,
+        session: Session | None = None,
+    ) -> Envelope[Any]:
+        """Run the plan once on ``env``; the Engine protocol entry point.
+
+        Step failures and pauses come back as error envelopes; a live concurrent owner
+        raises ``ConcurrentPlanRunError``; a route predicate that raises gives
+        ``PlanRuntimeError``.
+        """
+        tool_map = build_tool_map(tools or [])
+        compile_plan(tuple(self.steps), max_iterations=self.max_iterations, tools=tool_map)
+        first = self._compiled.units[0].entry
+        runner = PlanRun(
+            plan=self._compiled,
+            start=env,
+            tools=tool_map,
+            max_iterations=self.max_iterations,
+            session=session,
+            strict=self.strict,
+            meta={
+                "checkpoint_version": CHECKPOINT_VERSION,
+                "fingerprint": self._compiled.fingerprint,
+            },
+        )
+        store, key = self.store, self.checkpoint_key
+        if store is None or key is None:
+            return await runner.execute(first)
+        uid: str | None = None
+        if self.on_concurrent == "fork":
+            uid = new_uid()
+            key = f"{key}:{uid}"
+            runner.writes_prefix = f"{key}:"
+        claim = await store._offload(
+            lambda: claim_run(
+                store,
+                key,
+                kind="plan",
+                resume=self.resume,
+                first_step=first,
+                meta=runner.meta,
+                legacy_import=legacy_import,
+                check_resume=self._check_resume,
+                run_uid=uid,
+                what="Plan",
+            )
+        )
+        if claim.run is None:  # resume=True on a done run: the cached kv, one store read
+            rows = await store._offload(store.backend.run_journal, key)
+            return Envelope(
+                task=env.task,
+                payload=replay(key, rows).kv,
+                metadata={
+                    "checkpoint_key": key,
+                    "run_uid": claim.head.run_uid,
+                    "status": "done",
+                    "cached": True,
+                },
+            )
+        runner.run = claim.run
+        next_step: str | None = first
+        if claim.outcome == "resumed":
+            rows = await store._offload(claim.run.journal)
+            rep = replay(key, rows)
+            runner.outputs = rep.envelopes()
+            runner.pending = rep.pending
+            runner.iteration = claim.head.iteration
+            runner.rejoin = claim.head.meta.get("rejoin")
+            if rep.applied:
+                last = rep.applied[-1][0]
+                unit = self._compiled.band_of(last) if last in self._compiled.unit_of else None
+                if unit is not None and unit.is_band:
+                    runner.prev = runner._aggregate(unit)
+                else:
+                    runner.prev = runner.outputs.get(last)
+            next_step = claim.head.next_step
+        return await runner.execute(next_step)
+
+    def _check_resume(self, head: RunHead) -> None:
+        nxt = head.next_step
+        if head.status == "done" or nxt is None:
+            return
+        compiled = self._compiled
+        if nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt:
+            raise StaleCheckpointError(
+                f"checkpoint {head.key!r} stopped at step {nxt!r} ({head.status}), which this "
+                f"Plan no longer has as a step or band start (steps: "
+                f"{', '.join(compiled.step_of)}). The plan changed since the checkpoint was "
+                f"written: to start over, remove it with store.delete({head.key!r}) or run "
+                "with resume=False"
+            )
+        if head.meta.get("fingerprint") not in (None, compiled.fingerprint):
+            log.warning(
+                "stepstone: resuming %r at %r with a plan whose steps changed since the "
+                "checkpoint was written",
+                head.key,
+                nxt,
+            )
+
+    async def arun_many(
+        self,
+        tasks: list[str | Envelope[Any]],
+        *,
+        concurrency: int | None = None,
+        tools: list[Any] | None = None,
+        memory: Any = None,
+        session: Session | None = None,
+        output_type: type = str,
+    ) -> list[Envelope[Any]]:
+        """Run the plan on every task concurrently; envelopes in input order, never raises.
+
+        ``str`` tasks are wrapped with ``Envelope.from_task``. ``concurrency`` caps how many
+        run at once (None: all). Failures, including ``ConcurrentPlanRunError``, become
+        error envelopes in their slot. Pair with ``on_concurrent="fork"`` for fan-out.
+        """
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1 or None, got {concurrency!r}")
+        sem = asyncio.Semaphore(concurrency) if concurrency else None
+
+        async def one(task: str | Envelope[Any]) -> Envelope[Any]:
+            env = task if isinstance(task, Envelope) else Envelope.from_task(str(task))
+            if sem is None:
+                return await self.run(env, tools=tools, output_type=output_type, session=session)
+            async with sem:
+                return await self.run(env, tools=tools, output_type=output_type, session=session)
+
+        raw = await asyncio.gather(*(one(t) for t in tasks), return_exceptions=True)
+        return [r if isinstance(r, Envelope) else Envelope.error_envelope(r) for r in raw]
+
+    def run_many(
+        self,
+        tasks: list[str | Envelope[Any]],
+        *,
+        concurrency: int | None = None,
+        tools: list[Any] | None = None,
+        memory: Any = None,
+        session: Session | None = None,
+        output_type: type = str,
+    ) -> list[Envelope[Any]]:
+        """Synchronous :meth:`arun_many`."""
+        return run_sync(
+            self.arun_many(
+                tasks,
+                concurrency=concurrency,
+                tools=tools,
+                memory=memory,
+                session=session,
+                output_type=output_type,
+            ),
+            sync_name="Plan.run_many(...)",
+            async_name="plan.arun_many(...)",
+        )
+
+    def prune_forks(self, *, statuses: tuple[str, ...] = ("done",)) -> int:
+        """Delete this plan's fork checkpoints in ``statuses`` (and their ``writes=`` keys).
+
+        Fork runs keep their checkpoint so results stay inspectable; call this to clean up.
+        Live runs are never touched. Returns how many runs were removed.
+        """
+        if self.store is None or self.checkpoint_key is None or self.on_concurrent != "fork":
+            raise PlanCompileError(
+                "prune_forks() needs a Plan with store=, checkpoint_key= and on_concurrent='fork'"
+            )
+        removed = 0
+        for head in self.store.backend.run_list(f"{self.checkpoint_key}:"):
+            if head.status in statuses and not owner_alive(head):
+                for k in self.store.keys(prefix=f"{head.key}:"):
+                    self.store.delete(k)
+                self.store.delete(head.key)
+                removed += 1
+        return removed
+
+    # -- serialization -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's topology as JSON-ready data (``"version": 1``).
+
+        Callables, Agents, route predicates and sources are saved by name: rebind them with
+        :meth:`from_dict`'s ``registry``. Sentinels, writes, parallel flags, routing,
+        types, order and ``max_iterations`` are kept. Store, key and resume are not: pass
+        them to ``from_dict``.
+        """
+        return {
+            "version": 1,
+            "max_iterations": self.max_iterations,
+            "steps": [_step_to_dict(s) for s in self.steps],
+        }
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        registry: Mapping[str, Any] | None = None,
+        **plan_options: Any,
+    ) -> Plan:
+        """Rebuild a plan from :meth:`to_dict` output.
+
+        Args:
+            data: The dict.
+            registry: Maps saved names back to callables, Agents, predicates, sources and
+                types. A missing entry for a non-tool target raises ``KeyError`` naming it.
+            **plan_options: ``store=``, ``checkpoint_key=``, ``resume=`` ... for the new Plan.
+
+        Example::
+
+            plan = Plan.from_dict(saved, registry={"researcher": researcher, "fetch": fetch})
+        """
+        version = data.get("version", 1)
+        if version != 1:
+            raise ValueError(f"Plan.from_dict: unsupported version {version!r} (expected 1)")
+        reg = dict(registry or {})
+        steps = [_step_from_dict(s, reg) for s in data.get("steps", [])]
+        return cls(*steps, max_iterations=data.get("max_iterations", 100), **plan_options)
+
+
+def _spec_to_json(spec: Any) -> Any:
+    if isinstance(spec, Sentinel):
+        return spec.to_dict()
+    if isinstance(spec, list):
+        return [_spec_to_json(s) for s in spec]
+    return spec
+
+
+def _spec_from_json(data: Any) -> Any:
+    if isinstance(data, dict):
+        return Sentinel.from_dict(data)
+    if isinstance(data, list):
+        return [_spec_from_json(d) for d in data]
+    return data
+
+
+def _type_to_json(tp: Any) -> str | None:
+    if tp is Any:
+        return None
+    return f"{getattr(tp, '__module__', '?')}:{getattr(tp, '__qualname__', repr(tp))}"
+
+
+def _type_from_json(name: str | None, registry: Mapping[str, Any], default: Any) -> Any:
+    if name is None:
+        return default
+    module, _, qualname = name.partition(":")
+    for candidate in (qualname, qualname.rsplit(".", 1)[-1], name):
+        if candidate in registry:
+            return registry[candidate]
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except (ImportError, AttributeError):
+        raise KeyError(
+            f"Plan.from_dict: type {name!r} cannot be imported; pass it in registry="
+            f"{{{qualname.rsplit('.', 1)[-1]!r}: ...}}"
+        ) from None
+
+
+def _step_to_dict(step: Step) -> dict[str, Any]:
+    t = step.target
+    if isinstance(t, str):
+        target = {"tool": t}
+    elif is_agent(t):
+        target = {"agent": str(t.name)}
+    else:
+        target = {"callable": target_name(t) or step.step_name}
+    out: dict[str, Any] = {
+        "name": step.step_name,
+        "target": target,
+        "task": _spec_to_json(step.task),
+        "context": _spec_to_json(step.context),
+        "writes": step.writes,
+        "parallel": step.parallel,
+        "input": _type_to_json(step.input),
+        "output": _type_to_json(step.output),
+        "routes": None,
+        "routes_by": step.routes_by,
+        "after_branches": step.after_branches,
+        "sources": [getattr(s, "name", None) or type(s).__name__ for s in step.sources],
+    }
+    if step.routes is not None:
+        out["routes"] = {k: target_name(p) or repr(p) for k, p in step.routes.items()}
+    return out
+
+
+def _lookup(registry: Mapping[str, Any], name: str, what: str, step: str) -> Any:
+    if name not in registry:
+        raise KeyError(
+            f"Plan.from_dict: {what} {name!r} of step {step!r} is not in the registry; pass "
+            f"registry={{{name!r}: ...}}"
+        )
+    return registry[name]
+
+
+def _step_from_dict(data: Mapping[str, Any], registry: Mapping[str, Any]) -> Step:
+    name = str(data["name"])
+    target_spec = data["target"]
+    if "tool" in target_spec:
+        target: Any = target_spec["tool"]
+    else:
+        kind = "agent" if "agent" in target_spec else "callable"
+        target = _lookup(registry, target_spec[kind], f"{kind} target", name)
+    routes = data.get("routes")
+    return Step(
+        target,
+        task=_spec_from_json(data.get("task", {"sentinel": "prev", "name": None})),
+        context=_spec_from_json(data.get("context")),
+        sources=[_lookup(registry, s, "source", name) for s in data.get("sources") or []],
+        writes=data.get("writes"),
+        input=_type_from_json(data.get("input"), registry, Any),
+        output=_type_from_json(data.get("output"), registry, str),
+        parallel=bool(data.get("parallel", False)),
+        name=name,
+        routes=(
+            {k: _lookup(registry, p, "route predicate", name) for k, p in routes.items()}
+            if routes
+            else None
+        ),
+        routes_by=data.get("routes_by"),
+        after_branches=data.get("after_branches"),
+    )

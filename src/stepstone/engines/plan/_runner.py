@@ -1,0 +1,416 @@
+"""One execution of a Plan: resolve inputs, call targets, route, commit every step."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from stepstone.core import Envelope, Sentinel, Tool, call_maybe_async
+from stepstone.durable import OwnedRun
+from stepstone.engines.plan._checkpoint import band_row, step_row
+from stepstone.engines.plan._compiler import CompiledPlan, Unit
+from stepstone.engines.plan._step import Step, is_agent
+from stepstone.exceptions import ConcurrentPlanRunError, PlanPaused, PlanRuntimeError
+from stepstone.observability import EventType, Session
+
+__all__ = ["PlanRun"]
+
+_TERMINAL = ("done", "failed", "paused")
+
+
+class MaxIterationsExceeded(Exception):
+    """Internal: the Plan hit ``max_iterations`` (surfaces as an error envelope)."""
+
+
+@dataclasses.dataclass
+class PlanRun:
+    """The in-memory state of one run; :meth:`execute` drives it to a terminal status."""
+
+    plan: CompiledPlan
+    start: Envelope[Any]
+    tools: Mapping[str, Tool]
+    max_iterations: int
+    run: OwnedRun | None = None
+    session: Session | None = None
+    strict: bool = False
+    writes_prefix: str = ""
+    iteration: int = 0
+    rejoin: str | None = None
+    prev: Envelope[Any] | None = None
+    outputs: dict[str, Envelope[Any]] = dataclasses.field(default_factory=dict)
+    pending: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    _current: str | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_uid if self.run is not None else None
+
+    def _emit(self, kind: EventType, **payload: Any) -> None:
+        if self.session is not None:
+            self.session.emit(kind, payload, run_id=self.run_id)
+
+    # -- commits -------------------------------------------------------------------------
+    async def _commit(
+        self,
+        *,
+        status: str,
+        next_step: str | None,
+        rows: list[tuple[str, str | None, Any]] | None = None,
+        writes: list[tuple[str, Any]] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        if self.run is None:
+            return
+        meta = {**self.meta, "rejoin": self.rejoin, "error": error}
+        async with self._lock:
+            await self.run.commit(
+                status=status,
+                next_step=next_step,
+                iteration=self.iteration,
+                meta=meta,
+                rows=rows or [],
+                writes=[(self.writes_prefix + k, v) for k, v in writes or []],
+            )
+        self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, next_step=next_step)
+
+    async def _fail(self, entry: str, env: Envelope[Any], step: str) -> Envelope[Any]:
+        assert env.error is not None
+        error = {"step": step, **env.error.to_dict()}
+        await self._commit(status="failed", next_step=entry, error=error)
+        self._emit(EventType.STEP_ERROR, step=step, error=env.error.to_dict())
+        env.metadata.setdefault("step", step)
+        return self._stamp(env)
+
+    async def _pause(self, entry: str, step: str, exc: PlanPaused) -> Envelope[Any]:
+        env = Envelope.error_envelope(exc, retryable=True, task=self.start.task)
+        assert env.error is not None
+        await self._commit(
+            status="paused", next_step=entry, error={"step": step, **env.error.to_dict()}
+        )
+        self._emit(EventType.PLAN_PAUSED, step=step, message=exc.message)
+        env.metadata["step"] = step
+        return self._stamp(env)
+
+    def _stamp(self, env: Envelope[Any]) -> Envelope[Any]:
+        if self.run is not None:
+            env.metadata.setdefault("checkpoint_key", self.run.key)
+            env.metadata.setdefault("run_uid", self.run.run_uid)
+        return env
+
+    # -- the loop ------------------------------------------------------------------------
+    async def execute(self, next_step: str | None) -> Envelope[Any]:
+        """Run from ``next_step`` to a terminal status; returns the final envelope."""
+        try:
+            return await self._loop(next_step)
+        except ConcurrentPlanRunError:
+            raise  # we lost ownership: nothing of ours may be written
+        except BaseException as exc:
+            self._record_crash(exc)
+            raise
+        finally:
+            if self.run is not None:
+                self.run.release()
+
+    def _record_crash(self, exc: BaseException) -> None:
+        """A crash (KeyboardInterrupt, cancellation, a bug) leaves the run ``failed`` at the
+        step it was in, so ``resume=True`` retries from there (best effort: a SIGKILL never
+        gets here, and then the lease tells other processes the owner is dead)."""
+        run = self.run
+        if run is None or run.head.status in _TERMINAL or self._current is None:
+            return
+        error = {
+            "step": self._current,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "retryable": True,
+        }
+        try:
+            run.commit_sync(
+                status="failed",
+                next_step=self._current,
+                iteration=self.iteration,
+                meta={**self.meta, "rejoin": self.rejoin, "error": error},
+            )
+        except Exception:  # noqa: BLE001 - the original exception matters more
+            pass
+
+    async def _loop(self, next_step: str | None) -> Envelope[Any]:
+        units = self.plan.units
+        idx = len(units) if next_step is None else self.plan.unit_of[next_step]
+        last: Envelope[Any] = self.prev or self.start
+        while idx < len(units):
+            unit = units[idx]
+            self._current = unit.entry
+            if self.iteration >= self.max_iterations:
+                exc = MaxIterationsExceeded(
+                    f"Plan hit max_iterations={self.max_iterations} before step "
+                    f"{unit.entry!r}; a routing loop did not end. Raise Plan(max_iterations=...) "
+                    "or fix the route predicates"
+                )
+                return await self._fail(unit.entry, Envelope.error_envelope(exc), unit.entry)
+            self.iteration += 1
+            if unit.is_band:
+                outcome = await self._run_band(unit, idx)
+            else:
+                outcome = await self._run_step(unit.steps[0], idx)
+            if isinstance(outcome, Envelope):
+                return outcome  # failed or paused, already committed
+            last, idx = outcome
+        self._current = None
+        return self._stamp(last)
+
+    def _next_entry(self, idx: int) -> str | None:
+        return self.plan.units[idx].entry if idx < len(self.plan.units) else None
+
+    async def _run_step(self, step: Step, idx: int) -> Envelope[Any] | tuple[Envelope[Any], int]:
+        name = step.step_name
+        env_in = self._input(step)
+        self._emit(EventType.STEP_START, step=name, iteration=self.iteration)
+        try:
+            out = await self._invoke(step, env_in)
+        except PlanPaused as exc:
+            return await self._pause(name, name, exc)
+        if not out.ok:
+            return await self._fail(name, out, name)
+        try:
+            next_idx = self._route(step, out, idx)
+        except PlanRuntimeError as exc:
+            await self._fail(name, Envelope.error_envelope(exc), name)
+            raise
+        row, value = step_row(
+            name, out, iteration=self.iteration, band=None, writes=step.writes, strict=self.strict
+        )
+        nxt = self._next_entry(next_idx)
+        writes = [(step.writes, value)] if step.writes else None
+        await self._commit(
+            status="running" if nxt else "done", next_step=nxt, rows=[row], writes=writes
+        )
+        self._emit(EventType.STEP_FINISH, step=name, iteration=self.iteration)
+        self.outputs[name] = out
+        self.prev = out
+        return out, next_idx
+
+    async def _run_band(self, unit: Unit, idx: int) -> Envelope[Any] | tuple[Envelope[Any], int]:
+        done: dict[str, Envelope[Any]] = {}
+        values: dict[str, Any] = {}
+        for name, data in self.pending.pop(unit.entry, {}).items():
+            done[name] = Envelope.from_dict(data["envelope"])
+            values[name] = done[name].payload
+        todo = [s for s in unit.steps if s.step_name not in done]
+        inputs = {s.step_name: self._input(s) for s in todo}
+        paused: list[tuple[str, PlanPaused]] = []
+        failed: list[tuple[str, Envelope[Any]]] = []
+
+        async def branch(step: Step) -> None:
+            name = step.step_name
+            self._emit(EventType.STEP_START, step=name, iteration=self.iteration, band=unit.entry)
+            try:
+                out = await self._invoke(step, inputs[name])
+            except PlanPaused as exc:
+                paused.append((name, exc))
+                return
+            if not out.ok:
+                failed.append((name, out))
+                return
+            row, value = step_row(
+                name,
+                out,
+                iteration=self.iteration,
+                band=unit.entry,
+                writes=step.writes,
+                strict=self.strict,
+            )
+            # Journal the branch now (not applied yet): a crash or a sibling's failure
+            # must not cost this branch's work (spec 11).
+            await self._commit(status="running", next_step=unit.entry, rows=[row])
+            self._emit(EventType.STEP_FINISH, step=name, iteration=self.iteration, band=unit.entry)
+            done[name] = out
+            values[name] = value
+
+        await asyncio.gather(*(branch(s) for s in todo))
+        if failed:
+            name, env = failed[0]
+            return await self._fail(unit.entry, env, name)
+        if paused:
+            name, exc = paused[0]
+            return await self._pause(unit.entry, name, exc)
+        for step in unit.steps:
+            self.outputs[step.step_name] = done[step.step_name]
+        aggregate = self._aggregate(unit)
+        next_idx = self._after(idx, target=None)
+        nxt = self._next_entry(next_idx)
+        writes = [(s.writes, values[s.step_name]) for s in unit.steps if s.writes]
+        names = [s.step_name for s in unit.steps]
+        await self._commit(
+            status="running" if nxt else "done",
+            next_step=nxt,
+            rows=[band_row(unit.entry, names)],
+            writes=writes,
+        )
+        self.prev = aggregate
+        return aggregate, next_idx
+
+    # -- routing -------------------------------------------------------------------------
+    def _route(self, step: Step, out: Envelope[Any], idx: int) -> int:
+        target: str | None = None
+        name = step.step_name
+        if step.routes is not None:
+            for tname, pred in step.routes.items():
+                try:
+                    hit = pred(out)
+                except Exception as exc:
+                    raise PlanRuntimeError(
+                        f"route predicate of step {name!r} for target {tname!r} raised "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                if hit:
+                    target = tname
+                    break
+        elif step.routes_by is not None:
+            field = step.routes_by
+            payload = out.payload
+            value = (
+                payload.get(field) if isinstance(payload, dict) else getattr(payload, field, None)
+            )
+            if value is not None:
+                if not isinstance(value, str) or value not in self.plan.step_of:
+                    raise PlanRuntimeError(
+                        f"step {name!r} routes_by={field!r} got {value!r}, which is not a step "
+                        f"of this plan (steps: {', '.join(self.plan.step_of)})"
+                    )
+                target = value
+        if step.after_branches is not None:
+            self.rejoin = step.after_branches
+            return self.plan.unit_of[target] if target is not None else idx + 1
+        return self._after(idx, target)
+
+    def _after(self, idx: int, target: str | None) -> int:
+        """Where to go after the unit at ``idx``: a route target, a pending rejoin (this unit
+        was the branch of an ``after_branches`` routing), or the next unit (a detour)."""
+        if target is not None:
+            self.rejoin = None
+            return self.plan.unit_of[target]
+        if self.rejoin is not None:
+            rejoin, self.rejoin = self.rejoin, None
+            return self.plan.unit_of[rejoin]
+        return idx + 1
+
+    # -- inputs --------------------------------------------------------------------------
+    def _resolve(self, spec: Sentinel | str) -> Envelope[Any]:
+        if isinstance(spec, str):
+            return Envelope(task=spec, payload=spec)
+        if spec.kind == "prev":
+            return self.prev or self.start
+        if spec.kind == "start":
+            return self.start
+        assert spec.name is not None
+        if spec.kind == "parallel_all":
+            return self._aggregate(self.plan.band_of(spec.name))
+        return self.outputs.get(spec.name) or Envelope(task="", payload=None)
+
+    def _aggregate(self, unit: Unit) -> Envelope[Any]:
+        """A band's outputs together; the start envelope when none is known (a v1
+        checkpoint had no history, spec 26)."""
+        outs = [
+            (s.step_name, self.outputs[s.step_name])
+            for s in unit.steps
+            if s.step_name in self.outputs
+        ]
+        if not outs:
+            return self.start
+        text = "\n\n".join(f"[{name}]\n{env.text()}" for name, env in outs)
+        return Envelope(task=text, payload={name: env.payload for name, env in outs})
+
+    def _input(self, step: Step) -> Envelope[Any]:
+        source = self._resolve(step.task)
+        task = step.task if isinstance(step.task, str) else source.text()
+        parts: list[str] = []
+        ctx = step.context
+        for item in ctx if isinstance(ctx, list) else ([] if ctx is None else [ctx]):
+            parts.append(item if isinstance(item, str) else self._resolve(item).text())
+        parts.extend(str(src.text()) for src in step.sources)
+        if source is self.start and self.start.context:
+            parts.insert(0, self.start.context)  # the caller's context reaches the first step
+        context = "\n\n".join(p for p in parts if p) or None
+        return Envelope(
+            task=task, context=context, payload=source.payload, metadata={"step": step.step_name}
+        )
+
+    # -- targets -------------------------------------------------------------------------
+    async def _invoke(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:
+        """Call the step's target; exceptions become error envelopes (PlanPaused and
+        BaseExceptions propagate)."""
+        target: Any = step.target
+        if isinstance(target, str):
+            target = self.tools[target]
+        if isinstance(target, Tool):
+            target = target.agent if target.agent is not None else target.fn
+        try:
+            if step.input is not Any:
+                env.payload = _adapter(step.input).validate_python(env.payload)
+            if is_agent(target):
+                wanted = None if step.output is str else step.output
+                out = await target.run(env, output=wanted)
+                if not isinstance(out, Envelope):
+                    raise TypeError(f"agent {target!r} returned {type(out).__name__}, not Envelope")
+            else:
+                result = await _call_target(target, env)
+                out = (
+                    result
+                    if isinstance(result, Envelope)
+                    else Envelope(task=env.task, payload=result)
+                )
+            if out.ok and step.output not in (str, Any):
+                out.payload = _adapter(step.output).validate_python(out.payload)
+        except Exception as exc:  # noqa: BLE001 - a failing step is data, not a crash
+            return Envelope.error_envelope(exc, task=env.task, metadata={"step": step.step_name})
+        return out
+
+
+@functools.cache
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
+
+
+@functools.lru_cache(maxsize=1024)
+def _convention(fn: Any) -> tuple[str, bool]:
+    """How to call a plain function: ``("none"|"payload"|"envelope", wants_context)``."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "payload", False
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: call by position
+        hints = {}
+    params = [
+        p
+        for p in sig.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "context"
+    ]
+    wants_context = "context" in sig.parameters
+    var_pos = any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values())
+    if not params and not var_pos:
+        return "none", wants_context
+    first = hints.get(params[0].name) if params else None
+    if first is not None and (first is Envelope or typing.get_origin(first) is Envelope):
+        return "envelope", wants_context
+    return "payload", wants_context
+
+
+async def _call_target(fn: Any, env: Envelope[Any]) -> Any:
+    mode, wants_context = _convention(fn)
+    kwargs = {"context": env.context} if wants_context else {}
+    if mode == "none":
+        return await call_maybe_async(fn, **kwargs)
+    arg = env if mode == "envelope" else env.payload
+    return await call_maybe_async(fn, arg, **kwargs)

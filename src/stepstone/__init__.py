@@ -53,6 +53,7 @@ from stepstone.observability import Event, EventType, Session
 from stepstone.store import Store, StoreEntry
 
 # --- llm engine (issue 3) ---
+from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
 # --- graph engine (issue 4) ---
 
 __version__ = "0.1.0"
@@ -75,6 +76,11 @@ __all__ = [
     # tools
     "Tool",
     "tool",
+    # llm agents
+    "CacheConfig",
+    "LLMEngine",
+    "NativeTool",
+    "ThinkingConfig",
     # serialization
     "SignedPickle",
     # observability

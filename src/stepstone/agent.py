@@ -180,7 +180,7 @@ def _llm_engine(model: str | None, options: dict[str, Any]) -> Engine:
             "Agent() needs an engine: Agent(engine=Plan(...)) or Agent('claude-sonnet-4-6')"
         )
     try:
-        from stepstone.engines.llm import LLMEngine  # type: ignore[attr-defined]
+        from stepstone.engines.llm import LLMEngine
     except ImportError as exc:  # pragma: no cover - the LLM engine ships with stepstone
         raise UserError(
             f"Agent({model!r}) needs the LLM engine, which failed to import: {exc}"

@@ -1,0 +1,22 @@
+"""The LLM engine: the model ↔ tool-call loop, its knobs, and the effect seam."""
+
+from stepstone.engines.llm._effects import (
+    EffectHandler,
+    EffectKey,
+    PassThroughEffects,
+    current_call_key,
+)
+from stepstone.engines.llm._engine import DEFAULT_STREAM_IDLE_TIMEOUT, LLMEngine
+from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig
+
+__all__ = [
+    "DEFAULT_STREAM_IDLE_TIMEOUT",
+    "CacheConfig",
+    "EffectHandler",
+    "EffectKey",
+    "LLMEngine",
+    "NativeTool",
+    "PassThroughEffects",
+    "ThinkingConfig",
+    "current_call_key",
+]

@@ -1,0 +1,653 @@
+"""LLMEngine: the model ↔ tool-call loop behind ``Agent("claude-sonnet-4-6")``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+import uuid
+import warnings
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Final, Literal, cast
+
+from stepstone.core import Envelope, Tool, payload_text
+from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
+from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
+from stepstone.engines.llm._routing import ProviderRouting
+from stepstone.engines.llm._tools import ToolBatch
+from stepstone.exceptions import MaxTurnsExceeded, StreamStallError, UserError
+from stepstone.observability import EventType, Session
+from stepstone.providers._base import Provider, RetryInfo
+from stepstone.providers._pricing import estimate_cost
+from stepstone.providers._registry import create_provider
+from stepstone.providers._types import (
+    CacheConfig,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    NativeTool,
+    ThinkingConfig,
+    ToolDefinition,
+    Usage,
+)
+
+__all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine"]
+
+log = logging.getLogger("stepstone")
+
+DEFAULT_STREAM_IDLE_TIMEOUT: Final = 90.0
+"""Seconds of silence between stream chunks before :class:`StreamStallError`."""
+
+
+class _Unset:
+    """Marks "argument not given" where ``None`` has a meaning of its own."""
+
+    _instance: _Unset | None = None
+
+    def __new__(cls) -> _Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+_USE_DEFAULT_STREAM_IDLE: Final = _Unset()
+_DANGEROUS: Final = frozenset({NativeTool.CODE_EXECUTION, NativeTool.COMPUTER_USE})
+
+
+@dataclasses.dataclass(slots=True)
+class _Run:
+    """Mutable bookkeeping of one run (usage, turns, the emitted-text flag for retries)."""
+
+    run_id: str
+    agent_name: str
+    session: Session | None
+    usage: Usage = dataclasses.field(default_factory=Usage)
+    turns: int = 0
+    tool_calls: int = 0
+    emitted: bool = False
+    model: str | None = None
+
+    def emit(self, type: EventType, payload: dict[str, Any]) -> None:
+        if self.session is not None:
+            self.session.emit(type, {"agent_name": self.agent_name, **payload}, run_id=self.run_id)
+
+
+class LLMEngine(ProviderRouting):
+    """Drives the LLM ↔ tool-call loop for one agent invocation.
+
+    Args:
+        model: A model id (``"claude-sonnet-4-6"``, ``"gpt-5"``, ``"gemini-2.5-flash"``); the
+            provider is inferred from it. A :class:`~stepstone.providers.Provider` instance
+            (e.g. ``stepstone.testing.FakeModel([...])``) is used as it is.
+        provider: Provider name (``"anthropic"``, ``"openai"``, ``"google"``, ``"ollama"``) or
+            instance (``OpenAIProvider(base_url="http://localhost:8000/v1")``); overrides
+            inference. With a name, ``model`` may be a tier alias (``"medium"``).
+        thinking: ``True`` or a :class:`ThinkingConfig` enables extended thinking/reasoning.
+        max_turns: Cap on model turns; a model still calling tools after it raises
+            :class:`MaxTurnsExceeded` (an error envelope from ``run``).
+        tool_choice: ``"auto"``, or ``"any"``: the model must call a tool on the first turn
+            (sent as the provider's "required"/"any"), then ``"auto"``.
+        temperature: Sampling temperature (None: provider default).
+        system: Static system prompt; the envelope's context is added below it.
+        native_tools: Provider-side tools (:class:`NativeTool` or their string values).
+        allow_dangerous_native_tools: Opt-in for ``CODE_EXECUTION`` / ``COMPUTER_USE``.
+        max_retries: Retries of transient provider errors (429, 5xx, network, timeouts).
+        retry_delay: Base backoff in seconds (doubles per attempt, ±10% jitter); a server's
+            ``retry-after`` wins.
+        request_timeout: Per-completion deadline in seconds (None: the SDK's own).
+        max_parallel_tools: Concurrent tool calls per turn (None: unbounded).
+        max_tool_calls_per_turn: Calls run per turn; extras get an ``is_error`` result.
+        tool_timeout: Per-tool deadline; expiry is reported to the model as an error
+            (:class:`ToolTimeoutError`) and the run continues.
+        stream_idle_timeout: Max silence between stream chunks before
+            :class:`StreamStallError` (default 90 s). ``None`` disables it, with a warning.
+        stream_buffer: Size of the bounded token queue between the loop and ``stream()``'s
+            consumer (backpressure).
+        cache: ``True`` or a :class:`CacheConfig` asks for prompt caching.
+        strict_multimodal: Raise instead of dropping attachments a model cannot take.
+
+    Example::
+
+        engine = LLMEngine("claude-sonnet-4-6", max_turns=8, tool_timeout=30)
+        agent = Agent(engine=engine, tools=[search, fetch])
+        env = agent("What changed in the Q3 report?")
+        env.payload, env.metadata["usage"], env.metadata["cost_usd"]
+    """
+
+    #: Wraps every model call and tool call; a durable journal replaces it.
+    effects: EffectHandler
+
+    def __init__(
+        self,
+        model: str | Provider,
+        *,
+        provider: str | Provider | None = None,
+        thinking: bool | ThinkingConfig = False,
+        max_turns: int = 20,
+        tool_choice: Literal["auto", "any"] = "auto",
+        temperature: float | None = None,
+        system: str | None = None,
+        native_tools: list[NativeTool | str] | None = None,
+        allow_dangerous_native_tools: bool = False,
+        max_retries: int = 3,
+        retry_delay: float = 1.0,
+        request_timeout: float | None = 120.0,
+        max_parallel_tools: int | None = 8,
+        max_tool_calls_per_turn: int | None = None,
+        tool_timeout: float | None = None,
+        stream_idle_timeout: float | _Unset | None = _USE_DEFAULT_STREAM_IDLE,
+        stream_buffer: int = 64,
+        cache: bool | CacheConfig = False,
+        strict_multimodal: bool = False,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+        if max_parallel_tools is not None and max_parallel_tools < 1:
+            raise ValueError(f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}")
+        if max_tool_calls_per_turn is not None and max_tool_calls_per_turn < 1:
+            raise ValueError(
+                f"max_tool_calls_per_turn must be >= 1 or None, got {max_tool_calls_per_turn!r}"
+            )
+        if tool_timeout is not None and tool_timeout <= 0:
+            raise ValueError(f"tool_timeout must be > 0 or None, got {tool_timeout!r}")
+        if request_timeout is not None and request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 or None, got {request_timeout!r}")
+        idle: float | None
+        if isinstance(stream_idle_timeout, _Unset):
+            idle = DEFAULT_STREAM_IDLE_TIMEOUT
+        elif stream_idle_timeout is None:
+            warnings.warn(
+                "LLMEngine(stream_idle_timeout=None) disables stream stall detection. A "
+                "half-open provider stream (a TCP reset never delivered, a dropped HTTP/2 "
+                "PING) will then pin a worker indefinitely. The safe default is "
+                f"{DEFAULT_STREAM_IDLE_TIMEOUT}s; pass a positive float to tune it instead "
+                "of disabling it.",
+                UserWarning,
+                stacklevel=2,
+            )
+            idle = None
+        elif stream_idle_timeout <= 0:
+            raise ValueError(
+                f"stream_idle_timeout must be > 0 or None, got {stream_idle_timeout!r}"
+            )
+        else:
+            idle = float(stream_idle_timeout)
+        if stream_buffer < 1:
+            raise ValueError(f"stream_buffer must be >= 1, got {stream_buffer!r}")
+        if cast(Any, tool_choice) == "parallel":
+            raise ValueError(
+                "LLMEngine(tool_choice='parallel') was removed. Concurrent tool execution is "
+                "the default and cannot be disabled; drop the argument (or use 'auto' / "
+                "'any')."
+            )
+        if tool_choice not in ("auto", "any"):
+            raise ValueError(f"tool_choice must be 'auto' or 'any', got {tool_choice!r}")
+        resolved_native = [NativeTool(t) for t in (native_tools or [])]
+        if not allow_dangerous_native_tools:
+            found = [t for t in resolved_native if t in _DANGEROUS]
+            if found:
+                raise ValueError(
+                    f"Native tools {[t.value for t in found]!r} require explicit opt-in "
+                    "because they grant the model code-execution or computer-control "
+                    "capabilities. Pass allow_dangerous_native_tools=True to confirm."
+                )
+        if cache is True:
+            self.cache: CacheConfig | None = CacheConfig(enabled=True)
+        elif cache is False or cache is None:
+            self.cache = None
+        elif isinstance(cache, CacheConfig):
+            self.cache = cache
+        else:
+            raise TypeError(f"cache must be a bool or a CacheConfig, got {cache!r}")
+
+        self._provider_obj: Provider | None = None
+        if isinstance(model, Provider):
+            self._provider_obj = model
+            model_name = model.model or model.name
+            provider_name: str = model.name
+        elif isinstance(provider, Provider):
+            self._provider_obj = provider
+            model_name = model
+            provider_name = provider.name
+        elif isinstance(model, str):
+            model_name = model
+            provider_name = provider or self._infer_provider(model)
+            aliases = self._PROVIDER_ALIASES
+            if provider is None and aliases.get(model.lower()) == model.lower():
+                raise ValueError(
+                    f"LLMEngine({model!r}) is ambiguous: {model!r} is a provider name, not a "
+                    f"model id. At request time the provider would be asked for the literal "
+                    f"model {model!r} and reject it.\n"
+                    f"  Fix (tier alias, tracks the provider's lineup):\n"
+                    f'      Agent.from_provider({model!r}, tier="medium")\n'
+                    f"  Fix (pinned model id):\n"
+                    f'      Agent(engine=LLMEngine("<model-id>"))   # e.g. "claude-sonnet-4-6"'
+                )
+        else:
+            raise TypeError(f"LLMEngine(model=...) takes a str or a Provider, got {model!r}")
+
+        self.model: str = model_name
+        self.provider: str = provider_name
+        self.thinking = thinking
+        self.max_turns = max_turns
+        self.tool_choice: Literal["auto", "any"] = tool_choice
+        self.temperature = temperature
+        self.system = system
+        self.native_tools: list[NativeTool] = resolved_native
+        self.allow_dangerous_native_tools = allow_dangerous_native_tools
+        self.max_retries = max_retries
+        self.retry_delay = retry_delay
+        self.request_timeout = request_timeout
+        self.max_parallel_tools = max_parallel_tools
+        self.max_tool_calls_per_turn = max_tool_calls_per_turn
+        self.tool_timeout = tool_timeout
+        self.stream_idle_timeout: float | None = idle
+        self.stream_buffer = stream_buffer
+        self.strict_multimodal = strict_multimodal
+        self.effects = PassThroughEffects()
+        self._agent_name: str | None = None
+
+    def __repr__(self) -> str:
+        return f"LLMEngine(model={self.model!r}, provider={self.provider!r})"
+
+    # -- provider -------------------------------------------------------------------------
+
+    def get_provider(self) -> Provider:
+        """The provider adapter (built on first use; raises MissingExtraError without its SDK)."""
+        if self._provider_obj is None:
+            self._provider_obj = create_provider(self.provider)
+        return self._provider_obj
+
+    @property
+    def wire_model(self) -> str:
+        """The model id sent to the provider (tier aliases resolved)."""
+        return self.get_provider().resolve_model(self.model)
+
+    # -- public API -----------------------------------------------------------------------
+
+    async def run(
+        self,
+        env: Envelope[Any],
+        *,
+        tools: list[Tool],
+        output_type: type = str,
+        memory: Any = None,
+        session: Session | None = None,
+    ) -> Envelope[Any]:
+        """Run the loop to a final answer; failures come back as error envelopes.
+
+        The envelope's ``metadata`` has ``model``, ``provider``, ``usage`` (token counts),
+        ``input_tokens``, ``output_tokens``, ``cost_usd`` (estimate, None when the model's
+        price is unknown), ``latency_ms``, ``turns``, ``tool_calls`` and ``run_id``.
+        Misuse (:class:`~stepstone.exceptions.UserError`, e.g. a missing SDK extra) raises.
+        """
+        state = self._new_run(session)
+        state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
+        started = time.perf_counter()
+        ok = False
+        try:
+            payload = await self._loop(env, tools=tools, output_type=output_type, state=state)
+            ok = True
+            return Envelope(
+                task=env.task,
+                context=env.context,
+                payload=payload,
+                metadata=self._metadata(state, started),
+            )
+        except UserError:
+            raise
+        except Exception as exc:
+            log.debug("stepstone: LLM run %s failed", state.run_id, exc_info=True)
+            return Envelope.error_envelope(
+                exc, task=env.task, metadata=self._metadata(state, started)
+            )
+        finally:
+            state.emit(
+                EventType.AGENT_FINISH,
+                {"ok": ok, "cancelled": False, **self._metadata(state, started)},
+            )
+
+    async def stream(
+        self,
+        env: Envelope[Any],
+        *,
+        tools: list[Tool],
+        output_type: type = str,
+        memory: Any = None,
+        session: Session | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """Stream tokens from the whole tool-calling loop.
+
+        Text is yielded as the model produces it; tool calls between turns run silently and
+        the next turn streams on, so output is continuous across tool turns. A bounded queue
+        (``stream_buffer``) applies backpressure to the provider stream; a consumer that
+        stops early (``break``, ``aclose()``) cancels the loop. Errors
+        (:class:`StreamStallError`, :class:`MaxTurnsExceeded`...) are raised to the consumer.
+        """
+        state = self._new_run(session)
+        state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
+        started = time.perf_counter()
+        sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.stream_buffer)
+
+        async def run_loop() -> None:
+            try:
+                await self._loop(env, tools=tools, output_type=output_type, state=state, sink=sink)
+            finally:
+                await sink.put(None)
+
+        task = asyncio.create_task(run_loop())
+        cancelled_by_us = False
+        try:
+            while True:
+                token = await sink.get()
+                if token is None:
+                    break
+                yield token
+        finally:
+            if not task.done():
+                task.cancel()
+                cancelled_by_us = True
+            try:
+                await task
+            except asyncio.CancelledError:
+                if not cancelled_by_us:
+                    raise
+            finally:
+                state.emit(
+                    EventType.AGENT_FINISH,
+                    {
+                        "cancelled": cancelled_by_us,
+                        "ok": task.done() and not task.cancelled() and task.exception() is None,
+                        **self._metadata(state, started),
+                    },
+                )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _new_run(self, session: Session | None) -> _Run:
+        return _Run(
+            run_id=uuid.uuid4().hex,
+            agent_name=self._agent_name or "agent",
+            session=session,
+        )
+
+    def _metadata(self, state: _Run, started: float) -> dict[str, Any]:
+        model = state.model or self.model
+        return {
+            "model": model,
+            "provider": self.provider,
+            "usage": state.usage.to_dict(),
+            "input_tokens": state.usage.input_tokens,
+            "output_tokens": state.usage.output_tokens,
+            "cost_usd": estimate_cost(model, state.usage),
+            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            "turns": state.turns,
+            "tool_calls": state.tool_calls,
+            "run_id": state.run_id,
+        }
+
+    def _system(self, env: Envelope[Any]) -> str | None:
+        parts = [p for p in (self.system, env.context) if p]
+        return "\n\n".join(parts) if parts else None
+
+    def _thinking(self) -> ThinkingConfig | None:
+        if isinstance(self.thinking, ThinkingConfig):
+            return self.thinking
+        return ThinkingConfig() if self.thinking else None
+
+    async def _loop(
+        self,
+        env: Envelope[Any],
+        *,
+        tools: list[Tool],
+        output_type: type,
+        state: _Run,
+        sink: asyncio.Queue[str | None] | None = None,
+    ) -> Any:
+        provider = self.get_provider()
+        wire_model = provider.resolve_model(self.model)
+        state.model = wire_model
+        tool_map = {t.name: t for t in tools}
+        definitions = [
+            ToolDefinition(name=t.name, description=t.description, parameters=t.parameters)
+            for t in tools
+        ]
+        structured = wants_structured(output_type)
+        schema = output_schema(output_type) if structured else None
+        user_text = env.task if env.task else payload_text(env.payload)
+        messages = [Message(role="user", text=user_text)]
+        batch = ToolBatch(
+            tool_map=tool_map,
+            effects=self.effects,
+            emit=state.emit,
+            run_id=state.run_id,
+            max_parallel_tools=self.max_parallel_tools,
+            max_tool_calls_per_turn=self.max_tool_calls_per_turn,
+            tool_timeout=self.tool_timeout,
+        )
+        system = self._system(env)
+        thinking = self._thinking()
+        for turn in range(self.max_turns):
+            force = self.tool_choice == "any" and turn == 0 and bool(definitions)
+            request = ModelRequest(
+                model=wire_model,
+                messages=list(messages),
+                system=system,
+                tools=definitions,
+                tool_choice="required" if force else "auto",
+                temperature=self.temperature,
+                thinking=thinking,
+                cache=self.cache,
+                native_tools=self.native_tools,
+                output_schema=schema,
+                output_name=getattr(output_type, "__name__", None) if structured else None,
+                turn=turn,
+            )
+            response = await self._model_call(provider, request, state, sink)
+            state.turns = turn + 1
+            state.usage.add(response.usage)
+            messages.append(
+                Message(
+                    role="assistant",
+                    text=response.text,
+                    tool_calls=list(response.tool_calls),
+                    raw=response.raw,
+                    raw_provider=provider.name,
+                )
+            )
+            if response.tool_calls:
+                state.tool_calls += len(response.tool_calls)
+                results = await batch.run(turn, response.tool_calls)
+                messages.append(Message(role="tool", tool_results=results))
+                continue
+            if not structured:
+                return response.text
+            try:
+                return parse_output(response.text, output_type)
+            except ValueError as exc:
+                # Tell the model what was wrong and let it try again (counts as a turn).
+                messages.append(
+                    Message(
+                        role="user",
+                        text=(
+                            f"Your answer did not match the required JSON schema: {exc}. "
+                            "Reply with only a JSON value that matches the schema."
+                        ),
+                    )
+                )
+        raise MaxTurnsExceeded(
+            f"the model was still working after max_turns={self.max_turns} turns "
+            f"(model {wire_model!r}, {state.tool_calls} tool call(s)); raise "
+            f"LLMEngine(max_turns=...) or simplify the task"
+        )
+
+    async def _model_call(
+        self,
+        provider: Provider,
+        request: ModelRequest,
+        state: _Run,
+        sink: asyncio.Queue[str | None] | None,
+    ) -> ModelResponse:
+        key = EffectKey(
+            run_id=state.run_id,
+            kind="model",
+            turn=request.turn,
+            index=0,
+            name=request.model,
+            input=request,
+        )
+
+        async def invoke() -> ModelResponse:
+            return await self._with_retries(provider, request, state, sink)
+
+        state.emit(
+            EventType.MODEL_REQUEST,
+            {
+                "turn": request.turn,
+                "model": request.model,
+                "provider": provider.name,
+                "messages": len(request.messages),
+                "tools": len(request.tools),
+                "tool_choice": request.tool_choice,
+                "stream": sink is not None,
+            },
+        )
+        started = time.perf_counter()
+        response = await self.effects.model_call(key, invoke)
+        state.emit(
+            EventType.MODEL_RESPONSE,
+            {
+                "turn": request.turn,
+                "model": response.model or request.model,
+                "provider": provider.name,
+                "input_tokens": response.usage.input_tokens,
+                "output_tokens": response.usage.output_tokens,
+                "tool_calls": [c.name for c in response.tool_calls],
+                "stop_reason": response.stop_reason,
+                "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            },
+        )
+        return response
+
+    async def _with_retries(
+        self,
+        provider: Provider,
+        request: ModelRequest,
+        state: _Run,
+        sink: asyncio.Queue[str | None] | None,
+    ) -> ModelResponse:
+        attempt = 0
+        while True:
+            state.emitted = False
+            try:
+                if sink is None:
+                    return await self._complete(provider, request)
+                return await self._stream_turn(provider, request, state, sink)
+            except UserError:
+                raise
+            except Exception as exc:
+                info = (
+                    RetryInfo(True)
+                    if isinstance(exc, TimeoutError | StreamStallError)
+                    else provider.retry_info(exc)
+                )
+                # Text already handed to a stream consumer cannot be taken back, so a turn
+                # that failed mid-stream is not retried.
+                if not info.retryable or attempt >= self.max_retries or state.emitted:
+                    raise
+                delay = self._backoff(attempt, info.retry_after)
+                log.info(
+                    "stepstone: %s request failed (%s: %s); retry %d/%d in %.2fs",
+                    provider.name,
+                    type(exc).__name__,
+                    exc,
+                    attempt + 1,
+                    self.max_retries,
+                    delay,
+                )
+                state.emit(
+                    EventType.MODEL_RESPONSE,
+                    {
+                        "turn": request.turn,
+                        "retry": attempt + 1,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "delay": delay,
+                    },
+                )
+                await asyncio.sleep(delay)
+                attempt += 1
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return retry_after
+        return float(self.retry_delay * (2.0**attempt) * random.uniform(0.9, 1.1))
+
+    async def _complete(self, provider: Provider, request: ModelRequest) -> ModelResponse:
+        if self.request_timeout is None:
+            return await provider.complete(request)
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return await provider.complete(request)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{provider.name} request for {request.model!r} exceeded "
+                f"request_timeout={self.request_timeout}s"
+            ) from None
+
+    async def _stream_turn(
+        self,
+        provider: Provider,
+        request: ModelRequest,
+        state: _Run,
+        sink: asyncio.Queue[str | None],
+    ) -> ModelResponse:
+        stream: AsyncIterator[Any] = provider.stream(request)
+        first = True
+        try:
+            while True:
+                limit = (
+                    self.request_timeout
+                    if first and self.request_timeout is not None
+                    else self.stream_idle_timeout
+                )
+                try:
+                    if limit is None:
+                        item = await anext(stream)
+                    else:
+                        async with asyncio.timeout(limit):
+                            item = await anext(stream)
+                except StopAsyncIteration:
+                    raise RuntimeError(
+                        f"{provider.name} stream ended without a final response"
+                    ) from None
+                except TimeoutError:
+                    if first and self.request_timeout is not None:
+                        raise TimeoutError(
+                            f"{provider.name} stream for {request.model!r} sent nothing "
+                            f"within request_timeout={self.request_timeout}s"
+                        ) from None
+                    raise StreamStallError(
+                        f"{provider.name} stream for {request.model!r} went silent for more "
+                        f"than stream_idle_timeout={self.stream_idle_timeout}s "
+                        f"(turn {request.turn})"
+                    ) from None
+                first = False
+                if isinstance(item, ModelResponse):
+                    return item
+                if item:
+                    state.emitted = True
+                    await sink.put(item)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:
+                    log.debug("stepstone: closing a %s stream failed", provider.name, exc_info=True)

@@ -1,0 +1,158 @@
+"""Running the tool calls of one model turn: validation, concurrency, timeouts, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from stepstone.core import Tool, payload_text
+from stepstone.engines.llm._effects import EffectHandler, EffectKey, bind_call_key
+from stepstone.exceptions import ToolTimeoutError
+from stepstone.observability import EventType
+from stepstone.providers._types import ToolCall, ToolResult
+
+__all__ = ["ToolBatch"]
+
+Emit = Callable[[EventType, dict[str, Any]], None]
+
+_PREVIEW = 500
+
+
+def _preview(text: str) -> str:
+    return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "..."
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "(arguments)"
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+@dataclasses.dataclass(kw_only=True)
+class ToolBatch:
+    """Runs one turn's tool calls concurrently and returns results in call order.
+
+    Every failure the model can recover from (unknown tool, arguments that are not JSON or
+    fail validation, the tool raising, ``tool_timeout``, calls beyond
+    ``max_tool_calls_per_turn``) becomes an ``is_error`` result; cancellation and
+    ``BaseException`` signals (``PlanPaused``) propagate and cancel the sibling calls.
+    """
+
+    tool_map: dict[str, Tool]
+    effects: EffectHandler
+    emit: Emit
+    run_id: str
+    max_parallel_tools: int | None
+    max_tool_calls_per_turn: int | None
+    tool_timeout: float | None
+
+    async def run(self, turn: int, calls: list[ToolCall]) -> list[ToolResult]:
+        """Run ``calls`` (one model turn) and return their results in the same order."""
+        sem = (
+            asyncio.Semaphore(self.max_parallel_tools)
+            if self.max_parallel_tools is not None and len(calls) > self.max_parallel_tools
+            else None
+        )
+        limit = self.max_tool_calls_per_turn
+
+        async def one(index: int, call: ToolCall) -> ToolResult:
+            if limit is not None and index >= limit:
+                return self._refused(call, limit)
+            if sem is None:
+                return await self._call(turn, index, call)
+            async with sem:
+                return await self._call(turn, index, call)
+
+        if len(calls) == 1:
+            return [await one(0, calls[0])]
+        tasks = [asyncio.ensure_future(one(i, c)) for i, c in enumerate(calls)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    def _refused(self, call: ToolCall, limit: int) -> ToolResult:
+        content = (
+            f"Error: only {limit} tool call(s) per turn are allowed; this call to "
+            f"{call.name!r} was not run. Make at most {limit} call(s) per turn."
+        )
+        self.emit(
+            EventType.TOOL_ERROR,
+            {"tool": call.name, "call_id": call.id, "error": "max_tool_calls_per_turn"},
+        )
+        return ToolResult(call_id=call.id, name=call.name, content=content, is_error=True)
+
+    def _error(self, call: ToolCall, turn: int, kind: str, message: str) -> ToolResult:
+        self.emit(
+            EventType.TOOL_ERROR,
+            {
+                "tool": call.name,
+                "call_id": call.id,
+                "turn": turn,
+                "error": kind,
+                "message": message,
+            },
+        )
+        return ToolResult(
+            call_id=call.id, name=call.name, content=f"Error: {kind}: {message}", is_error=True
+        )
+
+    async def _call(self, turn: int, index: int, call: ToolCall) -> ToolResult:
+        self.emit(
+            EventType.TOOL_CALL,
+            {"tool": call.name, "call_id": call.id, "turn": turn, "arguments": call.arguments},
+        )
+        tool = self.tool_map.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tool_map)) or "none"
+            return self._error(
+                call, turn, "UnknownTool", f"no tool named {call.name!r}; available: {known}"
+            )
+        if call.raw_arguments is not None:
+            return self._error(
+                call,
+                turn,
+                "InvalidArguments",
+                f"arguments must be a JSON object, got {call.raw_arguments[:200]!r}",
+            )
+        try:
+            args = tool.validate_args(call.arguments)
+        except ValidationError as exc:
+            return self._error(call, turn, "InvalidArguments", _validation_message(exc))
+        except (TypeError, ValueError) as exc:
+            return self._error(call, turn, "InvalidArguments", str(exc))
+        key = EffectKey(
+            run_id=self.run_id, kind="tool", turn=turn, index=index, name=call.name, input=args
+        )
+
+        async def invoke() -> Any:
+            with bind_call_key(key):
+                if self.tool_timeout is None:
+                    return await tool.invoke(args)
+                try:
+                    return await asyncio.wait_for(tool.invoke(args), self.tool_timeout)
+                except TimeoutError:
+                    raise ToolTimeoutError(
+                        f"tool {call.name!r} exceeded tool_timeout={self.tool_timeout}s "
+                        f"(turn {turn}, call {index})"
+                    ) from None
+
+        try:
+            value = await self.effects.tool_call(key, invoke)
+        except Exception as exc:  # noqa: BLE001 - every tool failure is shown to the model
+            return self._error(call, turn, type(exc).__name__, str(exc))
+        text = payload_text(value)
+        self.emit(
+            EventType.TOOL_RESULT,
+            {"tool": call.name, "call_id": call.id, "turn": turn, "result": _preview(text)},
+        )
+        return ToolResult(call_id=call.id, name=call.name, content=text)

@@ -1,0 +1,155 @@
+"""The Provider base class, the request-blocking switch, and transient-error helpers."""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from stepstone.exceptions import UserError
+from stepstone.providers._types import ModelRequest, ModelResponse, NativeTool
+
+__all__ = [
+    "BLOCK_ENV_VAR",
+    "ModelRequestsBlockedError",
+    "Provider",
+    "RetryInfo",
+    "StreamItem",
+    "check_requests_allowed",
+    "requests_blocked",
+]
+
+BLOCK_ENV_VAR = "STEPSTONE_BLOCK_MODEL_REQUESTS"
+
+# A provider stream yields text deltas (``""`` marks progress without text, so idle
+# detection sees every wire event) and ends with exactly one ModelResponse.
+StreamItem = str | ModelResponse
+
+# A process-wide depth counter (not a contextvar): a pytest fixture, a worker thread and the
+# event loop's tasks must all see the same switch.
+_block_depth = 0
+_block_lock = threading.Lock()
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+class ModelRequestsBlockedError(UserError):
+    """A real model request was made while requests are blocked.
+
+    Raised by provider adapters inside ``stepstone.testing.block_model_requests()`` or when
+    the ``STEPSTONE_BLOCK_MODEL_REQUESTS`` environment variable is set. Requests to loopback
+    addresses (test servers) stay allowed.
+    """
+
+
+def requests_blocked() -> bool:
+    """True when real model requests are currently forbidden (context or env var)."""
+    if _block_depth > 0:
+        return True
+    return os.environ.get(BLOCK_ENV_VAR, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def set_blocked(blocked: bool) -> None:
+    """Enter (True) or leave (False) one level of request blocking."""
+    global _block_depth
+    with _block_lock:
+        _block_depth = _block_depth + 1 if blocked else max(0, _block_depth - 1)
+
+
+def check_requests_allowed(provider: str, base_url: str | None) -> None:
+    """Raise :class:`ModelRequestsBlockedError` unless requests may go to ``base_url``."""
+    if not requests_blocked():
+        return
+    host = urlsplit(base_url).hostname if base_url else None
+    if host in _LOOPBACK_HOSTS:
+        return
+    raise ModelRequestsBlockedError(
+        f"a real {provider} model request (to {base_url or 'the default endpoint'}) was made "
+        f"while model requests are blocked; use a scripted model "
+        f"(stepstone.testing.FakeModel) or unset {BLOCK_ENV_VAR}"
+    )
+
+
+class RetryInfo:
+    """Whether an error is transient, and how long the server asked us to wait."""
+
+    __slots__ = ("retry_after", "retryable")
+
+    def __init__(self, retryable: bool, retry_after: float | None = None) -> None:
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+    def __repr__(self) -> str:
+        return f"RetryInfo(retryable={self.retryable}, retry_after={self.retry_after})"
+
+
+class Provider(abc.ABC):
+    """A model backend: turns a :class:`ModelRequest` into a :class:`ModelResponse`.
+
+    Subclass it to add a provider; ``LLMEngine(model, provider=MyProvider())`` or
+    ``LLMEngine(MyProvider())`` uses it. Built-in adapters import their SDK lazily.
+
+    Attributes:
+        name: The provider's routing name (``"anthropic"``, ``"openai"``...).
+        model: The model id to use when the engine was given this provider instead of a
+            model string (None: the engine's model string is used).
+        tiers: Tier alias → model id, for ``Agent.from_provider(name, tier=...)``.
+        strict_native_tools: Raise instead of warning when a native tool is unsupported.
+    """
+
+    name: ClassVar[str] = "provider"
+    tiers: ClassVar[dict[str, str]] = {}
+    native_tools_supported: ClassVar[frozenset[NativeTool]] = frozenset()
+    model: str | None = None
+    strict_native_tools: bool = False
+    base_url: str | None = None
+
+    @abc.abstractmethod
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One non-streamed completion."""
+
+    @abc.abstractmethod
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        """A streamed completion: text deltas, then one final :class:`ModelResponse`."""
+
+    def retry_info(self, exc: BaseException) -> RetryInfo:
+        """Classify ``exc``: transient (429, 5xx, network, timeout) or not."""
+        if isinstance(exc, TimeoutError | ConnectionError):
+            return RetryInfo(True)
+        return RetryInfo(False)
+
+    def resolve_model(self, model: str) -> str:
+        """Map a tier alias (``"medium"``) to a model id; other strings pass through."""
+        return self.tiers.get(model, model)
+
+    def describe(self) -> dict[str, Any]:
+        """Short description for events and metadata."""
+        return {"provider": self.name, "base_url": self.base_url}
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``retry-after`` / ``retry-after-ms`` header value (None if absent)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return max(0.0, seconds)
+
+
+def retry_after_from_headers(headers: Any) -> float | None:
+    """Read ``retry-after-ms`` or ``retry-after`` (seconds) from response headers."""
+    if headers is None:
+        return None
+    ms = parse_retry_after(headers.get("retry-after-ms"))
+    if ms is not None:
+        return ms / 1000.0
+    return parse_retry_after(headers.get("retry-after"))
+
+
+def status_retryable(status: int | None) -> bool:
+    """429, 408, 409 (lock timeouts) and every 5xx are worth retrying."""
+    return status is not None and (status in (408, 409, 429) or status >= 500)

@@ -17,7 +17,12 @@ from stepstone.durable import OwnedRun
 from stepstone.engines.plan._checkpoint import band_row, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
 from stepstone.engines.plan._step import Step, is_agent
-from stepstone.exceptions import ConcurrentPlanRunError, PlanPaused, PlanRuntimeError
+from stepstone.exceptions import (
+    ConcurrentPlanRunError,
+    PlanPaused,
+    PlanRuntimeError,
+    SerializationError,
+)
 from stepstone.observability import EventType, Session
 
 __all__ = ["PlanRun"]
@@ -186,9 +191,17 @@ class PlanRun:
         except PlanRuntimeError as exc:
             await self._fail(name, Envelope.error_envelope(exc), name)
             raise
-        row, value = step_row(
-            name, out, iteration=self.iteration, band=None, writes=step.writes, strict=self.strict
-        )
+        try:
+            row, value = step_row(
+                name,
+                out,
+                iteration=self.iteration,
+                band=None,
+                writes=step.writes,
+                strict=self.strict,
+            )
+        except SerializationError as exc:
+            return await self._fail(name, Envelope.error_envelope(exc, task=out.task), name)
         nxt = self._next_entry(next_idx)
         writes = [(step.writes, value)] if step.writes else None
         await self._commit(
@@ -221,14 +234,18 @@ class PlanRun:
             if not out.ok:
                 failed.append((name, out))
                 return
-            row, value = step_row(
-                name,
-                out,
-                iteration=self.iteration,
-                band=unit.entry,
-                writes=step.writes,
-                strict=self.strict,
-            )
+            try:
+                row, value = step_row(
+                    name,
+                    out,
+                    iteration=self.iteration,
+                    band=unit.entry,
+                    writes=step.writes,
+                    strict=self.strict,
+                )
+            except SerializationError as exc:
+                failed.append((name, Envelope.error_envelope(exc, task=out.task)))
+                return
             # Journal the branch now (not applied yet): a crash or a sibling's failure
             # must not cost this branch's work (spec 11).
             await self._commit(status="running", next_step=unit.entry, rows=[row])

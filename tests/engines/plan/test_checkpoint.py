@@ -1,0 +1,692 @@
+"""Plan checkpoint and resume: SPEC-CHECKLIST lines 1-45 and the known faults we avoid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from stepstone import (
+    CHECKPOINT_VERSION,
+    Agent,
+    CheckpointCorruptError,
+    ConcurrentPlanRunError,
+    Envelope,
+    EventType,
+    Plan,
+    PlanCompileError,
+    PlanPaused,
+    SerializationError,
+    Session,
+    StaleCheckpointError,
+    Step,
+    Store,
+    StoreKeyConflictError,
+    UnserializableValueWarning,
+    from_parallel_all,
+    from_step,
+)
+from stepstone.durable import claim_run
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(db=tmp_path / "plan.sqlite")
+    yield s
+    s.close()
+
+
+class Counter:
+    """Counts calls per step name; optionally fails or pauses a step while a flag is set."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.fail: set[str] = set()
+        self.pause: set[str] = set()
+
+    def step(self, name: str, result: Any = None) -> Any:
+        def fn(payload: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if name in self.fail:
+                raise RuntimeError(f"{name} broke")
+            if name in self.pause:
+                raise PlanPaused(f"{name} waits for approval")
+            return result if result is not None else f"{name}({payload})"
+
+        fn.__name__ = name
+        return fn
+
+
+def etl_plan(store: Store, c: Counter, **kw: Any) -> Plan:
+    return Plan(
+        Step(c.step("extract"), writes="raw"),
+        Step(c.step("transform"), writes="clean"),
+        Step(c.step("validate"), writes="verdict"),
+        Step(c.step("load"), writes="loaded"),
+        store=store,
+        checkpoint_key=kw.pop("key", "etl"),
+        **kw,
+    )
+
+
+def run(plan: Plan, task: str = "batch", **kw: Any) -> Envelope[Any]:
+    return Agent(engine=plan, **kw)(task)
+
+
+# -- construction --------------------------------------------------------------------------
+
+
+def test_signature_defaults_and_store_and_key_both_needed(store: Store) -> None:
+    # spec 1
+    plan = Plan(Step(lambda p: p, name="a"))
+    assert (plan.resume, plan.on_concurrent, plan.max_iterations) == (False, "fail", 100)
+    assert plan.store is None and plan.checkpoint_key is None
+    with pytest.raises(PlanCompileError, match="checkpoint_key= is missing"):
+        Plan(Step(lambda p: p, name="a"), store=store)
+    with pytest.raises(PlanCompileError, match="store= is missing"):
+        Plan(Step(lambda p: p, name="a"), checkpoint_key="k")
+
+
+def test_fork_with_resume_is_a_compile_error(store: Store) -> None:
+    # spec 29 (and the known fault: PlanCompileError, not ValueError)
+    with pytest.raises(PlanCompileError, match="fork"):
+        Plan(
+            Step(lambda p: p, name="a"),
+            store=store,
+            checkpoint_key="k",
+            on_concurrent="fork",
+            resume=True,
+        )
+    with pytest.raises(PlanCompileError, match="on_concurrent"):
+        Plan(Step(lambda p: p, name="a"), store=store, checkpoint_key="k", on_concurrent="steal")  # type: ignore[arg-type]
+
+
+# -- the persisted shape ---------------------------------------------------------------------
+
+
+def test_checkpoint_written_after_every_step_with_seed_shape(store: Store) -> None:
+    # spec 2, 3, 4, 6, 7, 8, 12, 15, 16, 17, 22, 41
+    seen: list[dict[str, Any]] = []
+
+    def observe(name: str):  # a step that records the checkpoint as it is when it starts
+        def fn(payload: Any) -> str:
+            seen.append(store.read("etl"))
+            return f"{name}:{payload}"
+
+        fn.__name__ = name
+        return fn
+
+    plan = Plan(
+        Step(observe("a"), writes="wa"),
+        Step(observe("b"), writes="wb"),
+        Step(observe("c")),
+        store=store,
+        checkpoint_key="etl",
+    )
+    env = run(plan, "go")
+    assert env.ok and env.payload == "c:b:a:go"
+    first, second, third = seen
+    assert first["status"] == "claimed" and first["next_step"] == "a"  # spec 15, 16
+    assert first["completed_steps"] == [] and first["kv"] == {}
+    assert second["status"] == "running" and second["next_step"] == "b"  # spec 8, 17
+    assert second["completed_steps"] == ["a"] and second["kv"] == {"wa": "a:go"}
+    assert third["next_step"] == "c" and third["kv"] == {"wa": "a:go", "wb": "b:a:go"}
+    # Sidecar readers: the Store already holds what the checkpoint's kv holds (spec 41).
+    assert store.read("wa") == "a:go" and store.read("wb") == "b:a:go"
+    final = store.read("etl")
+    assert set(final) >= {
+        "next_step",
+        "kv",
+        "completed_steps",
+        "status",
+        "run_uid",
+        "checkpoint_version",
+        "history",
+    }  # spec 4
+    assert final["checkpoint_version"] == CHECKPOINT_VERSION == 2  # spec 3
+    assert final["status"] == "done" and final["next_step"] is None  # spec 22
+    assert final["completed_steps"] == ["a", "b", "c"]
+    assert int(final["run_uid"], 16) and len(final["run_uid"]) == 32  # spec 6
+    assert [h["step"] for h in final["history"]] == ["a", "b", "c"]  # spec 7
+    assert final["history"][1]["envelope"]["payload"] == "b:a:go"
+    assert final["kv"] == {"wa": "a:go", "wb": "b:a:go"}  # spec 12
+    entry = store.read_entry("etl")
+    assert entry is not None and entry.kind == "checkpoint" and entry.run_kind == "plan"
+
+
+def test_failure_keeps_next_step_and_is_inspectable(store: Store) -> None:
+    # spec 2, 9, 18, 34, 43
+    c = Counter()
+    c.fail.add("validate")
+    env = run(etl_plan(store, c, resume=True))
+    assert not env.ok and env.error is not None
+    assert env.error.type == "RuntimeError" and "validate broke" in env.error.message
+    assert env.metadata["step"] == "validate"
+    state = store.read("etl")
+    assert state["status"] == "failed"  # spec 34
+    assert state["next_step"] == "validate"  # spec 9
+    assert state["completed_steps"] == ["extract", "transform"]
+    assert state["kv"]["clean"] == "transform(extract(batch))"
+    assert state["error"]["type"] == "RuntimeError"
+    c.fail.clear()
+    env = run(etl_plan(store, c, resume=True))  # spec 18: retried from next_step
+    assert env.ok, env.error
+    assert c.calls == {"extract": 1, "transform": 1, "validate": 2, "load": 1}  # spec 43
+    assert store.read("etl")["status"] == "done"
+
+
+def test_resume_on_done_short_circuits_with_cached_kv(store: Store) -> None:
+    # spec 23, 24
+    c = Counter()
+    run(etl_plan(store, c, resume=True))
+    head_before = store.backend.run_get("etl")
+    env = run(etl_plan(store, c, resume=True))
+    assert env.ok and env.metadata["cached"] is True
+    assert env.payload == {
+        "raw": "extract(batch)",
+        "clean": "transform(extract(batch))",
+        "verdict": "validate(transform(extract(batch)))",
+        "loaded": "load(validate(transform(extract(batch))))",
+    }
+    assert c.calls == {"extract": 1, "transform": 1, "validate": 1, "load": 1}
+    # Only reads: the head was not rewritten.
+    assert store.backend.run_get("etl") == head_before
+
+
+def test_fresh_run_after_failure_or_done_starts_over(store: Store) -> None:
+    # known fault: a failed/paused key must not block fresh runs
+    c = Counter()
+    c.fail.add("transform")
+    run(etl_plan(store, c))
+    c.fail.clear()
+    assert run(etl_plan(store, c)).ok  # resume=False: fresh
+    assert c.calls["extract"] == 2
+    assert run(etl_plan(store, c)).ok  # done + resume=False: fresh again
+    assert c.calls["extract"] == 3
+    assert store.read("etl")["completed_steps"] == ["extract", "transform", "validate", "load"]
+
+
+def test_resume_rebuilds_history_for_sentinels(store: Store) -> None:
+    # spec 13, 14, 44: from_step resolves to the earlier run's payload after a resume
+    c = Counter()
+    c.fail.add("c")
+    seen: list[Any] = []
+
+    def consumer(payload: Any) -> str:
+        seen.append(payload)
+        return "used"
+
+    def make() -> Plan:
+        return Plan(
+            Step(c.step("a", {"rows": [1, 2]}), writes="wa"),
+            Step(c.step("b")),
+            Step(c.step("c")),
+            Step(consumer, task=from_step("a")),
+            store=store,
+            checkpoint_key="hist",
+            resume=True,
+        )
+
+    assert not run(make()).ok
+    c.fail.clear()
+    assert run(make()).ok
+    assert seen == [{"rows": [1, 2]}]
+    assert c.calls == {"a": 1, "b": 1, "c": 2}
+
+
+class Verdict(BaseModel):
+    accepted: int
+    note: str
+
+
+def test_pydantic_payloads_persist_via_model_dump_and_reload_typed(store: Store) -> None:
+    # spec 37
+    c = Counter()
+    c.fail.add("after")
+    got: list[Any] = []
+
+    def judge(payload: Any) -> Verdict:
+        return Verdict(accepted=3, note="ok")
+
+    def use(v: Verdict) -> str:
+        got.append(v)
+        return v.note
+
+    def make() -> Plan:
+        return Plan(
+            Step(judge, writes="verdict", output=Verdict),
+            Step(c.step("after")),
+            Step(use, task=from_step("judge")),
+            store=store,
+            checkpoint_key="typed",
+            resume=True,
+        )
+
+    run(make())
+    assert store.read("verdict") == {"accepted": 3, "note": "ok"}
+    assert store.read("typed")["kv"]["verdict"] == {"accepted": 3, "note": "ok"}
+    c.fail.clear()
+    assert run(make()).ok
+    assert got == [Verdict(accepted=3, note="ok")]  # typed again after the resume
+
+
+def test_steps_without_writes_leave_nothing_to_restore(store: Store) -> None:
+    # spec 42
+    plan = Plan(
+        Step(lambda p: "x", name="a"),
+        Step(lambda p: "y", name="b"),
+        store=store,
+        checkpoint_key="nowrites",
+    )
+    assert run(plan).ok
+    assert store.read("nowrites")["kv"] == {}
+    assert store.keys() == ["nowrites"]
+
+
+# -- pause -------------------------------------------------------------------------------
+
+
+def test_pause_and_resume_reinvokes_the_paused_step(store: Store) -> None:
+    # spec 19, 20, 21, 62, 63
+    c = Counter()
+    c.pause.add("validate")
+    env = run(etl_plan(store, c, resume=True))
+    assert not env.ok and env.error is not None
+    assert env.error.type == "PlanPaused" and env.error.retryable is True
+    assert env.error.message == "validate waits for approval"
+    state = store.read("etl")
+    assert state["status"] == "paused" and state["next_step"] == "validate"  # spec 19, 21
+    assert state["error"]["type"] == "PlanPaused"
+    c.pause.clear()
+    assert run(etl_plan(store, c, resume=True)).ok
+    assert c.calls["validate"] == 2 and c.calls["extract"] == 1  # spec 20
+
+
+def test_pause_is_base_exception_with_message() -> None:
+    # spec 62
+    assert issubclass(PlanPaused, BaseException) and not issubclass(PlanPaused, Exception)
+    assert PlanPaused().message == "Plan paused"
+    assert PlanPaused("waiting").message == "waiting"
+
+
+# -- parallel bands ------------------------------------------------------------------------
+
+
+def band_plan(store: Store, c: Counter, consumer: Any = None) -> Plan:
+    steps = [
+        Step(c.step("prep"), writes="prep"),
+        Step(c.step("left"), writes="left", parallel=True),
+        Step(c.step("mid"), writes="mid", parallel=True),
+        Step(c.step("right"), writes="right", parallel=True),
+        Step(consumer or c.step("after"), name="after", task=from_parallel_all("left")),
+    ]
+    return Plan(*steps, store=store, checkpoint_key="band", resume=True)
+
+
+def test_band_failure_points_at_band_start_and_applies_writes_atomically(store: Store) -> None:
+    # spec 10, 11
+    c = Counter()
+    c.fail.add("mid")
+    env = run(band_plan(store, c))
+    assert not env.ok and env.metadata["step"] == "mid"
+    state = store.read("band")
+    assert state["status"] == "failed" and state["next_step"] == "left"  # spec 10
+    # The finished siblings were journaled but their writes are not applied (spec 11).
+    assert state["completed_steps"] == ["prep"]
+    assert state["kv"] == {"prep": "prep(batch)"}
+    assert store.read("left") is None and store.read("right") is None
+    c.fail.clear()
+    assert run(band_plan(store, c)).ok
+    # Branches already journaled are not re-executed; the band completes as a whole.
+    assert c.calls == {"prep": 1, "left": 1, "mid": 2, "right": 1, "after": 1}
+    state = store.read("band")
+    assert {k: store.read(k) for k in ("left", "mid", "right")} == {
+        k: state["kv"][k] for k in ("left", "mid", "right")
+    }
+
+
+def test_band_pause_points_at_band_start(store: Store) -> None:
+    # spec 19 (band -> first step)
+    c = Counter()
+    c.pause.add("right")
+    env = run(band_plan(store, c))
+    assert env.error is not None and env.error.type == "PlanPaused"
+    assert store.read("band")["next_step"] == "left"
+
+
+def test_from_parallel_all_correct_across_a_crash(store: Store) -> None:
+    # spec 25: the band's outputs come back from v2 history after the resume
+    c = Counter()
+    got: list[Any] = []
+    crash = {"on": True}
+
+    def after(payload: Any) -> str:
+        if crash["on"]:
+            raise RuntimeError("crash before the aggregate is used")
+        got.append(payload)
+        return "ok"
+
+    run(band_plan(store, c, consumer=after))
+    crash["on"] = False
+    assert run(band_plan(store, c, consumer=after)).ok
+    assert got == [
+        {"left": "left(prep(batch))", "mid": "mid(prep(batch))", "right": "right(prep(batch))"}
+    ]
+    assert c.calls["left"] == 1
+
+
+def test_v1_checkpoint_without_history_resumes_and_aggregator_falls_back(store: Store) -> None:
+    # spec 26: a v1 checkpoint (stored by an older writer, no history) resumes without crashing
+    store.write(
+        "band",
+        {
+            "next_step": "after",
+            "kv": {"prep": "old-prep", "left": "L", "mid": "M", "right": "R"},
+            "completed_steps": ["prep", "left", "mid", "right"],
+            "status": "failed",
+            "run_uid": "abc",
+            "checkpoint_version": 1,
+        },
+    )
+    c = Counter()
+    got: list[Any] = []
+
+    def after(payload: Any) -> str:
+        got.append(payload)
+        return "done"
+
+    env = run(band_plan(store, c, consumer=after), "the start task")
+    assert env.ok, env.error
+    assert got == ["the start task"]  # falls back to the start envelope
+    assert "left" not in c.calls
+    state = store.read("band")
+    assert state["kv"]["left"] == "L" and state["status"] == "done"
+    assert state["completed_steps"][-1] == "after"
+
+
+# -- concurrency ---------------------------------------------------------------------------
+
+
+def test_second_concurrent_run_fails_and_never_steals(store: Store) -> None:
+    # spec 27, 30, and the known fault "resuming a live owner's key steals the run"
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def slow(payload: Any) -> str:
+        calls.append("slow")
+        started.set()
+        release.wait(10)
+        return "slow done"
+
+    def make(resume: bool) -> Plan:
+        return Plan(Step(slow, writes="w"), store=store, checkpoint_key="live", resume=resume)
+
+    result: list[Envelope[Any]] = []
+    t = threading.Thread(target=lambda: result.append(run(make(False))))
+    t.start()
+    assert started.wait(10)
+    try:
+        for resume in (False, True):
+            with pytest.raises(ConcurrentPlanRunError, match="live") as info:
+                run(make(resume))
+            assert isinstance(info.value, RuntimeError)  # spec 30
+    finally:
+        release.set()
+        t.join(10)
+    assert calls == ["slow"] and result[0].ok
+
+
+def test_run_many_same_key_fail_mode_gives_error_envelopes(store: Store) -> None:
+    # spec 27 + 65: run_many never raises; the losers get error envelopes
+    gate = threading.Event()
+
+    def step(payload: Any) -> str:
+        gate.wait(5)
+        return f"done {payload}"
+
+    plan = Plan(Step(step), store=store, checkpoint_key="shared")
+    timer = threading.Timer(0.5, gate.set)
+    timer.start()
+    out = plan.run_many(["a", "b", "c"])
+    timer.cancel()
+    gate.set()
+    errors = [e for e in out if not e.ok]
+    assert len([e for e in out if e.ok]) == 1 and len(errors) == 2
+    assert all(e.error is not None and e.error.type == "ConcurrentPlanRunError" for e in errors)
+
+
+def test_fork_isolates_checkpoint_and_writes_and_can_be_pruned(store: Store) -> None:
+    # spec 28 + known fault: concurrent forks overwrite each other's writes; no cleanup
+    def load(ticker: str) -> str:
+        time.sleep(0.05)
+        return f"prices:{ticker}"
+
+    def score(prices: str) -> str:
+        return prices.upper()
+
+    plan = Plan(
+        Step(load, writes="prices"),
+        Step(score, writes="score"),
+        store=store,
+        checkpoint_key="backtest",
+        on_concurrent="fork",
+    )
+    out = plan.run_many(["AAPL", "GOOG", "MSFT"], concurrency=3)
+    assert all(e.ok for e in out)
+    keys = {e.metadata["checkpoint_key"] for e in out}
+    assert len(keys) == 3
+    for env in out:
+        key, uid = env.metadata["checkpoint_key"], env.metadata["run_uid"]
+        assert key == f"backtest:{uid}"
+        state = store.read(key)
+        assert state["status"] == "done" and state["run_uid"] == uid
+        assert store.read(f"{key}:score") == env.payload == state["kv"]["score"]
+    assert store.read("prices") is None and store.read("backtest") is None
+    assert plan.prune_forks() == 3
+    assert store.keys() == []
+
+
+def test_lost_ownership_never_overwrites(store: Store) -> None:
+    # spec 31: every checkpoint write is a compare-and-swap; a run that lost its claim
+    # (its lease expired and another run took over) writes nothing
+    took: list[str] = []
+
+    def sabotage(payload: Any) -> str:
+        head = store.backend.run_get("cas")
+        assert head is not None
+        store.backend.run_renew("cas", head.run_uid, time.time() - 1)
+        # another host takes the expired run over
+        import os
+
+        os.environ["STEPSTONE_HOST_ID"] = "other-host"
+        from stepstone.core import _ids
+
+        _ids.host_id.cache_clear()
+        try:
+            taken = claim_run(store, "cas", kind="plan", resume=True, first_step="first")
+        finally:
+            del os.environ["STEPSTONE_HOST_ID"]
+            _ids.host_id.cache_clear()
+        assert taken.run is not None
+        took.append(taken.head.run_uid)
+        taken.run.release()
+        return "late"
+
+    plan = Plan(
+        Step(lambda p: "ok", name="first"),
+        Step(sabotage, writes="w"),
+        store=store,
+        checkpoint_key="cas",
+    )
+    with pytest.raises(ConcurrentPlanRunError, match="lost checkpoint 'cas'"):
+        run(plan)
+    state = store.read("cas")
+    assert state["run_uid"] == took[0] and state["status"] == "claimed"
+    assert store.read("w") is None
+
+
+# -- loops ----------------------------------------------------------------------------------
+
+
+def loop_plan(
+    store: Store, counter: dict[str, int], crash_at: int | None, max_iterations: int = 100
+) -> Plan:
+    def work(payload: Any) -> int:
+        counter["n"] += 1
+        if crash_at is not None and counter["n"] == crash_at:
+            raise RuntimeError("crash mid-loop")
+        return counter["n"]
+
+    return Plan(
+        Step(lambda p: 0, name="init"),
+        Step(work, name="work", writes="n", routes={"work": lambda env: env.payload < 5}),
+        Step(lambda p: f"finished at {p}", name="end"),
+        store=store,
+        checkpoint_key="loop",
+        resume=True,
+        max_iterations=max_iterations,
+    )
+
+
+def test_loop_resume_continues_iteration_counter(store: Store) -> None:
+    # spec 32, 59
+    counter = {"n": 0}
+    assert not run(loop_plan(store, counter, crash_at=3)).ok
+    assert store.read("loop")["iteration"] == 4  # init + 3 tries of work
+    env = run(loop_plan(store, counter, crash_at=None))
+    assert env.ok and env.payload == "finished at 5"
+    assert store.read("loop")["iteration"] == 7  # 4 before + work(n=4), work(n=5), end
+
+
+def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) -> None:
+    # spec 32, 33 + known fault: the counter restarting on resume
+    counter = {"n": 0}
+    env = run(loop_plan(store, counter, crash_at=2, max_iterations=4))
+    assert not env.ok
+    env = run(loop_plan(store, counter, crash_at=None, max_iterations=4))
+    assert not env.ok and env.error is not None
+    assert env.error.type == "MaxIterationsExceeded" and "max_iterations=4" in env.error.message
+    state = store.read("loop")
+    assert state["status"] == "failed" and state["iteration"] == 4
+    assert counter["n"] == 3  # init + 2 tries before the crash + 1 after = the cap of 4
+
+
+# -- stale checkpoints, corruption, conflicts ---------------------------------------------
+
+
+def test_stale_next_step_after_plan_change_is_a_clear_error(store: Store) -> None:
+    # spec 35 + known fault: silent success
+    c = Counter()
+    c.fail.add("validate")
+    run(etl_plan(store, c, resume=True))
+    changed = Plan(
+        Step(c.step("extract"), writes="raw"),
+        Step(c.step("check"), writes="v"),
+        store=store,
+        checkpoint_key="etl",
+        resume=True,
+    )
+    with pytest.raises(StaleCheckpointError, match=r"'validate'.*store\.delete\('etl'\)"):
+        run(changed)
+    assert store.read("etl")["status"] == "failed"  # nothing was claimed
+    store.delete("etl")
+    assert run(changed).ok
+
+
+def test_key_holding_a_plain_value_is_never_overwritten(store: Store) -> None:
+    store.write("etl", {"some": "user data"})
+    with pytest.raises(StoreKeyConflictError, match=r"store\.delete\('etl'\)"):
+        run(etl_plan(store, Counter()))
+    assert store.read("etl") == {"some": "user data"}
+
+
+def test_corrupt_checkpoint_names_the_key(store: Store, tmp_path: Path) -> None:
+    c = Counter()
+    c.fail.add("load")
+    run(etl_plan(store, c, resume=True))
+    with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
+        raw.execute("UPDATE journal SET data = '{not json' WHERE run_key = 'etl' AND seq = 1")
+    with pytest.raises(CheckpointCorruptError, match="'etl'"):
+        store.read("etl")
+    c.fail.clear()
+    with pytest.raises(CheckpointCorruptError, match="'etl'"):
+        run(etl_plan(store, c, resume=True))
+
+
+def test_unserializable_writes_are_stringified_with_warning_or_strict_error(store: Store) -> None:
+    # spec 36
+    handle = threading.Lock()
+    plan = Plan(
+        Step(lambda p: {"fh": handle}, name="open", writes="res"), store=store, checkpoint_key="ser"
+    )
+    with pytest.warns(UnserializableValueWarning, match=r"step 'open' writes\['res'\]"):
+        assert run(plan).ok
+    assert store.read("res") == {"fh": str(handle)}
+    strict = Plan(
+        Step(lambda p: {"fh": handle}, name="open", writes="res"),
+        store=store,
+        checkpoint_key="ser2",
+        strict=True,
+    )
+    env = run(strict)
+    assert env.error is not None and env.error.type == SerializationError.__name__
+    assert store.read("ser2")["status"] == "failed"
+
+
+def test_resume_does_not_reinject_session(store: Store) -> None:
+    # spec 38
+    c = Counter()
+    c.fail.add("validate")
+    first = Session()
+    run(etl_plan(store, c, resume=True), session=first)
+    n = len(first.events)
+    assert first.of_type(EventType.STEP_ERROR)
+    c.fail.clear()
+    second = Session()
+    run(etl_plan(store, c, resume=True), session=second)
+    assert len(first.events) == n  # nothing flows to the first run's session
+    assert [e.payload["step"] for e in second.of_type(EventType.STEP_START)] == [
+        "validate",
+        "load",
+    ]
+
+
+def test_store_backends_and_delete(tmp_path: Path) -> None:
+    # spec 45
+    path = tmp_path / "wal.sqlite"
+    Store(db=path).close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    mem = Store()
+    mem.write("k", 1)
+    assert mem.delete("k") and mem.read("k") is None
+
+
+def test_journal_grows_linearly_one_head(store: Store, tmp_path: Path) -> None:
+    # DESIGN "append, don't rewrite": one head row updated in place, one journal row per step
+    steps = [Step(lambda p, i=i: f"v{i}", name=f"s{i}", writes=f"w{i}") for i in range(30)]
+    assert run(Plan(*steps, store=store, checkpoint_key="lin")).ok
+    with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
+        assert raw.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+        assert raw.execute("SELECT COUNT(*) FROM journal").fetchone()[0] == 30
+        sizes = [len(d) for (d,) in raw.execute("SELECT data FROM journal ORDER BY seq")]
+    assert max(sizes) - min(sizes) < 10  # row 30 is no bigger than row 1
+
+
+def test_async_api_inside_event_loop(store: Store) -> None:
+    agent = Agent(engine=etl_plan(store, Counter()))
+
+    async def go() -> Envelope[Any]:
+        with pytest.raises(RuntimeError, match=r"await agent\.run"):
+            agent("inside a loop")
+        return await agent.run("batch")
+
+    assert asyncio.run(go()).ok
+    assert json.loads(json.dumps(store.read("etl")))["status"] == "done"

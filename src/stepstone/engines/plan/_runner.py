@@ -345,15 +345,19 @@ class PlanRun:
         if not outs:
             return self.start
         text = "\n\n".join(f"[{name}]\n{env.text()}" for name, env in outs)
-        return Envelope(task=text, payload={name: env.payload for name, env in outs})
+        return Envelope(
+            task=text,
+            payload={name: env.payload for name, env in outs},
+            metadata={"band": unit.entry},
+        )
 
     def _input(self, step: Step) -> Envelope[Any]:
         source = self._resolve(step.task)
-        task = step.task if isinstance(step.task, str) else source.text()
+        task = step.task if isinstance(step.task, str) else _as_text(source)
         parts: list[str] = []
         ctx = step.context
         for item in ctx if isinstance(ctx, list) else ([] if ctx is None else [ctx]):
-            parts.append(item if isinstance(item, str) else self._resolve(item).text())
+            parts.append(item if isinstance(item, str) else _as_text(self._resolve(item)))
         parts.extend(str(src.text()) for src in step.sources)
         if source is self.start and self.start.context:
             parts.insert(0, self.start.context)  # the caller's context reaches the first step
@@ -391,6 +395,13 @@ class PlanRun:
         except Exception as exc:  # noqa: BLE001 - a failing step is data, not a crash
             return Envelope.error_envelope(exc, task=env.task, metadata={"step": step.step_name})
         return out
+
+
+def _as_text(env: Envelope[Any]) -> str:
+    """An envelope as task or context text; a band's outputs read as ``[name]`` blocks."""
+    if "band" in env.metadata and env.task is not None:
+        return env.task
+    return env.text()
 
 
 @functools.cache

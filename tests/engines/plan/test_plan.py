@@ -1,0 +1,414 @@
+"""Plan and Step semantics: SPEC-CHECKLIST lines 46-70."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel
+
+from stepstone import (
+    Agent,
+    Envelope,
+    Plan,
+    PlanCompileError,
+    PlanRuntimeError,
+    Step,
+    Store,
+    Tool,
+    from_parallel,
+    from_parallel_all,
+    from_prev,
+    from_start,
+    from_step,
+)
+
+
+def echo(name: str, trail: list[str] | None = None) -> Any:
+    def fn(payload: Any) -> str:
+        if trail is not None:
+            trail.append(name)
+        return f"{name}({payload})"
+
+    fn.__name__ = name
+    return fn
+
+
+def run(plan: Plan, task: str = "t", tools: list[Any] | None = None) -> Envelope[Any]:
+    return Agent(engine=plan, tools=tools or [])(task)
+
+
+def test_steps_run_sequentially_by_default() -> None:
+    # spec 46
+    trail: list[str] = []
+    env = run(Plan(Step(echo("a", trail)), Step(echo("b", trail)), Step(echo("c", trail))))
+    assert trail == ["a", "b", "c"] and env.payload == "c(b(a(t)))"
+
+
+def test_targets_tool_name_callable_agent_and_async() -> None:
+    # spec 47, 48, 67
+    async def shout(text: str) -> str:
+        await asyncio.sleep(0)
+        return text.upper()
+
+    inner = Agent(engine=Plan(Step(echo("inner"))), name="helper")
+    plan = Plan(
+        Step("lookup"),  # tool name: name defaults to it
+        Step(shout),  # async callable: name defaults to __name__
+        Step(inner),  # Agent: name defaults to agent.name
+        Step("lookup", name="again"),  # same tool, another identity
+    )
+    assert [s.name for s in plan.steps] == ["lookup", "shout", "helper", "again"]
+    env = run(plan, "x", tools=[echo("lookup")])
+    assert env.payload == "lookup(inner(LOOKUP(X)))"
+    with pytest.raises(PlanCompileError, match=r"tool 'lookup'.*not in the Agent's tools"):
+        Agent(engine=Plan(Step("lookup")), tools=[])  # spec 60: at Agent construction
+
+
+def test_task_and_context_resolution() -> None:
+    # spec 49, 50, 51
+    seen: list[Envelope[Any]] = []
+
+    def capture(env: Envelope[Any]) -> str:
+        seen.append(env)
+        return "captured"
+
+    class Source:
+        def text(self) -> str:
+            return "live view"
+
+    plan = Plan(
+        Step(echo("a")),
+        Step(echo("b")),
+        Step(
+            capture,
+            task=from_step("a"),
+            context=[from_start, "literal note", from_prev],
+            sources=[Source()],
+        ),
+        Step(capture, name="lit", task="a literal task", context=from_step("b")),
+    )
+    run(plan, "start")
+    first, second = seen
+    assert first.task == "a(start)" and first.payload == "a(start)"
+    assert first.context == "start\n\nliteral note\n\nb(a(start))\n\nlive view"
+    assert second.task == "a literal task" and second.payload == "a literal task"
+    assert second.context == "b(a(start))"
+
+
+def test_compile_validates_every_context_item_and_sentinel() -> None:
+    # spec 50, 60
+    with pytest.raises(PlanCompileError, match=r"context\[1\].*names no step"):
+        Plan(Step(echo("a")), Step(echo("b"), context=["ok", from_step("nope")]))
+    with pytest.raises(PlanCompileError, match=r"context\[0\] must be a sentinel"):
+        Plan(Step(echo("a"), context=[42]))  # type: ignore[list-item]
+    with pytest.raises(PlanCompileError, match="parallel=True step"):
+        Plan(Step(echo("a")), Step(echo("b"), task=from_parallel("a")))
+    with pytest.raises(PlanCompileError, match=r"sources\[0\] has no \.text\(\)"):
+        Plan(Step(echo("a"), sources=[object()]))
+    with pytest.raises(PlanCompileError, match="two steps are named 'a'"):
+        Plan(Step(echo("a")), Step(echo("a")))
+    with pytest.raises(PlanCompileError, match="at least one Step"):
+        Plan()
+
+
+class Row(BaseModel):
+    n: int
+
+
+class Other(BaseModel):
+    s: str
+
+
+def test_input_output_types_checked_and_output_validated() -> None:
+    # spec 52
+    with pytest.raises(PlanCompileError, match="expects input Other but step 'make' outputs Row"):
+        Plan(
+            Step(lambda p: {"n": 1}, name="make", output=Row),
+            Step(lambda r: r, name="use", input=Other),
+        )
+    got: list[Any] = []
+
+    def use(r: Row) -> int:
+        got.append(r)
+        return r.n
+
+    env = run(Plan(Step(lambda p: {"n": 4}, name="make", output=Row), Step(use, input=Row)))
+    assert env.payload == 4 and got == [Row(n=4)]
+    bad = run(Plan(Step(lambda p: {"n": "x"}, name="make", output=Row)))
+    assert not bad.ok and bad.error is not None and bad.error.type == "ValidationError"
+
+
+def test_parallel_band_runs_concurrently() -> None:
+    # spec 53
+    barrier = threading.Barrier(3, timeout=5)
+
+    def branch(name: str) -> Any:
+        def fn(payload: Any) -> str:
+            barrier.wait()  # all three must be running at once to pass
+            return name
+
+        fn.__name__ = name
+        return fn
+
+    plan = Plan(
+        Step(echo("prep")),
+        Step(branch("x"), parallel=True),
+        Step(branch("y"), parallel=True),
+        Step(branch("z"), parallel=True),
+        Step(lambda p: p, name="join"),
+    )
+    env = run(plan)
+    assert env.payload == {"x": "x", "y": "y", "z": "z"}  # from_prev after a band
+
+
+def test_parallel_sentinels() -> None:
+    got: dict[str, Any] = {}
+
+    def grab(name: str) -> Any:
+        def fn(env: Envelope[Any]) -> str:
+            got[name] = (env.task, env.payload)
+            return "ok"
+
+        fn.__name__ = name
+        return fn
+
+    plan = Plan(
+        Step(echo("p"), parallel=True),
+        Step(echo("q"), parallel=True),
+        Step(grab("one"), task=from_parallel("q")),
+        Step(grab("all"), task=from_parallel_all("p")),
+    )
+    run(plan, "s")
+    assert got["one"] == ("q(s)", "q(s)")
+    assert got["all"] == ("[p]\np(s)\n\n[q]\nq(s)", {"p": "p(s)", "q": "q(s)"})
+
+
+def test_routes_first_truthy_wins_else_linear_and_detour() -> None:
+    # spec 54, 58
+    trail: list[str] = []
+    plan = Plan(
+        Step(
+            echo("start", trail),
+            routes={"never": lambda e: False, "b": lambda e: True, "c": lambda e: True},
+        ),
+        Step(echo("a", trail)),
+        Step(echo("b", trail)),
+        Step(echo("c", trail)),
+        Step(echo("never", trail)),
+    )
+    run(plan)
+    # jumped to b (first truthy), then linear from there: a detour, not a branch
+    assert trail == ["start", "b", "c", "never"]
+    trail.clear()
+    run(
+        Plan(
+            Step(echo("s", trail), routes={"z": lambda e: False}),
+            Step(echo("y", trail)),
+            Step(echo("z", trail)),
+        )
+    )
+    assert trail == ["s", "y", "z"]
+
+
+class Triage(BaseModel):
+    kind: Literal["urgent", "normal", "spam"]
+
+
+def test_routes_by_literal_field_with_after_branches() -> None:
+    # spec 55, 57
+    trail: list[str] = []
+
+    def triage(payload: Any) -> Triage:
+        return Triage(kind="normal")
+
+    plan = Plan(
+        Step(triage, output=Triage, routes_by="kind", after_branches="archive"),
+        Step(echo("urgent", trail)),
+        Step(echo("normal", trail)),
+        Step(echo("spam", trail)),
+        Step(echo("archive", trail)),
+    )
+    env = run(plan, "mail")
+    assert trail == ["normal", "archive"]  # one branch, the others skipped, then rejoin
+    assert env.payload == "archive(normal(kind='normal'))"
+
+
+def test_routes_by_compile_checks() -> None:
+    # spec 55, 56, 57
+    class Loose(BaseModel):
+        kind: str
+
+    class Wrong(BaseModel):
+        kind: Literal["a", "zzz"]
+
+    with pytest.raises(PlanCompileError, match="Literal"):
+        Plan(Step(echo("r"), output=Loose, routes_by="kind"), Step(echo("a")))
+    with pytest.raises(PlanCompileError, match="routes to 'zzz'"):
+        Plan(Step(echo("r"), output=Wrong, routes_by="kind"), Step(echo("a")))
+    with pytest.raises(PlanCompileError, match="no field 'nope'"):
+        Plan(Step(echo("r"), output=Triage, routes_by="nope"))
+    with pytest.raises(PlanCompileError, match="needs output="):
+        Plan(Step(echo("r"), routes_by="kind"))
+    with pytest.raises(PlanCompileError, match="mutually exclusive"):
+        Plan(Step(echo("a"), routes={"a": bool}, routes_by="kind"))
+    with pytest.raises(PlanCompileError, match="only valid with routes"):
+        Plan(Step(echo("a"), after_branches="b"), Step(echo("b")))
+    with pytest.raises(PlanCompileError, match="branches must lie between"):
+        Plan(
+            Step(echo("a"), routes={"c": bool}, after_branches="b"),
+            Step(echo("x")),
+            Step(echo("b")),
+            Step(echo("c")),
+        )
+
+
+def test_loop_bounded_by_max_iterations() -> None:
+    # spec 59, 33
+    n = {"i": 0}
+
+    def tick(payload: Any) -> int:
+        n["i"] += 1
+        return n["i"]
+
+    env = run(Plan(Step(tick, routes={"tick": lambda e: True}), max_iterations=7))
+    assert not env.ok and env.error is not None and env.error.type == "MaxIterationsExceeded"
+    assert n["i"] == 7
+
+
+def test_route_predicate_raising_is_plan_runtime_error() -> None:
+    # spec 61
+    def boom(env: Envelope[Any]) -> bool:
+        raise KeyError("missing field")
+
+    plan = Plan(Step(echo("a"), routes={"b": boom}), Step(echo("b")))
+    with pytest.raises(PlanRuntimeError, match=r"step 'a' for target 'b' raised KeyError") as info:
+        run(plan)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_run_many_order_errors_and_concurrency_cap() -> None:
+    # spec 64, 65, 66, 68
+    active = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    def work(payload: Any) -> str:
+        with lock:
+            active["now"] += 1
+            active["max"] = max(active["max"], active["now"])
+        time.sleep(0.05)
+        with lock:
+            active["now"] -= 1
+        if payload == "bad":
+            raise ValueError("bad input")
+        return f"ok:{payload}"
+
+    plan = Plan(Step(work))
+    out = plan.run_many(["a", "bad", "c", "d", "e"], concurrency=2)
+    assert [e.payload for e in out] == ["ok:a", None, "ok:c", "ok:d", "ok:e"]
+    assert out[1].error is not None and out[1].error.type == "ValueError"
+    assert active["max"] == 2
+    with pytest.raises(ValueError, match="concurrency"):
+        plan.run_many(["a"], concurrency=0)
+
+    async def go() -> list[Envelope[Any]]:
+        env = Envelope(task="as envelope", payload="pre-set payload")
+        return await plan.arun_many(["x", env])
+
+    got = asyncio.run(go())
+    assert [e.payload for e in got] == ["ok:x", "ok:pre-set payload"]
+
+
+def test_run_many_tools_required_for_string_targets() -> None:
+    # spec 67
+    plan = Plan(Step("fetch"))
+    out = plan.run_many(["a"])
+    assert out[0].error is not None and "fetch" in out[0].error.message
+    assert plan.run_many(["a"], tools=[echo("fetch")])[0].payload == "fetch(a)"
+
+
+def test_to_dict_from_dict_round_trip() -> None:
+    # spec 69, 70
+    agent = Agent(engine=Plan(Step(echo("inner"))), name="writer")
+
+    def is_long(env: Envelope[Any]) -> bool:
+        return len(env.text()) > 100
+
+    plan = Plan(
+        Step("search", writes="hits"),
+        Step(
+            echo("rank"),
+            task=from_step("search"),
+            context=[from_start, "note"],
+            parallel=True,
+            output=Row,
+        ),
+        Step(echo("summarise"), parallel=True),
+        Step(agent, routes={"search": is_long}),
+        max_iterations=9,
+    )
+    data = plan.to_dict()
+    assert data["version"] == 1 and data["max_iterations"] == 9
+    assert [s["name"] for s in data["steps"]] == ["search", "rank", "summarise", "writer"]
+    assert data["steps"][0]["target"] == {"tool": "search"}
+    assert data["steps"][1]["task"] == {"sentinel": "step", "name": "search"}
+    assert data["steps"][1]["parallel"] is True and data["steps"][0]["writes"] == "hits"
+    registry = {
+        "rank": echo("rank"),
+        "summarise": echo("summarise"),
+        "writer": agent,
+        "is_long": is_long,
+    }
+    again = Plan.from_dict(data, registry=registry)
+    assert again.to_dict() == data
+    assert again.steps[1].output is Row and again.steps[3].routes == {"search": is_long}
+    with pytest.raises(KeyError, match="'summarise'"):
+        Plan.from_dict(data, registry={k: v for k, v in registry.items() if k != "summarise"})
+    assert Plan.from_dict({"version": 1, "steps": data["steps"][:1]}).max_iterations == 100
+
+
+def test_from_dict_plan_options(tmp_path: Any) -> None:
+    store = Store()
+    plan = Plan.from_dict(Plan(Step("x")).to_dict(), store=store, checkpoint_key="k")
+    assert plan.store is store and plan.checkpoint_key == "k"
+
+
+def test_agent_callable_and_step_failures_are_error_envelopes() -> None:
+    def broken(payload: Any) -> str:
+        raise OSError("disk full")
+
+    agent = Agent(engine=Plan(Step(echo("a")), Step(broken)), name="pipeline")
+    env = agent("task")
+    assert not env.ok and env.error is not None
+    assert (env.error.type, env.error.message, env.metadata["step"]) == (
+        "OSError",
+        "disk full",
+        "broken",
+    )
+
+    async def go() -> Envelope[Any]:
+        return await agent.run("task")
+
+    assert asyncio.run(go()).error is not None
+
+
+def test_functions_in_tools_become_named_tools() -> None:
+    def fetch(url: str, retries: int = 2) -> str:
+        """Fetch a URL.
+
+        Args:
+            url: What to fetch.
+            retries: How often to retry.
+        """
+        return url
+
+    agent = Agent(engine=Plan(Step("fetch")), tools=[fetch])
+    t = agent.tool_map["fetch"]
+    assert isinstance(t, Tool) and t.description == "Fetch a URL."
+    assert t.parameters["properties"]["url"]["description"] == "What to fetch."
+    assert t.parameters["required"] == ["url"]
+    as_tool = Agent(engine=Plan(Step(echo("x"))), name="researcher").as_tool()
+    assert as_tool.name == "researcher" and as_tool.agent is not None

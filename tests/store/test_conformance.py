@@ -12,10 +12,18 @@ from stepstone.testing.store_conformance import *  # noqa: F403
 from stepstone.testing.store_conformance import StoreSpec
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreSpec]:
     if request.param == "memory":
         store = Store()
         yield StoreSpec(name="memory", args={}, multiprocess=False, shared=store)
-    else:
+    elif request.param == "sqlite":
         yield StoreSpec(name="sqlite", args={"db": str(tmp_path / "conformance.sqlite")})
+    else:
+        # One database per module (pg_url); each test starts from empty tables.
+        url: str = request.getfixturevalue("pg_url")
+        with Store(url=url) as store:
+            store.backend.setup()  # type: ignore[attr-defined]
+            for key in store.keys():
+                store.delete(key)
+        yield StoreSpec(name="postgres", args={"url": url})

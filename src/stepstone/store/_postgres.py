@@ -1,0 +1,729 @@
+"""PostgreSQL backend: psycopg 3 and a connection pool; the database does all the locking.
+
+Same records as SQLite (plain values, run heads, append-only journals) in tables prefixed
+``stepstone_``. Concurrency control is PostgreSQL's:
+
+* ``run_commit`` is one conditional ``UPDATE`` of the head (version and run_uid must
+  match) whose journal rows and ``writes=`` values are inserted by the same statement, so
+  they exist exactly when the head moved.
+* Every other write is one transaction that first takes a transaction-level advisory
+  lock per key it touches (in a fixed order, so two writers never deadlock); the lock
+  keeps a key from being a plain value and a run at once, and ``run_transact`` also reads
+  the head ``FOR UPDATE`` so no commit slips in between its read and its write.
+* ``setup()`` creates or upgrades the schema under a database-wide advisory lock, so any
+  number of processes may start at once.
+
+**Lost connections.** A server restart or a network cut breaks pooled connections. Each
+primitive then reconnects and retries for up to ``reconnect_timeout`` seconds, but only
+what is safe: a transaction that failed before its ``COMMIT`` left nothing behind; one
+that failed during ``COMMIT`` is looked up (``txid_status``) and only retried if it
+aborted; a ``run_commit`` whose answer was lost is checked against the stored head
+(version and run_uid), so a step is never committed twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from stepstone.exceptions import MissingExtraError, StoreError
+from stepstone.store._base import Backend, Decide, JournalRow, RunHead
+from stepstone.store._memory import run_key_conflict
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
+
+__all__ = ["MIGRATIONS", "PostgresBackend", "migrate"]
+
+log = logging.getLogger("stepstone")
+
+T = TypeVar("T")
+Cursor = psycopg.Cursor[Any]
+Connection = psycopg.Connection[Any]
+
+#: Schema changes in order; the list index + 1 is the schema version recorded in
+#: ``stepstone_schema``. Never edit an entry, append a new one. Keys use the "C" collation:
+#: byte order is code point order (as Python sorts), and equality is exact.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE stepstone_kv (
+        key TEXT COLLATE "C" PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE stepstone_runs (
+        key TEXT COLLATE "C" PRIMARY KEY,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        next_step TEXT,
+        run_uid TEXT NOT NULL,
+        version BIGINT NOT NULL,
+        iteration BIGINT NOT NULL,
+        journal_len BIGINT NOT NULL,
+        host TEXT NOT NULL,
+        pid BIGINT NOT NULL,
+        pid_start BIGINT,
+        lease_until DOUBLE PRECISION NOT NULL,
+        meta TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE stepstone_journal (
+        run_key TEXT COLLATE "C" NOT NULL,
+        seq BIGINT NOT NULL,
+        kind TEXT NOT NULL,
+        name TEXT,
+        data TEXT NOT NULL,
+        PRIMARY KEY (run_key, seq)
+    );
+    """,
+]
+
+# Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
+# PostgreSQL keeps apart from the one-bigint form the schema lock uses.
+_KEY_LOCK_CLASS = 0x53545053  # "STPS"
+_SCHEMA_LOCK = int.from_bytes(
+    hashlib.blake2b(b"stepstone.schema", digest_size=8).digest(), "big", signed=True
+)
+
+_HEAD_COLS = (
+    "key, kind, status, next_step, run_uid, version, iteration, journal_len, host, pid, "
+    "pid_start, lease_until, meta, created_at, updated_at"
+)
+
+# Take the per-key locks in the order of the (sorted) array, and get the transaction id
+# a lost COMMIT is later looked up by.
+_LOCK_SQL = (
+    "SELECT txid_current(), count(pg_advisory_xact_lock(%s, id)) "
+    "FROM unnest(%s::int4[]) WITH ORDINALITY AS l(id, n)"
+)
+
+_UPSERT_KV = (
+    "INSERT INTO stepstone_kv (key, value, updated_at) VALUES (%s, %s, %s) "
+    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at"
+)
+
+# One step's commit in one statement: the journal rows and the writes are inserted only
+# when the head update matched (they select from its RETURNING). The last SELECT reports
+# whether it applied, whether the head matched before, and a write key that is a run.
+_COMMIT_SQL = """
+WITH upd AS (
+    UPDATE stepstone_runs SET status = %(status)s, next_step = %(next_step)s,
+        version = %(version)s, iteration = %(iteration)s, journal_len = %(journal_len)s,
+        lease_until = %(lease_until)s, meta = %(meta)s, updated_at = %(updated_at)s
+    WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s
+      AND NOT EXISTS (SELECT 1 FROM stepstone_runs r WHERE r.key = ANY(%(wkeys)s::text[]))
+    RETURNING key
+), j AS (
+    INSERT INTO stepstone_journal (run_key, seq, kind, name, data)
+    SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd,
+        unnest(%(seqs)s::int8[], %(kinds)s::text[], %(names)s::text[], %(datas)s::text[])
+        AS r(seq, kind, name, data)
+), w AS (
+    INSERT INTO stepstone_kv (key, value, updated_at)
+    SELECT w.key, w.value, %(updated_at)s FROM upd,
+        unnest(%(wkeys)s::text[], %(wvals)s::text[]) AS w(key, value)
+    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+)
+SELECT (SELECT count(*) FROM upd),
+    (SELECT count(*) FROM stepstone_runs
+        WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s),
+    (SELECT min(key) FROM stepstone_runs WHERE key = ANY(%(wkeys)s::text[]))
+"""
+
+# Connection failures: class 08 (connection exception), and the server shutting down
+# (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
+_LOST_STATES = ("57P01", "57P02", "57P03")
+
+
+class _Lost(Exception):
+    """The connection broke and the attempt left nothing behind: safe to retry."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _Unknown(Exception):
+    """The connection broke after a statement was sent: it may or may not have committed."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _connection_lost(conn: Connection | None, exc: BaseException) -> bool:
+    if isinstance(exc, PoolTimeout):
+        return True
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    state = getattr(exc, "sqlstate", None) or ""
+    return state.startswith("08") or state in _LOST_STATES
+
+
+def _lock_id(key: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).digest(),
+        "big",
+        signed=True,
+    )
+
+
+def _lock_ids(keys: Sequence[str]) -> list[int]:
+    return sorted({_lock_id(k) for k in keys})
+
+
+def _head_from_row(row: Sequence[Any]) -> RunHead:
+    return RunHead(
+        key=row[0],
+        kind=row[1],
+        status=row[2],
+        next_step=row[3],
+        run_uid=row[4],
+        version=int(row[5]),
+        iteration=int(row[6]),
+        journal_len=int(row[7]),
+        host=row[8],
+        pid=int(row[9]),
+        pid_start=None if row[10] is None else int(row[10]),
+        lease_until=float(row[11]),
+        meta=json.loads(row[12]),
+        created_at=float(row[13]),
+        updated_at=float(row[14]),
+    )
+
+
+def _head_params(h: RunHead) -> tuple[Any, ...]:
+    return (
+        h.key,
+        h.kind,
+        h.status,
+        h.next_step,
+        h.run_uid,
+        h.version,
+        h.iteration,
+        h.journal_len,
+        h.host,
+        h.pid,
+        h.pid_start,
+        h.lease_until,
+        json.dumps(h.meta, separators=(",", ":")),
+        h.created_at,
+        h.updated_at,
+    )
+
+
+def _prefix_bounds(prefix: str) -> tuple[str, str | None]:
+    """``lo <= key < hi`` selects exactly the keys starting with ``prefix`` (C collation).
+
+    ``hi`` is the prefix with its last code point incremented (dropping trailing
+    U+10FFFF first); None when every key at or above ``prefix`` matches. No LIKE: ``_``
+    and ``%`` in keys are plain characters, and the match is case-sensitive.
+    """
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code <= 0x10FFFF:
+            if 0xD800 <= code <= 0xDFFF:  # surrogates are not valid in UTF-8 text
+                code = 0xE000
+            chars[-1] = chr(code)
+            return prefix, "".join(chars)
+        chars.pop()
+    return prefix, None
+
+
+def _prefix_where(column: str, prefix: str | None) -> tuple[str, tuple[str, ...]]:
+    if prefix is None or prefix == "":
+        return "TRUE", ()
+    lo, hi = _prefix_bounds(prefix)
+    if hi is None:
+        return f"{column} >= %s", (lo,)
+    return f"{column} >= %s AND {column} < %s", (lo, hi)
+
+
+def migrate(conn: Connection, migrations: Sequence[str] = MIGRATIONS) -> int:
+    """Bring the schema of ``conn``'s database up to ``len(migrations)``; return the
+    number of migrations applied. Runs in one transaction under a database-wide advisory
+    lock, so concurrent callers apply each migration exactly once."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
+        if not (row and row[0]):
+            conn.execute(
+                "CREATE TABLE stepstone_schema "
+                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
+        current = int(row[0]) if row else 0
+        if current > len(migrations):
+            raise StoreError(
+                f"database has stepstone schema version {current}, newer than this "
+                f"stepstone ({len(migrations)}); upgrade stepstone"
+            )
+        for version in range(current + 1, len(migrations) + 1):
+            conn.execute(migrations[version - 1].encode())
+            conn.execute(
+                "INSERT INTO stepstone_schema (version, applied_at) VALUES (%s, %s)",
+                (version, time.time()),
+            )
+        return len(migrations) - current
+
+
+def _close_pool(pool: ConnectionPool[Any], pid: int) -> None:
+    # A forked child must not close its parent's connections (that would end their
+    # sessions on the server too).
+    if os.getpid() == pid:
+        pool.close()
+
+
+class PostgresBackend(Backend):
+    """Durable storage in a PostgreSQL database (see module docstring).
+
+    Args:
+        url: A libpq URL (``postgresql://user:password@host:5432/dbname``); percent-encode
+            special characters in the password. Query parameters are libpq's
+            (``?sslmode=require``, ``?options=-csearch_path%3Dmyschema``).
+        min_size: Connections the pool keeps open.
+        max_size: Most connections the pool opens (one per concurrent operation; the lease
+            keeper thread uses one now and then).
+        reconnect_timeout: Seconds to keep reconnecting and retrying after the server went
+            away (a restart, a failover) before an operation fails with StoreError.
+        connect_timeout: Seconds one connection attempt may take.
+
+    The schema is created (or upgraded) by :meth:`setup`, which also runs on first use.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        reconnect_timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if min_size < 0 or max_size < max(1, min_size):
+            raise ValueError(
+                f"need 0 <= min_size <= max_size and max_size >= 1, got {min_size}, {max_size}"
+            )
+        if reconnect_timeout < 0:
+            raise ValueError(f"reconnect_timeout must be >= 0 seconds, got {reconnect_timeout!r}")
+        if connect_timeout <= 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout!r}")
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise ValueError(f"invalid PostgreSQL URL: {exc}") from None
+        self.url = url
+        self.min_size = min_size
+        self.max_size = max_size
+        self.reconnect_timeout = float(reconnect_timeout)
+        self._params = params
+        self._kwargs: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            self._kwargs["connect_timeout"] = max(1, round(connect_timeout))
+        if "application_name" not in params:
+            self._kwargs["application_name"] = "stepstone"
+        self._pool: ConnectionPool[Any] | None = None
+        self._pool_pid = 0
+        self._pool_lock = threading.Lock()  # guards pool creation only, never a store operation
+        self._inherited: list[ConnectionPool[Any]] = []
+        self._ready = False
+        self._closed = False
+
+    # -- connections -----------------------------------------------------------------------
+    def describe(self) -> str:
+        p = {k: str(v) for k, v in self._params.items() if v is not None}
+        user = p.get("user", "")
+        host = p.get("host") or p.get("hostaddr") or "localhost"
+        port = p.get("port", "5432")
+        return f"postgresql://{user + '@' if user else ''}{host}:{port}/{p.get('dbname', user)}"
+
+    def setup(self) -> None:
+        """Create the tables, or upgrade them to this version's schema. Idempotent.
+
+        Safe to call from several processes at once (they queue on an advisory lock).
+        Runs automatically on first use; call it at deploy time to fail early on a wrong
+        URL or missing privileges.
+        """
+        if self._closed:
+            raise StoreError(f"store {self.describe()} is closed")
+        try:
+            with psycopg.connect(self.url, **self._kwargs) as conn:
+                migrate(conn)
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"cannot set up the stepstone schema in {self.describe()}: {exc}"
+            ) from exc
+        self._ready = True
+
+    def _pool_here(self) -> ConnectionPool[Any]:
+        if self._closed:
+            raise StoreError(f"store {self.describe()} is closed")
+        if not self._ready:
+            self.setup()
+        pool = self._pool
+        if pool is not None and self._pool_pid == os.getpid():
+            return pool
+        with self._pool_lock:
+            if self._pool is not None and self._pool_pid == os.getpid():
+                return self._pool
+            if self._pool is not None:
+                # Forked: the parent's pool threads did not survive; keep its connections
+                # referenced (never closed from here) and open our own.
+                self._inherited.append(self._pool)
+            pool = ConnectionPool(
+                self.url,
+                kwargs=self._kwargs,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                open=True,
+                name=f"stepstone-{os.getpid()}",
+                # Give up on a dead server quickly and reconnect on demand: the pool's own
+                # backoff would otherwise grow to minutes while our retries wait.
+                reconnect_timeout=2.0,
+            )
+            self._pool, self._pool_pid = pool, os.getpid()
+            weakref.finalize(self, _close_pool, pool, os.getpid())
+            return pool
+
+    @contextmanager
+    def _connection(self, timeout: float) -> Iterator[Connection]:
+        pool = self._pool_here()
+        try:
+            conn = pool.getconn(timeout=max(0.1, timeout))
+        except PoolTimeout as exc:
+            raise _Lost(exc) from exc
+        except PoolClosed as exc:
+            raise StoreError(f"store {self.describe()} is closed") from exc
+        try:
+            yield conn
+        finally:
+            pool.putconn(conn)
+
+    def _retry(self, what: str, attempt: Callable[[float], T]) -> T:
+        """Call ``attempt(deadline)`` until it does not raise _Lost, for at most
+        ``reconnect_timeout`` seconds."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.05
+        while True:
+            try:
+                return attempt(deadline)
+            except _Lost as lost:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreError(
+                        f"lost the connection to {self.describe()} while trying to {what}, "
+                        f"and could not reconnect within reconnect_timeout="
+                        f"{self.reconnect_timeout}s: {lost.cause}"
+                    ) from lost.cause
+                log.warning(
+                    "stepstone: connection to %s lost while trying to %s (%s); retrying",
+                    self.describe(),
+                    what,
+                    lost.cause,
+                )
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.5)
+                self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        """Test the idle pooled connections and replace the broken ones (after a restart
+        every idle connection is dead; without this each retry would find the next one)."""
+        pool = self._pool
+        if pool is not None and self._pool_pid == os.getpid():
+            try:
+                pool.check()
+            except Exception:  # best effort: the retry itself reports real failures
+                log.debug("stepstone: pool check failed", exc_info=True)
+
+    def _read(self, what: str, fn: Callable[[Cursor], T]) -> T:
+        """Run ``fn`` on a pooled autocommit connection; retried after a lost connection,
+        so ``fn`` must be a read or an idempotent single-statement write."""
+
+        def attempt(deadline: float) -> T:
+            with self._connection(deadline - time.monotonic()) as conn:
+                try:
+                    with conn.cursor() as cur:
+                        return fn(cur)
+                except psycopg.Error as exc:
+                    if _connection_lost(conn, exc):
+                        raise _Lost(exc) from exc
+                    raise
+
+        return self._retry(what, attempt)
+
+    def _transaction(self, what: str, lock_keys: Sequence[str], fn: Callable[[Cursor], T]) -> T:
+        """Run ``fn`` in one transaction holding the advisory locks of ``lock_keys``.
+
+        After a lost connection the transaction is retried (``fn`` runs again) unless its
+        COMMIT was sent and the server says it committed: then ``fn``'s result stands.
+        """
+        ids = _lock_ids(lock_keys)
+
+        def attempt(deadline: float) -> T:
+            xid: int | None = None
+            committing = False
+            with self._connection(deadline - time.monotonic()) as conn:
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        row = cur.execute(_LOCK_SQL, (_KEY_LOCK_CLASS, ids)).fetchone()
+                        xid = int(row[0]) if row else None
+                        result = fn(cur)
+                        committing = True
+                    return result
+                except psycopg.Error as exc:
+                    if isinstance(exc, pg_errors.DeadlockDetected) and not committing:
+                        raise _Lost(exc) from exc  # rolled back by the server: retry
+                    if not _connection_lost(conn, exc):
+                        raise
+                    lost: psycopg.Error = exc
+            if committing and xid is not None and self._committed(xid, what, deadline):
+                return result
+            raise _Lost(lost) from lost
+
+        return self._retry(what, attempt)
+
+    def _committed(self, xid: int, what: str, deadline: float) -> bool:
+        """Whether transaction ``xid``, whose COMMIT got no answer, committed."""
+        while True:
+            status = self._read(
+                "look up a transaction's outcome",
+                lambda cur: _one(cur.execute("SELECT txid_status(%s)", (xid,))),
+            )
+            if status == "committed":
+                return True
+            if status == "aborted":
+                return False
+            if status is None or time.monotonic() > deadline:
+                raise StoreError(
+                    f"lost the connection to {self.describe()} while committing (to {what}) "
+                    f"and could not learn whether transaction {xid} committed "
+                    f"(txid_status: {status!r})"
+                )
+            time.sleep(0.05)  # "in progress": the old session is still finishing it
+
+    def close(self) -> None:
+        self._closed = True
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pool_pid == os.getpid():
+            pool.close()
+
+    # -- key/value -------------------------------------------------------------------------
+    def kv_get(self, key: str) -> str | None:
+        value = self._read(
+            "read a value",
+            lambda cur: _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,))),
+        )
+        return None if value is None else str(value)
+
+    def kv_put(self, key: str, text: str) -> None:
+        def put(cur: Cursor) -> None:
+            if cur.execute("SELECT 1 FROM stepstone_runs WHERE key = %s", (key,)).fetchone():
+                raise run_key_conflict(key)
+            cur.execute(_UPSERT_KV, (key, text, time.time()))
+
+        self._transaction("write a value", [key], put)
+
+    def kv_delete(self, key: str) -> bool:
+        def delete(cur: Cursor) -> bool:
+            n = cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,)).rowcount
+            n += cur.execute("DELETE FROM stepstone_runs WHERE key = %s", (key,)).rowcount
+            cur.execute("DELETE FROM stepstone_journal WHERE run_key = %s", (key,))
+            return n > 0
+
+        return self._transaction("delete a key", [key], delete)
+
+    def kv_keys(self, prefix: str | None) -> list[str]:
+        where, args = _prefix_where("key", prefix)
+        sql = (
+            f"SELECT key FROM stepstone_kv WHERE {where} UNION "
+            f"SELECT key FROM stepstone_runs WHERE {where} ORDER BY 1"
+        )
+        rows = self._read(
+            "list keys", lambda cur: cur.execute(sql.encode(), args + args).fetchall()
+        )
+        return [str(r[0]) for r in rows]
+
+    def kv_items(self, prefix: str | None) -> list[tuple[str, str]]:
+        where, args = _prefix_where("key", prefix)
+        sql = f"SELECT key, value FROM stepstone_kv WHERE {where} ORDER BY key"
+        rows = self._read("list values", lambda cur: cur.execute(sql.encode(), args).fetchall())
+        return [(str(k), str(v)) for k, v in rows]
+
+    def kv_cas(
+        self, key: str, expected: Any, new_text: str, equal: Callable[[str, Any], bool]
+    ) -> bool:
+        def cas(cur: Cursor) -> bool:
+            if cur.execute("SELECT 1 FROM stepstone_runs WHERE key = %s", (key,)).fetchone():
+                raise run_key_conflict(key)
+            current = _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,)))
+            if expected is None:
+                if current is not None:
+                    return False
+            elif current is None or not equal(str(current), expected):
+                return False
+            cur.execute(_UPSERT_KV, (key, new_text, time.time()))
+            return True
+
+        return self._transaction("compare-and-swap a value", [key], cas)
+
+    # -- runs ------------------------------------------------------------------------------
+    def run_get(self, key: str) -> RunHead | None:
+        row = self._read(
+            "read a run",
+            lambda cur: cur.execute(
+                f"SELECT {_HEAD_COLS} FROM stepstone_runs WHERE key = %s", (key,)
+            ).fetchone(),
+        )
+        return None if row is None else _head_from_row(row)
+
+    def run_transact(self, key: str, decide: Decide) -> RunHead | None:
+        def transact(cur: Cursor) -> RunHead | None:
+            row = cur.execute(
+                f"SELECT {_HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,)
+            ).fetchone()
+            head = None if row is None else _head_from_row(row)
+            kv_text = _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,)))
+            claim = decide(head, None if kv_text is None else str(kv_text))
+            if claim is None:
+                return head
+            if claim.reset_journal:
+                cur.execute("DELETE FROM stepstone_journal WHERE run_key = %s", (key,))
+            if claim.drop_kv:
+                cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,))
+            cur.execute(
+                f"INSERT INTO stepstone_runs ({_HEAD_COLS}) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET "
+                + ", ".join(f"{c} = EXCLUDED.{c}" for c in _HEAD_COLS.split(", ")[1:]),
+                _head_params(claim.head),
+            )
+            if claim.rows:
+                cur.executemany(
+                    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
+                )
+            return claim.head
+
+        return self._transaction("claim a run", [key], transact)
+
+    def run_commit(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+    ) -> bool:
+        latest = dict(writes)  # one upsert per key; the last write of a key wins
+        params = {
+            "status": head.status,
+            "next_step": head.next_step,
+            "version": head.version,
+            "iteration": head.iteration,
+            "journal_len": head.journal_len,
+            "lease_until": head.lease_until,
+            "meta": json.dumps(head.meta, separators=(",", ":")),
+            "updated_at": head.updated_at,
+            "key": head.key,
+            "expected": expected_version,
+            "run_uid": head.run_uid,
+            "seqs": [r.seq for r in rows],
+            "kinds": [r.kind for r in rows],
+            "names": [r.name for r in rows],
+            "datas": [r.data for r in rows],
+            "wkeys": list(latest),
+            "wvals": list(latest.values()),
+        }
+        ids = _lock_ids(list(latest))
+
+        def send(deadline: float) -> tuple[int, int, str | None]:
+            with self._connection(deadline - time.monotonic()) as conn:
+                try:
+                    if not ids:  # one statement: its own transaction
+                        row = conn.execute(_COMMIT_SQL, params).fetchone()
+                    else:
+                        # The write keys' locks first, in their own statement, so the
+                        # commit's snapshot sees any run created at those keys meanwhile.
+                        # Pipelined: still one round trip.
+                        with conn.pipeline(), conn.transaction():
+                            conn.execute(_LOCK_SQL, (_KEY_LOCK_CLASS, ids))
+                            cur = conn.execute(_COMMIT_SQL, params)
+                        row = cur.fetchone()
+                except psycopg.Error as exc:
+                    if _connection_lost(conn, exc):
+                        raise _Unknown(exc) from exc
+                    raise
+            assert row is not None
+            return int(row[0]), int(row[1]), row[2]
+
+        def attempt(deadline: float) -> bool:
+            try:
+                applied, matched, conflict = send(deadline)
+            except _Unknown as unknown:
+                # The statement may have committed: the stored head tells. Our run_uid
+                # with our new version means it did (only this owner moves the head under
+                # this run_uid); the expected version means it did not, so send it again.
+                current = self.run_get(head.key)
+                if current is None or current.run_uid != head.run_uid:
+                    return False
+                if current.version == head.version:
+                    return True
+                if current.version == expected_version:
+                    raise _Lost(unknown.cause) from unknown.cause
+                return False
+            if applied:
+                return True
+            if matched and conflict is not None:
+                raise run_key_conflict(str(conflict))
+            return False
+
+        return self._retry("commit a step", attempt)
+
+    def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
+        def renew(cur: Cursor) -> bool:
+            cur.execute(
+                "UPDATE stepstone_runs SET lease_until = %s WHERE key = %s AND run_uid = %s",
+                (lease_until, key, run_uid),
+            )
+            return cur.rowcount == 1
+
+        # Idempotent (sets, never adds), so a retry after a lost answer is harmless.
+        return self._read("renew a lease", renew)
+
+    def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
+        rows = self._read(
+            "read a journal",
+            lambda cur: cur.execute(
+                "SELECT seq, kind, name, data FROM stepstone_journal "
+                "WHERE run_key = %s AND seq >= %s ORDER BY seq",
+                (key, since_seq),
+            ).fetchall(),
+        )
+        return [JournalRow(int(s), str(k), n, str(d)) for s, k, n, d in rows]
+
+    def run_list(self, prefix: str | None) -> list[RunHead]:
+        where, args = _prefix_where("key", prefix)
+        sql = f"SELECT {_HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
+        rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
+        return [_head_from_row(r) for r in rows]
+
+
+def _one(cur: Cursor) -> Any:
+    row = cur.fetchone()
+    return None if row is None else row[0]

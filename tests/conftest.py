@@ -1,0 +1,53 @@
+"""Shared fixtures: a real PostgreSQL server for the tests marked ``postgres``.
+
+``pg_server`` starts one throwaway server per test session (see ``tests/pgserver.py``);
+``pg_url`` gives each test module its own database on it. Without the server binaries the
+tests skip locally, but fail when ``CI=true``: CI must never silently skip them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.pgserver import PgServer, unavailable_reason
+
+
+def pg_server_or_skip() -> PgServer:
+    """A started server, or skip (fail under CI) when none can run here."""
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but PostgreSQL tests cannot run: {reason}", pytrace=False)
+        pytest.skip(reason)
+    server = PgServer()
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One PostgreSQL server for the whole session."""
+    server = pg_server_or_skip()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A ``postgresql://`` URL of a fresh database for this test module."""
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.module.__name__.lower())[-50:]
+    url = pg_server.create_database(name)
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(name)

@@ -1,0 +1,231 @@
+"""A throwaway PostgreSQL server for tests and benchmarks.
+
+``PgServer`` runs ``initdb`` into a fresh temporary directory and starts ``postgres`` on a
+free loopback port (127.0.0.1 only, its unix socket inside the temporary directory), with
+password authentication and a password full of URL-hostile characters, so every URL the
+tests build must percent-encode it. PostgreSQL refuses to run as root: when we are root the
+server runs as the ``postgres`` OS user, which owns the temporary directory.
+
+Nothing is left behind: :meth:`PgServer.close` stops the server and deletes the directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import quote
+
+__all__ = ["PASSWORD", "SUPERUSER", "PgServer", "find_bindir", "unavailable_reason"]
+
+#: The superuser's password: '@', ':', '/', '%', '?' and '#' all break an unencoded URL.
+PASSWORD = "p@ss:w/rd%?#"
+SUPERUSER = "stepstone"
+_OS_USER = "postgres"
+
+
+def find_bindir() -> Path | None:
+    """The directory holding ``initdb``, ``pg_ctl`` and ``postgres``, or None."""
+    initdb = shutil.which("initdb")
+    if initdb is not None:
+        bindir = Path(initdb).resolve().parent
+        if (bindir / "pg_ctl").exists():
+            return bindir
+    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if (Path(candidate) / "initdb").exists() and (Path(candidate) / "pg_ctl").exists():
+            return Path(candidate)
+    return None
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def unavailable_reason() -> str | None:
+    """Why no test server can be started here, or None when one can."""
+    if find_bindir() is None:
+        return (
+            "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or under "
+            "/usr/lib/postgresql/*/bin"
+        )
+    if _is_root():
+        try:
+            import pwd
+
+            pwd.getpwnam(_OS_USER)
+        except KeyError:
+            return f"running as root and there is no {_OS_USER!r} OS user to run the server"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PgServer:
+    """One PostgreSQL server in a temporary directory (see module docstring).
+
+    Args:
+        fsync: Keep PostgreSQL's fsync on (benchmarks) or turn it off (tests: faster, and
+            a clean restart still keeps every committed transaction).
+    """
+
+    def __init__(self, *, fsync: bool = False) -> None:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        bindir = find_bindir()
+        assert bindir is not None
+        self.bindir = bindir
+        self.fsync = fsync
+        self.root = Path(tempfile.mkdtemp(prefix="stepstone-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.port = 0
+        self.running = False
+        try:
+            if _is_root():
+                import pwd
+
+                entry = pwd.getpwnam(_OS_USER)
+                os.chown(self.root, entry.pw_uid, entry.pw_gid)
+            self._initdb()
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
+
+    # -- process control -------------------------------------------------------------------
+    def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bindir / args[0]), *args[1:]]
+        if _is_root():
+            if shutil.which("runuser"):
+                cmd = ["runuser", "-u", _OS_USER, "--", *cmd]
+            else:
+                cmd = ["su", _OS_USER, "-s", "/bin/sh", "-c", shlex.join(cmd)]
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=self.root, check=False
+        )
+
+    def _initdb(self) -> None:
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(PASSWORD + "\n", encoding="utf-8")
+        if _is_root():
+            import pwd
+
+            entry = pwd.getpwnam(_OS_USER)
+            os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+        done = self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            SUPERUSER,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
+        pwfile.unlink()
+        if done.returncode != 0:
+            raise RuntimeError(f"initdb failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+
+    def start(self) -> None:
+        """Start the server: on a free port the first time, on the same port after a stop."""
+        fixed = bool(self.port)
+        log = ""
+        for _ in range(1 if fixed else 5):
+            if not fixed:
+                self.port = _free_port()
+            conf = {
+                "listen_addresses": "'127.0.0.1'",
+                "port": str(self.port),
+                "unix_socket_directories": f"'{self.root}'",
+                "fsync": "on" if self.fsync else "off",
+                "synchronous_commit": "on" if self.fsync else "off",
+                "full_page_writes": "on" if self.fsync else "off",
+                "max_connections": "200",
+                "shared_buffers": "32MB",
+            }
+            (self.data / "postgresql.auto.conf").write_text(
+                "".join(f"{k} = {v}\n" for k, v in conf.items()), encoding="utf-8"
+            )
+            done = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "start")
+            if done.returncode == 0:
+                self.running = True
+                return
+            log = (
+                self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
+            )
+            if "could not bind" not in log and "already in use" not in log:
+                break
+        raise RuntimeError(f"pg_ctl start failed:\n{done.stdout}{done.stderr}\n{log[-4000:]}")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: ``fast`` (clients disconnected, clean) or ``immediate`` (crash)."""
+        if not self.running:
+            return
+        done = self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_ctl stop failed:\n{done.stdout}{done.stderr}")
+        self.running = False
+
+    def restart(self, *, down_for: float = 0.0, mode: str = "fast") -> None:
+        """Stop the server, keep it down ``down_for`` seconds, start it on the same port."""
+        self.stop(mode)
+        time.sleep(down_for)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the server and delete its directory."""
+        try:
+            self.stop("fast")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> PgServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- databases ---------------------------------------------------------------------------
+    def url(self, dbname: str = "postgres") -> str:
+        """A ``postgresql://`` URL for ``dbname``, the password percent-encoded."""
+        user = quote(SUPERUSER, safe="")
+        password = quote(PASSWORD, safe="")
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+
+    def admin(self, sql: str) -> None:
+        """Run one statement as the superuser on the ``postgres`` database (autocommit)."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(sql.encode())
+
+    def create_database(self, name: str) -> str:
+        """Create database ``name`` (dropping an old one) and return its URL."""
+        ident = '"' + name.replace('"', '""') + '"'
+        self.admin(f"DROP DATABASE IF EXISTS {ident} WITH (FORCE)")
+        self.admin(f"CREATE DATABASE {ident}")
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop database ``name``, disconnecting its clients."""
+        ident = '"' + name.replace('"', '""') + '"'
+        self.admin(f"DROP DATABASE IF EXISTS {ident} WITH (FORCE)")

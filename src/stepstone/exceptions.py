@@ -8,6 +8,7 @@ The tree::
     ├── StepstoneError                  base of everything below that is ours
     │   ├── UserError                   you used the API wrong; fix the call, do not retry
     │   │   ├── PlanCompileError        invalid Plan, raised before anything runs
+    │   │   ├── GraphCompileError       invalid graph, raised by GraphBuilder.compile()
     │   │   ├── MissingExtraError       an optional dependency is not installed
     │   │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
     │   ├── StoreError                  the store could not do what was asked
@@ -17,11 +18,21 @@ The tree::
     │   ├── ToolTimeoutError            a tool exceeded LLMEngine.tool_timeout
     │   ├── StreamStallError            a provider stream went idle past stream_idle_timeout
     │   ├── MaxTurnsExceeded            the LLM loop hit max_turns
-    │   └── AgentCheckpointCorruptionError  an agent-run checkpoint is missing or malformed
+    │   ├── AgentCheckpointCorruptionError  an agent-run checkpoint is missing or malformed
+    │   ├── NodeException               a graph node raised; __cause__ is the original error
+    │   └── CheckpointError             a graph checkpoint cannot be used as asked
+    │       ├── CheckpointNotFound      no record under that invocation_id
+    │       ├── CheckpointRecordInvalid a record cannot be decoded (or its pickle was refused)
+    │       └── CheckpointStateMigrationError   a saved state cannot reach the current schema
+    │           ├── CheckpointStateMigrationMissing         no chain of registered migrations
+    │           ├── CheckpointStateMigrationChainAmbiguous  two shortest chains
+    │           └── CheckpointStateMigrationFailed          a migration raised or its output
+    │                                                       does not validate
     └── RuntimeError
         ├── PlanRuntimeError            a Plan misbehaved at run time (a route predicate raised)
         │   └── StaleCheckpointError    resume target no longer exists in the Plan
         └── ConcurrentPlanRunError      another live run owns the checkpoint key
+            └── ConcurrentGraphResumeError  another live invocation resumes (or runs) the record
     Warning
     └── UserWarning
         └── UnserializableValueWarning  a value JSON cannot hold was stored as its str()
@@ -35,9 +46,19 @@ from __future__ import annotations
 __all__ = [
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointRecordInvalid",
+    "CheckpointStateMigrationChainAmbiguous",
+    "CheckpointStateMigrationError",
+    "CheckpointStateMigrationFailed",
+    "CheckpointStateMigrationMissing",
+    "ConcurrentGraphResumeError",
     "ConcurrentPlanRunError",
+    "GraphCompileError",
     "MaxTurnsExceeded",
     "MissingExtraError",
+    "NodeException",
     "PlanCompileError",
     "PlanPaused",
     "PlanRuntimeError",
@@ -114,6 +135,116 @@ class AgentCheckpointCorruptionError(StepstoneError):
     """An agent-run checkpoint is missing, malformed, or its recorded effects disagree."""
 
 
+class GraphCompileError(UserError):
+    """A graph is invalid; raised by ``GraphBuilder.compile()`` before any node runs.
+
+    The message names the node (or edge) at fault and how to fix it.
+    """
+
+
+class NodeException(StepstoneError):
+    """A graph node raised; this is the error boundary of ``CompiledGraph.invoke()``.
+
+    Every node completed before the failure is already checkpointed when this reaches the
+    caller, so ``invoke(..., resume_invocation=exc.invocation_id)`` picks up at the failed
+    node.
+
+    Attributes:
+        node_name: The node that raised (the innermost one, for a node inside a subgraph).
+        recoverable_state: The state of the node's graph as it was just before the node ran.
+        invocation_id: The invocation whose record holds the completed nodes (None when the
+            graph has no checkpointer).
+        namespace: The subgraph path of the node (``()`` for the outermost graph).
+
+    ``__cause__`` is the original exception.
+
+    Example::
+
+        try:
+            graph.invoke(state, correlation_id="mission-1")
+        except NodeException as exc:
+            print(exc.node_name, exc.__cause__)
+            graph.invoke(state, resume_invocation=exc.invocation_id)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node_name: str,
+        recoverable_state: object = None,
+        invocation_id: str | None = None,
+        namespace: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.node_name = node_name
+        self.recoverable_state = recoverable_state
+        self.invocation_id = invocation_id
+        self.namespace = namespace
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_node_exception,
+            (
+                str(self),
+                self.node_name,
+                self.recoverable_state,
+                self.invocation_id,
+                self.namespace,
+            ),
+        )
+
+
+def _rebuild_node_exception(
+    message: str,
+    node_name: str,
+    recoverable_state: object,
+    invocation_id: str | None,
+    namespace: tuple[str, ...],
+) -> NodeException:
+    return NodeException(
+        message,
+        node_name=node_name,
+        recoverable_state=recoverable_state,
+        invocation_id=invocation_id,
+        namespace=namespace,
+    )
+
+
+class CheckpointError(StepstoneError):
+    """Base of the graph checkpoint errors below."""
+
+
+class CheckpointNotFound(CheckpointError):
+    """No graph checkpoint record exists under the requested ``invocation_id``."""
+
+
+class CheckpointRecordInvalid(CheckpointError):
+    """A graph checkpoint record cannot be decoded or does not fit the graph.
+
+    Also raised when a pickle record is unsigned, tampered with, or signed with another
+    key: stepstone never unpickles data it cannot authenticate.
+    """
+
+
+class CheckpointStateMigrationError(CheckpointError):
+    """Base of the errors raised while migrating a saved state to the current schema."""
+
+
+class CheckpointStateMigrationMissing(CheckpointStateMigrationError):
+    """No chain of ``with_state_migration`` edges leads from the saved schema version to
+    the state class's ``schema_version``."""
+
+
+class CheckpointStateMigrationChainAmbiguous(CheckpointStateMigrationError):
+    """Two different shortest chains of migrations lead to the current schema version."""
+
+
+class CheckpointStateMigrationFailed(CheckpointStateMigrationError):
+    """A migration function raised, returned something else than a dict, or its result
+    does not validate against the current state class (``__cause__`` says why)."""
+
+
 class PlanRuntimeError(RuntimeError):
     """A Plan misbehaved at run time in a way that is a programming bug.
 
@@ -131,6 +262,14 @@ class ConcurrentPlanRunError(RuntimeError):
 
     A run is live while its owner renews its lease; a run whose owner died (lease expired,
     or its process is gone on this host) can be taken over with ``resume=True``.
+    """
+
+
+class ConcurrentGraphResumeError(ConcurrentPlanRunError):
+    """A graph record is being resumed (or is still running) in another live invocation.
+
+    Two resumes of one record never both execute: the second gets this error. Wait for the
+    other one, or resume the record it produces.
     """
 
 

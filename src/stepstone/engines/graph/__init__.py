@@ -1,0 +1,31 @@
+"""The graph engine: typed-state graphs with durable checkpoints and schema migrations.
+
+Users import it as :mod:`stepstone.graph`.
+"""
+
+from stepstone.engines.graph._builder import END, GraphBuilder
+from stepstone.engines.graph._checkpoint import (
+    CheckpointFilter,
+    CheckpointRecord,
+    InMemoryCheckpointer,
+    NodePosition,
+    SQLiteCheckpointer,
+    StoreCheckpointer,
+)
+from stepstone.engines.graph._compiled import CompiledGraph
+from stepstone.engines.graph._state import Reducer, State, append
+
+__all__ = [
+    "END",
+    "CheckpointFilter",
+    "CheckpointRecord",
+    "CompiledGraph",
+    "GraphBuilder",
+    "InMemoryCheckpointer",
+    "NodePosition",
+    "Reducer",
+    "SQLiteCheckpointer",
+    "State",
+    "StoreCheckpointer",
+    "append",
+]

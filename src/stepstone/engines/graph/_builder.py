@@ -1,0 +1,360 @@
+"""GraphBuilder: declare nodes, edges, checkpointer and migrations; compile() validates."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from stepstone.engines.graph._checkpoint import StoreCheckpointer
+from stepstone.engines.graph._migrate import Migrate, MigrationRegistry
+from stepstone.engines.graph._state import State
+from stepstone.exceptions import GraphCompileError
+
+if TYPE_CHECKING:
+    from stepstone.engines.graph._compiled import CompiledGraph
+
+__all__ = ["END", "EdgeSpec", "GraphBuilder", "NodeSpec"]
+
+S = TypeVar("S", bound=State)
+
+
+class _End:
+    """The end of a graph: ``add_edge("last", END)``; a router may return it."""
+
+    _instance: _End | None = None
+
+    def __new__(cls) -> _End:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "END"
+
+    def __reduce__(self) -> str:
+        return "END"
+
+
+#: The end of a graph: ``add_edge("draft_timeline", END)``; routers may return it.
+END: Any = _End()
+_END_NAME = "__end__"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """One node (engine-internal)."""
+
+    name: str
+    fn: Any = None
+    agent: Any = None
+    writes: str | None = None
+    subgraph: CompiledGraph[Any] | None = None
+    inputs: Callable[[Any], Any] | None = None
+    outputs: Callable[[Any], Mapping[str, Any]] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeSpec:
+    """A node's outgoing edge: a fixed target or a router (engine-internal)."""
+
+    target: str | None = None
+    router: Callable[[Any], Any] | None = None
+    targets: Mapping[str, str] | None = None
+
+
+def _target_name(target: Any, where: str) -> str:
+    if target is END:
+        return _END_NAME
+    if not isinstance(target, str) or not target:
+        raise GraphCompileError(f"{where}: a target is a node name or END, got {target!r}")
+    return target
+
+
+def _is_agent(obj: Any) -> bool:
+    return not inspect.isfunction(obj) and inspect.iscoroutinefunction(getattr(obj, "run", None))
+
+
+class GraphBuilder(Generic[S]):
+    """Builds a typed-state graph: nodes, edges, a checkpointer, state migrations.
+
+    Every method returns the builder, so calls chain; :meth:`compile` validates the whole
+    graph and returns a runnable :class:`CompiledGraph`.
+
+    Args:
+        state_cls: The graph's :class:`State` subclass.
+
+    Example::
+
+        graph = (
+            GraphBuilder(Mission)
+            .add_node("define_objective", define_objective)
+            .add_node("size_crew", size_crew)
+            .add_edge("define_objective", "size_crew")
+            .add_edge("size_crew", END)
+            .set_entry("define_objective")
+            .with_checkpointer(SQLiteCheckpointer("checkpoints.sqlite"))
+            .compile()
+        )
+        final = graph.invoke(Mission(destination="Lunar South Pole"), correlation_id="m-1")
+    """
+
+    def __init__(self, state_cls: type[S]) -> None:
+        if not (isinstance(state_cls, type) and issubclass(state_cls, State)):
+            raise GraphCompileError(
+                f"GraphBuilder takes a State subclass, got {state_cls!r}; declare "
+                "`class MyState(State): ...` with your fields"
+            )
+        self.state_cls = state_cls
+        self._nodes: dict[str, NodeSpec] = {}
+        self._edges: dict[str, list[EdgeSpec]] = {}
+        self._entry: str | None = None
+        self._checkpointer: StoreCheckpointer | None = None
+        self._migrations = MigrationRegistry(state_cls)
+
+    def _add(self, spec: NodeSpec) -> GraphBuilder[S]:
+        if not isinstance(spec.name, str) or not spec.name or spec.name == _END_NAME:
+            raise GraphCompileError(
+                f"node names are non-empty strings other than {_END_NAME!r}, got {spec.name!r}"
+            )
+        if "#" in spec.name:
+            raise GraphCompileError(f"node name {spec.name!r} must not contain '#'")
+        if spec.name in self._nodes:
+            raise GraphCompileError(
+                f"node {spec.name!r} is added twice; give the second one another name"
+            )
+        self._nodes[spec.name] = spec
+        return self
+
+    def add_node(
+        self, name: str, fn: Callable[..., Any] | Any, *, writes: str | None = None
+    ) -> GraphBuilder[S]:
+        """Add a node.
+
+        Args:
+            name: The node's name (its identity in edges, positions and errors).
+            fn: ``fn(state) -> dict | None``, sync or async, returning the fields to update;
+                or a stepstone ``Agent``: it is run with the state as JSON text as its task,
+                and its payload (a dict or pydantic model of fields) is the update.
+            writes: For an Agent whose answer is text: the field the text goes to.
+        """
+        if _is_agent(fn):
+            return self._add(NodeSpec(name=name, agent=fn, writes=writes))
+        if not callable(fn):
+            raise GraphCompileError(
+                f"node {name!r}: expected a function state -> dict (or an Agent), got {fn!r}"
+            )
+        if writes is not None:
+            raise GraphCompileError(
+                f"node {name!r}: writes= is for Agent nodes; a function returns "
+                f"{{{writes!r}: value}} itself"
+            )
+        return self._add(NodeSpec(name=name, fn=fn))
+
+    def add_subgraph_node(
+        self,
+        name: str,
+        subgraph: CompiledGraph[Any],
+        *,
+        inputs: Callable[[S], Any] | None = None,
+        outputs: Callable[[Any], Mapping[str, Any]] | None = None,
+    ) -> GraphBuilder[S]:
+        """Add a node that runs a compiled graph with its own state class.
+
+        The parent's checkpointer saves after every node inside the subgraph too; a crash
+        inside it resumes inside it. The subgraph's own checkpointer, if any, is not used.
+
+        Args:
+            name: The node's name (the subgraph's namespace in positions).
+            subgraph: ``GraphBuilder(SubState)...compile()``.
+            inputs: ``inputs(parent_state)`` gives the subgraph's initial state (a dict or
+                a SubState). Default: the parent's fields that the subgraph state has.
+            outputs: ``outputs(final_sub_state)`` gives the parent's update. Default: the
+                shared fields the subgraph changed (items it appended, for ``append``
+                fields of the parent).
+        """
+        from stepstone.engines.graph._compiled import CompiledGraph
+
+        if not isinstance(subgraph, CompiledGraph):
+            raise GraphCompileError(
+                f"subgraph node {name!r} takes a compiled graph "
+                f"(GraphBuilder(SubState)...compile()), got {subgraph!r}"
+            )
+        return self._add(NodeSpec(name=name, subgraph=subgraph, inputs=inputs, outputs=outputs))
+
+    def add_edge(self, source: str, target: str | Any) -> GraphBuilder[S]:
+        """After ``source`` completes, run ``target`` (a node name, or ``END``)."""
+        self._edges.setdefault(source, []).append(
+            EdgeSpec(target=_target_name(target, f"add_edge({source!r}, {target!r})"))
+        )
+        return self
+
+    def add_conditional_edge(
+        self,
+        source: str,
+        router: Callable[[S], Any],
+        targets: Sequence[str | Any] | Mapping[str, str | Any] | None = None,
+    ) -> GraphBuilder[S]:
+        """After ``source`` completes, run the node ``router(state)`` names.
+
+        Args:
+            source: The node the edge leaves.
+            router: ``router(state) -> node name | END`` (or a key of ``targets`` when it
+                is a mapping). A pure function of the state: it is re-evaluated on resume.
+            targets: The possible targets (checked at compile time and at run time), as a
+                list of names, or a mapping from the router's return values to names.
+        """
+        where = f"add_conditional_edge({source!r}, ...)"
+        if not callable(router):
+            raise GraphCompileError(f"{where}: router must be a function state -> node name")
+        mapping: dict[str, str] | None = None
+        if isinstance(targets, Mapping):
+            mapping = {str(k): _target_name(v, where) for k, v in targets.items()}
+        elif targets is not None:
+            mapping = {}
+            for t in targets:
+                name = _target_name(t, where)
+                mapping[name] = name
+        self._edges.setdefault(source, []).append(EdgeSpec(router=router, targets=mapping))
+        return self
+
+    def set_entry(self, name: str) -> GraphBuilder[S]:
+        """The first node of every fresh invoke."""
+        self._entry = name
+        return self
+
+    def with_checkpointer(self, checkpointer: StoreCheckpointer) -> GraphBuilder[S]:
+        """Save a record after every completed node (outermost and inside subgraphs),
+        before the next node starts."""
+        if not isinstance(checkpointer, StoreCheckpointer):
+            raise GraphCompileError(
+                "with_checkpointer takes a SQLiteCheckpointer, InMemoryCheckpointer or "
+                f"StoreCheckpointer, got {checkpointer!r}"
+            )
+        self._checkpointer = checkpointer
+        return self
+
+    def with_state_migration(
+        self, from_version: str, to_version: str, migrate: Migrate
+    ) -> GraphBuilder[S]:
+        """Register one migration edge of the state class's schema.
+
+        ``migrate`` is pure: it takes the saved state as a plain dict and returns the dict
+        at ``to_version`` (typically ``{**state, "new_field": default}``). When a record's
+        ``schema_version`` differs from the class's, the shortest chain of edges (BFS) is
+        applied once, on load; the saved record is not rewritten.
+        """
+        self._migrations.add(from_version, to_version, migrate)
+        return self
+
+    # -- compile -------------------------------------------------------------------------
+    def compile(self) -> CompiledGraph[S]:
+        """Validate and freeze the graph.
+
+        Raises:
+            GraphCompileError: no or unknown entry, an edge naming an unknown node, a node
+                without (or with two) outgoing edges, an unreachable node, a migration
+                on a state class without ``schema_version``, or pickle + migrations. The
+                message names the node and the fix.
+        """
+        from stepstone.engines.graph._compiled import CompiledGraph
+
+        cls = self.state_cls.__name__
+        if not self._nodes:
+            raise GraphCompileError(f"graph of {cls} has no nodes; add one with add_node()")
+        if self._entry is None:
+            first = next(iter(self._nodes))
+            raise GraphCompileError(
+                f"graph of {cls} has no entry node; call set_entry({first!r}) (or the node "
+                "that should run first)"
+            )
+        if self._entry not in self._nodes:
+            raise GraphCompileError(
+                f"entry node {self._entry!r} is not a node of the graph; add it with "
+                f"add_node({self._entry!r}, fn) or fix set_entry() (nodes: {sorted(self._nodes)})"
+            )
+        edges: dict[str, EdgeSpec] = {}
+        for source, specs in self._edges.items():
+            if source == _END_NAME:
+                raise GraphCompileError("END has no outgoing edges; remove add_edge(END, ...)")
+            if source not in self._nodes:
+                raise GraphCompileError(
+                    f"an edge leaves {source!r}, which is not a node; add it with "
+                    f"add_node({source!r}, fn) or fix the edge (nodes: {sorted(self._nodes)})"
+                )
+            if len(specs) > 1:
+                raise GraphCompileError(
+                    f"node {source!r} has {len(specs)} outgoing edges; a node has exactly one "
+                    "(use add_conditional_edge to choose between targets)"
+                )
+            spec = specs[0]
+            named = [spec.target] if spec.target else list((spec.targets or {}).values())
+            for target in named:
+                if target != _END_NAME and target not in self._nodes:
+                    raise GraphCompileError(
+                        f"edge {source!r} -> {target!r}: {target!r} is not a node; add it "
+                        f"with add_node({target!r}, fn), or use END to finish"
+                    )
+            edges[source] = spec
+        for name in self._nodes:
+            if name not in edges:
+                raise GraphCompileError(
+                    f"node {name!r} has no outgoing edge; add add_edge({name!r}, END) or an "
+                    "edge to the next node"
+                )
+        reachable = {self._entry}
+        todo = [self._entry]
+        while todo:
+            spec = edges[todo.pop()]
+            nxt = (
+                [spec.target]
+                if spec.target
+                else (list(spec.targets.values()) if spec.targets else list(self._nodes))
+            )
+            for t in nxt:
+                if t != _END_NAME and t not in reachable:
+                    reachable.add(t)
+                    todo.append(t)
+        unreachable = [n for n in self._nodes if n not in reachable]
+        if unreachable:
+            raise GraphCompileError(
+                f"node {unreachable[0]!r} cannot be reached from entry {self._entry!r}; add "
+                "an edge to it or remove it"
+            )
+        if self._migrations.edges and not self.state_cls.schema_version:
+            raise GraphCompileError(
+                f"{cls} registers state migrations but has no schema_version; declare "
+                f'`schema_version: ClassVar[str] = "v2"` on {cls}'
+            )
+        if (
+            self._migrations.edges
+            and self._checkpointer is not None
+            and self._checkpointer.serialization == "pickle"
+        ):
+            raise GraphCompileError(
+                f"the graph of {cls} registers state migrations but its checkpointer uses "
+                "serialization='pickle', which cannot be migrated; use serialization='json'"
+            )
+        for node in self._nodes.values():
+            if node.subgraph is not None and node.inputs is None:
+                sub_cls = node.subgraph.state_cls
+                missing = [
+                    f
+                    for f, info in sub_cls.model_fields.items()
+                    if info.is_required() and f not in self.state_cls.model_fields
+                ]
+                if missing:
+                    raise GraphCompileError(
+                        f"subgraph node {node.name!r}: {sub_cls.__name__} requires "
+                        f"{missing}, which {cls} does not have; pass inputs=lambda state: "
+                        "{...} to build the subgraph's state"
+                    )
+        return CompiledGraph(
+            state_cls=self.state_cls,
+            nodes=dict(self._nodes),
+            edges=edges,
+            entry=self._entry,
+            checkpointer=self._checkpointer,
+            migrations=self._migrations,
+        )

@@ -1,0 +1,639 @@
+"""CompiledGraph: runs nodes, saves through the durable kernel, resumes by position."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from stepstone.core._envelope import Envelope
+from stepstone.core._sync import run_sync
+from stepstone.core._tool import call_maybe_async
+from stepstone.durable import OwnedRun, claim_run, owner_alive
+from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
+from stepstone.engines.graph._checkpoint import (
+    GRAPH_KIND,
+    LOCK_KIND,
+    RECORD_FORMAT,
+    CheckpointRecord,
+    Frame,
+    NodePosition,
+    RawRecord,
+    StoreCheckpointer,
+)
+from stepstone.engines.graph._migrate import MigrationRegistry
+from stepstone.engines.graph._state import (
+    Patch,
+    State,
+    apply_update,
+    dump_state,
+    json_patch,
+    object_patch,
+    reducers_of,
+)
+from stepstone.exceptions import (
+    CheckpointRecordInvalid,
+    CheckpointStateMigrationFailed,
+    ConcurrentGraphResumeError,
+    ConcurrentPlanRunError,
+    NodeException,
+    UserError,
+)
+
+__all__ = ["CompiledGraph"]
+
+S = TypeVar("S", bound=State)
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(slots=True)
+class _Resume:
+    """Where one frame of a loaded record continues."""
+
+    graph: CompiledGraph[Any]
+    state: State
+    initial: State | None
+    node: str  # the node to run first ("__end__" when the frame is finished)
+    step: int
+    ns: tuple[str, ...] = ()
+    last: tuple[str, int] | None = None  # the frame's last completed node, carried over
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class _Run:
+    """One invoke: its kernel run (None without a checkpointer) and its positions."""
+
+    checkpointer: StoreCheckpointer | None
+    owned: OwnedRun | None
+    invocation_id: str
+    attempt: int
+    positions: list[NodePosition]
+    pending_push: list[Frame] = dataclasses.field(default_factory=list)
+
+    def next_step(self, ns: tuple[str, ...]) -> int:
+        steps = [p.step for p in self.positions if p.namespace == ns]
+        return max(steps) + 1 if steps else 0
+
+    def state_out(self, state: State | None) -> Any:
+        if state is None:
+            return None
+        if self.checkpointer is not None and self.checkpointer.serialization == "pickle":
+            return state
+        return dump_state(state)
+
+    def patch(self, new: State, set_fields: list[str], extend: dict[str, list[Any]]) -> Patch:
+        if self.checkpointer is not None and self.checkpointer.serialization == "pickle":
+            return object_patch(new, set_fields, extend)
+        return json_patch(new, set_fields, extend, f"node update of {type(new).__name__}")
+
+    async def save(self, pos: NodePosition, patch: Patch, pop: int, next_node: str | None) -> None:
+        """Commit one completed node (head + journal row, one transaction)."""
+        if self.owned is not None and self.checkpointer is not None:
+            push = self.pending_push
+            plain = {"pos": pos.to_json(), "pop": pop, "push": [f.to_plain() for f in push]}
+            body = {"patch": patch, "push": [f.to_body() for f in push]}
+            data = self.checkpointer.codec.encode(plain, body)
+            await self.owned.commit(
+                status="running",
+                next_step=next_node,
+                iteration=len(self.positions) + 1,
+                rows=[("node", pos.node_name, data)],
+            )
+        self.pending_push.clear()
+        self.positions.append(pos)
+
+
+class CompiledGraph(Generic[S]):
+    """A validated graph, ready to run. Build it with ``GraphBuilder(...).compile()``.
+
+    ``await graph.ainvoke(state)`` is canonical; ``graph.invoke(state)`` is its sync form.
+    With a checkpointer, every completed node is committed before the next one starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_cls: type[S],
+        nodes: dict[str, NodeSpec],
+        edges: dict[str, EdgeSpec],
+        entry: str,
+        checkpointer: StoreCheckpointer | None,
+        migrations: MigrationRegistry,
+    ) -> None:
+        self.state_cls = state_cls
+        self.nodes = nodes
+        self.edges = edges
+        self.entry = entry
+        self.checkpointer = checkpointer
+        self.migrations = migrations
+        self.reducers = reducers_of(state_cls)
+
+    def __repr__(self) -> str:
+        return f"CompiledGraph({self.state_cls.__name__}, nodes={list(self.nodes)})"
+
+    # -- public API ----------------------------------------------------------------------
+    def invoke(
+        self,
+        state: S | None = None,
+        *,
+        correlation_id: str | None = None,
+        resume_invocation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> S:
+        """Synchronous :meth:`ainvoke` (not from inside a running event loop)."""
+        return run_sync(
+            self.ainvoke(
+                state,
+                correlation_id=correlation_id,
+                resume_invocation=resume_invocation,
+                metadata=metadata,
+            ),
+            sync_name="graph.invoke(...)",
+            async_name="graph.ainvoke(...)",
+        )
+
+    async def ainvoke(
+        self,
+        state: S | None = None,
+        *,
+        correlation_id: str | None = None,
+        resume_invocation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> S:
+        """Run the graph to ``END`` and return the final state.
+
+        Every call mints a fresh ``invocation_id`` (resumes too); the previous record
+        stays under its own id.
+
+        Args:
+            state: The initial state. Ignored when resuming (the saved state wins).
+            correlation_id: Your join key across attempts (default: the first
+                invocation_id); a resume keeps the saved one.
+            resume_invocation: Continue the record of this ``invocation_id``: completed
+                positions are skipped, the first uncompleted node runs (from a clean
+                slate, against the loaded state), and the saved state is migrated first
+                if its ``schema_version`` differs.
+            metadata: JSON-able data stored with the record.
+
+        Raises:
+            NodeException: a node raised; the nodes before it are saved.
+            ConcurrentGraphResumeError: the record is being resumed, or still run, by
+                another live invocation.
+            CheckpointNotFound, CheckpointRecordInvalid, CheckpointStateMigrationError:
+                ``resume_invocation`` cannot be loaded.
+        """
+        cp = self.checkpointer
+        invocation_id = str(uuid.uuid4())
+        lock: OwnedRun | None = None
+        try:
+            if resume_invocation is not None:
+                if cp is None:
+                    raise UserError(
+                        "resume_invocation needs a checkpointer; build the graph with "
+                        ".with_checkpointer(SQLiteCheckpointer(path))"
+                    )
+                lock = await _offload(cp, self._lock_source, cp, resume_invocation, invocation_id)
+                raw = await _offload(cp, cp.load_raw, resume_invocation)
+                if correlation_id is not None and correlation_id != raw.correlation_id:
+                    raise UserError(
+                        f"invocation {resume_invocation!r} belongs to correlation_id "
+                        f"{raw.correlation_id!r}, not {correlation_id!r}; omit correlation_id "
+                        "when resuming"
+                    )
+                correlation_id = raw.correlation_id
+                resumes = self._prepare_resume(raw)
+                attempt = raw.attempt + 1
+                positions = list(raw.positions)
+                meta = {**raw.metadata, **(metadata or {})}
+            else:
+                if state is None or not isinstance(state, self.state_cls):
+                    raise UserError(
+                        f"invoke() takes an initial {self.state_cls.__name__} instance, got "
+                        f"{type(state).__name__}"
+                    )
+                if correlation_id is None:
+                    correlation_id = invocation_id
+                resumes = [_Resume(self, state, None, self.entry, 0)]
+                attempt = 0
+                positions = []
+                meta = dict(metadata or {})
+            run = _Run(
+                checkpointer=cp,
+                owned=None,
+                invocation_id=invocation_id,
+                attempt=attempt,
+                positions=positions,
+            )
+            if cp is not None:
+                run.owned = await _offload(
+                    cp,
+                    self._start,
+                    cp,
+                    run,
+                    resumes,
+                    correlation_id,
+                    resume_invocation,
+                    meta,
+                )
+            top = resumes[0]
+            try:
+                final: S = await self._execute(
+                    run, self, top.state, (), top.node, top.step, resumes[1:]
+                )
+            except NodeException as exc:
+                exc.invocation_id = invocation_id if run.owned is not None else None
+                await self._finish(run, "failed", exc)
+                raise
+            except BaseException as exc:
+                await self._finish(run, "failed", exc)
+                raise
+            await self._finish(run, "done", None)
+            return final
+        finally:
+            if lock is not None:
+                await _offload(cp, _release_lock, lock)
+
+    def load_record(self, invocation_id: str) -> CheckpointRecord:
+        """The record of ``invocation_id`` with its state typed and migrated to this
+        graph's state classes (the saved record itself is not rewritten)."""
+        if self.checkpointer is None:
+            raise UserError("load_record needs a checkpointer (with_checkpointer(...))")
+        raw = self.checkpointer.load_raw(invocation_id)
+        resumes = self._prepare_resume(raw)
+        rec = raw.public()
+        return dataclasses.replace(
+            rec,
+            state=resumes[-1].state,
+            parent_states=tuple(r.state for r in resumes[:-1]),
+            schema_version=resumes[-1].graph.state_cls.schema_version,
+        )
+
+    # -- resume --------------------------------------------------------------------------
+    def _lock_source(self, cp: StoreCheckpointer, source: str, invocation_id: str) -> OwnedRun:
+        """Own the source record's resume lock: a second concurrent resume is refused."""
+        cp.load_raw(source)  # CheckpointNotFound / CheckpointRecordInvalid before locking
+        try:
+            claim = claim_run(
+                cp.store,
+                cp.lock_key(source),
+                kind=LOCK_KIND,
+                resume=False,
+                first_step=None,
+                meta={"resumed_by": invocation_id},
+                what="graph resume",
+            )
+        except ConcurrentPlanRunError as exc:
+            raise ConcurrentGraphResumeError(
+                f"invocation {source!r} is being resumed by another live invocation; "
+                "wait for it to finish (its result is a new record with the same "
+                "correlation_id), then resume that record if needed"
+            ) from exc
+        assert claim.run is not None
+        head = cp.store.backend.run_get(cp.key(source))
+        if head is not None and owner_alive(head):
+            _release_lock(claim.run)
+            raise ConcurrentGraphResumeError(
+                f"invocation {source!r} is still running (pid {head.pid} on host "
+                f"{head.host}); resume it after it stops"
+            )
+        return claim.run
+
+    def _prepare_resume(self, raw: RawRecord) -> list[_Resume]:
+        """Map each saved frame to its graph, migrate its state, find where it continues."""
+        out: list[_Resume] = []
+        graph: CompiledGraph[Any] = self
+        for i, frame in enumerate(raw.frames):
+            if i > 0:
+                spec = graph.nodes.get(frame.node or "")
+                if spec is None or spec.subgraph is None:
+                    raise CheckpointRecordInvalid(
+                        f"invocation {raw.invocation_id!r} stopped inside subgraph node "
+                        f"{frame.node!r}, which this graph of {graph.state_cls.__name__} "
+                        "does not have as a subgraph node; resume it with the graph that "
+                        "saved it"
+                    )
+                graph = spec.subgraph
+            where = f"invocation {raw.invocation_id!r}"
+            state = graph._load_state(frame.state, frame.schema_version, where)
+            initial = (
+                graph._load_state(frame.initial, frame.schema_version, where)
+                if frame.initial is not None
+                else None
+            )
+            ns = frame.ns
+            if i + 1 < len(raw.frames):
+                inner = raw.frames[i + 1]
+                node, step = inner.node or "", int(inner.step or 0)
+            elif frame.last is None:
+                steps = [p.step for p in raw.positions if p.namespace == ns]
+                node, step = graph.entry, (max(steps) + 1 if steps else 0)
+            else:
+                last, last_step = frame.last
+                if last not in graph.nodes:
+                    raise CheckpointRecordInvalid(
+                        f"{where} last completed node {last!r}, which this graph of "
+                        f"{graph.state_cls.__name__} does not have; resume it with the "
+                        "graph that saved it, or start a fresh invoke"
+                    )
+                node, step = graph._route(last, state, ns), last_step + 1
+            out.append(_Resume(graph, state, initial, node, step, ns, frame.last))
+        return out
+
+    def _load_state(self, saved: Any, version: str, where: str) -> State:
+        cls = self.state_cls
+        if isinstance(saved, BaseModel):  # a pickle record
+            if version != cls.schema_version:
+                raise CheckpointStateMigrationFailed(
+                    f"{where} was saved with serialization='pickle' at schema_version "
+                    f"{version!r}; {cls.__name__} is at {cls.schema_version!r} and pickle "
+                    "records cannot be migrated (use serialization='json')"
+                )
+            if not isinstance(saved, cls):
+                raise CheckpointRecordInvalid(
+                    f"{where} holds a {type(saved).__name__}, not a {cls.__name__}"
+                )
+            return saved
+        if not isinstance(saved, dict):
+            raise CheckpointRecordInvalid(f"{where} has no saved state")
+        try:
+            return self.migrations.migrate(saved, version, where=where)
+        except ValidationError as exc:
+            raise CheckpointRecordInvalid(
+                f"{where}: the saved state does not validate as {cls.__name__} "
+                f"(schema_version {version!r}): {exc}; register a migration with "
+                "with_state_migration() or declare a new schema_version"
+            ) from exc
+
+    def _start(
+        self,
+        cp: StoreCheckpointer,
+        run: _Run,
+        resumes: list[_Resume],
+        correlation_id: str,
+        resumed_from: str | None,
+        metadata: dict[str, Any],
+    ) -> OwnedRun:
+        """Claim the new invocation's record and commit its start row."""
+        claim = claim_run(
+            cp.store,
+            cp.key(run.invocation_id),
+            kind=GRAPH_KIND,
+            resume=False,
+            first_step=resumes[0].node,
+            meta={
+                "format": RECORD_FORMAT,
+                "invocation_id": run.invocation_id,
+                "correlation_id": correlation_id,
+                "schema_version": self.state_cls.schema_version,
+                "serialization": cp.serialization,
+                "resumed_from": resumed_from,
+            },
+            what="graph invocation",
+        )
+        assert claim.run is not None
+        frames = [
+            Frame(
+                node=None if i == 0 else resumes[i - 1].node,
+                step=None if i == 0 else resumes[i - 1].step,
+                ns=r.ns,
+                state=run.state_out(r.state),
+                initial=run.state_out(r.initial),
+                schema_version=r.graph.state_cls.schema_version,
+                last=r.last,
+            )
+            for i, r in enumerate(resumes)
+        ]
+        plain = {
+            "frames": [f.to_plain() for f in frames],
+            "positions": [p.to_json() for p in run.positions],
+            "attempt": run.attempt,
+            "resumed_from": resumed_from,
+            "metadata": metadata,
+        }
+        data = cp.codec.encode(plain, {"frames": [f.to_body() for f in frames]})
+        try:
+            claim.run.commit_sync(
+                status="running", next_step=resumes[0].node, rows=[("start", None, data)]
+            )
+        except BaseException:
+            claim.run.release()
+            raise
+        return claim.run
+
+    async def _finish(self, run: _Run, status: str, exc: BaseException | None) -> None:
+        owned = run.owned
+        if owned is None:
+            return
+        try:
+            meta = dict(owned.head.meta)
+            if exc is not None:
+                cause = exc.__cause__ if isinstance(exc, NodeException) else exc
+                meta["error"] = {
+                    "type": type(cause).__name__,
+                    "message": str(cause),
+                    "node": getattr(exc, "node_name", None),
+                }
+            await owned.commit(status=status, next_step=None, meta=meta)
+        except Exception:
+            if exc is None:
+                raise
+            # The node's failure is what the caller must see; the record stays "running"
+            # with a dead owner, which resumes exactly like "failed".
+        finally:
+            owned.release()
+
+    # -- execution -----------------------------------------------------------------------
+    def _route(self, node: str, state: State, ns: tuple[str, ...]) -> str:
+        spec = self.edges[node]
+        if spec.target is not None:
+            return spec.target
+        assert spec.router is not None
+        try:
+            chosen = spec.router(state)
+        except Exception as exc:
+            raise NodeException(
+                f"the router after node {node!r} raised {type(exc).__name__}: {exc}",
+                node_name=node,
+                recoverable_state=state,
+                namespace=ns,
+            ) from exc
+        key = _END_NAME if chosen is END else chosen
+        if spec.targets is not None:
+            target = spec.targets.get(str(key)) if isinstance(key, str) else None
+        else:
+            target = key if isinstance(key, str) else None
+        if target is None or (target != _END_NAME and target not in self.nodes):
+            err = ValueError(
+                f"the router after node {node!r} returned {chosen!r}, which is not one of "
+                f"its targets ({sorted(spec.targets or self.nodes)} or END)"
+            )
+            raise NodeException(
+                str(err), node_name=node, recoverable_state=state, namespace=ns
+            ) from err
+        return target
+
+    async def _execute(
+        self,
+        run: _Run,
+        graph: CompiledGraph[Any],
+        state: Any,
+        ns: tuple[str, ...],
+        node: str,
+        step: int,
+        inner: list[_Resume],
+    ) -> Any:
+        while node != _END_NAME:
+            spec = graph.nodes[node]
+            pop = 0
+            try:
+                if spec.subgraph is not None:
+                    update, pop = await self._run_subgraph(run, graph, spec, state, ns, step, inner)
+                    inner = []
+                else:
+                    update = await _call_node(spec, state)
+                if update is None:
+                    update = {}
+                if not isinstance(update, Mapping):
+                    raise TypeError(
+                        f"node {node!r} returned {type(update).__name__}; return a dict of "
+                        "the fields to update (or None)"
+                    )
+                new, set_fields, extend = apply_update(
+                    state, update, node=node, reducers=graph.reducers
+                )
+                patch = run.patch(new, set_fields, extend)
+            except NodeException:
+                raise
+            except Exception as exc:
+                raise NodeException(
+                    f"node {node!r} raised {type(exc).__name__}: {exc}",
+                    node_name=node,
+                    recoverable_state=state,
+                    namespace=ns,
+                ) from exc
+            route_error: NodeException | None = None
+            try:
+                nxt: str | None = graph._route(node, new, ns)
+            except NodeException as exc:
+                route_error, nxt = exc, None
+            await run.save(NodePosition(ns, node, step, run.attempt), patch, pop, nxt)
+            if route_error is not None:
+                raise route_error
+            assert nxt is not None
+            state, node, step = new, nxt, step + 1
+        return state
+
+    async def _run_subgraph(
+        self,
+        run: _Run,
+        graph: CompiledGraph[Any],
+        spec: NodeSpec,
+        state: State,
+        ns: tuple[str, ...],
+        step: int,
+        inner: list[_Resume],
+    ) -> tuple[Mapping[str, Any], int]:
+        sub = spec.subgraph
+        assert sub is not None
+        sub_ns = (*ns, spec.name)
+        if inner:
+            resumed = inner[0]
+            sub_state, initial = resumed.state, resumed.initial or resumed.state
+            start, sub_step, rest = resumed.node, resumed.step, inner[1:]
+            frame = None
+        else:
+            initial = sub_state = _project_in(spec, sub, state)
+            start, sub_step, rest = sub.entry, run.next_step(sub_ns), []
+            frame = Frame(
+                node=spec.name,
+                step=step,
+                ns=sub_ns,
+                state=run.state_out(sub_state),
+                initial=run.state_out(initial),
+                schema_version=sub.state_cls.schema_version,
+            )
+            run.pending_push.append(frame)
+        final = await self._execute(run, sub, sub_state, sub_ns, start, sub_step, rest)
+        pop = 1
+        if frame is not None and run.pending_push and run.pending_push[-1] is frame:
+            run.pending_push.pop()  # nothing inside was saved: the frame was never written
+            pop = 0
+        return _project_out(spec, graph, initial, final), pop
+
+
+async def _call_node(spec: NodeSpec, state: State) -> Any:
+    if spec.agent is not None:
+        env: Envelope[Any] = await spec.agent.run(state.model_dump_json())
+        if not env.ok:
+            assert env.error is not None
+            raise RuntimeError(f"agent failed: {env.error.type}: {env.error.message}")
+        payload = env.payload
+        if isinstance(payload, BaseModel):
+            return payload.model_dump()
+        if isinstance(payload, Mapping):
+            return payload
+        if spec.writes is not None:
+            return {spec.writes: env.text()}
+        raise TypeError(
+            f"agent node {spec.name!r} answered {type(payload).__name__}; give the Agent "
+            f"output=<a pydantic model of state fields>, or add_node(..., writes='field')"
+        )
+    return await call_maybe_async(spec.fn, state)
+
+
+def _project_in(spec: NodeSpec, sub: CompiledGraph[Any], state: State) -> State:
+    cls = sub.state_cls
+    if spec.inputs is not None:
+        made: Any = spec.inputs(state)
+        if isinstance(made, State) and isinstance(made, cls):
+            return made
+        projected: State = cls.model_validate(made)
+        return projected
+    shared = {k: v for k, v in dict(state).items() if k in cls.model_fields}
+    initial: State = cls.model_validate(shared)
+    return initial
+
+
+def _project_out(
+    spec: NodeSpec, parent: CompiledGraph[Any], initial: State, final: State
+) -> Mapping[str, Any]:
+    if spec.outputs is not None:
+        return spec.outputs(final)
+    out: dict[str, Any] = {}
+    for field in type(final).model_fields:
+        if field not in parent.state_cls.model_fields:
+            continue
+        before, after = getattr(initial, field), getattr(final, field)
+        if before == after:
+            continue
+        reducer = parent.reducers.get(field)
+        if reducer is not None and reducer.name == "append":
+            before_l, after_l = list(before or ()), list(after or ())
+            if after_l[: len(before_l)] != before_l:
+                raise ValueError(
+                    f"subgraph node {spec.name!r} rewrote the `append` field {field!r} "
+                    "instead of appending to it; pass outputs=lambda sub: {...}"
+                )
+            out[field] = after_l[len(before_l) :]
+        else:
+            out[field] = after
+    return out
+
+
+def _release_lock(lock: OwnedRun) -> None:
+    try:
+        lock.commit_sync(status="done", next_step=None)
+    except ConcurrentPlanRunError:
+        pass
+    finally:
+        lock.release()
+
+
+async def _offload(cp: StoreCheckpointer | None, fn: Callable[..., R], *args: Any) -> R:
+    if cp is not None and cp.store.backend.blocking:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)

@@ -99,7 +99,7 @@ class Provider(abc.ABC):
         strict_native_tools: Raise instead of warning when a native tool is unsupported.
     """
 
-    name: ClassVar[str] = "provider"
+    name: str = "provider"
     tiers: ClassVar[dict[str, str]] = {}
     native_tools_supported: ClassVar[frozenset[NativeTool]] = frozenset()
     model: str | None = None

@@ -31,7 +31,8 @@ Script items, one per model turn:
 ``block_model_requests()`` (a context manager, or the ``STEPSTONE_BLOCK_MODEL_REQUESTS=1``
 environment variable) makes every real provider request raise
 :class:`~stepstone.providers.ModelRequestsBlockedError`; requests to loopback addresses
-(the test servers in :mod:`stepstone.testing.loopback`) are still allowed.
+(:class:`LoopbackServer`, which speaks a provider's wire format to the official SDKs)
+are still allowed.
 
 ``stepstone.testing.store_conformance`` is the store conformance suite (see its docstring).
 """
@@ -42,6 +43,18 @@ import contextlib
 from collections.abc import Iterator
 
 from stepstone.providers._base import ModelRequestsBlockedError, set_blocked
+from stepstone.testing._loopback import (
+    SSE,
+    AnthropicDialect,
+    Dialect,
+    GoogleDialect,
+    Hang,
+    LoopbackServer,
+    OpenAIDialect,
+    RecordedRequest,
+    Reset,
+    Respond,
+)
 from stepstone.testing._scripted import (
     FakeModel,
     FunctionModel,
@@ -52,10 +65,20 @@ from stepstone.testing._scripted import (
 )
 
 __all__ = [
+    "SSE",
+    "AnthropicDialect",
+    "Dialect",
     "FakeModel",
     "FunctionModel",
+    "GoogleDialect",
+    "Hang",
+    "LoopbackServer",
     "ModelRequestsBlockedError",
+    "OpenAIDialect",
+    "RecordedRequest",
     "Reply",
+    "Reset",
+    "Respond",
     "ScriptExhaustedError",
     "TransientModelError",
     "block_model_requests",

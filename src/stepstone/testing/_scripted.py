@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -125,7 +125,7 @@ def to_reply(item: ScriptItem) -> Reply:
 class _ScriptedProvider(Provider):
     """Shared machinery: request recording, delays, streaming, ids, usage."""
 
-    name: ClassVar[str] = "test"
+    name = "test"
 
     def __init__(self, *, model_name: str) -> None:
         self.model = model_name

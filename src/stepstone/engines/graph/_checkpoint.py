@@ -445,8 +445,8 @@ class StoreCheckpointer:
         flt = filter or CheckpointFilter()
         out: list[CheckpointRecord] = []
         for head in self.store.backend.run_list(self.prefix):
-            if head.kind != GRAPH_KIND:
-                continue
+            if head.kind != GRAPH_KIND or head.journal_len == 0:
+                continue  # not a graph record, or claimed but killed before its first save
             if flt.correlation_id is not None and (
                 head.meta.get("correlation_id") != flt.correlation_id
             ):

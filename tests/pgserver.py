@@ -21,9 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 from urllib.parse import quote
 
-__all__ = ["PASSWORD", "SUPERUSER", "PgServer", "find_bindir", "unavailable_reason"]
+__all__ = ["PASSWORD", "SUPERUSER", "CutProxy", "PgServer", "find_bindir", "unavailable_reason"]
 
 #: The superuser's password: '@', ':', '/', '%', '?' and '#' all break an unencoded URL.
 PASSWORD = "p@ss:w/rd%?#"
@@ -229,3 +230,127 @@ class PgServer:
         """Drop database ``name``, disconnecting its clients."""
         ident = '"' + name.replace('"', '""') + '"'
         self.admin(f"DROP DATABASE IF EXISTS {ident} WITH (FORCE)")
+
+
+class CutProxy:
+    """A loopback TCP proxy in front of a server that can cut one connection on cue.
+
+    :meth:`arm` names a byte string and a mode. The next client message containing it is
+    either dropped (``"before"``: the server never sees it) or forwarded (``"after"``: the
+    server runs it, then the connection is cut before any answer gets back). Both sides
+    of that connection are then closed, exactly like a network cut. A real component
+    between the client and the real server, not a stand-in for either.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._armed: tuple[bytes, str] | None = None
+        self._socks: list[socket.socket] = []
+        self._closed = False
+        self.cuts = 0
+        self.forwarded: list[bytes] = []
+        threading.Thread(target=self._accept, name="cut-proxy", daemon=True).start()
+
+    def arm(self, marker: bytes, mode: str) -> None:
+        """Cut the connection carrying the next client message that contains ``marker``."""
+        if mode not in ("before", "after"):
+            raise ValueError(mode)
+        with self._lock:
+            self._armed = (marker, mode)
+
+    def seen(self, marker: bytes) -> int:
+        """How many forwarded client messages contained ``marker``."""
+        with self._lock:
+            return sum(marker in chunk for chunk in self.forwarded)
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()  # server down: the client sees a refused/closed connection
+                continue
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    upstream.close()
+                    return
+                self._socks += [client, upstream]
+            muted = threading.Event()
+            threading.Thread(target=self._up, args=(client, upstream, muted), daemon=True).start()
+            threading.Thread(target=self._down, args=(upstream, client, muted), daemon=True).start()
+
+    @staticmethod
+    def _cut(*socks: socket.socket) -> None:
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def _up(self, client: socket.socket, upstream: socket.socket, muted: Any) -> None:
+        while True:
+            try:
+                data = client.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self._cut(client, upstream)
+                return
+            with self._lock:
+                armed = self._armed
+                hit = armed is not None and armed[0] in data
+                if hit:
+                    self._armed = None
+                    self.cuts += 1
+                if not (hit and armed is not None and armed[1] == "before"):
+                    self.forwarded.append(data)
+            if hit and armed is not None and armed[1] == "before":
+                self._cut(client, upstream)
+                return
+            if hit:
+                muted.set()  # from now on the server's answers are dropped
+            try:
+                upstream.sendall(data)
+            except OSError:
+                self._cut(client, upstream)
+                return
+            if hit:
+                time.sleep(0.3)  # let the server run (and commit) it; no answer goes back
+                self._cut(client, upstream)
+                return
+
+    def _down(self, upstream: socket.socket, client: socket.socket, muted: Any) -> None:
+        while True:
+            try:
+                data = upstream.recv(65536)
+                if not data:
+                    break
+                if not muted.is_set():
+                    client.sendall(data)
+            except OSError:
+                break
+        self._cut(client, upstream)
+
+    def close(self) -> None:
+        """Stop accepting and cut every connection."""
+        with self._lock:
+            self._closed = True
+            socks, self._socks = self._socks, []
+        self._listener.close()
+        self._cut(*socks)

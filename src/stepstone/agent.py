@@ -78,6 +78,40 @@ class Agent:
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, engine={type(self.engine).__name__})"
 
+    @classmethod
+    def from_provider(
+        cls,
+        provider: str,
+        *,
+        tier: str = "medium",
+        tools: Iterable[Any] | None = None,
+        name: str | None = None,
+        description: str | None = None,
+        output: type = str,
+        session: Session | None = None,
+        **engine_options: Any,
+    ) -> Agent:
+        """An LLM agent on ``provider``'s model for ``tier`` (``"top"``, ``"medium"``,
+        ``"cheap"``), which tracks the provider's lineup instead of pinning a model id.
+
+        Example::
+
+            Agent.from_provider("anthropic", tier="cheap", tools=[search])("summarise X")
+
+        ``engine_options`` go to ``LLMEngine`` (``max_turns=``, ``temperature=``...).
+        """
+        from stepstone.engines.llm import LLMEngine
+
+        engine = LLMEngine(tier, provider=provider, **engine_options)
+        return cls(
+            engine=engine,
+            tools=tools,
+            name=name,
+            description=description,
+            output=output,
+            session=session,
+        )
+
     @property
     def tools(self) -> list[Tool]:
         """The agent's tools, in the order given."""

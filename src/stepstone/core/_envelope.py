@@ -57,7 +57,7 @@ class Envelope(Generic[T]):
 
     task: str | None = None
     context: str | None = None
-    payload: T | None = None
+    payload: T = None  # type: ignore[assignment]  # None until a step produces one
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     error: ErrorInfo | None = None
 

@@ -139,7 +139,7 @@ def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
         "run_uid": head.run_uid,
         "checkpoint_version": CHECKPOINT_VERSION,
         "history": [
-            {"step": name, "iteration": data.get("iteration"), "envelope": data["envelope"]}
+            {"step": name, "iteration": data.get("iteration"), "envelope": untag(data["envelope"])}
             for name, data in rep.applied
             if data.get("envelope") is not None
         ],

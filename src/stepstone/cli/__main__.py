@@ -1,0 +1,5 @@
+"""``python -m stepstone.cli``."""
+
+from stepstone.cli import main
+
+main()

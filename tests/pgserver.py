@@ -76,8 +76,9 @@ class PgServer:
     """One PostgreSQL server in a temporary directory (see module docstring).
 
     Args:
-        fsync: Keep PostgreSQL's fsync on (benchmarks) or turn it off (tests: faster, and
-            a clean restart still keeps every committed transaction).
+        fsync: Keep PostgreSQL's fsync on (benchmarks) or turn it off (tests: faster; a
+            server crash, as opposed to a machine crash, still keeps every committed
+            transaction, since ``synchronous_commit`` stays on).
     """
 
     def __init__(self, *, fsync: bool = False) -> None:
@@ -152,7 +153,6 @@ class PgServer:
                 "port": str(self.port),
                 "unix_socket_directories": f"'{self.root}'",
                 "fsync": "on" if self.fsync else "off",
-                "synchronous_commit": "on" if self.fsync else "off",
                 "full_page_writes": "on" if self.fsync else "off",
                 "max_connections": "200",
                 "shared_buffers": "32MB",

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
+from pydantic import Field
+
 from stepstone.graph import END, CompiledGraph, GraphBuilder, State, StoreCheckpointer, append
 
 
@@ -18,7 +20,7 @@ class Mission(State):
     objective: str = ""
     crew_size: int = 0
     timeline: str = ""
-    trace: Annotated[list[str], append] = []
+    trace: Annotated[list[str], append] = Field(default_factory=list)
 
 
 class MissionV2(State):
@@ -30,7 +32,7 @@ class MissionV2(State):
     crew_size: int = 0
     timeline: str = ""
     risk_assessment: str
-    trace: Annotated[list[str], append] = []
+    trace: Annotated[list[str], append] = Field(default_factory=list)
 
 
 class Calls:
@@ -98,7 +100,7 @@ class Counter(State):
 
     n: int = 0
     limit: int = 5
-    trace: Annotated[list[str], append] = []
+    trace: Annotated[list[str], append] = Field(default_factory=list)
 
 
 def loop_graph(

@@ -13,12 +13,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from stepstone.graph import (  # noqa: E402
+from stepstone.graph import (
     CheckpointFilter,
     ConcurrentGraphResumeError,
     SQLiteCheckpointer,
 )
-from tests.engines.graph._graphs import Counter, loop_graph  # noqa: E402
+from tests.engines.graph._graphs import Counter, loop_graph
 
 
 def main() -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from stepstone import Agent
 from stepstone.engines.llm import LLMEngine
@@ -26,7 +27,7 @@ from stepstone.testing import FakeModel
 class S(State):
     text: str = ""
     count: int = 0
-    log: Annotated[list[str], append] = []
+    log: Annotated[list[str], append] = Field(default_factory=list)
     total: Annotated[int, Reducer(lambda a, b: a + b, name="add")] = 0
 
 
@@ -34,7 +35,7 @@ def _chain(*names: str) -> GraphBuilder[S]:
     b = GraphBuilder(S)
     for n in names:
         b.add_node(n, lambda s, n=n: {"log": [n]})
-    for a, z in zip(names, names[1:], strict=False):
+    for a, z in itertools.pairwise(names):
         b.add_edge(a, z)
     return b
 
@@ -99,9 +100,7 @@ def test_bad_updates_become_node_exceptions() -> None:
             "node 'a' has 2 outgoing edges",
         ),
         (
-            lambda: (
-                _chain("a", "b", "c").add_edge("c", END).set_entry("b").compile()
-            ),
+            lambda: _chain("a", "b", "c").add_edge("c", END).set_entry("b").compile(),
             "node 'a' cannot be reached",
         ),
         (lambda: _chain("a", "a"), "node 'a' is added twice"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from pydantic import Field
 
 from stepstone import Store
 from stepstone.graph import (
@@ -127,14 +128,14 @@ def test_save_after_every_node_before_the_next_starts(tmp_path: Path) -> None:
 
 class Inner(State):
     topic: str
-    notes: Annotated[list[str], append] = []
-    trace: Annotated[list[str], append] = []
+    notes: Annotated[list[str], append] = Field(default_factory=list)
+    trace: Annotated[list[str], append] = Field(default_factory=list)
 
 
 class Outer(State):
     topic: str
-    notes: list[str] = []
-    trace: Annotated[list[str], append] = []
+    notes: list[str] = Field(default_factory=list)
+    trace: Annotated[list[str], append] = Field(default_factory=list)
 
 
 def test_subgraph_internal_nodes_are_saved(tmp_path: Path) -> None:
@@ -280,7 +281,7 @@ def test_bytes_per_node_do_not_grow_with_run_length(tmp_path: Path) -> None:
         n: int = 0
         limit: int
         payload: str = "x" * 2000
-        trace: Annotated[list[str], append] = []
+        trace: Annotated[list[str], append] = Field(default_factory=list)
 
     def tick(state: Big) -> dict[str, Any]:
         return {"n": state.n + 1, "trace": [f"tick-{state.n:04d}"]}

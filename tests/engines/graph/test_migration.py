@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import pytest
+from pydantic import Field
 
 from stepstone.graph import (
     END,
@@ -64,7 +65,7 @@ def test_opted_out_class_loads_records_without_migrating() -> None:
         objective: str = ""
         crew_size: int = 0
         timeline: str = ""
-        trace: Annotated[list[str], append] = []
+        trace: Annotated[list[str], append] = Field(default_factory=list)
 
     g = (
         GraphBuilder(Unversioned)
@@ -143,7 +144,7 @@ class V3(State):
     timeline: str = ""
     risk_assessment: str
     crew_names: list[str]
-    trace: Annotated[list[str], append] = []
+    trace: Annotated[list[str], append] = Field(default_factory=list)
 
 
 def _v3_graph(cp: StoreCheckpointer, *edges: tuple[str, str, Any]) -> Any:
@@ -269,17 +270,17 @@ def test_pickle_records_cannot_migrate(tmp_path: Path) -> None:
 
 class SubV1(State):
     schema_version: ClassVar[str] = "s1"
-    items: Annotated[list[str], append] = []
+    items: Annotated[list[str], append] = Field(default_factory=list)
 
 
 class SubV2(State):
     schema_version: ClassVar[str] = "s2"
-    items: Annotated[list[str], append] = []
+    items: Annotated[list[str], append] = Field(default_factory=list)
     score: int
 
 
 class Top(State):
-    items: Annotated[list[str], append] = []
+    items: Annotated[list[str], append] = Field(default_factory=list)
 
 
 def test_subgraph_state_migrates_by_its_own_versions(tmp_path: Path) -> None:

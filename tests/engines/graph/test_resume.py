@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from pydantic import Field
 
 from stepstone.graph import (
     END,
@@ -169,11 +170,11 @@ def test_loop_resumes_mid_loop_and_finishes(tmp_path: Path) -> None:
 
 
 class Inner(State):
-    items: Annotated[list[str], append] = []
+    items: Annotated[list[str], append] = Field(default_factory=list)
 
 
 class Outer(State):
-    items: Annotated[list[str], append] = []
+    items: Annotated[list[str], append] = Field(default_factory=list)
     done: bool = False
 
 
@@ -239,7 +240,7 @@ def test_subgraph_visited_twice_in_a_loop(tmp_path: Path) -> None:
 
     class Loop(State):
         rounds: int = 0
-        items: Annotated[list[str], append] = []
+        items: Annotated[list[str], append] = Field(default_factory=list)
 
     sub = (
         GraphBuilder(Inner)

@@ -55,6 +55,18 @@ from stepstone.store import Store, StoreEntry
 # --- llm engine (issue 3) ---
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
 # --- graph engine (issue 4) ---
+from stepstone.exceptions import (
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointRecordInvalid,
+    CheckpointStateMigrationChainAmbiguous,
+    CheckpointStateMigrationError,
+    CheckpointStateMigrationFailed,
+    CheckpointStateMigrationMissing,
+    ConcurrentGraphResumeError,
+    GraphCompileError,
+    NodeException,
+)
 
 __version__ = "0.1.0"
 
@@ -105,4 +117,15 @@ __all__ = [
     "ToolTimeoutError",
     "UnserializableValueWarning",
     "UserError",
+    # typed-graph errors (GraphBuilder, State and the checkpointers are in stepstone.graph)
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointRecordInvalid",
+    "CheckpointStateMigrationChainAmbiguous",
+    "CheckpointStateMigrationError",
+    "CheckpointStateMigrationFailed",
+    "CheckpointStateMigrationMissing",
+    "ConcurrentGraphResumeError",
+    "GraphCompileError",
+    "NodeException",
 ]

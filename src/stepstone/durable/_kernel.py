@@ -15,6 +15,7 @@ else, so they all get the same guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
@@ -121,15 +122,20 @@ class OwnedRun:
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        """Async :meth:`commit_sync` (blocking backends run in a worker thread)."""
+        """Async :meth:`commit_sync`; network backends commit from a worker thread, local
+        ones (``Backend.commit_inline``) on the loop thread."""
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
         journal = self._rows(rows)
         encoded = [(k, dumps(v)) for k, v in writes]
-        ok = await self.store._offload(
-            self.store.backend.run_commit, new, self.head.version, journal, encoded
-        )
+        backend = self.store.backend
+        if backend.commit_inline:
+            ok = backend.run_commit(new, self.head.version, journal, encoded)
+        else:
+            ok = await asyncio.to_thread(
+                backend.run_commit, new, self.head.version, journal, encoded
+            )
         if not ok:
             raise self._lost()
         self.head = new

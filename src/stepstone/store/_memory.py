@@ -24,6 +24,7 @@ class MemoryBackend(Backend):
     """Process-local storage; nothing survives the process. ``Store()`` uses it."""
 
     blocking = False
+    commit_inline = True
 
     def __init__(self) -> None:
         self._lock = threading.RLock()

@@ -112,6 +112,8 @@ def _head_params(h: RunHead) -> tuple[Any, ...]:
 class SQLiteBackend(Backend):
     """Durable storage in one SQLite file (see module docstring)."""
 
+    commit_inline = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],

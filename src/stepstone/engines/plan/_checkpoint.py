@@ -43,9 +43,16 @@ def step_row(
     writes: str | None,
     strict: bool,
 ) -> tuple[Row, Any]:
-    """The journal row for a finished step, and its ``writes=`` value (plain JSON)."""
+    """The journal row for a finished step, and its ``writes=`` value (plain JSON).
+
+    Only the step's output is journaled (payload, metadata, error): its task and context
+    were inputs, already journaled as earlier outputs, and storing them again would double
+    the bytes of every step.
+    """
     where = f"step {name!r} writes[{writes!r}]" if writes else f"step {name!r} output"
     env_data = env.to_dict(where=where, strict=strict)
+    env_data.pop("task", None)
+    env_data.pop("context", None)
     data: dict[str, Any] = {"iteration": iteration, "envelope": env_data}
     if band is not None:
         data["band"] = band

@@ -1,0 +1,134 @@
+"""Per-step cost of a durable Plan on SQLite, as ratios to a raw SQLite commit.
+
+Everything is measured in this one run, so machine noise cancels in the ratios:
+
+* raw commit: one ``BEGIN IMMEDIATE; INSERT ~1 KB row; COMMIT`` on a WAL database, with
+  ``synchronous=FULL`` and ``NORMAL``;
+* a durable Plan of N trivial steps (each returns a ~1 KB payload stored with ``writes=``),
+  for N = 10, 100, 1000: wall time per step (everything: the step call, the engine and the
+  atomic commit of head + journal row + writes value);
+* the ratio of per-step cost at 1000 and at 10 steps (does a step get dearer as the run
+  grows?);
+* database bytes per step after a WAL checkpoint, as a multiple of the payload size.
+
+Targets: per-step <= 1.5x raw FULL commit; cost ratio 1000/10 <= 1.2; bytes <= 3x payload.
+
+    python bench/plan_overhead.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from stepstone import Agent, Plan, Step, Store
+
+PAYLOAD = "x" * 1000
+
+
+def raw_commit_ms(path: Path, synchronous: str, n: int = 500) -> float:
+    """Milliseconds per single-row (~1 KB) committed transaction."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+    t0 = time.perf_counter()
+    for i in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (f"k{i}", PAYLOAD))
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return elapsed * 1000 / n
+
+
+def trivial(payload: Any) -> str:
+    return PAYLOAD
+
+
+def plan_run(path: Path, n_steps: int, durability: str = "full") -> tuple[float, int]:
+    """(ms per step, database bytes) of one durable run of ``n_steps`` trivial steps."""
+    store = Store(db=path, durability=durability)  # type: ignore[arg-type]
+    steps = [Step(trivial, name=f"s{i}", writes=f"w{i}") for i in range(n_steps)]
+    agent = Agent(
+        engine=Plan(*steps, store=store, checkpoint_key="bench", max_iterations=n_steps + 1)
+    )
+    t0 = time.perf_counter()
+    env = agent("go")
+    elapsed = time.perf_counter() - t0
+    assert env.ok, env.error
+    store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = path.stat().st_size
+    return elapsed * 1000 / n_steps, size
+
+
+def memory_run_ms(n_steps: int) -> float:
+    """ms per step of the same plan without a store (engine + step call only)."""
+    steps = [Step(trivial, name=f"s{i}", writes=f"w{i}") for i in range(n_steps)]
+    agent = Agent(engine=Plan(*steps, max_iterations=n_steps + 1))
+    t0 = time.perf_counter()
+    agent("go")
+    return (time.perf_counter() - t0) * 1000 / n_steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="stepstone-bench-"))
+
+    def median(fn: Any, *a: Any) -> Any:
+        results = []
+        for r in range(args.repeat):
+            results.append(fn(*a, r))
+        return results
+
+    raw_full = statistics.median(
+        raw_commit_ms(tmp / f"raw-full-{r}.sqlite", "FULL") for r in range(args.repeat)
+    )
+    raw_normal = statistics.median(
+        raw_commit_ms(tmp / f"raw-normal-{r}.sqlite", "NORMAL") for r in range(args.repeat)
+    )
+    print(
+        f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} cpus"
+    )
+    print(f"raw SQLite commit of a ~1 KB row: FULL {raw_full:.3f} ms   NORMAL {raw_normal:.3f} ms")
+    print()
+    print(
+        f"{'steps':>6} {'ms/step FULL':>13} {'x raw FULL':>11} {'ms/step NORMAL':>15} "
+        f"{'x raw NORMAL':>13} {'no store':>9} {'bytes/step':>11} {'x payload':>10}"
+    )
+    per_step: dict[int, float] = {}
+    for n in (10, 100, 1000):
+        full_runs = [plan_run(tmp / f"plan-{n}-{r}.sqlite", n) for r in range(args.repeat)]
+        normal_runs = [
+            plan_run(tmp / f"plan-n-{n}-{r}.sqlite", n, "normal") for r in range(args.repeat)
+        ]
+        ms_full = statistics.median(ms for ms, _ in full_runs)
+        ms_normal = statistics.median(ms for ms, _ in normal_runs)
+        mem = statistics.median(memory_run_ms(n) for _ in range(args.repeat))
+        size = full_runs[0][1]
+        per_step[n] = ms_full
+        print(
+            f"{n:>6} {ms_full:>13.3f} {ms_full / raw_full:>11.2f} {ms_normal:>15.3f} "
+            f"{ms_normal / raw_normal:>13.2f} {mem:>9.3f} {size / n:>11.0f} "
+            f"{size / n / len(PAYLOAD):>10.2f}"
+        )
+    print()
+    growth = per_step[1000] / per_step[10]
+    worst = max(per_step.values()) / raw_full
+    print(f"per-step cost ratio 1000 vs 10 steps: {growth:.2f}  (target <= 1.2)")
+    print(f"worst per-step overhead vs raw FULL commit: {worst:.2f}x  (target <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -324,3 +324,31 @@ def test_without_checkpointer_runs_in_memory() -> None:
 
     with pytest.raises(UserError, match="with_checkpointer"):
         g.invoke(resume_invocation="abc")
+
+
+def test_resuming_a_running_invocation_is_refused(tmp_path: Path) -> None:
+    # a live owner is never displaced: resuming the invocation that is still running fails
+    cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
+    errors: list[ConcurrentGraphResumeError] = []
+
+    def probe(state: Mission) -> dict[str, Any]:
+        (running,) = cp.list()
+        assert running.status == "running"
+        try:
+            graph.invoke(resume_invocation=running.invocation_id)
+        except ConcurrentGraphResumeError as exc:
+            errors.append(exc)
+        return {"trace": ["probe"]}
+
+    graph = (
+        GraphBuilder(Mission)
+        .add_node("probe", probe)
+        .add_edge("probe", END)
+        .set_entry("probe")
+        .with_checkpointer(cp)
+        .compile()
+    )
+    assert graph.invoke(Mission(destination="x")).trace == ["probe"]
+    (err,) = errors
+    assert "still running" in str(err)
+    assert len(cp.list()) == 1  # the refused resume created no record

@@ -12,7 +12,12 @@ from stepstone.core import Envelope, Sentinel, Tool, build_tool_map
 from stepstone.core._ids import new_uid
 from stepstone.core._sync import run_sync
 from stepstone.durable import claim_run, owner_alive
-from stepstone.engines.plan._checkpoint import CHECKPOINT_VERSION, legacy_import, replay
+from stepstone.engines.plan._checkpoint import (
+    CHECKPOINT_VERSION,
+    Replay,
+    legacy_import,
+    replay,
+)
 from stepstone.engines.plan._compiler import CompiledPlan, compile_plan
 from stepstone.engines.plan._runner import PlanRun
 from stepstone.engines.plan._step import Step, is_agent, target_name
@@ -197,21 +202,31 @@ class Plan:
         runner.run = claim.run
         next_step: str | None = first
         if claim.outcome == "resumed":
-            rows = await store._offload(claim.run.journal)
-            rep = replay(key, rows)
-            runner.outputs = rep.envelopes()
-            runner.pending = rep.pending
-            runner.iteration = claim.head.iteration
-            runner.rejoin = claim.head.meta.get("rejoin")
-            if rep.applied:
-                last = rep.applied[-1][0]
-                unit = self._compiled.band_of(last) if last in self._compiled.unit_of else None
-                if unit is not None and unit.is_band:
-                    runner.prev = runner._aggregate(unit)
-                else:
-                    runner.prev = runner.outputs.get(last)
+            try:
+                rows = await store._offload(claim.run.journal)
+                self._restore(runner, replay(key, rows))
+            except BaseException:
+                claim.run.release()  # a corrupt journal: leave the key to a later resume
+                raise
             next_step = claim.head.next_step
         return await runner.execute(next_step)
+
+    def _restore(self, runner: PlanRun, rep: Replay) -> None:
+        """Rebuild a resumed run's memory from its journal (spec 13): outputs for the
+        sentinels, pending band branches, the iteration counter and the previous output."""
+        assert runner.run is not None
+        head = runner.run.head
+        runner.outputs = rep.envelopes()
+        runner.pending = rep.pending
+        runner.iteration = head.iteration
+        runner.rejoin = head.meta.get("rejoin")
+        if rep.applied:
+            last = rep.applied[-1][0]
+            unit = self._compiled.band_of(last) if last in self._compiled.unit_of else None
+            if unit is not None and unit.is_band:
+                runner.prev = runner._aggregate(unit)
+            else:
+                runner.prev = runner.outputs.get(last)
 
     def _check_resume(self, head: RunHead) -> None:
         nxt = head.next_step

@@ -17,6 +17,7 @@ from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
     Provider,
     RetryInfo,
+    SDKClientMixin,
     StreamItem,
     check_requests_allowed,
     retry_after_from_headers,
@@ -56,7 +57,7 @@ def _schema_instruction(request: ModelRequest) -> str:
     )
 
 
-class AnthropicProvider(Provider):
+class AnthropicProvider(SDKClientMixin, Provider):
     """Claude through the official ``anthropic`` SDK (``pip install stepstone[anthropic]``).
 
     Args:
@@ -91,21 +92,22 @@ class AnthropicProvider(Provider):
         self.max_tokens = max_tokens
         self.strict_native_tools = strict_native_tools
         self._client_options = client_options
-        self._client: Any = None
 
-    def _get_client(self) -> Any:
+    async def _get_client(self) -> Any:
         check_requests_allowed(self.name, self.base_url)
-        if self._client is None:
-            api_key = self.api_key or os.environ.get("ANTHROPIC_API_KEY")
-            if not api_key:
-                raise UserError(
-                    "no API key for anthropic: set ANTHROPIC_API_KEY or pass "
-                    "AnthropicProvider(api_key=...)"
-                )
-            self._client = self._anthropic.AsyncAnthropic(
-                api_key=api_key, base_url=self.base_url, max_retries=0, **self._client_options
+        return await self._loop_client()
+
+    def _build_client(self) -> Any:
+        api_key = self.api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not api_key:
+            raise UserError(
+                "no API key for anthropic: set ANTHROPIC_API_KEY or pass "
+                "AnthropicProvider(api_key=...)"
             )
-        return self._client
+        # The engine owns retries and deadlines, so the SDK's own are turned off.
+        return self._anthropic.AsyncAnthropic(
+            api_key=api_key, base_url=self.base_url, max_retries=0, **self._client_options
+        )
 
     # -- request ---------------------------------------------------------------------------
 
@@ -198,7 +200,8 @@ class AnthropicProvider(Provider):
             if thinking.effort is not None:
                 params["output_config"] = {"effort": thinking.effort}
         elif request.temperature is not None:
-            params["temperature"] = request.temperature
+            # This SDK's create() has no temperature argument; the API still takes it.
+            params["extra_body"] = {"temperature": request.temperature}
         return params
 
     # -- response --------------------------------------------------------------------------
@@ -241,11 +244,11 @@ class AnthropicProvider(Provider):
         return "".join(text), calls, "".join(thinking)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        client = self._get_client()
+        client = await self._get_client()
         message = await client.messages.create(**self._params(request))
         if isinstance(message, str):
             raise ValueError(f"anthropic returned a non-JSON body: {message[:200]!r}")
-        data = message.model_dump(exclude_none=True)
+        data = message.model_dump(exclude_none=True, warnings=False)
         blocks = data.get("content") or []
         text, calls, thinking = self._calls_and_text(blocks)
         return ModelResponse(
@@ -259,7 +262,7 @@ class AnthropicProvider(Provider):
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        client = self._get_client()
+        client = await self._get_client()
         stream = await client.messages.create(**self._params(request), stream=True)
         blocks: dict[int, dict[str, Any]] = {}
         partial_json: dict[int, list[str]] = {}
@@ -268,7 +271,7 @@ class AnthropicProvider(Provider):
         model: str | None = None
         try:
             async for event in stream:
-                data = event.model_dump(exclude_none=True)
+                data = event.model_dump(exclude_none=True, warnings=False)
                 kind = data.get("type")
                 piece = ""
                 if kind == "message_start":

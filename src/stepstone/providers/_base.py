@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ __all__ = [
     "ModelRequestsBlockedError",
     "Provider",
     "RetryInfo",
+    "SDKClientMixin",
     "StreamItem",
     "check_requests_allowed",
     "requests_blocked",
@@ -120,6 +122,9 @@ class Provider(abc.ABC):
             return RetryInfo(True)
         return RetryInfo(False)
 
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Close network resources (SDK clients); the provider can still be used after."""
+
     def resolve_model(self, model: str) -> str:
         """Map a tier alias (``"medium"``) to a model id; other strings pass through."""
         return self.tiers.get(model, model)
@@ -127,6 +132,49 @@ class Provider(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """Short description for events and metadata."""
         return {"provider": self.name, "base_url": self.base_url}
+
+
+class SDKClientMixin:
+    """One SDK client per event loop, closed when that loop shuts down.
+
+    An async HTTP pool cannot outlive the loop it was opened on, and each sync
+    ``agent(...)`` call runs on a fresh loop. Each client is tied to a small async generator
+    whose ``finally`` closes it: ``asyncio.run`` (and ``asyncio.Runner``) close live async
+    generators before closing the loop, so the pool's sockets are released there even when
+    nobody calls :meth:`aclose`.
+    """
+
+    _client: Any = None
+    _client_loop: asyncio.AbstractEventLoop | None = None
+    _client_guard: AsyncGenerator[None, None] | None = None
+
+    def _build_client(self) -> Any:
+        raise NotImplementedError
+
+    async def _close_client(self, client: Any) -> None:
+        await client.close()
+
+    async def _guard(self, client: Any) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await self._close_client(client)
+
+    async def _loop_client(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            client = self._build_client()
+            guard = self._guard(client)
+            await anext(guard)  # registers the generator with this loop's shutdown hooks
+            self._client, self._client_loop, self._client_guard = client, loop, guard
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the SDK client of the running loop (its connection pool)."""
+        guard, loop = self._client_guard, self._client_loop
+        self._client = self._client_loop = self._client_guard = None
+        if guard is not None and loop is asyncio.get_running_loop():
+            await guard.aclose()
 
 
 def parse_retry_after(value: str | None) -> float | None:

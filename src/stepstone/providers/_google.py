@@ -17,6 +17,7 @@ from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
     Provider,
     RetryInfo,
+    SDKClientMixin,
     StreamItem,
     check_requests_allowed,
     retry_after_from_headers,
@@ -50,7 +51,7 @@ def _import_genai() -> Any:
     return genai
 
 
-class GoogleProvider(Provider):
+class GoogleProvider(SDKClientMixin, Provider):
     """Gemini through the official ``google-genai`` SDK (``pip install stepstone[google]``).
 
     Args:
@@ -81,26 +82,29 @@ class GoogleProvider(Provider):
         self.base_url = base_url or os.environ.get("GOOGLE_GEMINI_BASE_URL") or _DEFAULT_BASE_URL
         self.max_tokens = max_tokens
         self.strict_native_tools = strict_native_tools
-        self._client: Any = None
 
-    def _get_client(self) -> Any:
+    async def _get_client(self) -> Any:
         check_requests_allowed(self.name, self.base_url)
-        if self._client is None:
-            api_key = (
-                self.api_key or os.environ.get("GOOGLE_API_KEY") or os.environ.get("GEMINI_API_KEY")
+        return await self._loop_client()
+
+    def _build_client(self) -> Any:
+        api_key = (
+            self.api_key or os.environ.get("GOOGLE_API_KEY") or os.environ.get("GEMINI_API_KEY")
+        )
+        if not api_key:
+            raise UserError(
+                "no API key for google: set GOOGLE_API_KEY (or GEMINI_API_KEY) or pass "
+                "GoogleProvider(api_key=...)"
             )
-            if not api_key:
-                raise UserError(
-                    "no API key for google: set GOOGLE_API_KEY (or GEMINI_API_KEY) or pass "
-                    "GoogleProvider(api_key=...)"
-                )
-            types = self._genai.types
-            # One attempt: the engine owns retries and deadlines.
-            options = types.HttpOptions(
-                base_url=self.base_url, retry_options=types.HttpRetryOptions(attempts=1)
-            )
-            self._client = self._genai.Client(api_key=api_key, http_options=options)
-        return self._client
+        types = self._genai.types
+        # One attempt: the engine owns retries and deadlines.
+        options = types.HttpOptions(
+            base_url=self.base_url, retry_options=types.HttpRetryOptions(attempts=1)
+        )
+        return self._genai.Client(api_key=api_key, http_options=options)
+
+    async def _close_client(self, client: Any) -> None:
+        await client.aio.aclose()
 
     # -- request ---------------------------------------------------------------------------
 
@@ -188,7 +192,8 @@ class GoogleProvider(Provider):
         return {
             "model": request.model,
             "contents": [self._content(m) for m in request.messages],
-            "config": self._config(request),
+            # Typed config: the SDK then writes the API's field names at every depth.
+            "config": self._genai.types.GenerateContentConfig.model_validate(self._config(request)),
         }
 
     # -- response --------------------------------------------------------------------------
@@ -243,11 +248,11 @@ class GoogleProvider(Provider):
     def _dump(obj: Any) -> dict[str, Any]:
         if isinstance(obj, str):
             raise ValueError(f"google returned a non-JSON body: {obj[:200]!r}")
-        data: dict[str, Any] = obj.model_dump(exclude_none=True)
+        data: dict[str, Any] = obj.model_dump(exclude_none=True, warnings=False)
         return data
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        client = self._get_client()
+        client = await self._get_client()
         response = await client.aio.models.generate_content(**self._call_args(request))
         data = self._dump(response)
         parts, finish = self._parts(data)
@@ -263,7 +268,7 @@ class GoogleProvider(Provider):
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        client = self._get_client()
+        client = await self._get_client()
         stream = await client.aio.models.generate_content_stream(**self._call_args(request))
         all_parts: list[dict[str, Any]] = []
         usage = Usage()

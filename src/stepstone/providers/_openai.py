@@ -17,6 +17,7 @@ from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
     Provider,
     RetryInfo,
+    SDKClientMixin,
     StreamItem,
     check_requests_allowed,
     retry_after_from_headers,
@@ -59,7 +60,7 @@ def parse_arguments(raw: str | None) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
-class OpenAIProvider(Provider):
+class OpenAIProvider(SDKClientMixin, Provider):
     """Chat Completions through the official ``openai`` SDK (``pip install stepstone[openai]``).
 
     Args:
@@ -101,25 +102,22 @@ class OpenAIProvider(Provider):
         self.strict_native_tools = strict_native_tools
         self.max_tokens = max_tokens
         self._client_options = client_options
-        self._client: Any = None
 
-    def _get_client(self) -> Any:
+    async def _get_client(self) -> Any:
         check_requests_allowed(self.name, self.base_url)
-        if self._client is None:
-            api_key = self.api_key or os.environ.get("OPENAI_API_KEY")
-            if not api_key:
-                raise UserError(
-                    f"no API key for {self.name}: set OPENAI_API_KEY or pass "
-                    "OpenAIProvider(api_key=...)"
-                )
-            # The engine owns retries and deadlines, so the SDK's own are turned off.
-            self._client = self._openai.AsyncOpenAI(
-                api_key=api_key,
-                base_url=self.base_url,
-                max_retries=0,
-                **self._client_options,
+        return await self._loop_client()
+
+    def _build_client(self) -> Any:
+        api_key = self.api_key or os.environ.get("OPENAI_API_KEY")
+        if not api_key:
+            raise UserError(
+                f"no API key for {self.name}: set OPENAI_API_KEY or pass "
+                "OpenAIProvider(api_key=...)"
             )
-        return self._client
+        # The engine owns retries and deadlines, so the SDK's own are turned off.
+        return self._openai.AsyncOpenAI(
+            api_key=api_key, base_url=self.base_url, max_retries=0, **self._client_options
+        )
 
     # -- request ---------------------------------------------------------------------------
 
@@ -246,14 +244,14 @@ class OpenAIProvider(Provider):
         )
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        client = self._get_client()
+        client = await self._get_client()
         completion = await client.chat.completions.create(**self._params(request))
         if isinstance(completion, str):
             raise ValueError(f"{self.name} returned a non-JSON body: {completion[:200]!r}")
-        return self._response(completion.model_dump())
+        return self._response(completion.model_dump(warnings=False))
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        client = self._get_client()
+        client = await self._get_client()
         stream = await client.chat.completions.create(
             **self._params(request), stream=True, stream_options={"include_usage": True}
         )
@@ -265,7 +263,7 @@ class OpenAIProvider(Provider):
         model: str | None = None
         try:
             async for chunk in stream:
-                data = chunk.model_dump()
+                data = chunk.model_dump(warnings=False)
                 model = data.get("model") or model
                 if data.get("usage"):
                     usage = self._usage(data["usage"])

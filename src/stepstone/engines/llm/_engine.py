@@ -265,6 +265,11 @@ class LLMEngine(ProviderRouting):
             self._provider_obj = create_provider(self.provider)
         return self._provider_obj
 
+    async def aclose(self) -> None:
+        """Close the provider's network resources (SDK connection pools) on this loop."""
+        if self._provider_obj is not None:
+            await self._provider_obj.aclose()
+
     @property
     def wire_model(self) -> str:
         """The model id sent to the provider (tier aliases resolved)."""

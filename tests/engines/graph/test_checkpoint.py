@@ -309,3 +309,38 @@ def test_unknown_invocation() -> None:
     cp = InMemoryCheckpointer()
     with pytest.raises(CheckpointNotFound, match="nope"):
         cp.load("nope")
+
+
+def test_frozen_format_1_record_keeps_loading() -> None:
+    # STYLE 6: a record written by the first release of the format loads and resumes
+    from stepstone.core._serialization import dumps
+    from stepstone.store import Claim, JournalRow, RunHead
+    from tests.engines.graph._graphs import mission_v2
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "record_format1.json").read_text())
+    cp = InMemoryCheckpointer()
+    head = RunHead(
+        key=fixture["key"],
+        kind="graph",
+        status=fixture["status"],
+        next_step=None,
+        run_uid="0" * 32,
+        version=5,
+        iteration=3,
+        journal_len=len(fixture["rows"]),
+        host="gone",
+        pid=1,
+        pid_start=None,
+        lease_until=0.0,
+        meta=fixture["meta"],
+        created_at=0.0,
+        updated_at=1.0,
+    )
+    rows = [JournalRow(r["seq"], r["kind"], r["name"], dumps(r["data"])) for r in fixture["rows"]]
+    cp.store.backend.run_transact(head.key, lambda h, kv: Claim(head=head, rows=rows))
+    (rec,) = cp.list(CheckpointFilter(correlation_id="fixture"))
+    assert rec.state["crew_size"] == 4 and rec.schema_version == "v1"
+    calls = Calls()
+    final = mission_v2(cp, calls).invoke(resume_invocation=rec.invocation_id)
+    assert calls.calls == ["assess_risks"]
+    assert final.trace == ["define_objective", "size_crew", "draft_timeline", "assess_risks"]

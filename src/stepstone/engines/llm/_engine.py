@@ -525,7 +525,21 @@ class LLMEngine(ProviderRouting):
             },
         )
         started = time.perf_counter()
-        response = await self.effects.model_call(key, invoke)
+        try:
+            response = await self.effects.model_call(key, invoke)
+        except Exception as exc:
+            state.emit(
+                EventType.MODEL_RESPONSE,
+                {
+                    "turn": request.turn,
+                    "model": request.model,
+                    "provider": provider.name,
+                    "error": type(exc).__name__,
+                    "message": str(exc),
+                    "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+                },
+            )
+            raise
         state.emit(
             EventType.MODEL_RESPONSE,
             {
@@ -582,7 +596,8 @@ class LLMEngine(ProviderRouting):
                     {
                         "turn": request.turn,
                         "retry": attempt + 1,
-                        "error": f"{type(exc).__name__}: {exc}",
+                        "error": type(exc).__name__,
+                        "message": str(exc),
                         "delay": delay,
                     },
                 )

@@ -10,9 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from stepstone.core._envelope import Envelope
 from stepstone.core._sync import run_sync
-from stepstone.core._tool import call_maybe_async
 from stepstone.durable import OwnedRun, claim_run, owner_alive
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import (
@@ -26,6 +24,7 @@ from stepstone.engines.graph._checkpoint import (
     StoreCheckpointer,
 )
 from stepstone.engines.graph._migrate import MigrationRegistry
+from stepstone.engines.graph._nodes import call_node, project_in, project_out
 from stepstone.engines.graph._state import (
     Patch,
     State,
@@ -494,7 +493,7 @@ class CompiledGraph(Generic[S]):
                     update, pop = await self._run_subgraph(run, graph, spec, state, ns, step, inner)
                     inner = []
                 else:
-                    update = await _call_node(spec, state)
+                    update = await call_node(spec, state)
                 if update is None:
                     update = {}
                 if not isinstance(update, Mapping):
@@ -546,7 +545,7 @@ class CompiledGraph(Generic[S]):
             start, sub_step, rest = resumed.node, resumed.step, inner[1:]
             frame = None
         else:
-            initial = sub_state = _project_in(spec, sub, state)
+            initial = sub_state = project_in(spec, sub, state)
             start, sub_step, rest = sub.entry, run.next_step(sub_ns), []
             frame = Frame(
                 node=spec.name,
@@ -562,66 +561,7 @@ class CompiledGraph(Generic[S]):
         if frame is not None and run.pending_push and run.pending_push[-1] is frame:
             run.pending_push.pop()  # nothing inside was saved: the frame was never written
             pop = 0
-        return _project_out(spec, graph, initial, final), pop
-
-
-async def _call_node(spec: NodeSpec, state: State) -> Any:
-    if spec.agent is not None:
-        env: Envelope[Any] = await spec.agent.run(state.model_dump_json())
-        if not env.ok:
-            assert env.error is not None
-            raise RuntimeError(f"agent failed: {env.error.type}: {env.error.message}")
-        payload = env.payload
-        if isinstance(payload, BaseModel):
-            return payload.model_dump()
-        if isinstance(payload, Mapping):
-            return payload
-        if spec.writes is not None:
-            return {spec.writes: env.text()}
-        raise TypeError(
-            f"agent node {spec.name!r} answered {type(payload).__name__}; give the Agent "
-            f"output=<a pydantic model of state fields>, or add_node(..., writes='field')"
-        )
-    return await call_maybe_async(spec.fn, state)
-
-
-def _project_in(spec: NodeSpec, sub: CompiledGraph[Any], state: State) -> State:
-    cls = sub.state_cls
-    if spec.inputs is not None:
-        made: Any = spec.inputs(state)
-        if isinstance(made, State) and isinstance(made, cls):
-            return made
-        projected: State = cls.model_validate(made)
-        return projected
-    shared = {k: v for k, v in dict(state).items() if k in cls.model_fields}
-    initial: State = cls.model_validate(shared)
-    return initial
-
-
-def _project_out(
-    spec: NodeSpec, parent: CompiledGraph[Any], initial: State, final: State
-) -> Mapping[str, Any]:
-    if spec.outputs is not None:
-        return spec.outputs(final)
-    out: dict[str, Any] = {}
-    for field in type(final).model_fields:
-        if field not in parent.state_cls.model_fields:
-            continue
-        before, after = getattr(initial, field), getattr(final, field)
-        if before == after:
-            continue
-        reducer = parent.reducers.get(field)
-        if reducer is not None and reducer.name == "append":
-            before_l, after_l = list(before or ()), list(after or ())
-            if after_l[: len(before_l)] != before_l:
-                raise ValueError(
-                    f"subgraph node {spec.name!r} rewrote the `append` field {field!r} "
-                    "instead of appending to it; pass outputs=lambda sub: {...}"
-                )
-            out[field] = after_l[len(before_l) :]
-        else:
-            out[field] = after
-    return out
+        return project_out(spec, graph, initial, final), pop
 
 
 def _release_lock(lock: OwnedRun) -> None:

@@ -1,0 +1,81 @@
+"""Calling one node (function or Agent) and projecting states in and out of subgraphs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from stepstone.core._envelope import Envelope
+from stepstone.core._tool import call_maybe_async
+from stepstone.engines.graph._builder import NodeSpec
+from stepstone.engines.graph._state import State
+
+if TYPE_CHECKING:
+    from stepstone.engines.graph._compiled import CompiledGraph
+
+__all__ = ["call_node", "project_in", "project_out"]
+
+
+async def call_node(spec: NodeSpec, state: State) -> Any:
+    """Run a function node (sync ones in a worker thread) or an Agent node."""
+    if spec.agent is not None:
+        env: Envelope[Any] = await spec.agent.run(state.model_dump_json())
+        if not env.ok:
+            assert env.error is not None
+            raise RuntimeError(f"agent failed: {env.error.type}: {env.error.message}")
+        payload = env.payload
+        if isinstance(payload, BaseModel):
+            return payload.model_dump()
+        if isinstance(payload, Mapping):
+            return payload
+        if spec.writes is not None:
+            return {spec.writes: env.text()}
+        raise TypeError(
+            f"agent node {spec.name!r} answered {type(payload).__name__}; give the Agent "
+            f"output=<a pydantic model of state fields>, or add_node(..., writes='field')"
+        )
+    return await call_maybe_async(spec.fn, state)
+
+
+def project_in(spec: NodeSpec, sub: CompiledGraph[Any], state: State) -> State:
+    """The subgraph's initial state: ``inputs(parent)``, or the shared fields."""
+    cls = sub.state_cls
+    if spec.inputs is not None:
+        made: Any = spec.inputs(state)
+        if isinstance(made, State) and isinstance(made, cls):
+            return made
+        projected: State = cls.model_validate(made)
+        return projected
+    shared = {k: v for k, v in dict(state).items() if k in cls.model_fields}
+    initial: State = cls.model_validate(shared)
+    return initial
+
+
+def project_out(
+    spec: NodeSpec, parent: CompiledGraph[Any], initial: State, final: State
+) -> Mapping[str, Any]:
+    """The parent's update: ``outputs(final)``, or what the subgraph changed in shared
+    fields (the items it appended, for the parent's ``append`` fields)."""
+    if spec.outputs is not None:
+        return spec.outputs(final)
+    out: dict[str, Any] = {}
+    for field in type(final).model_fields:
+        if field not in parent.state_cls.model_fields:
+            continue
+        before, after = getattr(initial, field), getattr(final, field)
+        if before == after:
+            continue
+        reducer = parent.reducers.get(field)
+        if reducer is not None and reducer.name == "append":
+            before_l, after_l = list(before or ()), list(after or ())
+            if after_l[: len(before_l)] != before_l:
+                raise ValueError(
+                    f"subgraph node {spec.name!r} rewrote the `append` field {field!r} "
+                    "instead of appending to it; pass outputs=lambda sub: {...}"
+                )
+            out[field] = after_l[len(before_l) :]
+        else:
+            out[field] = after
+    return out

@@ -236,8 +236,9 @@ class CutProxy:
     """A loopback TCP proxy in front of a server that can cut one connection on cue.
 
     :meth:`arm` names a byte string and a mode. The next client message containing it is
-    either dropped (``"before"``: the server never sees it) or forwarded (``"after"``: the
-    server runs it, then the connection is cut before any answer gets back). Both sides
+    either dropped (``"before"``: the server never sees it) or forwarded with whatever the
+    client sends in the next 0.3 s (``"after"``: the server runs it, then the connection
+    is cut before any answer gets back). Both sides
     of that connection are then closed, exactly like a network cut. A real component
     between the client and the real server, not a stand-in for either.
     """
@@ -331,7 +332,24 @@ class CutProxy:
                 self._cut(client, upstream)
                 return
             if hit:
-                time.sleep(0.3)  # let the server run (and commit) it; no answer goes back
+                # The rest of the request (a pipeline's Sync may follow in its own packet)
+                # still goes through for a moment; then the cut, before any answer.
+                until = time.monotonic() + 0.3
+                while (left := until - time.monotonic()) > 0:
+                    client.settimeout(left)
+                    try:
+                        more = client.recv(65536)
+                    except OSError:  # timeout (or the client went away)
+                        break
+                    if not more:
+                        break
+                    with self._lock:
+                        self.forwarded.append(more)
+                    try:
+                        upstream.sendall(more)
+                    except OSError:
+                        break
+                time.sleep(max(0.0, until - time.monotonic()))
                 self._cut(client, upstream)
                 return
 

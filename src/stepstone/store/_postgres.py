@@ -23,7 +23,6 @@ aborted; a ``run_commit`` whose answer was lost is checked against the stored he
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,8 +42,24 @@ try:
     from psycopg import errors as pg_errors
     from psycopg.conninfo import conninfo_to_dict
     from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
+except ImportError as exc:  # tested in a subprocess that blocks the import
     raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
+
+from stepstone.store._postgres_schema import (
+    COMMIT_SQL,
+    HEAD_COLS,
+    KEY_LOCK_CLASS,
+    LOCK_SQL,
+    LOCK_XID_SQL,
+    MIGRATIONS,
+    PUT_SQL,
+    UPSERT_KV_SQL,
+    head_from_row,
+    head_params,
+    lock_ids,
+    migrate,
+    prefix_where,
+)
 
 __all__ = ["MIGRATIONS", "PostgresBackend", "migrate"]
 
@@ -53,96 +68,6 @@ log = logging.getLogger("stepstone")
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
 Connection = psycopg.Connection[Any]
-
-#: Schema changes in order; the list index + 1 is the schema version recorded in
-#: ``stepstone_schema``. Never edit an entry, append a new one. Keys use the "C" collation:
-#: byte order is code point order (as Python sorts), and equality is exact.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE stepstone_kv (
-        key TEXT COLLATE "C" PRIMARY KEY,
-        value TEXT NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL
-    );
-    CREATE TABLE stepstone_runs (
-        key TEXT COLLATE "C" PRIMARY KEY,
-        kind TEXT NOT NULL,
-        status TEXT NOT NULL,
-        next_step TEXT,
-        run_uid TEXT NOT NULL,
-        version BIGINT NOT NULL,
-        iteration BIGINT NOT NULL,
-        journal_len BIGINT NOT NULL,
-        host TEXT NOT NULL,
-        pid BIGINT NOT NULL,
-        pid_start BIGINT,
-        lease_until DOUBLE PRECISION NOT NULL,
-        meta TEXT NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL
-    );
-    CREATE TABLE stepstone_journal (
-        run_key TEXT COLLATE "C" NOT NULL,
-        seq BIGINT NOT NULL,
-        kind TEXT NOT NULL,
-        name TEXT,
-        data TEXT NOT NULL,
-        PRIMARY KEY (run_key, seq)
-    );
-    """,
-]
-
-# Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
-# PostgreSQL keeps apart from the one-bigint form the schema lock uses.
-_KEY_LOCK_CLASS = 0x53545053  # "STPS"
-_SCHEMA_LOCK = int.from_bytes(
-    hashlib.blake2b(b"stepstone.schema", digest_size=8).digest(), "big", signed=True
-)
-
-_HEAD_COLS = (
-    "key, kind, status, next_step, run_uid, version, iteration, journal_len, host, pid, "
-    "pid_start, lease_until, meta, created_at, updated_at"
-)
-
-# Take the per-key locks in the order of the (sorted) array, and get the transaction id
-# a lost COMMIT is later looked up by.
-_LOCK_SQL = (
-    "SELECT txid_current(), count(pg_advisory_xact_lock(%s, id)) "
-    "FROM unnest(%s::int4[]) WITH ORDINALITY AS l(id, n)"
-)
-
-_UPSERT_KV = (
-    "INSERT INTO stepstone_kv (key, value, updated_at) VALUES (%s, %s, %s) "
-    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at"
-)
-
-# One step's commit in one statement: the journal rows and the writes are inserted only
-# when the head update matched (they select from its RETURNING). The last SELECT reports
-# whether it applied, whether the head matched before, and a write key that is a run.
-_COMMIT_SQL = """
-WITH upd AS (
-    UPDATE stepstone_runs SET status = %(status)s, next_step = %(next_step)s,
-        version = %(version)s, iteration = %(iteration)s, journal_len = %(journal_len)s,
-        lease_until = %(lease_until)s, meta = %(meta)s, updated_at = %(updated_at)s
-    WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s
-      AND NOT EXISTS (SELECT 1 FROM stepstone_runs r WHERE r.key = ANY(%(wkeys)s::text[]))
-    RETURNING key
-), j AS (
-    INSERT INTO stepstone_journal (run_key, seq, kind, name, data)
-    SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd,
-        unnest(%(seqs)s::int8[], %(kinds)s::text[], %(names)s::text[], %(datas)s::text[])
-        AS r(seq, kind, name, data)
-), w AS (
-    INSERT INTO stepstone_kv (key, value, updated_at)
-    SELECT w.key, w.value, %(updated_at)s FROM upd,
-        unnest(%(wkeys)s::text[], %(wvals)s::text[]) AS w(key, value)
-    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
-)
-SELECT (SELECT count(*) FROM upd),
-    (SELECT count(*) FROM stepstone_runs
-        WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s),
-    (SELECT min(key) FROM stepstone_runs WHERE key = ANY(%(wkeys)s::text[]))
-"""
 
 # Connection failures: class 08 (connection exception), and the server shutting down
 # (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
@@ -172,114 +97,6 @@ def _connection_lost(conn: Connection | None, exc: BaseException) -> bool:
         return True
     state = getattr(exc, "sqlstate", None) or ""
     return state.startswith("08") or state in _LOST_STATES
-
-
-def _lock_id(key: str) -> int:
-    return int.from_bytes(
-        hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).digest(),
-        "big",
-        signed=True,
-    )
-
-
-def _lock_ids(keys: Sequence[str]) -> list[int]:
-    return sorted({_lock_id(k) for k in keys})
-
-
-def _head_from_row(row: Sequence[Any]) -> RunHead:
-    return RunHead(
-        key=row[0],
-        kind=row[1],
-        status=row[2],
-        next_step=row[3],
-        run_uid=row[4],
-        version=int(row[5]),
-        iteration=int(row[6]),
-        journal_len=int(row[7]),
-        host=row[8],
-        pid=int(row[9]),
-        pid_start=None if row[10] is None else int(row[10]),
-        lease_until=float(row[11]),
-        meta=json.loads(row[12]),
-        created_at=float(row[13]),
-        updated_at=float(row[14]),
-    )
-
-
-def _head_params(h: RunHead) -> tuple[Any, ...]:
-    return (
-        h.key,
-        h.kind,
-        h.status,
-        h.next_step,
-        h.run_uid,
-        h.version,
-        h.iteration,
-        h.journal_len,
-        h.host,
-        h.pid,
-        h.pid_start,
-        h.lease_until,
-        json.dumps(h.meta, separators=(",", ":")),
-        h.created_at,
-        h.updated_at,
-    )
-
-
-def _prefix_bounds(prefix: str) -> tuple[str, str | None]:
-    """``lo <= key < hi`` selects exactly the keys starting with ``prefix`` (C collation).
-
-    ``hi`` is the prefix with its last code point incremented (dropping trailing
-    U+10FFFF first); None when every key at or above ``prefix`` matches. No LIKE: ``_``
-    and ``%`` in keys are plain characters, and the match is case-sensitive.
-    """
-    chars = list(prefix)
-    while chars:
-        code = ord(chars[-1]) + 1
-        if code <= 0x10FFFF:
-            if 0xD800 <= code <= 0xDFFF:  # surrogates are not valid in UTF-8 text
-                code = 0xE000
-            chars[-1] = chr(code)
-            return prefix, "".join(chars)
-        chars.pop()
-    return prefix, None
-
-
-def _prefix_where(column: str, prefix: str | None) -> tuple[str, tuple[str, ...]]:
-    if prefix is None or prefix == "":
-        return "TRUE", ()
-    lo, hi = _prefix_bounds(prefix)
-    if hi is None:
-        return f"{column} >= %s", (lo,)
-    return f"{column} >= %s AND {column} < %s", (lo, hi)
-
-
-def migrate(conn: Connection, migrations: Sequence[str] = MIGRATIONS) -> int:
-    """Bring the schema of ``conn``'s database up to ``len(migrations)``; return the
-    number of migrations applied. Runs in one transaction under a database-wide advisory
-    lock, so concurrent callers apply each migration exactly once."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-        row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
-        if not (row and row[0]):
-            conn.execute(
-                "CREATE TABLE stepstone_schema "
-                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-            )
-        row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
-        current = int(row[0]) if row else 0
-        if current > len(migrations):
-            raise StoreError(
-                f"database has stepstone schema version {current}, newer than this "
-                f"stepstone ({len(migrations)}); upgrade stepstone"
-            )
-        for version in range(current + 1, len(migrations) + 1):
-            conn.execute(migrations[version - 1].encode())
-            conn.execute(
-                "INSERT INTO stepstone_schema (version, applied_at) VALUES (%s, %s)",
-                (version, time.time()),
-            )
-        return len(migrations) - current
 
 
 def _close_pool(pool: ConnectionPool[Any], pid: int) -> None:
@@ -472,7 +289,7 @@ class PostgresBackend(Backend):
         After a lost connection the transaction is retried (``fn`` runs again) unless its
         COMMIT was sent and the server says it committed: then ``fn``'s result stands.
         """
-        ids = _lock_ids(lock_keys)
+        ids = lock_ids(lock_keys)
 
         def attempt(deadline: float) -> T:
             xid: int | None = None
@@ -480,7 +297,7 @@ class PostgresBackend(Backend):
             with self._connection(deadline - time.monotonic()) as conn:
                 try:
                     with conn.transaction(), conn.cursor() as cur:
-                        row = cur.execute(_LOCK_SQL, (_KEY_LOCK_CLASS, ids)).fetchone()
+                        row = cur.execute(LOCK_XID_SQL, (KEY_LOCK_CLASS, ids)).fetchone()
                         xid = int(row[0]) if row else None
                         result = fn(cur)
                         committing = True
@@ -516,6 +333,32 @@ class PostgresBackend(Backend):
                 )
             time.sleep(0.05)  # "in progress": the old session is still finishing it
 
+    def _pipelined(
+        self, deadline: float, lock_keys: Sequence[str], sql: str, params: Any
+    ) -> tuple[Any, ...] | None:
+        """Run ``sql`` (first row returned) in one transaction, after taking the advisory
+        locks of ``lock_keys`` in a statement of its own, so that ``sql``'s snapshot sees
+        everything committed under those locks. Pipelined, with no BEGIN/COMMIT: the
+        statements before the pipeline's Sync form one implicit transaction, committed
+        at the Sync. One round trip.
+
+        Raises:
+            _Unknown: the connection broke after sending; it may have committed.
+        """
+        ids = lock_ids(lock_keys)
+        with self._connection(deadline - time.monotonic()) as conn:
+            try:
+                if not ids:
+                    return conn.execute(sql.encode(), params).fetchone()
+                with conn.pipeline():
+                    conn.execute(LOCK_SQL, (KEY_LOCK_CLASS, ids))
+                    cur = conn.execute(sql.encode(), params)
+                return cur.fetchone()
+            except psycopg.Error as exc:
+                if _connection_lost(conn, exc):
+                    raise _Unknown(exc) from exc
+                raise
+
     def close(self) -> None:
         self._closed = True
         with self._pool_lock:
@@ -532,12 +375,16 @@ class PostgresBackend(Backend):
         return None if value is None else str(value)
 
     def kv_put(self, key: str, text: str) -> None:
-        def put(cur: Cursor) -> None:
-            if cur.execute("SELECT 1 FROM stepstone_runs WHERE key = %s", (key,)).fetchone():
+        # Idempotent: after a lost answer it is simply sent again.
+        def attempt(deadline: float) -> None:
+            try:
+                row = self._pipelined(deadline, [key], PUT_SQL, (key, text, time.time(), key))
+            except _Unknown as unknown:
+                raise _Lost(unknown.cause) from unknown.cause
+            if row is None:
                 raise run_key_conflict(key)
-            cur.execute(_UPSERT_KV, (key, text, time.time()))
 
-        self._transaction("write a value", [key], put)
+        self._retry("write a value", attempt)
 
     def kv_delete(self, key: str) -> bool:
         def delete(cur: Cursor) -> bool:
@@ -549,7 +396,7 @@ class PostgresBackend(Backend):
         return self._transaction("delete a key", [key], delete)
 
     def kv_keys(self, prefix: str | None) -> list[str]:
-        where, args = _prefix_where("key", prefix)
+        where, args = prefix_where("key", prefix)
         sql = (
             f"SELECT key FROM stepstone_kv WHERE {where} UNION "
             f"SELECT key FROM stepstone_runs WHERE {where} ORDER BY 1"
@@ -560,7 +407,7 @@ class PostgresBackend(Backend):
         return [str(r[0]) for r in rows]
 
     def kv_items(self, prefix: str | None) -> list[tuple[str, str]]:
-        where, args = _prefix_where("key", prefix)
+        where, args = prefix_where("key", prefix)
         sql = f"SELECT key, value FROM stepstone_kv WHERE {where} ORDER BY key"
         rows = self._read("list values", lambda cur: cur.execute(sql.encode(), args).fetchall())
         return [(str(k), str(v)) for k, v in rows]
@@ -577,7 +424,7 @@ class PostgresBackend(Backend):
                     return False
             elif current is None or not equal(str(current), expected):
                 return False
-            cur.execute(_UPSERT_KV, (key, new_text, time.time()))
+            cur.execute(UPSERT_KV_SQL, (key, new_text, time.time()))
             return True
 
         return self._transaction("compare-and-swap a value", [key], cas)
@@ -587,17 +434,17 @@ class PostgresBackend(Backend):
         row = self._read(
             "read a run",
             lambda cur: cur.execute(
-                f"SELECT {_HEAD_COLS} FROM stepstone_runs WHERE key = %s", (key,)
+                f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE key = %s", (key,)
             ).fetchone(),
         )
-        return None if row is None else _head_from_row(row)
+        return None if row is None else head_from_row(row)
 
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
         def transact(cur: Cursor) -> RunHead | None:
             row = cur.execute(
-                f"SELECT {_HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,)
+                f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,)
             ).fetchone()
-            head = None if row is None else _head_from_row(row)
+            head = None if row is None else head_from_row(row)
             kv_text = _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,)))
             claim = decide(head, None if kv_text is None else str(kv_text))
             if claim is None:
@@ -607,11 +454,11 @@ class PostgresBackend(Backend):
             if claim.drop_kv:
                 cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,))
             cur.execute(
-                f"INSERT INTO stepstone_runs ({_HEAD_COLS}) VALUES "
+                f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (key) DO UPDATE SET "
-                + ", ".join(f"{c} = EXCLUDED.{c}" for c in _HEAD_COLS.split(", ")[1:]),
-                _head_params(claim.head),
+                + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:]),
+                head_params(claim.head),
             )
             if claim.rows:
                 cur.executemany(
@@ -650,25 +497,9 @@ class PostgresBackend(Backend):
             "wkeys": list(latest),
             "wvals": list(latest.values()),
         }
-        ids = _lock_ids(list(latest))
 
         def send(deadline: float) -> tuple[int, int, str | None]:
-            with self._connection(deadline - time.monotonic()) as conn:
-                try:
-                    if not ids:  # one statement: its own transaction
-                        row = conn.execute(_COMMIT_SQL, params).fetchone()
-                    else:
-                        # The write keys' locks first, in their own statement, so the
-                        # commit's snapshot sees any run created at those keys meanwhile.
-                        # Pipelined: still one round trip.
-                        with conn.pipeline(), conn.transaction():
-                            conn.execute(_LOCK_SQL, (_KEY_LOCK_CLASS, ids))
-                            cur = conn.execute(_COMMIT_SQL, params)
-                        row = cur.fetchone()
-                except psycopg.Error as exc:
-                    if _connection_lost(conn, exc):
-                        raise _Unknown(exc) from exc
-                    raise
+            row = self._pipelined(deadline, list(latest), COMMIT_SQL, params)
             assert row is not None
             return int(row[0]), int(row[1]), row[2]
 
@@ -718,10 +549,10 @@ class PostgresBackend(Backend):
         return [JournalRow(int(s), str(k), n, str(d)) for s, k, n, d in rows]
 
     def run_list(self, prefix: str | None) -> list[RunHead]:
-        where, args = _prefix_where("key", prefix)
-        sql = f"SELECT {_HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
+        where, args = prefix_where("key", prefix)
+        sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
-        return [_head_from_row(r) for r in rows]
+        return [head_from_row(r) for r in rows]
 
 
 def _one(cur: Cursor) -> Any:

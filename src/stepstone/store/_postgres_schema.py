@@ -1,0 +1,241 @@
+"""The PostgreSQL schema and the SQL the backend runs; pure text and row conversion.
+
+Tables are prefixed ``stepstone_`` so they can share a database (or schema) with others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from stepstone.exceptions import StoreError
+from stepstone.store._base import RunHead
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "COMMIT_SQL",
+    "HEAD_COLS",
+    "KEY_LOCK_CLASS",
+    "LOCK_SQL",
+    "LOCK_XID_SQL",
+    "MIGRATIONS",
+    "PUT_SQL",
+    "UPSERT_KV_SQL",
+    "head_from_row",
+    "head_params",
+    "lock_ids",
+    "migrate",
+    "prefix_bounds",
+    "prefix_where",
+]
+
+#: Schema changes in order; the list index + 1 is the schema version recorded in
+#: ``stepstone_schema``. Never edit an entry, append a new one. Keys use the "C" collation:
+#: byte order is code point order (as Python sorts), and equality is exact.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE stepstone_kv (
+        key TEXT COLLATE "C" PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE stepstone_runs (
+        key TEXT COLLATE "C" PRIMARY KEY,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        next_step TEXT,
+        run_uid TEXT NOT NULL,
+        version BIGINT NOT NULL,
+        iteration BIGINT NOT NULL,
+        journal_len BIGINT NOT NULL,
+        host TEXT NOT NULL,
+        pid BIGINT NOT NULL,
+        pid_start BIGINT,
+        lease_until DOUBLE PRECISION NOT NULL,
+        meta TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE stepstone_journal (
+        run_key TEXT COLLATE "C" NOT NULL,
+        seq BIGINT NOT NULL,
+        kind TEXT NOT NULL,
+        name TEXT,
+        data TEXT NOT NULL,
+        PRIMARY KEY (run_key, seq)
+    );
+    """,
+]
+
+# Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
+# PostgreSQL keeps apart from the one-bigint form the schema lock uses.
+KEY_LOCK_CLASS = 0x53545053  # "STPS"
+SCHEMA_LOCK = int.from_bytes(
+    hashlib.blake2b(b"stepstone.schema", digest_size=8).digest(), "big", signed=True
+)
+
+HEAD_COLS = (
+    "key, kind, status, next_step, run_uid, version, iteration, journal_len, host, pid, "
+    "pid_start, lease_until, meta, created_at, updated_at"
+)
+
+# Take the per-key locks in the order of the (sorted) array. The first form also returns
+# the transaction id, by which a COMMIT whose answer was lost is looked up later.
+LOCK_SQL = "SELECT count(pg_advisory_xact_lock(%s, id)) FROM unnest(%s::int4[]) AS id"
+LOCK_XID_SQL = (
+    "SELECT txid_current(), count(pg_advisory_xact_lock(%s, id)) FROM unnest(%s::int4[]) AS id"
+)
+
+UPSERT_KV_SQL = (
+    "INSERT INTO stepstone_kv (key, value, updated_at) VALUES (%s, %s, %s) "
+    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at"
+)
+
+# A plain write, unless the key holds a run (then no row comes back).
+PUT_SQL = (
+    "INSERT INTO stepstone_kv (key, value, updated_at) "
+    "SELECT %s, %s, %s WHERE NOT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s) "
+    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
+    "RETURNING 1"
+)
+
+# One step's commit in one statement: the journal rows and the writes are inserted only
+# when the head update matched (they select from its RETURNING). The last SELECT reports
+# whether it applied, whether the head matched before, and a write key that is a run.
+COMMIT_SQL = """
+WITH upd AS (
+    UPDATE stepstone_runs SET status = %(status)s, next_step = %(next_step)s,
+        version = %(version)s, iteration = %(iteration)s, journal_len = %(journal_len)s,
+        lease_until = %(lease_until)s, meta = %(meta)s, updated_at = %(updated_at)s
+    WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s
+      AND NOT EXISTS (SELECT 1 FROM stepstone_runs r WHERE r.key = ANY(%(wkeys)s::text[]))
+    RETURNING key
+), j AS (
+    INSERT INTO stepstone_journal (run_key, seq, kind, name, data)
+    SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd,
+        unnest(%(seqs)s::int8[], %(kinds)s::text[], %(names)s::text[], %(datas)s::text[])
+        AS r(seq, kind, name, data)
+), w AS (
+    INSERT INTO stepstone_kv (key, value, updated_at)
+    SELECT w.key, w.value, %(updated_at)s FROM upd,
+        unnest(%(wkeys)s::text[], %(wvals)s::text[]) AS w(key, value)
+    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+)
+SELECT (SELECT count(*) FROM upd),
+    (SELECT count(*) FROM stepstone_runs
+        WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s),
+    (SELECT min(key) FROM stepstone_runs WHERE key = ANY(%(wkeys)s::text[]))
+"""
+
+
+def lock_id(key: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).digest(),
+        "big",
+        signed=True,
+    )
+
+
+def lock_ids(keys: Sequence[str]) -> list[int]:
+    return sorted({lock_id(k) for k in keys})
+
+
+def head_from_row(row: Sequence[Any]) -> RunHead:
+    return RunHead(
+        key=row[0],
+        kind=row[1],
+        status=row[2],
+        next_step=row[3],
+        run_uid=row[4],
+        version=int(row[5]),
+        iteration=int(row[6]),
+        journal_len=int(row[7]),
+        host=row[8],
+        pid=int(row[9]),
+        pid_start=None if row[10] is None else int(row[10]),
+        lease_until=float(row[11]),
+        meta=json.loads(row[12]),
+        created_at=float(row[13]),
+        updated_at=float(row[14]),
+    )
+
+
+def head_params(h: RunHead) -> tuple[Any, ...]:
+    return (
+        h.key,
+        h.kind,
+        h.status,
+        h.next_step,
+        h.run_uid,
+        h.version,
+        h.iteration,
+        h.journal_len,
+        h.host,
+        h.pid,
+        h.pid_start,
+        h.lease_until,
+        json.dumps(h.meta, separators=(",", ":")),
+        h.created_at,
+        h.updated_at,
+    )
+
+
+def prefix_bounds(prefix: str) -> tuple[str, str | None]:
+    """``lo <= key < hi`` selects exactly the keys starting with ``prefix`` (C collation).
+
+    ``hi`` is the prefix with its last code point incremented (dropping trailing
+    U+10FFFF first); None when every key at or above ``prefix`` matches. No LIKE: ``_``
+    and ``%`` in keys are plain characters, and the match is case-sensitive.
+    """
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code <= 0x10FFFF:
+            if 0xD800 <= code <= 0xDFFF:  # surrogates are not valid in UTF-8 text
+                code = 0xE000
+            chars[-1] = chr(code)
+            return prefix, "".join(chars)
+        chars.pop()
+    return prefix, None
+
+
+def prefix_where(column: str, prefix: str | None) -> tuple[str, tuple[str, ...]]:
+    if prefix is None or prefix == "":
+        return "TRUE", ()
+    lo, hi = prefix_bounds(prefix)
+    if hi is None:
+        return f"{column} >= %s", (lo,)
+    return f"{column} >= %s AND {column} < %s", (lo, hi)
+
+
+def migrate(conn: psycopg.Connection[Any], migrations: Sequence[str] = MIGRATIONS) -> int:
+    """Bring the schema of ``conn``'s database up to ``len(migrations)``; return the
+    number of migrations applied. Runs in one transaction under a database-wide advisory
+    lock, so concurrent callers apply each migration exactly once."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
+        if not (row and row[0]):
+            conn.execute(
+                "CREATE TABLE stepstone_schema "
+                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
+        current = int(row[0]) if row else 0
+        if current > len(migrations):
+            raise StoreError(
+                f"database has stepstone schema version {current}, newer than this "
+                f"stepstone ({len(migrations)}); upgrade stepstone"
+            )
+        for version in range(current + 1, len(migrations) + 1):
+            conn.execute(migrations[version - 1].encode())
+            conn.execute(
+                "INSERT INTO stepstone_schema (version, applied_at) VALUES (%s, %s)",
+                (version, time.time()),
+            )
+        return len(migrations) - current

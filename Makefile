@@ -39,6 +39,7 @@ test: lint typecheck
 
 bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
+	$(PY) bench/pg_fanout.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -40,6 +40,7 @@ test: lint typecheck
 bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
 	$(PY) bench/pg_fanout.py
+	$(PY) bench/llm_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -44,6 +44,7 @@ __all__ = [
     "test_cas_race_across_processes",
     "test_claim_live_run_refused_across_store_objects",
     "test_commit_is_atomic_and_versioned",
+    "test_commit_writes_same_key_twice_last_wins",
     "test_context_manager_closes",
     "test_delete_removes_run_and_journal",
     "test_keys_items_prefix_is_exact",
@@ -215,6 +216,26 @@ def test_commit_is_atomic_and_versioned(store_spec: StoreSpec) -> None:
         assert [(r.seq, r.kind, r.name) for r in rows] == [(0, "step", "a")]
     finally:
         run.release()
+
+
+def test_commit_writes_same_key_twice_last_wins(store_spec: StoreSpec) -> None:
+    """A commit that writes one key twice stores the last value (as sequential writes
+    would); a backend that upserts all writes in one statement must not choke on it."""
+    store = store_spec.open()
+    claimed = claim_run(store, "run-w", kind="test", resume=False, first_step="a")
+    run = claimed.run
+    assert run is not None
+    try:
+        run.commit_sync(
+            status="running",
+            next_step="b",
+            rows=[("step", "a", {})],
+            writes=[("dup", 1), ("other", "o"), ("dup", 2)],
+        )
+    finally:
+        run.release()
+    assert store.read("dup") == 2
+    assert store.read("other") == "o"
 
 
 def test_delete_removes_run_and_journal(store_spec: StoreSpec) -> None:

@@ -6,19 +6,22 @@ Same records as SQLite (plain values, run heads, append-only journals) in tables
 * ``run_commit`` is one conditional ``UPDATE`` of the head (version and run_uid must
   match) whose journal rows and ``writes=`` values are inserted by the same statement, so
   they exist exactly when the head moved.
-* Every other write is one transaction that first takes a transaction-level advisory
-  lock per key it touches (in a fixed order, so two writers never deadlock); the lock
-  keeps a key from being a plain value and a run at once, and ``run_transact`` also reads
-  the head ``FOR UPDATE`` so no commit slips in between its read and its write.
+* Every write of a key first takes a transaction-level advisory lock per key (in a fixed
+  order, so two writers never deadlock): this keeps a key from becoming a plain value
+  and a run at once. ``run_transact`` also reads the head ``FOR UPDATE``, so no commit
+  slips in between its read and its write. A step commit with ``writes=`` and a plain
+  write send their lock statement and their statement pipelined, as one implicit
+  transaction: one round trip.
 * ``setup()`` creates or upgrades the schema under a database-wide advisory lock, so any
   number of processes may start at once.
 
 **Lost connections.** A server restart or a network cut breaks pooled connections. Each
 primitive then reconnects and retries for up to ``reconnect_timeout`` seconds, but only
-what is safe: a transaction that failed before its ``COMMIT`` left nothing behind; one
-that failed during ``COMMIT`` is looked up (``txid_status``) and only retried if it
-aborted; a ``run_commit`` whose answer was lost is checked against the stored head
-(version and run_uid), so a step is never committed twice.
+what is safe: reads, lease renewals and plain writes are idempotent; a transaction that
+failed before its ``COMMIT`` left nothing behind; one that failed during ``COMMIT`` is
+looked up (``txid_status``) and only retried if it aborted; a ``run_commit`` whose answer
+was lost is checked against the stored head (version and run_uid), so a step is never
+committed twice.
 """
 
 from __future__ import annotations
@@ -247,11 +250,15 @@ class PostgresBackend(Backend):
                         f"and could not reconnect within reconnect_timeout="
                         f"{self.reconnect_timeout}s: {lost.cause}"
                     ) from lost.cause
-                log.warning(
-                    "stepstone: connection to %s lost while trying to %s (%s); retrying",
+                # once per operation: a long outage must not flood the log
+                log.log(
+                    logging.WARNING if delay == 0.05 else logging.DEBUG,
+                    "stepstone: connection to %s lost while trying to %s (%s); retrying "
+                    "for up to %ss",
                     self.describe(),
                     what,
                     lost.cause,
+                    self.reconnect_timeout,
                 )
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, 0.5)

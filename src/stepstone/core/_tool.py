@@ -63,6 +63,7 @@ class Tool:
             model.model_json_schema() if model is not None else {"type": "object", "properties": {}}
         )
         schema.pop("title", None)
+        _drop_auto_titles(schema)
         return cls(
             name=tool_name,
             description=description if description is not None else summary,
@@ -148,6 +149,28 @@ async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any)
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def _drop_auto_titles(schema: Any) -> None:
+    """Remove the titles pydantic derives from field names ("city" → "City"): they cost
+    tokens on every request and tell the model nothing the property name does not."""
+    if isinstance(schema, list):
+        for item in schema:
+            _drop_auto_titles(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        for name, prop in props.items():
+            if isinstance(prop, dict) and prop.get("title") == name.replace("_", " ").title():
+                del prop["title"]
+    for key, value in schema.items():
+        if key != "properties" or not isinstance(value, dict):
+            _drop_auto_titles(value)
+        else:
+            for prop in value.values():
+                _drop_auto_titles(prop)
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:

@@ -43,18 +43,18 @@ import contextlib
 from collections.abc import Iterator
 
 from stepstone.providers._base import ModelRequestsBlockedError, set_blocked
-from stepstone.testing._loopback import (
+from stepstone.testing._dialects import (
     SSE,
     AnthropicDialect,
     Dialect,
     GoogleDialect,
     Hang,
-    LoopbackServer,
     OpenAIDialect,
     RecordedRequest,
     Reset,
     Respond,
 )
+from stepstone.testing._loopback import LoopbackServer
 from stepstone.testing._scripted import (
     FakeModel,
     FunctionModel,

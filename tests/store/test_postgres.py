@@ -47,7 +47,7 @@ def test_setup_is_explicit_idempotent_and_versioned(pg_server: PgServer) -> None
             row = conn.execute("SELECT to_regclass('stepstone_kv')").fetchone()
             assert row == (None,)  # constructing a backend does not touch the database
         backend.setup()
-        backend.setup()
+        Store(backend=backend).setup()  # the facade's setup() is the backend's
         assert _schema_versions(url) == list(range(1, len(MIGRATIONS) + 1))
     finally:
         backend.close()

@@ -7,11 +7,26 @@ from stepstone.store._views import register_run_view
 
 __all__ = [
     "Backend",
+    "PostgresBackend",
     "Claim",
     "JournalRow",
     "MemoryBackend",
+    "SQLiteBackend",
     "RunHead",
     "Store",
     "StoreEntry",
     "register_run_view",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Backends with drivers are imported on first use, so `import stepstone` never needs them.
+    if name == "SQLiteBackend":
+        from stepstone.store._sqlite import SQLiteBackend
+
+        return SQLiteBackend
+    if name == "PostgresBackend":
+        from stepstone.store._postgres import PostgresBackend
+
+        return PostgresBackend
+    raise AttributeError(f"module 'stepstone.store' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Backend", "Claim", "JournalRow", "RunHead"]
+__all__ = ["Backend", "Claim", "JournalRow", "RunHead", "prefix_bounds"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,9 +178,31 @@ class Backend(abc.ABC):
     def run_list(self, prefix: str | None) -> list[RunHead]:
         """Heads of runs whose key starts with ``prefix`` (all when None), sorted by key."""
 
+    def setup(self) -> None:  # noqa: B027 - optional hook
+        """Create or upgrade the schema (idempotent). Backends also do it on first use."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Idempotent."""
 
     def describe(self) -> str:
         """Short human description (``"sqlite:/path/db.sqlite"``)."""
         return type(self).__name__
+
+
+def prefix_bounds(prefix: str) -> tuple[str, str | None]:
+    """``lo <= key < hi`` selects exactly the keys starting with ``prefix`` (C collation).
+
+    ``hi`` is the prefix with its last code point incremented (dropping trailing
+    U+10FFFF first); None when every key at or above ``prefix`` matches. No LIKE: ``_``
+    and ``%`` in keys are plain characters, and the match is case-sensitive.
+    """
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code <= 0x10FFFF:
+            if 0xD800 <= code <= 0xDFFF:  # surrogates are not valid in UTF-8 text
+                code = 0xE000
+            chars[-1] = chr(code)
+            return prefix, "".join(chars)
+        chars.pop()
+    return prefix, None

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepstone.exceptions import StoreError
-from stepstone.store._base import RunHead
+from stepstone.store._base import RunHead, prefix_bounds
 
 if TYPE_CHECKING:
     import psycopg
@@ -30,7 +30,6 @@ __all__ = [
     "head_params",
     "lock_ids",
     "migrate",
-    "prefix_bounds",
     "prefix_where",
 ]
 
@@ -183,25 +182,6 @@ def head_params(h: RunHead) -> tuple[Any, ...]:
         h.created_at,
         h.updated_at,
     )
-
-
-def prefix_bounds(prefix: str) -> tuple[str, str | None]:
-    """``lo <= key < hi`` selects exactly the keys starting with ``prefix`` (C collation).
-
-    ``hi`` is the prefix with its last code point incremented (dropping trailing
-    U+10FFFF first); None when every key at or above ``prefix`` matches. No LIKE: ``_``
-    and ``%`` in keys are plain characters, and the match is case-sensitive.
-    """
-    chars = list(prefix)
-    while chars:
-        code = ord(chars[-1]) + 1
-        if code <= 0x10FFFF:
-            if 0xD800 <= code <= 0xDFFF:  # surrogates are not valid in UTF-8 text
-                code = 0xE000
-            chars[-1] = chr(code)
-            return prefix, "".join(chars)
-        chars.pop()
-    return prefix, None
 
 
 def prefix_where(column: str, prefix: str | None) -> tuple[str, tuple[str, ...]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stepstone.exceptions import StoreError
-from stepstone.store._base import Backend, Decide, JournalRow, RunHead
+from stepstone.store._base import Backend, Decide, JournalRow, RunHead, prefix_bounds
 from stepstone.store._memory import run_key_conflict
 
 __all__ = ["MIGRATIONS", "SQLiteBackend"]
@@ -255,11 +255,11 @@ class SQLiteBackend(Backend):
         if prefix is None:
             rows = conn.execute("SELECT key FROM kv UNION SELECT key FROM runs ORDER BY 1")
         else:
-            lo, hi = _prefix_range(prefix)
+            where, args = _prefix_sql(prefix)
             rows = conn.execute(
-                "SELECT key FROM kv WHERE key >= ? AND key < ? UNION "
-                "SELECT key FROM runs WHERE key >= ? AND key < ? ORDER BY 1",
-                (lo, hi, lo, hi),
+                f"SELECT key FROM kv WHERE {where} UNION "
+                f"SELECT key FROM runs WHERE {where} ORDER BY 1",
+                args + args,
             )
         return [str(r[0]) for r in rows]
 
@@ -268,10 +268,8 @@ class SQLiteBackend(Backend):
         if prefix is None:
             rows = conn.execute("SELECT key, value FROM kv ORDER BY key")
         else:
-            rows = conn.execute(
-                "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key",
-                _prefix_range(prefix),
-            )
+            where, args = _prefix_sql(prefix)
+            rows = conn.execute(f"SELECT key, value FROM kv WHERE {where} ORDER BY key", args)
         return [(str(k), str(v)) for k, v in rows]
 
     def kv_cas(
@@ -391,14 +389,15 @@ class SQLiteBackend(Backend):
         if prefix is None:
             rows = conn.execute(f"SELECT {_HEAD_COLS} FROM runs ORDER BY key")
         else:
-            rows = conn.execute(
-                f"SELECT {_HEAD_COLS} FROM runs WHERE key >= ? AND key < ? ORDER BY key",
-                _prefix_range(prefix),
-            )
+            where, args = _prefix_sql(prefix)
+            rows = conn.execute(f"SELECT {_HEAD_COLS} FROM runs WHERE {where} ORDER BY key", args)
         return [_head_from_row(r) for r in rows]
 
 
-def _prefix_range(prefix: str) -> tuple[str, str]:
-    """Bounds for an index range scan of keys starting with ``prefix`` (binary collation;
-    LIKE would be case-insensitive). U+10FFFF sorts after every other character in UTF-8."""
-    return prefix, prefix + "\U0010ffff"
+def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:
+    """An index range for keys starting with ``prefix`` (binary collation: exact and
+    case-sensitive, where LIKE would not be)."""
+    lo, hi = prefix_bounds(prefix)
+    if hi is None:
+        return "key >= ?", (lo,)
+    return "key >= ? AND key < ?", (lo, hi)

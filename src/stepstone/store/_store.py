@@ -153,6 +153,12 @@ class Store:
         expected_json = None if expected is None else to_json_value(expected, warn=False)
         return self.backend.kv_cas(_check_key(key), expected_json, new_text, _text_equals)
 
+    def setup(self) -> None:
+        """Create or upgrade the backend's schema; idempotent and safe to run from several
+        processes at once. Opening a store already does it; call it to fail fast at deploy
+        time (a wrong URL or password) or to migrate a database ahead of the workers."""
+        self.backend.setup()
+
     def close(self) -> None:
         """Close connections. The store cannot be used afterwards."""
         self.backend.close()

@@ -103,6 +103,11 @@ def test_keys_items_prefix_is_exact(store_spec: StoreSpec) -> None:
     assert store.keys(prefix="a%") == ["a%2"]
     assert store.keys(prefix="A") == ["A_3"]  # case-sensitive
     assert store.items(prefix="a") == {"a%2": "a%2", "a_1": "a_1", "ab": "ab"}
+    top = "\U0010ffff"
+    for key in (f"z{top}", f"z{top}x", f"z{top}{top}", "zz"):
+        store.write(key, key)
+    assert store.keys(prefix=f"z{top}") == [f"z{top}", f"z{top}x", f"z{top}{top}"]
+    assert store.keys(prefix="z") == ["zz", f"z{top}", f"z{top}x", f"z{top}{top}"]
 
 
 def test_cas_absent_and_json_equality(store_spec: StoreSpec) -> None:

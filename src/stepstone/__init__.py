@@ -27,15 +27,24 @@ from stepstone.core import (
     from_step,
     tool,
 )
-
-# --- plan engine (issue 2) ---
+from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointRecordInvalid,
+    CheckpointStateMigrationChainAmbiguous,
+    CheckpointStateMigrationError,
+    CheckpointStateMigrationFailed,
+    CheckpointStateMigrationMissing,
+    ConcurrentGraphResumeError,
     ConcurrentPlanRunError,
+    GraphCompileError,
     MaxTurnsExceeded,
     MissingExtraError,
+    NodeException,
     PlanCompileError,
     PlanPaused,
     PlanRuntimeError,
@@ -51,22 +60,6 @@ from stepstone.exceptions import (
 )
 from stepstone.observability import Event, EventType, Session
 from stepstone.store import Store, StoreEntry
-
-# --- llm engine (issue 3) ---
-from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
-# --- graph engine (issue 4) ---
-from stepstone.exceptions import (
-    CheckpointError,
-    CheckpointNotFound,
-    CheckpointRecordInvalid,
-    CheckpointStateMigrationChainAmbiguous,
-    CheckpointStateMigrationError,
-    CheckpointStateMigrationFailed,
-    CheckpointStateMigrationMissing,
-    ConcurrentGraphResumeError,
-    GraphCompileError,
-    NodeException,
-)
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from stepstone.cli._demo_etl import run_etl_demo
+from stepstone.cli._demo_lunar import run_lunar_demo
 from stepstone.cli._render import render_entry, render_runs
 from stepstone.store import Store
 
@@ -52,14 +53,8 @@ def demo(
         console.print(f"[red]error:[/] directory {path.parent} does not exist")
         raise typer.Exit(2)
     console.print(f"[bold]stepstone demo[/] — store: {path} (no API key needed)\n")
-    from stepstone.cli._demo_etl import run_etl_demo
-
     run_etl_demo(console, path)
-    try:
-        lunar = importlib.import_module("stepstone.cli._demo_lunar")
-    except ModuleNotFoundError:  # the graph story ships with the graph engine
-        return
-    lunar.run_lunar_demo(console, workdir)
+    run_lunar_demo(console, workdir)
 
 
 @app.command()

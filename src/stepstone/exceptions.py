@@ -10,6 +10,7 @@ The tree::
     │   │   ├── PlanCompileError        invalid Plan, raised before anything runs
     │   │   ├── GraphCompileError       invalid graph, raised by GraphBuilder.compile()
     │   │   ├── MissingExtraError       an optional dependency is not installed
+    │   │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
     │   │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
     │   ├── StoreError                  the store could not do what was asked
     │   │   └── CheckpointCorruptError  a stored checkpoint cannot be decoded
@@ -58,6 +59,7 @@ __all__ = [
     "GraphCompileError",
     "MaxTurnsExceeded",
     "MissingExtraError",
+    "ModelRequestsBlockedError",
     "NodeException",
     "PlanCompileError",
     "PlanPaused",
@@ -299,4 +301,13 @@ class UnserializableValueWarning(UserWarning):
     """A value JSON cannot hold was persisted as ``str(value)``; the message names where.
 
     Pass ``strict=True`` (to ``Plan``) to make this a :class:`SerializationError` instead.
+    """
+
+
+class ModelRequestsBlockedError(UserError):
+    """A real model request was made while requests are blocked.
+
+    Raised by provider adapters inside ``stepstone.testing.block_model_requests()`` or when
+    the ``STEPSTONE_BLOCK_MODEL_REQUESTS`` environment variable is set. Requests to loopback
+    addresses (test servers) stay allowed.
     """

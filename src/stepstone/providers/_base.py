@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from stepstone.exceptions import UserError
+from stepstone.exceptions import ModelRequestsBlockedError
 from stepstone.providers._types import ModelRequest, ModelResponse, NativeTool
 
 __all__ = [
@@ -37,13 +37,6 @@ _block_lock = threading.Lock()
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
-class ModelRequestsBlockedError(UserError):
-    """A real model request was made while requests are blocked.
-
-    Raised by provider adapters inside ``stepstone.testing.block_model_requests()`` or when
-    the ``STEPSTONE_BLOCK_MODEL_REQUESTS`` environment variable is set. Requests to loopback
-    addresses (test servers) stay allowed.
-    """
 
 
 def requests_blocked() -> bool:

@@ -37,8 +37,6 @@ _block_lock = threading.Lock()
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
-
-
 def requests_blocked() -> bool:
     """True when real model requests are currently forbidden (context or env var)."""
     if _block_depth > 0:

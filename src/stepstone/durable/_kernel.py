@@ -15,7 +15,6 @@ else, so they all get the same guarantees:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import time
@@ -129,13 +128,9 @@ class OwnedRun:
         )
         journal = self._rows(rows)
         encoded = [(k, dumps(v)) for k, v in writes]
-        backend = self.store.backend
-        if backend.commit_inline:
-            ok = backend.run_commit(new, self.head.version, journal, encoded)
-        else:
-            ok = await asyncio.to_thread(
-                backend.run_commit, new, self.head.version, journal, encoded
-            )
+        ok = await self.store._kernel_call(
+            self.store.backend.run_commit, new, self.head.version, journal, encoded
+        )
         if not ok:
             raise self._lost()
         self.head = new

@@ -412,3 +412,35 @@ def test_functions_in_tools_become_named_tools() -> None:
     assert t.parameters["required"] == ["url"]
     as_tool = Agent(engine=Plan(Step(echo("x"))), name="researcher").as_tool()
     assert as_tool.name == "researcher" and as_tool.agent is not None
+
+
+def test_sync_steps_inline_on_private_loop_offloaded_on_a_shared_one() -> None:
+    # A sync call's private loop runs nothing else: sync steps run inline (no thread hop).
+    # On the caller's own loop, other tasks must keep running while a sync step blocks.
+    threads: list[str] = []
+
+    def where(payload: Any) -> str:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.2)
+        return "ok"
+
+    agent = Agent(engine=Plan(Step(where)))
+    assert agent("t").ok
+    assert threads == [threading.main_thread().name]
+
+    async def app() -> int:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        await agent.run("t")
+        task.cancel()
+        return ticks
+
+    assert asyncio.run(app()) >= 5
+    assert threads[-1] != threading.main_thread().name

@@ -173,7 +173,7 @@ class Plan:
             uid = new_uid()
             key = f"{key}:{uid}"
             runner.writes_prefix = f"{key}:"
-        claim = await store._offload(
+        claim = await store._kernel_call(
             lambda: claim_run(
                 store,
                 key,
@@ -188,7 +188,7 @@ class Plan:
             )
         )
         if claim.run is None:  # resume=True on a done run: the cached kv, one store read
-            rows = await store._offload(store.backend.run_journal, key)
+            rows = await store._kernel_call(store.backend.run_journal, key)
             return Envelope(
                 task=env.task,
                 payload=replay(key, rows).kv,
@@ -203,7 +203,7 @@ class Plan:
         next_step: str | None = first
         if claim.outcome == "resumed":
             try:
-                rows = await store._offload(claim.run.journal)
+                rows = await store._kernel_call(claim.run.journal)
                 self._restore(runner, replay(key, rows))
             except BaseException:
                 claim.run.release()  # a corrupt journal: leave the key to a later resume

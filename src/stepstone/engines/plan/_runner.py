@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from stepstone.core import Envelope, Sentinel, Tool, call_maybe_async
+from stepstone.core._sync import may_block_loop
 from stepstone.durable import OwnedRun
 from stepstone.engines.plan._checkpoint import band_row, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
@@ -438,7 +439,8 @@ def _convention(fn: Any) -> tuple[str, bool]:
 async def _call_target(fn: Any, env: Envelope[Any]) -> Any:
     mode, wants_context = _convention(fn)
     kwargs = {"context": env.context} if wants_context else {}
-    if mode == "none":
-        return await call_maybe_async(fn, **kwargs)
-    arg = env if mode == "envelope" else env.payload
-    return await call_maybe_async(fn, arg, **kwargs)
+    args = () if mode == "none" else (env if mode == "envelope" else env.payload,)
+    if may_block_loop() and not inspect.iscoroutinefunction(fn):
+        result = fn(*args, **kwargs)  # a sequential step on a private loop: nothing to starve
+        return await result if inspect.isawaitable(result) else result
+    return await call_maybe_async(fn, *args, **kwargs)

@@ -85,6 +85,20 @@ class OwnedRun:
             for i, (kind, name, data) in enumerate(rows)
         ]
 
+    def _prepare(
+        self,
+        status: str,
+        next_step: str | None,
+        iteration: int | None,
+        meta: dict[str, Any] | None,
+        rows: Sequence[tuple[str, str | None, Any]],
+        writes: Sequence[tuple[str, Any]],
+    ) -> tuple[RunHead, list[JournalRow], list[tuple[str, str]]]:
+        new = self._next_head(
+            status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
+        )
+        return new, self._rows(rows), [(k, dumps(v)) for k, v in writes]
+
     def commit_sync(
         self,
         *,
@@ -102,11 +116,7 @@ class OwnedRun:
             ConcurrentPlanRunError: another run took the key over (this run's lease had
                 expired); nothing was written.
         """
-        new = self._next_head(
-            status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
-        )
-        journal = self._rows(rows)
-        encoded = [(k, dumps(v)) for k, v in writes]
+        new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
         if not self.store.backend.run_commit(new, self.head.version, journal, encoded):
             raise self._lost()
         self.head = new
@@ -123,11 +133,7 @@ class OwnedRun:
     ) -> None:
         """Async :meth:`commit_sync`; network backends commit from a worker thread, local
         ones (``Backend.commit_inline``) on the loop thread."""
-        new = self._next_head(
-            status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
-        )
-        journal = self._rows(rows)
-        encoded = [(k, dumps(v)) for k, v in writes]
+        new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
         ok = await self.store._kernel_call(
             self.store.backend.run_commit, new, self.head.version, journal, encoded
         )

@@ -19,7 +19,6 @@ from stepstone.providers._base import (
     RetryInfo,
     SDKClientMixin,
     StreamItem,
-    check_requests_allowed,
     retry_after_from_headers,
     status_retryable,
 )
@@ -92,10 +91,6 @@ class AnthropicProvider(SDKClientMixin, Provider):
         self.max_tokens = max_tokens
         self.strict_native_tools = strict_native_tools
         self._client_options = client_options
-
-    async def _get_client(self) -> Any:
-        check_requests_allowed(self.name, self.base_url)
-        return await self._loop_client()
 
     def _build_client(self) -> Any:
         api_key = self.api_key or os.environ.get("ANTHROPIC_API_KEY")

@@ -135,9 +135,16 @@ class SDKClientMixin:
     nobody calls :meth:`aclose`.
     """
 
+    name: str
+    base_url: str | None
     _client: Any = None
     _client_loop: asyncio.AbstractEventLoop | None = None
     _client_guard: AsyncGenerator[None, None] | None = None
+
+    async def _get_client(self) -> Any:
+        """This loop's SDK client, once real requests are known to be allowed."""
+        check_requests_allowed(self.name, self.base_url)
+        return await self._loop_client()
 
     def _build_client(self) -> Any:
         raise NotImplementedError

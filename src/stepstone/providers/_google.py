@@ -19,7 +19,6 @@ from stepstone.providers._base import (
     RetryInfo,
     SDKClientMixin,
     StreamItem,
-    check_requests_allowed,
     retry_after_from_headers,
     status_retryable,
 )
@@ -82,10 +81,6 @@ class GoogleProvider(SDKClientMixin, Provider):
         self.base_url = base_url or os.environ.get("GOOGLE_GEMINI_BASE_URL") or _DEFAULT_BASE_URL
         self.max_tokens = max_tokens
         self.strict_native_tools = strict_native_tools
-
-    async def _get_client(self) -> Any:
-        check_requests_allowed(self.name, self.base_url)
-        return await self._loop_client()
 
     def _build_client(self) -> Any:
         api_key = (

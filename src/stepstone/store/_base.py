@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Backend", "Claim", "JournalRow", "RunHead", "prefix_bounds"]
+__all__ = [
+    "HEAD_COLUMNS",
+    "Backend",
+    "Claim",
+    "JournalRow",
+    "RunHead",
+    "head_from_row",
+    "head_to_row",
+    "prefix_bounds",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +67,34 @@ class RunHead:
     def replace(self, **changes: Any) -> RunHead:
         """A copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
+
+
+#: Column order of a run head in the SQL backends (the order of RunHead's fields).
+HEAD_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunHead))
+
+_INT_COLUMNS = frozenset({"version", "iteration", "journal_len", "pid"})
+_FLOAT_COLUMNS = frozenset({"lease_until", "created_at", "updated_at"})
+
+
+def head_to_row(head: RunHead) -> tuple[Any, ...]:
+    """A head as SQL parameters in :data:`HEAD_COLUMNS` order (meta as JSON text)."""
+    return tuple(
+        json.dumps(head.meta, separators=(",", ":")) if name == "meta" else getattr(head, name)
+        for name in HEAD_COLUMNS
+    )
+
+
+def head_from_row(row: Sequence[Any]) -> RunHead:
+    """Undo :func:`head_to_row` for a row selected in :data:`HEAD_COLUMNS` order."""
+    values: dict[str, Any] = dict(zip(HEAD_COLUMNS, row, strict=True))
+    for name in _INT_COLUMNS:
+        values[name] = int(values[name])
+    for name in _FLOAT_COLUMNS:
+        values[name] = float(values[name])
+    if values["pid_start"] is not None:
+        values["pid_start"] = int(values["pid_start"])
+    values["meta"] = json.loads(values["meta"])
+    return RunHead(**values)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

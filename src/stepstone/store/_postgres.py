@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from stepstone.exceptions import MissingExtraError, StoreError
-from stepstone.store._base import Backend, Decide, JournalRow, RunHead
+from stepstone.store._base import Backend, Decide, JournalRow, RunHead, head_from_row, head_to_row
 from stepstone.store._memory import run_key_conflict
 
 try:
@@ -57,8 +57,6 @@ from stepstone.store._postgres_schema import (
     MIGRATIONS,
     PUT_SQL,
     UPSERT_KV_SQL,
-    head_from_row,
-    head_params,
     lock_ids,
     migrate,
     prefix_where,
@@ -465,7 +463,7 @@ class PostgresBackend(Backend):
                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (key) DO UPDATE SET "
                 + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:]),
-                head_params(claim.head),
+                head_to_row(claim.head),
             )
             if claim.rows:
                 cur.executemany(

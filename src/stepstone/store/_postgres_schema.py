@@ -6,13 +6,12 @@ Tables are prefixed ``stepstone_`` so they can share a database (or schema) with
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepstone.exceptions import StoreError
-from stepstone.store._base import RunHead, prefix_bounds
+from stepstone.store._base import HEAD_COLUMNS, prefix_bounds
 
 if TYPE_CHECKING:
     import psycopg
@@ -26,8 +25,6 @@ __all__ = [
     "MIGRATIONS",
     "PUT_SQL",
     "UPSERT_KV_SQL",
-    "head_from_row",
-    "head_params",
     "lock_ids",
     "migrate",
     "prefix_where",
@@ -78,10 +75,7 @@ SCHEMA_LOCK = int.from_bytes(
     hashlib.blake2b(b"stepstone.schema", digest_size=8).digest(), "big", signed=True
 )
 
-HEAD_COLS = (
-    "key, kind, status, next_step, run_uid, version, iteration, journal_len, host, pid, "
-    "pid_start, lease_until, meta, created_at, updated_at"
-)
+HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
 # Take the per-key locks in the order of the (sorted) array. The first form also returns
 # the transaction id, by which a COMMIT whose answer was lost is looked up later.
@@ -142,46 +136,6 @@ def lock_id(key: str) -> int:
 
 def lock_ids(keys: Sequence[str]) -> list[int]:
     return sorted({lock_id(k) for k in keys})
-
-
-def head_from_row(row: Sequence[Any]) -> RunHead:
-    return RunHead(
-        key=row[0],
-        kind=row[1],
-        status=row[2],
-        next_step=row[3],
-        run_uid=row[4],
-        version=int(row[5]),
-        iteration=int(row[6]),
-        journal_len=int(row[7]),
-        host=row[8],
-        pid=int(row[9]),
-        pid_start=None if row[10] is None else int(row[10]),
-        lease_until=float(row[11]),
-        meta=json.loads(row[12]),
-        created_at=float(row[13]),
-        updated_at=float(row[14]),
-    )
-
-
-def head_params(h: RunHead) -> tuple[Any, ...]:
-    return (
-        h.key,
-        h.kind,
-        h.status,
-        h.next_step,
-        h.run_uid,
-        h.version,
-        h.iteration,
-        h.journal_len,
-        h.host,
-        h.pid,
-        h.pid_start,
-        h.lease_until,
-        json.dumps(h.meta, separators=(",", ":")),
-        h.created_at,
-        h.updated_at,
-    )
 
 
 def prefix_where(column: str, prefix: str | None) -> tuple[str, tuple[str, ...]]:

@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stepstone.exceptions import StoreError
-from stepstone.store._base import Backend, Decide, JournalRow, RunHead, prefix_bounds
+from stepstone.store._base import (
+    HEAD_COLUMNS,
+    Backend,
+    Decide,
+    JournalRow,
+    RunHead,
+    head_from_row,
+    head_to_row,
+    prefix_bounds,
+)
 from stepstone.store._memory import run_key_conflict
 
 __all__ = ["MIGRATIONS", "SQLiteBackend"]
@@ -63,50 +72,7 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-_HEAD_COLS = (
-    "key, kind, status, next_step, run_uid, version, iteration, journal_len, host, pid, "
-    "pid_start, lease_until, meta, created_at, updated_at"
-)
-
-
-def _head_from_row(row: Sequence[Any]) -> RunHead:
-    return RunHead(
-        key=row[0],
-        kind=row[1],
-        status=row[2],
-        next_step=row[3],
-        run_uid=row[4],
-        version=row[5],
-        iteration=row[6],
-        journal_len=row[7],
-        host=row[8],
-        pid=row[9],
-        pid_start=row[10],
-        lease_until=row[11],
-        meta=json.loads(row[12]),
-        created_at=row[13],
-        updated_at=row[14],
-    )
-
-
-def _head_params(h: RunHead) -> tuple[Any, ...]:
-    return (
-        h.key,
-        h.kind,
-        h.status,
-        h.next_step,
-        h.run_uid,
-        h.version,
-        h.iteration,
-        h.journal_len,
-        h.host,
-        h.pid,
-        h.pid_start,
-        h.lease_until,
-        json.dumps(h.meta, separators=(",", ":")),
-        h.created_at,
-        h.updated_at,
-    )
+_HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
 
 class SQLiteBackend(Backend):
@@ -297,12 +263,12 @@ class SQLiteBackend(Backend):
         row = (
             self._conn().execute(f"SELECT {_HEAD_COLS} FROM runs WHERE key = ?", (key,)).fetchone()
         )
-        return None if row is None else _head_from_row(row)
+        return None if row is None else head_from_row(row)
 
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
         with self._tx() as conn:
             row = conn.execute(f"SELECT {_HEAD_COLS} FROM runs WHERE key = ?", (key,)).fetchone()
-            head = None if row is None else _head_from_row(row)
+            head = None if row is None else head_from_row(row)
             kv_row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
             claim = decide(head, None if kv_row is None else str(kv_row[0]))
             if claim is None:
@@ -314,7 +280,7 @@ class SQLiteBackend(Backend):
             conn.execute(
                 f"INSERT OR REPLACE INTO runs ({_HEAD_COLS}) VALUES "
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                _head_params(claim.head),
+                head_to_row(claim.head),
             )
             if claim.rows:
                 conn.executemany(
@@ -391,7 +357,7 @@ class SQLiteBackend(Backend):
         else:
             where, args = _prefix_sql(prefix)
             rows = conn.execute(f"SELECT {_HEAD_COLS} FROM runs WHERE {where} ORDER BY key", args)
-        return [_head_from_row(r) for r in rows]
+        return [head_from_row(r) for r in rows]
 
 
 def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:

@@ -16,7 +16,7 @@ from stepstone.core import Sentinel, Tool
 from stepstone.engines.plan._step import Step, is_agent
 from stepstone.exceptions import PlanCompileError
 
-__all__ = ["CompiledPlan", "Unit", "compile_plan", "literal_values"]
+__all__ = ["CompiledPlan", "Unit", "check_tools", "compile_plan", "literal_values"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,6 +131,13 @@ def compile_plan(
 def _fingerprint(steps: tuple[Step, ...]) -> str:
     shape = "|".join(f"{s.step_name}:{int(s.parallel)}:{s.writes or ''}" for s in steps)
     return hashlib.sha256(shape.encode()).hexdigest()[:16]
+
+
+def check_tools(plan: CompiledPlan, tools: Mapping[str, Tool]) -> None:
+    """Every tool-name target of ``plan`` must be in ``tools`` (raises PlanCompileError)."""
+    for step in plan.steps:
+        if isinstance(step.target, str):
+            _check_target(step, tools)
 
 
 def _check_target(step: Step, tools: Mapping[str, Tool] | None) -> None:

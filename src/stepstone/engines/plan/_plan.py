@@ -18,7 +18,7 @@ from stepstone.engines.plan._checkpoint import (
     legacy_import,
     replay,
 )
-from stepstone.engines.plan._compiler import CompiledPlan, compile_plan
+from stepstone.engines.plan._compiler import CompiledPlan, check_tools, compile_plan
 from stepstone.engines.plan._runner import PlanRun
 from stepstone.engines.plan._step import Step, is_agent, target_name
 from stepstone.exceptions import PlanCompileError, StaleCheckpointError
@@ -107,7 +107,7 @@ class Plan:
             raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
         if resume and store is None:
             raise PlanCompileError("resume=True needs store= and checkpoint_key=")
-        self.steps: list[Step] = list(steps)
+        self.steps: tuple[Step, ...] = tuple(steps)  # compiled once: not to be mutated
         self.max_iterations = max_iterations
         self.store = store
         self.checkpoint_key = checkpoint_key
@@ -128,11 +128,7 @@ class Plan:
 
     def compile(self, tools: list[Tool], *, output_type: type = str) -> None:
         """Check the plan against an Agent's tools (called at Agent construction)."""
-        compile_plan(
-            tuple(self.steps),
-            max_iterations=self.max_iterations,
-            tools={t.name: t for t in tools},
-        )
+        check_tools(self._compiled, {t.name: t for t in tools})
 
     # -- running -------------------------------------------------------------------------
     async def run(
@@ -151,7 +147,7 @@ class Plan:
         ``PlanRuntimeError``.
         """
         tool_map = build_tool_map(tools or [])
-        compile_plan(tuple(self.steps), max_iterations=self.max_iterations, tools=tool_map)
+        check_tools(self._compiled, tool_map)
         first = self._compiled.units[0].entry
         runner = PlanRun(
             plan=self._compiled,

@@ -112,7 +112,8 @@ def test_fork_with_resume_is_a_compile_error(store: Store) -> None:
 
 
 def test_checkpoint_written_after_every_step_with_seed_shape(store: Store) -> None:
-    # spec 2, 3, 4, 6, 7, 8, 12, 15, 16, 17, 22, 41
+    # spec 2, 3, 4, 5, 6, 7, 8, 12, 15, 16, 17, 22, 41 (claimed, running, done; paused and
+    # failed in the tests below)
     seen: list[dict[str, Any]] = []
 
     def observe(name: str):  # a step that records the checkpoint as it is when it starts

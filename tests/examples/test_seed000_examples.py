@@ -42,3 +42,28 @@ def test_inspect_failure(tmp_path: Path) -> None:
     out = run_example("inspect_failure.py", tmp_path)
     assert out[1:4] == ["failed", "validate", "['extract', 'transform']"]
     assert out[4] == "[{'id': '1', 'amount': '10'}, {'id': '2', 'amount': 'oops'}]"
+
+
+def test_etl_with_llm_agents_offline(tmp_path: Path) -> None:
+    # The seed's own example: four LLM agents. Each scripted model holds exactly one answer,
+    # so a re-run of extract or transform after the crash would exhaust its script and fail.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "etl_llm_agents.py"),
+            "--offline",
+            str(tmp_path / "pipeline.sqlite"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0] == "mode: offline (scripted models)"
+    assert out[1] == (
+        "run 1 crashed: status='failed' next_step='validate' completed=['extract', 'transform']"
+    )
+    assert out[2] == "run 2 resumed: ok=True payload='loaded 2 rows'"
+    assert out[3] == "run 3 cached: kv keys ['clean', 'loaded', 'raw', 'verdict']"
+    assert out[4] == "  verdict: {'rejected_rows': [2], 'accepted_rows': 2}"

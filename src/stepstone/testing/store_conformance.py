@@ -24,9 +24,12 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from stepstone.durable import claim_run
@@ -41,6 +44,7 @@ __all__ = [
     "StoreSpec",
     "test_async_twins",
     "test_cas_absent_and_json_equality",
+    "test_cas_matches_a_dict_model",
     "test_cas_race_across_processes",
     "test_claim_live_run_refused_across_store_objects",
     "test_commit_is_atomic_and_versioned",
@@ -121,6 +125,53 @@ def test_cas_absent_and_json_equality(store_spec: StoreSpec) -> None:
     store.write("d", {"a": 1, "b": 2})
     assert store.compare_and_swap("d", {"b": 2, "a": 1}, "swapped") is True  # key order
     assert store.read("d") == "swapped"
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.integers(-3, 3),
+    st.sampled_from(["a", "b"]),
+    st.lists(st.integers(0, 2), max_size=2),
+)
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["write", "cas", "delete"]), st.sampled_from(["k1", "k2"]), _VALUES, _VALUES
+    ),
+    max_size=12,
+)
+
+
+def test_cas_matches_a_dict_model(store_spec: StoreSpec) -> None:
+    """Hypothesis: any sequence of write / compare_and_swap / delete agrees with a dict."""
+    store = store_spec.open()
+
+    @settings(
+        max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(_OPS)
+    def check(ops: list[tuple[str, str, Any, Any]]) -> None:
+        prefix = f"cas-model-{uuid.uuid4().hex}:"
+        model: dict[str, Any] = {}
+        for op, key, a, b in ops:
+            k = prefix + key
+            if op == "write":
+                if a is None:
+                    continue  # None is "absent" for CAS; a stored null is tested elsewhere
+                store.write(k, a)
+                model[k] = a
+            elif op == "delete":
+                assert store.delete(k) == (k in model)
+                model.pop(k, None)
+            else:
+                if b is None:
+                    continue
+                expected_ok = (k not in model) if a is None else model.get(k) == a
+                assert store.compare_and_swap(k, a, b) == expected_ok
+                if expected_ok:
+                    model[k] = b
+        assert store.items(prefix=prefix) == dict(sorted(model.items()))
+
+    check()
 
 
 def test_pydantic_values_persist_as_model_dump(store_spec: StoreSpec) -> None:

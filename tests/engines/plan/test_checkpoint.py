@@ -691,3 +691,32 @@ def test_async_api_inside_event_loop(store: Store) -> None:
 
     assert asyncio.run(go()).ok
     assert json.loads(json.dumps(store.read("etl")))["status"] == "done"
+
+
+def test_idempotency_key_is_stable_across_crash_and_resume(store: Store) -> None:
+    # spec 43: a failed step is retried as-is; its idempotency key lets an external API
+    # deduplicate the retried side effect (same key), while a new execution gets a new one.
+    seen: list[str] = []
+    fail = {"on": True}
+
+    def charge(env: Envelope[Any]) -> str:
+        seen.append(env.metadata["idempotency_key"])
+        if fail["on"]:
+            raise ConnectionError("gateway timeout after the charge was sent")
+        return "charged"
+
+    def make() -> Plan:
+        return Plan(
+            Step(lambda p: "order-7", name="prepare"),
+            Step(charge, writes="receipt"),
+            store=store,
+            checkpoint_key="orders",
+            resume=True,
+        )
+
+    assert not run(make()).ok
+    fail["on"] = False
+    assert run(make()).ok
+    assert seen == ["orders:charge:2", "orders:charge:2"]
+    assert run(Plan(Step(charge), store=store, checkpoint_key="orders2")).ok
+    assert seen[-1] == "orders2:charge:1"

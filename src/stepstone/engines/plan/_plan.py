@@ -215,6 +215,7 @@ class Plan:
         runner.outputs = rep.envelopes()
         runner.pending = rep.pending
         runner.iteration = head.iteration
+        runner.position = int(head.meta.get("position") or 0)
         runner.rejoin = head.meta.get("rejoin")
         if rep.applied:
             last = rep.applied[-1][0]

@@ -48,6 +48,7 @@ class PlanRun:
     strict: bool = False
     writes_prefix: str = ""
     iteration: int = 0
+    position: int = 0  # units completed; unlike ``iteration``, failed attempts don't count
     rejoin: str | None = None
     prev: Envelope[Any] | None = None
     outputs: dict[str, Envelope[Any]] = dataclasses.field(default_factory=dict)
@@ -76,7 +77,7 @@ class PlanRun:
     ) -> None:
         if self.run is None:
             return
-        meta = {**self.meta, "rejoin": self.rejoin, "error": error}
+        meta = self._meta(error)
         async with self._lock:
             await self.run.commit(
                 status=status,
@@ -87,6 +88,9 @@ class PlanRun:
                 writes=[(self.writes_prefix + k, v) for k, v in writes or []],
             )
         self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, next_step=next_step)
+
+    def _meta(self, error: dict[str, Any] | None) -> dict[str, Any]:
+        return {**self.meta, "rejoin": self.rejoin, "position": self.position, "error": error}
 
     async def _fail(self, entry: str, env: Envelope[Any], step: str) -> Envelope[Any]:
         assert env.error is not None
@@ -144,7 +148,7 @@ class PlanRun:
                 status="failed",
                 next_step=self._current,
                 iteration=self.iteration,
-                meta={**self.meta, "rejoin": self.rejoin, "error": error},
+                meta=self._meta(error),
             )
         except Exception:  # noqa: BLE001 - the original exception matters more
             pass
@@ -205,6 +209,7 @@ class PlanRun:
             return await self._fail(name, Envelope.error_envelope(exc, task=out.task), name)
         nxt = self._next_entry(next_idx)
         writes = [(step.writes, value)] if step.writes else None
+        self.position += 1
         await self._commit(
             status="running" if nxt else "done", next_step=nxt, rows=[row], writes=writes
         )
@@ -268,6 +273,7 @@ class PlanRun:
         nxt = self._next_entry(next_idx)
         writes = [(s.writes, values[s.step_name]) for s in unit.steps if s.writes]
         names = [s.step_name for s in unit.steps]
+        self.position += 1
         await self._commit(
             status="running" if nxt else "done",
             next_step=nxt,
@@ -363,9 +369,14 @@ class PlanRun:
         if source is self.start and self.start.context:
             parts.insert(0, self.start.context)  # the caller's context reaches the first step
         context = "\n\n".join(p for p in parts if p) or None
-        return Envelope(
-            task=task, context=context, payload=source.payload, metadata={"step": step.step_name}
-        )
+        metadata: dict[str, Any] = {"step": step.step_name, "iteration": self.iteration}
+        if self.run is not None:
+            # The same for every attempt of this execution of the step (a failed attempt does
+            # not move ``position``, and it is persisted), new for the next execution (a loop):
+            # pass it to external APIs so a retried side effect is deduplicated.
+            nth = self.position + 1
+            metadata["idempotency_key"] = f"{self.run.key}:{step.step_name}:{nth}"
+        return Envelope(task=task, context=context, payload=source.payload, metadata=metadata)
 
     # -- targets -------------------------------------------------------------------------
     async def _invoke(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:

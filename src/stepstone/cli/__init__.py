@@ -42,16 +42,21 @@ def _open_store(db: Path | None, url: str | None, console: Console) -> Store:
 def demo(
     db: Annotated[
         Path | None,
-        typer.Option("--db", help="SQLite file to use (default: a new temp directory)."),
+        typer.Option(
+            "--db",
+            help="SQLite file to use; the graph story's file goes next to it "
+            "(default: a new temp directory).",
+        ),
     ] = None,
 ) -> None:
     """Run the ETL crash/resume story (and the lunar-mission graph story) offline."""
     console = Console()
-    workdir = Path(tempfile.mkdtemp(prefix="stepstone-demo-"))
-    path = db if db is not None else workdir / "pipeline.sqlite"
-    if db is not None and not path.parent.exists():
-        console.print(f"[red]error:[/] directory {path.parent} does not exist")
+    if db is not None and not db.parent.exists():
+        console.print(f"[red]error:[/] directory {db.parent} does not exist")
         raise typer.Exit(2)
+    # With --db, the graph story's checkpoint file goes next to it; else a new temp dir.
+    workdir = db.parent if db is not None else Path(tempfile.mkdtemp(prefix="stepstone-demo-"))
+    path = db if db is not None else workdir / "pipeline.sqlite"
     console.print(f"[bold]stepstone demo[/] — store: {path} (no API key needed)\n")
     run_etl_demo(console, path)
     run_lunar_demo(console, workdir)

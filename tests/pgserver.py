@@ -49,6 +49,12 @@ def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+def _others_can_enter(path: str) -> bool:
+    """Whether every directory on ``path`` lets other users through (the x bit)."""
+    p = Path(path).resolve()
+    return all(os.stat(d).st_mode & 0o001 for d in (p, *p.parents))
+
+
 def unavailable_reason() -> str | None:
     """Why no test server can be started here, or None when one can."""
     if find_bindir() is None:
@@ -89,7 +95,10 @@ class PgServer:
         assert bindir is not None
         self.bindir = bindir
         self.fsync = fsync
-        self.root = Path(tempfile.mkdtemp(prefix="stepstone-pg-"))
+        # As root the server runs as the postgres user, who must be able to reach the data
+        # directory: a private TMPDIR (mode 0700) would lock it out, so use /tmp then.
+        base = "/tmp" if _is_root() and not _others_can_enter(tempfile.gettempdir()) else None
+        self.root = Path(tempfile.mkdtemp(prefix="stepstone-pg-", dir=base))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = 0

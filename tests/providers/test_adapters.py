@@ -322,3 +322,20 @@ def test_sync_calls_on_fresh_loops_reuse_nothing_stale() -> None:
         )
         assert agent("a").payload == "one"
         assert agent("b").payload == "two"
+
+
+def test_missing_api_key_names_the_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepstone.exceptions import UserError
+    from stepstone.providers import AnthropicProvider, GoogleProvider, OpenAIProvider
+
+    for var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GOOGLE_API_KEY", "GEMINI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    for cls, hint in (
+        (AnthropicProvider, "ANTHROPIC_API_KEY"),
+        (OpenAIProvider, "OPENAI_API_KEY"),
+        (GoogleProvider, "GOOGLE_API_KEY or GEMINI_API_KEY"),
+    ):
+        with pytest.raises(UserError, match=f"set {hint} or pass {cls.__name__}"):
+            cls()._build_client()
+    monkeypatch.setenv("GEMINI_API_KEY", "from-env")
+    assert GoogleProvider()._resolve_api_key() == "from-env"

@@ -8,7 +8,6 @@ and the tool list).
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
@@ -33,7 +32,6 @@ from stepstone.providers._types import (
 
 __all__ = ["AnthropicProvider"]
 
-_DEFAULT_BASE_URL = "https://api.anthropic.com"
 _NATIVE: dict[NativeTool, dict[str, Any]] = {
     NativeTool.WEB_SEARCH: {"type": "web_search_20250305", "name": "web_search"},
     NativeTool.WEB_FETCH: {"type": "web_fetch_20250910", "name": "web_fetch"},
@@ -75,6 +73,9 @@ class AnthropicProvider(SDKClientMixin, Provider):
         "cheap": "claude-haiku-4-5",
     }
     native_tools_supported: ClassVar[frozenset[NativeTool]] = frozenset(_NATIVE)
+    api_key_envs = ("ANTHROPIC_API_KEY",)
+    base_url_env = "ANTHROPIC_BASE_URL"
+    default_base_url = "https://api.anthropic.com"
 
     def __init__(
         self,
@@ -86,19 +87,16 @@ class AnthropicProvider(SDKClientMixin, Provider):
         **client_options: Any,
     ) -> None:
         self._anthropic = _import_anthropic()
-        self.api_key = api_key
-        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or _DEFAULT_BASE_URL
-        self.max_tokens = max_tokens
-        self.strict_native_tools = strict_native_tools
+        self._configure(
+            api_key=api_key,
+            base_url=base_url,
+            max_tokens=max_tokens,
+            strict_native_tools=strict_native_tools,
+        )
         self._client_options = client_options
 
     def _build_client(self) -> Any:
-        api_key = self.api_key or os.environ.get("ANTHROPIC_API_KEY")
-        if not api_key:
-            raise UserError(
-                "no API key for anthropic: set ANTHROPIC_API_KEY or pass "
-                "AnthropicProvider(api_key=...)"
-            )
+        api_key = self._resolve_api_key()
         # The engine owns retries and deadlines, so the SDK's own are turned off.
         return self._anthropic.AsyncAnthropic(
             api_key=api_key, base_url=self.base_url, max_retries=0, **self._client_options

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from stepstone.exceptions import ModelRequestsBlockedError
+from stepstone.exceptions import ModelRequestsBlockedError, UserError
 from stepstone.providers._types import ModelRequest, ModelResponse, NativeTool
 
 __all__ = [
@@ -137,9 +137,43 @@ class SDKClientMixin:
 
     name: str
     base_url: str | None
+    api_key: str | None = None
+    max_tokens: int | None = None
+    strict_native_tools: bool = False
+    #: Environment variables holding the API key, tried in order.
+    api_key_envs: ClassVar[tuple[str, ...]] = ()
+    #: Environment variable that overrides the endpoint, and the provider's own endpoint.
+    base_url_env: ClassVar[str] = ""
+    default_base_url: ClassVar[str] = ""
     _client: Any = None
     _client_loop: asyncio.AbstractEventLoop | None = None
     _client_guard: AsyncGenerator[None, None] | None = None
+
+    def _configure(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None,
+        max_tokens: int | None,
+        strict_native_tools: bool,
+    ) -> None:
+        """Keep the settings every SDK adapter takes (the endpoint from its env var)."""
+        self.api_key = api_key
+        self.base_url = base_url or os.environ.get(self.base_url_env) or self.default_base_url
+        self.max_tokens = max_tokens
+        self.strict_native_tools = strict_native_tools
+
+    def _resolve_api_key(self) -> str:
+        """The key given, else the first of ``api_key_envs`` that is set."""
+        key = self.api_key or next(
+            (os.environ[e] for e in self.api_key_envs if os.environ.get(e)), None
+        )
+        if not key:
+            raise UserError(
+                f"no API key for {self.name}: set {' or '.join(self.api_key_envs)} or pass "
+                f"{type(self).__name__}(api_key=...)"
+            )
+        return key
 
     async def _get_client(self) -> Any:
         """This loop's SDK client, once real requests are known to be allowed."""

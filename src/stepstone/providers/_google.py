@@ -8,7 +8,6 @@ Model parts are replayed verbatim so thought signatures survive tool turns.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
@@ -33,7 +32,6 @@ from stepstone.providers._types import (
 
 __all__ = ["GoogleProvider"]
 
-_DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 _NATIVE: dict[NativeTool, dict[str, Any]] = {
     NativeTool.WEB_SEARCH: {"google_search": {}},
     NativeTool.WEB_FETCH: {"url_context": {}},
@@ -67,6 +65,9 @@ class GoogleProvider(SDKClientMixin, Provider):
         "cheap": "gemini-2.5-flash-lite",
     }
     native_tools_supported: ClassVar[frozenset[NativeTool]] = frozenset(_NATIVE)
+    api_key_envs = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
+    base_url_env = "GOOGLE_GEMINI_BASE_URL"
+    default_base_url = "https://generativelanguage.googleapis.com"
 
     def __init__(
         self,
@@ -77,20 +78,15 @@ class GoogleProvider(SDKClientMixin, Provider):
         strict_native_tools: bool = False,
     ) -> None:
         self._genai = _import_genai()
-        self.api_key = api_key
-        self.base_url = base_url or os.environ.get("GOOGLE_GEMINI_BASE_URL") or _DEFAULT_BASE_URL
-        self.max_tokens = max_tokens
-        self.strict_native_tools = strict_native_tools
+        self._configure(
+            api_key=api_key,
+            base_url=base_url,
+            max_tokens=max_tokens,
+            strict_native_tools=strict_native_tools,
+        )
 
     def _build_client(self) -> Any:
-        api_key = (
-            self.api_key or os.environ.get("GOOGLE_API_KEY") or os.environ.get("GEMINI_API_KEY")
-        )
-        if not api_key:
-            raise UserError(
-                "no API key for google: set GOOGLE_API_KEY (or GEMINI_API_KEY) or pass "
-                "GoogleProvider(api_key=...)"
-            )
+        api_key = self._resolve_api_key()
         types = self._genai.types
         # One attempt: the engine owns retries and deadlines.
         options = types.HttpOptions(

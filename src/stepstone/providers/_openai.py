@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
@@ -34,8 +33,6 @@ from stepstone.providers._types import (
 __all__ = ["OpenAIProvider"]
 
 log = logging.getLogger("stepstone")
-
-_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
 def _import_openai() -> Any:
@@ -83,6 +80,9 @@ class OpenAIProvider(SDKClientMixin, Provider):
         "cheap": "gpt-5-nano",
     }
     native_tools_supported: ClassVar[frozenset[NativeTool]] = frozenset({NativeTool.WEB_SEARCH})
+    api_key_envs = ("OPENAI_API_KEY",)
+    base_url_env = "OPENAI_BASE_URL"
+    default_base_url = "https://api.openai.com/v1"
 
     def __init__(
         self,
@@ -96,19 +96,16 @@ class OpenAIProvider(SDKClientMixin, Provider):
     ) -> None:
         self._openai = _import_openai()
         self.name = name
-        self.api_key = api_key
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE_URL
-        self.strict_native_tools = strict_native_tools
-        self.max_tokens = max_tokens
+        self._configure(
+            api_key=api_key,
+            base_url=base_url,
+            max_tokens=max_tokens,
+            strict_native_tools=strict_native_tools,
+        )
         self._client_options = client_options
 
     def _build_client(self) -> Any:
-        api_key = self.api_key or os.environ.get("OPENAI_API_KEY")
-        if not api_key:
-            raise UserError(
-                f"no API key for {self.name}: set OPENAI_API_KEY or pass "
-                "OpenAIProvider(api_key=...)"
-            )
+        api_key = self._resolve_api_key()
         # The engine owns retries and deadlines, so the SDK's own are turned off.
         return self._openai.AsyncOpenAI(
             api_key=api_key, base_url=self.base_url, max_retries=0, **self._client_options

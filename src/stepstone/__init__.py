@@ -29,6 +29,7 @@ from stepstone.core import (
 )
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
+from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
@@ -79,6 +80,11 @@ __all__ = [
     "from_prev",
     "from_start",
     "from_step",
+    # adaptive plans
+    "PlanRound",
+    "ReplanEngine",
+    "ReplanTask",
+    "Task",
     # tools
     "Tool",
     "tool",

@@ -19,6 +19,9 @@ The tree::
     │   ├── ToolTimeoutError            a tool exceeded LLMEngine.tool_timeout
     │   ├── StreamStallError            a provider stream went idle past stream_idle_timeout
     │   ├── MaxTurnsExceeded            the LLM loop hit max_turns
+    │   ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
+    │   ├── PlannerOutputError          a ReplanEngine planner answered something else than
+    │   │                               a PlanRound
     │   ├── AgentCheckpointCorruptionError  an agent-run checkpoint is missing or malformed
     │   ├── NodeException               a graph node raised; __cause__ is the original error
     │   └── CheckpointError             a graph checkpoint cannot be used as asked
@@ -57,6 +60,7 @@ __all__ = [
     "ConcurrentGraphResumeError",
     "ConcurrentPlanRunError",
     "GraphCompileError",
+    "MaxRoundsExceeded",
     "MaxTurnsExceeded",
     "MissingExtraError",
     "ModelRequestsBlockedError",
@@ -64,6 +68,7 @@ __all__ = [
     "PlanCompileError",
     "PlanPaused",
     "PlanRuntimeError",
+    "PlannerOutputError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -310,4 +315,20 @@ class ModelRequestsBlockedError(UserError):
     Raised by provider adapters inside ``stepstone.testing.block_model_requests()`` or when
     the ``STEPSTONE_BLOCK_MODEL_REQUESTS`` environment variable is set. Requests to loopback
     addresses (test servers) stay allowed.
+    """
+
+
+class MaxRoundsExceeded(StepstoneError):
+    """A ReplanEngine run reached ``max_rounds`` without its planner answering ``done=True``.
+
+    Surfaces as an error envelope and leaves the run ``failed``; a ``resume=True`` run with
+    a higher ``max_rounds`` continues from the last round.
+    """
+
+
+class PlannerOutputError(StepstoneError):
+    """A ReplanEngine planner returned something other than a ``PlanRound``.
+
+    Surfaces as an error envelope naming the planner and what it returned; the run is left
+    ``failed`` at that round, and a ``resume=True`` run asks the planner again.
     """

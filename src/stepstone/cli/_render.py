@@ -35,6 +35,10 @@ def render_entry(console: Console, entry: StoreEntry, *, history: bool = True) -
         console.print_json(json.dumps(entry.value, default=str))
         return
     state = entry.value
+    if entry.run_kind == "replan" and isinstance(state, dict):
+        from stepstone.cli._render_replan import render_replan
+
+        return render_replan(console, entry, history=history)
     if not isinstance(state, dict) or "status" not in state:
         console.print(f"[bold]{entry.key}[/] ({entry.run_kind} run):")
         console.print_json(json.dumps(state, default=str))

@@ -535,7 +535,7 @@ def test_inspect_shows_the_rounds(tmp_path: Path) -> None:
 
     flaky = Flaky()
     flaky.fail = {"b"}
-    script = Script(_round_of(["a", "b"]), done())
+    script = Script(_round_of(["a", "b", "c"], sequential=("c",)), done())
     db = tmp_path / "r.sqlite"
     with Store(db=db) as store:
         agent_for(script, named("work", flaky.work), store=store, checkpoint_key="insp")("go")
@@ -544,5 +544,6 @@ def test_inspect_shows_the_rounds(tmp_path: Path) -> None:
     out = result.output
     assert "insp  replan run  status failed  next step round 1" in out
     assert "round 1: items" in out
-    assert "work" in out and '"A"' in out and "pending" in out
+    assert "work (sequential)" in out and '"A"' in out
+    assert "stopped the run (see error)" in out and "pending" in out
     assert "ConnectionError: upstream down for b" in out

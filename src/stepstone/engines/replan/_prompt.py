@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from stepstone.core import Tool
@@ -59,21 +60,21 @@ def planner_prompt(
 def planner_kwargs(
     planner: Tool,
     *,
-    prompt: str,
     task: str,
     tools: list[Tool],
     rounds: list[Round],
     number: int,
     max_rounds: int,
 ) -> dict[str, Any]:
-    """Arguments for a function planner: the ones among :data:`PLANNER_ARGS` it declares."""
-    offered: dict[str, Any] = {
-        "task": prompt,
-        "original_task": task,
-        "history": [r.history() for r in rounds],
-        "tools": [t.definition() for t in tools],
-        "round": number,
-        "max_rounds": max_rounds,
-    }
+    """Arguments for a function planner: the ones among :data:`PLANNER_ARGS` it declares
+    (each built only when declared: the prompt and the history grow with the run)."""
     wanted = planner.parameters.get("properties") or {}
-    return {k: v for k, v in offered.items() if k in wanted}
+    offered: dict[str, Callable[[], Any]] = {
+        "task": lambda: planner_prompt(task, tools, rounds, number=number, max_rounds=max_rounds),
+        "original_task": lambda: task,
+        "history": lambda: [r.history() for r in rounds],
+        "tools": lambda: [t.definition() for t in tools],
+        "round": lambda: number,
+        "max_rounds": lambda: max_rounds,
+    }
+    return {k: make() for k, make in offered.items() if k in wanted}

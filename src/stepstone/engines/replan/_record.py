@@ -40,6 +40,7 @@ class Round:
     number: int
     plan: PlanRound
     outcomes: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    _history: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def complete(self) -> bool:
@@ -52,7 +53,10 @@ class Round:
 
     def history(self) -> dict[str, Any]:
         """Plain JSON: ``{round, reasoning, done, tasks: [{tool, kwargs, parallel,
-        result|error|pending}]}``."""
+        result|error|pending}]}`` (built once the round is complete, then reused: a
+        planner gets every earlier round each round). Treat it as read-only."""
+        if self._history is not None:
+            return self._history
         tasks = []
         for i, task in enumerate(self.plan.tasks):
             item: dict[str, Any] = {
@@ -76,6 +80,8 @@ class Round:
         if self.plan.done:
             out["done"] = True
             out["final_answer"] = self.plan.final_answer
+        if self.complete:
+            self._history = out
         return out
 
 

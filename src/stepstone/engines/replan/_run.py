@@ -172,12 +172,12 @@ class ReplanRun:
     async def _ask_planner(self, number: int) -> PlanRound:
         planner = self.tools[self.planner_name]
         workers = self.workers
-        prompt = planner_prompt(
-            self.task, workers, self.rounds, number=number, max_rounds=self.max_rounds
-        )
         where = {"round": number, "step": "planner"}
         try:
             if planner.agent is not None:
+                prompt = planner_prompt(
+                    self.task, workers, self.rounds, number=number, max_rounds=self.max_rounds
+                )
                 env = await planner.agent.run(
                     Envelope(task=prompt, payload=prompt, metadata={"round": number})
                 )
@@ -189,7 +189,6 @@ class ReplanRun:
             else:
                 args = planner_kwargs(
                     planner,
-                    prompt=prompt,
                     task=self.task,
                     tools=workers,
                     rounds=self.rounds,

@@ -547,3 +547,25 @@ def test_inspect_shows_the_rounds(tmp_path: Path) -> None:
     assert "work (sequential)" in out and '"A"' in out
     assert "stopped the run (see error)" in out and "pending" in out
     assert "ConnectionError: upstream down for b" in out
+
+
+def test_a_corrupt_record_names_its_key(tmp_path: Path) -> None:
+    # guarantee 196
+    from stepstone.durable import claim_run
+    from stepstone.exceptions import CheckpointCorruptError
+
+    with Store(db=tmp_path / "r.sqlite") as store:
+        claim = claim_run(store, "bad", kind="replan", resume=False, first_step="round 1")
+        assert claim.run is not None
+        claim.run.commit_sync(
+            status="failed", next_step="round 1", rows=[("task", "3.0", {"round": 3, "index": 0})]
+        )
+        claim.run.release()
+        with pytest.raises(CheckpointCorruptError, match=r"'bad' is corrupt.*unknown round"):
+            store.read("bad")
+        script = Script(done())
+        with pytest.raises(CheckpointCorruptError, match=r"store.delete\('bad'\)"):
+            agent_for(script, store=store, checkpoint_key="bad", resume=True)("go")
+        # The key was released: after a delete, a fresh run works at once.
+        store.delete("bad")
+        assert agent_for(script, store=store, checkpoint_key="bad")("go").ok

@@ -236,7 +236,14 @@ class ReplanRun:
             await self._commit("running", [task_row(current.number, index, task.tool, outcome)])
             self._emit(EventType.STEP_FINISH, step=task.tool, round=current.number, index=index)
 
-        await asyncio.gather(*(one(i, t) for i, t in todo if t.parallel))
+        # Let every sibling finish (and commit) before anything propagates: a lost lease
+        # or a crash in one task must not leave the others running unobserved.
+        outcomes = await asyncio.gather(
+            *(one(i, t) for i, t in todo if t.parallel), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         if not stops:
             for i, t in todo:
                 if not t.parallel:

@@ -569,3 +569,28 @@ def test_a_corrupt_record_names_its_key(tmp_path: Path) -> None:
         # The key was released: after a delete, a fresh run works at once.
         store.delete("bad")
         assert agent_for(script, store=store, checkpoint_key="bad")("go").ok
+
+
+def test_session_sees_planner_tasks_and_checkpoints(tmp_path: Path) -> None:
+    # guarantee 71
+    from stepstone import EventType, Session
+
+    session = Session()
+    script = Script(_round_of(["a", "b"]), done())
+    flaky = Flaky()
+    with Store(db=tmp_path / "r.sqlite") as store:
+        agent = Agent(
+            engine=ReplanEngine(store=store, checkpoint_key="ev"),
+            tools=[script.planner_tool(), named("work", flaky.work)],
+            session=session,
+        )
+        env = agent("go")
+    starts = [
+        (e.payload["step"], e.payload["round"]) for e in session.of_type(EventType.STEP_START)
+    ]
+    assert starts[0] == ("planner", 1) and starts[-1] == ("planner", 2)
+    assert sorted(starts[1:3]) == [("work", 1), ("work", 1)]
+    checkpoints = session.of_type(EventType.CHECKPOINT)
+    # one per planner answer and one per task outcome
+    assert [e.payload["status"] for e in checkpoints] == ["running"] * 3 + ["done"]
+    assert {e.run_id for e in checkpoints} == {env.metadata["run_uid"]}

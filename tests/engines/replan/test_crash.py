@@ -54,8 +54,11 @@ def _wait_for_lines(proc: subprocess.Popen[str], log: Path, target: int) -> bool
     pytest.fail("the worker made no progress in 180 s")
 
 
-def _crash_and_resume(where: str, log: Path, seed: int, step: tuple[int, int] = (1, 5)) -> None:
-    """Kill a worker after every ``step`` (random in that range) new log lines."""
+def _crash_and_resume(
+    where: str, log: Path, seed: int, step: tuple[int, int] = (1, 5)
+) -> tuple[int, int]:
+    """Kill a worker after every ``step`` (random in that range) new log lines; returns
+    (kills, kills that landed inside a round)."""
     rng = random.Random(seed)
     snapshots: dict[str, tuple[int, set[str]]] = {}  # killed attempt -> committed after it
     mid_round_kills = 0
@@ -110,6 +113,7 @@ def _crash_and_resume(where: str, log: Path, seed: int, step: tuple[int, int] = 
     for rnd in range(1, ROUNDS + 2):
         calls = [e[2] for e in events if e[:2] == ["plan", str(rnd)]]
         assert calls and all(a in snapshots for a in calls[:-1]), (rnd, calls)
+    return len(snapshots), mid_round_kills
 
 
 @pytest.mark.crash

@@ -87,7 +87,7 @@ def _spawn(code: str, host: str, *args: str) -> subprocess.Popen[str]:
 
 
 def test_other_host_takes_over_after_lease_expiry_never_before(pg_url: str) -> None:
-    """spec 27/30 and DESIGN 3 (ownership with leases), across hosts."""
+    """guarantee 27/30 (ownership with leases), across hosts."""
     with Store(url=pg_url) as store:
         for key in store.keys():
             store.delete(key)
@@ -177,7 +177,7 @@ _PLAN_WORKER = textwrap.dedent(
 def test_plan_resumes_on_another_host_after_its_worker_dies(pg_url: str, tmp_path: Path) -> None:
     """A Plan's worker on host A is SIGKILLed inside step s3; the same Plan with
     ``resume=True`` on host B is refused until A's lease expires, then finishes the run.
-    Committed steps never run again; only the step in flight (s3) runs twice (spec 43)."""
+    Committed steps never run again; only the step in flight (s3) runs twice (guarantee 43)."""
     with Store(url=pg_url) as store:
         for key in store.keys():
             store.delete(key)

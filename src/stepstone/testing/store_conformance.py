@@ -82,7 +82,7 @@ class _Point(BaseModel):
 
 
 def test_read_write_delete_roundtrip(store_spec: StoreSpec) -> None:
-    """spec 45: read/write/delete exist and round-trip JSON values."""
+    """guarantee 45: read/write/delete exist and round-trip JSON values."""
     store = store_spec.open()
     values: list[Any] = [1, 2.5, "text ünïcode", None, True, [1, "a", None], {"a": {"b": [1, 2]}}]
     for i, value in enumerate(values):
@@ -175,7 +175,7 @@ def test_cas_matches_a_dict_model(store_spec: StoreSpec) -> None:
 
 
 def test_pydantic_values_persist_as_model_dump(store_spec: StoreSpec) -> None:
-    """spec 37: pydantic payloads persist via model_dump."""
+    """guarantee 37: pydantic payloads persist via model_dump."""
     store = store_spec.open()
     store.write("p", _Point(x=1, y=2))
     assert store.read("p") == {"x": 1, "y": 2}
@@ -184,7 +184,7 @@ def test_pydantic_values_persist_as_model_dump(store_spec: StoreSpec) -> None:
 
 
 def test_unserializable_value_is_stringified_with_warning(store_spec: StoreSpec) -> None:
-    """spec 36: values JSON cannot hold become str() with a warning naming the key path."""
+    """guarantee 36: values JSON cannot hold become str() with a warning naming the key path."""
     store = store_spec.open()
     obj = object()
     with pytest.warns(UnserializableValueWarning, match=r"store\['u'\]\['handle'\]"):
@@ -239,7 +239,7 @@ def test_run_key_refuses_plain_value_ops(store_spec: StoreSpec) -> None:
 
 
 def test_commit_is_atomic_and_versioned(store_spec: StoreSpec) -> None:
-    """spec 39/40: head, journal and writes commit together; a stale version writes nothing."""
+    """guarantee 39/40: head, journal and writes commit together; a stale version writes nothing."""
     store = store_spec.open()
     claimed = claim_run(store, "run-c", kind="test", resume=False, first_step="a")
     run = claimed.run
@@ -308,7 +308,7 @@ def test_delete_removes_run_and_journal(store_spec: StoreSpec) -> None:
 
 
 def test_claim_live_run_refused_across_store_objects(store_spec: StoreSpec) -> None:
-    """spec 27/30: a live owner is never displaced, even by another Store object."""
+    """guarantee 27/30: a live owner is never displaced, even by another Store object."""
     first = store_spec.open()
     second = store_spec.open() if store_spec.multiprocess else first
     claimed = claim_run(first, "run-l", kind="test", resume=False, first_step="a")

@@ -35,7 +35,7 @@ def _committed_ticks(db: Path) -> list[int]:
 
 @pytest.mark.crash
 def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
-    # spec 106, 109, 110: every committed node ran exactly once; nothing committed is lost
+    # guarantee 106, 109, 110: every committed node ran exactly once; nothing committed is lost
     rng = random.Random(int(os.environ.get("CRASH_SEED", "4")))
     db, log = tmp_path / "c.sqlite", tmp_path / "ticks.log"
     committed: list[int] = []

@@ -208,7 +208,7 @@ class Plan:
         return await runner.execute(next_step)
 
     def _restore(self, runner: PlanRun, rep: Replay) -> None:
-        """Rebuild a resumed run's memory from its journal (spec 13): outputs for the
+        """Rebuild a resumed run's memory from its journal (guarantee 13): outputs for the
         sentinels, pending band branches, the iteration counter and the previous output."""
         assert runner.run is not None
         head = runner.run.head

@@ -25,6 +25,7 @@ demo: $(VENV)/.core
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check src tests examples bench
 	$(VENV)/bin/ruff format --check src tests examples bench
+	$(VENV)/bin/lint-imports
 
 fmt: $(VENV)/.dev
 	$(VENV)/bin/ruff format src tests examples bench

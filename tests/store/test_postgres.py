@@ -218,7 +218,7 @@ _RACE_WORKER = textwrap.dedent(
     """
     import json, sys, time
     from stepstone.durable import claim_run
-    from stepstone.exceptions import ConcurrentPlanRunError, StoreKeyConflictError
+    from stepstone.exceptions import ConcurrentRunError, StoreKeyConflictError
     from stepstone.store import Store
     url, role, n, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     store = Store(url=url)
@@ -237,7 +237,7 @@ _RACE_WORKER = textwrap.dedent(
             else:
                 store.compare_and_swap(key, None, role)
             won.append(key)
-        except (StoreKeyConflictError, ConcurrentPlanRunError):
+        except (StoreKeyConflictError, ConcurrentRunError):
             pass
     print(json.dumps(won))
     store.close()

@@ -28,7 +28,7 @@ _OWNER = textwrap.dedent(
     """
     import sys
     from stepstone.durable import claim_run
-    from stepstone.exceptions import ConcurrentPlanRunError
+    from stepstone.exceptions import ConcurrentRunError
     from stepstone.store import Store
     store = Store(url=sys.argv[1], lease_seconds=float(sys.argv[2]))
     run = claim_run(store, "job", kind="test", resume=False, first_step="s0").run
@@ -40,7 +40,7 @@ _OWNER = textwrap.dedent(
         run.commit_sync(status="running", next_step="s2", rows=[("step", "s1", "a")],
                         writes=[("out-s1", "a")])
         print("committed", flush=True)
-    except ConcurrentPlanRunError as exc:
+    except ConcurrentRunError as exc:
         print("lost:", exc, flush=True)
     """
 )
@@ -49,7 +49,7 @@ _TAKER = textwrap.dedent(
     """
     import json, sys, time
     from stepstone.durable import claim_run
-    from stepstone.exceptions import ConcurrentPlanRunError
+    from stepstone.exceptions import ConcurrentRunError
     from stepstone.store import Store
     store = Store(url=sys.argv[1], lease_seconds=float(sys.argv[2]))
     attempts = []
@@ -58,7 +58,7 @@ _TAKER = textwrap.dedent(
         t0 = time.time()
         try:
             claimed = claim_run(store, "job", kind="test", resume=True, first_step="s0")
-        except ConcurrentPlanRunError:
+        except ConcurrentRunError:
             attempts.append([t0, time.time(), False])
             time.sleep(0.05)
             continue

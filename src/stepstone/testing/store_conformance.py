@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from stepstone.durable import claim_run
 from stepstone.exceptions import (
-    ConcurrentPlanRunError,
+    ConcurrentRunError,
     StoreKeyConflictError,
     UnserializableValueWarning,
 )
@@ -315,7 +315,7 @@ def test_claim_live_run_refused_across_store_objects(store_spec: StoreSpec) -> N
     assert claimed.run is not None
     try:
         for resume in (False, True):
-            with pytest.raises(ConcurrentPlanRunError, match="run-l"):
+            with pytest.raises(ConcurrentRunError, match="run-l"):
                 claim_run(second, "run-l", kind="test", resume=resume, first_step="a")
     finally:
         claimed.run.release()
@@ -335,7 +335,7 @@ def test_lease_renew_and_expiry_takeover(store_spec: StoreSpec) -> None:
     head = run.head
     far = head.replace(host="elsewhere", lease_until=time.time() + 60)
     assert store.backend.run_transact("run-e", lambda h, kv: _reclaim(far)) is not None
-    with pytest.raises(ConcurrentPlanRunError):
+    with pytest.raises(ConcurrentRunError):
         claim_run(store, "run-e", kind="test", resume=True, first_step="a")
     assert store.backend.run_renew("run-e", head.run_uid, time.time() - 1)
     assert not store.backend.run_renew("run-e", "not-the-owner", time.time() + 60)

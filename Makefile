@@ -44,4 +44,4 @@ bench: $(VENV)/.dev
 	$(PY) bench/llm_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -125,3 +125,13 @@ def test_every_cited_guarantee_is_written_down() -> None:
                 cited.setdefault(n, str(path.relative_to(ROOT)))
     missing = {n: where for n, where in sorted(cited.items()) if n not in written}
     assert not missing, f"guarantees cited but not in docs/guarantees.md: {missing}"
+
+
+def test_guarantee_numbers_are_unique_and_1_to_120_are_written() -> None:
+    # numbers are stable identities: one line each, never reused
+    doc = (ROOT / "docs" / "guarantees.md").read_text(encoding="utf-8")
+    numbers = [int(n) for n in re.findall(r"^(\d+)\. ", doc, re.M)]
+    twice = sorted({n for n in numbers if numbers.count(n) > 1})
+    assert not twice, f"guarantee numbers used twice: {twice}"
+    missing = sorted(set(range(1, 121)) - set(numbers))
+    assert not missing, f"guarantees missing from docs/guarantees.md: {missing}"

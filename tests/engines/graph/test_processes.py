@@ -97,7 +97,9 @@ def test_two_processes_resuming_one_record(tmp_path: Path) -> None:
     inv = info.value.invocation_id or ""
     cp.close()
     cmd = [sys.executable, str(WORKER), "resume", str(db), str(log)]
-    first = subprocess.Popen([*cmd, inv, "0.4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # each tick of the first resume sleeps 1.5 s, so it is still running while the second
+    # process starts (its imports alone take a second or more on a loaded machine)
+    first = subprocess.Popen([*cmd, inv, "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 20
     while f" {first.pid}" not in (log.read_text() if log.exists() else ""):
         assert first.poll() is None, first.communicate()

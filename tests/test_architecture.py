@@ -1,4 +1,5 @@
-"""Run records are reached only through the kernel.
+"""Run records are reached only through the kernel, and ownership errors are caught by their
+engine-neutral name.
 
 Import-level layering is checked by import-linter in `make lint` (contracts in
 pyproject.toml). What an import check cannot see is a module reaching a store's backend
@@ -53,4 +54,37 @@ def test_only_the_store_and_the_kernel_reach_backends() -> None:
     assert not over, (
         "modules outside store/ and durable/ reaching store.backend or _kernel_call "
         f"(found, allowed): {over}; add the call you need to stepstone.durable instead"
+    )
+
+
+# The kernel raises ConcurrentPlanRunError only for runs of kind "plan" and the engine-neutral
+# ConcurrentRunError for every other kind, so code outside the Plan engine that catches (or
+# raises) the Plan-facing name would miss (or mislabel) other engines' ownership conflicts.
+PLAN_FACING = re.compile(
+    r"except\b[^:\n]*\bConcurrentPlanRunError\b|raise ConcurrentPlanRunError\("
+)
+PLAN_FACING_HOMES = ("engines/plan/", "exceptions.py")
+
+
+def test_the_plan_facing_pattern() -> None:
+    assert PLAN_FACING.search("        except ConcurrentPlanRunError:")
+    assert PLAN_FACING.search("    except (ConcurrentPlanRunError, UserError) as exc:")
+    assert PLAN_FACING.search("            raise ConcurrentPlanRunError(")
+    assert not PLAN_FACING.search("        except ConcurrentRunError:")
+    assert not PLAN_FACING.search("    ConcurrentPlanRunError: a live run owns the key.")
+
+
+def test_other_engines_catch_the_engine_neutral_ownership_error() -> None:
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith(PLAN_FACING_HOMES):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if PLAN_FACING.search(line):
+                wrong.append(f"{rel}:{number}: {line.strip()}")
+    assert not wrong, (
+        "catch or raise ConcurrentRunError (stepstone.durable.ownership_error(kind, message) "
+        "picks the right class) instead of the Plan-facing ConcurrentPlanRunError:\n"
+        + "\n".join(wrong)
     )

@@ -25,6 +25,7 @@ demo: $(VENV)/.core
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check src tests examples bench
 	$(VENV)/bin/ruff format --check src tests examples bench
+	$(VENV)/bin/lint-imports
 
 fmt: $(VENV)/.dev
 	$(VENV)/bin/ruff format src tests examples bench
@@ -43,4 +44,4 @@ bench: $(VENV)/.dev
 	$(PY) bench/llm_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

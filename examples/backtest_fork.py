@@ -1,4 +1,4 @@
-"""Concurrent fan-out with ``on_concurrent="fork"`` (seed 000, example 2).
+"""Concurrent fan-out with ``on_concurrent="fork"``.
 
 Each run of the same backtest plan claims its own checkpoint key
 ``backtest:<run_uid>``, and its ``writes=`` go under that key too, so runs never collide.

@@ -1,4 +1,4 @@
-"""ETL crash and resume (seed 000, example 1), with plain Python functions.
+"""ETL crash and resume with plain Python functions.
 
 Run 1 crashes during ``validate`` (a KeyboardInterrupt stands in for a crash); the checkpoint
 says ``status="failed", next_step="validate"``. Run 2 resumes at ``validate``: ``extract``

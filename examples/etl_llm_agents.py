@@ -1,11 +1,11 @@
-"""Seed 000's crash/resume example exactly as written there: four LLM agents in a Plan.
+"""The ETL crash/resume example with four LLM agents in a Plan.
 
     extract -> transform -> validate (structured output) -> load
 
 Run 1 crashes during validate; run 2 resumes at validate (extract and transform are NOT
 re-run, so their tokens are not paid twice); run 3 finds the plan done and returns the
 cached kv. Offline by default (each agent runs on a ``stepstone.testing.FakeModel``
-script); with ``ANTHROPIC_API_KEY`` set the agents use ``claude-sonnet-4-6`` as in the seed
+script); with ``ANTHROPIC_API_KEY`` set the agents use ``claude-sonnet-4-6``
 (``STEPSTONE_MODEL`` picks another model, ``--offline`` forces the scripts).
 
     python examples/etl_llm_agents.py [--offline] [DB_PATH]

@@ -1,4 +1,4 @@
-"""Inspecting partial state after a failure (seed 000, example 3).
+"""Inspecting partial state after a failure.
 
 A failed run leaves its state in the store: read it to see what the pipeline saw at the
 failure point, before deciding to resume. (`stepstone inspect --db FILE KEY` prints the

@@ -1,4 +1,4 @@
-"""Checkpointing and migration: a lunar-mission planning graph (seed 002).
+"""Checkpointing and migration: a lunar-mission planning graph.
 
 A three-node planning pipeline writes a SQLite checkpoint after every node, survives a
 simulated crash in ``size_crew`` (phase 1: resume from the saved invocation), then resumes

@@ -1,4 +1,4 @@
-"""The public surface: grouped, sorted, complete, documented (STYLE habit 2)."""
+"""The public surface: grouped, sorted, complete, documented."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def test_every_public_name_has_a_docstring() -> None:
     assert not missing, f"public names without a docstring: {missing}"
 
 
-def test_design_surface_is_importable() -> None:
-    # DESIGN.md section 1: the names a seed reader expects
+def test_documented_surface_is_importable() -> None:
+    # the names README.md and docs/ show
     for name in (
         "Agent",
         "Plan",

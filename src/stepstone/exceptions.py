@@ -5,41 +5,54 @@ The tree::
     BaseException
     └── PlanPaused                      a step asks the Plan to halt cooperatively (not an error)
     Exception
-    ├── StepstoneError                  base of everything below that is ours
-    │   ├── UserError                   you used the API wrong; fix the call, do not retry
-    │   │   ├── PlanCompileError        invalid Plan, raised before anything runs
-    │   │   ├── GraphCompileError       invalid graph, raised by GraphBuilder.compile()
-    │   │   ├── MissingExtraError       an optional dependency is not installed
-    │   │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
-    │   │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
-    │   ├── StoreError                  the store could not do what was asked
-    │   │   └── CheckpointCorruptError  a stored checkpoint cannot be decoded
-    │   ├── SerializationError          a value cannot be persisted (strict mode) or a
-    │   │                               signed pickle was refused
-    │   ├── ToolTimeoutError            a tool exceeded LLMEngine.tool_timeout
-    │   ├── StreamStallError            a provider stream went idle past stream_idle_timeout
-    │   ├── MaxTurnsExceeded            the LLM loop hit max_turns
-    │   ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
-    │   ├── PlannerOutputError          a ReplanEngine planner answered something else than
-    │   │                               a PlanRound
-    │   ├── AgentCheckpointCorruptionError  an agent-run checkpoint is missing or malformed
-    │   ├── NodeException               a graph node raised; __cause__ is the original error
-    │   └── CheckpointError             a graph checkpoint cannot be used as asked
-    │       ├── CheckpointNotFound      no record under that invocation_id
-    │       ├── CheckpointRecordInvalid a record cannot be decoded (or its pickle was refused)
-    │       └── CheckpointStateMigrationError   a saved state cannot reach the current schema
-    │           ├── CheckpointStateMigrationMissing         no chain of registered migrations
-    │           ├── CheckpointStateMigrationChainAmbiguous  two shortest chains
-    │           └── CheckpointStateMigrationFailed          a migration raised or its output
-    │                                                       does not validate
-    └── RuntimeError
-        ├── PlanRuntimeError            a Plan misbehaved at run time (a route predicate raised)
+    └── StepstoneError                  base of every error stepstone raises
+        ├── UserError                   you used the API wrong; fix the call, do not retry
+        │   ├── ConfigurationError (+ValueError)     a bad argument value (LLMEngine, Store...)
+        │   │   └── ConfigurationTypeError (+TypeError)  an argument of the wrong type
+        │   ├── PlanCompileError        invalid Plan, raised before anything runs
+        │   ├── GraphCompileError       invalid graph, raised by GraphBuilder.compile()
+        │   ├── MissingExtraError (+ImportError)  an optional dependency is not installed
+        │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
+        │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
+        ├── ConcurrentRunError (+RuntimeError)   another live run owns the run record
+        │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
+        │   └── ConcurrentGraphResumeError  another live invocation resumes (or runs) a record
+        ├── StoreError                  the store could not do what was asked
+        │   └── CorruptRecordError      a stored run record cannot be decoded or used
+        │       ├── CheckpointCorruptError          a Plan checkpoint
+        │       ├── CheckpointRecordInvalid         a graph record (also a CheckpointError)
+        │       └── AgentCheckpointCorruptionError  an agent-run checkpoint, or its effects
+        ├── PlanRuntimeError (+RuntimeError)  a Plan misbehaved at run time (a route raised)
         │   └── StaleCheckpointError    resume target no longer exists in the Plan
-        └── ConcurrentPlanRunError      another live run owns the checkpoint key
-            └── ConcurrentGraphResumeError  another live invocation resumes (or runs) the record
+        ├── SerializationError          a value cannot be persisted (strict mode) or a
+        │                               signed pickle was refused
+        ├── ToolTimeoutError            a tool exceeded LLMEngine.tool_timeout
+        ├── StreamStallError            a provider stream went idle past stream_idle_timeout
+        ├── MaxTurnsExceeded            the LLM loop hit max_turns
+        ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
+        ├── PlannerOutputError          a ReplanEngine planner answered something else than
+        │                               a PlanRound
+        ├── (provider errors)           a model API call failed: their classes (carrying
+        │                               ``retryable`` and ``retry_after``) go here
+        ├── NodeException               a graph node raised; __cause__ is the original error
+        └── CheckpointError             a graph checkpoint cannot be used as asked
+            ├── CheckpointNotFound      no record under that invocation_id
+            ├── CheckpointRecordInvalid (see CorruptRecordError above)
+            └── CheckpointStateMigrationError   a saved state cannot reach the current schema
+                ├── CheckpointStateMigrationMissing         no chain of registered migrations
+                ├── CheckpointStateMigrationChainAmbiguous  two shortest chains
+                └── CheckpointStateMigrationFailed          a migration raised or its output
+                                                            does not validate
     Warning
     └── UserWarning
         └── UnserializableValueWarning  a value JSON cannot hold was stored as its str()
+
+``(+X)`` marks a builtin base kept so callers that catch ``X`` keep working: a bad argument
+is still a ``ValueError``, a live owner still a ``RuntimeError``.
+
+``except StepstoneError`` catches everything stepstone raises; ``except UserError`` catches
+misuse (fix the code, do not retry); ``except ConcurrentRunError`` catches every ownership
+conflict, whatever the engine; ``except CorruptRecordError`` every record that cannot be read.
 
 Messages name the ids involved and the fix. Every error pickles (its constructor
 arguments are kept in ``args``) so it can cross process boundaries.
@@ -57,6 +70,10 @@ __all__ = [
     "CheckpointStateMigrationError",
     "CheckpointStateMigrationFailed",
     "CheckpointStateMigrationMissing",
+    "ConcurrentRunError",
+    "ConfigurationError",
+    "ConfigurationTypeError",
+    "CorruptRecordError",
     "ConcurrentGraphResumeError",
     "ConcurrentPlanRunError",
     "GraphCompileError",
@@ -82,11 +99,22 @@ __all__ = [
 
 
 class StepstoneError(Exception):
-    """Base class of stepstone's own errors (except the RuntimeError family)."""
+    """Base class of every error stepstone raises (``PlanPaused`` is a signal, not an error)."""
 
 
 class UserError(StepstoneError):
     """The API was used wrongly; the message says how to call it instead."""
+
+
+class ConfigurationError(UserError, ValueError):
+    """An argument has a value stepstone cannot accept; the message names it and the fix.
+
+    Still a ``ValueError``, so ``except ValueError`` around a constructor keeps working.
+    """
+
+
+class ConfigurationTypeError(ConfigurationError, TypeError):
+    """An argument has the wrong type (also a ``TypeError``)."""
 
 
 class PlanCompileError(UserError):
@@ -115,8 +143,13 @@ class StoreError(StepstoneError):
     """The store could not complete an operation."""
 
 
-class CheckpointCorruptError(StoreError):
-    """A stored checkpoint exists but cannot be decoded; the message names the key."""
+class CorruptRecordError(StoreError):
+    """A stored run record exists but cannot be decoded or used; the message names the key
+    (or run id) and what is wrong with it. Each engine raises its own subclass."""
+
+
+class CheckpointCorruptError(CorruptRecordError):
+    """A stored Plan checkpoint exists but cannot be decoded; the message names the key."""
 
 
 class SerializationError(StepstoneError):
@@ -138,7 +171,7 @@ class MaxTurnsExceeded(StepstoneError):
     """The LLM tool-calling loop used all of ``max_turns`` without a final answer."""
 
 
-class AgentCheckpointCorruptionError(StepstoneError):
+class AgentCheckpointCorruptionError(CorruptRecordError):
     """An agent-run checkpoint is missing, malformed, or its recorded effects disagree."""
 
 
@@ -226,7 +259,7 @@ class CheckpointNotFound(CheckpointError):
     """No graph checkpoint record exists under the requested ``invocation_id``."""
 
 
-class CheckpointRecordInvalid(CheckpointError):
+class CheckpointRecordInvalid(CheckpointError, CorruptRecordError):
     """A graph checkpoint record cannot be decoded or does not fit the graph.
 
     Also raised when a pickle record is unsigned, tampered with, or signed with another
@@ -252,7 +285,7 @@ class CheckpointStateMigrationFailed(CheckpointStateMigrationError):
     does not validate against the current state class (``__cause__`` says why)."""
 
 
-class PlanRuntimeError(RuntimeError):
+class PlanRuntimeError(StepstoneError, RuntimeError):
     """A Plan misbehaved at run time in a way that is a programming bug.
 
     The canonical case is a ``Step(routes={...})`` predicate that raises; the message names
@@ -264,15 +297,23 @@ class StaleCheckpointError(PlanRuntimeError):
     """A saved checkpoint points at a step the current Plan does not have."""
 
 
-class ConcurrentPlanRunError(RuntimeError):
-    """Another live run owns this checkpoint key (same process, another process or host).
+class ConcurrentRunError(StepstoneError, RuntimeError):
+    """Another live run owns this run record (same process, another process or host).
 
-    A run is live while its owner renews its lease; a run whose owner died (lease expired,
-    or its process is gone on this host) can be taken over with ``resume=True``.
+    Raised by the durable kernel for every engine: claiming a record whose owner is alive,
+    or committing to a record this run no longer owns (its lease expired and another run
+    took over, or the record was deleted). A run is live while its owner renews its lease;
+    a run whose owner died (lease expired, or its process is gone on this host) can be
+    taken over by a resume. Nothing is written when this is raised.
     """
 
 
-class ConcurrentGraphResumeError(ConcurrentPlanRunError):
+class ConcurrentPlanRunError(ConcurrentRunError):
+    """Another live run owns this Plan's ``checkpoint_key`` (the Plan-facing name of
+    :class:`ConcurrentRunError`; its message speaks of Plan options)."""
+
+
+class ConcurrentGraphResumeError(ConcurrentRunError):
     """A graph record is being resumed (or is still running) in another live invocation.
 
     Two resumes of one record never both execute: the second gets this error. Wait for the

@@ -1,5 +1,5 @@
 """Provider-specific wire details: thinking, caching, native tools, compatible servers,
-request blocking, missing extras (spec 82 on the wire)."""
+request blocking, missing extras (guarantee 82 on the wire)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ async def test_anthropic_prompt_caching(closing: list[Provider]) -> None:
         assert body["system"][0]["cache_control"]["ttl"] == "1h"
 
 
-async def test_anthropic_native_tools(closing: list[Provider]) -> None:  # spec 82
+async def test_anthropic_native_tools(closing: list[Provider]) -> None:  # guarantee 82
     with LoopbackServer(AnthropicDialect()) as server:
         provider = AnthropicProvider(base_url=server.base_url, api_key="k")
         (body,) = await run_one(

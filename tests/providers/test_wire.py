@@ -1,7 +1,7 @@
 """Every adapter through its official SDK against a loopback server: the tool loop,
 streaming, structured output, and the fault scripts (429 + retry-after, 500, connection
 reset, a server that never answers, a stream that stalls, malformed JSON, invalid tool-call
-arguments). Spec 78, 79, 81 on the wire."""
+arguments). Guarantee 78, 79, 81 on the wire."""
 
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ async def test_tool_loop_round_trip(case: Case, server: WireServer) -> None:
     assert "add" in str(first) and "Add two integers." in str(first)
 
 
-async def test_parallel_calls_results_in_order(case: Case, server: WireServer) -> None:  # spec 79
+async def test_parallel_calls_results_in_order(
+    case: Case, server: WireServer
+) -> None:  # guarantee 79
     server.push([call("add", a=i, b=i) for i in range(4)], "done")
     env = await agent_for(case, server).run("q")
     assert env.payload == "done"
@@ -54,13 +56,13 @@ async def test_parallel_calls_results_in_order(case: Case, server: WireServer) -
     assert contents == ["0", "2", "4", "6"]
 
 
-async def test_tool_choice_any_on_the_wire(case: Case, server: WireServer) -> None:  # spec 78
+async def test_tool_choice_any_on_the_wire(case: Case, server: WireServer) -> None:  # guarantee 78
     server.push(call("add", a=1, b=1), "two")
     await agent_for(case, server, tool_choice="any").run("q")
     assert [case.tool_choice(r.json()) for r in server.requests] == ["required", "auto"]
 
 
-async def test_stream_across_tool_turns(case: Case, server: WireServer) -> None:  # spec 85
+async def test_stream_across_tool_turns(case: Case, server: WireServer) -> None:  # guarantee 85
     server.push(
         Reply(tool_calls=[call("add", a=2, b=2)]),
         Reply(text="the answer is four", chunk_delay=0.001),
@@ -131,11 +133,12 @@ async def test_request_timeout_on_a_server_that_never_answers(
 
 async def test_timeout_then_retry_succeeds(case: Case, server: WireServer) -> None:
     server.push(Hang(), "second attempt")
-    env = await agent_for(case, server, request_timeout=0.2, max_retries=1).run("q")
+    # generous: the second attempt must answer within it on a loaded machine too
+    env = await agent_for(case, server, request_timeout=1.5, max_retries=1).run("q")
     assert env.payload == "second attempt", env.error
 
 
-async def test_stream_stall_mid_way(case: Case, server: WireServer) -> None:  # spec 81
+async def test_stream_stall_mid_way(case: Case, server: WireServer) -> None:  # guarantee 81
     server.push(Reply(text="alpha beta gamma delta", stall_after=2))
     agent = agent_for(case, server, stream_idle_timeout=0.2)
     got: list[str] = []

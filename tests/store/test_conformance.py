@@ -1,4 +1,4 @@
-"""The store conformance suite over every backend (spec 45; DESIGN section 3)."""
+"""The store conformance suite over every backend (guarantee 45; the backend contract)."""
 
 from __future__ import annotations
 

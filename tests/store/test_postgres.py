@@ -218,7 +218,7 @@ _RACE_WORKER = textwrap.dedent(
     """
     import json, sys, time
     from stepstone.durable import claim_run
-    from stepstone.exceptions import ConcurrentPlanRunError, StoreKeyConflictError
+    from stepstone.exceptions import ConcurrentRunError, StoreKeyConflictError
     from stepstone.store import Store
     url, role, n, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     store = Store(url=url)
@@ -237,7 +237,7 @@ _RACE_WORKER = textwrap.dedent(
             else:
                 store.compare_and_swap(key, None, role)
             won.append(key)
-        except (StoreKeyConflictError, ConcurrentPlanRunError):
+        except (StoreKeyConflictError, ConcurrentRunError):
             pass
     print(json.dumps(won))
     store.close()
@@ -269,7 +269,7 @@ def test_a_key_is_never_both_a_value_and_a_run_across_processes(store: Store, pg
     assert set(values) | runs == {f"k{i}" for i in range(n)}
 
 
-# -- exactly once after a lost connection (spec 39, 40) ------------------------------------
+# -- exactly once after a lost connection (guarantee 39, 40) ------------------------------------
 @pytest.fixture
 def proxy(pg_server: PgServer) -> Iterator[CutProxy]:
     p = CutProxy(pg_server.port)
@@ -288,7 +288,7 @@ def _via(proxy: CutProxy, url: str) -> str:
 def test_commit_whose_answer_is_lost_is_applied_exactly_once(
     store: Store, pg_url: str, proxy: CutProxy, mode: str, with_writes: bool
 ) -> None:
-    """spec 39/40: the connection is cut just before the server gets a step's commit, or
+    """guarantee 39/40: the connection is cut just before the server gets a step's commit, or
     just after it ran it (the answer never comes back). The commit reconnects, reads the
     head to learn what happened, and the step is in the store exactly once."""
     with Store(url=_via(proxy, pg_url)) as via:

@@ -28,7 +28,7 @@ _OWNER = textwrap.dedent(
     """
     import sys
     from stepstone.durable import claim_run
-    from stepstone.exceptions import ConcurrentPlanRunError
+    from stepstone.exceptions import ConcurrentRunError
     from stepstone.store import Store
     store = Store(url=sys.argv[1], lease_seconds=float(sys.argv[2]))
     run = claim_run(store, "job", kind="test", resume=False, first_step="s0").run
@@ -40,7 +40,7 @@ _OWNER = textwrap.dedent(
         run.commit_sync(status="running", next_step="s2", rows=[("step", "s1", "a")],
                         writes=[("out-s1", "a")])
         print("committed", flush=True)
-    except ConcurrentPlanRunError as exc:
+    except ConcurrentRunError as exc:
         print("lost:", exc, flush=True)
     """
 )
@@ -49,7 +49,7 @@ _TAKER = textwrap.dedent(
     """
     import json, sys, time
     from stepstone.durable import claim_run
-    from stepstone.exceptions import ConcurrentPlanRunError
+    from stepstone.exceptions import ConcurrentRunError
     from stepstone.store import Store
     store = Store(url=sys.argv[1], lease_seconds=float(sys.argv[2]))
     attempts = []
@@ -58,7 +58,7 @@ _TAKER = textwrap.dedent(
         t0 = time.time()
         try:
             claimed = claim_run(store, "job", kind="test", resume=True, first_step="s0")
-        except ConcurrentPlanRunError:
+        except ConcurrentRunError:
             attempts.append([t0, time.time(), False])
             time.sleep(0.05)
             continue
@@ -87,7 +87,7 @@ def _spawn(code: str, host: str, *args: str) -> subprocess.Popen[str]:
 
 
 def test_other_host_takes_over_after_lease_expiry_never_before(pg_url: str) -> None:
-    """spec 27/30 and DESIGN 3 (ownership with leases), across hosts."""
+    """guarantee 27/30 (ownership with leases), across hosts."""
     with Store(url=pg_url) as store:
         for key in store.keys():
             store.delete(key)
@@ -177,7 +177,7 @@ _PLAN_WORKER = textwrap.dedent(
 def test_plan_resumes_on_another_host_after_its_worker_dies(pg_url: str, tmp_path: Path) -> None:
     """A Plan's worker on host A is SIGKILLed inside step s3; the same Plan with
     ``resume=True`` on host B is refused until A's lease expires, then finishes the run.
-    Committed steps never run again; only the step in flight (s3) runs twice (spec 43)."""
+    Committed steps never run again; only the step in flight (s3) runs twice (guarantee 43)."""
     with Store(url=pg_url) as store:
         for key in store.keys():
             store.delete(key)

@@ -38,7 +38,7 @@ def url(server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_restart_during_a_long_step_then_commit(server: PgServer, url: str, mode: str) -> None:
-    """spec 39/40: the server restarts (cleanly, or crashing: ``immediate``) while a step
+    """guarantee 39/40: the server restarts (cleanly, or crashing: ``immediate``) while a step
     runs; the step's commit reconnects and lands, exactly once, with its writes."""
     with Store(url=url) as store:
         claimed = claim_run(store, "long", kind="test", resume=False, first_step="a")

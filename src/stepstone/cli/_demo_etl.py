@@ -75,7 +75,7 @@ def _score(ticker: str) -> dict[str, Any]:
 
 
 def run_etl_demo(console: Console, db: Path) -> None:
-    """Narrate the seed-000 story on the SQLite file ``db``."""
+    """Narrate the ETL crash/resume story on the SQLite file ``db``."""
     store = Store(db=db)
     story = _Story(console)
     try:

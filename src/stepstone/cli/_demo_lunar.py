@@ -1,5 +1,6 @@
-"""The `stepstone demo` lunar-mission story (seed 002): a typed-state graph that crashes,
-resumes from its SQLite checkpoint, then resumes again under a migrated v2 schema."""
+"""The `stepstone demo` lunar-mission story (as examples/lunar_mission.py): a typed-state
+graph that crashes, resumes from its SQLite checkpoint, then resumes again under a
+migrated v2 schema."""
 
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ def _record_table(title: str, records: list[CheckpointRecord]) -> Table:
 
 
 def run_lunar_demo(console: Console, workdir: Path) -> None:
-    """Narrate the seed-002 story in ``workdir`` (a SQLite file is created there)."""
+    """Narrate the lunar-mission story in ``workdir`` (a SQLite file is created there)."""
     db = workdir / "lunar-checkpoints.sqlite"
     cp = SQLiteCheckpointer(db)
     nodes = _Nodes(console)

@@ -7,6 +7,8 @@ import os
 import socket
 import uuid
 
+import psutil
+
 __all__ = ["host_id", "new_uid", "process_alive", "process_start_time"]
 
 
@@ -36,22 +38,19 @@ def host_id() -> str:
 
 
 def process_start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` in clock ticks, or None when unknown.
+    """The start time of ``pid`` in clock ticks since boot, or None when unknown.
 
     Together with the pid it names a process uniquely within one boot, so a recycled pid is
-    not mistaken for the original owner.
+    not mistaken for the original owner. Read through psutil, which knows every platform; on
+    Linux the value is exactly the kernel's tick count (what earlier releases stored), so a
+    head written by an older release still compares equal.
     """
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            stat = fh.read()
-    except OSError:
+        created = psutil.Process(pid).create_time()
+    except (psutil.Error, OSError, ValueError):
         return None
-    # Field 2 (comm) may contain spaces and parentheses; fields after the last ')' are fixed.
-    fields = stat.rsplit(")", 1)[-1].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    ticks: int = round((float(created) - _boot_time()) * _CLOCK_TICKS)
+    return ticks
 
 
 def process_alive(pid: int, start_time: int | None) -> bool:
@@ -59,24 +58,25 @@ def process_alive(pid: int, start_time: int | None) -> bool:
     if pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False  # exited, not yet reaped: it will never renew its lease
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        pass  # exists, owned by someone else
+    except psutil.AccessDenied:
+        return True  # exists, owned by someone else
     if start_time is not None:
         now = process_start_time(pid)
-        if now is not None and now != start_time:
+        if now is None:
+            return False  # gone between the two checks
+        if now != start_time:
             return False  # the pid was recycled
-        if now is None and os.path.isdir("/proc"):
-            return False  # gone between the two checks (or a zombie reaped)
-    return _not_zombie(pid)
+    return True
 
 
-def _not_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            fields = fh.read().rsplit(")", 1)[-1].split()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return not fields or fields[0] != "Z"
+@functools.cache
+def _boot_time() -> float:
+    return float(psutil.boot_time())
+
+
+_CLOCK_TICKS: int = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

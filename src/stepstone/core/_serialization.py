@@ -14,10 +14,10 @@ import datetime
 import enum
 import hashlib
 import hmac
-import importlib
 import json
 import math
 import pickle
+import pkgutil
 import uuid
 import warnings
 from typing import Any
@@ -111,12 +111,9 @@ def untag(value: Any) -> Any:
 def _import_model(path: Any) -> type[BaseModel] | None:
     if not isinstance(path, str) or ":" not in path:
         return None
-    module_name, _, qualname = path.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
+        obj: Any = pkgutil.resolve_name(path)  # "module:Qual.Name"
+    except (ImportError, AttributeError, ValueError):
         return None
     if isinstance(obj, type) and issubclass(obj, BaseModel):
         return obj

@@ -4,7 +4,7 @@ Every engine (Plan, graph, agent runner) drives its runs through these calls and
 else, so they all get the same guarantees:
 
 * **Ownership.** ``claim_run`` records ``run_uid``, host, pid and a lease in one database
-  transaction. A live owner is never displaced (``ConcurrentPlanRunError``); a dead one
+  transaction. A live owner is never displaced (``ConcurrentRunError``); a dead one
   (lease expired, or its process gone on this host) is taken over by ``resume=True``.
 * **One atomic commit per step.** ``OwnedRun.commit`` replaces the head (compare-and-swap
   on its version and run_uid), appends journal rows and upserts ``writes=`` values in one
@@ -24,14 +24,27 @@ from typing import Any, Literal
 from stepstone.core._ids import host_id, new_uid, process_start_time
 from stepstone.core._serialization import dumps
 from stepstone.durable._leases import keeper, owner_alive
-from stepstone.exceptions import ConcurrentPlanRunError, StoreKeyConflictError
+from stepstone.exceptions import (
+    ConcurrentPlanRunError,
+    ConcurrentRunError,
+    StoreKeyConflictError,
+)
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
-__all__ = ["ClaimResult", "OwnedRun", "claim_run", "describe_owner"]
+__all__ = ["ClaimResult", "OwnedRun", "claim_run", "describe_owner", "ownership_error"]
 
 Outcome = Literal["fresh", "resumed", "done"]
 LegacyImport = Callable[[str, str], tuple[RunHead, list[JournalRow]] | None]
+
+
+def ownership_error(kind: str, message: str) -> ConcurrentRunError:
+    """The ownership error for a run of ``kind``: Plan runs (kind ``"plan"``) raise
+    :class:`ConcurrentPlanRunError`, the name Plan users catch; every other kind raises the
+    engine-neutral :class:`ConcurrentRunError`."""
+    if kind == "plan":
+        return ConcurrentPlanRunError(message)
+    return ConcurrentRunError(message)
 
 
 def describe_owner(head: RunHead) -> str:
@@ -113,8 +126,8 @@ class OwnedRun:
         ``writes`` (``(key, json_value)``), in one transaction.
 
         Raises:
-            ConcurrentPlanRunError: another run took the key over (this run's lease had
-                expired); nothing was written.
+            ConcurrentRunError: another run took the key over (this run's lease had
+                expired); nothing was written (``ConcurrentPlanRunError`` for a Plan).
         """
         new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
         if not self.store.backend.run_commit(new, self.head.version, journal, encoded):
@@ -141,14 +154,15 @@ class OwnedRun:
             raise self._lost()
         self.head = new
 
-    def _lost(self) -> ConcurrentPlanRunError:
+    def _lost(self) -> ConcurrentRunError:
         current = self.store.backend.run_get(self.key)
         who = describe_owner(current) if current is not None else "a delete"
-        return ConcurrentPlanRunError(
+        return ownership_error(
+            self.head.kind,
             f"run {self.run_uid} lost checkpoint {self.key!r} to {who}: its lease had "
             f"expired (lease_seconds={self.store.lease_seconds}) or the key was deleted; "
             "nothing was written. Raise Store(lease_seconds=...) if steps block the process "
-            "for longer than that"
+            "for longer than that",
         )
 
     def journal(self, since_seq: int = 0) -> list[JournalRow]:
@@ -222,7 +236,8 @@ def claim_run(
         what: How to call the run in messages (``"Plan"``).
 
     Raises:
-        ConcurrentPlanRunError: a live run owns ``key``.
+        ConcurrentRunError: a live run owns ``key`` (``ConcurrentPlanRunError`` for a
+            Plan, whose message also suggests ``on_concurrent='fork'``).
         StoreKeyConflictError: ``key`` holds a plain value or another kind of run.
     """
     me = host_id()
@@ -252,10 +267,11 @@ def claim_run(
                 f"another key or remove it with store.delete({key!r})"
             )
         if head is not None and owner_alive(head, now=now):
-            raise ConcurrentPlanRunError(
+            fork = " (on_concurrent='fork' does that for fan-out)" if kind == "plan" else ""
+            raise ownership_error(
+                kind,
                 f"checkpoint_key {key!r} is owned by live {describe_owner(head)}, status "
-                f"{head.status!r}. Wait for it to finish, use a distinct checkpoint_key per "
-                "run, or on_concurrent='fork' for fan-out"
+                f"{head.status!r}. Wait for it to finish, or use a distinct key per run{fork}",
             )
         base = dict(
             run_uid=run_uid or new_uid(),

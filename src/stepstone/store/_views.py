@@ -1,7 +1,7 @@
 """How a durable run looks through ``Store.read``: one view function per run kind.
 
-Engines register the seed-shaped view of their runs (the Plan engine registers the
-checkpoint dict of seed 000); other kinds get a generic view of head and journal.
+Engines register the view users read of their runs (the Plan engine registers the
+checkpoint dict of docs/plans.md); other kinds get a generic view of head and journal.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_state_is_frozen_and_strict() -> None:
 
 
 def test_reducers_and_last_write_wins() -> None:
-    # spec 115: append accumulates; plain fields take the last write; custom reducers merge
+    # guarantee 115: append accumulates; plain fields take the last write; custom reducers merge
     g = (
         GraphBuilder(S)
         .add_node("a", lambda s: {"text": "first", "log": ["a"], "total": 2})

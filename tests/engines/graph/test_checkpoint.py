@@ -33,7 +33,7 @@ KEY = b"k" * 32
 
 
 def test_sqlite_checkpointer_defaults_to_json(tmp_path: Path) -> None:
-    # spec 105
+    # guarantee 105
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     assert cp.serialization == "json"
     mission_v1(cp, Calls()).invoke(Mission(destination="Moon"), correlation_id="j")
@@ -48,7 +48,7 @@ def test_sqlite_checkpointer_defaults_to_json(tmp_path: Path) -> None:
 
 
 def test_pickle_needs_a_key(tmp_path: Path) -> None:
-    # spec 105: pickle only signed with a user key
+    # guarantee 105: pickle only signed with a user key
     from stepstone.exceptions import UserError
 
     with pytest.raises(UserError, match="pickle_key"):
@@ -59,7 +59,7 @@ def test_pickle_needs_a_key(tmp_path: Path) -> None:
 
 
 def test_pickle_round_trip_and_tamper_refused(tmp_path: Path) -> None:
-    # spec 105: signed pickle works; tampered, unsigned or wrongly keyed data is refused
+    # guarantee 105: signed pickle works; tampered, unsigned or wrongly keyed data is refused
     db = tmp_path / "p.sqlite"
     cp = SQLiteCheckpointer(db, serialization="pickle", pickle_key=KEY)
     final = mission_v1(cp, Calls()).invoke(Mission(destination="Moon"))
@@ -95,7 +95,7 @@ def test_pickle_round_trip_and_tamper_refused(tmp_path: Path) -> None:
 
 
 def test_save_after_every_node_before_the_next_starts(tmp_path: Path) -> None:
-    # spec 106: each node sees, from another connection, the records of all nodes before it
+    # guarantee 106: each node sees, from another connection, the records of all nodes before it
     db = tmp_path / "c.sqlite"
     seen: dict[str, list[str]] = {}
 
@@ -139,7 +139,7 @@ class Outer(State):
 
 
 def test_subgraph_internal_nodes_are_saved(tmp_path: Path) -> None:
-    # spec 107: saves fire for subgraph-internal nodes too, via the parent's with_checkpointer
+    # guarantee 107: saves fire for subgraph-internal nodes too, via the parent's with_checkpointer
     db = tmp_path / "c.sqlite"
     seen: list[tuple[list[tuple[tuple[str, ...], str]], Any, tuple[Any, ...]]] = []
 
@@ -196,8 +196,8 @@ def test_subgraph_internal_nodes_are_saved(tmp_path: Path) -> None:
 
 
 def test_record_fields_and_positions(tmp_path: Path) -> None:
-    # spec 114: completed_positions is a tuple of NodePosition(namespace, node_name, step,
-    # attempt_index); spec 113: correlation_id is the caller's
+    # guarantee 114: completed_positions is a tuple of NodePosition(namespace, node_name, step,
+    # attempt_index); guarantee 113: correlation_id is the caller's
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     loop_graph(cp).invoke(Counter_(limit=3), correlation_id="loop-1", metadata={"who": "t"})
     (rec,) = cp.list(CheckpointFilter(correlation_id="loop-1"))
@@ -220,7 +220,7 @@ def test_record_fields_and_positions(tmp_path: Path) -> None:
 
 
 def test_correlation_id_defaults_to_the_invocation_id() -> None:
-    # spec 113
+    # guarantee 113
     cp = InMemoryCheckpointer()
     mission_v1(cp, Calls()).invoke(Mission(destination="x"))
     (rec,) = cp.list()
@@ -274,7 +274,7 @@ def test_store_checkpointer_over_any_store(tmp_path: Path) -> None:
 
 
 def test_bytes_per_node_do_not_grow_with_run_length(tmp_path: Path) -> None:
-    # DESIGN 3 "append, don't rewrite": node k's journal row does not carry the state so far
+    # ARCHITECTURE.md "append, don't rewrite": node k's journal row does not carry the state so far
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
 
     class Big(State):
@@ -312,7 +312,7 @@ def test_unknown_invocation() -> None:
 
 
 def test_frozen_format_1_record_keeps_loading() -> None:
-    # STYLE 6: a record written by the first release of the format loads and resumes
+    # a format version: a record written by the first release of the format loads and resumes
     from stepstone.core._serialization import dumps
     from stepstone.store import Claim, JournalRow, RunHead
     from tests.engines.graph._graphs import mission_v2

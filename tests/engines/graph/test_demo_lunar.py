@@ -13,7 +13,7 @@ from stepstone.testing import block_model_requests
 
 
 def test_run_lunar_demo_narrates_both_phases(tmp_path: Path) -> None:
-    # spec 108, 110, 112, 117, 120 as the demo tells them
+    # guarantee 108, 110, 112, 117, 120 as the demo tells them
     out = io.StringIO()
     with block_model_requests():
         run_lunar_demo(Console(file=out, width=400, color_system=None), tmp_path)

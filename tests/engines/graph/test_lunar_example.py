@@ -1,7 +1,7 @@
-"""The seed 002 walkthrough: examples/lunar_mission.py run as a user runs it, line by line.
+"""The lunar-mission walkthrough: examples/lunar_mission.py run as a user runs it, line by line.
 
-Every claim of the seed's "Reading the output" section is checked here, on the printed
-output (spec 108-120), and the same story is replayed through the API in
+Every claim docs/graph.md makes about the printed output is checked here, on the printed
+output (guarantee 108-120), and the same story is replayed through the API in
 test_walkthrough_through_the_api.
 """
 
@@ -59,7 +59,7 @@ def test_phase_headers_and_setup(output: list[str]) -> None:
 
 
 def test_first_attempt_surfaces_node_exception(output: list[str]) -> None:
-    # spec 108: "NodeException at node 'size_crew': ..." at the invoke() boundary
+    # guarantee 108: "NodeException at node 'size_crew': ..." at the invoke() boundary
     i = output.index("first attempt:")
     assert output[i + 1].strip() == (
         "NodeException at node 'size_crew': "
@@ -68,7 +68,7 @@ def test_first_attempt_surfaces_node_exception(output: list[str]) -> None:
 
 
 def test_completed_nodes_of_the_saved_record(output: list[str]) -> None:
-    # spec 109, 114: the record on disk holds define_objective before size_crew started
+    # guarantee 109, 114: the record on disk holds define_objective before size_crew started
     _, saved = _value(output, "saved invocation_id")
     assert re.fullmatch(UUID, saved)
     _, completed = _value(output, "completed nodes")
@@ -76,7 +76,7 @@ def test_completed_nodes_of_the_saved_record(output: list[str]) -> None:
 
 
 def test_resume_finishes_with_each_node_once(output: list[str]) -> None:
-    # spec 110, 111, 115: trace: ['define_objective', 'size_crew', 'draft_timeline']
+    # guarantee 110, 111, 115: trace: ['define_objective', 'size_crew', 'draft_timeline']
     i = output.index("second attempt (resume from saved invocation):")
     _, objective = _value(output, "objective", i)
     _, crew = _value(output, "crew_size", i)
@@ -89,7 +89,7 @@ def test_resume_finishes_with_each_node_once(output: list[str]) -> None:
 
 
 def test_resumed_invocation_id_differs(output: list[str]) -> None:
-    # spec 112: saved invocation_id and resumed invocation_id are different uuids
+    # guarantee 112: saved invocation_id and resumed invocation_id are different uuids
     _, saved = _value(output, "saved invocation_id")
     _, resumed = _value(output, "resumed invocation_id")
     assert re.fullmatch(UUID, resumed)
@@ -97,7 +97,7 @@ def test_resumed_invocation_id_differs(output: list[str]) -> None:
 
 
 def test_v2_result_after_migration(output: list[str]) -> None:
-    # spec 117, 118, 120: v1 fields preserved, assess_risks the only new work
+    # guarantee 117, 118, 120: v1 fields preserved, assess_risks the only new work
     i = output.index("second attempt (resume from saved invocation):")
     _, objective = _value(output, "objective", i)
     _, timeline = _value(output, "timeline", i)

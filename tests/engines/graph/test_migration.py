@@ -1,4 +1,4 @@
-"""State schema versions and migrations on resume (spec 116-120)."""
+"""State schema versions and migrations on resume (guarantee 116-120)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from tests.engines.graph._graphs import (
 
 
 def test_schema_version_is_a_classvar_and_empty_opts_out() -> None:
-    # spec 116
+    # guarantee 116
     assert Mission.schema_version == "v1"
     assert "schema_version" not in Mission.model_fields
     assert State.schema_version == ""
@@ -55,7 +55,7 @@ def test_schema_version_is_a_classvar_and_empty_opts_out() -> None:
 
 
 def test_opted_out_class_loads_records_without_migrating() -> None:
-    # spec 116: a class with schema_version "" never migrates (a v1 record loads as is)
+    # guarantee 116: a class with schema_version "" never migrates (a v1 record loads as is)
     cp = InMemoryCheckpointer()
     mission_v1(cp, Calls()).invoke(Mission(destination="x"))
     (rec,) = cp.list()
@@ -86,7 +86,7 @@ def _completed_v1(cp: StoreCheckpointer) -> tuple[Calls, str]:
 
 
 def test_v1_record_resumed_under_v2_runs_only_the_new_node(tmp_path: Path) -> None:
-    # spec 117, 118, 120
+    # guarantee 117, 118, 120
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     calls, inv = _completed_v1(cp)
     final = mission_v2(cp, calls).invoke(resume_invocation=inv)
@@ -102,7 +102,7 @@ def test_v1_record_resumed_under_v2_runs_only_the_new_node(tmp_path: Path) -> No
 
 
 def test_migration_runs_once_on_load_and_is_not_written_back(tmp_path: Path) -> None:
-    # spec 117, 118
+    # guarantee 117, 118
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     calls, inv = _completed_v1(cp)
     seen: list[dict[str, Any]] = []
@@ -165,7 +165,7 @@ def _to_v3(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_bfs_picks_the_shortest_chain() -> None:
-    # spec 119: v1 -> v2 -> v3 composed automatically; a longer detour is not taken
+    # guarantee 119: v1 -> v2 -> v3 composed automatically; a longer detour is not taken
     cp = InMemoryCheckpointer()
     _, inv = _completed_v1(cp)
     order: list[str] = []
@@ -191,7 +191,7 @@ def test_bfs_picks_the_shortest_chain() -> None:
 
 
 def test_ambiguous_chain_is_an_error() -> None:
-    # spec 119: two shortest chains
+    # guarantee 119: two shortest chains
     cp = InMemoryCheckpointer()
     _, inv = _completed_v1(cp)
     g = _v3_graph(
@@ -250,7 +250,7 @@ def test_version_mismatch_without_migration_on_a_changed_class() -> None:
 
 
 def test_pickle_records_cannot_migrate(tmp_path: Path) -> None:
-    # spec 105: only JSON can migrate
+    # guarantee 105: only JSON can migrate
     key = b"k" * 32
     cp = SQLiteCheckpointer(tmp_path / "p.sqlite", serialization="pickle", pickle_key=key)
     calls, inv = _completed_v1(cp)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.postgres
 
 
 def test_crash_resume_and_migration_on_postgres(pg_url: str) -> None:
-    # spec 106, 109, 110, 117, 120 on the PostgreSQL backend
+    # guarantee 106, 109, 110, 117, 120 on the PostgreSQL backend
     store = Store(url=pg_url)
     try:
         cp = StoreCheckpointer(store, prefix="pg-graph:")

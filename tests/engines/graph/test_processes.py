@@ -35,7 +35,7 @@ def _committed_ticks(db: Path) -> list[int]:
 
 @pytest.mark.crash
 def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
-    # spec 106, 109, 110: every committed node ran exactly once; nothing committed is lost
+    # guarantee 106, 109, 110: every committed node ran exactly once; nothing committed is lost
     rng = random.Random(int(os.environ.get("CRASH_SEED", "4")))
     db, log = tmp_path / "c.sqlite", tmp_path / "ticks.log"
     committed: list[int] = []
@@ -46,7 +46,12 @@ def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
             [sys.executable, str(WORKER), "crash", str(db), str(log), str(LIMIT)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            bufsize=0,  # readline() below must not read ahead of what communicate() gets
         )
+        assert proc.stdout is not None
+        # The kill delay counts from the worker being ready (imports take seconds on a
+        # loaded machine), so every attempt gets to run some nodes.
+        proc.stdout.readline()
         try:
             out, err = proc.communicate(timeout=rng.uniform(0.25, 0.6))
         except subprocess.TimeoutExpired:
@@ -92,7 +97,9 @@ def test_two_processes_resuming_one_record(tmp_path: Path) -> None:
     inv = info.value.invocation_id or ""
     cp.close()
     cmd = [sys.executable, str(WORKER), "resume", str(db), str(log)]
-    first = subprocess.Popen([*cmd, inv, "0.4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # each tick of the first resume sleeps 1.5 s, so it is still running while the second
+    # process starts (its imports alone take a second or more on a loaded machine)
+    first = subprocess.Popen([*cmd, inv, "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 20
     while f" {first.pid}" not in (log.read_text() if log.exists() else ""):
         assert first.poll() is None, first.communicate()

@@ -33,7 +33,7 @@ def _fail_first(cp: InMemoryCheckpointer | SQLiteCheckpointer) -> tuple[Calls, s
 
 
 def test_node_exception_carries_cause_name_and_state(tmp_path: Path) -> None:
-    # spec 108
+    # guarantee 108
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     calls = Calls(fail_once={"size_crew"})
     with pytest.raises(NodeException) as info:
@@ -52,7 +52,7 @@ def test_node_exception_carries_cause_name_and_state(tmp_path: Path) -> None:
 
 
 def test_completed_nodes_are_durable_when_the_exception_arrives(tmp_path: Path) -> None:
-    # spec 109: a new checkpointer (new connections) sees the completed node at once
+    # guarantee 109: a new checkpointer (new connections) sees the completed node at once
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     _, inv = _fail_first(cp)
     rec = SQLiteCheckpointer(tmp_path / "c.sqlite").load(inv)
@@ -62,7 +62,7 @@ def test_completed_nodes_are_durable_when_the_exception_arrives(tmp_path: Path) 
 
 
 def test_resume_skips_completed_and_continues_at_the_failed_node(tmp_path: Path) -> None:
-    # spec 110, 111
+    # guarantee 110, 111
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     calls, inv = _fail_first(cp)
     final = mission_v1(cp, calls).invoke(Mission(destination="ignored"), resume_invocation=inv)
@@ -73,7 +73,7 @@ def test_resume_skips_completed_and_continues_at_the_failed_node(tmp_path: Path)
 
 
 def test_retried_node_runs_against_the_loaded_state(tmp_path: Path) -> None:
-    # spec 111: the retry sees the saved state, with nothing of the failed attempt
+    # guarantee 111: the retry sees the saved state, with nothing of the failed attempt
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     seen: list[Mission] = []
     attempts: list[int] = []
@@ -105,7 +105,7 @@ def test_retried_node_runs_against_the_loaded_state(tmp_path: Path) -> None:
 
 
 def test_every_invoke_mints_a_new_invocation_id(tmp_path: Path) -> None:
-    # spec 112, 113
+    # guarantee 112, 113
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     calls, first_id = _fail_first(cp)
     mission_v1(cp, calls).invoke(resume_invocation=first_id)
@@ -131,7 +131,7 @@ def test_every_invoke_mints_a_new_invocation_id(tmp_path: Path) -> None:
 
 
 def test_reducer_state_carries_across_attempts(tmp_path: Path) -> None:
-    # spec 115: each node appears once in the append-reduced trace
+    # guarantee 115: each node appears once in the append-reduced trace
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     calls, inv = _fail_first(cp)
     final = mission_v1(cp, calls).invoke(resume_invocation=inv)
@@ -139,7 +139,7 @@ def test_reducer_state_carries_across_attempts(tmp_path: Path) -> None:
 
 
 def test_resume_keeps_or_checks_the_correlation_id() -> None:
-    # spec 113
+    # guarantee 113
     cp = InMemoryCheckpointer()
     calls, inv = _fail_first(cp)
     from stepstone.exceptions import UserError
@@ -150,7 +150,7 @@ def test_resume_keeps_or_checks_the_correlation_id() -> None:
 
 
 def test_loop_resumes_mid_loop_and_finishes(tmp_path: Path) -> None:
-    # spec 110 with a cycle (skip-by-name would hang or skip the rest of the loop)
+    # guarantee 110 with a cycle (skip-by-name would hang or skip the rest of the loop)
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     log = tmp_path / "ticks.log"
     with pytest.raises(NodeException) as info:
@@ -179,7 +179,7 @@ class Outer(State):
 
 
 def test_resume_inside_a_subgraph(tmp_path: Path) -> None:
-    # spec 107, 110: a failure inside a subgraph resumes inside it, not at its start
+    # guarantee 107, 110: a failure inside a subgraph resumes inside it, not at its start
     cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
     runs: list[str] = []
     fail = [True]

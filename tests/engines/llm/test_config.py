@@ -1,4 +1,4 @@
-"""LLMEngine construction: seed 003 signature, defaults, validation, routing (spec 76-84)."""
+"""LLMEngine construction: signature, defaults, validation, routing (guarantee 76-84)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from stepstone.engines.llm._routing import ProviderRouting
 from stepstone.testing import FakeModel
 
 
-def test_seed_signature_defaults() -> None:
+def test_signature_and_defaults() -> None:
     params = inspect.signature(LLMEngine.__init__).parameters
     expected = {
         "provider": None,
@@ -57,19 +57,19 @@ def test_seed_signature_defaults() -> None:
         ({"tool_choice": "parallel"}, "tool_choice='parallel'"),
     ],
 )
-def test_value_errors(kwargs: dict[str, object], message: str) -> None:  # spec 76
+def test_value_errors(kwargs: dict[str, object], message: str) -> None:  # guarantee 76
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         LLMEngine("claude-sonnet-4-6", **kwargs)  # type: ignore[arg-type]
 
 
-def test_parallel_tool_choice_message_says_what_to_do() -> None:  # spec 76
+def test_parallel_tool_choice_message_says_what_to_do() -> None:  # guarantee 76
     with pytest.raises(ValueError) as info:
         LLMEngine("gpt-4o", tool_choice="parallel")  # type: ignore[arg-type]
     assert "Concurrent tool execution is the default" in str(info.value)
     assert "'auto' / 'any'" in str(info.value)
 
 
-def test_stream_idle_none_warns_once_at_init() -> None:  # spec 77
+def test_stream_idle_none_warns_once_at_init() -> None:  # guarantee 77
     with pytest.warns(UserWarning, match="disables stream stall detection") as record:
         engine = LLMEngine("claude-sonnet-4-6", stream_idle_timeout=None)
     assert len(record) == 1
@@ -84,14 +84,14 @@ def test_stream_idle_none_warns_once_at_init() -> None:  # spec 77
 @pytest.mark.parametrize(
     "tool", [NativeTool.CODE_EXECUTION, NativeTool.COMPUTER_USE, "code_execution"]
 )
-def test_dangerous_native_tools_need_opt_in(tool: NativeTool | str) -> None:  # spec 82
+def test_dangerous_native_tools_need_opt_in(tool: NativeTool | str) -> None:  # guarantee 82
     with pytest.raises(ValueError, match="allow_dangerous_native_tools=True"):
         LLMEngine("claude-sonnet-4-6", native_tools=[tool])
     engine = LLMEngine("claude-sonnet-4-6", native_tools=[tool], allow_dangerous_native_tools=True)
     assert engine.native_tools == [NativeTool(tool)]
 
 
-def test_safe_native_tools_need_no_opt_in() -> None:  # spec 82
+def test_safe_native_tools_need_no_opt_in() -> None:  # guarantee 82
     engine = LLMEngine("gpt-4o", native_tools=["web_search", NativeTool.FILE_SEARCH])
     assert engine.native_tools == [NativeTool.WEB_SEARCH, NativeTool.FILE_SEARCH]
     with pytest.raises(ValueError):
@@ -124,7 +124,7 @@ def test_provider_inference(model: str, provider: str) -> None:
 
 
 @pytest.mark.parametrize("bare", ["anthropic", "openai", "google", "Anthropic"])
-def test_bare_provider_alias_is_rejected_with_both_fixes(bare: str) -> None:  # spec 83
+def test_bare_provider_alias_is_rejected_with_both_fixes(bare: str) -> None:  # guarantee 83
     with pytest.raises(ValueError) as info:
         LLMEngine(bare)
     text = str(info.value)
@@ -133,7 +133,7 @@ def test_bare_provider_alias_is_rejected_with_both_fixes(bare: str) -> None:  # 
     assert 'Agent(engine=LLMEngine("<model-id>"))' in text
 
 
-def test_tier_alias_with_explicit_provider_is_allowed() -> None:  # spec 83
+def test_tier_alias_with_explicit_provider_is_allowed() -> None:  # guarantee 83
     engine = LLMEngine("medium", provider="anthropic")
     assert engine.provider == "anthropic"
     assert engine.wire_model == "claude-sonnet-4-6"
@@ -146,7 +146,7 @@ def test_tier_alias_with_explicit_provider_is_allowed() -> None:  # spec 83
 
 def test_default_provider_none_makes_unknown_models_raise(
     routing: type[ProviderRouting],
-) -> None:  # spec 83
+) -> None:  # guarantee 83
     LLMEngine.set_default_provider(None)
     with pytest.raises(ValueError, match="no provider rule matches model 'grok-2'"):
         LLMEngine("grok-2")
@@ -157,7 +157,7 @@ def test_default_provider_none_makes_unknown_models_raise(
     assert LLMEngine("grok-2").provider == "openai"
 
 
-def test_new_rules_win_and_aliases_register(routing: type[ProviderRouting]) -> None:  # spec 84
+def test_new_rules_win_and_aliases_register(routing: type[ProviderRouting]) -> None:  # guarantee 84
     assert LLMEngine("claude-opus-5-20260701").provider == "anthropic"
     LLMEngine.register_provider_rule("claude-opus-5", "openai")
     assert LLMEngine("claude-opus-5-20260701").provider == "openai"
@@ -171,7 +171,7 @@ def test_new_rules_win_and_aliases_register(routing: type[ProviderRouting]) -> N
         LLMEngine.register_provider_rule("x", "openai", kind="endswith")  # type: ignore[arg-type]
 
 
-def test_provider_aliases_returns_a_copy(routing: type[ProviderRouting]) -> None:  # spec 84
+def test_provider_aliases_returns_a_copy(routing: type[ProviderRouting]) -> None:  # guarantee 84
     aliases = LLMEngine.provider_aliases()
     aliases["hacked"] = "openai"
     aliases["anthropic"] = "openai"
@@ -180,7 +180,7 @@ def test_provider_aliases_returns_a_copy(routing: type[ProviderRouting]) -> None
     assert fresh["anthropic"] == "anthropic"
 
 
-def test_registration_is_thread_safe(routing: type[ProviderRouting]) -> None:  # spec 84
+def test_registration_is_thread_safe(routing: type[ProviderRouting]) -> None:  # guarantee 84
     barrier = threading.Barrier(8)
 
     def register(n: int) -> None:

@@ -1,4 +1,4 @@
-"""The tool-calling loop on scripted models (spec 78, 79, 80; seed 003 LLMEngine)."""
+"""The tool-calling loop on scripted models (guarantee 78, 79, 80)."""
 
 from __future__ import annotations
 
@@ -48,20 +48,20 @@ async def test_tool_schema_from_hints_and_docstring() -> None:
     assert definition.parameters["required"] == ["a", "b"]
 
 
-async def test_tool_choice_any_forces_first_turn_only() -> None:  # spec 78
+async def test_tool_choice_any_forces_first_turn_only() -> None:  # guarantee 78
     model = FakeModel([call("add", a=1, b=2), call("add", a=3, b=4), "done"])
     env = await Agent(engine=LLMEngine(model, tool_choice="any"), tools=[add]).run("q")
     assert env.payload == "done"
     assert [r.tool_choice for r in model.requests] == ["required", "auto", "auto"]
 
 
-async def test_tool_choice_any_without_tools_stays_auto() -> None:  # spec 78
+async def test_tool_choice_any_without_tools_stays_auto() -> None:  # guarantee 78
     model = FakeModel(["plain"])
     await Agent(engine=LLMEngine(model, tool_choice="any")).run("q")
     assert model.requests[0].tool_choice == "auto"
 
 
-async def test_same_turn_calls_run_concurrently_in_call_order() -> None:  # spec 79
+async def test_same_turn_calls_run_concurrently_in_call_order() -> None:  # guarantee 79
     running = 0
     peak = 0
 
@@ -86,7 +86,7 @@ async def test_same_turn_calls_run_concurrently_in_call_order() -> None:  # spec
     assert elapsed < 0.15  # serial would take 0.15 s
 
 
-async def test_max_parallel_tools_caps_concurrency() -> None:  # spec 79
+async def test_max_parallel_tools_caps_concurrency() -> None:  # guarantee 79
     running = 0
     peak = 0
 
@@ -105,7 +105,7 @@ async def test_max_parallel_tools_caps_concurrency() -> None:  # spec 79
     assert [c for c, _ in results_of(model, 1)] == [str(i) for i in range(7)]
 
 
-async def test_sync_tools_run_in_threads_concurrently() -> None:  # spec 79
+async def test_sync_tools_run_in_threads_concurrently() -> None:  # guarantee 79
     barrier = threading.Barrier(3, timeout=2)
 
     def meet(n: int) -> int:
@@ -119,7 +119,7 @@ async def test_sync_tools_run_in_threads_concurrently() -> None:  # spec 79
     assert results_of(model, 1) == [("0", False), ("1", False), ("2", False)]
 
 
-async def test_max_tool_calls_per_turn_refuses_extras() -> None:  # spec 79
+async def test_max_tool_calls_per_turn_refuses_extras() -> None:  # guarantee 79
     ran: list[int] = []
 
     def note(n: int) -> int:
@@ -142,7 +142,7 @@ async def test_max_tool_calls_per_turn_refuses_extras() -> None:  # spec 79
     assert len(session.of_type(EventType.TOOL_ERROR)) == 2
 
 
-async def test_tool_timeout_is_reported_and_run_continues() -> None:  # spec 80
+async def test_tool_timeout_is_reported_and_run_continues() -> None:  # guarantee 80
     async def sleepy() -> str:
         """Sleeps too long."""
         await asyncio.sleep(5)
@@ -272,7 +272,7 @@ async def test_events_on_the_session() -> None:
     assert session.of_type(EventType.AGENT_FINISH)[0].payload["ok"] is True
 
 
-async def test_retries_with_backoff_then_success() -> None:  # seed: max_retries / retry_delay
+async def test_retries_with_backoff_then_success() -> None:  # max_retries / retry_delay
     model = FakeModel([TransientModelError("busy"), TransientModelError("busy"), "ok"])
     start = time.perf_counter()
     env = await Agent(engine=LLMEngine(model, retry_delay=0.02)).run("q")

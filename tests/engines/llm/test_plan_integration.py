@@ -1,4 +1,4 @@
-"""LLM agents as Plan steps: structured output drives ``routes_by`` (spec 52, 55)."""
+"""LLM agents as Plan steps: structured output drives ``routes_by`` (guarantee 52, 55)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class Triage(BaseModel):
     summary: str
 
 
-async def test_routes_by_an_llm_agents_literal_field() -> None:  # spec 55
+async def test_routes_by_an_llm_agents_literal_field() -> None:  # guarantee 55
     triage_model = FakeModel([{"route": "feature", "summary": "wants dark mode"}])
     bug_model = FakeModel(["bug handled"])
     feature_model = FakeModel(["feature planned"])
@@ -36,7 +36,7 @@ async def test_routes_by_an_llm_agents_literal_field() -> None:  # spec 55
     assert env.payload == "closed: feature planned"
     assert store.read("handled") == "feature planned"
     assert bug_model.requests == []  # the other branch never ran
-    # the triage agent was asked for structured output (spec 52)
+    # the triage agent was asked for structured output (guarantee 52)
     assert triage_model.requests[0].output_schema is not None
     assert triage_model.requests[0].output_schema["properties"]["route"]["enum"] == [
         "bug",

@@ -1,4 +1,4 @@
-"""Streaming: tokens across tool turns, stalls, backpressure, cancellation (spec 81, 85)."""
+"""Streaming: tokens across tool turns, stalls, backpressure, cancellation (guarantee 81, 85)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-async def test_tokens_flow_across_tool_turns() -> None:  # spec 85
+async def test_tokens_flow_across_tool_turns() -> None:  # guarantee 85
     model = FakeModel(
         [
             Reply(text="Let me add. ", tool_calls=[call("add", a=1, b=2)]),
@@ -38,7 +38,7 @@ async def test_tokens_flow_across_tool_turns() -> None:  # spec 85
     assert session.of_type(EventType.MODEL_REQUEST)[0].payload["stream"] is True
 
 
-async def test_idle_gap_raises_stream_stall_error() -> None:  # spec 81
+async def test_idle_gap_raises_stream_stall_error() -> None:  # guarantee 81
     model = FakeModel([Reply(text="one two three four", stall_after=2)])
     agent = Agent(engine=LLMEngine(model, stream_idle_timeout=0.05))
     got: list[str] = []
@@ -51,14 +51,14 @@ async def test_idle_gap_raises_stream_stall_error() -> None:  # spec 81
     assert len(model.requests) == 1  # text already reached the consumer: no retry
 
 
-async def test_stall_before_any_text_is_retried() -> None:  # spec 81
+async def test_stall_before_any_text_is_retried() -> None:  # guarantee 81
     model = FakeModel([Reply(text="lost", stall_after=0), Reply(text="second try")])
     agent = Agent(engine=LLMEngine(model, stream_idle_timeout=0.05, retry_delay=0.001))
     assert [t async for t in agent.stream("q")] == ["second ", "try"]
     assert len(model.requests) == 2
 
 
-async def test_slow_but_steady_stream_is_not_a_stall() -> None:  # spec 81
+async def test_slow_but_steady_stream_is_not_a_stall() -> None:  # guarantee 81
     chunks = [f"t{i} " for i in range(6)]
     model = FakeModel([Reply(chunks=chunks, chunk_delay=0.03)])
     agent = Agent(engine=LLMEngine(model, stream_idle_timeout=0.1))
@@ -66,7 +66,7 @@ async def test_slow_but_steady_stream_is_not_a_stall() -> None:  # spec 81
     assert [t async for t in agent.stream("q")] == chunks
 
 
-async def test_no_idle_timeout_waits() -> None:  # spec 77
+async def test_no_idle_timeout_waits() -> None:  # guarantee 77
     with pytest.warns(UserWarning):
         engine = LLMEngine(
             FakeModel([Reply(chunks=["a", "b"], chunk_delay=0.05)]), stream_idle_timeout=None
@@ -74,7 +74,7 @@ async def test_no_idle_timeout_waits() -> None:  # spec 77
     assert [t async for t in Agent(engine=engine).stream("q")] == ["a", "b"]
 
 
-async def test_consumer_break_cancels_the_loop() -> None:  # spec 85
+async def test_consumer_break_cancels_the_loop() -> None:  # guarantee 85
     ran: list[str] = []
 
     async def tool_after() -> str:
@@ -103,7 +103,7 @@ async def test_consumer_break_cancels_the_loop() -> None:  # spec 85
     assert len(finish) == 1 and finish[0].payload["cancelled"] is True
 
 
-async def test_engine_stream_break_without_aclosing_also_cancels() -> None:  # spec 85
+async def test_engine_stream_break_without_aclosing_also_cancels() -> None:  # guarantee 85
     model = FakeModel([Reply(chunks=[f"{i} " for i in range(500)], chunk_delay=0.001)])
     engine = LLMEngine(model, stream_buffer=1)
     session = Session()
@@ -117,7 +117,7 @@ async def test_engine_stream_break_without_aclosing_also_cancels() -> None:  # s
     assert session.of_type(EventType.AGENT_FINISH)[0].payload["cancelled"] is True
 
 
-async def test_bounded_buffer_applies_backpressure() -> None:  # seed: stream_buffer
+async def test_bounded_buffer_applies_backpressure() -> None:  # stream_buffer bounds the queue
     produced = 0
     chunks = [f"c{i}" for i in range(50)]
 

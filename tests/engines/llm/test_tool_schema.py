@@ -1,4 +1,4 @@
-"""Tool schemas from type hints and docstrings (seed 003 tools; core Tool refinements)."""
+"""Tool schemas from type hints and docstrings (Tool and the tool decorator)."""
 
 from __future__ import annotations
 

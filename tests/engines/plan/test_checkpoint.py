@@ -1,4 +1,4 @@
-"""Plan checkpoint and resume: SPEC-CHECKLIST lines 1-45 and the known faults we avoid."""
+"""Plan checkpoint and resume: guarantees 1-45 and the failure modes we rule out."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def run(plan: Plan, task: str = "batch", **kw: Any) -> Envelope[Any]:
 
 
 def test_signature_defaults_and_store_and_key_both_needed(store: Store) -> None:
-    # spec 1
+    # guarantee 1
     plan = Plan(Step(lambda p: p, name="a"))
     assert (plan.resume, plan.on_concurrent, plan.max_iterations) == (False, "fail", 100)
     assert plan.store is None and plan.checkpoint_key is None
@@ -95,7 +95,7 @@ def test_signature_defaults_and_store_and_key_both_needed(store: Store) -> None:
 
 
 def test_fork_with_resume_is_a_compile_error(store: Store) -> None:
-    # spec 29 (and the known fault: PlanCompileError, not ValueError)
+    # guarantee 29 (and the known fault: PlanCompileError, not ValueError)
     with pytest.raises(PlanCompileError, match="fork"):
         Plan(
             Step(lambda p: p, name="a"),
@@ -111,8 +111,8 @@ def test_fork_with_resume_is_a_compile_error(store: Store) -> None:
 # -- the persisted shape ---------------------------------------------------------------------
 
 
-def test_checkpoint_written_after_every_step_with_seed_shape(store: Store) -> None:
-    # spec 2, 3, 4, 5, 6, 7, 8, 12, 15, 16, 17, 22, 41 (claimed, running, done; paused and
+def test_checkpoint_written_after_every_step_with_documented_shape(store: Store) -> None:
+    # guarantee 2, 3, 4, 5, 6, 7, 8, 12, 15, 16, 17, 22, 41 (claimed, running, done; paused and
     # failed in the tests below)
     seen: list[dict[str, Any]] = []
 
@@ -134,12 +134,12 @@ def test_checkpoint_written_after_every_step_with_seed_shape(store: Store) -> No
     env = run(plan, "go")
     assert env.ok and env.payload == "c:b:a:go"
     first, second, third = seen
-    assert first["status"] == "claimed" and first["next_step"] == "a"  # spec 15, 16
+    assert first["status"] == "claimed" and first["next_step"] == "a"  # guarantee 15, 16
     assert first["completed_steps"] == [] and first["kv"] == {}
-    assert second["status"] == "running" and second["next_step"] == "b"  # spec 8, 17
+    assert second["status"] == "running" and second["next_step"] == "b"  # guarantee 8, 17
     assert second["completed_steps"] == ["a"] and second["kv"] == {"wa": "a:go"}
     assert third["next_step"] == "c" and third["kv"] == {"wa": "a:go", "wb": "b:a:go"}
-    # Sidecar readers: the Store already holds what the checkpoint's kv holds (spec 41).
+    # Sidecar readers: the Store already holds what the checkpoint's kv holds (guarantee 41).
     assert store.read("wa") == "a:go" and store.read("wb") == "b:a:go"
     final = store.read("etl")
     assert set(final) >= {
@@ -150,20 +150,20 @@ def test_checkpoint_written_after_every_step_with_seed_shape(store: Store) -> No
         "run_uid",
         "checkpoint_version",
         "history",
-    }  # spec 4
-    assert final["checkpoint_version"] == CHECKPOINT_VERSION == 2  # spec 3
-    assert final["status"] == "done" and final["next_step"] is None  # spec 22
+    }  # guarantee 4
+    assert final["checkpoint_version"] == CHECKPOINT_VERSION == 2  # guarantee 3
+    assert final["status"] == "done" and final["next_step"] is None  # guarantee 22
     assert final["completed_steps"] == ["a", "b", "c"]
-    assert int(final["run_uid"], 16) and len(final["run_uid"]) == 32  # spec 6
-    assert [h["step"] for h in final["history"]] == ["a", "b", "c"]  # spec 7
+    assert int(final["run_uid"], 16) and len(final["run_uid"]) == 32  # guarantee 6
+    assert [h["step"] for h in final["history"]] == ["a", "b", "c"]  # guarantee 7
     assert final["history"][1]["envelope"]["payload"] == "b:a:go"
-    assert final["kv"] == {"wa": "a:go", "wb": "b:a:go"}  # spec 12
+    assert final["kv"] == {"wa": "a:go", "wb": "b:a:go"}  # guarantee 12
     entry = store.read_entry("etl")
     assert entry is not None and entry.kind == "checkpoint" and entry.run_kind == "plan"
 
 
 def test_failure_keeps_next_step_and_is_inspectable(store: Store) -> None:
-    # spec 2, 9, 18, 34, 43
+    # guarantee 2, 9, 18, 34, 43
     c = Counter()
     c.fail.add("validate")
     env = run(etl_plan(store, c, resume=True))
@@ -171,20 +171,20 @@ def test_failure_keeps_next_step_and_is_inspectable(store: Store) -> None:
     assert env.error.type == "RuntimeError" and "validate broke" in env.error.message
     assert env.metadata["step"] == "validate"
     state = store.read("etl")
-    assert state["status"] == "failed"  # spec 34
-    assert state["next_step"] == "validate"  # spec 9
+    assert state["status"] == "failed"  # guarantee 34
+    assert state["next_step"] == "validate"  # guarantee 9
     assert state["completed_steps"] == ["extract", "transform"]
     assert state["kv"]["clean"] == "transform(extract(batch))"
     assert state["error"]["type"] == "RuntimeError"
     c.fail.clear()
-    env = run(etl_plan(store, c, resume=True))  # spec 18: retried from next_step
+    env = run(etl_plan(store, c, resume=True))  # guarantee 18: retried from next_step
     assert env.ok, env.error
-    assert c.calls == {"extract": 1, "transform": 1, "validate": 2, "load": 1}  # spec 43
+    assert c.calls == {"extract": 1, "transform": 1, "validate": 2, "load": 1}  # guarantee 43
     assert store.read("etl")["status"] == "done"
 
 
 def test_resume_on_done_short_circuits_with_cached_kv(store: Store) -> None:
-    # spec 23, 24
+    # guarantee 23, 24
     c = Counter()
     run(etl_plan(store, c, resume=True))
     head_before = store.backend.run_get("etl")
@@ -215,7 +215,7 @@ def test_fresh_run_after_failure_or_done_starts_over(store: Store) -> None:
 
 
 def test_resume_rebuilds_history_for_sentinels(store: Store) -> None:
-    # spec 13, 14, 44: from_step resolves to the earlier run's payload after a resume
+    # guarantee 13, 14, 44: from_step resolves to the earlier run's payload after a resume
     c = Counter()
     c.fail.add("c")
     seen: list[Any] = []
@@ -248,7 +248,7 @@ class Verdict(BaseModel):
 
 
 def test_pydantic_payloads_persist_via_model_dump_and_reload_typed(store: Store) -> None:
-    # spec 37
+    # guarantee 37
     c = Counter()
     c.fail.add("after")
     got: list[Any] = []
@@ -279,7 +279,7 @@ def test_pydantic_payloads_persist_via_model_dump_and_reload_typed(store: Store)
 
 
 def test_steps_without_writes_leave_nothing_to_restore(store: Store) -> None:
-    # spec 42
+    # guarantee 42
     plan = Plan(
         Step(lambda p: "x", name="a"),
         Step(lambda p: "y", name="b"),
@@ -295,7 +295,7 @@ def test_steps_without_writes_leave_nothing_to_restore(store: Store) -> None:
 
 
 def test_pause_and_resume_reinvokes_the_paused_step(store: Store) -> None:
-    # spec 19, 20, 21, 62, 63
+    # guarantee 19, 20, 21, 62, 63
     c = Counter()
     c.pause.add("validate")
     env = run(etl_plan(store, c, resume=True))
@@ -303,15 +303,15 @@ def test_pause_and_resume_reinvokes_the_paused_step(store: Store) -> None:
     assert env.error.type == "PlanPaused" and env.error.retryable is True
     assert env.error.message == "validate waits for approval"
     state = store.read("etl")
-    assert state["status"] == "paused" and state["next_step"] == "validate"  # spec 19, 21
+    assert state["status"] == "paused" and state["next_step"] == "validate"  # guarantee 19, 21
     assert state["error"]["type"] == "PlanPaused"
     c.pause.clear()
     assert run(etl_plan(store, c, resume=True)).ok
-    assert c.calls["validate"] == 2 and c.calls["extract"] == 1  # spec 20
+    assert c.calls["validate"] == 2 and c.calls["extract"] == 1  # guarantee 20
 
 
 def test_pause_is_base_exception_with_message() -> None:
-    # spec 62
+    # guarantee 62
     assert issubclass(PlanPaused, BaseException) and not issubclass(PlanPaused, Exception)
     assert PlanPaused().message == "Plan paused"
     assert PlanPaused("waiting").message == "waiting"
@@ -332,14 +332,14 @@ def band_plan(store: Store, c: Counter, consumer: Any = None) -> Plan:
 
 
 def test_band_failure_points_at_band_start_and_applies_writes_atomically(store: Store) -> None:
-    # spec 10, 11
+    # guarantee 10, 11
     c = Counter()
     c.fail.add("mid")
     env = run(band_plan(store, c))
     assert not env.ok and env.metadata["step"] == "mid"
     state = store.read("band")
-    assert state["status"] == "failed" and state["next_step"] == "left"  # spec 10
-    # The finished siblings were journaled but their writes are not applied (spec 11).
+    assert state["status"] == "failed" and state["next_step"] == "left"  # guarantee 10
+    # The finished siblings were journaled but their writes are not applied (guarantee 11).
     assert state["completed_steps"] == ["prep"]
     assert state["kv"] == {"prep": "prep(batch)"}
     assert store.read("left") is None and store.read("right") is None
@@ -354,7 +354,7 @@ def test_band_failure_points_at_band_start_and_applies_writes_atomically(store: 
 
 
 def test_band_pause_points_at_band_start(store: Store) -> None:
-    # spec 19 (band -> first step)
+    # guarantee 19 (band -> first step)
     c = Counter()
     c.pause.add("right")
     env = run(band_plan(store, c))
@@ -363,7 +363,7 @@ def test_band_pause_points_at_band_start(store: Store) -> None:
 
 
 def test_from_parallel_all_correct_across_a_crash(store: Store) -> None:
-    # spec 25: the band's outputs come back from v2 history after the resume
+    # guarantee 25: the band's outputs come back from v2 history after the resume
     c = Counter()
     got: list[Any] = []
     crash = {"on": True}
@@ -384,7 +384,7 @@ def test_from_parallel_all_correct_across_a_crash(store: Store) -> None:
 
 
 def test_v1_checkpoint_without_history_resumes_and_aggregator_falls_back(store: Store) -> None:
-    # spec 26: a v1 checkpoint (stored by an older writer, no history) resumes without crashing
+    # guarantee 26: a v1 checkpoint (stored by an older writer, no history) resumes without crashing
     store.write(
         "band",
         {
@@ -416,7 +416,7 @@ def test_v1_checkpoint_without_history_resumes_and_aggregator_falls_back(store: 
 
 
 def test_second_concurrent_run_fails_and_never_steals(store: Store) -> None:
-    # spec 27, 30, and the known fault "resuming a live owner's key steals the run"
+    # guarantee 27, 30, and the known fault "resuming a live owner's key steals the run"
     started, release = threading.Event(), threading.Event()
     calls: list[str] = []
 
@@ -437,7 +437,7 @@ def test_second_concurrent_run_fails_and_never_steals(store: Store) -> None:
         for resume in (False, True):
             with pytest.raises(ConcurrentPlanRunError, match="live") as info:
                 run(make(resume))
-            assert isinstance(info.value, RuntimeError)  # spec 30
+            assert isinstance(info.value, RuntimeError)  # guarantee 30
     finally:
         release.set()
         t.join(10)
@@ -445,7 +445,7 @@ def test_second_concurrent_run_fails_and_never_steals(store: Store) -> None:
 
 
 def test_run_many_same_key_fail_mode_gives_error_envelopes(store: Store) -> None:
-    # spec 27 + 65: run_many never raises; the losers get error envelopes
+    # guarantee 27 + 65: run_many never raises; the losers get error envelopes
     gate = threading.Event()
 
     def step(payload: Any) -> str:
@@ -464,7 +464,7 @@ def test_run_many_same_key_fail_mode_gives_error_envelopes(store: Store) -> None
 
 
 def test_fork_isolates_checkpoint_and_writes_and_can_be_pruned(store: Store) -> None:
-    # spec 28 + known fault: concurrent forks overwrite each other's writes; no cleanup
+    # guarantee 28 + known fault: concurrent forks overwrite each other's writes; no cleanup
     def load(ticker: str) -> str:
         time.sleep(0.05)
         return f"prices:{ticker}"
@@ -495,7 +495,7 @@ def test_fork_isolates_checkpoint_and_writes_and_can_be_pruned(store: Store) -> 
 
 
 def test_lost_ownership_never_overwrites(store: Store) -> None:
-    # spec 31: every checkpoint write is a compare-and-swap; a run that lost its claim
+    # guarantee 31: every checkpoint write is a compare-and-swap; a run that lost its claim
     # (its lease expired and another run took over) writes nothing
     took: list[str] = []
 
@@ -557,7 +557,7 @@ def loop_plan(
 
 
 def test_loop_resume_continues_iteration_counter(store: Store) -> None:
-    # spec 32, 59
+    # guarantee 32, 59
     counter = {"n": 0}
     assert not run(loop_plan(store, counter, crash_at=3)).ok
     assert store.read("loop")["iteration"] == 4  # init + 3 tries of work
@@ -567,7 +567,7 @@ def test_loop_resume_continues_iteration_counter(store: Store) -> None:
 
 
 def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) -> None:
-    # spec 32, 33 + known fault: the counter restarting on resume
+    # guarantee 32, 33 + known fault: the counter restarting on resume
     counter = {"n": 0}
     env = run(loop_plan(store, counter, crash_at=2, max_iterations=4))
     assert not env.ok
@@ -583,7 +583,7 @@ def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) ->
 
 
 def test_stale_next_step_after_plan_change_is_a_clear_error(store: Store) -> None:
-    # spec 35 + known fault: silent success
+    # guarantee 35 + known fault: silent success
     c = Counter()
     c.fail.add("validate")
     run(etl_plan(store, c, resume=True))
@@ -622,7 +622,7 @@ def test_corrupt_checkpoint_names_the_key(store: Store, tmp_path: Path) -> None:
 
 
 def test_unserializable_writes_are_stringified_with_warning_or_strict_error(store: Store) -> None:
-    # spec 36
+    # guarantee 36
     handle = threading.Lock()
     plan = Plan(
         Step(lambda p: {"fh": handle}, name="open", writes="res"), store=store, checkpoint_key="ser"
@@ -642,7 +642,7 @@ def test_unserializable_writes_are_stringified_with_warning_or_strict_error(stor
 
 
 def test_resume_does_not_reinject_session(store: Store) -> None:
-    # spec 38
+    # guarantee 38
     c = Counter()
     c.fail.add("validate")
     first = Session()
@@ -660,7 +660,7 @@ def test_resume_does_not_reinject_session(store: Store) -> None:
 
 
 def test_store_backends_and_delete(tmp_path: Path) -> None:
-    # spec 45
+    # guarantee 45
     path = tmp_path / "wal.sqlite"
     Store(db=path).close()
     with sqlite3.connect(path) as raw:
@@ -671,7 +671,7 @@ def test_store_backends_and_delete(tmp_path: Path) -> None:
 
 
 def test_journal_grows_linearly_one_head(store: Store, tmp_path: Path) -> None:
-    # DESIGN "append, don't rewrite": one head row updated in place, one journal row per step
+    # "append, don't rewrite": one head row updated in place, one journal row per step
     steps = [Step(lambda p, i=i: f"v{i}", name=f"s{i}", writes=f"w{i}") for i in range(30)]
     assert run(Plan(*steps, store=store, checkpoint_key="lin")).ok
     with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
@@ -694,7 +694,7 @@ def test_async_api_inside_event_loop(store: Store) -> None:
 
 
 def test_idempotency_key_is_stable_across_crash_and_resume(store: Store) -> None:
-    # spec 43: a failed step is retried as-is; its idempotency key lets an external API
+    # guarantee 43: a failed step is retried as-is; its idempotency key lets an external API
     # deduplicate the retried side effect (same key), while a new execution gets a new one.
     seen: list[str] = []
     fail = {"on": True}

@@ -1,4 +1,4 @@
-"""Plan and Step semantics: SPEC-CHECKLIST lines 46-70."""
+"""Plan and Step semantics: guarantees 46-70 (docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,14 @@ def run(plan: Plan, task: str = "t", tools: list[Any] | None = None) -> Envelope
 
 
 def test_steps_run_sequentially_by_default() -> None:
-    # spec 46
+    # guarantee 46
     trail: list[str] = []
     env = run(Plan(Step(echo("a", trail)), Step(echo("b", trail)), Step(echo("c", trail))))
     assert trail == ["a", "b", "c"] and env.payload == "c(b(a(t)))"
 
 
 def test_targets_tool_name_callable_agent_and_async() -> None:
-    # spec 47, 48, 67
+    # guarantee 47, 48, 67
     async def shout(text: str) -> str:
         await asyncio.sleep(0)
         return text.upper()
@@ -65,11 +65,11 @@ def test_targets_tool_name_callable_agent_and_async() -> None:
     env = run(plan, "x", tools=[echo("lookup")])
     assert env.payload == "lookup(inner(LOOKUP(X)))"
     with pytest.raises(PlanCompileError, match=r"tool 'lookup'.*not in the Agent's tools"):
-        Agent(engine=Plan(Step("lookup")), tools=[])  # spec 60: at Agent construction
+        Agent(engine=Plan(Step("lookup")), tools=[])  # guarantee 60: at Agent construction
 
 
 def test_task_and_context_resolution() -> None:
-    # spec 49, 50, 51
+    # guarantee 49, 50, 51
     seen: list[Envelope[Any]] = []
 
     def capture(env: Envelope[Any]) -> str:
@@ -100,7 +100,7 @@ def test_task_and_context_resolution() -> None:
 
 
 def test_compile_validates_every_context_item_and_sentinel() -> None:
-    # spec 50, 60
+    # guarantee 50, 60
     with pytest.raises(PlanCompileError, match=r"context\[1\].*names no step"):
         Plan(Step(echo("a")), Step(echo("b"), context=["ok", from_step("nope")]))
     with pytest.raises(PlanCompileError, match=r"context\[0\] must be a sentinel"):
@@ -124,7 +124,7 @@ class Other(BaseModel):
 
 
 def test_input_output_types_checked_and_output_validated() -> None:
-    # spec 52
+    # guarantee 52
     with pytest.raises(PlanCompileError, match="expects input Other but step 'make' outputs Row"):
         Plan(
             Step(lambda p: {"n": 1}, name="make", output=Row),
@@ -143,7 +143,7 @@ def test_input_output_types_checked_and_output_validated() -> None:
 
 
 def test_parallel_band_runs_concurrently() -> None:
-    # spec 53
+    # guarantee 53
     barrier = threading.Barrier(3, timeout=5)
 
     def branch(name: str) -> Any:
@@ -188,7 +188,7 @@ def test_parallel_sentinels() -> None:
 
 
 def test_routes_first_truthy_wins_else_linear_and_detour() -> None:
-    # spec 54, 58
+    # guarantee 54, 58
     trail: list[str] = []
     plan = Plan(
         Step(
@@ -219,7 +219,7 @@ class Triage(BaseModel):
 
 
 def test_routes_by_literal_field_with_after_branches() -> None:
-    # spec 55, 57
+    # guarantee 55, 57
     trail: list[str] = []
 
     def triage(payload: Any) -> Triage:
@@ -238,7 +238,7 @@ def test_routes_by_literal_field_with_after_branches() -> None:
 
 
 def test_routes_by_compile_checks() -> None:
-    # spec 55, 56, 57
+    # guarantee 55, 56, 57
     class Loose(BaseModel):
         kind: str
 
@@ -267,7 +267,7 @@ def test_routes_by_compile_checks() -> None:
 
 
 def test_loop_bounded_by_max_iterations() -> None:
-    # spec 59, 33
+    # guarantee 59, 33
     n = {"i": 0}
 
     def tick(payload: Any) -> int:
@@ -280,7 +280,7 @@ def test_loop_bounded_by_max_iterations() -> None:
 
 
 def test_route_predicate_raising_is_plan_runtime_error() -> None:
-    # spec 61
+    # guarantee 61
     def boom(env: Envelope[Any]) -> bool:
         raise KeyError("missing field")
 
@@ -291,7 +291,7 @@ def test_route_predicate_raising_is_plan_runtime_error() -> None:
 
 
 def test_run_many_order_errors_and_concurrency_cap() -> None:
-    # spec 64, 65, 66, 68
+    # guarantee 64, 65, 66, 68
     active = {"now": 0, "max": 0}
     lock = threading.Lock()
 
@@ -323,7 +323,7 @@ def test_run_many_order_errors_and_concurrency_cap() -> None:
 
 
 def test_run_many_tools_required_for_string_targets() -> None:
-    # spec 67
+    # guarantee 67
     plan = Plan(Step("fetch"))
     out = plan.run_many(["a"])
     assert out[0].error is not None and "fetch" in out[0].error.message
@@ -331,7 +331,7 @@ def test_run_many_tools_required_for_string_targets() -> None:
 
 
 def test_to_dict_from_dict_round_trip() -> None:
-    # spec 69, 70
+    # guarantee 69, 70
     agent = Agent(engine=Plan(Step(echo("inner"))), name="writer")
 
     def is_long(env: Envelope[Any]) -> bool:

@@ -12,7 +12,7 @@ import pytest
 
 from stepstone import (
     Agent,
-    ConcurrentPlanRunError,
+    ConcurrentRunError,
     LLMEngine,
     Plan,
     PlanCompileError,
@@ -513,7 +513,7 @@ def test_ownership_statuses_and_kind_conflicts(tmp_path: Path) -> None:
     def planner(round: int) -> PlanRound:
         statuses.append(store.read("own")["status"])
         # A second run on the same key while this one is live is refused.
-        with pytest.raises(ConcurrentPlanRunError, match="'own' is owned by live run"):
+        with pytest.raises(ConcurrentRunError, match="'own' is owned by live run"):
             Agent(engine=ReplanEngine(store=store, checkpoint_key="own"), tools=[planner])("x")
         return done()
 

@@ -38,7 +38,7 @@ from stepstone.exceptions import (
     CheckpointRecordInvalid,
     CheckpointStateMigrationFailed,
     ConcurrentGraphResumeError,
-    ConcurrentPlanRunError,
+    ConcurrentRunError,
     NodeException,
     UserError,
 )
@@ -285,7 +285,7 @@ class CompiledGraph(Generic[S]):
                 meta={"resumed_by": invocation_id},
                 what="graph resume",
             )
-        except ConcurrentPlanRunError as exc:
+        except ConcurrentRunError as exc:
             raise ConcurrentGraphResumeError(
                 f"invocation {source!r} is being resumed by another live invocation; "
                 "wait for it to finish (its result is a new record with the same "
@@ -567,7 +567,7 @@ class CompiledGraph(Generic[S]):
 def _release_lock(lock: OwnedRun) -> None:
     try:
         lock.commit_sync(status="done", next_step=None)
-    except ConcurrentPlanRunError:
+    except ConcurrentRunError:
         pass
     finally:
         lock.release()

@@ -1,6 +1,6 @@
 """The effect seam: every model call and every tool call of the LLM loop passes through here.
 
-A durable journal (DESIGN section 3, "Effect journal") implements :class:`EffectHandler`
+A durable effect journal (ARCHITECTURE.md, "Effect journal") implements :class:`EffectHandler`
 to record intent before and outcome after each call, keyed by :class:`EffectKey`, and to
 replay recorded outcomes on resume. The default handler just runs the call.
 """

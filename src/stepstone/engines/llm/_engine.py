@@ -16,7 +16,12 @@ from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThrough
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
 from stepstone.engines.llm._routing import ProviderRouting
 from stepstone.engines.llm._tools import ToolBatch
-from stepstone.exceptions import MaxTurnsExceeded, UserError
+from stepstone.exceptions import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    MaxTurnsExceeded,
+    UserError,
+)
 from stepstone.observability import EventType, Session
 from stepstone.providers._base import Provider
 from stepstone.providers._pricing import estimate_cost
@@ -126,19 +131,23 @@ class LLMEngine(ModelCalls, ProviderRouting):
         strict_multimodal: bool = False,
     ) -> None:
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
+            raise ConfigurationError(f"max_turns must be >= 1, got {max_turns!r}")
         if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+            raise ConfigurationError(f"max_retries must be >= 0, got {max_retries!r}")
         if max_parallel_tools is not None and max_parallel_tools < 1:
-            raise ValueError(f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}")
+            raise ConfigurationError(
+                f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}"
+            )
         if max_tool_calls_per_turn is not None and max_tool_calls_per_turn < 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"max_tool_calls_per_turn must be >= 1 or None, got {max_tool_calls_per_turn!r}"
             )
         if tool_timeout is not None and tool_timeout <= 0:
-            raise ValueError(f"tool_timeout must be > 0 or None, got {tool_timeout!r}")
+            raise ConfigurationError(f"tool_timeout must be > 0 or None, got {tool_timeout!r}")
         if request_timeout is not None and request_timeout <= 0:
-            raise ValueError(f"request_timeout must be > 0 or None, got {request_timeout!r}")
+            raise ConfigurationError(
+                f"request_timeout must be > 0 or None, got {request_timeout!r}"
+            )
         idle: float | None
         if isinstance(stream_idle_timeout, _Unset):
             idle = DEFAULT_STREAM_IDLE_TIMEOUT
@@ -154,26 +163,26 @@ class LLMEngine(ModelCalls, ProviderRouting):
             )
             idle = None
         elif stream_idle_timeout <= 0:
-            raise ValueError(
+            raise ConfigurationError(
                 f"stream_idle_timeout must be > 0 or None, got {stream_idle_timeout!r}"
             )
         else:
             idle = float(stream_idle_timeout)
         if stream_buffer < 1:
-            raise ValueError(f"stream_buffer must be >= 1, got {stream_buffer!r}")
+            raise ConfigurationError(f"stream_buffer must be >= 1, got {stream_buffer!r}")
         if cast(Any, tool_choice) == "parallel":
-            raise ValueError(
+            raise ConfigurationError(
                 "LLMEngine(tool_choice='parallel') was removed. Concurrent tool execution is "
                 "the default and cannot be disabled; drop the argument (or use 'auto' / "
                 "'any')."
             )
         if tool_choice not in ("auto", "any"):
-            raise ValueError(f"tool_choice must be 'auto' or 'any', got {tool_choice!r}")
+            raise ConfigurationError(f"tool_choice must be 'auto' or 'any', got {tool_choice!r}")
         resolved_native = [NativeTool(t) for t in (native_tools or [])]
         if not allow_dangerous_native_tools:
             found = [t for t in resolved_native if t in _DANGEROUS]
             if found:
-                raise ValueError(
+                raise ConfigurationError(
                     f"Native tools {[t.value for t in found]!r} require explicit opt-in "
                     "because they grant the model code-execution or computer-control "
                     "capabilities. Pass allow_dangerous_native_tools=True to confirm."
@@ -185,7 +194,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         elif isinstance(cache, CacheConfig):
             self.cache = cache
         else:
-            raise TypeError(f"cache must be a bool or a CacheConfig, got {cache!r}")
+            raise ConfigurationTypeError(f"cache must be a bool or a CacheConfig, got {cache!r}")
 
         self._provider_obj: Provider | None = None
         if isinstance(model, Provider):
@@ -201,7 +210,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             provider_name = provider or self._infer_provider(model)
             aliases = self._PROVIDER_ALIASES
             if provider is None and aliases.get(model.lower()) == model.lower():
-                raise ValueError(
+                raise ConfigurationError(
                     f"LLMEngine({model!r}) is ambiguous: {model!r} is a provider name, not a "
                     f"model id. At request time the provider would be asked for the literal "
                     f"model {model!r} and reject it.\n"
@@ -211,7 +220,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
                     f'      Agent(engine=LLMEngine("<model-id>"))   # e.g. "claude-sonnet-4-6"'
                 )
         else:
-            raise TypeError(f"LLMEngine(model=...) takes a str or a Provider, got {model!r}")
+            raise ConfigurationTypeError(
+                f"LLMEngine(model=...) takes a str or a Provider, got {model!r}"
+            )
 
         self.model: str = model_name
         self.provider: str = provider_name

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import ClassVar, Literal
 
+from stepstone.exceptions import ConfigurationError
+
 __all__ = ["ProviderRouting"]
 
 RuleKind = Literal["contains", "startswith"]
@@ -87,7 +89,7 @@ class ProviderRouting:
         Thread-safe: the rule list is replaced under a lock, never edited in place.
         """
         if kind not in ("contains", "startswith"):
-            raise ValueError(f"kind must be 'contains' or 'startswith', got {kind!r}")
+            raise ConfigurationError(f"kind must be 'contains' or 'startswith', got {kind!r}")
         with cls._PROVIDER_REGISTRY_LOCK:
             ProviderRouting._PROVIDER_RULES = [
                 (kind, pattern.lower(), provider),
@@ -107,7 +109,7 @@ class ProviderRouting:
                 return provider
         default = ProviderRouting._PROVIDER_DEFAULT
         if default is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"no provider rule matches model {model!r} and the default provider is "
                 f"disabled; pass provider='...', or register a rule: "
                 f"LLMEngine.register_provider_rule({model.split('-')[0]!r}, '<provider>', "

@@ -4,7 +4,7 @@ A step commit appends one ``step`` row (the step's envelope, its ``writes=`` key
 iteration). Branches of a parallel band append their ``step`` rows as they finish, marked
 with the band; the band's own ``band`` row, committed with every branch's ``writes=``
 value, applies them all at once. Branch rows without a ``band`` row are pending: a resumed
-run reuses them instead of re-running those branches (spec 11).
+run reuses them instead of re-running those branches (guarantee 11).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _corrupt(key: str, what: str) -> CheckpointCorruptError:
 
 
 def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
-    """The seed-000 checkpoint shape, assembled from the head and the journal."""
+    """The checkpoint dict users read (docs/plans.md), assembled from the head and the journal."""
     rep = replay(head.key, rows)
     return {
         "next_step": head.next_step,
@@ -159,10 +159,10 @@ _LEGACY_KEYS = ("next_step", "kv", "status")
 
 
 def legacy_import(key: str, text: str) -> tuple[RunHead, list[JournalRow]] | None:
-    """Turn a checkpoint stored as a plain value (seed-000 v1 or v2 shape) into a run.
+    """Turn a checkpoint stored as a plain value (the first format, v1, or v2) into a run.
 
     Returns None when the value is not a checkpoint at all. A v1 checkpoint (no
-    ``history``) imports with an empty history (spec 26).
+    ``history``) imports with an empty history (guarantee 26).
     """
     try:
         data = json.loads(text)

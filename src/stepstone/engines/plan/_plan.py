@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
+import pkgutil
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -208,7 +208,7 @@ class Plan:
         return await runner.execute(next_step)
 
     def _restore(self, runner: PlanRun, rep: Replay) -> None:
-        """Rebuild a resumed run's memory from its journal (spec 13): outputs for the
+        """Rebuild a resumed run's memory from its journal (guarantee 13): outputs for the
         sentinels, pending band branches, the iteration counter and the previous output."""
         assert runner.run is not None
         head = runner.run.head
@@ -387,16 +387,13 @@ def _type_to_json(tp: Any) -> str | None:
 def _type_from_json(name: str | None, registry: Mapping[str, Any], default: Any) -> Any:
     if name is None:
         return default
-    module, _, qualname = name.partition(":")
+    qualname = name.partition(":")[2]
     for candidate in (qualname, qualname.rsplit(".", 1)[-1], name):
         if candidate in registry:
             return registry[candidate]
     try:
-        obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        return obj
-    except (ImportError, AttributeError):
+        return pkgutil.resolve_name(name)  # "module:Qual.Name"
+    except (ImportError, AttributeError, ValueError):
         raise KeyError(
             f"Plan.from_dict: type {name!r} cannot be imported; pass it in registry="
             f"{{{qualname.rsplit('.', 1)[-1]!r}: ...}}"

@@ -253,7 +253,7 @@ class PlanRun:
                 failed.append((name, Envelope.error_envelope(exc, task=out.task)))
                 return
             # Journal the branch now (not applied yet): a crash or a sibling's failure
-            # must not cost this branch's work (spec 11).
+            # must not cost this branch's work (guarantee 11).
             await self._commit(status="running", next_step=unit.entry, rows=[row])
             self._emit(EventType.STEP_FINISH, step=name, iteration=self.iteration, band=unit.entry)
             done[name] = out
@@ -343,7 +343,7 @@ class PlanRun:
 
     def _aggregate(self, unit: Unit) -> Envelope[Any]:
         """A band's outputs together; the start envelope when none is known (a v1
-        checkpoint had no history, spec 26)."""
+        checkpoint had no history, guarantee 26)."""
         outs = [
             (s.step_name, self.outputs[s.step_name])
             for s in unit.steps

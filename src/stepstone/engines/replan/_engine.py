@@ -143,7 +143,7 @@ class ReplanEngine:
         """Run the replan loop on ``env``'s task; the Engine protocol entry point.
 
         Failures, pauses and ``max_rounds`` come back as error envelopes; a live
-        concurrent owner of the checkpoint key raises ``ConcurrentPlanRunError``.
+        concurrent owner of the checkpoint key raises ``ConcurrentRunError``.
         """
         tool_map = build_tool_map(tools or [])
         self._planner(tool_map)

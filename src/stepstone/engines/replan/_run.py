@@ -21,7 +21,7 @@ from stepstone.engines.replan._record import (
 )
 from stepstone.engines.replan._schema import PlanRound, Task
 from stepstone.exceptions import (
-    ConcurrentPlanRunError,
+    ConcurrentRunError,
     MaxRoundsExceeded,
     PlannerOutputError,
     PlanPaused,
@@ -110,7 +110,7 @@ class ReplanRun:
         except _Stop as stop:
             await self._commit(stop.status, [], error=stop.where)
             return self._stamp(stop.env)
-        except ConcurrentPlanRunError:
+        except ConcurrentRunError:
             raise  # we lost ownership: nothing of ours may be written
         except BaseException as exc:
             self._record_crash(exc)
@@ -200,7 +200,7 @@ class ReplanRun:
             env = Envelope.error_envelope(exc, retryable=True, task=self.task, metadata=where)
             self._emit(EventType.PLAN_PAUSED, step="planner", round=number, message=exc.message)
             raise _Stop("paused", {**where, **_error(exc)}, env) from None
-        except (_Stop, ConcurrentPlanRunError):
+        except (_Stop, ConcurrentRunError):
             raise
         except Exception as exc:  # noqa: BLE001 - a failing planner ends the run, resumable
             env = Envelope.error_envelope(exc, task=self.task, metadata=where)
@@ -279,7 +279,7 @@ class ReplanRun:
             env = Envelope.error_envelope(exc, retryable=True, task=self.task, metadata=where)
             self._emit(EventType.PLAN_PAUSED, step=task.tool, round=number, message=exc.message)
             raise _Stop("paused", {**where, **_error(exc)}, env) from None
-        except ConcurrentPlanRunError:
+        except ConcurrentRunError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failing task fails the run, resumable
             env = Envelope.error_envelope(exc, task=self.task, metadata=where)

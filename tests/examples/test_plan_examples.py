@@ -1,4 +1,5 @@
-"""The three examples of seed 000 run as users run them (spec 18, 23, 28, 34)."""
+"""The Plan examples (ETL crash/resume, fork fan-out, inspect a failure) run as users run
+them (guarantee 18, 23, 28, 34)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_inspect_failure(tmp_path: Path) -> None:
 
 
 def test_etl_with_llm_agents_offline(tmp_path: Path) -> None:
-    # The seed's own example: four LLM agents. Each scripted model holds exactly one answer,
+    # The ETL example with four LLM agents. Each scripted model holds exactly one answer,
     # so a re-run of extract or transform after the crash would exhaust its script and fail.
     proc = subprocess.run(
         [

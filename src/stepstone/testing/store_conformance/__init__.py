@@ -1,0 +1,63 @@
+"""The store conformance suite: every backend must pass these tests unchanged.
+
+Use it from a test module of your own with a ``store_spec`` fixture::
+
+    import pytest
+    from stepstone.testing.store_conformance import *  # noqa: F403
+    from stepstone.testing.store_conformance import StoreSpec
+
+    @pytest.fixture
+    def store_spec(tmp_path):
+        return StoreSpec(name="sqlite", args={"db": str(tmp_path / "s.sqlite")})
+
+The tests are grouped by concern: key/value entries (``_values``), run records
+(``_runs``), ownership and leases (``_ownership``), several processes (``_processes``).
+``StoreSpec.args`` are the keyword arguments of ``Store(...)``; ``multiprocess`` says whether
+several OS processes can share the store (not for the in-memory backend).
+"""
+
+from __future__ import annotations
+
+from stepstone.testing.store_conformance._ownership import (
+    test_claim_live_run_refused_across_store_objects,
+    test_lease_renew_and_expiry_takeover,
+)
+from stepstone.testing.store_conformance._processes import (
+    test_cas_race_across_processes,
+)
+from stepstone.testing.store_conformance._runs import (
+    test_commit_is_atomic_and_versioned,
+    test_commit_writes_same_key_twice_last_wins,
+    test_delete_removes_run_and_journal,
+    test_run_key_refuses_plain_value_ops,
+)
+from stepstone.testing.store_conformance._spec import StoreSpec
+from stepstone.testing.store_conformance._values import (
+    test_async_twins,
+    test_cas_absent_and_json_equality,
+    test_cas_matches_a_dict_model,
+    test_context_manager_closes,
+    test_keys_items_prefix_is_exact,
+    test_pydantic_values_persist_as_model_dump,
+    test_read_write_delete_roundtrip,
+    test_unserializable_value_is_stringified_with_warning,
+)
+
+__all__ = [
+    "StoreSpec",
+    "test_async_twins",
+    "test_cas_absent_and_json_equality",
+    "test_cas_matches_a_dict_model",
+    "test_cas_race_across_processes",
+    "test_claim_live_run_refused_across_store_objects",
+    "test_commit_is_atomic_and_versioned",
+    "test_commit_writes_same_key_twice_last_wins",
+    "test_context_manager_closes",
+    "test_delete_removes_run_and_journal",
+    "test_keys_items_prefix_is_exact",
+    "test_lease_renew_and_expiry_takeover",
+    "test_pydantic_values_persist_as_model_dump",
+    "test_read_write_delete_roundtrip",
+    "test_run_key_refuses_plain_value_ops",
+    "test_unserializable_value_is_stringified_with_warning",
+]

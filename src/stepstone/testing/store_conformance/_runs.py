@@ -1,0 +1,100 @@
+"""Run records: kept apart from plain values, one atomic versioned commit per step,
+deleted with their journal."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepstone.durable import claim_run
+from stepstone.exceptions import StoreKeyConflictError
+from stepstone.testing.store_conformance._spec import StoreSpec
+
+
+def test_run_key_refuses_plain_value_ops(store_spec: StoreSpec) -> None:
+    """A key holding a checkpoint is never overwritten by a plain write or CAS."""
+    store = store_spec.open()
+    claimed = claim_run(store, "run-k", kind="test", resume=False, first_step="a")
+    assert claimed.run is not None
+    try:
+        with pytest.raises(StoreKeyConflictError, match="run-k"):
+            store.write("run-k", 1)
+        with pytest.raises(StoreKeyConflictError, match="run-k"):
+            store.compare_and_swap("run-k", None, 1)
+        entry = store.read_entry("run-k")
+        assert entry is not None and entry.kind == "checkpoint"
+        # And a plain value is never claimed as a run.
+        store.write("plain", {"not": "a checkpoint"})
+        with pytest.raises(StoreKeyConflictError, match="plain"):
+            claim_run(store, "plain", kind="test", resume=True, first_step="a")
+        assert store.read("plain") == {"not": "a checkpoint"}
+    finally:
+        claimed.run.release()
+
+
+def test_commit_is_atomic_and_versioned(store_spec: StoreSpec) -> None:
+    """guarantee 39/40: head, journal and writes commit together; a stale version writes nothing."""
+    store = store_spec.open()
+    claimed = claim_run(store, "run-c", kind="test", resume=False, first_step="a")
+    run = claimed.run
+    assert run is not None
+    try:
+        run.commit_sync(
+            status="running", next_step="b", rows=[("step", "a", {"i": 1})], writes=[("w1", [1])]
+        )
+        assert store.read("w1") == [1]
+        head = store.backend.run_get("run-c")
+        assert head is not None and head.version == 2 and head.next_step == "b"
+        stale = head.replace(version=5, next_step="zzz")
+        assert store.backend.run_commit(stale, 1, [], [("w2", "2")]) is False
+        assert store.read("w2") is None
+        # A write that collides with a run key rolls the whole commit back.
+        other = claim_run(store, "run-other", kind="test", resume=False, first_step="a")
+        assert other.run is not None
+        other.run.release()
+        with pytest.raises(StoreKeyConflictError):
+            run.commit_sync(
+                status="running",
+                next_step="c",
+                rows=[("step", "b", {"i": 2})],
+                writes=[("w3", 3), ("run-other", 4)],
+            )
+        assert store.read("w3") is None
+        after = store.backend.run_get("run-c")
+        assert after is not None and after.version == 2 and after.next_step == "b"
+        rows = store.backend.run_journal("run-c")
+        assert [(r.seq, r.kind, r.name) for r in rows] == [(0, "step", "a")]
+    finally:
+        run.release()
+
+
+def test_commit_writes_same_key_twice_last_wins(store_spec: StoreSpec) -> None:
+    """A commit that writes one key twice stores the last value (as sequential writes
+    would); a backend that upserts all writes in one statement must not choke on it."""
+    store = store_spec.open()
+    claimed = claim_run(store, "run-w", kind="test", resume=False, first_step="a")
+    run = claimed.run
+    assert run is not None
+    try:
+        run.commit_sync(
+            status="running",
+            next_step="b",
+            rows=[("step", "a", {})],
+            writes=[("dup", 1), ("other", "o"), ("dup", 2)],
+        )
+    finally:
+        run.release()
+    assert store.read("dup") == 2
+    assert store.read("other") == "o"
+
+
+def test_delete_removes_run_and_journal(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
+    claimed = claim_run(store, "run-d", kind="test", resume=False, first_step="a")
+    assert claimed.run is not None
+    claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", {})])
+    claimed.run.release()
+    assert "run-d" in store.keys()
+    assert store.delete("run-d") is True
+    assert store.read("run-d") is None
+    assert store.backend.run_journal("run-d") == []
+    assert "run-d" not in store.keys()

@@ -1,0 +1,158 @@
+"""Key/value entries: read, write, delete, keys and items, compare-and-swap, value
+encoding, async twins."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from stepstone.exceptions import UnserializableValueWarning
+from stepstone.testing.store_conformance._spec import StoreSpec
+
+
+class _Point(BaseModel):
+    x: int
+    y: int
+
+
+def test_read_write_delete_roundtrip(store_spec: StoreSpec) -> None:
+    """guarantee 45: read/write/delete exist and round-trip JSON values."""
+    store = store_spec.open()
+    values: list[Any] = [1, 2.5, "text ünïcode", None, True, [1, "a", None], {"a": {"b": [1, 2]}}]
+    for i, value in enumerate(values):
+        store.write(f"k{i}", value)
+    for i, value in enumerate(values):
+        assert store.read(f"k{i}") == value
+    assert store.read("missing") is None
+    assert store.read("missing", default="d") == "d"
+    assert store.delete("k0") is True
+    assert store.delete("k0") is False
+    assert store.read("k0") is None
+    entry = store.read_entry("k1")
+    assert entry is not None and entry.kind == "value" and entry.value == 2.5
+
+
+def test_keys_items_prefix_is_exact(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
+    for key in ("a_1", "a%2", "ab", "A_3", "b"):
+        store.write(key, key)
+    assert store.keys() == sorted(["a_1", "a%2", "ab", "A_3", "b"])
+    assert store.keys(prefix="a_") == ["a_1"]  # '_' is not a wildcard
+    assert store.keys(prefix="a%") == ["a%2"]
+    assert store.keys(prefix="A") == ["A_3"]  # case-sensitive
+    assert store.items(prefix="a") == {"a%2": "a%2", "a_1": "a_1", "ab": "ab"}
+    top = "\U0010ffff"
+    for key in (f"z{top}", f"z{top}x", f"z{top}{top}", "zz"):
+        store.write(key, key)
+    assert store.keys(prefix=f"z{top}") == [f"z{top}", f"z{top}x", f"z{top}{top}"]
+    assert store.keys(prefix="z") == ["zz", f"z{top}", f"z{top}x", f"z{top}{top}"]
+
+
+def test_cas_absent_and_json_equality(store_spec: StoreSpec) -> None:
+    """expected=None means absent; the comparison is JSON equality (1 == 1.0, key order
+    does not matter)."""
+    store = store_spec.open()
+    assert store.compare_and_swap("c", None, {"n": 1}) is True
+    assert store.compare_and_swap("c", None, {"n": 2}) is False
+    assert store.compare_and_swap("c", {"n": 2}, {"n": 3}) is False
+    assert store.compare_and_swap("c", {"n": 1.0}, {"n": 2}) is True  # 1 == 1.0 in JSON
+    assert store.read("c") == {"n": 2}
+    store.write("d", {"a": 1, "b": 2})
+    assert store.compare_and_swap("d", {"b": 2, "a": 1}, "swapped") is True  # key order
+    assert store.read("d") == "swapped"
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.integers(-3, 3),
+    st.sampled_from(["a", "b"]),
+    st.lists(st.integers(0, 2), max_size=2),
+)
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["write", "cas", "delete"]), st.sampled_from(["k1", "k2"]), _VALUES, _VALUES
+    ),
+    max_size=12,
+)
+
+
+def test_cas_matches_a_dict_model(store_spec: StoreSpec) -> None:
+    """Hypothesis: any sequence of write / compare_and_swap / delete agrees with a dict."""
+    store = store_spec.open()
+
+    @settings(
+        max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(_OPS)
+    def check(ops: list[tuple[str, str, Any, Any]]) -> None:
+        prefix = f"cas-model-{uuid.uuid4().hex}:"
+        model: dict[str, Any] = {}
+        for op, key, a, b in ops:
+            k = prefix + key
+            if op == "write":
+                if a is None:
+                    continue  # None is "absent" for CAS; a stored null is tested elsewhere
+                store.write(k, a)
+                model[k] = a
+            elif op == "delete":
+                assert store.delete(k) == (k in model)
+                model.pop(k, None)
+            else:
+                if b is None:
+                    continue
+                expected_ok = (k not in model) if a is None else model.get(k) == a
+                assert store.compare_and_swap(k, a, b) == expected_ok
+                if expected_ok:
+                    model[k] = b
+        assert store.items(prefix=prefix) == dict(sorted(model.items()))
+
+    check()
+
+
+def test_pydantic_values_persist_as_model_dump(store_spec: StoreSpec) -> None:
+    """guarantee 37: pydantic payloads persist via model_dump."""
+    store = store_spec.open()
+    store.write("p", _Point(x=1, y=2))
+    assert store.read("p") == {"x": 1, "y": 2}
+    assert store.compare_and_swap("p", _Point(x=1, y=2), _Point(x=3, y=4))
+    assert store.read("p") == {"x": 3, "y": 4}
+
+
+def test_unserializable_value_is_stringified_with_warning(store_spec: StoreSpec) -> None:
+    """guarantee 36: values JSON cannot hold become str() with a warning naming the key path."""
+    store = store_spec.open()
+    obj = object()
+    with pytest.warns(UnserializableValueWarning, match=r"store\['u'\]\['handle'\]"):
+        store.write("u", {"handle": obj})
+    assert store.read("u") == {"handle": str(obj)}
+
+
+def test_async_twins(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
+
+    async def go() -> None:
+        await store.awrite("x", [1, 2])
+        assert await store.aread("x") == [1, 2]
+        assert await store.acompare_and_swap("x", [1, 2], [3])
+        assert await store.akeys(prefix="x") == ["x"]
+        assert await store.aitems(prefix="x") == {"x": [3]}
+        entry = await store.aread_entry("x")
+        assert entry is not None and entry.value == [3]
+        assert await store.adelete("x") is True
+
+    asyncio.run(go())
+
+
+def test_context_manager_closes(store_spec: StoreSpec) -> None:
+    if store_spec.shared is not None:
+        pytest.skip("shared in-memory store stays open")
+    with store_spec.open() as store:
+        store.write("cm", 1)
+    with store_spec.open() as again:
+        assert again.read("cm") == 1

@@ -16,6 +16,7 @@ else, so they all get the same guarantees:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -23,12 +24,14 @@ from typing import Any, Literal
 
 from stepstone.core._ids import host_id, new_uid, process_start_time
 from stepstone.core._serialization import dumps
-from stepstone.durable._leases import keeper, owner_alive
+from stepstone.durable._leases import LIVE_STATUSES, keeper, owner_alive
 from stepstone.exceptions import ConcurrentPlanRunError, StoreKeyConflictError
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = ["ClaimResult", "OwnedRun", "claim_run", "describe_owner"]
+
+log = logging.getLogger("stepstone")
 
 Outcome = Literal["fresh", "resumed", "done"]
 LegacyImport = Callable[[str, str], tuple[RunHead, list[JournalRow]] | None]
@@ -168,8 +171,20 @@ class OwnedRun:
             keeper.remove(self)
 
     def release(self) -> None:
-        """Stop renewing the lease (the run reached a terminal status or crashed)."""
+        """Stop renewing the lease (the run reached a terminal status or crashed).
+
+        A run released before reaching a terminal status (a crash its engine could not
+        record, a resume refused after the claim) has its lease expired in the database, so
+        the next ``resume=True`` takes it over at once, from any thread or process.
+        """
         keeper.remove(self)
+        if self.head.status not in LIVE_STATUSES:
+            return
+        try:
+            if self.store.backend.run_renew(self.key, self.run_uid, 0.0):
+                self.head = self.head.replace(lease_until=0.0)
+        except Exception:
+            log.warning("stepstone: expiring the lease of %r failed", self.key, exc_info=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Usage:
     proc_worker.py crash <db> <log> <limit>       resume the latest unfinished attempt of
-                                                  correlation "crash", or start it
+                                                  correlation "crash", or start it (prints
+                                                  READY first, DONE when finished)
     proc_worker.py resume <db> <log> <id> <sleep> resume invocation <id>; exit 3 when refused
 """
 
@@ -26,6 +27,7 @@ def main() -> int:
     cp = SQLiteCheckpointer(db)
     if mode == "crash":
         graph = loop_graph(cp, log=log, sleep=0.04)
+        print("READY", flush=True)  # imported: the test's kill timer starts now
         attempts = cp.list(CheckpointFilter(correlation_id="crash"))
         if not attempts:
             graph.invoke(Counter(limit=int(sys.argv[4])), correlation_id="crash")

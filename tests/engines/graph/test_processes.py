@@ -46,7 +46,12 @@ def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
             [sys.executable, str(WORKER), "crash", str(db), str(log), str(LIMIT)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            bufsize=0,  # readline() below must not read ahead of what communicate() gets
         )
+        assert proc.stdout is not None
+        # The kill delay counts from the worker being ready (imports take seconds on a
+        # loaded machine), so every attempt gets to run some nodes.
+        proc.stdout.readline()
         try:
             out, err = proc.communicate(timeout=rng.uniform(0.25, 0.6))
         except subprocess.TimeoutExpired:

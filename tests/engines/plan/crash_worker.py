@@ -1,6 +1,7 @@
 """A Plan run for the crash tests: started as a subprocess and killed with SIGKILL.
 
-Usage: python crash_worker.py DB LOG N_STEPS. Each step appends "<index> <pid>" to LOG
+Usage: python crash_worker.py DB LOG N_STEPS. Prints ``ready`` once imported and the store
+is open. Each step appends "<index> <pid>" to LOG
 (fsynced) before returning, then the Plan commits it. Exit 0 when the run is done.
 """
 
@@ -32,6 +33,7 @@ def make_step(i: int, log_path: str) -> Any:
 def main() -> None:
     db, log_path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = Store(db=db)
+    print("ready", flush=True)
     plan = Plan(
         *[Step(make_step(i, log_path), writes=f"w{i:02d}") for i in range(n)],
         store=store,

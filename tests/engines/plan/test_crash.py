@@ -52,9 +52,14 @@ def test_sigkill_at_random_points_then_resume(tmp_path: Path, seed: int) -> None
     for _attempt in range(60):
         with subprocess.Popen(
             [sys.executable, str(WORKER), str(db), str(log), str(N_STEPS)],
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         ) as proc:
+            assert proc.stdout is not None
+            # The kill delay counts from the worker being ready (imports take seconds on a
+            # loaded machine), so every attempt gets to run some steps.
+            ready = proc.stdout.readline().strip()
             try:
                 _, err = proc.communicate(timeout=rng.uniform(0.15, 0.35))
             except subprocess.TimeoutExpired:
@@ -62,7 +67,7 @@ def test_sigkill_at_random_points_then_resume(tmp_path: Path, seed: int) -> None
                 proc.communicate()
                 kills += 1
             else:
-                assert proc.returncode == 0, err
+                assert proc.returncode == 0, (ready, err)
                 break
         done = _check_consistent(db, done)
     else:

@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from stepstone.core._serialization import from_typed_json, to_typed_json
+from stepstone.core._serialization import ENCODING_VERSION, from_typed_json, to_typed_json
 
 __all__ = ["Envelope", "ErrorInfo"]
 
@@ -104,14 +104,17 @@ class Envelope(Generic[T]):
         )
 
     def to_dict(self, *, where: str = "envelope", strict: bool = False) -> dict[str, Any]:
-        """A JSON-ready dict; pydantic payloads keep their type name so they load back typed.
+        """A JSON-ready dict that :meth:`from_dict` turns back into an equal envelope.
 
-        Values JSON cannot hold are stringified with a warning naming ``where``
-        (``strict=True`` raises instead); see :func:`to_typed_json`.
+        Payload and metadata use the type-tagged encoding (``"encoding": 2``): pydantic
+        models, dataclasses, ``datetime``, ``Decimal``, ``UUID``, bytes, paths, enums, sets
+        and tuples load back as themselves. Other values JSON cannot hold are stringified
+        with a warning naming ``where`` (``strict=True`` raises instead).
         """
         out: dict[str, Any] = {
             "task": self.task,
             "payload": to_typed_json(self.payload, where=f"{where}.payload", strict=strict),
+            "encoding": ENCODING_VERSION,
         }
         if self.context is not None:
             out["context"] = self.context
@@ -123,13 +126,14 @@ class Envelope(Generic[T]):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Envelope[Any]:
-        """Rebuild from :meth:`to_dict` output."""
+        """Rebuild from :meth:`to_dict` output (either encoding version)."""
         error = data.get("error")
-        metadata = from_typed_json(data.get("metadata")) or {}
+        version = int(data.get("encoding") or 1)
+        metadata = from_typed_json(data.get("metadata"), version=version) or {}
         return Envelope(
             task=data.get("task"),
             context=data.get("context"),
-            payload=from_typed_json(data.get("payload")),
+            payload=from_typed_json(data.get("payload"), version=version),
             metadata=dict(metadata),
             error=ErrorInfo.from_dict(error) if error else None,
         )

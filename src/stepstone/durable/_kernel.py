@@ -215,7 +215,7 @@ def claim_run(
     first_step: str | None,
     meta: dict[str, Any] | None = None,
     legacy_import: LegacyImport | None = None,
-    check_resume: Callable[[RunHead], None] | None = None,
+    check_resume: Callable[[RunHead], Literal["fresh"] | None] | None = None,
     run_uid: str | None = None,
     what: str = "run",
 ) -> ClaimResult:
@@ -232,7 +232,8 @@ def claim_run(
         legacy_import: Turns a plain value found under ``key`` into a run (an older
             checkpoint format); returns None when the value is not one.
         check_resume: Called with the head about to be taken over (or short-circuited as
-            done); raising refuses the resume and writes nothing.
+            done); raising refuses the resume and writes nothing; returning ``"fresh"``
+            starts the run over instead (as ``resume=False`` would).
         run_uid: The new run's stamp (default: a fresh one).
         what: How to call the run in messages (``"Plan"``).
 
@@ -281,9 +282,8 @@ def claim_run(
             lease_until=now + store.lease_seconds,
             updated_at=now,
         )
-        if head is not None and resume:
-            if check_resume is not None:
-                check_resume(head)
+        verdict = check_resume(head) if head is not None and resume and check_resume else None
+        if head is not None and resume and verdict != "fresh":
             if head.status == "done" and not drop_kv:
                 outcome[0] = "done"
                 return None

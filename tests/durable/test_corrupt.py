@@ -89,7 +89,7 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_resume_of_a_corrupt_run_names_the_key_and_writes_nothing(db: Path, case: str) -> None:
-    # guarantee 131, 132
+    # guarantee 122, 131, 132
     sql, what = CORRUPTIONS[case]
     corrupt(db, sql)
     before = dump(db)

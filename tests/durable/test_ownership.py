@@ -99,3 +99,28 @@ def test_threads_of_one_process_never_steal_a_live_run_sqlite(tmp_path: Path) ->
 def test_threads_of_one_process_never_steal_a_live_run_postgres(pg_url: str) -> None:
     # guarantee 121
     _race(pg_url, "pg")
+
+
+def test_a_run_released_before_a_terminal_status_is_resumable_at_once(tmp_path: Path) -> None:
+    # guarantee 121, 122
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stepstone.durable import claim_run
+
+    with Store(db=tmp_path / "rel.sqlite", lease_seconds=300) as store:
+        held = claim_run(store, "k", kind="test", resume=False, first_step="a")
+        assert held.run is not None
+        with ThreadPoolExecutor(1) as pool:
+            other = pool.submit(
+                claim_run, store, "k", kind="test", resume=True, first_step="a"
+            ).exception(timeout=60)
+            assert isinstance(other, ConcurrentPlanRunError)  # same process, live: refused
+            held.run.release()
+            head = store.backend.run_get("k")
+            assert head is not None and head.status == "claimed" and head.lease_until == 0.0
+            taken = pool.submit(
+                claim_run, store, "k", kind="test", resume=True, first_step="a"
+            ).result(timeout=60)
+        assert taken.outcome == "resumed" and taken.run is not None
+        assert taken.head.run_uid != held.head.run_uid
+        taken.run.release()

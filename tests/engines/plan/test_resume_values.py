@@ -133,7 +133,7 @@ def _rich_plan(store: Store | None, seen: list[Any], gate: dict[str, str]) -> Pl
 
 @pytest.mark.parametrize("stop", ["fail", "pause"])
 def test_resumed_step_gets_the_same_types_as_a_straight_run(store: Store, stop: str) -> None:
-    # guarantee 126
+    # guarantee 124
     straight: list[Any] = []
     assert run(_rich_plan(None, straight, {})).ok
     seen: list[Any] = []
@@ -148,7 +148,7 @@ def test_resumed_step_gets_the_same_types_as_a_straight_run(store: Store, stop: 
 
 
 def test_store_keeps_plain_json_for_writes(store: Store) -> None:
-    # guarantee 126
+    # guarantee 125
     seen: list[Any] = []
     assert run(_rich_plan(store, seen, {})).ok
     raw = store.read("rich")
@@ -168,7 +168,7 @@ class Opaque:
 
 
 def test_other_values_warn_with_a_store_and_never_without(store: Store) -> None:
-    # guarantee 127
+    # guarantee 126
     def make(payload: Any) -> dict[str, Any]:
         return {"o": Opaque()}
 
@@ -210,7 +210,7 @@ def _band_plan(store: Store, gate: dict[str, Any], seen: list[Any]) -> Plan:
 
 @pytest.mark.parametrize("how", ["fail", "die"])
 def test_band_with_pydantic_writes_resumes_after_a_sibling_stops(store: Store, how: str) -> None:
-    # guarantee 125
+    # guarantee 123
     seen: list[Any] = []
     gate = {"locate": how}
     if how == "die":
@@ -233,7 +233,7 @@ def test_band_with_pydantic_writes_resumes_after_a_sibling_stops(store: Store, h
 
 
 def test_route_target_and_pause_restore_typed_outputs(store: Store) -> None:
-    # guarantee 125
+    # guarantee 123
     gate = {"approve": "pause"}
     seen: list[Any] = []
 
@@ -278,7 +278,7 @@ FIXTURE = Path(__file__).with_name("fixtures") / "plan_journal_encoding1.json"
 
 
 def test_journal_of_the_untagged_encoding_still_resumes(store: Store) -> None:
-    # guarantee 134
+    # guarantee 127
     import json
 
     from stepstone.store import Claim, JournalRow, RunHead

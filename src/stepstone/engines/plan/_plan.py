@@ -49,8 +49,10 @@ class Plan:
 
     Args:
         *steps: The steps, in order.
-        max_iterations: Cap on executed steps (bands count once); a resumed run continues
-            the persisted counter. Hitting it returns an error envelope.
+        max_iterations: Cap on routed re-visits: a step (or band, counted once) completing
+            again after it already completed in this run. First visits, failed and paused
+            attempts don't count. A resumed run counts from its journal. Hitting it returns
+            an error envelope (``MaxIterationsExceeded``).
         store: Where checkpoints live (needs ``checkpoint_key`` too).
         checkpoint_key: The run's identity in the store.
         resume: Take over a failed, paused or dead run where it stopped (and return the

@@ -124,3 +124,23 @@ def test_a_run_released_before_a_terminal_status_is_resumable_at_once(tmp_path: 
         assert taken.outcome == "resumed" and taken.run is not None
         assert taken.head.run_uid != held.head.run_uid
         taken.run.release()
+
+
+def test_a_commit_of_a_value_that_is_not_json_names_it_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    # guarantee 123
+    import datetime
+
+    from stepstone.durable import claim_run
+    from stepstone.exceptions import SerializationError
+
+    with Store(db=tmp_path / "enc.sqlite") as store:
+        claimed = claim_run(store, "k", kind="test", resume=False, first_step="a")
+        assert claimed.run is not None
+        with pytest.raises(SerializationError, match=r"'k'.*writes\['w'\]"):
+            claimed.run.commit_sync(
+                status="running", next_step="b", writes=[("w", datetime.date(2026, 1, 1))]
+            )
+        assert store.read("w") is None and store.backend.run_get("k") == claimed.head
+        claimed.run.release()

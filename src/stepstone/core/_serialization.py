@@ -141,6 +141,23 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+#: Where a value sits, built only when a warning or error needs the text: a string, or
+#: ``(parent, "[" | "." | "key", key)``.
+_Where = str | tuple[Any, str, Any]
+
+
+def _where_text(where: _Where) -> str:
+    if isinstance(where, str):
+        return where
+    parent, kind, key = where
+    base = _where_text(parent)
+    if kind == ".":
+        return f"{base}.{key}"
+    if kind == "key":
+        return f"{base} key {key!r}"
+    return f"{base}[{key!r}]"
+
+
 class _Encoder:
     __slots__ = ("strict", "typed", "warn")
 
@@ -156,34 +173,44 @@ class _Encoder:
         out["v"] = v
         return out
 
-    def convert(self, value: Any, where: str) -> Any:
-        if value is None:
+    def convert(self, value: Any, where: _Where) -> Any:
+        t = type(value)
+        if t is str or t is int or t is bool or value is None:
             return value
-        if isinstance(value, enum.Enum):  # before str/int: StrEnum and IntEnum keep their type
-            return self.tag("enum", self.convert(value.value, where), type(value))
-        if isinstance(value, (bool, str)):
-            return value
-        if isinstance(value, int):
-            return int(value)
-        if isinstance(value, float):
+        if t is dict:
+            return self.mapping(value, where)
+        if t is list:
+            return [self.convert(v, (where, "[", i)) for i, v in enumerate(value)]
+        if t is float:
             if math.isfinite(value):
-                return float(value)
+                return value
             if self.typed:
                 return self.tag("float", "nan" if math.isnan(value) else str(value))
             return self.stringify(value, where)
+        return self.other(value, where)
+
+    def other(self, value: Any, where: _Where) -> Any:
+        if isinstance(value, enum.Enum):  # before str/int: StrEnum and IntEnum keep their type
+            return self.tag("enum", self.convert(value.value, where), type(value))
+        if isinstance(value, (bool, str)):
+            return str(value) if isinstance(value, str) else bool(value)
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return self.convert(float(value), where)
         if isinstance(value, dict):
             return self.mapping(value, where)
         if isinstance(value, list):
-            return [self.convert(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            return [self.convert(v, (where, "[", i)) for i, v in enumerate(value)]
         if isinstance(value, BaseModel):
             data = value.model_dump(mode="json")
             return self.tag("model", data, type(value))
         if isinstance(value, tuple):
-            items = [self.convert(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            items = [self.convert(v, (where, "[", i)) for i, v in enumerate(value)]
             return self.tag("tuple", items)
         if isinstance(value, (set, frozenset)):
             ordered = sorted(value, key=repr)
-            items = [self.convert(v, f"{where}[{i}]") for i, v in enumerate(ordered)]
+            items = [self.convert(v, (where, "[", i)) for i, v in enumerate(ordered)]
             return self.tag("frozenset" if isinstance(value, frozenset) else "set", items)
         if isinstance(value, datetime.datetime):
             return self.tag("datetime", value.isoformat())
@@ -206,40 +233,47 @@ class _Encoder:
             return self.tag("path", str(value))
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {
-                f.name: self.convert(getattr(value, f.name), f"{where}.{f.name}")
+                f.name: self.convert(getattr(value, f.name), (where, ".", f.name))
                 for f in dataclasses.fields(value)
             }
             return self.tag("dataclass", fields, type(value))
         return self.stringify(value, where)
 
-    def mapping(self, value: dict[Any, Any], where: str) -> Any:
-        plain_keys = all(isinstance(k, str) for k in value) and (
-            not self.typed or _TAG not in value
-        )
-        if plain_keys:
-            return {k: self.convert(v, f"{where}[{k!r}]") for k, v in value.items()}
+    def mapping(self, value: dict[Any, Any], where: _Where) -> Any:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                return self.odd_mapping(value, where)
+            out[k] = self.convert(v, (where, "[", k))
+        if self.typed and _TAG in out:
+            return self.odd_mapping(value, where)  # user data that would read as a tag
+        return out
+
+    def odd_mapping(self, value: dict[Any, Any], where: _Where) -> Any:
+        """A dict with keys that are not plain ``str`` (or a ``$stepstone`` key)."""
         if self.typed:
             pairs = [
-                [self.convert(k, f"{where} key {k!r}"), self.convert(v, f"{where}[{k!r}]")]
+                [self.convert(k, (where, "key", k)), self.convert(v, (where, "[", k))]
                 for k, v in value.items()
             ]
             return self.tag("dict", pairs)
         out: dict[str, Any] = {}
         for k, v in value.items():
             if isinstance(k, str):
-                name = k
+                name = str(k)
             elif isinstance(k, (int, float, bool)) or k is None:
                 name = json.dumps(k)
             else:
-                plain = self.convert(k, f"{where} key {k!r}")
+                plain = self.convert(k, (where, "key", k))
                 name = plain if isinstance(plain, str) else json.dumps(plain)
-            out[name] = self.convert(v, f"{where}[{k!r}]")
+            out[name] = self.convert(v, (where, "[", k))
         return out
 
-    def stringify(self, value: Any, where: str) -> str:
+    def stringify(self, value: Any, where: _Where) -> str:
+        place = _where_text(where)
         if self.strict:
             raise SerializationError(
-                f"{where} is a {type(value).__name__}, which JSON cannot hold ({value!r}); "
+                f"{place} is a {type(value).__name__}, which JSON cannot hold ({value!r}); "
                 "store primitives, dicts, pydantic models, dataclasses or the standard types "
                 "stepstone tags (datetime, Decimal, UUID, bytes, paths, enums, sets, tuples), "
                 "or pass strict=False to store str(value)"
@@ -247,7 +281,7 @@ class _Encoder:
         text = str(value)
         if self.warn:
             warnings.warn(
-                f"{where} is a {type(value).__name__}, which JSON cannot hold; stored as its "
+                f"{place} is a {type(value).__name__}, which JSON cannot hold; stored as its "
                 f"str() {text[:80]!r}. Store primitives, dicts, pydantic models, dataclasses "
                 "or the standard types stepstone tags instead (strict=True makes this an error)",
                 UnserializableValueWarning,
@@ -273,12 +307,14 @@ def _import_class(path: Any) -> type | None:
 
 
 def _decode(value: Any) -> Any:
-    if isinstance(value, dict):
-        tag = value.get(_TAG)
-        if isinstance(tag, str) and "v" in value:
-            return _decode_tagged(tag, value.get("cls"), value["v"])
+    t = type(value)
+    if t is dict:
+        if _TAG in value:
+            tag = value[_TAG]
+            if isinstance(tag, str) and "v" in value:
+                return _decode_tagged(tag, value.get("cls"), value["v"])
         return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if t is list:
         return [_decode(v) for v in value]
     return value
 

@@ -25,7 +25,11 @@ from typing import Any, Literal
 from stepstone.core._ids import host_id, new_uid, process_start_time
 from stepstone.core._serialization import dumps
 from stepstone.durable._leases import LIVE_STATUSES, keeper, owner_alive
-from stepstone.exceptions import ConcurrentPlanRunError, StoreKeyConflictError
+from stepstone.exceptions import (
+    ConcurrentPlanRunError,
+    SerializationError,
+    StoreKeyConflictError,
+)
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
@@ -84,9 +88,20 @@ class OwnedRun:
     def _rows(self, rows: Sequence[tuple[str, str | None, Any]]) -> list[JournalRow]:
         base = self.head.journal_len
         return [
-            JournalRow(base + i, kind, name, dumps(data))
+            JournalRow(base + i, kind, name, self._encode(data, f"journal row {kind} {name!r}"))
             for i, (kind, name, data) in enumerate(rows)
         ]
+
+    def _encode(self, value: Any, what: str) -> str:
+        """JSON text of an engine's already JSON-ready value; a value that is not one is an
+        engine bug, reported naming the run and the value instead of a bare TypeError."""
+        try:
+            return dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(
+                f"run {self.key!r}: {what} is not JSON-ready ({exc}); nothing was written. "
+                "Engines convert values with to_json_value()/to_typed_json() before committing"
+            ) from exc
 
     def _prepare(
         self,
@@ -100,7 +115,8 @@ class OwnedRun:
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
-        return new, self._rows(rows), [(k, dumps(v)) for k, v in writes]
+        encoded = [(k, self._encode(v, f"writes[{k!r}]")) for k, v in writes]
+        return new, self._rows(rows), encoded
 
     def commit_sync(
         self,

@@ -114,8 +114,9 @@ def corrupt_error(key: Any, what: str) -> CheckpointCorruptError:
     """The error for a record that cannot be decoded: names the key, the fault, the fix."""
     shown = printable_key(key)
     return CheckpointCorruptError(
-        f"record {shown!r} is corrupt: {what}. Inspect it with `stepstone inspect` or "
-        f"remove it with store.delete({shown!r}); other records are not affected"
+        f"record {shown!r} is corrupt: {what}. Nothing was changed; remove it with "
+        f"store.delete({shown!r}) to start over under that key (other records are not "
+        "affected)"
     )
 
 
@@ -185,6 +186,7 @@ def heads_for_listing(rows: Sequence[Sequence[Any]]) -> list[RunHead]:
         except CheckpointCorruptError as exc:
             key = printable_key(row[0]) if row else "?"
             kind = row[1] if len(row) > 1 and isinstance(row[1], str) else "?"
+            stamps = [_number(row, HEAD_COLUMNS.index(c)) for c in ("created_at", "updated_at")]
             out.append(
                 RunHead(
                     key=key,
@@ -200,11 +202,18 @@ def heads_for_listing(rows: Sequence[Sequence[Any]]) -> list[RunHead]:
                     pid_start=None,
                     lease_until=0.0,
                     meta={"corrupt": str(exc)},
-                    created_at=0.0,
-                    updated_at=0.0,
+                    created_at=stamps[0],
+                    updated_at=stamps[1],
                 )
             )
     return out
+
+
+def _number(row: Sequence[Any], index: int) -> float:
+    try:
+        return float(row[index])
+    except (IndexError, TypeError, ValueError):
+        return 0.0
 
 
 def journal_row(key: str, seq: Any, kind: Any, name: Any, data: Any) -> JournalRow:

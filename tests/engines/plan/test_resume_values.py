@@ -192,6 +192,8 @@ def _band_plan(store: Store, gate: dict[str, Any], seen: list[Any]) -> Plan:
             raise RuntimeError("locate broke")
         if gate.get("locate") == "die":
             raise KeyboardInterrupt  # the process dies inside the band
+        if gate.get("locate") == "pause":
+            raise PlanPaused("locate waits for a map")
         return Point(3, decimal.Decimal("4.25"))
 
     def report(payload: Any) -> str:
@@ -208,7 +210,7 @@ def _band_plan(store: Store, gate: dict[str, Any], seen: list[Any]) -> Plan:
     )
 
 
-@pytest.mark.parametrize("how", ["fail", "die"])
+@pytest.mark.parametrize("how", ["fail", "die", "pause"])
 def test_band_with_pydantic_writes_resumes_after_a_sibling_stops(store: Store, how: str) -> None:
     # guarantee 123
     seen: list[Any] = []
@@ -218,8 +220,9 @@ def test_band_with_pydantic_writes_resumes_after_a_sibling_stops(store: Store, h
             run(_band_plan(store, gate, seen))
     else:
         env = run(_band_plan(store, gate, seen))
-        assert not env.ok and env.error is not None and env.error.type == "RuntimeError"
-        assert store.read("band")["error"]["step"] == "locate"  # the branch that failed
+        expected = "RuntimeError" if how == "fail" else "PlanPaused"
+        assert not env.ok and env.error is not None and env.error.type == expected
+        assert store.read("band")["error"]["step"] == "locate"  # the branch that stopped
     gate.clear()
     for _ in range(2):  # resumable, and again once done
         env = run(_band_plan(store, gate, seen))

@@ -86,9 +86,12 @@ class Replay:
     applied: list[tuple[str, dict[str, Any]]]
     pending: dict[str, dict[str, dict[str, Any]]]
     kv: dict[str, Any]
+    _checked: dict[str, Envelope[Any]] | None = None
 
     def envelopes(self) -> dict[str, Envelope[Any]]:
         """Latest output envelope per applied step (legacy rows without one are skipped)."""
+        if self._checked is not None:
+            return dict(self._checked)
         out: dict[str, Envelope[Any]] = {}
         for name, data in self.applied:
             env = data.get("envelope")
@@ -100,19 +103,24 @@ class Replay:
         """Decode every envelope once; raises CheckpointCorruptError naming ``key`` and the
         step whose entry cannot be decoded (a resume validates before it claims)."""
         entries = [*self.applied]
+        n_applied = len(entries)
         for branches in self.pending.values():
             entries.extend(branches.items())
-        for name, data in entries:
+        decoded: dict[str, Envelope[Any]] = {}
+        for i, (name, data) in enumerate(entries):
             env = data.get("envelope")
             if env is None:
                 continue
             try:
                 if not isinstance(env, dict):
                     raise TypeError(f"envelope is a {type(env).__name__}, not an object")
-                Envelope.from_dict(env)
+                envelope = Envelope.from_dict(env)
+                if i < n_applied:
+                    decoded[name] = envelope
             except (TypeError, ValueError, KeyError, AttributeError) as exc:
                 what = f"the entry of step {name!r} cannot be decoded ({exc})"
                 raise _corrupt(key, what) from exc
+        self._checked = decoded
 
 
 def replay(key: str, rows: list[JournalRow]) -> Replay:

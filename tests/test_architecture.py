@@ -23,7 +23,7 @@ KNOWN_EXCEPTIONS: dict[str, int] = {
     "cli/__init__.py": 1,  # `stepstone runs` lists heads: needs a kernel listing call
     "engines/graph/_checkpoint.py": 6,  # checkpointer load/list/delete and its _offload
     "engines/graph/_compiled.py": 2,  # the resumed record's head, and _offload
-    "engines/plan/_plan.py": 5,  # claim and journal reads off the loop, prune_forks listing
+    "engines/plan/_plan.py": 7,  # claim, journal validation before the claim, prune_forks
     "engines/replan/_engine.py": 4,  # claim and journal reads off the loop, as the Plan does
 }
 

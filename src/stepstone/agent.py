@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from stepstone.core import Envelope, Tool, build_tool_map
+from stepstone.core._context import running_agent
 from stepstone.core._sync import run_sync
 from stepstone.engines._protocol import Engine
 from stepstone.exceptions import UserError
@@ -65,12 +66,6 @@ class Agent:
         self.output = output
         self.session = session
         self.tool_map: dict[str, Tool] = build_tool_map(tools or [])
-        engine_name = getattr(engine, "_agent_name", None)
-        if engine_name is None:
-            try:
-                setattr(engine, "_agent_name", self.name)  # noqa: B010 - not every engine declares it
-            except AttributeError:
-                pass
         compile_fn: Callable[..., Any] | None = getattr(engine, "compile", None)
         if compile_fn is not None:
             compile_fn(list(self.tool_map.values()), output_type=output)
@@ -150,13 +145,14 @@ class Agent:
             session: Override the agent's session for this call.
         """
         env = self._envelope(task, context)
-        return await self.engine.run(
-            env,
-            tools=self.tools,
-            output_type=output or self.output,
-            memory=None,
-            session=session or self.session,
-        )
+        with running_agent(self.name):  # the engine is shared, never written to
+            return await self.engine.run(
+                env,
+                tools=self.tools,
+                output_type=output or self.output,
+                memory=None,
+                session=session or self.session,
+            )
 
     def __call__(
         self,
@@ -186,9 +182,16 @@ class Agent:
                 raise RuntimeError(f"{result.error.type}: {result.error.message}")
             yield result.text()
             return
-        async for token in stream_fn(
+        tokens = stream_fn(
             env, tools=self.tools, output_type=self.output, memory=None, session=self.session
-        ):
+        )
+        with running_agent(self.name):  # the engine starts its run on the first token
+            try:
+                first = await anext(tokens)
+            except StopAsyncIteration:
+                return
+        yield first
+        async for token in tokens:
             yield token
 
     def as_tool(self, name: str | None = None, *, description: str | None = None) -> Tool:

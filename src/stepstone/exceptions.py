@@ -338,6 +338,8 @@ class PlanPaused(BaseException):
             return task
     """
 
+    retryable = True  # a pause waits for something external: resuming may succeed
+
     def __init__(self, message: str = "Plan paused") -> None:
         super().__init__(message)
         self.message = message

@@ -8,11 +8,30 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from stepstone.core._serialization import from_typed_json, to_typed_json
+from stepstone.core._serialization import ENCODING_VERSION, from_typed_json, to_typed_json
 
-__all__ = ["Envelope", "ErrorInfo"]
+__all__ = ["TRANSIENT_BUILTINS", "Envelope", "ErrorInfo", "is_retryable"]
 
 T = TypeVar("T")
+
+#: The one default for exceptions that don't say whether they are retryable: the builtin
+#: transient failures (timeouts, refused/reset connections). Everything else is not
+#: retryable unless the raising code sets ``exc.retryable = True`` (or a class attribute).
+TRANSIENT_BUILTINS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether running the same thing again may succeed, as the raising code says.
+
+    ``exc.retryable`` (an instance or class attribute, a bool) wins: stepstone's own code
+    sets it (``PlanPaused`` is retryable; the LLM engine marks a provider error it gave up
+    on with its own transient/permanent verdict). Without it, :data:`TRANSIENT_BUILTINS`
+    are retryable and nothing else is; class names are never consulted.
+    """
+    flag = getattr(exc, "retryable", None)
+    if isinstance(flag, bool):
+        return flag
+    return isinstance(exc, TRANSIENT_BUILTINS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,7 +41,8 @@ class ErrorInfo:
     Attributes:
         type: The exception class name (``"ValueError"``, ``"PlanPaused"``...).
         message: The exception message.
-        retryable: Whether running the same thing again may succeed (a pause, a rate limit).
+        retryable: Whether running the same thing again may succeed (a pause, a rate limit),
+            as the raising code said: see :func:`is_retryable`.
     """
 
     type: str
@@ -86,13 +106,11 @@ class Envelope(Generic[T]):
     ) -> Envelope[Any]:
         """An envelope whose ``error`` describes ``exc``.
 
-        ``retryable`` defaults to ``exc.retryable`` when the exception has that attribute,
-        ``True`` for ``PlanPaused`` and ``False`` otherwise.
+        ``retryable`` defaults to :func:`is_retryable` (``exc.retryable`` when the raising
+        code set it, else the builtin default).
         """
         if retryable is None:
-            retryable = bool(
-                getattr(exc, "retryable", type(exc).__name__ in ("PlanPaused", "TimeoutError"))
-            )
+            retryable = is_retryable(exc)
         message = getattr(exc, "message", None)
         if not isinstance(message, str):
             message = str(exc)
@@ -104,14 +122,17 @@ class Envelope(Generic[T]):
         )
 
     def to_dict(self, *, where: str = "envelope", strict: bool = False) -> dict[str, Any]:
-        """A JSON-ready dict; pydantic payloads keep their type name so they load back typed.
+        """A JSON-ready dict that :meth:`from_dict` turns back into an equal envelope.
 
-        Values JSON cannot hold are stringified with a warning naming ``where``
-        (``strict=True`` raises instead); see :func:`to_typed_json`.
+        Payload and metadata use the type-tagged encoding (``"encoding": 2``): pydantic
+        models, dataclasses, ``datetime``, ``Decimal``, ``UUID``, bytes, paths, enums, sets
+        and tuples load back as themselves. Other values JSON cannot hold are stringified
+        with a warning naming ``where`` (``strict=True`` raises instead).
         """
         out: dict[str, Any] = {
             "task": self.task,
             "payload": to_typed_json(self.payload, where=f"{where}.payload", strict=strict),
+            "encoding": ENCODING_VERSION,
         }
         if self.context is not None:
             out["context"] = self.context
@@ -123,13 +144,14 @@ class Envelope(Generic[T]):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Envelope[Any]:
-        """Rebuild from :meth:`to_dict` output."""
+        """Rebuild from :meth:`to_dict` output (either encoding version)."""
         error = data.get("error")
-        metadata = from_typed_json(data.get("metadata")) or {}
+        version = int(data.get("encoding") or 1)
+        metadata = from_typed_json(data.get("metadata"), version=version) or {}
         return Envelope(
             task=data.get("task"),
             context=data.get("context"),
-            payload=from_typed_json(data.get("payload")),
+            payload=from_typed_json(data.get("payload"), version=version),
             metadata=dict(metadata),
             error=ErrorInfo.from_dict(error) if error else None,
         )

@@ -1,8 +1,35 @@
-"""JSON codec with typed pydantic round-trips, and a signed pickle codec.
+"""JSON codecs: plain JSON for stored values, a type-tagged JSON that round-trips, and a
+signed pickle codec.
 
-JSON is the default everywhere. Values JSON cannot hold are stored as ``str(value)`` with an
-:class:`~stepstone.exceptions.UnserializableValueWarning` naming where they were found
-(``strict=True`` raises :class:`~stepstone.exceptions.SerializationError` instead). Pickle is
+Plain JSON (:func:`to_json_value`) is what ``writes=`` values and ``Store.write`` store:
+what any reader of the database expects. Tagged JSON (:func:`to_typed_json`, encoding
+version :data:`ENCODING_VERSION`) is what step outputs are journaled as, so a resumed run
+hands the next step exactly the value a straight run would. Values JSON cannot hold are
+tagged ``{"$stepstone": "<type>", "v": ...}`` (plus ``"cls": "module:QualName"`` for
+classes):
+
+========================= ===================================================
+``datetime``, ``date``,   ``"datetime"``, ``"date"``, ``"time"`` (ISO 8601, offset
+``time``, ``timedelta``   kept), ``"timedelta"`` (``[days, seconds, microseconds]``)
+``Decimal``, ``UUID``     ``"decimal"``, ``"uuid"`` (their text)
+``bytes``, ``bytearray``  ``"bytes"``, ``"bytearray"`` (base64)
+``pathlib`` paths         ``"path"`` (the path text; loads as ``Path``)
+``set``, ``frozenset``,   ``"set"``, ``"frozenset"``, ``"tuple"`` (a list)
+``tuple``
+non-finite ``float``      ``"float"`` (``"nan"``, ``"inf"``, ``"-inf"``)
+enums                     ``"enum"`` with ``cls`` (the member's value)
+dataclasses               ``"dataclass"`` with ``cls`` (fields)
+pydantic models           ``"model"`` with ``cls`` (``model_dump(mode="json")``)
+dicts with non-str keys   ``"dict"`` (a list of ``[key, value]`` pairs)
+========================= ===================================================
+
+A class that cannot be imported when loading (renamed, or defined inside a function)
+loads as its plain data. Anything else is stored as ``str(value)`` with an
+:class:`~stepstone.exceptions.UnserializableValueWarning` naming where it was found
+(``strict=True`` raises :class:`~stepstone.exceptions.SerializationError` instead).
+
+Encoding version 1 (before tags) stored such values as their ``str()`` and tagged only
+pydantic models (``{"$stepstone_model": ..., "data": ...}``); it still loads. Pickle is
 only available signed: :class:`SignedPickle` refuses data without a valid HMAC.
 """
 
@@ -11,11 +38,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import decimal
 import enum
 import hashlib
 import hmac
 import json
 import math
+import pathlib
 import pickle
 import pkgutil
 import uuid
@@ -27,6 +56,7 @@ from pydantic import BaseModel
 from stepstone.exceptions import SerializationError, UnserializableValueWarning
 
 __all__ = [
+    "ENCODING_VERSION",
     "SignedPickle",
     "dumps",
     "from_typed_json",
@@ -37,7 +67,11 @@ __all__ = [
     "untag",
 ]
 
-_MODEL_TAG = "$stepstone_model"
+#: The version of the tagged encoding :func:`to_typed_json` writes.
+ENCODING_VERSION = 2
+
+_TAG = "$stepstone"
+_V1_MODEL_TAG = "$stepstone_model"
 
 
 def dumps(value: Any) -> str:
@@ -58,7 +92,11 @@ def json_equal(a: Any, b: Any) -> bool:
 def to_json_value(
     value: Any, *, where: str = "value", strict: bool = False, warn: bool = True
 ) -> Any:
-    """Convert ``value`` into plain JSON data (pydantic models become ``model_dump`` dicts).
+    """Convert ``value`` into plain JSON data, as any reader of the store expects it.
+
+    Pydantic models and dataclasses become dicts, enums their value, sets and tuples lists,
+    ``datetime``/``Decimal``/``UUID``/paths their text, bytes base64 text. Anything else is
+    stored as ``str(value)`` with a warning (or an error with ``strict=True``).
 
     Args:
         value: Anything.
@@ -66,127 +104,312 @@ def to_json_value(
         strict: Raise :class:`SerializationError` instead of stringifying.
         warn: Emit :class:`UnserializableValueWarning` when a value is stringified.
     """
-    return _convert(value, where, strict, warn, typed=False)
+    return _Encoder(strict, warn, typed=False).convert(value, where)
 
 
 def to_typed_json(
     value: Any, *, where: str = "value", strict: bool = False, warn: bool = True
 ) -> Any:
-    """Like :func:`to_json_value`, but pydantic models keep their class name.
-
-    :func:`from_typed_json` turns them back into instances of the same class.
-    """
-    return _convert(value, where, strict, warn, typed=True)
+    """Like :func:`to_json_value`, but every value JSON cannot hold keeps a type tag, so
+    :func:`from_typed_json` gives back an equal value of the same type."""
+    return _Encoder(strict, warn, typed=True).convert(value, where)
 
 
-def from_typed_json(value: Any) -> Any:
-    """Undo :func:`to_typed_json`; a model whose class cannot be imported stays a dict."""
-    if isinstance(value, dict):
-        if _MODEL_TAG in value and len(value) == 2 and "data" in value:
-            cls = _import_model(value[_MODEL_TAG])
-            data = from_typed_json(value["data"])
-            if cls is None:
-                return data
-            try:
-                return cls.model_validate(data)
-            except Exception:  # noqa: BLE001 - the class changed shape: keep the data
-                return data
-        return {k: from_typed_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_typed_json(v) for v in value]
-    return value
+def from_typed_json(value: Any, *, version: int = ENCODING_VERSION) -> Any:
+    """Undo :func:`to_typed_json` (``version`` 2) or the untagged version 1 encoding."""
+    if version < 2:
+        return _from_v1(value)
+    return _decode(value)
 
 
 def untag(value: Any) -> Any:
-    """Plain JSON from :func:`to_typed_json` output (model tags dropped, data kept)."""
+    """Plain JSON from tagged data (either version): what :func:`to_json_value` would give."""
     if isinstance(value, dict):
-        if _MODEL_TAG in value and len(value) == 2 and "data" in value:
+        if _V1_MODEL_TAG in value and len(value) == 2 and "data" in value:
             return untag(value["data"])
+        tag = value.get(_TAG)
+        if isinstance(tag, str) and "v" in value:
+            return _untag_tagged(tag, value["v"])
         return {k: untag(v) for k, v in value.items()}
     if isinstance(value, list):
         return [untag(v) for v in value]
     return value
 
 
-def _import_model(path: Any) -> type[BaseModel] | None:
+# -- encoding ------------------------------------------------------------------------------
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+#: Where a value sits, built only when a warning or error needs the text: a string, or
+#: ``(parent, "[" | "." | "key", key)``.
+_Where = str | tuple[Any, str, Any]
+
+
+def _where_text(where: _Where) -> str:
+    if isinstance(where, str):
+        return where
+    parent, kind, key = where
+    base = _where_text(parent)
+    if kind == ".":
+        return f"{base}.{key}"
+    if kind == "key":
+        return f"{base} key {key!r}"
+    return f"{base}[{key!r}]"
+
+
+class _Encoder:
+    __slots__ = ("strict", "typed", "warn")
+
+    def __init__(self, strict: bool, warn: bool, *, typed: bool) -> None:
+        self.strict, self.warn, self.typed = strict, warn, typed
+
+    def tag(self, kind: str, v: Any, cls: type | None = None) -> Any:
+        if not self.typed:
+            return v
+        out: dict[str, Any] = {_TAG: kind}
+        if cls is not None:
+            out["cls"] = _class_path(cls)
+        out["v"] = v
+        return out
+
+    def convert(self, value: Any, where: _Where) -> Any:
+        t = type(value)
+        if t is str or t is int or t is bool or value is None:
+            return value
+        if t is dict:
+            return self.mapping(value, where)
+        if t is list:
+            return [self.convert(v, (where, "[", i)) for i, v in enumerate(value)]
+        if t is float:
+            if math.isfinite(value):
+                return value
+            if self.typed:
+                return self.tag("float", "nan" if math.isnan(value) else str(value))
+            return self.stringify(value, where)
+        return self.other(value, where)
+
+    def other(self, value: Any, where: _Where) -> Any:
+        if isinstance(value, enum.Enum):  # before str/int: StrEnum and IntEnum keep their type
+            return self.tag("enum", self.convert(value.value, where), type(value))
+        if isinstance(value, (bool, str)):
+            return str(value) if isinstance(value, str) else bool(value)
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return self.convert(float(value), where)
+        if isinstance(value, dict):
+            return self.mapping(value, where)
+        if isinstance(value, list):
+            return [self.convert(v, (where, "[", i)) for i, v in enumerate(value)]
+        if isinstance(value, BaseModel):
+            data = value.model_dump(mode="json")
+            return self.tag("model", data, type(value))
+        if isinstance(value, tuple):
+            items = [self.convert(v, (where, "[", i)) for i, v in enumerate(value)]
+            return self.tag("tuple", items)
+        if isinstance(value, (set, frozenset)):
+            ordered = sorted(value, key=repr)
+            items = [self.convert(v, (where, "[", i)) for i, v in enumerate(ordered)]
+            return self.tag("frozenset" if isinstance(value, frozenset) else "set", items)
+        if isinstance(value, datetime.datetime):
+            return self.tag("datetime", value.isoformat())
+        if isinstance(value, datetime.date):
+            return self.tag("date", value.isoformat())
+        if isinstance(value, datetime.time):
+            return self.tag("time", value.isoformat())
+        if isinstance(value, datetime.timedelta):
+            if self.typed:
+                return self.tag("timedelta", [value.days, value.seconds, value.microseconds])
+            return value.total_seconds()
+        if isinstance(value, decimal.Decimal):
+            return self.tag("decimal", str(value))
+        if isinstance(value, uuid.UUID):
+            return self.tag("uuid", str(value))
+        if isinstance(value, (bytes, bytearray)):
+            text = base64.b64encode(bytes(value)).decode("ascii")
+            return self.tag("bytearray" if isinstance(value, bytearray) else "bytes", text)
+        if isinstance(value, pathlib.PurePath):
+            return self.tag("path", str(value))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {
+                f.name: self.convert(getattr(value, f.name), (where, ".", f.name))
+                for f in dataclasses.fields(value)
+            }
+            return self.tag("dataclass", fields, type(value))
+        return self.stringify(value, where)
+
+    def mapping(self, value: dict[Any, Any], where: _Where) -> Any:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                return self.odd_mapping(value, where)
+            out[k] = self.convert(v, (where, "[", k))
+        if self.typed and _TAG in out:
+            return self.odd_mapping(value, where)  # user data that would read as a tag
+        return out
+
+    def odd_mapping(self, value: dict[Any, Any], where: _Where) -> Any:
+        """A dict with keys that are not plain ``str`` (or a ``$stepstone`` key)."""
+        if self.typed:
+            pairs = [
+                [self.convert(k, (where, "key", k)), self.convert(v, (where, "[", k))]
+                for k, v in value.items()
+            ]
+            return self.tag("dict", pairs)
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, str):
+                name = str(k)
+            elif isinstance(k, (int, float, bool)) or k is None:
+                name = json.dumps(k)
+            else:
+                plain = self.convert(k, (where, "key", k))
+                name = plain if isinstance(plain, str) else json.dumps(plain)
+            out[name] = self.convert(v, (where, "[", k))
+        return out
+
+    def stringify(self, value: Any, where: _Where) -> str:
+        place = _where_text(where)
+        if self.strict:
+            raise SerializationError(
+                f"{place} is a {type(value).__name__}, which JSON cannot hold ({value!r}); "
+                "store primitives, dicts, pydantic models, dataclasses or the standard types "
+                "stepstone tags (datetime, Decimal, UUID, bytes, paths, enums, sets, tuples), "
+                "or pass strict=False to store str(value)"
+            )
+        text = str(value)
+        if self.warn:
+            warnings.warn(
+                f"{place} is a {type(value).__name__}, which JSON cannot hold; stored as its "
+                f"str() {text[:80]!r}. Store primitives, dicts, pydantic models, dataclasses "
+                "or the standard types stepstone tags instead (strict=True makes this an error)",
+                UnserializableValueWarning,
+                stacklevel=5,
+            )
+        return text
+
+
+# -- decoding ------------------------------------------------------------------------------
+def _import_class(path: Any) -> type | None:
     if not isinstance(path, str) or ":" not in path:
+        return None
+    if "<locals>" in path:
         return None
     try:
         obj: Any = pkgutil.resolve_name(path)  # "module:Qual.Name"
     except (ImportError, AttributeError, ValueError):
         return None
-    if isinstance(obj, type) and issubclass(obj, BaseModel):
-        return obj
-    return None
+    return obj if isinstance(obj, type) else None
 
 
-def _convert(value: Any, where: str, strict: bool, warn: bool, *, typed: bool) -> Any:
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return _stringify(value, where, strict, warn)
-    if isinstance(value, BaseModel):
-        data = value.model_dump(mode="json")
-        if typed and "<locals>" not in type(value).__qualname__:
-            cls = type(value)
-            return {_MODEL_TAG: f"{cls.__module__}:{cls.__qualname__}", "data": data}
+def _decode(value: Any) -> Any:
+    t = type(value)
+    if t is dict:
+        if _TAG in value:
+            tag = value[_TAG]
+            if isinstance(tag, str) and "v" in value:
+                return _decode_tagged(tag, value.get("cls"), value["v"])
+        return {k: _decode(v) for k, v in value.items()}
+    if t is list:
+        return [_decode(v) for v in value]
+    return value
+
+
+def _decode_tagged(tag: str, cls_path: Any, v: Any) -> Any:
+    try:
+        if tag == "datetime":
+            return datetime.datetime.fromisoformat(v)
+        if tag == "date":
+            return datetime.date.fromisoformat(v)
+        if tag == "time":
+            return datetime.time.fromisoformat(v)
+        if tag == "timedelta":
+            days, seconds, micro = v
+            return datetime.timedelta(days=days, seconds=seconds, microseconds=micro)
+        if tag == "decimal":
+            return decimal.Decimal(v)
+        if tag == "uuid":
+            return uuid.UUID(v)
+        if tag == "bytes":
+            return base64.b64decode(v)
+        if tag == "bytearray":
+            return bytearray(base64.b64decode(v))
+        if tag == "path":
+            return pathlib.Path(v)
+        if tag == "float":
+            return float(v)
+        if tag == "tuple":
+            return tuple(_decode(x) for x in v)
+        if tag == "set":
+            return {_decode(x) for x in v}
+        if tag == "frozenset":
+            return frozenset(_decode(x) for x in v)
+        if tag == "dict":
+            return {_decode(k): _decode(x) for k, x in v}
+        if tag in ("model", "enum", "dataclass"):
+            return _decode_class(tag, cls_path, v)
+    except (TypeError, ValueError, decimal.InvalidOperation, AttributeError):
+        return untag({_TAG: tag, "v": v})  # unhashable set item, a malformed value...
+    return _decode(v)  # a tag from a newer stepstone: its data
+
+
+def _decode_class(tag: str, cls_path: Any, v: Any) -> Any:
+    cls = _import_class(cls_path)
+    data = _decode(v)
+    if cls is None:
         return data
-    if isinstance(value, dict):
+    try:
+        if tag == "model" and issubclass(cls, BaseModel):
+            return cls.model_validate(v)
+        if tag == "enum" and issubclass(cls, enum.Enum):
+            return cls(data)
+        if tag == "dataclass" and dataclasses.is_dataclass(cls):
+            fields = dataclasses.fields(cls)
+            obj = cls(**{f.name: data[f.name] for f in fields if f.init and f.name in data})
+            for f in fields:
+                if not f.init and f.name in data:
+                    object.__setattr__(obj, f.name, data[f.name])
+            return obj
+    except Exception:  # noqa: BLE001 - the class changed shape since: keep the data
+        return data
+    return data
+
+
+def _untag_tagged(tag: str, v: Any) -> Any:
+    if tag == "timedelta":
+        try:
+            days, seconds, micro = v
+            delta = datetime.timedelta(days=days, seconds=seconds, microseconds=micro)
+            return delta.total_seconds()
+        except (TypeError, ValueError):
+            return v
+    if tag == "float":
+        return str(v)
+    if tag == "dict":
         out: dict[str, Any] = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                if isinstance(k, (int, float, bool)) or k is None:
-                    k = json.dumps(k)
-                else:
-                    k = _stringify(k, f"{where} key {k!r}", strict, warn)
-            out[k] = _convert(v, f"{where}[{k!r}]", strict, warn, typed=typed)
+        for k, x in v:
+            plain = untag(k)
+            out[plain if isinstance(plain, str) else json.dumps(plain)] = untag(x)
         return out
-    if isinstance(value, (list, tuple)):
-        return [
-            _convert(v, f"{where}[{i}]", strict, warn, typed=typed) for i, v in enumerate(value)
-        ]
-    if isinstance(value, (set, frozenset)):
-        return [
-            _convert(v, f"{where}[{i}]", strict, warn, typed=typed)
-            for i, v in enumerate(sorted(value, key=repr))
-        ]
-    if isinstance(value, enum.Enum):
-        return _convert(value.value, where, strict, warn, typed=typed)
-    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _convert(
-            {f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
-            where,
-            strict,
-            warn,
-            typed=typed,
-        )
-    return _stringify(value, where, strict, warn)
+    return untag(v)
 
 
-def _stringify(value: Any, where: str, strict: bool, warn: bool) -> str:
-    if strict:
-        raise SerializationError(
-            f"{where} is a {type(value).__name__}, which JSON cannot hold ({value!r}); "
-            "store primitives, dicts or pydantic models, or pass strict=False to store str(value)"
-        )
-    text = str(value)
-    if warn:
-        warnings.warn(
-            f"{where} is a {type(value).__name__}, which JSON cannot hold; stored as its "
-            f"str() {text[:80]!r}. Store primitives, dicts or pydantic models instead "
-            "(strict=True makes this an error)",
-            UnserializableValueWarning,
-            stacklevel=4,
-        )
-    return text
+def _from_v1(value: Any) -> Any:
+    if isinstance(value, dict):
+        if _V1_MODEL_TAG in value and len(value) == 2 and "data" in value:
+            cls = _import_class(value[_V1_MODEL_TAG])
+            data = _from_v1(value["data"])
+            if cls is None or not issubclass(cls, BaseModel):
+                return data
+            try:
+                return cls.model_validate(data)
+            except Exception:  # noqa: BLE001 - the class changed shape: keep the data
+                return data
+        return {k: _from_v1(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_v1(v) for v in value]
+    return value
 
 
 class SignedPickle:

@@ -16,6 +16,7 @@ else, so they all get the same guarantees:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -23,16 +24,19 @@ from typing import Any, Literal
 
 from stepstone.core._ids import host_id, new_uid, process_start_time
 from stepstone.core._serialization import dumps
-from stepstone.durable._leases import keeper, owner_alive
+from stepstone.durable._leases import LIVE_STATUSES, keeper, owner_alive
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
     ConcurrentRunError,
+    SerializationError,
     StoreKeyConflictError,
 )
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = ["ClaimResult", "OwnedRun", "claim_run", "describe_owner", "ownership_error"]
+
+log = logging.getLogger("stepstone")
 
 Outcome = Literal["fresh", "resumed", "done"]
 LegacyImport = Callable[[str, str], tuple[RunHead, list[JournalRow]] | None]
@@ -94,9 +98,20 @@ class OwnedRun:
     def _rows(self, rows: Sequence[tuple[str, str | None, Any]]) -> list[JournalRow]:
         base = self.head.journal_len
         return [
-            JournalRow(base + i, kind, name, dumps(data))
+            JournalRow(base + i, kind, name, self._encode(data, f"journal row {kind} {name!r}"))
             for i, (kind, name, data) in enumerate(rows)
         ]
+
+    def _encode(self, value: Any, what: str) -> str:
+        """JSON text of an engine's already JSON-ready value; a value that is not one is an
+        engine bug, reported naming the run and the value instead of a bare TypeError."""
+        try:
+            return dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(
+                f"run {self.key!r}: {what} is not JSON-ready ({exc}); nothing was written. "
+                "Engines convert values with to_json_value()/to_typed_json() before committing"
+            ) from exc
 
     def _prepare(
         self,
@@ -110,7 +125,8 @@ class OwnedRun:
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
-        return new, self._rows(rows), [(k, dumps(v)) for k, v in writes]
+        encoded = [(k, self._encode(v, f"writes[{k!r}]")) for k, v in writes]
+        return new, self._rows(rows), encoded
 
     def commit_sync(
         self,
@@ -182,8 +198,20 @@ class OwnedRun:
             keeper.remove(self)
 
     def release(self) -> None:
-        """Stop renewing the lease (the run reached a terminal status or crashed)."""
+        """Stop renewing the lease (the run reached a terminal status or crashed).
+
+        A run released before reaching a terminal status (a crash its engine could not
+        record, a resume refused after the claim) has its lease expired in the database, so
+        the next ``resume=True`` takes it over at once, from any thread or process.
+        """
         keeper.remove(self)
+        if self.head.status not in LIVE_STATUSES:
+            return
+        try:
+            if self.store.backend.run_renew(self.key, self.run_uid, 0.0):
+                self.head = self.head.replace(lease_until=0.0)
+        except Exception:
+            log.warning("stepstone: expiring the lease of %r failed", self.key, exc_info=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -214,7 +242,7 @@ def claim_run(
     first_step: str | None,
     meta: dict[str, Any] | None = None,
     legacy_import: LegacyImport | None = None,
-    check_resume: Callable[[RunHead], None] | None = None,
+    check_resume: Callable[[RunHead], Literal["fresh"] | None] | None = None,
     run_uid: str | None = None,
     what: str = "run",
 ) -> ClaimResult:
@@ -231,7 +259,8 @@ def claim_run(
         legacy_import: Turns a plain value found under ``key`` into a run (an older
             checkpoint format); returns None when the value is not one.
         check_resume: Called with the head about to be taken over (or short-circuited as
-            done); raising refuses the resume and writes nothing.
+            done); raising refuses the resume and writes nothing; returning ``"fresh"``
+            starts the run over instead (as ``resume=False`` would).
         run_uid: The new run's stamp (default: a fresh one).
         what: How to call the run in messages (``"Plan"``).
 
@@ -282,9 +311,8 @@ def claim_run(
             lease_until=now + store.lease_seconds,
             updated_at=now,
         )
-        if head is not None and resume:
-            if check_resume is not None:
-                check_resume(head)
+        verdict = check_resume(head) if head is not None and resume and check_resume else None
+        if head is not None and resume and verdict != "fresh":
             if head.status == "done" and not drop_kv:
                 outcome[0] = "done"
                 return None

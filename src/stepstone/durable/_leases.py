@@ -32,7 +32,6 @@ class LeaseKeeper:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[int, weakref.ref[OwnedRun]] = {}
-        self._owned: set[tuple[str, str]] = set()
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -42,11 +41,9 @@ class LeaseKeeper:
         with self._lock:
             if self._pid != os.getpid():  # forked child: the parent's thread is not ours
                 self._runs.clear()
-                self._owned.clear()
                 self._thread = None
                 self._pid = os.getpid()
             self._runs[id(run)] = weakref.ref(run)
-            self._owned.add((run.key, run.run_uid))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="stepstone-lease-keeper", daemon=True
@@ -58,12 +55,6 @@ class LeaseKeeper:
         """Stop renewing ``run``'s lease (it finished or was released)."""
         with self._lock:
             self._runs.pop(id(run), None)
-            self._owned.discard((run.key, run.run_uid))
-
-    def owns(self, key: str, run_uid: str) -> bool:
-        """Whether a run of this process currently owns ``key`` as ``run_uid``."""
-        with self._lock:
-            return (key, run_uid) in self._owned
 
     def _loop(self) -> None:
         while True:
@@ -89,15 +80,16 @@ keeper = LeaseKeeper()
 def owner_alive(head: RunHead, *, now: float | None = None) -> bool:
     """Whether the run recorded in ``head`` is still being executed by a live owner.
 
-    Dead when its status is terminal (paused, failed, done), its lease expired, or it ran
-    on this host and its process is gone (or is this process, which no longer runs it).
+    Decided from the record alone, never from this process's bookkeeping (which lags the
+    database: a run is committed as claimed before its owner registers it anywhere). Dead
+    when its status is terminal (paused, failed, done), its lease expired (a run released
+    without reaching a terminal status has its lease expired in the database by
+    ``OwnedRun.release``), or it ran on this host and its process is gone.
     """
     if head.status not in LIVE_STATUSES:
         return False
     if head.lease_until < (time.time() if now is None else now):
         return False
     if head.host == host_id():
-        if head.pid == os.getpid():
-            return keeper.owns(head.key, head.run_uid)
         return process_alive(head.pid, head.pid_start)
     return True

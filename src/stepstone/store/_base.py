@@ -14,15 +14,23 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stepstone.exceptions import CheckpointCorruptError
+
 __all__ = [
     "HEAD_COLUMNS",
     "Backend",
     "Claim",
     "JournalRow",
     "RunHead",
+    "checked_text",
+    "corrupt_error",
     "head_from_row",
     "head_to_row",
+    "heads_for_listing",
+    "journal_row",
+    "lenient_text",
     "prefix_bounds",
+    "printable_key",
 ]
 
 
@@ -84,17 +92,140 @@ def head_to_row(head: RunHead) -> tuple[Any, ...]:
     )
 
 
+def lenient_text(raw: bytes) -> str:
+    """Decode a text column without failing: invalid UTF-8 bytes become lone surrogates,
+    which :func:`checked_text` then reports as corruption naming the record (a SQLite
+    ``text_factory``; the default one raises a bare ``OperationalError`` naming nothing)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def printable_key(key: Any) -> str:
+    """``key`` as it can be printed, with invalid UTF-8 bytes shown as ``\\xNN``."""
+    text = str(key)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape")
+        return raw.decode("utf-8", "backslashreplace")
+    return text
+
+
+def corrupt_error(key: Any, what: str) -> CheckpointCorruptError:
+    """The error for a record that cannot be decoded: names the key, the fault, the fix."""
+    shown = printable_key(key)
+    return CheckpointCorruptError(
+        f"record {shown!r} is corrupt: {what}. Nothing was changed; remove it with "
+        f"store.delete({shown!r}) to start over under that key (other records are not "
+        "affected)"
+    )
+
+
+def checked_text(value: Any, key: Any, what: str) -> str:
+    """``value`` as ``str``; raises CheckpointCorruptError when it is not valid UTF-8 text."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise corrupt_error(
+                key, f"{what} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise corrupt_error(key, f"{what} is not valid UTF-8 (at character {exc.start})") from None
+    return text
+
+
 def head_from_row(row: Sequence[Any]) -> RunHead:
-    """Undo :func:`head_to_row` for a row selected in :data:`HEAD_COLUMNS` order."""
+    """Undo :func:`head_to_row` for a row selected in :data:`HEAD_COLUMNS` order.
+
+    Raises:
+        CheckpointCorruptError: a column cannot be decoded (bad JSON, invalid UTF-8, a
+            number that is not one); the message names the key and the column.
+    """
+    if len(row) != len(HEAD_COLUMNS):
+        raise corrupt_error(row[0] if row else "?", f"head has {len(row)} columns")
     values: dict[str, Any] = dict(zip(HEAD_COLUMNS, row, strict=True))
-    for name in _INT_COLUMNS:
-        values[name] = int(values[name])
-    for name in _FLOAT_COLUMNS:
-        values[name] = float(values[name])
-    if values["pid_start"] is not None:
-        values["pid_start"] = int(values["pid_start"])
-    values["meta"] = json.loads(values["meta"])
+    key = values["key"]
+    values["key"] = checked_text(key, key, "the key")
+    for name in ("kind", "status", "run_uid", "host"):
+        values[name] = checked_text(values[name], key, f"column {name}")
+    if values["next_step"] is not None:
+        values["next_step"] = checked_text(values["next_step"], key, "column next_step")
+    try:
+        for name in _INT_COLUMNS:
+            values[name] = int(values[name])
+        for name in _FLOAT_COLUMNS:
+            values[name] = float(values[name])
+        if values["pid_start"] is not None:
+            values["pid_start"] = int(values["pid_start"])
+    except (TypeError, ValueError) as exc:
+        raise corrupt_error(key, f"head has a non-numeric number column ({exc})") from None
+    meta_text = checked_text(values["meta"], key, "column meta")
+    try:
+        meta = json.loads(meta_text)
+    except ValueError as exc:
+        raise corrupt_error(key, f"head column meta is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise corrupt_error(key, f"head column meta is a JSON {type(meta).__name__}, not an object")
+    values["meta"] = meta
     return RunHead(**values)
+
+
+def heads_for_listing(rows: Sequence[Sequence[Any]]) -> list[RunHead]:
+    """Decode heads for a listing: one corrupt head never hides the others.
+
+    A head that cannot be decoded is listed as status ``"corrupt"`` with the reason in
+    ``meta["corrupt"]`` (reading or resuming it raises CheckpointCorruptError).
+    """
+    out: list[RunHead] = []
+    for row in rows:
+        try:
+            out.append(head_from_row(row))
+        except CheckpointCorruptError as exc:
+            key = printable_key(row[0]) if row else "?"
+            kind = row[1] if len(row) > 1 and isinstance(row[1], str) else "?"
+            stamps = [_number(row, HEAD_COLUMNS.index(c)) for c in ("created_at", "updated_at")]
+            out.append(
+                RunHead(
+                    key=key,
+                    kind=printable_key(kind),
+                    status="corrupt",
+                    next_step=None,
+                    run_uid="",
+                    version=0,
+                    iteration=0,
+                    journal_len=0,
+                    host="",
+                    pid=0,
+                    pid_start=None,
+                    lease_until=0.0,
+                    meta={"corrupt": str(exc)},
+                    created_at=stamps[0],
+                    updated_at=stamps[1],
+                )
+            )
+    return out
+
+
+def _number(row: Sequence[Any], index: int) -> float:
+    try:
+        return float(row[index])
+    except (IndexError, TypeError, ValueError):
+        return 0.0
+
+
+def journal_row(key: str, seq: Any, kind: Any, name: Any, data: Any) -> JournalRow:
+    """A journal row read from a database, its text columns checked (invalid UTF-8 raises
+    CheckpointCorruptError naming the key and the row)."""
+    where = f"journal row {seq}"
+    return JournalRow(
+        int(seq),
+        checked_text(kind, key, f"{where} kind"),
+        None if name is None else checked_text(name, key, f"{where} name"),
+        checked_text(data, key, f"{where} data"),
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

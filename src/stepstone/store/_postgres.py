@@ -37,7 +37,16 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from stepstone.exceptions import MissingExtraError, StoreError
-from stepstone.store._base import Backend, Decide, JournalRow, RunHead, head_from_row, head_to_row
+from stepstone.store._base import (
+    Backend,
+    Decide,
+    JournalRow,
+    RunHead,
+    head_from_row,
+    head_to_row,
+    heads_for_listing,
+    journal_row,
+)
 from stepstone.store._memory import run_key_conflict
 
 try:
@@ -551,13 +560,13 @@ class PostgresBackend(Backend):
                 (key, since_seq),
             ).fetchall(),
         )
-        return [JournalRow(int(s), str(k), n, str(d)) for s, k, n, d in rows]
+        return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
 
     def run_list(self, prefix: str | None) -> list[RunHead]:
         where, args = prefix_where("key", prefix)
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
-        return [head_from_row(r) for r in rows]
+        return heads_for_listing(rows)
 
 
 def _one(cur: Cursor) -> Any:

@@ -29,6 +29,9 @@ from stepstone.store._base import (
     RunHead,
     head_from_row,
     head_to_row,
+    heads_for_listing,
+    journal_row,
+    lenient_text,
     prefix_bounds,
 )
 from stepstone.store._memory import run_key_conflict
@@ -121,6 +124,7 @@ class SQLiteBackend(Backend):
             isolation_level=None,
             check_same_thread=False,
         )
+        conn.text_factory = lenient_text  # invalid UTF-8: CheckpointCorruptError, by key
         try:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         except sqlite3.DatabaseError as exc:
@@ -348,7 +352,7 @@ class SQLiteBackend(Backend):
             "SELECT seq, kind, name, data FROM journal WHERE run_key = ? AND seq >= ? ORDER BY seq",
             (key, since_seq),
         )
-        return [JournalRow(int(s), str(k), n, str(d)) for s, k, n, d in rows]
+        return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
 
     def run_list(self, prefix: str | None) -> list[RunHead]:
         conn = self._conn()
@@ -357,7 +361,7 @@ class SQLiteBackend(Backend):
         else:
             where, args = _prefix_sql(prefix)
             rows = conn.execute(f"SELECT {_HEAD_COLS} FROM runs WHERE {where} ORDER BY key", args)
-        return [head_from_row(r) for r in rows]
+        return heads_for_listing(list(rows))
 
 
 def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar
 
 from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
-from stepstone.store._base import Backend
+from stepstone.store._base import Backend, checked_text
 from stepstone.store._memory import MemoryBackend
 from stepstone.store._views import render_run
 
@@ -230,6 +230,7 @@ def _text_equals(current_text: str, expected: Any) -> bool:
 
 
 def _decode(key: str, text: str) -> Any:
+    text = checked_text(text, key, "the value")
     try:
         return loads(text)
     except ValueError as exc:

@@ -560,23 +560,27 @@ def test_loop_resume_continues_iteration_counter(store: Store) -> None:
     # guarantee 32, 59
     counter = {"n": 0}
     assert not run(loop_plan(store, counter, crash_at=3)).ok
-    assert store.read("loop")["iteration"] == 4  # init + 3 tries of work
+    # the counter counts routed re-visits that completed: work(n=2); not the failed n=3
+    assert store.read("loop")["iteration"] == 1
     env = run(loop_plan(store, counter, crash_at=None))
     assert env.ok and env.payload == "finished at 5"
-    assert store.read("loop")["iteration"] == 7  # 4 before + work(n=4), work(n=5), end
+    assert store.read("loop")["iteration"] == 3  # 1 before + work(n=4), work(n=5)
 
 
 def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) -> None:
     # guarantee 32, 33 + known fault: the counter restarting on resume
     counter = {"n": 0}
-    env = run(loop_plan(store, counter, crash_at=2, max_iterations=4))
+    env = run(loop_plan(store, counter, crash_at=2, max_iterations=2))
     assert not env.ok
-    env = run(loop_plan(store, counter, crash_at=None, max_iterations=4))
+    env = run(loop_plan(store, counter, crash_at=None, max_iterations=2))
     assert not env.ok and env.error is not None
-    assert env.error.type == "MaxIterationsExceeded" and "max_iterations=4" in env.error.message
+    assert env.error.type == "MaxIterationsExceeded" and "max_iterations=2" in env.error.message
+    assert "routed re-visits" in env.error.message
     state = store.read("loop")
-    assert state["status"] == "failed" and state["iteration"] == 4
-    assert counter["n"] == 3  # init + 2 tries before the crash + 1 after = the cap of 4
+    assert state["status"] == "failed" and state["iteration"] == 2
+    # work ran: n=1 (first visit), n=2 (re-visit, failed: not counted), after the resume
+    # n=3 and n=4 (re-visits 1 and 2 = the cap); the third re-visit is refused
+    assert counter["n"] == 4
 
 
 # -- stale checkpoints, corruption, conflicts ---------------------------------------------

@@ -276,7 +276,7 @@ def test_loop_bounded_by_max_iterations() -> None:
 
     env = run(Plan(Step(tick, routes={"tick": lambda e: True}), max_iterations=7))
     assert not env.ok and env.error is not None and env.error.type == "MaxIterationsExceeded"
-    assert n["i"] == 7
+    assert n["i"] == 8  # the first visit, then 7 routed re-visits
 
 
 def test_route_predicate_raising_is_plan_runtime_error() -> None:

@@ -16,6 +16,7 @@ import base64
 import builtins
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -23,6 +24,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 from stepstone.core._serialization import SignedPickle
 from stepstone.engines.graph._state import apply_patch
 from stepstone.exceptions import (
+    CheckpointCorruptError,
     CheckpointNotFound,
     CheckpointRecordInvalid,
     SerializationError,
@@ -31,6 +33,8 @@ from stepstone.exceptions import (
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._store import Store
 from stepstone.store._views import register_run_view
+
+log = logging.getLogger("stepstone")
 
 __all__ = [
     "GRAPH_KIND",
@@ -445,6 +449,9 @@ class StoreCheckpointer:
         flt = filter or CheckpointFilter()
         out: list[CheckpointRecord] = []
         for head in self.store.backend.run_list(self.prefix):
+            if head.status == "corrupt":  # one corrupt record never hides the others
+                log.warning("stepstone: skipping a corrupt record: %s", head.meta.get("corrupt"))
+                continue
             if head.kind != GRAPH_KIND or head.journal_len == 0:
                 continue  # not a graph record, or claimed but killed before its first save
             if flt.correlation_id is not None and (
@@ -455,6 +462,9 @@ class StoreCheckpointer:
                 rec = self.load(str(head.meta.get("invocation_id")))
             except CheckpointNotFound:
                 continue  # deleted meanwhile
+            except (CheckpointCorruptError, CheckpointRecordInvalid) as exc:
+                log.warning("stepstone: skipping a record that cannot be decoded: %s", exc)
+                continue
             if flt.status is not None and rec.status != flt.status:
                 continue
             out.append(rec)

@@ -4,6 +4,7 @@ detection, and the per-run bookkeeping they share with the engine."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
@@ -71,6 +72,10 @@ class ModelCalls:
                 # Text already handed to a stream consumer cannot be taken back, so a turn
                 # that failed mid-stream is not retried.
                 if not info.retryable or attempt >= self.max_retries or state.emitted:
+                    # The verdict travels with the error: an exhausted transient failure is
+                    # still retryable later (ErrorInfo.retryable), a permanent one is not.
+                    with contextlib.suppress(AttributeError, TypeError):
+                        exc.retryable = info.retryable  # type: ignore[attr-defined]
                     raise
                 delay = self._backoff(attempt, info.retry_after)
                 log.info(

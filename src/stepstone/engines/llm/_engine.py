@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator
 from typing import Any, Final, Literal, cast
 
 from stepstone.core import Envelope, Tool, payload_text
+from stepstone.core._context import current_agent_name
 from stepstone.engines.llm._calls import ModelCalls, RunState
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
@@ -243,7 +244,6 @@ class LLMEngine(ModelCalls, ProviderRouting):
         self.stream_buffer = stream_buffer
         self.strict_multimodal = strict_multimodal
         self.effects = PassThroughEffects()
-        self._agent_name: str | None = None
 
     def __repr__(self) -> str:
         return f"LLMEngine(model={self.model!r}, provider={self.provider!r})"
@@ -370,7 +370,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
     def _new_run(self, session: Session | None) -> RunState:
         return RunState(
             run_id=uuid.uuid4().hex,
-            agent_name=self._agent_name or "agent",
+            agent_name=current_agent_name() or "agent",
             session=session,
         )
 

@@ -26,6 +26,7 @@ __all__ = [
     "legacy_import",
     "plan_view",
     "replay",
+    "row_write_value",
     "step_row",
 ]
 
@@ -61,6 +62,12 @@ def step_row(
     return ("step", name, data), (untag(env_data["payload"]) if writes else None)
 
 
+def row_write_value(data: dict[str, Any]) -> Any:
+    """The ``writes=`` value of a journaled step (plain JSON, as the Store holds it)."""
+    env = data.get("envelope") or {}
+    return untag(env.get("payload"))
+
+
 def band_row(entry: str, names: list[str]) -> Row:
     """The row that applies a band's pending branch rows."""
     return ("band", entry, {"steps": names})
@@ -79,15 +86,41 @@ class Replay:
     applied: list[tuple[str, dict[str, Any]]]
     pending: dict[str, dict[str, dict[str, Any]]]
     kv: dict[str, Any]
+    _checked: dict[str, Envelope[Any]] | None = None
 
     def envelopes(self) -> dict[str, Envelope[Any]]:
         """Latest output envelope per applied step (legacy rows without one are skipped)."""
+        if self._checked is not None:
+            return dict(self._checked)
         out: dict[str, Envelope[Any]] = {}
         for name, data in self.applied:
             env = data.get("envelope")
             if env is not None:
                 out[name] = Envelope.from_dict(env)
         return out
+
+    def check(self, key: str) -> None:
+        """Decode every envelope once; raises CheckpointCorruptError naming ``key`` and the
+        step whose entry cannot be decoded (a resume validates before it claims)."""
+        entries = [*self.applied]
+        n_applied = len(entries)
+        for branches in self.pending.values():
+            entries.extend(branches.items())
+        decoded: dict[str, Envelope[Any]] = {}
+        for i, (name, data) in enumerate(entries):
+            env = data.get("envelope")
+            if env is None:
+                continue
+            try:
+                if not isinstance(env, dict):
+                    raise TypeError(f"envelope is a {type(env).__name__}, not an object")
+                envelope = Envelope.from_dict(env)
+                if i < n_applied:
+                    decoded[name] = envelope
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                what = f"the entry of step {name!r} cannot be decoded ({exc})"
+                raise _corrupt(key, what) from exc
+        self._checked = decoded
 
 
 def replay(key: str, rows: list[JournalRow]) -> Replay:
@@ -105,6 +138,8 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
         if row.kind == "step":
             if not row.name:
                 raise _corrupt(key, f"journal row {row.seq} has no step name")
+            if not isinstance(data.get("envelope", {}), (dict, type(None))):
+                raise _corrupt(key, f"journal row {row.seq} (step {row.name!r}) has no envelope")
             band = data.get("band")
             if band is not None:
                 pending.setdefault(str(band), {})[row.name] = data
@@ -117,6 +152,8 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
                 applied.append((name, branch))
                 _apply_write(kv, branch)
         elif row.kind == "kv":
+            if "key" not in data:
+                raise _corrupt(key, f"journal row {row.seq} (a kv entry) has no key")
             kv[str(data["key"])] = data.get("value")
     return Replay(applied, pending, kv)
 
@@ -124,8 +161,7 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
 def _apply_write(kv: dict[str, Any], data: dict[str, Any]) -> None:
     writes = data.get("writes")
     if writes is not None:
-        env = data.get("envelope") or {}
-        kv[str(writes)] = untag(env.get("payload"))
+        kv[str(writes)] = row_write_value(data)
 
 
 def _corrupt(key: str, what: str) -> CheckpointCorruptError:
@@ -138,6 +174,7 @@ def _corrupt(key: str, what: str) -> CheckpointCorruptError:
 def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
     """The checkpoint dict users read (docs/plans.md), assembled from the head and the journal."""
     rep = replay(head.key, rows)
+    rep.check(head.key)
     return {
         "next_step": head.next_step,
         "kv": rep.kv,
@@ -146,13 +183,20 @@ def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
         "run_uid": head.run_uid,
         "checkpoint_version": CHECKPOINT_VERSION,
         "history": [
-            {"step": name, "iteration": data.get("iteration"), "envelope": untag(data["envelope"])}
+            {"step": name, "iteration": data.get("iteration"), "envelope": _plain(data["envelope"])}
             for name, data in rep.applied
             if data.get("envelope") is not None
         ],
         "iteration": head.iteration,
         "error": head.meta.get("error"),
     }
+
+
+def _plain(env: dict[str, Any]) -> dict[str, Any]:
+    """A journaled envelope as plain JSON (type tags and the encoding version dropped)."""
+    out = untag(env)
+    out.pop("encoding", None)
+    return dict(out)
 
 
 _LEGACY_KEYS = ("next_step", "kv", "status")

@@ -25,9 +25,13 @@ from stepstone.exceptions import PlanCompileError, StaleCheckpointError
 from stepstone.observability import Session
 from stepstone.store import RunHead, Store
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "PlanChangePolicy"]
 
 log = logging.getLogger("stepstone")
+
+#: What ``resume=True`` does with a checkpoint written by a different plan.
+PlanChangePolicy = Literal["fail", "restart", "continue"]
+_POLICIES = ("fail", "restart", "continue")
 
 
 class Plan:
@@ -45,8 +49,10 @@ class Plan:
 
     Args:
         *steps: The steps, in order.
-        max_iterations: Cap on executed steps (bands count once); a resumed run continues
-            the persisted counter. Hitting it returns an error envelope.
+        max_iterations: Cap on routed re-visits: a step (or band, counted once) completing
+            again after it already completed in this run. First visits, failed and paused
+            attempts don't count. A resumed run counts from its journal. Hitting it returns
+            an error envelope (``MaxIterationsExceeded``).
         store: Where checkpoints live (needs ``checkpoint_key`` too).
         checkpoint_key: The run's identity in the store.
         resume: Take over a failed, paused or dead run where it stopped (and return the
@@ -57,6 +63,12 @@ class Plan:
             ``f"{checkpoint_key}:{run_uid}"`` and its ``writes=`` go under that key too.
         strict: Raise :class:`SerializationError` for values JSON cannot hold, instead of
             storing their ``str()`` with a warning.
+        on_plan_change: What ``resume=True`` does when the checkpoint was written by a
+            plan with other steps (added, removed, reordered, or other ``parallel=`` /
+            ``writes=``). ``"fail"`` (default): raise :class:`StaleCheckpointError` naming
+            what changed, before anything is claimed or written. ``"restart"``: start the
+            run over under the same key (its history is replaced). ``"continue"``: resume
+            by step name anyway (earlier outputs are reused as they are).
 
     Example::
 
@@ -80,7 +92,14 @@ class Plan:
         resume: bool = False,
         on_concurrent: Literal["fail", "fork"] = "fail",
         strict: bool = False,
+        on_plan_change: PlanChangePolicy = "fail",
     ) -> None:
+        if on_plan_change not in _POLICIES:
+            raise PlanCompileError(
+                f"Plan(on_plan_change={on_plan_change!r}): must be 'fail' (default: a changed "
+                "plan refuses to resume), 'restart' (start over under the same key) or "
+                "'continue' (resume by step name)"
+            )
         if on_concurrent not in ("fail", "fork"):
             raise PlanCompileError(
                 f"Plan(on_concurrent={on_concurrent!r}): must be 'fail' (default: raise on a "
@@ -114,6 +133,7 @@ class Plan:
         self.resume = resume
         self.on_concurrent = on_concurrent
         self.strict = strict
+        self.on_plan_change: PlanChangePolicy = on_plan_change
         self._compiled: CompiledPlan = compile_plan(tuple(steps), max_iterations=max_iterations)
         for step in self.steps:
             if checkpoint_key is not None and step.writes == checkpoint_key:
@@ -159,6 +179,7 @@ class Plan:
             meta={
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "fingerprint": self._compiled.fingerprint,
+                "shape": self._shape(),
             },
         )
         store, key = self.store, self.checkpoint_key
@@ -169,6 +190,9 @@ class Plan:
             uid = new_uid()
             key = f"{key}:{uid}"
             runner.writes_prefix = f"{key}:"
+        # Read and validate the checkpoint before claiming it: a resume that fails on a
+        # corrupt record must leave every byte as it was.
+        found = await store._kernel_call(_read_checkpoint, store, key) if self.resume else None
         claim = await store._kernel_call(
             lambda: claim_run(
                 store,
@@ -183,11 +207,11 @@ class Plan:
                 what="Plan",
             )
         )
-        if claim.run is None:  # resume=True on a done run: the cached kv, one store read
-            rows = await store._kernel_call(store.backend.run_journal, key)
+        if claim.run is None:  # resume=True on a done run: the cached kv
+            rep = await self._replay_of(store, key, claim.head, found)
             return Envelope(
                 task=env.task,
-                payload=replay(key, rows).kv,
+                payload=rep.kv,
                 metadata={
                     "checkpoint_key": key,
                     "run_uid": claim.head.run_uid,
@@ -199,22 +223,46 @@ class Plan:
         next_step: str | None = first
         if claim.outcome == "resumed":
             try:
-                rows = await store._kernel_call(claim.run.journal)
-                self._restore(runner, replay(key, rows))
+                assert claim.previous is not None
+                self._restore(runner, await self._replay_of(store, key, claim.previous, found))
             except BaseException:
                 claim.run.release()  # a corrupt journal: leave the key to a later resume
                 raise
             next_step = claim.head.next_step
         return await runner.execute(next_step)
 
+    @staticmethod
+    async def _replay_of(
+        store: Store, key: str, head: RunHead, found: tuple[RunHead, Replay] | None
+    ) -> Replay:
+        """The journal of the run ``head`` describes: the one validated before the claim when
+        nothing was committed since (the usual case), else read again."""
+        if found is not None and found[0].version == head.version:
+            return found[1]
+        rows = await store._kernel_call(store.backend.run_journal, key)
+        rep = replay(key, rows)
+        rep.check(key)
+        return rep
+
+    def _shape(self) -> list[list[Any]]:
+        return [[s.step_name, s.parallel, s.writes] for s in self.steps]
+
     def _restore(self, runner: PlanRun, rep: Replay) -> None:
         """Rebuild a resumed run's memory from its journal (guarantee 13): outputs for the
-        sentinels, pending band branches, the iteration counter and the previous output."""
+        sentinels, pending band branches, the max_iterations counter (routed re-visits,
+        counted from the journal) and the previous output."""
         assert runner.run is not None
         head = runner.run.head
         runner.outputs = rep.envelopes()
         runner.pending = rep.pending
-        runner.iteration = head.iteration
+        runs: dict[str, int] = {}
+        for name, _ in rep.applied:
+            if name in self._compiled.unit_of:
+                entry = self._compiled.band_of(name).entry
+                if self._compiled.band_of(name).steps[0].step_name == name:
+                    runs[entry] = runs.get(entry, 0) + 1
+        runner.visited = set(runs)
+        runner.iteration = sum(n - 1 for n in runs.values())
         runner.position = int(head.meta.get("position") or 0)
         runner.rejoin = head.meta.get("rejoin")
         if rep.applied:
@@ -225,26 +273,79 @@ class Plan:
             else:
                 runner.prev = runner.outputs.get(last)
 
-    def _check_resume(self, head: RunHead) -> None:
-        nxt = head.next_step
-        if head.status == "done" or nxt is None:
-            return
+    def _check_resume(self, head: RunHead) -> Literal["fresh"] | None:
+        """Decide, inside the claim transaction, whether ``head`` may be resumed by this
+        plan: None (resume), ``"fresh"`` (start over: ``on_plan_change="restart"``), or
+        raise StaleCheckpointError (nothing is written)."""
         compiled = self._compiled
-        if nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt:
+        nxt = head.next_step
+        stored = head.meta.get("fingerprint")
+        changed = stored is not None and stored != compiled.fingerprint
+        missing = (
+            head.status != "done"
+            and nxt is not None
+            and (nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt)
+        )
+        if not changed and not missing:
+            return None
+        if self.on_plan_change == "restart":
+            log.info("stepstone: plan changed since checkpoint %r; starting over", head.key)
+            return "fresh"
+        if changed and self.on_plan_change == "fail":
+            raise StaleCheckpointError(self._describe_change(head))
+        if missing:
             raise StaleCheckpointError(
                 f"checkpoint {head.key!r} stopped at step {nxt!r} ({head.status}), which this "
                 f"Plan no longer has as a step or band start (steps: "
-                f"{', '.join(compiled.step_of)}). The plan changed since the checkpoint was "
-                f"written: to start over, remove it with store.delete({head.key!r}) or run "
-                "with resume=False"
+                f"{', '.join(compiled.step_of)}): it cannot continue by step name. Nothing "
+                f"was claimed or written. To start over, remove it with "
+                f"store.delete({head.key!r}), use a new checkpoint_key, or pass "
+                "Plan(on_plan_change='restart')"
             )
-        if head.meta.get("fingerprint") not in (None, compiled.fingerprint):
-            log.warning(
-                "stepstone: resuming %r at %r with a plan whose steps changed since the "
-                "checkpoint was written",
-                head.key,
-                nxt,
+        return None  # on_plan_change="continue": resume by step name, as asked
+
+    def _describe_change(self, head: RunHead) -> str:
+        old = head.meta.get("shape")
+        new = self._shape()
+        parts: list[str] = []
+        if isinstance(old, list) and all(isinstance(s, list) and s for s in old):
+            old_by = {str(s[0]): s for s in old}
+            new_by = {str(s[0]): s for s in new}
+            added = [n for n in new_by if n not in old_by]
+            removed = [n for n in old_by if n not in new_by]
+            if added:
+                parts.append(f"steps added: {', '.join(map(repr, added))}")
+            if removed:
+                parts.append(f"steps removed: {', '.join(map(repr, removed))}")
+            kept_old = [n for n in old_by if n in new_by]
+            kept_new = [n for n in new_by if n in old_by]
+            if kept_old != kept_new:
+                parts.append(
+                    f"steps reordered (were {' -> '.join(kept_old)}, now {' -> '.join(kept_new)})"
+                )
+            redefined = [n for n in kept_new if list(old_by[n]) != list(new_by[n])]
+            if redefined:
+                parts.append(f"parallel=/writes= changed for: {', '.join(map(repr, redefined))}")
+        if not parts:
+            parts.append("its steps, their order, parallel= or writes= differ")
+        if head.status == "done":
+            state = (
+                "finished (status 'done'): resuming would return the old plan's results as "
+                "this plan's, without running anything"
             )
+        else:
+            state = (
+                f"stopped at step {head.next_step!r} ({head.status}): resuming would feed the "
+                "old plan's outputs into this one"
+            )
+        key = head.key
+        return (
+            f"checkpoint {key!r} was written by a different plan ({'; '.join(parts)}). It "
+            f"{state}. Nothing was claimed or written. To start over, remove it with "
+            f"store.delete({key!r}), use a new checkpoint_key, or pass "
+            "Plan(on_plan_change='restart'); to resume by step name anyway, pass "
+            "Plan(on_plan_change='continue')"
+        )
 
     async def arun_many(
         self,
@@ -360,6 +461,18 @@ class Plan:
         reg = dict(registry or {})
         steps = [_step_from_dict(s, reg) for s in data.get("steps", [])]
         return cls(*steps, max_iterations=data.get("max_iterations", 100), **plan_options)
+
+
+def _read_checkpoint(store: Store, key: str) -> tuple[RunHead, Replay] | None:
+    """The Plan run under ``key`` with its decoded, validated journal (None when there is
+    none). Raises CheckpointCorruptError naming the key for any byte that cannot be
+    decoded; nothing is written."""
+    head = store.backend.run_get(key)
+    if head is None or head.kind != "plan":
+        return None
+    rep = replay(key, store.backend.run_journal(key))
+    rep.check(key)
+    return head, rep
 
 
 def _spec_to_json(spec: Any) -> Any:

@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from stepstone.core import Envelope, Sentinel, Tool, call_maybe_async
 from stepstone.core._sync import may_block_loop
 from stepstone.durable import OwnedRun
-from stepstone.engines.plan._checkpoint import band_row, step_row
+from stepstone.engines.plan._checkpoint import band_row, row_write_value, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
 from stepstone.engines.plan._step import Step, is_agent
 from stepstone.exceptions import (
@@ -47,8 +47,11 @@ class PlanRun:
     session: Session | None = None
     strict: bool = False
     writes_prefix: str = ""
+    # The max_iterations counter: routed re-visits (a unit entered again after it completed
+    # in this run) that completed. First visits, failed and paused attempts don't count.
     iteration: int = 0
-    position: int = 0  # units completed; unlike ``iteration``, failed attempts don't count
+    position: int = 0  # units completed (history entries are numbered position + 1)
+    visited: set[str] = dataclasses.field(default_factory=set)  # unit entries completed
     rejoin: str | None = None
     prev: Envelope[Any] | None = None
     outputs: dict[str, Envelope[Any]] = dataclasses.field(default_factory=dict)
@@ -160,14 +163,15 @@ class PlanRun:
         while idx < len(units):
             unit = units[idx]
             self._current = unit.entry
-            if self.iteration >= self.max_iterations:
+            if unit.entry in self.visited and self.iteration >= self.max_iterations:
                 exc = MaxIterationsExceeded(
-                    f"Plan hit max_iterations={self.max_iterations} before step "
-                    f"{unit.entry!r}; a routing loop did not end. Raise Plan(max_iterations=...) "
-                    "or fix the route predicates"
+                    f"Plan hit max_iterations={self.max_iterations}: routes sent the run back "
+                    f"to steps it had already completed {self.iteration} times, and step "
+                    f"{unit.entry!r} would be one more. Only such routed re-visits count "
+                    "(first visits, failed and paused attempts do not): a routing loop did "
+                    "not end. Raise Plan(max_iterations=...) or fix the route predicates"
                 )
                 return await self._fail(unit.entry, Envelope.error_envelope(exc), unit.entry)
-            self.iteration += 1
             if unit.is_band:
                 outcome = await self._run_band(unit, idx)
             else:
@@ -178,13 +182,20 @@ class PlanRun:
         self._current = None
         return self._stamp(last)
 
+    def _completed(self, entry: str) -> None:
+        """Count a unit's successful execution (called just before its commit)."""
+        if entry in self.visited:
+            self.iteration += 1
+        self.visited.add(entry)
+        self.position += 1
+
     def _next_entry(self, idx: int) -> str | None:
         return self.plan.units[idx].entry if idx < len(self.plan.units) else None
 
     async def _run_step(self, step: Step, idx: int) -> Envelope[Any] | tuple[Envelope[Any], int]:
         name = step.step_name
         env_in = self._input(step)
-        self._emit(EventType.STEP_START, step=name, iteration=self.iteration)
+        self._emit(EventType.STEP_START, step=name, iteration=self.position + 1)
         try:
             out = await self._invoke(step, env_in)
         except PlanPaused as exc:
@@ -196,24 +207,27 @@ class PlanRun:
         except PlanRuntimeError as exc:
             await self._fail(name, Envelope.error_envelope(exc), name)
             raise
-        try:
-            row, value = step_row(
-                name,
-                out,
-                iteration=self.iteration,
-                band=None,
-                writes=step.writes,
-                strict=self.strict,
-            )
-        except SerializationError as exc:
-            return await self._fail(name, Envelope.error_envelope(exc, task=out.task), name)
         nxt = self._next_entry(next_idx)
-        writes = [(step.writes, value)] if step.writes else None
-        self.position += 1
-        await self._commit(
-            status="running" if nxt else "done", next_step=nxt, rows=[row], writes=writes
-        )
-        self._emit(EventType.STEP_FINISH, step=name, iteration=self.iteration)
+        if self.run is not None:  # without a store nothing is encoded (and nothing warns)
+            try:
+                row, value = step_row(
+                    name,
+                    out,
+                    iteration=self.position + 1,
+                    band=None,
+                    writes=step.writes,
+                    strict=self.strict,
+                )
+            except SerializationError as exc:
+                return await self._fail(name, Envelope.error_envelope(exc, task=out.task), name)
+            writes = [(step.writes, value)] if step.writes else None
+            self._completed(step.step_name)
+            await self._commit(
+                status="running" if nxt else "done", next_step=nxt, rows=[row], writes=writes
+            )
+        else:
+            self._completed(step.step_name)
+        self._emit(EventType.STEP_FINISH, step=name, iteration=self.position)
         self.outputs[name] = out
         self.prev = out
         return out, next_idx
@@ -223,15 +237,16 @@ class PlanRun:
         values: dict[str, Any] = {}
         for name, data in self.pending.pop(unit.entry, {}).items():
             done[name] = Envelope.from_dict(data["envelope"])
-            values[name] = done[name].payload
+            values[name] = row_write_value(data)  # plain JSON, as a straight run writes it
         todo = [s for s in unit.steps if s.step_name not in done]
         inputs = {s.step_name: self._input(s) for s in todo}
         paused: list[tuple[str, PlanPaused]] = []
         failed: list[tuple[str, Envelope[Any]]] = []
+        nth = self.position + 1
 
         async def branch(step: Step) -> None:
             name = step.step_name
-            self._emit(EventType.STEP_START, step=name, iteration=self.iteration, band=unit.entry)
+            self._emit(EventType.STEP_START, step=name, iteration=nth, band=unit.entry)
             try:
                 out = await self._invoke(step, inputs[name])
             except PlanPaused as exc:
@@ -240,24 +255,25 @@ class PlanRun:
             if not out.ok:
                 failed.append((name, out))
                 return
-            try:
-                row, value = step_row(
-                    name,
-                    out,
-                    iteration=self.iteration,
-                    band=unit.entry,
-                    writes=step.writes,
-                    strict=self.strict,
-                )
-            except SerializationError as exc:
-                failed.append((name, Envelope.error_envelope(exc, task=out.task)))
-                return
-            # Journal the branch now (not applied yet): a crash or a sibling's failure
-            # must not cost this branch's work (guarantee 11).
-            await self._commit(status="running", next_step=unit.entry, rows=[row])
-            self._emit(EventType.STEP_FINISH, step=name, iteration=self.iteration, band=unit.entry)
+            if self.run is not None:
+                try:
+                    row, value = step_row(
+                        name,
+                        out,
+                        iteration=nth,
+                        band=unit.entry,
+                        writes=step.writes,
+                        strict=self.strict,
+                    )
+                except SerializationError as exc:
+                    failed.append((name, Envelope.error_envelope(exc, task=out.task)))
+                    return
+                # Journal the branch now (not applied yet): a crash or a sibling's failure
+                # must not cost this branch's work (guarantee 11).
+                await self._commit(status="running", next_step=unit.entry, rows=[row])
+                values[name] = value
+            self._emit(EventType.STEP_FINISH, step=name, iteration=nth, band=unit.entry)
             done[name] = out
-            values[name] = value
 
         await asyncio.gather(*(branch(s) for s in todo))
         if failed:
@@ -271,9 +287,9 @@ class PlanRun:
         aggregate = self._aggregate(unit)
         next_idx = self._after(idx, target=None)
         nxt = self._next_entry(next_idx)
-        writes = [(s.writes, values[s.step_name]) for s in unit.steps if s.writes]
+        writes = [(s.writes, values[s.step_name]) for s in unit.steps if s.writes and values]
         names = [s.step_name for s in unit.steps]
-        self.position += 1
+        self._completed(unit.entry)
         await self._commit(
             status="running" if nxt else "done",
             next_step=nxt,
@@ -369,7 +385,7 @@ class PlanRun:
         if source is self.start and self.start.context:
             parts.insert(0, self.start.context)  # the caller's context reaches the first step
         context = "\n\n".join(p for p in parts if p) or None
-        metadata: dict[str, Any] = {"step": step.step_name, "iteration": self.iteration}
+        metadata: dict[str, Any] = {"step": step.step_name, "iteration": self.position + 1}
         if self.run is not None:
             # The same for every attempt of this execution of the step (a failed attempt does
             # not move ``position``, and it is persisted), new for the next execution (a loop):

@@ -1,0 +1,190 @@
+"""Corrupt records: every bad byte is a CheckpointCorruptError naming the key; a failed
+resume writes nothing; one corrupt run never hides the others."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import Agent, CheckpointCorruptError, Envelope, Plan, Step, Store
+
+
+def run(plan: Plan) -> Envelope[Any]:
+    return Agent(engine=plan)("go")
+
+
+def plan_of(store: Store, key: str, fail: set[str]) -> Plan:
+    def a(payload: Any) -> dict[str, Any]:
+        return {"a": payload}
+
+    def b(payload: Any) -> str:
+        if "b" in fail:
+            raise RuntimeError("b broke")
+        return "b"
+
+    return Plan(Step(a, writes=f"{key}-a"), Step(b), store=store, checkpoint_key=key, resume=True)
+
+
+def table(con: sqlite3.Connection, suffix: str) -> str:
+    """The table whose name ends with ``suffix`` (``runs``, ``journal``, ``kv``)."""
+    names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    (name,) = [n for n in names if n == suffix or n.endswith(f"_{suffix}")]
+    return str(name)
+
+
+def dump(db: Path) -> list[Any]:
+    con = sqlite3.connect(db)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        con.text_factory = bytes
+        return [(t, sorted(con.execute(f'SELECT * FROM "{t}"').fetchall())) for t in tables]
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "corrupt.sqlite"
+    with Store(db=path) as store:
+        for key in ("bad", "good"):
+            assert not run(plan_of(store, key, {"b"})).ok  # failed at b: resumable
+    yield path
+
+
+def corrupt(db: Path, sql: str, *args: Any) -> None:
+    con = sqlite3.connect(db)
+    try:
+        sql = sql.replace("{runs}", table(con, "runs")).replace("{journal}", table(con, "journal"))
+        con.execute(sql, args)
+        con.commit()
+    finally:
+        con.close()
+
+
+CORRUPTIONS = {
+    "meta is not JSON": ("UPDATE {runs} SET meta = '[[[' WHERE key = 'bad'", "column meta"),
+    "meta is not an object": ("UPDATE {runs} SET meta = '[1]' WHERE key = 'bad'", "meta"),
+    "head not UTF-8": (
+        "UPDATE {runs} SET next_step = CAST(X'62FF' AS TEXT) WHERE key = 'bad'",
+        "UTF-8",
+    ),
+    "journal not JSON": (
+        "UPDATE {journal} SET data = '{\"envel' WHERE run_key = 'bad' AND seq = 0",
+        "journal row 0",
+    ),
+    "journal not UTF-8": (
+        "UPDATE {journal} SET data = CAST(X'7B22FF22' AS TEXT) WHERE run_key = 'bad'",
+        "UTF-8",
+    ),
+    "journal envelope wrong shape": (
+        "UPDATE {journal} SET data = '{\"envelope\": {\"error\": 5}}' WHERE run_key = 'bad'",
+        "step 'a'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_resume_of_a_corrupt_run_names_the_key_and_writes_nothing(db: Path, case: str) -> None:
+    # guarantee 122, 131, 132
+    sql, what = CORRUPTIONS[case]
+    corrupt(db, sql)
+    before = dump(db)
+    for _ in range(2):  # the second attempt gets the same error, not "owned by a live run"
+        with Store(db=db) as store:
+            with pytest.raises(CheckpointCorruptError, match=r"'bad'") as info:
+                run(plan_of(store, "bad", set()))
+            assert what in str(info.value)
+            assert "store.delete('bad')" in str(info.value)
+        assert dump(db) == before
+    with Store(db=db) as store:
+        assert run(plan_of(store, "good", set())).ok  # the others are untouched
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_read_and_listing_of_a_corrupt_run(db: Path, case: str) -> None:
+    # guarantee 131, 133
+    sql, _ = CORRUPTIONS[case]
+    corrupt(db, sql)
+    with Store(db=db) as store:
+        with pytest.raises(CheckpointCorruptError, match=r"'bad'"):
+            store.read("bad")
+        assert store.read("good")["status"] == "failed"
+        heads = {h.key: h for h in store.backend.run_list(None)}
+        assert set(heads) == {"bad", "good"}
+        assert heads["good"].status == "failed"
+        if case.startswith(("meta", "head")):
+            assert heads["bad"].status == "corrupt" and "'bad'" in heads["bad"].meta["corrupt"]
+        assert set(store.keys()) >= {"bad", "good"}
+
+
+def test_corrupt_plain_value_names_its_key(tmp_path: Path) -> None:
+    # guarantee 131
+    path = tmp_path / "kv.sqlite"
+    with Store(db=path) as store:
+        store.write("v", {"ok": 1})
+    con = sqlite3.connect(path)
+    con.execute(f"UPDATE {table(con, 'kv')} SET value = CAST(X'7B22FF22' AS TEXT)")
+    con.commit()
+    con.close()
+    with Store(db=path) as store, pytest.raises(CheckpointCorruptError, match=r"'v'.*UTF-8"):
+        store.read("v")
+
+
+@pytest.mark.postgres
+def test_corrupt_head_on_postgres(pg_url: str) -> None:
+    # guarantee 131, 132, 133
+    import psycopg
+
+    with Store(url=pg_url) as store:
+        for key in ("pg-bad", "pg-good"):
+            store.delete(key)
+            assert not run(plan_of(store, key, {"b"})).ok
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute("UPDATE stepstone_runs SET meta = '[[[' WHERE key = 'pg-bad'")
+        before = con.execute("SELECT * FROM stepstone_runs ORDER BY key").fetchall()
+    with Store(url=pg_url) as store:
+        for _ in range(2):
+            with pytest.raises(CheckpointCorruptError, match=r"'pg-bad'.*meta"):
+                run(plan_of(store, "pg-bad", set()))
+        with pytest.raises(CheckpointCorruptError, match=r"'pg-bad'"):
+            store.read("pg-bad")
+        heads = {h.key: h.status for h in store.backend.run_list("pg-")}
+        assert heads == {"pg-bad": "corrupt", "pg-good": "failed"}
+        assert run(plan_of(store, "pg-good", set())).ok
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        after = con.execute("SELECT * FROM stepstone_runs WHERE key = 'pg-bad'").fetchall()
+    assert after == [r for r in before if r[0] == "pg-bad"]
+
+
+def test_graph_checkpointer_list_skips_a_corrupt_record(tmp_path: Path) -> None:
+    # guarantee 133
+    from stepstone.graph import CheckpointFilter, SQLiteCheckpointer
+    from tests.engines.graph._graphs import Counter, loop_graph
+
+    path = tmp_path / "graph.sqlite"
+    cp = SQLiteCheckpointer(path)
+    graph = loop_graph(cp)
+    graph.invoke(Counter(limit=2), correlation_id="c1")
+    graph.invoke(Counter(limit=3), correlation_id="c2")
+    first, second = cp.list()
+    cp.close()
+    con = sqlite3.connect(path)
+    con.execute(
+        f"UPDATE {table(con, 'runs')} SET meta = '[[[' WHERE key = ?",
+        (f"graph:{first.invocation_id}",),
+    )
+    con.commit()
+    con.close()
+    cp = SQLiteCheckpointer(path)
+    try:
+        listed = cp.list()
+        assert [r.invocation_id for r in listed] == [second.invocation_id]
+        assert cp.list(CheckpointFilter(correlation_id="c2"))[0].status == "done"
+        with pytest.raises(CheckpointCorruptError, match=first.invocation_id):
+            cp.load(first.invocation_id)
+    finally:
+        cp.close()

@@ -27,7 +27,7 @@ from stepstone.core import (
     from_step,
     tool,
 )
-from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
+from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
@@ -42,8 +42,15 @@ from stepstone.exceptions import (
     ConcurrentGraphResumeError,
     ConcurrentPlanRunError,
     GraphCompileError,
+    IncompleteStreamError,
     MaxTurnsExceeded,
     MissingExtraError,
+    ModelAPIError,
+    ModelLengthError,
+    ModelOutcomeError,
+    ModelOverloadedError,
+    ModelRateLimitError,
+    ModelRefusalError,
     ModelRequestsBlockedError,
     NodeException,
     PlanCompileError,
@@ -57,6 +64,7 @@ from stepstone.exceptions import (
     StreamStallError,
     ToolTimeoutError,
     UnserializableValueWarning,
+    UsageLimitExceeded,
     UserError,
 )
 from stepstone.observability import Event, EventType, Session
@@ -87,6 +95,7 @@ __all__ = [
     "LLMEngine",
     "NativeTool",
     "ThinkingConfig",
+    "UsageLimits",
     # serialization
     "SignedPickle",
     # observability
@@ -97,8 +106,15 @@ __all__ = [
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
     "ConcurrentPlanRunError",
+    "IncompleteStreamError",
     "MaxTurnsExceeded",
     "MissingExtraError",
+    "ModelAPIError",
+    "ModelLengthError",
+    "ModelOutcomeError",
+    "ModelOverloadedError",
+    "ModelRateLimitError",
+    "ModelRefusalError",
     "ModelRequestsBlockedError",
     "PlanCompileError",
     "PlanPaused",
@@ -111,6 +127,7 @@ __all__ = [
     "StreamStallError",
     "ToolTimeoutError",
     "UnserializableValueWarning",
+    "UsageLimitExceeded",
     "UserError",
     # typed-graph errors (GraphBuilder, State and the checkpointers are in stepstone.graph)
     "CheckpointError",

@@ -183,7 +183,7 @@ class Verdict(BaseModel):
     confidence: float
 
 
-async def test_structured_output(case: Case, server: WireServer) -> None:
+async def test_structured_output(case: Case, server: WireServer) -> None:  # guarantee 210
     server.push('{"label": "spam", "confidence": 0.93}')
     agent = agent_for(case, server)
     env = await agent.run("classify: WIN A PRIZE", output=Verdict)
@@ -193,14 +193,39 @@ async def test_structured_output(case: Case, server: WireServer) -> None:
         fmt = body["response_format"]
         assert fmt["type"] == "json_schema"
         assert fmt["json_schema"]["name"] == "Verdict"
-        assert fmt["json_schema"]["schema"]["properties"]["label"]["enum"] == ["spam", "ham"]
+        assert fmt["json_schema"]["strict"] is True
+        schema = fmt["json_schema"]["schema"]
+        assert schema["properties"]["label"]["enum"] == ["spam", "ham"]
+        assert schema["additionalProperties"] is False
     elif case.name == "anthropic":
-        assert '"enum": ["spam", "ham"]' in body["system"]
+        fmt = body["output_config"]["format"]
+        assert fmt["type"] == "json_schema"
+        assert fmt["schema"]["properties"]["label"]["enum"] == ["spam", "ham"]
+        assert "JSON schema" not in str(body.get("system", ""))
     else:
+        # gemini-2.5 rejects a response schema next to function tools: the schema goes into
+        # the system instruction instead
+        config = body["generationConfig"]
+        assert "responseMimeType" not in config
+        assert '"enum": ["spam", "ham"]' in str(body["systemInstruction"])
+
+
+async def test_structured_output_without_tools_is_native(case: Case, server: WireServer) -> None:
+    server.push('{"label": "ham", "confidence": 0.5}')
+    engine = LLMEngine(case.model, provider=case.provider(server.base_url))
+    server.engines.append(engine)
+    env = await Agent(engine=engine).run("classify: hello", output=Verdict)
+    assert env.payload == Verdict(label="ham", confidence=0.5), env.error
+    body = server.requests[0].json()
+    if case.name == "google":
         config = body["generationConfig"]
         assert config["responseMimeType"] == "application/json"
         schema = config.get("responseJsonSchema") or config.get("response_json_schema")
         assert schema["properties"]["label"]["enum"] == ["spam", "ham"]
+    elif case.name == "anthropic":
+        assert body["output_config"]["format"]["type"] == "json_schema"
+    else:
+        assert body["response_format"]["json_schema"]["strict"] is True
 
 
 async def test_system_and_temperature_on_the_wire(case: Case, server: WireServer) -> None:

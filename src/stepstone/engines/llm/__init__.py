@@ -7,7 +7,7 @@ from stepstone.engines.llm._effects import (
     current_call_key,
 )
 from stepstone.engines.llm._engine import DEFAULT_STREAM_IDLE_TIMEOUT, LLMEngine
-from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig
+from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig, UsageLimits
 
 __all__ = [
     "DEFAULT_STREAM_IDLE_TIMEOUT",
@@ -18,5 +18,6 @@ __all__ = [
     "NativeTool",
     "PassThroughEffects",
     "ThinkingConfig",
+    "UsageLimits",
     "current_call_key",
 ]

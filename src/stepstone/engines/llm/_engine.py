@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -11,7 +12,12 @@ from collections.abc import AsyncGenerator
 from typing import Any, Final, Literal, cast
 
 from stepstone.core import Envelope, Tool, payload_text
-from stepstone.engines.llm._calls import ModelCalls, RunState
+from stepstone.engines.llm._calls import (
+    CONTINUE_NOTE,
+    MALFORMED_CALL_NOTE,
+    ModelCalls,
+    RunState,
+)
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
 from stepstone.engines.llm._routing import ProviderRouting
@@ -29,6 +35,7 @@ from stepstone.providers._types import (
     NativeTool,
     ThinkingConfig,
     ToolDefinition,
+    UsageLimits,
 )
 
 __all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine"]
@@ -79,11 +86,23 @@ class LLMEngine(ModelCalls, ProviderRouting):
         max_retries: Retries of transient provider errors (429, 5xx, network, timeouts).
         retry_delay: Base backoff in seconds (doubles per attempt, ±10% jitter); a server's
             ``retry-after`` wins.
-        request_timeout: Per-completion deadline in seconds (None: the SDK's own).
+        max_retry_wait: Longest wait (seconds) the engine sleeps before a retry. A server
+            asking for more (``retry-after: 3600``) ends the turn at once with a retryable
+            :class:`~stepstone.exceptions.ModelAPIError` whose ``retry_at`` says when to
+            resume, instead of sleeping with the run's lease held.
+        request_timeout: Per-completion deadline in seconds, passed to the SDK (None: the
+            SDK's own).
+        usage_limits: Caps on a run's requests, tokens and estimated cost, checked before
+            every request (:class:`~stepstone.exceptions.UsageLimitExceeded`).
+        continue_on_length: Times a final answer cut off at the output-token cap is
+            continued (the model is asked to go on and the pieces are joined); 0 (the
+            default) ends the run with :class:`~stepstone.exceptions.ModelLengthError`.
         max_parallel_tools: Concurrent tool calls per turn (None: unbounded).
         max_tool_calls_per_turn: Calls run per turn; extras get an ``is_error`` result.
         tool_timeout: Per-tool deadline; expiry is reported to the model as an error
-            (:class:`ToolTimeoutError`) and the run continues.
+            (:class:`ToolTimeoutError`) and the run continues. A sync tool's thread cannot
+            be stopped: it runs to the end, the model is told its outcome is unknown, and
+            the late outcome is logged as a ``tool_late_result`` event.
         stream_idle_timeout: Max silence between stream chunks before
             :class:`StreamStallError` (default 90 s). ``None`` disables it, with a warning.
         stream_buffer: Size of the bounded token queue between the loop and ``stream()``'s
@@ -117,6 +136,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         max_retries: int = 3,
         retry_delay: float = 1.0,
         request_timeout: float | None = 120.0,
+        max_retry_wait: float = 60.0,
+        usage_limits: UsageLimits | None = None,
+        continue_on_length: int = 0,
         max_parallel_tools: int | None = 8,
         max_tool_calls_per_turn: int | None = None,
         tool_timeout: float | None = None,
@@ -129,6 +151,12 @@ class LLMEngine(ModelCalls, ProviderRouting):
             raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+        if max_retry_wait < 0:
+            raise ValueError(f"max_retry_wait must be >= 0, got {max_retry_wait!r}")
+        if continue_on_length < 0:
+            raise ValueError(f"continue_on_length must be >= 0, got {continue_on_length!r}")
+        if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
+            raise TypeError(f"usage_limits must be a UsageLimits, got {usage_limits!r}")
         if max_parallel_tools is not None and max_parallel_tools < 1:
             raise ValueError(f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}")
         if max_tool_calls_per_turn is not None and max_tool_calls_per_turn < 1:
@@ -225,6 +253,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         self.max_retries = max_retries
         self.retry_delay = retry_delay
         self.request_timeout = request_timeout
+        self.max_retry_wait = max_retry_wait
+        self.usage_limits = usage_limits
+        self.continue_on_length = continue_on_length
         self.max_parallel_tools = max_parallel_tools
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.tool_timeout = tool_timeout
@@ -372,6 +403,8 @@ class LLMEngine(ModelCalls, ProviderRouting):
             "input_tokens": state.usage.input_tokens,
             "output_tokens": state.usage.output_tokens,
             "cost_usd": estimate_cost(model, state.usage),
+            "stop_reason": state.stop_reason,
+            "raw_stop_reason": state.raw_stop_reason,
             "latency_ms": round((time.perf_counter() - started) * 1000, 3),
             "turns": state.turns,
             "tool_calls": state.tool_calls,
@@ -419,7 +452,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         )
         system = self._system(env)
         thinking = self._thinking()
+        pending = ""  # text of paused or length-continued turns, joined to the final answer
         for turn in range(self.max_turns):
+            self._check_limits(state, wire_model)
             force = self.tool_choice == "any" and turn == 0 and bool(definitions)
             request = ModelRequest(
                 model=wire_model,
@@ -437,7 +472,8 @@ class LLMEngine(ModelCalls, ProviderRouting):
             )
             response = await self._model_call(provider, request, state, sink)
             state.turns = turn + 1
-            state.usage.add(response.usage)
+            state.usage.add(dataclasses.replace(response.usage, requests=1))
+            outcome = self._outcome(provider, response, state)
             messages.append(
                 Message(
                     role="assistant",
@@ -447,15 +483,24 @@ class LLMEngine(ModelCalls, ProviderRouting):
                     raw_provider=provider.name,
                 )
             )
+            if outcome == "malformed":
+                messages.append(Message(role="user", text=MALFORMED_CALL_NOTE))
+                continue
+            if outcome in ("pause", "continue"):
+                pending += response.text
+                if outcome == "continue":
+                    messages.append(Message(role="user", text=CONTINUE_NOTE))
+                continue
             if response.tool_calls:
                 state.tool_calls += len(response.tool_calls)
                 results = await batch.run(turn, response.tool_calls)
                 messages.append(Message(role="tool", tool_results=results))
                 continue
+            text, pending = pending + response.text, ""
             if not structured:
-                return response.text
+                return text
             try:
-                return parse_output(response.text, output_type)
+                return parse_output(text, output_type)
             except ValueError as exc:
                 # Tell the model what was wrong and let it try again (counts as a turn).
                 messages.append(

@@ -141,11 +141,15 @@ class OpenAIDialect(Dialect):
 
     def render(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
         usage = self._usage(reply)
-        usage_json = {
+        usage_json: dict[str, Any] = {
             "prompt_tokens": usage.input_tokens,
             "completion_tokens": usage.output_tokens,
             "total_tokens": usage.input_tokens + usage.output_tokens,
         }
+        if usage.cache_read_tokens:
+            usage_json["prompt_tokens_details"] = {"cached_tokens": usage.cache_read_tokens}
+        if usage.reasoning_tokens:
+            usage_json["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
         outcome = reply.outcome()
         finish = reply.raw_stop_reason or _OPENAI_FINISH.get(outcome, outcome)
         refusal = reply.text if outcome == "refusal" else None

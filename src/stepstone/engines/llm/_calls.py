@@ -139,7 +139,7 @@ class ModelCalls:
 
     # -- budgets ---------------------------------------------------------------------------
 
-    def _check_limits(self, state: RunState, model: str) -> None:
+    def _check_limits(self, state: RunState, model: str, provider: str) -> None:
         """Stop the run before its next request when a :class:`UsageLimits` cap is reached."""
         limits = self.usage_limits
         if limits is None:
@@ -161,7 +161,7 @@ class ModelCalls:
                     maximum=cap,
                 )
         if limits.max_cost_usd is not None:
-            cost = estimate_cost(model, usage)
+            cost = estimate_cost(model, usage, provider)
             if cost is None:
                 raise UsageLimitExceeded(
                     f"run {state.run_id} has UsageLimits(max_cost_usd={limits.max_cost_usd}) "

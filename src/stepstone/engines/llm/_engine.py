@@ -402,7 +402,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             "usage": state.usage.to_dict(),
             "input_tokens": state.usage.input_tokens,
             "output_tokens": state.usage.output_tokens,
-            "cost_usd": estimate_cost(model, state.usage),
+            "cost_usd": estimate_cost(model, state.usage, self.provider),
             "stop_reason": state.stop_reason,
             "raw_stop_reason": state.raw_stop_reason,
             "latency_ms": round((time.perf_counter() - started) * 1000, 3),
@@ -454,7 +454,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         thinking = self._thinking()
         pending = ""  # text of paused or length-continued turns, joined to the final answer
         for turn in range(self.max_turns):
-            self._check_limits(state, wire_model)
+            self._check_limits(state, wire_model, provider.name)
             force = self.tool_choice == "any" and turn == 0 and bool(definitions)
             request = ModelRequest(
                 model=wire_model,

@@ -58,6 +58,7 @@ class RunState:
     stop_reason: str | None = None
     raw_stop_reason: str | None = None
     continuations: int = 0
+    error: str | None = None
 
     def emit(self, type: EventType, payload: dict[str, Any]) -> None:
         if self.session is not None:

@@ -305,7 +305,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
         Misuse (:class:`~stepstone.exceptions.UserError`, e.g. a missing SDK extra) raises.
         """
         state = self._new_run(session)
-        state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
+        state.emit(
+            EventType.AGENT_START,
+            {"task": env.task, "model": self.model, "provider": self.provider},
+        )
         started = time.perf_counter()
         ok = False
         try:
@@ -320,6 +323,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         except UserError:
             raise
         except Exception as exc:
+            state.error = type(exc).__name__
             log.debug("stepstone: LLM run %s failed", state.run_id, exc_info=True)
             return Envelope.error_envelope(
                 exc, task=env.task, metadata=self._metadata(state, started)
@@ -327,7 +331,12 @@ class LLMEngine(ModelCalls, ProviderRouting):
         finally:
             state.emit(
                 EventType.AGENT_FINISH,
-                {"ok": ok, "cancelled": False, **self._metadata(state, started)},
+                {
+                    "ok": ok,
+                    "cancelled": False,
+                    "error": state.error,
+                    **self._metadata(state, started),
+                },
             )
 
     async def stream(
@@ -348,7 +357,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
         (:class:`StreamStallError`, :class:`MaxTurnsExceeded`...) are raised to the consumer.
         """
         state = self._new_run(session)
-        state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
+        state.emit(
+            EventType.AGENT_START,
+            {"task": env.task, "model": self.model, "provider": self.provider},
+        )
         started = time.perf_counter()
         sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.stream_buffer)
 
@@ -381,6 +393,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
                     {
                         "cancelled": cancelled_by_us,
                         "ok": task.done() and not task.cancelled() and task.exception() is None,
+                        "error": type(task.exception()).__name__
+                        if task.done() and not task.cancelled() and task.exception() is not None
+                        else None,
                         **self._metadata(state, started),
                     },
                 )
@@ -573,8 +588,12 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 "provider": provider.name,
                 "input_tokens": response.usage.input_tokens,
                 "output_tokens": response.usage.output_tokens,
+                "cache_read_tokens": response.usage.cache_read_tokens,
+                "cache_write_tokens": response.usage.cache_write_tokens,
+                "reasoning_tokens": response.usage.reasoning_tokens,
                 "tool_calls": [c.name for c in response.tool_calls],
                 "stop_reason": response.stop_reason,
+                "raw_stop_reason": response.raw_stop_reason,
                 "latency_ms": round((time.perf_counter() - started) * 1000, 3),
             },
         )

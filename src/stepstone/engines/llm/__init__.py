@@ -6,7 +6,11 @@ from stepstone.engines.llm._effects import (
     PassThroughEffects,
     current_call_key,
 )
-from stepstone.engines.llm._engine import DEFAULT_STREAM_IDLE_TIMEOUT, LLMEngine
+from stepstone.engines.llm._engine import (
+    DEFAULT_STREAM_IDLE_TIMEOUT,
+    LLMEngine,
+    last_stream_result,
+)
 from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig, UsageLimits
 
 __all__ = [
@@ -20,4 +24,5 @@ __all__ = [
     "ThinkingConfig",
     "UsageLimits",
     "current_call_key",
+    "last_stream_result",
 ]

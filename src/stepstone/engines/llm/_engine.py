@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
@@ -38,7 +39,7 @@ from stepstone.providers._types import (
     UsageLimits,
 )
 
-__all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine"]
+__all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine", "last_stream_result"]
 
 log = logging.getLogger("stepstone")
 
@@ -61,6 +62,25 @@ class _Unset:
 
 
 _USE_DEFAULT_STREAM_IDLE: Final = _Unset()
+_STREAM_RESULT: contextvars.ContextVar[Envelope[Any] | None] = contextvars.ContextVar(
+    "stepstone_stream_result", default=None
+)
+
+
+def last_stream_result() -> Envelope[Any] | None:
+    """The result of the last ``stream()`` this task consumed to its end.
+
+    An envelope whose ``payload`` is the final answer (the parsed value with ``output=``)
+    and whose ``metadata`` has the usage, cost and ``stop_reason``; None before any stream
+    finished. Read it right after the ``async for`` loop::
+
+        async for token in agent.stream("q"):
+            print(token, end="")
+        result = last_stream_result()
+    """
+    return _STREAM_RESULT.get()
+
+
 _DANGEROUS: Final = frozenset({NativeTool.CODE_EXECUTION, NativeTool.COMPUTER_USE})
 
 
@@ -355,6 +375,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         (``stream_buffer``) applies backpressure to the provider stream; a consumer that
         stops early (``break``, ``aclose()``) cancels the loop. Errors
         (:class:`StreamStallError`, :class:`MaxTurnsExceeded`...) are raised to the consumer.
+        With a structured ``output_type`` only the validated JSON answer is sent (a failed
+        attempt never reaches the consumer). After the loop, :func:`last_stream_result`
+        gives the final value, usage and stop reason.
         """
         state = self._new_run(session)
         state.emit(
@@ -364,9 +387,11 @@ class LLMEngine(ModelCalls, ProviderRouting):
         started = time.perf_counter()
         sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.stream_buffer)
 
-        async def run_loop() -> None:
+        async def run_loop() -> Any:
             try:
-                await self._loop(env, tools=tools, output_type=output_type, state=state, sink=sink)
+                return await self._loop(
+                    env, tools=tools, output_type=output_type, state=state, sink=sink
+                )
             finally:
                 await sink.put(None)
 
@@ -378,6 +403,15 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 if token is None:
                     break
                 yield token
+            if task.done() and not task.cancelled() and task.exception() is None:
+                _STREAM_RESULT.set(
+                    Envelope(
+                        task=env.task,
+                        context=env.context,
+                        payload=task.result(),
+                        metadata=self._metadata(state, started),
+                    )
+                )
         finally:
             if not task.done():
                 task.cancel()
@@ -485,7 +519,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 output_name=getattr(output_type, "__name__", None) if structured else None,
                 turn=turn,
             )
-            response = await self._model_call(provider, request, state, sink)
+            # Structured answers are not streamed as they come: a failed attempt and its
+            # repair must not reach the consumer as one text. The validated JSON is sent.
+            turn_sink = None if structured else sink
+            response = await self._model_call(provider, request, state, turn_sink)
             state.turns = turn + 1
             state.usage.add(dataclasses.replace(response.usage, requests=1))
             outcome = self._outcome(provider, response, state)
@@ -515,7 +552,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             if not structured:
                 return text
             try:
-                return parse_output(text, output_type)
+                value = parse_output(text, output_type)
             except ValueError as exc:
                 # Tell the model what was wrong and let it try again (counts as a turn).
                 messages.append(
@@ -527,6 +564,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
                         ),
                     )
                 )
+                continue
+            if sink is not None and text:
+                await sink.put(text)
+            return value
         raise MaxTurnsExceeded(
             f"the model was still working after max_turns={self.max_turns} turns "
             f"(model {wire_model!r}, {state.tool_calls} tool call(s)); raise "

@@ -94,6 +94,26 @@ def mixes_schema_and_tools(model: str) -> bool:
     return not model.startswith(("gemini-1", "gemini-2"))
 
 
+#: The function that carries a structured answer on models that cannot combine a response
+#: schema with function tools.
+OUTPUT_TOOL = "final_result"
+
+
+def _uses_output_tool(request: ModelRequest) -> bool:
+    return (
+        request.output_schema is not None
+        and bool(request.tools)
+        and not mixes_schema_and_tools(request.model)
+    )
+
+
+def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Function parameters must be an object: other schemas are wrapped as ``result``."""
+    if schema.get("type") == "object":
+        return schema
+    return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
+
+
 def _import_genai() -> Any:
     try:
         from google import genai
@@ -195,34 +215,35 @@ class GoogleProvider(SDKClientMixin, Provider):
         config: dict[str, Any] = {"automatic_function_calling": {"disable": True}}
         if request.timeout is not None:
             config["http_options"] = {"timeout": max(1, int(request.timeout * 1000))}
-        schema_natively = request.output_schema is not None and (
-            not request.tools or mixes_schema_and_tools(request.model)
-        )
+        output_tool = _uses_output_tool(request)
+        schema_natively = request.output_schema is not None and not output_tool
         system = request.system or ""
-        if request.output_schema is not None and not schema_natively:
-            # Older Gemini models reject a response schema next to function tools.
-            system = (system + "\n\n" if system else "") + (
-                "When you give your final answer, reply with only a JSON value (no prose, "
-                "no code fence) that matches this JSON schema:\n"
-                + json.dumps(request.output_schema)
-            )
         if system:
             config["system_instruction"] = system
         tools: list[dict[str, Any]] = []
         if request.tools:
-            tools.append(
+            declarations = [
                 {
-                    "function_declarations": [
-                        {
-                            "name": t.name,
-                            "description": t.description,
-                            "parameters_json_schema": t.parameters,
-                        }
-                        for t in request.tools
-                    ]
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters_json_schema": t.parameters,
                 }
-            )
-            mode = "ANY" if request.tool_choice == "required" else "AUTO"
+                for t in request.tools
+            ]
+            if output_tool and request.output_schema is not None:
+                # Older Gemini models reject a response schema next to function tools: the
+                # answer is given as the arguments of one more function, which must be
+                # called (mode ANY) to finish.
+                declarations.append(
+                    {
+                        "name": OUTPUT_TOOL,
+                        "description": "Give your final answer: its arguments are the answer. "
+                        "Call it once you have the answer, instead of replying with text.",
+                        "parameters_json_schema": _object_schema(request.output_schema),
+                    }
+                )
+            tools.append({"function_declarations": declarations})
+            mode = "ANY" if request.tool_choice == "required" or output_tool else "AUTO"
             config["tool_config"] = {"function_calling_config": {"mode": mode}}
         for native in request.native_tools:
             spec = _NATIVE.get(native)
@@ -328,14 +349,42 @@ class GoogleProvider(SDKClientMixin, Provider):
         data = self._dump(response)
         parts, finish = self._parts(data)
         blocked = self._blocked(data)
+        return self._response(
+            request,
+            parts,
+            finish,
+            blocked,
+            self._usage(data.get("usage_metadata")),
+            data.get("model_version"),
+        )
+
+    def _response(
+        self,
+        request: ModelRequest,
+        parts: list[dict[str, Any]],
+        finish: str | None,
+        blocked: str | None,
+        usage: Usage,
+        model: str | None,
+    ) -> ModelResponse:
         text, thoughts, calls = self._read_parts(parts)
+        answer = next((c for c in calls if c.name == OUTPUT_TOOL), None)
+        if answer is not None and _uses_output_tool(request):
+            # The answer came as the output function's arguments: hand it on as text, and
+            # replay it as text (the call has no function response to pair with).
+            args = answer.arguments
+            if request.output_schema is not None and request.output_schema.get("type") != "object":
+                args = args.get("result", args)
+            text = json.dumps(args) if answer.raw_arguments is None else answer.raw_arguments
+            calls = []
+            parts = [{"text": text}]
         return ModelResponse(
             text=text,
             tool_calls=calls,
-            usage=self._usage(data.get("usage_metadata")),
+            usage=usage,
             stop_reason="content_filter" if blocked else _normal_stop(finish, bool(calls)),
             raw_stop_reason=f"prompt_blocked:{blocked}" if blocked else finish,
-            model=data.get("model_version"),
+            model=model,
             thinking=thoughts,
             raw=parts,
         )
@@ -382,17 +431,7 @@ class GoogleProvider(SDKClientMixin, Provider):
                 f"google stream for {request.model!r} ended without a finishReason; the "
                 "partial answer was dropped"
             )
-        text, thoughts, calls = self._read_parts(all_parts)
-        yield ModelResponse(
-            text=text,
-            tool_calls=calls,
-            usage=usage,
-            stop_reason="content_filter" if blocked else _normal_stop(finish, bool(calls)),
-            raw_stop_reason=f"prompt_blocked:{blocked}" if blocked else finish,
-            model=model,
-            thinking=thoughts,
-            raw=all_parts,
-        )
+        yield self._response(request, all_parts, finish, blocked, usage, model)
 
     def retry_info(self, exc: BaseException) -> RetryInfo:
         """Classified by :data:`ERROR_KINDS` (the RPC status), then the HTTP code; the

@@ -90,6 +90,7 @@ async def test_long_wait_ends_the_step_with_retry_at(case: Case, server: WireSer
     assert env.error is not None and env.error.type == "ModelRateLimitError"
     assert env.error.retryable
     assert "retry_at" in env.error.message and "max_retry_wait=60.0" in env.error.message
+    assert abs(env.metadata["retry_at"] - (time.time() + 3600)) < 30
     assert len(server.requests) == 1
     assert server.remaining == 0
     # the typed error, with retry_at, reaches a stream consumer

@@ -3,6 +3,7 @@ semantic conventions (``pip install stepstone[otel]``)."""
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from typing import Any
@@ -201,11 +202,19 @@ class OTelExporter:
             message = event.payload.get("message")
             span.set_status(Status(StatusCode.ERROR, str(message) if message else None))
         span.end(end_time=int(event.timestamp * 1e9))
-        try:
-            self._context.detach(opened.token)
-        except Exception:  # noqa: BLE001 - ended from another context (a stream's cleanup)
-            pass
+        self._detach(opened.token)
         return opened
+
+    def _detach(self, token: Any) -> None:
+        """Undo the span's ``attach``; a span ended from another task's context (a band's
+        failed branch, a stream closed by the garbage collector) has nothing to undo here."""
+        if isinstance(token, contextvars.Token):
+            try:
+                token.var.reset(token)
+            except ValueError:
+                pass
+            return
+        self._context.detach(token)  # pragma: no cover - a non-contextvars runtime context
 
     # -- events ----------------------------------------------------------------------------
 

@@ -345,9 +345,11 @@ class LLMEngine(ModelCalls, ProviderRouting):
         except Exception as exc:
             state.error = type(exc).__name__
             log.debug("stepstone: LLM run %s failed", state.run_id, exc_info=True)
-            return Envelope.error_envelope(
-                exc, task=env.task, metadata=self._metadata(state, started)
-            )
+            metadata = self._metadata(state, started)
+            retry_at = getattr(exc, "retry_at", None)
+            if retry_at is not None:
+                metadata["retry_at"] = retry_at  # when a resumed run may try again
+            return Envelope.error_envelope(exc, task=env.task, metadata=metadata)
         finally:
             state.emit(
                 EventType.AGENT_FINISH,

@@ -252,11 +252,6 @@ class SDKClientMixin:
             if entry.closing and entry.active == 0:
                 await self._finish(entry)
 
-    async def _get_client(self) -> Any:
-        """This loop's SDK client, once real requests are known to be allowed."""
-        check_requests_allowed(self.name, self.base_url)
-        return (await self._loop_entry()).client
-
     def _build_client(self) -> Any:
         raise NotImplementedError
 

@@ -4,6 +4,7 @@ detection, and the per-run bookkeeping they share with the engine."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import random
@@ -11,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+from stepstone.core import Envelope
 from stepstone.exceptions import (
     IncompleteStreamError,
     ModelAPIError,
@@ -27,7 +29,13 @@ from stepstone.providers._base import Provider, RetryInfo
 from stepstone.providers._pricing import estimate_cost
 from stepstone.providers._types import ModelRequest, ModelResponse, Usage, UsageLimits
 
-__all__ = ["CONTINUE_NOTE", "MALFORMED_CALL_NOTE", "ModelCalls", "RunState"]
+__all__ = [
+    "CONTINUE_NOTE",
+    "MALFORMED_CALL_NOTE",
+    "ModelCalls",
+    "RunState",
+    "last_stream_result",
+]
 
 #: Told to the model after a malformed function call (Gemini ``MALFORMED_FUNCTION_CALL``).
 MALFORMED_CALL_NOTE = (
@@ -41,6 +49,25 @@ CONTINUE_NOTE = (
 )
 
 log = logging.getLogger("stepstone")
+
+
+_STREAM_RESULT: contextvars.ContextVar[Envelope[Any] | None] = contextvars.ContextVar(
+    "stepstone_stream_result", default=None
+)
+
+
+def last_stream_result() -> Envelope[Any] | None:
+    """The result of the last ``stream()`` this task consumed to its end.
+
+    An envelope whose ``payload`` is the final answer (the parsed value with ``output=``)
+    and whose ``metadata`` has the usage, cost and ``stop_reason``; None before any stream
+    finished. Read it right after the ``async for`` loop::
+
+        async for token in agent.stream("q"):
+            print(token, end="")
+        result = last_stream_result()
+    """
+    return _STREAM_RESULT.get()
 
 
 @dataclasses.dataclass(slots=True)
@@ -95,6 +122,20 @@ class ModelCalls:
     max_retry_wait: float
     usage_limits: UsageLimits | None
     continue_on_length: int
+
+    def _set_outcome_policy(
+        self, max_retry_wait: float, usage_limits: UsageLimits | None, continue_on_length: int
+    ) -> None:
+        """Validate and keep the knobs for long waits, budgets and cut-off answers."""
+        if max_retry_wait < 0:
+            raise ValueError(f"max_retry_wait must be >= 0, got {max_retry_wait!r}")
+        if continue_on_length < 0:
+            raise ValueError(f"continue_on_length must be >= 0, got {continue_on_length!r}")
+        if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
+            raise TypeError(f"usage_limits must be a UsageLimits, got {usage_limits!r}")
+        self.max_retry_wait = max_retry_wait
+        self.usage_limits = usage_limits
+        self.continue_on_length = continue_on_length
 
     # -- outcomes --------------------------------------------------------------------------
 

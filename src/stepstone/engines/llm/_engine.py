@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import logging
 import time
@@ -14,10 +13,12 @@ from typing import Any, Final, Literal, cast
 
 from stepstone.core import Envelope, Tool, payload_text
 from stepstone.engines.llm._calls import (
+    _STREAM_RESULT,
     CONTINUE_NOTE,
     MALFORMED_CALL_NOTE,
     ModelCalls,
     RunState,
+    last_stream_result,
 )
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
@@ -62,23 +63,6 @@ class _Unset:
 
 
 _USE_DEFAULT_STREAM_IDLE: Final = _Unset()
-_STREAM_RESULT: contextvars.ContextVar[Envelope[Any] | None] = contextvars.ContextVar(
-    "stepstone_stream_result", default=None
-)
-
-
-def last_stream_result() -> Envelope[Any] | None:
-    """The result of the last ``stream()`` this task consumed to its end.
-
-    An envelope whose ``payload`` is the final answer (the parsed value with ``output=``)
-    and whose ``metadata`` has the usage, cost and ``stop_reason``; None before any stream
-    finished. Read it right after the ``async for`` loop::
-
-        async for token in agent.stream("q"):
-            print(token, end="")
-        result = last_stream_result()
-    """
-    return _STREAM_RESULT.get()
 
 
 _DANGEROUS: Final = frozenset({NativeTool.CODE_EXECUTION, NativeTool.COMPUTER_USE})
@@ -171,12 +155,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
-        if max_retry_wait < 0:
-            raise ValueError(f"max_retry_wait must be >= 0, got {max_retry_wait!r}")
-        if continue_on_length < 0:
-            raise ValueError(f"continue_on_length must be >= 0, got {continue_on_length!r}")
-        if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
-            raise TypeError(f"usage_limits must be a UsageLimits, got {usage_limits!r}")
+        self._set_outcome_policy(max_retry_wait, usage_limits, continue_on_length)
         if max_parallel_tools is not None and max_parallel_tools < 1:
             raise ValueError(f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}")
         if max_tool_calls_per_turn is not None and max_tool_calls_per_turn < 1:
@@ -273,9 +252,6 @@ class LLMEngine(ModelCalls, ProviderRouting):
         self.max_retries = max_retries
         self.retry_delay = retry_delay
         self.request_timeout = request_timeout
-        self.max_retry_wait = max_retry_wait
-        self.usage_limits = usage_limits
-        self.continue_on_length = continue_on_length
         self.max_parallel_tools = max_parallel_tools
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.tool_timeout = tool_timeout

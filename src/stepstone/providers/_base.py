@@ -258,11 +258,16 @@ class SDKClientMixin:
     async def _close_client(self, client: Any) -> None:
         await client.close()
 
-    async def _guard(self, entry: _LoopClient) -> AsyncGenerator[None, None]:
+    async def _guard(
+        self, loop: asyncio.AbstractEventLoop, entry: _LoopClient
+    ) -> AsyncGenerator[None, None]:
         try:
             yield
         finally:
             entry.closed = True
+            with self._clients_lock:  # a closed loop's entry must not pin it in the map
+                if self._clients.get(loop) is entry:
+                    del self._clients[loop]
             await self._close_client(entry.client)
 
     async def _loop_entry(self) -> _LoopClient:
@@ -274,7 +279,7 @@ class SDKClientMixin:
             entry = _LoopClient(self._build_client())
             self._clients[loop] = entry
         # Only this loop's tasks see ``entry``; the generator's first step does not suspend.
-        entry.guard = self._guard(entry)
+        entry.guard = self._guard(loop, entry)
         await anext(entry.guard)  # registers the generator with this loop's shutdown hooks
         return entry
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from stepstone.exceptions import ModelRequestsBlockedError, UserError
+from stepstone.exceptions import ModelAPIError, ModelRequestsBlockedError, UserError
 from stepstone.providers._types import ModelRequest, ModelResponse, NativeTool
 
 __all__ = [
@@ -146,6 +146,8 @@ class Provider(abc.ABC):
         info = getattr(exc, "retry_info", None)
         if isinstance(info, RetryInfo):  # IncompleteStream and other adapter-raised errors
             return info
+        if isinstance(exc, ModelAPIError):  # raised by a custom provider: it says itself
+            return RetryInfo(exc.retryable, exc.retry_after, exc.kind, exc.status)
         return RetryInfo(False)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default

@@ -89,3 +89,16 @@ async def test_async_tool_timeout_is_cancelled() -> None:
     content = model.requests[1].messages[-1].tool_results[0].content
     assert "was cancelled" in content
     await asyncio.wait_for(cancelled.wait(), 5)
+
+
+async def test_a_custom_providers_model_api_error_is_retried_as_it_says() -> None:
+    from stepstone import ModelAPIError, ModelOverloadedError
+
+    busy = ModelOverloadedError("busy", provider="mine", kind="overloaded", retryable=True)
+    final = ModelAPIError("bad key", provider="mine", kind="auth", retryable=False)
+    model = FakeModel([busy, "ok", final, "never"])
+    agent = Agent(engine=LLMEngine(model, retry_delay=0.001))
+    assert (await agent.run("q")).payload == "ok"
+    env = await agent.run("q")
+    assert env.error is not None and env.error.type == "ModelAPIError"
+    assert model.remaining == 1  # the permanent one was not retried

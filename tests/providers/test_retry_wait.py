@@ -10,7 +10,7 @@ from typing import Any
 
 from stepstone import Agent, LLMEngine, ModelRateLimitError
 from stepstone.providers import AnthropicProvider
-from stepstone.testing import Respond
+from stepstone.testing import Reply, Respond
 from tests.providers.conftest import Case, WireServer
 
 
@@ -126,6 +126,12 @@ async def test_anthropic_long_output_cap_works_without_stream(
     assert env.payload == "long answer", env.error
     body = server.requests[0].json()
     assert body["stream"] is True and body["max_tokens"] == 32000
+    # a long answer may take longer than request_timeout in all: only silence counts
+    slow = LLMEngine(case.model, provider=provider, request_timeout=0.5, max_retries=0)
+    server.engines.append(slow)
+    server.push(Reply(text="one two three four five six seven", chunk_delay=0.2))
+    env = await Agent(engine=slow).run("q")
+    assert env.payload == "one two three four five six seven", env.error
 
 
 async def test_gemini_retry_delay_in_body(case: Case, server: WireServer) -> None:

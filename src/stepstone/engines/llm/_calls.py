@@ -332,10 +332,12 @@ class ModelCalls:
         if self.request_timeout is None:
             return await provider.complete(request)
         request = dataclasses.replace(request, timeout=self.request_timeout)
+        if provider.sdk_timeout:
+            # The SDK applies it to each network operation, which also suits an adapter that
+            # streams a long completion (a total deadline would cut it off mid-answer).
+            return await provider.complete(request)
         try:
-            # An SDK enforces the timeout itself; the engine's deadline is then a backstop.
-            backstop = 5.0 if provider.sdk_timeout else 0.0
-            async with asyncio.timeout(self.request_timeout + backstop):
+            async with asyncio.timeout(self.request_timeout):
                 return await provider.complete(request)
         except TimeoutError:
             raise TimeoutError(

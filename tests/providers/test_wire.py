@@ -275,3 +275,15 @@ async def test_api_key_header(case: Case, server: WireServer) -> None:
         + headers.get("authorization", "")
         + headers.get("x-goog-api-key", "")
     )
+
+
+async def test_openai_list_output_is_wrapped_in_an_object(case: Case, server: WireServer) -> None:
+    if case.name != "openai":
+        pytest.skip("OpenAI wants an object at the root of a response schema")
+    server.push('{"result": [1, 2, 3]}', "[4, 5]")
+    agent = agent_for(case, server)
+    env = await agent.run("numbers", output=list[int])
+    assert env.payload == [1, 2, 3], env.error
+    fmt = server.requests[0].json()["response_format"]["json_schema"]
+    assert fmt["strict"] is True and fmt["schema"]["required"] == ["result"]
+    assert (await agent.run("numbers", output=list[int])).payload == [4, 5]  # unwrapped too

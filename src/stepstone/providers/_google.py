@@ -24,6 +24,7 @@ from stepstone.providers._base import (
     shared_ssl_context,
     transport_info,
 )
+from stepstone.providers._schema import object_root
 from stepstone.providers._types import (
     Message,
     ModelRequest,
@@ -105,13 +106,6 @@ def _uses_output_tool(request: ModelRequest) -> bool:
         and bool(request.tools)
         and not mixes_schema_and_tools(request.model)
     )
-
-
-def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """Function parameters must be an object: other schemas are wrapped as ``result``."""
-    if schema.get("type") == "object":
-        return schema
-    return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
 
 
 def _import_genai() -> Any:
@@ -239,7 +233,7 @@ class GoogleProvider(SDKClientMixin, Provider):
                         "name": OUTPUT_TOOL,
                         "description": "Give your final answer: its arguments are the answer. "
                         "Call it once you have the answer, instead of replying with text.",
-                        "parameters_json_schema": _object_schema(request.output_schema),
+                        "parameters_json_schema": object_root(request.output_schema)[0],
                     }
                 )
             tools.append({"function_declarations": declarations})

@@ -23,7 +23,7 @@ from stepstone.providers._base import (
     shared_ssl_context,
     transport_info,
 )
-from stepstone.providers._schema import strict_schema
+from stepstone.providers._schema import object_root, strict_schema, unwrap_result
 from stepstone.providers._types import (
     Message,
     ModelRequest,
@@ -73,6 +73,13 @@ def _normal_stop(raw: str | None, refusal: str) -> str | None:
     if refusal:
         return "refusal"
     return None if raw is None else STOP_REASONS.get(raw, "other")
+
+
+def _answer(text: str, request: ModelRequest) -> str:
+    """The final text, unwrapped when a non-object output was wrapped in ``result``."""
+    if request.output_schema is None or not object_root(request.output_schema)[1]:
+        return text
+    return unwrap_result(text)
 
 
 def _import_openai() -> Any:
@@ -217,12 +224,14 @@ class OpenAIProvider(SDKClientMixin, Provider):
         if request.thinking is not None:
             params["reasoning_effort"] = request.thinking.effort or "medium"
         if request.output_schema is not None:
-            strict = strict_schema(request.output_schema)
+            # The API wants an object at the root: a list or a scalar answer is wrapped.
+            schema, _ = object_root(request.output_schema)
+            strict = strict_schema(schema)
             params["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {
                     "name": (request.output_name or "output")[:64],
-                    "schema": strict if strict is not None else request.output_schema,
+                    "schema": strict if strict is not None else schema,
                     "strict": strict is not None,
                 },
             }
@@ -257,7 +266,7 @@ class OpenAIProvider(SDKClientMixin, Provider):
             requests=1,
         )
 
-    def _response(self, data: dict[str, Any]) -> ModelResponse:
+    def _response(self, data: dict[str, Any], request: ModelRequest) -> ModelResponse:
         choices = data.get("choices") or []
         if not choices:
             raise ValueError(f"{self.name} returned a completion without choices: {data!r:.300}")
@@ -277,7 +286,7 @@ class OpenAIProvider(SDKClientMixin, Provider):
             )
         refusal = message.get("refusal") or ""
         return ModelResponse(
-            text=message.get("content") or "",
+            text=_answer(message.get("content") or "", request),
             tool_calls=calls,
             usage=self._usage(data.get("usage")),
             stop_reason=_normal_stop(choice.get("finish_reason"), refusal),
@@ -292,7 +301,7 @@ class OpenAIProvider(SDKClientMixin, Provider):
             completion = await client.chat.completions.create(**self._params(request))
         if isinstance(completion, str):
             raise ValueError(f"{self.name} returned a non-JSON body: {completion[:200]!r}")
-        return self._response(completion.model_dump(warnings=False))
+        return self._response(completion.model_dump(warnings=False), request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
         async with self._use_client() as client:
@@ -357,7 +366,7 @@ class OpenAIProvider(SDKClientMixin, Provider):
                 )
             )
         yield ModelResponse(
-            text="".join(text),
+            text=_answer("".join(text), request),
             tool_calls=tool_calls,
             usage=usage,
             stop_reason=_normal_stop(finish, "".join(refusal)),

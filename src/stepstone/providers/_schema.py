@@ -3,9 +3,40 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
-__all__ = ["strict_schema"]
+__all__ = ["object_root", "strict_schema", "unwrap_result"]
+
+#: The property a non-object output is wrapped in where an API wants an object at the root.
+RESULT_KEY = "result"
+
+
+def object_root(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``schema`` with an object at its root (other schemas wrapped as ``result``), and
+    whether it was wrapped."""
+    if schema.get("type") == "object":
+        return schema, False
+    wrapped: dict[str, Any] = {
+        "type": "object",
+        "properties": {RESULT_KEY: {k: v for k, v in schema.items() if k != "$defs"}},
+        "required": [RESULT_KEY],
+    }
+    if "$defs" in schema:
+        wrapped["$defs"] = schema["$defs"]
+    return wrapped, True
+
+
+def unwrap_result(text: str) -> str:
+    """The JSON of ``result`` in a wrapped answer; other text is returned as it is (the
+    engine reports what is wrong with it to the model)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, dict) and set(value) == {RESULT_KEY}:
+        return json.dumps(value[RESULT_KEY])
+    return text
 
 
 def _objects_closed(schema: Any) -> bool:

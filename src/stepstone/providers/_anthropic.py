@@ -186,8 +186,10 @@ class AnthropicProvider(SDKClientMixin, Provider):
         """Native structured output (``output_config.format``), None where unsupported."""
         if request.output_schema is None or not self.native_output(request.model):
             return None
-        from anthropic.lib._parse._transform import transform_schema
-
+        try:  # the SDK's own transformation to the subset its structured output accepts
+            from anthropic.lib._parse._transform import transform_schema
+        except ImportError:  # pragma: no cover - an SDK without it: the instruction instead
+            return None
         return {"type": "json_schema", "schema": transform_schema(request.output_schema)}
 
     @staticmethod

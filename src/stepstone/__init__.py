@@ -27,7 +27,7 @@ from stepstone.core import (
     from_step,
     tool,
 )
-from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
+from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
 from stepstone.exceptions import (
@@ -47,8 +47,15 @@ from stepstone.exceptions import (
     ConfigurationTypeError,
     CorruptRecordError,
     GraphCompileError,
+    IncompleteStreamError,
     MaxTurnsExceeded,
     MissingExtraError,
+    ModelAPIError,
+    ModelLengthError,
+    ModelOutcomeError,
+    ModelOverloadedError,
+    ModelRateLimitError,
+    ModelRefusalError,
     ModelRequestsBlockedError,
     NodeException,
     PlanCompileError,
@@ -62,6 +69,7 @@ from stepstone.exceptions import (
     StreamStallError,
     ToolTimeoutError,
     UnserializableValueWarning,
+    UsageLimitExceeded,
     UserError,
 )
 from stepstone.observability import Event, EventType, Session
@@ -97,6 +105,7 @@ __all__ = [
     "LLMEngine",
     "NativeTool",
     "ThinkingConfig",
+    "UsageLimits",
     # serialization
     "SignedPickle",
     # observability
@@ -111,8 +120,15 @@ __all__ = [
     "ConfigurationError",
     "ConfigurationTypeError",
     "CorruptRecordError",
+    "IncompleteStreamError",
     "MaxTurnsExceeded",
     "MissingExtraError",
+    "ModelAPIError",
+    "ModelLengthError",
+    "ModelOutcomeError",
+    "ModelOverloadedError",
+    "ModelRateLimitError",
+    "ModelRefusalError",
     "ModelRequestsBlockedError",
     "PlanCompileError",
     "PlanPaused",
@@ -125,6 +141,7 @@ __all__ = [
     "StreamStallError",
     "ToolTimeoutError",
     "UnserializableValueWarning",
+    "UsageLimitExceeded",
     "UserError",
     # typed-graph errors (GraphBuilder, State and the checkpointers are in stepstone.graph)
     "CheckpointError",

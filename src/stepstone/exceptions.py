@@ -32,8 +32,15 @@ The tree::
         ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
         ├── PlannerOutputError          a ReplanEngine planner answered something else than
         │                               a PlanRound
-        ├── (provider errors)           a model API call failed: their classes (carrying
-        │                               ``retryable`` and ``retry_after``) go here
+        ├── ModelAPIError               a provider request failed (retryable, retry_after,
+        │   │                           retry_at say whether and when to try again)
+        │   ├── ModelRateLimitError     429 / rate-limit error events
+        │   ├── ModelOverloadedError    529 / overloaded error events
+        │   └── IncompleteStreamError   a stream ended without its final event
+        ├── ModelOutcomeError           the model answered, but not with a usable answer
+        │   ├── ModelRefusalError       refusal, content filter, safety block
+        │   └── ModelLengthError        the answer was cut off at the output-token cap
+        ├── UsageLimitExceeded          a run's token / cost / request budget is spent
         ├── NodeException               a graph node raised; __cause__ is the original error
         └── CheckpointError             a graph checkpoint cannot be used as asked
             ├── CheckpointNotFound      no record under that invocation_id
@@ -60,6 +67,8 @@ arguments are kept in ``args``) so it can cross process boundaries.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -77,9 +86,16 @@ __all__ = [
     "ConcurrentGraphResumeError",
     "ConcurrentPlanRunError",
     "GraphCompileError",
+    "IncompleteStreamError",
     "MaxRoundsExceeded",
     "MaxTurnsExceeded",
     "MissingExtraError",
+    "ModelAPIError",
+    "ModelLengthError",
+    "ModelOutcomeError",
+    "ModelOverloadedError",
+    "ModelRateLimitError",
+    "ModelRefusalError",
     "ModelRequestsBlockedError",
     "NodeException",
     "PlanCompileError",
@@ -94,6 +110,7 @@ __all__ = [
     "StreamStallError",
     "ToolTimeoutError",
     "UnserializableValueWarning",
+    "UsageLimitExceeded",
     "UserError",
 ]
 
@@ -165,6 +182,140 @@ class ToolTimeoutError(StepstoneError):
 
 class StreamStallError(StepstoneError):
     """A provider stream sent nothing for longer than ``stream_idle_timeout`` seconds."""
+
+
+class ModelAPIError(StepstoneError):
+    """A provider request failed after the engine's retries (or could not be retried).
+
+    Attributes:
+        provider: The provider name (``"anthropic"``...).
+        model: The model id of the request.
+        kind: What the failure is: ``"rate_limit"``, ``"overloaded"``, ``"server"``,
+            ``"connection"``, ``"timeout"``, ``"incomplete_stream"``, ``"bad_request"``,
+            ``"auth"``, ``"not_found"`` or ``"other"``.
+        status: The HTTP status (None for transport failures and stream events).
+        retryable: Whether trying again later can succeed.
+        retry_after: Seconds the server asked to wait (None: it did not say).
+        retry_at: When (UTC POSIX seconds) the step may be tried again: set when the wait the
+            server asked for is longer than ``LLMEngine(max_retry_wait=...)``, so a durable
+            run can be resumed then instead of sleeping with its lease held.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        model: str = "",
+        kind: str = "other",
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.model = model
+        self.kind = kind
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.retry_at = retry_at
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+
+class ModelRateLimitError(ModelAPIError):
+    """The provider rate-limited the request (HTTP 429 or a rate-limit stream event)."""
+
+
+class ModelOverloadedError(ModelAPIError):
+    """The provider is overloaded (Anthropic 529 / ``overloaded_error``, Gemini 503)."""
+
+
+class IncompleteStreamError(ModelAPIError):
+    """A provider stream ended without its terminal event; the partial answer was dropped."""
+
+
+class ModelOutcomeError(StepstoneError):
+    """The model answered, but with an outcome that is not a usable answer. Not retryable.
+
+    Attributes:
+        provider: The provider name.
+        model: The model id.
+        stop_reason: The normalised stop reason (``"refusal"``, ``"content_filter"``,
+            ``"length"``...).
+        raw_stop_reason: The provider's own value (``"max_tokens"``, ``"SAFETY"``...).
+        text: What the model said (a refusal's explanation, the truncated answer).
+    """
+
+    retryable = False
+    retry_after: float | None = None
+    retry_at: float | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        model: str = "",
+        stop_reason: str | None = None,
+        raw_stop_reason: str | None = None,
+        text: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.model = model
+        self.stop_reason = stop_reason
+        self.raw_stop_reason = raw_stop_reason
+        self.text = text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+
+class ModelRefusalError(ModelOutcomeError):
+    """The model refused, or the provider's content filter / safety system blocked it."""
+
+
+class ModelLengthError(ModelOutcomeError):
+    """The answer was cut off at the output-token cap (raise ``max_tokens``, or pass
+    ``LLMEngine(continue_on_length=N)`` to ask the model to go on)."""
+
+
+class UsageLimitExceeded(StepstoneError):
+    """A run reached one of its ``UsageLimits``; raised before the next model request.
+
+    Attributes:
+        limit: Which limit (``"max_requests"``, ``"max_input_tokens"``,
+            ``"max_output_tokens"``, ``"max_total_tokens"``, ``"max_cost_usd"``).
+        value: The run's value for that limit when it stopped.
+        maximum: The configured cap.
+    """
+
+    retryable = False
+
+    def __init__(
+        self, message: str, *, limit: str = "", value: float = 0, maximum: float = 0
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.limit = limit
+        self.value = value
+        self.maximum = maximum
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[Exception], message: str, state: dict[str, Any]) -> Exception:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    exc.__dict__.update(state)
+    return exc
 
 
 class MaxTurnsExceeded(StepstoneError):

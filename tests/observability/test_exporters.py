@@ -98,13 +98,13 @@ async def test_otel_spans_for_a_run(spans: tuple[OTelExporter, InMemorySpanExpor
     )
     finished = {s.name: s for s in memory.get_finished_spans()}
     assert set(finished) == {
-        "agent calc",
+        "invoke_agent calc",
         "chat claude-sonnet-4-6",
         "execute_tool add",
         "execute_tool broken",
     }
     assert len(memory.get_finished_spans()) == 5  # two model calls
-    run = finished["agent calc"]
+    run = finished["invoke_agent calc"]
     for name in ("chat claude-sonnet-4-6", "execute_tool add", "execute_tool broken"):
         assert finished[name].parent is not None
         assert finished[name].parent.span_id == run.context.span_id
@@ -128,6 +128,6 @@ async def test_otel_plan_steps_and_failed_runs(
     failing = Agent(engine=LLMEngine(FakeModel([ValueError("bad")])), session=session)
     env = await failing.run("q")
     assert not env.ok
-    run = next(s for s in memory.get_finished_spans() if s.name.startswith("agent"))
+    run = next(s for s in memory.get_finished_spans() if s.name.startswith("invoke_agent"))
     assert run.status.status_code is StatusCode.ERROR
     assert exporter.open_spans() == 0

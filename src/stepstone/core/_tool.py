@@ -174,10 +174,31 @@ def _drop_auto_titles(schema: Any) -> None:
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The summary (first paragraph) and per-argument descriptions of a docstring in any
+    style ``docstring_parser`` knows (Google, reST, NumPy, Epydoc); Google by hand without it.
+    """
+    summary, args = _parse_google(doc)
+    try:
+        import docstring_parser
+    except ImportError:  # pragma: no cover - a core dependency
+        return summary, args
+    try:
+        parsed = docstring_parser.parse(doc)
+    except docstring_parser.ParseError:
+        return summary, args
+    found = {
+        p.arg_name.split(" ")[-1].lstrip("*"): " ".join((p.description or "").split())
+        for p in parsed.params
+        if p.arg_name
+    }
+    return summary, {**found, **args} if args else found
+
+
+def _parse_google(doc: str) -> tuple[str, dict[str, str]]:
     lines = doc.splitlines()
     summary_lines: list[str] = []
     for line in lines:
-        if not line.strip():
+        if not line.strip() or line.lstrip().startswith((":", "@")):  # reST / Epydoc fields
             break
         summary_lines.append(line.strip())
     args: dict[str, str] = {}

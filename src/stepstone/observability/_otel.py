@@ -1,65 +1,116 @@
-"""OpenTelemetry exporter: Session events become spans (``pip install stepstone[otel]``)."""
+"""OpenTelemetry exporter: Session events become spans and metrics following the GenAI
+semantic conventions (``pip install stepstone[otel]``)."""
 
 from __future__ import annotations
 
+import contextvars
+import os
 import threading
 from typing import Any
 
 from stepstone.exceptions import MissingExtraError
 from stepstone.observability._session import Event, EventType
 
-__all__ = ["OTelExporter"]
+__all__ = ["CONTENT_ENV_VAR", "OTelExporter"]
 
-# payload key -> OpenTelemetry attribute (GenAI semantic conventions where they exist)
-_ATTRS = {
-    "model": "gen_ai.request.model",
-    "provider": "gen_ai.system",
-    "input_tokens": "gen_ai.usage.input_tokens",
-    "output_tokens": "gen_ai.usage.output_tokens",
-    "tool": "gen_ai.tool.name",
-    "call_id": "gen_ai.tool.call.id",
-    "agent_name": "gen_ai.agent.name",
+#: The conventions' switch for recording prompts, answers and tool arguments/results.
+CONTENT_ENV_VAR = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+#: Our provider names -> ``gen_ai.provider.name`` values.
+_PROVIDERS = {"google": "gcp.gemini", "anthropic": "anthropic", "openai": "openai"}
+
+#: Payload keys that carry content (prompts, answers, tool arguments and results).
+_CONTENT = {
+    "task": "gen_ai.input.messages",
+    "arguments": "gen_ai.tool.call.arguments",
+    "result": "gen_ai.tool.call.result",
 }
 
+# payload key -> attribute, for every span kind
+_COMMON = {
+    "agent_name": "gen_ai.agent.name",
+    "tool": "gen_ai.tool.name",
+    "call_id": "gen_ai.tool.call.id",
+    "input_tokens": "gen_ai.usage.input_tokens",
+    "output_tokens": "gen_ai.usage.output_tokens",
+    "cache_read_tokens": "gen_ai.usage.cache_read.input_tokens",
+    "cache_write_tokens": "gen_ai.usage.cache_creation.input_tokens",
+    "reasoning_tokens": "gen_ai.usage.reasoning.output_tokens",
+    "stream": "gen_ai.request.stream",
+    "temperature": "gen_ai.request.temperature",
+    "run_id": "gen_ai.conversation.id",
+}
 
-def _attributes(payload: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in payload.items():
-        name = _ATTRS.get(key, f"stepstone.{key}")
-        if isinstance(value, bool | int | float | str):
-            out[name] = value
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            out[name] = list(value)
-        elif value is not None:
-            out[name] = str(value)
-    return out
+_Key = tuple[str | None, str, Any]
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None if value is None else str(value)
+
+
+class _Open:
+    """A started span, the context token that made it current, and its metric basics."""
+
+    __slots__ = ("attrs", "span", "start", "token")
+
+    def __init__(self, span: Any, token: Any, start: float, attrs: dict[str, Any]) -> None:
+        self.span = span
+        self.token = token
+        self.start = start
+        self.attrs = attrs
 
 
 class OTelExporter:
-    """Turns Session events into OpenTelemetry spans.
+    """Turns Session events into OpenTelemetry spans and GenAI client metrics.
 
-    One span per agent run (``AGENT_START`` → ``AGENT_FINISH``), per model call
-    (``MODEL_REQUEST`` → ``MODEL_RESPONSE``), per tool call (``TOOL_CALL`` → ``TOOL_RESULT``
-    / ``TOOL_ERROR``) and per Plan step (``STEP_START`` → ``STEP_FINISH`` / ``STEP_ERROR``);
-    model and tool spans are children of their run's span. Other events become span events
-    on the run span. Attributes follow the GenAI semantic conventions
-    (``gen_ai.request.model``, ``gen_ai.usage.input_tokens``...).
+    Spans, named and shaped as the GenAI semantic conventions ask:
+
+    - ``invoke_agent {name}`` for each agent run (``AGENT_START`` to ``AGENT_FINISH``);
+    - ``chat {model}`` (kind CLIENT) for each model call, with ``gen_ai.operation.name``,
+      ``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
+      ``gen_ai.response.finish_reasons`` and the token counts (cache reads and writes
+      included) as attributes of their own;
+    - ``execute_tool {tool}`` for each tool call;
+    - ``step {name}`` for each Plan step.
+
+    Each span is made current while it is open, so spans of an HTTP or SDK
+    instrumentation nest under the model call, and an agent run inside a Plan step nests
+    under the step. Failures set ``error.type`` and an ERROR status. Prompts, answers and
+    tool arguments/results are recorded only when ``record_content=True`` or the
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` environment variable is
+    ``true``. With a meter, ``gen_ai.client.token.usage`` and
+    ``gen_ai.client.operation.duration`` histograms are recorded per model call.
 
     Args:
         tracer: A tracer to use; default ``opentelemetry.trace.get_tracer("stepstone")``
             (configure a TracerProvider as usual).
         tracer_provider: Take the tracer from this provider instead.
+        meter_provider: Take the meter from this provider (default: the global one).
+        record_content: Record prompts, answers and tool arguments/results (None: the
+            environment variable decides).
 
     Raises:
         MissingExtraError: when ``opentelemetry-api`` is not installed.
     """
 
-    def __init__(self, tracer: Any = None, *, tracer_provider: Any = None) -> None:
+    def __init__(
+        self,
+        tracer: Any = None,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        record_content: bool | None = None,
+    ) -> None:
         try:
-            from opentelemetry import trace
+            from opentelemetry import context, metrics, trace
         except ImportError as exc:  # pragma: no cover - the dev venv has it
             raise MissingExtraError("opentelemetry-api", "otel") from exc
         self._trace = trace
+        self._context = context
         if tracer is None:
             tracer = (
                 tracer_provider.get_tracer("stepstone")
@@ -67,33 +118,105 @@ class OTelExporter:
                 else trace.get_tracer("stepstone")
             )
         self.tracer = tracer
-        self._spans: dict[tuple[str | None, str, Any], Any] = {}
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("stepstone")
+        self._token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used",
+        )
+        self._duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration",
+        )
+        if record_content is None:
+            record_content = os.environ.get(CONTENT_ENV_VAR, "").strip().lower() == "true"
+        self.record_content = record_content
+        self._spans: dict[_Key, _Open] = {}
         self._lock = threading.Lock()
 
-    def _start(self, key: tuple[str | None, str, Any], name: str, event: Event) -> None:
-        parent = None
-        if key[1] != "run":
-            parent = self._spans.get((event.run_id, "run", None))
-        context = self._trace.set_span_in_context(parent) if parent is not None else None
+    # -- attributes ------------------------------------------------------------------------
+
+    def _attributes(self, payload: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in payload.items():
+            if key in _CONTENT:
+                if self.record_content and value is not None:
+                    out[_CONTENT[key]] = str(value)
+                continue
+            name = _COMMON.get(key)
+            if name is None:
+                continue
+            scalar = _scalar(value)
+            if scalar is not None:
+                out[name] = scalar
+        return out
+
+    @staticmethod
+    def _provider(payload: dict[str, Any]) -> dict[str, Any]:
+        provider = payload.get("provider")
+        if not provider:
+            return {}
+        return {"gen_ai.provider.name": _PROVIDERS.get(str(provider), str(provider))}
+
+    # -- spans -----------------------------------------------------------------------------
+
+    def _start(
+        self,
+        key: _Key,
+        name: str,
+        event: Event,
+        attrs: dict[str, Any],
+        *,
+        kind: str = "INTERNAL",
+    ) -> None:
+        trace = self._trace
+        parent_ctx = None
+        if trace.get_current_span().get_span_context().is_valid is False and key[1] != "run":
+            # Not inside our own spans' context (events from another task): the run's span.
+            run = self._spans.get((event.run_id, "run", None))
+            if run is not None:
+                parent_ctx = trace.set_span_in_context(run.span)
         span = self.tracer.start_span(
             name,
-            context=context,
-            attributes=_attributes(event.payload),
+            context=parent_ctx,
+            kind=getattr(trace.SpanKind, kind),
+            attributes=attrs,
             start_time=int(event.timestamp * 1e9),
         )
-        self._spans[key] = span
+        token = self._context.attach(trace.set_span_in_context(span))
+        self._spans[key] = _Open(span, token, event.timestamp, attrs)
 
-    def _end(self, key: tuple[str | None, str, Any], event: Event, *, error: bool = False) -> None:
-        span = self._spans.pop(key, None)
-        if span is None:
-            return
-        span.set_attributes(_attributes(event.payload))
-        if error:
+    def _end(
+        self, key: _Key, event: Event, attrs: dict[str, Any], error: str | None = None
+    ) -> _Open | None:
+        opened = self._spans.pop(key, None)
+        if opened is None:
+            return None
+        span = opened.span
+        span.set_attributes(attrs)
+        if error is not None:
             from opentelemetry.trace import Status, StatusCode
 
-            message = event.payload.get("message") or event.payload.get("error")
+            span.set_attribute("error.type", error)
+            message = event.payload.get("message")
             span.set_status(Status(StatusCode.ERROR, str(message) if message else None))
         span.end(end_time=int(event.timestamp * 1e9))
+        self._detach(opened.token)
+        return opened
+
+    def _detach(self, token: Any) -> None:
+        """Undo the span's ``attach``; a span ended from another task's context (a band's
+        failed branch, a stream closed by the garbage collector) has nothing to undo here."""
+        if isinstance(token, contextvars.Token):
+            try:
+                token.var.reset(token)
+            except ValueError:
+                pass
+            return
+        self._context.detach(token)  # pragma: no cover - a non-contextvars runtime context
+
+    # -- events ----------------------------------------------------------------------------
 
     def export(self, event: Event) -> None:
         """Open, close or annotate spans for ``event``."""
@@ -102,40 +225,109 @@ class OTelExporter:
         with self._lock:
             t = event.type
             if t == EventType.AGENT_START:
-                self._start((run, "run", None), f"agent {p.get('agent_name', 'agent')}", event)
+                name = p.get("agent_name", "agent")
+                attrs = {
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.name": name,
+                    **self._provider(p),
+                    **self._attributes({"task": p.get("task")}),
+                }
+                if p.get("model"):
+                    attrs["gen_ai.request.model"] = str(p["model"])
+                if run is not None:
+                    attrs["gen_ai.conversation.id"] = run
+                self._start((run, "run", None), f"invoke_agent {name}", event, attrs)
             elif t == EventType.AGENT_FINISH:
-                self._end((run, "run", None), event, error=p.get("ok") is False)
+                attrs = self._attributes(
+                    {k: p.get(k) for k in ("input_tokens", "output_tokens") if k in p}
+                )
+                failed = p.get("ok") is False and not p.get("cancelled")
+                error = str(p.get("error") or "_OTHER") if failed else None
+                self._end((run, "run", None), event, attrs, error)
             elif t == EventType.MODEL_REQUEST:
+                model = str(p.get("model", ""))
+                attrs = {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.request.model": model,
+                    **self._provider(p),
+                    **self._attributes(p),
+                }
                 self._start(
-                    (run, "model", p.get("turn")), f"chat {p.get('model', '')}".strip(), event
+                    (run, "model", p.get("turn")),
+                    f"chat {model}".strip(),
+                    event,
+                    attrs,
+                    kind="CLIENT",
                 )
             elif t == EventType.MODEL_RESPONSE and "retry" in p:
-                span = self._spans.get((run, "model", p.get("turn")))
-                if span is not None:
-                    span.add_event(
-                        "retry", attributes=_attributes(p), timestamp=int(event.timestamp * 1e9)
+                opened = self._spans.get((run, "model", p.get("turn")))
+                if opened is not None:
+                    opened.span.add_event(
+                        "retry",
+                        attributes={
+                            "error.type": str(p.get("error")),
+                            "stepstone.retry": int(p["retry"]),
+                            "stepstone.delay_s": float(p.get("delay") or 0.0),
+                        },
+                        timestamp=int(event.timestamp * 1e9),
                     )
             elif t == EventType.MODEL_RESPONSE:
-                self._end((run, "model", p.get("turn")), event, error="error" in p)
+                self._model_response(event)
             elif t == EventType.TOOL_CALL:
-                self._start((run, "tool", p.get("call_id")), f"execute_tool {p.get('tool')}", event)
+                attrs = {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.type": "function",
+                    **self._attributes(p),
+                }
+                self._start(
+                    (run, "tool", p.get("call_id")), f"execute_tool {p.get('tool')}", event, attrs
+                )
             elif t in (EventType.TOOL_RESULT, EventType.TOOL_ERROR):
                 key = (run, "tool", p.get("call_id"))
-                if key in self._spans:
-                    self._end(key, event, error=t == EventType.TOOL_ERROR)
-                else:  # refused before it ran (max_tool_calls_per_turn)
-                    self._start(key, f"execute_tool {p.get('tool')}", event)
-                    self._end(key, event, error=True)
+                error = str(p.get("error") or "_OTHER") if t == EventType.TOOL_ERROR else None
+                if key not in self._spans:  # refused before it ran (max_tool_calls_per_turn)
+                    attrs = {"gen_ai.operation.name": "execute_tool", **self._attributes(p)}
+                    self._start(key, f"execute_tool {p.get('tool')}", event, attrs)
+                self._end(key, event, self._attributes(p), error)
             elif t == EventType.STEP_START:
-                self._start((run, "step", p.get("step")), f"step {p.get('step')}", event)
+                attrs = {"stepstone.step": str(p.get("step"))}
+                self._start((run, "step", p.get("step")), f"step {p.get('step')}", event, attrs)
             elif t in (EventType.STEP_FINISH, EventType.STEP_ERROR):
-                self._end((run, "step", p.get("step")), event, error=t == EventType.STEP_ERROR)
+                error = str(p.get("error") or "_OTHER") if t == EventType.STEP_ERROR else None
+                self._end((run, "step", p.get("step")), event, {}, error)
             else:
-                span = self._spans.get((run, "run", None))
-                if span is not None:
-                    span.add_event(
-                        t.value, attributes=_attributes(p), timestamp=int(event.timestamp * 1e9)
+                opened = self._spans.get((run, "run", None))
+                if opened is not None:
+                    attrs = {k: v for k, v in self._attributes(p).items()}
+                    opened.span.add_event(
+                        t.value, attributes=attrs, timestamp=int(event.timestamp * 1e9)
                     )
+
+    def _model_response(self, event: Event) -> None:
+        p = event.payload
+        attrs = self._attributes(p)
+        if p.get("model"):
+            attrs["gen_ai.response.model"] = str(p["model"])
+        if p.get("stop_reason"):
+            attrs["gen_ai.response.finish_reasons"] = [str(p["stop_reason"])]
+        error = str(p["error"]) if "error" in p else None
+        opened = self._end((event.run_id, "model", p.get("turn")), event, attrs, error)
+        if opened is None:
+            return
+        base = {
+            k: v
+            for k, v in opened.attrs.items()
+            if k in ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
+        }
+        if "gen_ai.response.model" in attrs:
+            base["gen_ai.response.model"] = attrs["gen_ai.response.model"]
+        duration = {**base, "error.type": error} if error else base
+        self._duration.record(max(0.0, event.timestamp - opened.start), attributes=duration)
+        for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
+            if key in p:
+                self._token_usage.record(
+                    int(p[key]), attributes={**base, "gen_ai.token.type": kind}
+                )
 
     def open_spans(self) -> int:
         """How many spans are started and not yet ended (0 after clean runs)."""

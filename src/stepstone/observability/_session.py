@@ -29,6 +29,8 @@ class EventType(enum.StrEnum):
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
     TOOL_ERROR = "tool_error"
+    #: A timed-out sync tool's thread finished after the model was told it timed out.
+    TOOL_LATE_RESULT = "tool_late_result"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

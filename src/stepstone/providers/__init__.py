@@ -15,7 +15,7 @@ from stepstone.providers._base import (
     RetryInfo,
     requests_blocked,
 )
-from stepstone.providers._pricing import estimate_cost, register_price
+from stepstone.providers._pricing import Price, estimate_cost, price_source, register_price
 from stepstone.providers._registry import create_provider, provider_names, register_provider
 from stepstone.providers._types import (
     CacheConfig,
@@ -28,6 +28,7 @@ from stepstone.providers._types import (
     ToolDefinition,
     ToolResult,
     Usage,
+    UsageLimits,
 )
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ __all__ = [
     "ModelResponse",
     "NativeTool",
     "OpenAIProvider",
+    "Price",
     "Provider",
     "RetryInfo",
     "ThinkingConfig",
@@ -52,8 +54,10 @@ __all__ = [
     "ToolDefinition",
     "ToolResult",
     "Usage",
+    "UsageLimits",
     "create_provider",
     "estimate_cost",
+    "price_source",
     "provider_names",
     "register_price",
     "register_provider",

@@ -14,12 +14,14 @@ from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
+    IncompleteStream,
     Provider,
     RetryInfo,
     SDKClientMixin,
     StreamItem,
-    retry_after_from_headers,
-    status_retryable,
+    classify,
+    shared_ssl_context,
+    transport_info,
 )
 from stepstone.providers._types import (
     Message,
@@ -37,6 +39,42 @@ _NATIVE: dict[NativeTool, dict[str, Any]] = {
     NativeTool.WEB_FETCH: {"type": "web_fetch_20250910", "name": "web_fetch"},
     NativeTool.CODE_EXECUTION: {"type": "code_execution_20250825", "name": "code_execution"},
 }
+
+
+#: Anthropic's stop reasons -> the normalised ones (``ModelResponse.stop_reason``).
+STOP_REASONS: dict[str, str] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "refusal",
+    "pause_turn": "pause",
+}
+
+#: Anthropic error types (HTTP bodies and ``event: error`` stream events) -> error kinds.
+ERROR_KINDS: dict[str, str] = {
+    "overloaded_error": "overloaded",
+    "rate_limit_error": "rate_limit",
+    "api_error": "server",
+    "timeout_error": "timeout",
+    "invalid_request_error": "bad_request",
+    "request_too_large": "bad_request",
+    "authentication_error": "auth",
+    "permission_error": "auth",
+    "billing_error": "auth",
+    "not_found_error": "not_found",
+}
+
+#: Efforts Anthropic does not take -> the nearest one it does.
+_EFFORTS = {"minimal": "low"}
+
+#: Above this output cap the SDK refuses a non-streamed request; complete() streams then.
+_NONSTREAMING_MAX_TOKENS = 21_333
+
+
+def _normal_stop(raw: str | None) -> str | None:
+    return None if raw is None else STOP_REASONS.get(raw, "other")
 
 
 def _import_anthropic() -> Any:
@@ -97,9 +135,14 @@ class AnthropicProvider(SDKClientMixin, Provider):
 
     def _build_client(self) -> Any:
         api_key = self._resolve_api_key()
+        options = dict(self._client_options)
+        if "http_client" not in options:
+            options["http_client"] = self._anthropic.DefaultAsyncHttpxClient(
+                verify=shared_ssl_context()
+            )
         # The engine owns retries and deadlines, so the SDK's own are turned off.
         return self._anthropic.AsyncAnthropic(
-            api_key=api_key, base_url=self.base_url, max_retries=0, **self._client_options
+            api_key=api_key, base_url=self.base_url, max_retries=0, **options
         )
 
     # -- request ---------------------------------------------------------------------------
@@ -139,9 +182,26 @@ class AnthropicProvider(SDKClientMixin, Provider):
             blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments})
         return {"role": "assistant", "content": blocks or ""}
 
+    def _native_format(self, request: ModelRequest) -> dict[str, Any] | None:
+        """Native structured output (``output_config.format``), None where unsupported."""
+        if request.output_schema is None or not self.native_output(request.model):
+            return None
+        try:  # the SDK's own transformation to the subset its structured output accepts
+            from anthropic.lib._parse._transform import transform_schema
+        except ImportError:  # pragma: no cover - an SDK without it: the instruction instead
+            return None
+        return {"type": "json_schema", "schema": transform_schema(request.output_schema)}
+
+    @staticmethod
+    def native_output(model: str) -> bool:
+        """Whether ``model`` takes ``output_config.format`` (Claude 4.5 and later)."""
+        legacy = ("claude-3", "claude-opus-4-0", "claude-opus-4-1", "claude-sonnet-4-0")
+        return not model.startswith(legacy) and model not in ("claude-opus-4", "claude-sonnet-4")
+
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         system = request.system or ""
-        if request.output_schema is not None:
+        native_format = self._native_format(request)
+        if request.output_schema is not None and native_format is None:
             system = (system + "\n\n" if system else "") + _schema_instruction(request)
         thinking = request.thinking
         max_tokens = request.max_tokens or self.max_tokens or (16000 if thinking else 4096)
@@ -150,11 +210,16 @@ class AnthropicProvider(SDKClientMixin, Provider):
             "max_tokens": max_tokens,
             "messages": [self._message(m) for m in request.messages],
         }
+        if request.timeout is not None:
+            params["timeout"] = request.timeout
         cache = (
             {"type": "ephemeral", "ttl": request.cache.ttl}
             if request.cache is not None and request.cache.enabled
             else None
         )
+        if cache is not None and params["messages"]:
+            # The growing history is cached too: a breakpoint on the newest message.
+            params["messages"][-1] = _with_cache(params["messages"][-1], cache)
         if system:
             if cache is not None:
                 params["system"] = [{"type": "text", "text": system, "cache_control": cache}]
@@ -191,22 +256,29 @@ class AnthropicProvider(SDKClientMixin, Provider):
                 config["display"] = thinking.display
             params["thinking"] = config
             if thinking.effort is not None:
-                params["output_config"] = {"effort": thinking.effort}
+                effort = _EFFORTS.get(thinking.effort, thinking.effort)
+                params["output_config"] = {"effort": effort}
         elif request.temperature is not None:
             # This SDK's create() has no temperature argument; the API still takes it.
             params["extra_body"] = {"temperature": request.temperature}
+        if native_format is not None:
+            params["output_config"] = {**params.get("output_config", {}), "format": native_format}
         return params
 
     # -- response --------------------------------------------------------------------------
 
     @staticmethod
     def _usage(data: dict[str, Any] | None) -> Usage:
+        # Anthropic's input_tokens are the uncached ones; ours count every input token.
         data = data or {}
+        read = int(data.get("cache_read_input_tokens") or 0)
+        write = int(data.get("cache_creation_input_tokens") or 0)
         return Usage(
-            input_tokens=int(data.get("input_tokens") or 0),
+            input_tokens=int(data.get("input_tokens") or 0) + read + write,
             output_tokens=int(data.get("output_tokens") or 0),
-            cache_read_tokens=int(data.get("cache_read_input_tokens") or 0),
-            cache_write_tokens=int(data.get("cache_creation_input_tokens") or 0),
+            cache_read_tokens=read,
+            cache_write_tokens=write,
+            requests=1,
         )
 
     @staticmethod
@@ -237,8 +309,17 @@ class AnthropicProvider(SDKClientMixin, Provider):
         return "".join(text), calls, "".join(thinking)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        client = await self._get_client()
-        message = await client.messages.create(**self._params(request))
+        params = self._params(request)
+        if params["max_tokens"] > _NONSTREAMING_MAX_TOKENS:
+            # The SDK requires streaming for long outputs; collect the stream instead.
+            final: ModelResponse | None = None
+            async for item in self.stream(request):
+                if isinstance(item, ModelResponse):
+                    final = item
+            assert final is not None
+            return final
+        async with self._use_client() as client:
+            message = await client.messages.create(**params)
         if isinstance(message, str):
             raise ValueError(f"anthropic returned a non-JSON body: {message[:200]!r}")
         data = message.model_dump(exclude_none=True, warnings=False)
@@ -248,15 +329,21 @@ class AnthropicProvider(SDKClientMixin, Provider):
             text=text,
             tool_calls=calls,
             usage=self._usage(data.get("usage")),
-            stop_reason=data.get("stop_reason"),
+            stop_reason=_normal_stop(data.get("stop_reason")),
+            raw_stop_reason=data.get("stop_reason"),
             model=data.get("model"),
             thinking=thinking,
             raw=blocks,
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        client = await self._get_client()
+        async with self._use_client() as client:
+            async for item in self._stream(client, request):
+                yield item
+
+    async def _stream(self, client: Any, request: ModelRequest) -> AsyncIterator[StreamItem]:
         stream = await client.messages.create(**self._params(request), stream=True)
+        finished = False
         blocks: dict[int, dict[str, Any]] = {}
         partial_json: dict[int, list[str]] = {}
         usage = Usage()
@@ -291,12 +378,21 @@ class AnthropicProvider(SDKClientMixin, Provider):
                         block["signature"] = delta.get("signature") or ""
                 elif kind == "message_delta":
                     stop = (data.get("delta") or {}).get("stop_reason") or stop
-                    out = (data.get("usage") or {}).get("output_tokens")
-                    if out is not None:
-                        usage.output_tokens = int(out)
+                    delta_usage = data.get("usage") or {}
+                    if delta_usage.get("input_tokens") is not None:
+                        usage = self._usage({**delta_usage})
+                    elif delta_usage.get("output_tokens") is not None:
+                        usage.output_tokens = int(delta_usage["output_tokens"])
+                elif kind == "message_stop":
+                    finished = True
                 yield piece
         finally:
             await stream.close()
+        if not finished:
+            raise IncompleteStream(
+                f"anthropic stream for {request.model!r} ended without message_stop "
+                f"(stop_reason={stop!r}); the partial answer was dropped"
+            )
         ordered = []
         for index in sorted(blocks):
             block = blocks[index]
@@ -312,19 +408,42 @@ class AnthropicProvider(SDKClientMixin, Provider):
             text=text,
             tool_calls=calls,
             usage=usage,
-            stop_reason=stop,
+            stop_reason=_normal_stop(stop),
+            raw_stop_reason=stop,
             model=model,
             thinking=thinking,
             raw=ordered,
         )
 
     def retry_info(self, exc: BaseException) -> RetryInfo:
-        """429 / 408 / 409 / 5xx / 529 (honouring ``retry-after``) and network errors retry."""
+        """Classified by :data:`ERROR_KINDS`, then the status; transport errors retry."""
         anthropic = self._anthropic
         if isinstance(exc, anthropic.APIStatusError):
-            return RetryInfo(
-                status_retryable(exc.status_code), retry_after_from_headers(exc.response.headers)
+            body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+            nested = body.get("error")
+            error: dict[str, Any] = nested if isinstance(nested, dict) else body
+            return classify(
+                status=exc.status_code,
+                error_type=error.get("type"),
+                table=ERROR_KINDS,
+                headers=exc.response.headers,
             )
+        if isinstance(exc, anthropic.APITimeoutError):
+            return RetryInfo(True, kind="timeout")
         if isinstance(exc, anthropic.APIConnectionError):
-            return RetryInfo(True)
-        return super().retry_info(exc)
+            return RetryInfo(True, kind="connection")
+        return transport_info(exc) or super().retry_info(exc)
+
+
+def _with_cache(message: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:
+    content = message["content"]
+    if isinstance(content, str):
+        if not content:
+            return message
+        content = [{"type": "text", "text": content}]
+    if not content:
+        return message
+    last = {**content[-1], "cache_control": cache}
+    if last.get("type") in ("thinking", "redacted_thinking"):
+        return message
+    return {**message, "content": [*content[:-1], last]}

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import dataclasses
+import email.utils
+import functools
 import os
+import re
 import threading
+import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from stepstone.exceptions import ModelRequestsBlockedError, UserError
+from stepstone.exceptions import ModelAPIError, ModelRequestsBlockedError, UserError
 from stepstone.providers._types import ModelRequest, ModelResponse, NativeTool
 
 __all__ = [
@@ -66,16 +73,36 @@ def check_requests_allowed(provider: str, base_url: str | None) -> None:
 
 
 class RetryInfo:
-    """Whether an error is transient, and how long the server asked us to wait."""
+    """What a provider error is, whether it is transient, and how long to wait.
 
-    __slots__ = ("retry_after", "retryable")
+    Attributes:
+        retryable: Whether trying again can succeed.
+        retry_after: Seconds the server asked to wait (None: it did not say).
+        kind: ``"rate_limit"``, ``"overloaded"``, ``"server"``, ``"connection"``,
+            ``"timeout"``, ``"incomplete_stream"``, ``"bad_request"``, ``"auth"``,
+            ``"not_found"`` or ``"other"``.
+        status: The HTTP status, when there was one.
+    """
 
-    def __init__(self, retryable: bool, retry_after: float | None = None) -> None:
+    __slots__ = ("kind", "retry_after", "retryable", "status")
+
+    def __init__(
+        self,
+        retryable: bool,
+        retry_after: float | None = None,
+        kind: str = "other",
+        status: int | None = None,
+    ) -> None:
         self.retryable = retryable
         self.retry_after = retry_after
+        self.kind = kind
+        self.status = status
 
     def __repr__(self) -> str:
-        return f"RetryInfo(retryable={self.retryable}, retry_after={self.retry_after})"
+        return (
+            f"RetryInfo(retryable={self.retryable}, retry_after={self.retry_after}, "
+            f"kind={self.kind!r}, status={self.status})"
+        )
 
 
 class Provider(abc.ABC):
@@ -93,6 +120,9 @@ class Provider(abc.ABC):
     """
 
     name: str = "provider"
+    #: Whether the adapter hands ``ModelRequest.timeout`` to its SDK (the engine then only
+    #: keeps a loose backstop deadline of its own).
+    sdk_timeout: ClassVar[bool] = False
     tiers: ClassVar[dict[str, str]] = {}
     native_tools_supported: ClassVar[frozenset[NativeTool]] = frozenset()
     model: str | None = None
@@ -109,8 +139,15 @@ class Provider(abc.ABC):
 
     def retry_info(self, exc: BaseException) -> RetryInfo:
         """Classify ``exc``: transient (429, 5xx, network, timeout) or not."""
-        if isinstance(exc, TimeoutError | ConnectionError):
-            return RetryInfo(True)
+        if isinstance(exc, TimeoutError):
+            return RetryInfo(True, kind="timeout")
+        if isinstance(exc, ConnectionError):
+            return RetryInfo(True, kind="connection")
+        info = getattr(exc, "retry_info", None)
+        if isinstance(info, RetryInfo):  # IncompleteStream and other adapter-raised errors
+            return info
+        if isinstance(exc, ModelAPIError):  # raised by a custom provider: it says itself
+            return RetryInfo(exc.retryable, exc.retry_after, exc.kind, exc.status)
         return RetryInfo(False)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
@@ -125,18 +162,46 @@ class Provider(abc.ABC):
         return {"provider": self.name, "base_url": self.base_url}
 
 
+@functools.lru_cache(maxsize=1)
+def shared_ssl_context() -> Any:
+    """One TLS context for every SDK client of the process.
+
+    Each sync ``agent(...)`` call runs on a fresh event loop and so builds a fresh SDK
+    client; building a TLS context (loading the CA bundle) is most of that cost, and a
+    context is safe to share between threads and loops.
+    """
+    import httpx2
+
+    return httpx2.create_ssl_context()
+
+
+@dataclasses.dataclass(eq=False)
+class _LoopClient:
+    """One event loop's SDK client and the requests it is serving."""
+
+    client: Any
+    guard: AsyncGenerator[None, None] | None = None
+    active: int = 0
+    closing: bool = False
+    closed: bool = False
+
+
 class SDKClientMixin:
-    """One SDK client per event loop, closed when that loop shuts down.
+    """One SDK client per event loop, never closed under a live request.
 
     An async HTTP pool cannot outlive the loop it was opened on, and each sync
-    ``agent(...)`` call runs on a fresh loop. Each client is tied to a small async generator
-    whose ``finally`` closes it: ``asyncio.run`` (and ``asyncio.Runner``) close live async
-    generators before closing the loop, so the pool's sockets are released there even when
-    nobody calls :meth:`aclose`.
+    ``agent(...)`` call runs on a fresh loop, so several threads calling one agent each get
+    their own client (a lock-guarded map from loop to client, never one shared slot). Each
+    client is tied to a small async generator whose ``finally`` closes it: ``asyncio.run``
+    (and ``asyncio.Runner``) close live async generators before closing the loop, so the
+    pool's sockets are released there even when nobody calls :meth:`aclose`. An
+    :meth:`aclose` while requests are in flight on that loop defers the close to the last
+    of them.
     """
 
     name: str
     base_url: str | None
+    sdk_timeout: ClassVar[bool] = True
     api_key: str | None = None
     max_tokens: int | None = None
     strict_native_tools: bool = False
@@ -145,9 +210,6 @@ class SDKClientMixin:
     #: Environment variable that overrides the endpoint, and the provider's own endpoint.
     base_url_env: ClassVar[str] = ""
     default_base_url: ClassVar[str] = ""
-    _client: Any = None
-    _client_loop: asyncio.AbstractEventLoop | None = None
-    _client_guard: AsyncGenerator[None, None] | None = None
 
     def _configure(
         self,
@@ -162,6 +224,10 @@ class SDKClientMixin:
         self.base_url = base_url or os.environ.get(self.base_url_env) or self.default_base_url
         self.max_tokens = max_tokens
         self.strict_native_tools = strict_native_tools
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._clients_lock = threading.Lock()
 
     def _resolve_api_key(self) -> str:
         """The key given, else the first of ``api_key_envs`` that is set."""
@@ -175,10 +241,18 @@ class SDKClientMixin:
             )
         return key
 
-    async def _get_client(self) -> Any:
-        """This loop's SDK client, once real requests are known to be allowed."""
+    @contextlib.asynccontextmanager
+    async def _use_client(self) -> AsyncIterator[Any]:
+        """This loop's SDK client for one request (or one whole stream)."""
         check_requests_allowed(self.name, self.base_url)
-        return await self._loop_client()
+        entry = await self._loop_entry()
+        entry.active += 1
+        try:
+            yield entry.client
+        finally:
+            entry.active -= 1
+            if entry.closing and entry.active == 0:
+                await self._finish(entry)
 
     def _build_client(self) -> Any:
         raise NotImplementedError
@@ -186,50 +260,170 @@ class SDKClientMixin:
     async def _close_client(self, client: Any) -> None:
         await client.close()
 
-    async def _guard(self, client: Any) -> AsyncGenerator[None, None]:
+    async def _guard(
+        self, loop: asyncio.AbstractEventLoop, entry: _LoopClient
+    ) -> AsyncGenerator[None, None]:
         try:
             yield
         finally:
-            await self._close_client(client)
+            entry.closed = True
+            with self._clients_lock:  # a closed loop's entry must not pin it in the map
+                if self._clients.get(loop) is entry:
+                    del self._clients[loop]
+            await self._close_client(entry.client)
 
-    async def _loop_client(self) -> Any:
+    async def _loop_entry(self) -> _LoopClient:
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            client = self._build_client()
-            guard = self._guard(client)
-            await anext(guard)  # registers the generator with this loop's shutdown hooks
-            self._client, self._client_loop, self._client_guard = client, loop, guard
-        return self._client
+        with self._clients_lock:
+            entry = self._clients.get(loop)
+            if entry is not None and not entry.closing:
+                return entry
+            entry = _LoopClient(self._build_client())
+            self._clients[loop] = entry
+        # Only this loop's tasks see ``entry``; the generator's first step does not suspend.
+        entry.guard = self._guard(loop, entry)
+        await anext(entry.guard)  # registers the generator with this loop's shutdown hooks
+        return entry
 
-    async def aclose(self) -> None:
-        """Close the SDK client of the running loop (its connection pool)."""
-        guard, loop = self._client_guard, self._client_loop
-        self._client = self._client_loop = self._client_guard = None
-        if guard is not None and loop is asyncio.get_running_loop():
+    async def _finish(self, entry: _LoopClient) -> None:
+        guard, entry.guard = entry.guard, None
+        if guard is not None and not entry.closed:
             await guard.aclose()
 
+    async def aclose(self) -> None:
+        """Close the SDK client of the running loop (after its in-flight requests end)."""
+        loop = asyncio.get_running_loop()
+        with self._clients_lock:
+            entry = self._clients.pop(loop, None)
+        if entry is None:
+            return
+        entry.closing = True
+        if entry.active == 0:
+            await self._finish(entry)
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``retry-after`` / ``retry-after-ms`` header value (None if absent)."""
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a ``retry-after`` value: a number of seconds or an HTTP date."""
     if value is None:
         return None
+    value = value.strip()
     try:
         seconds = float(value)
     except ValueError:
-        return None
+        parsed = email.utils.parsedate_tz(value)
+        if parsed is None:
+            return None
+        seconds = email.utils.mktime_tz(parsed) - (time.time() if now is None else now)
     return max(0.0, seconds)
 
 
 def retry_after_from_headers(headers: Any) -> float | None:
-    """Read ``retry-after-ms`` or ``retry-after`` (seconds) from response headers."""
+    """``retry-after-ms`` (milliseconds), else ``retry-after`` (seconds or HTTP date)."""
     if headers is None:
         return None
-    ms = parse_retry_after(headers.get("retry-after-ms"))
-    if ms is not None:
-        return ms / 1000.0
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
     return parse_retry_after(headers.get("retry-after"))
+
+
+def should_retry_header(headers: Any) -> bool | None:
+    """The server's explicit ``x-should-retry`` verdict (None when absent)."""
+    value = None if headers is None else headers.get("x-should-retry")
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    return None
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)s\s*$")
+
+
+def retry_delay_from_body(body: Any) -> float | None:
+    """Google's ``RetryInfo.retryDelay`` (``"1.5s"``) from an error body's ``details``."""
+    error = body.get("error", body) if isinstance(body, dict) else None
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details if isinstance(details, list) else []:
+        if not isinstance(detail, dict) or not str(detail.get("@type", "")).endswith(
+            "google.rpc.RetryInfo"
+        ):
+            continue
+        m = _DURATION.match(str(detail.get("retryDelay", "")))
+        if m:
+            return float(m.group(1))
+    return None
 
 
 def status_retryable(status: int | None) -> bool:
     """429, 408, 409 (lock timeouts) and every 5xx are worth retrying."""
     return status is not None and (status in (408, 409, 429) or status >= 500)
+
+
+def status_kind(status: int | None) -> str:
+    """The error kind an HTTP status means."""
+    if status is None:
+        return "other"
+    if status == 429:
+        return "rate_limit"
+    if status == 529:
+        return "overloaded"
+    if status in (408, 504):
+        return "timeout"
+    if status >= 500:
+        return "server"
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "not_found"
+    return "bad_request"
+
+
+#: Error kinds that are transient whatever the status says.
+RETRYABLE_KINDS = frozenset(
+    {"rate_limit", "overloaded", "server", "connection", "timeout", "incomplete_stream"}
+)
+
+
+def classify(
+    *, status: int | None, error_type: str | None, table: dict[str, str], headers: Any = None
+) -> RetryInfo:
+    """One adapter's verdict: the error type from its table wins over the status (stream
+    error events arrive with status 200); ``x-should-retry`` wins over both."""
+    kind = table.get(error_type or "") or status_kind(status)
+    if status == 200 and kind == "bad_request":
+        kind = "other"
+    retryable = kind in RETRYABLE_KINDS or (kind != "other" and status_retryable(status))
+    verdict = should_retry_header(headers)
+    if verdict is not None:
+        retryable = verdict
+    return RetryInfo(retryable, retry_after_from_headers(headers), kind, status)
+
+
+_TRANSPORT_TIMEOUTS = frozenset(
+    {"TimeoutException", "ReadTimeout", "ConnectTimeout", "PoolTimeout"}
+)
+_TRANSPORT_ERRORS = frozenset(
+    {"TransportError", "NetworkError", "ConnectError", "ReadError", "RemoteProtocolError"}
+)
+
+
+def transport_info(exc: BaseException) -> RetryInfo | None:
+    """Raw HTTP-transport errors an SDK lets through (a reset mid-stream): transient."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _TRANSPORT_TIMEOUTS:
+        return RetryInfo(True, kind="timeout")
+    if names & _TRANSPORT_ERRORS:
+        return RetryInfo(True, kind="connection")
+    return None
+
+
+class IncompleteStream(Exception):
+    """An adapter saw a stream end without its terminal event (classified retryable)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.retry_info = RetryInfo(True, kind="incomplete_stream")

@@ -14,13 +14,17 @@ from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
+    IncompleteStream,
     Provider,
     RetryInfo,
     SDKClientMixin,
     StreamItem,
-    retry_after_from_headers,
-    status_retryable,
+    classify,
+    retry_delay_from_body,
+    shared_ssl_context,
+    transport_info,
 )
+from stepstone.providers._schema import object_root
 from stepstone.providers._types import (
     Message,
     ModelRequest,
@@ -37,7 +41,71 @@ _NATIVE: dict[NativeTool, dict[str, Any]] = {
     NativeTool.WEB_FETCH: {"url_context": {}},
     NativeTool.CODE_EXECUTION: {"code_execution": {}},
 }
-_TRANSPORT_ERRORS = ("TransportError", "TimeoutException", "NetworkError", "ConnectError")
+
+#: Gemini finish reasons -> the normalised ones (``ModelResponse.stop_reason``).
+STOP_REASONS: dict[str, str] = {
+    "STOP": "stop",
+    "MAX_TOKENS": "length",
+    "SAFETY": "content_filter",
+    "RECITATION": "content_filter",
+    "BLOCKLIST": "content_filter",
+    "PROHIBITED_CONTENT": "content_filter",
+    "SPII": "content_filter",
+    "IMAGE_SAFETY": "content_filter",
+    "IMAGE_PROHIBITED_CONTENT": "content_filter",
+    "MODEL_ARMOR": "content_filter",
+    "MALFORMED_FUNCTION_CALL": "malformed_tool_call",
+    "UNEXPECTED_TOOL_CALL": "malformed_tool_call",
+}
+
+#: Google RPC statuses (the error body's ``status``) -> error kinds.
+ERROR_KINDS: dict[str, str] = {
+    "RESOURCE_EXHAUSTED": "rate_limit",
+    "UNAVAILABLE": "overloaded",
+    "INTERNAL": "server",
+    "DEADLINE_EXCEEDED": "timeout",
+    "INVALID_ARGUMENT": "bad_request",
+    "FAILED_PRECONDITION": "bad_request",
+    "PERMISSION_DENIED": "auth",
+    "UNAUTHENTICATED": "auth",
+    "NOT_FOUND": "not_found",
+}
+
+#: Our efforts -> Gemini's ``thinking_level``.
+_LEVELS = {"minimal": "MINIMAL", "low": "LOW", "medium": "MEDIUM", "high": "HIGH"}
+
+
+def _raw_stop(value: Any) -> str | None:
+    """``FinishReason.STOP`` -> ``"STOP"``."""
+    if value is None:
+        return None
+    return str(getattr(value, "value", value))
+
+
+def _normal_stop(raw: str | None, has_calls: bool) -> str | None:
+    if raw is None:
+        return None
+    if raw == "STOP" and has_calls:
+        return "tool_calls"
+    return STOP_REASONS.get(raw, "other")
+
+
+def mixes_schema_and_tools(model: str) -> bool:
+    """Whether ``model`` takes a response JSON schema together with function tools."""
+    return not model.startswith(("gemini-1", "gemini-2"))
+
+
+#: The function that carries a structured answer on models that cannot combine a response
+#: schema with function tools.
+OUTPUT_TOOL = "final_result"
+
+
+def _uses_output_tool(request: ModelRequest) -> bool:
+    return (
+        request.output_schema is not None
+        and bool(request.tools)
+        and not mixes_schema_and_tools(request.model)
+    )
 
 
 def _import_genai() -> Any:
@@ -90,7 +158,11 @@ class GoogleProvider(SDKClientMixin, Provider):
         types = self._genai.types
         # One attempt: the engine owns retries and deadlines.
         options = types.HttpOptions(
-            base_url=self.base_url, retry_options=types.HttpRetryOptions(attempts=1)
+            base_url=self.base_url,
+            retry_options=types.HttpRetryOptions(attempts=1),
+            client_args={"verify": shared_ssl_context()},
+            # "ssl" is the websocket / aiohttp spelling; the SDK drops it for httpx.
+            async_client_args={"verify": shared_ssl_context(), "ssl": shared_ssl_context()},
         )
         return self._genai.Client(api_key=api_key, http_options=options)
 
@@ -135,23 +207,37 @@ class GoogleProvider(SDKClientMixin, Provider):
 
     def _config(self, request: ModelRequest) -> dict[str, Any]:
         config: dict[str, Any] = {"automatic_function_calling": {"disable": True}}
-        if request.system:
-            config["system_instruction"] = request.system
+        if request.timeout is not None:
+            config["http_options"] = {"timeout": max(1, int(request.timeout * 1000))}
+        output_tool = _uses_output_tool(request)
+        schema_natively = request.output_schema is not None and not output_tool
+        system = request.system or ""
+        if system:
+            config["system_instruction"] = system
         tools: list[dict[str, Any]] = []
         if request.tools:
-            tools.append(
+            declarations = [
                 {
-                    "function_declarations": [
-                        {
-                            "name": t.name,
-                            "description": t.description,
-                            "parameters_json_schema": t.parameters,
-                        }
-                        for t in request.tools
-                    ]
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters_json_schema": t.parameters,
                 }
-            )
-            mode = "ANY" if request.tool_choice == "required" else "AUTO"
+                for t in request.tools
+            ]
+            if output_tool and request.output_schema is not None:
+                # Older Gemini models reject a response schema next to function tools: the
+                # answer is given as the arguments of one more function, which must be
+                # called (mode ANY) to finish.
+                declarations.append(
+                    {
+                        "name": OUTPUT_TOOL,
+                        "description": "Give your final answer: its arguments are the answer. "
+                        "Call it once you have the answer, instead of replying with text.",
+                        "parameters_json_schema": object_root(request.output_schema)[0],
+                    }
+                )
+            tools.append({"function_declarations": declarations})
+            mode = "ANY" if request.tool_choice == "required" or output_tool else "AUTO"
             config["tool_config"] = {"function_calling_config": {"mode": mode}}
         for native in request.native_tools:
             spec = _NATIVE.get(native)
@@ -173,8 +259,10 @@ class GoogleProvider(SDKClientMixin, Provider):
             thinking: dict[str, Any] = {"include_thoughts": request.thinking.display != "omitted"}
             if request.thinking.budget_tokens is not None:
                 thinking["thinking_budget"] = request.thinking.budget_tokens
+            elif request.thinking.effort is not None:
+                thinking["thinking_level"] = _LEVELS[request.thinking.effort]
             config["thinking_config"] = thinking
-        if request.output_schema is not None:
+        if schema_natively:
             config["response_mime_type"] = "application/json"
             config["response_json_schema"] = request.output_schema
         return config
@@ -198,6 +286,7 @@ class GoogleProvider(SDKClientMixin, Provider):
             + int(data.get("thoughts_token_count") or 0),
             cache_read_tokens=int(data.get("cached_content_token_count") or 0),
             reasoning_tokens=int(data.get("thoughts_token_count") or 0),
+            requests=1,
         )
 
     @staticmethod
@@ -207,7 +296,13 @@ class GoogleProvider(SDKClientMixin, Provider):
             return [], None
         candidate = candidates[0]
         content = candidate.get("content") or {}
-        return list(content.get("parts") or []), candidate.get("finish_reason")
+        return list(content.get("parts") or []), _raw_stop(candidate.get("finish_reason"))
+
+    @staticmethod
+    def _blocked(data: dict[str, Any]) -> str | None:
+        """The block reason of a prompt refused before any candidate (``prompt_feedback``)."""
+        feedback = data.get("prompt_feedback") or {}
+        return _raw_stop(feedback.get("block_reason"))
 
     @staticmethod
     def _read_parts(parts: list[dict[str, Any]]) -> tuple[str, str, list[ToolCall]]:
@@ -243,33 +338,69 @@ class GoogleProvider(SDKClientMixin, Provider):
         return data
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        client = await self._get_client()
-        response = await client.aio.models.generate_content(**self._call_args(request))
+        async with self._use_client() as client:
+            response = await client.aio.models.generate_content(**self._call_args(request))
         data = self._dump(response)
         parts, finish = self._parts(data)
+        blocked = self._blocked(data)
+        return self._response(
+            request,
+            parts,
+            finish,
+            blocked,
+            self._usage(data.get("usage_metadata")),
+            data.get("model_version"),
+        )
+
+    def _response(
+        self,
+        request: ModelRequest,
+        parts: list[dict[str, Any]],
+        finish: str | None,
+        blocked: str | None,
+        usage: Usage,
+        model: str | None,
+    ) -> ModelResponse:
         text, thoughts, calls = self._read_parts(parts)
+        answer = next((c for c in calls if c.name == OUTPUT_TOOL), None)
+        if answer is not None and _uses_output_tool(request):
+            # The answer came as the output function's arguments: hand it on as text, and
+            # replay it as text (the call has no function response to pair with).
+            args = answer.arguments
+            if request.output_schema is not None and request.output_schema.get("type") != "object":
+                args = args.get("result", args)
+            text = json.dumps(args) if answer.raw_arguments is None else answer.raw_arguments
+            calls = []
+            parts = [{"text": text}]
         return ModelResponse(
             text=text,
             tool_calls=calls,
-            usage=self._usage(data.get("usage_metadata")),
-            stop_reason=str(finish) if finish is not None else None,
-            model=data.get("model_version"),
+            usage=usage,
+            stop_reason="content_filter" if blocked else _normal_stop(finish, bool(calls)),
+            raw_stop_reason=f"prompt_blocked:{blocked}" if blocked else finish,
+            model=model,
             thinking=thoughts,
             raw=parts,
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        client = await self._get_client()
+        async with self._use_client() as client:
+            async for item in self._stream(client, request):
+                yield item
+
+    async def _stream(self, client: Any, request: ModelRequest) -> AsyncIterator[StreamItem]:
         stream = await client.aio.models.generate_content_stream(**self._call_args(request))
         all_parts: list[dict[str, Any]] = []
         usage = Usage()
         finish: str | None = None
+        blocked: str | None = None
         model: str | None = None
         try:
             async for chunk in stream:
                 data = self._dump(chunk)
                 parts, chunk_finish = self._parts(data)
                 finish = chunk_finish or finish
+                blocked = self._blocked(data) or blocked
                 model = data.get("model_version") or model
                 if data.get("usage_metadata"):
                     usage = self._usage(data["usage_metadata"])
@@ -289,23 +420,23 @@ class GoogleProvider(SDKClientMixin, Provider):
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
-        text, thoughts, calls = self._read_parts(all_parts)
-        yield ModelResponse(
-            text=text,
-            tool_calls=calls,
-            usage=usage,
-            stop_reason=str(finish) if finish is not None else None,
-            model=model,
-            thinking=thoughts,
-            raw=all_parts,
-        )
+        if finish is None and blocked is None:
+            raise IncompleteStream(
+                f"google stream for {request.model!r} ended without a finishReason; the "
+                "partial answer was dropped"
+            )
+        yield self._response(request, all_parts, finish, blocked, usage, model)
 
     def retry_info(self, exc: BaseException) -> RetryInfo:
-        """429 / 408 / 5xx (honouring ``retry-after``) and transport errors retry."""
+        """Classified by :data:`ERROR_KINDS` (the RPC status), then the HTTP code; the
+        wait is ``retry-after`` or the body's ``RetryInfo.retryDelay``."""
         errors = self._genai.errors
         if isinstance(exc, errors.APIError):
             headers = getattr(getattr(exc, "response", None), "headers", None)
-            return RetryInfo(status_retryable(exc.code), retry_after_from_headers(headers))
-        if any(cls.__name__ in _TRANSPORT_ERRORS for cls in type(exc).__mro__):
-            return RetryInfo(True)
-        return super().retry_info(exc)
+            info = classify(
+                status=exc.code, error_type=exc.status, table=ERROR_KINDS, headers=headers
+            )
+            if info.retry_after is None:
+                info.retry_after = retry_delay_from_body(exc.details)
+            return info
+        return transport_info(exc) or super().retry_info(exc)

@@ -14,13 +14,16 @@ from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
+    IncompleteStream,
     Provider,
     RetryInfo,
     SDKClientMixin,
     StreamItem,
-    retry_after_from_headers,
-    status_retryable,
+    classify,
+    shared_ssl_context,
+    transport_info,
 )
+from stepstone.providers._schema import object_root, strict_schema, unwrap_result
 from stepstone.providers._types import (
     Message,
     ModelRequest,
@@ -33,6 +36,50 @@ from stepstone.providers._types import (
 __all__ = ["OpenAIProvider"]
 
 log = logging.getLogger("stepstone")
+
+
+#: Chat Completions finish reasons -> the normalised ones (``ModelResponse.stop_reason``).
+STOP_REASONS: dict[str, str] = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "content_filter",
+}
+
+#: OpenAI error types and codes (HTTP bodies and mid-stream ``{"error": ...}``) -> kinds.
+ERROR_KINDS: dict[str, str] = {
+    "server_error": "server",
+    "internal_error": "server",
+    "service_unavailable": "overloaded",
+    "overloaded": "overloaded",
+    "overloaded_error": "overloaded",
+    "rate_limit_exceeded": "rate_limit",
+    "rate_limit_error": "rate_limit",
+    "requests": "rate_limit",
+    "tokens": "rate_limit",
+    "insufficient_quota": "auth",
+    "invalid_request_error": "bad_request",
+    "invalid_api_key": "auth",
+    "authentication_error": "auth",
+    "permission_error": "auth",
+    "not_found_error": "not_found",
+    "model_not_found": "not_found",
+    "timeout": "timeout",
+}
+
+
+def _normal_stop(raw: str | None, refusal: str) -> str | None:
+    if refusal:
+        return "refusal"
+    return None if raw is None else STOP_REASONS.get(raw, "other")
+
+
+def _answer(text: str, request: ModelRequest) -> str:
+    """The final text, unwrapped when a non-object output was wrapped in ``result``."""
+    if request.output_schema is None or not object_root(request.output_schema)[1]:
+        return text
+    return unwrap_result(text)
 
 
 def _import_openai() -> Any:
@@ -106,9 +153,14 @@ class OpenAIProvider(SDKClientMixin, Provider):
 
     def _build_client(self) -> Any:
         api_key = self._resolve_api_key()
+        options = dict(self._client_options)
+        if "http_client" not in options:
+            options["http_client"] = self._openai.DefaultAsyncHttpxClient(
+                verify=shared_ssl_context()
+            )
         # The engine owns retries and deadlines, so the SDK's own are turned off.
         return self._openai.AsyncOpenAI(
-            api_key=api_key, base_url=self.base_url, max_retries=0, **self._client_options
+            api_key=api_key, base_url=self.base_url, max_retries=0, **options
         )
 
     # -- request ---------------------------------------------------------------------------
@@ -149,6 +201,8 @@ class OpenAIProvider(SDKClientMixin, Provider):
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         params: dict[str, Any] = {"model": request.model, "messages": self._messages(request)}
+        if request.timeout is not None:
+            params["timeout"] = request.timeout
         if request.tools:
             params["tools"] = [
                 {
@@ -170,12 +224,15 @@ class OpenAIProvider(SDKClientMixin, Provider):
         if request.thinking is not None:
             params["reasoning_effort"] = request.thinking.effort or "medium"
         if request.output_schema is not None:
+            # The API wants an object at the root: a list or a scalar answer is wrapped.
+            schema, _ = object_root(request.output_schema)
+            strict = strict_schema(schema)
             params["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {
                     "name": (request.output_name or "output")[:64],
-                    "schema": request.output_schema,
-                    "strict": False,
+                    "schema": strict if strict is not None else schema,
+                    "strict": strict is not None,
                 },
             }
         for tool in request.native_tools:
@@ -206,9 +263,10 @@ class OpenAIProvider(SDKClientMixin, Provider):
             output_tokens=int(data.get("completion_tokens") or 0),
             cache_read_tokens=int(prompt_details.get("cached_tokens") or 0),
             reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+            requests=1,
         )
 
-    def _response(self, data: dict[str, Any]) -> ModelResponse:
+    def _response(self, data: dict[str, Any], request: ModelRequest) -> ModelResponse:
         choices = data.get("choices") or []
         if not choices:
             raise ValueError(f"{self.name} returned a completion without choices: {data!r:.300}")
@@ -226,29 +284,37 @@ class OpenAIProvider(SDKClientMixin, Provider):
                     raw_arguments=raw,
                 )
             )
+        refusal = message.get("refusal") or ""
         return ModelResponse(
-            text=message.get("content") or "",
+            text=_answer(message.get("content") or "", request),
             tool_calls=calls,
             usage=self._usage(data.get("usage")),
-            stop_reason=choice.get("finish_reason"),
+            stop_reason=_normal_stop(choice.get("finish_reason"), refusal),
+            raw_stop_reason=choice.get("finish_reason"),
+            refusal=refusal,
             model=data.get("model"),
             thinking=message.get("reasoning_content") or "",
         )
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        client = await self._get_client()
-        completion = await client.chat.completions.create(**self._params(request))
+        async with self._use_client() as client:
+            completion = await client.chat.completions.create(**self._params(request))
         if isinstance(completion, str):
             raise ValueError(f"{self.name} returned a non-JSON body: {completion[:200]!r}")
-        return self._response(completion.model_dump(warnings=False))
+        return self._response(completion.model_dump(warnings=False), request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        client = await self._get_client()
+        async with self._use_client() as client:
+            async for item in self._stream(client, request):
+                yield item
+
+    async def _stream(self, client: Any, request: ModelRequest) -> AsyncIterator[StreamItem]:
         stream = await client.chat.completions.create(
             **self._params(request), stream=True, stream_options={"include_usage": True}
         )
         text: list[str] = []
         thinking: list[str] = []
+        refusal: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage = Usage()
         finish: str | None = None
@@ -266,6 +332,8 @@ class OpenAIProvider(SDKClientMixin, Provider):
                         piece += delta["content"]
                     if delta.get("reasoning_content"):
                         thinking.append(delta["reasoning_content"])
+                    if delta.get("refusal"):
+                        refusal.append(delta["refusal"])
                     for tc in delta.get("tool_calls") or []:
                         slot = calls.setdefault(
                             int(tc.get("index") or 0), {"id": None, "name": "", "arguments": ""}
@@ -280,6 +348,11 @@ class OpenAIProvider(SDKClientMixin, Provider):
                 yield piece
         finally:
             await stream.close()
+        if finish is None:
+            raise IncompleteStream(
+                f"{self.name} stream for {request.model!r} ended without a finish_reason; "
+                "the partial answer was dropped"
+            )
         tool_calls = []
         for index in sorted(calls):
             slot = calls[index]
@@ -293,10 +366,12 @@ class OpenAIProvider(SDKClientMixin, Provider):
                 )
             )
         yield ModelResponse(
-            text="".join(text),
+            text=_answer("".join(text), request),
             tool_calls=tool_calls,
             usage=usage,
-            stop_reason=finish,
+            stop_reason=_normal_stop(finish, "".join(refusal)),
+            raw_stop_reason=finish,
+            refusal="".join(refusal),
             model=model,
             thinking="".join(thinking),
         )
@@ -306,12 +381,31 @@ class OpenAIProvider(SDKClientMixin, Provider):
         return super().resolve_model(model) if self.name == "openai" else model
 
     def retry_info(self, exc: BaseException) -> RetryInfo:
-        """429 / 408 / 409 / 5xx (honouring ``retry-after``) and connection errors retry."""
+        """Classified by :data:`ERROR_KINDS` (type, then code), then the status; a mid-stream
+        ``{"error": ...}`` has no status and is judged by its type alone."""
         openai = self._openai
-        if isinstance(exc, openai.APIStatusError):
-            return RetryInfo(
-                status_retryable(exc.status_code), retry_after_from_headers(exc.response.headers)
-            )
+        if isinstance(exc, openai.APITimeoutError):
+            return RetryInfo(True, kind="timeout")
         if isinstance(exc, openai.APIConnectionError):
-            return RetryInfo(True)
-        return super().retry_info(exc)
+            return RetryInfo(True, kind="connection")
+        if isinstance(exc, openai.APIError):
+            body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+            nested = body.get("error")
+            error: dict[str, Any] = nested if isinstance(nested, dict) else body
+            error_type = next(
+                (
+                    str(v)
+                    for v in (error.get("type"), error.get("code"))
+                    if v is not None and str(v) in ERROR_KINDS
+                ),
+                None,
+            )
+            status = getattr(exc, "status_code", None)
+            response = getattr(exc, "response", None)
+            return classify(
+                status=status,
+                error_type=error_type,
+                table=ERROR_KINDS,
+                headers=getattr(response, "headers", None),
+            )
+        return transport_info(exc) or super().retry_info(exc)

@@ -20,8 +20,26 @@ __all__ = [
     "ToolCall",
     "ToolDefinition",
     "ToolResult",
+    "STOP_REASONS",
     "Usage",
+    "UsageLimits",
 ]
+
+#: The normalised stop reasons every adapter maps its provider's values to:
+#: ``"stop"`` (a final answer), ``"tool_calls"``, ``"length"`` (cut off at the output cap),
+#: ``"refusal"``, ``"content_filter"`` (a provider's filter or safety block), ``"pause"``
+#: (a server-side tool paused the turn; the engine continues it), ``"malformed_tool_call"``
+#: and ``"other"``.
+STOP_REASONS = (
+    "stop",
+    "tool_calls",
+    "length",
+    "refusal",
+    "content_filter",
+    "pause",
+    "malformed_tool_call",
+    "other",
+)
 
 
 class NativeTool(enum.StrEnum):
@@ -106,16 +124,34 @@ class ToolDefinition:
 
 @dataclasses.dataclass(slots=True, kw_only=True)
 class Usage:
-    """Token counts of one model response (or the sum over a run)."""
+    """Token counts of one model response (or the sum over a run), the same on every provider.
+
+    Attributes:
+        input_tokens: Every input token, cached or not (Anthropic's uncached
+            ``input_tokens`` plus its cache reads and writes).
+        output_tokens: Every output token, reasoning included.
+        cache_read_tokens: Input tokens read from the prompt cache (part of ``input_tokens``).
+        cache_write_tokens: Input tokens written to the prompt cache (part of
+            ``input_tokens``).
+        reasoning_tokens: Output tokens spent on reasoning (part of ``output_tokens``).
+        requests: Model requests that produced these counts.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    requests: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
 
     def add(self, other: Usage) -> None:
         """Add ``other``'s counts to this one."""
+        self.requests += other.requests
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
         self.cache_read_tokens += other.cache_read_tokens
@@ -125,6 +161,36 @@ class Usage:
     def to_dict(self) -> dict[str, int]:
         """A JSON-ready dict of the counts."""
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UsageLimits:
+    """Caps on one run's usage, checked before every model request.
+
+    A run that has reached a cap stops with
+    :class:`~stepstone.exceptions.UsageLimitExceeded` instead of sending the next request.
+    ``None`` means no cap. A cost cap needs the model's price: with an unknown price the
+    run stops before its first request rather than spending without a bound.
+
+    Attributes:
+        max_requests: Model requests per run (retries of one turn count once).
+        max_input_tokens: Input tokens per run (cached ones included).
+        max_output_tokens: Output tokens per run.
+        max_total_tokens: Input plus output tokens per run.
+        max_cost_usd: Estimated cost per run, in USD.
+    """
+
+    max_requests: int | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_cost_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None and value < 0:
+                raise ValueError(f"UsageLimits({field.name}={value!r}): must be >= 0 or None")
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -162,6 +228,7 @@ class ModelRequest:
         output_schema: JSON schema the final answer must match (structured output).
         output_name: A name for that schema (the pydantic model's name).
         turn: The loop turn this request belongs to (0-based).
+        timeout: Seconds the SDK may take for this request (None: the SDK's default).
     """
 
     model: str
@@ -177,16 +244,24 @@ class ModelRequest:
     output_schema: dict[str, Any] | None = None
     output_name: str | None = None
     turn: int = 0
+    timeout: float | None = None
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
 class ModelResponse:
-    """One model reply: text and/or tool calls, usage, and the provider's raw content."""
+    """One model reply: text and/or tool calls, usage, and the provider's raw content.
+
+    ``stop_reason`` is normalised (one of :data:`STOP_REASONS`); ``raw_stop_reason`` keeps
+    the provider's own value. ``refusal`` holds a refusal's explanation when the provider
+    sends it apart from the text (OpenAI's ``message.refusal``).
+    """
 
     text: str = ""
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
     usage: Usage = dataclasses.field(default_factory=Usage)
     stop_reason: str | None = None
+    raw_stop_reason: str | None = None
+    refusal: str = ""
     model: str | None = None
     thinking: str = ""
     raw: Any = None

@@ -55,11 +55,13 @@ class SSE:
         events: ``(event_name_or_None, data)`` pairs; data is JSON-encoded unless a str.
         delay: Seconds between events.
         stall_after: Send this many events, then stay silent with the connection open.
+        reset_after: Send this many events, then reset the TCP connection.
     """
 
     events: list[tuple[str | None, Any]]
     delay: float = 0.0
     stall_after: int | None = None
+    reset_after: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,18 +141,28 @@ class OpenAIDialect(Dialect):
 
     def render(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
         usage = self._usage(reply)
-        usage_json = {
+        usage_json: dict[str, Any] = {
             "prompt_tokens": usage.input_tokens,
             "completion_tokens": usage.output_tokens,
             "total_tokens": usage.input_tokens + usage.output_tokens,
         }
-        finish = "tool_calls" if reply.tool_calls else "stop"
+        if usage.cache_read_tokens:
+            usage_json["prompt_tokens_details"] = {"cached_tokens": usage.cache_read_tokens}
+        if usage.reasoning_tokens:
+            usage_json["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+        outcome = reply.outcome()
+        finish = reply.raw_stop_reason or _OPENAI_FINISH.get(outcome, outcome)
+        refusal = reply.text if outcome == "refusal" else None
         calls = [
             {"id": c.id or f"call_{i}", "name": c.name, "arguments": self._args(c)}
             for i, c in enumerate(reply.tool_calls)
         ]
         if not self.wants_stream(request):
-            message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": None if refusal is not None else reply.text or None,
+                "refusal": refusal,
+            }
             if calls:
                 message["tool_calls"] = [
                     {
@@ -181,7 +193,14 @@ class OpenAIDialect(Dialect):
             }
 
         events: list[tuple[str | None, Any]] = [(None, chunk({"role": "assistant", "content": ""}))]
-        events += [(None, chunk({"content": piece})) for piece in self._chunks(reply)]
+        field = "refusal" if refusal is not None else "content"
+        pieces = [(None, chunk({field: piece})) for piece in self._chunks(reply)]
+        if reply.stream_error is not None:
+            kind = _OPENAI_ERRORS[reply.stream_error]
+            error = {"error": {"message": f"loopback {kind}", "type": kind, "code": None}}
+            events += [*pieces[: reply.error_after], (None, error)]
+            return SSE(events=events, delay=reply.chunk_delay)
+        events += pieces
         for i, c in enumerate(calls):
             head = {
                 "index": i,
@@ -200,6 +219,13 @@ class OpenAIDialect(Dialect):
                             chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]}),
                         )
                     )
+        if reply.truncate:
+            return SSE(
+                events=events,
+                delay=reply.chunk_delay,
+                stall_after=_stall(reply, 1),
+                reset_after=_reset(reply, 1),
+            )
         events.append((None, chunk({}, finish)))
         events.append(
             (
@@ -215,7 +241,12 @@ class OpenAIDialect(Dialect):
             )
         )
         events.append((None, "[DONE]"))
-        return SSE(events=events, delay=reply.chunk_delay, stall_after=_stall(reply, 1))
+        return SSE(
+            events=events,
+            delay=reply.chunk_delay,
+            stall_after=_stall(reply, 1),
+            reset_after=_reset(reply, 1),
+        )
 
     def error(
         self, status: int, message: str = "error", retry_after: float | None = None
@@ -241,7 +272,8 @@ class AnthropicDialect(Dialect):
 
     def render(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
         usage = self._usage(reply)
-        stop = "tool_use" if reply.tool_calls else "end_turn"
+        outcome = reply.outcome()
+        stop = reply.raw_stop_reason or _ANTHROPIC_STOP.get(outcome, outcome)
         blocks: list[dict[str, Any]] = []
         if reply.thinking:
             blocks.append({"type": "thinking", "thinking": reply.thinking, "signature": "sig"})
@@ -257,6 +289,14 @@ class AnthropicDialect(Dialect):
                     "input": tool_input,
                 }
             )
+        usage_json = {
+            "input_tokens": max(
+                0, usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens
+            ),
+            "output_tokens": usage.output_tokens,
+            "cache_read_input_tokens": usage.cache_read_tokens,
+            "cache_creation_input_tokens": usage.cache_write_tokens,
+        }
         message = {
             "id": "msg_loopback",
             "type": "message",
@@ -265,12 +305,12 @@ class AnthropicDialect(Dialect):
             "content": blocks,
             "stop_reason": stop,
             "stop_sequence": None,
-            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+            "usage": usage_json,
         }
         if not self.wants_stream(request):
             return Respond(body=message)
         start = {**message, "content": [], "stop_reason": None}
-        start["usage"] = {"input_tokens": usage.input_tokens, "output_tokens": 1}
+        start["usage"] = {**usage_json, "output_tokens": 1}
         events: list[tuple[str | None, Any]] = [
             ("message_start", {"type": "message_start", "message": start}),
             ("ping", {"type": "ping"}),
@@ -316,7 +356,9 @@ class AnthropicDialect(Dialect):
                     },
                 )
             )
-            for piece in self._chunks(reply):
+            for n, piece in enumerate(self._chunks(reply)):
+                if reply.stream_error is not None and n >= reply.error_after:
+                    break
                 events.append(
                     (
                         "content_block_delta",
@@ -327,6 +369,8 @@ class AnthropicDialect(Dialect):
                         },
                     )
                 )
+            if reply.stream_error is not None:
+                return SSE(events=[*events, _anthropic_error(reply.stream_error)])
             events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
             index += 1
         for i, c in enumerate(reply.tool_calls):
@@ -371,8 +415,16 @@ class AnthropicDialect(Dialect):
                 },
             )
         )
-        events.append(("message_stop", {"type": "message_stop"}))
-        return SSE(events=events, delay=reply.chunk_delay, stall_after=_stall(reply, 3))
+        if reply.stream_error is not None:
+            events.append(_anthropic_error(reply.stream_error))
+        elif not reply.truncate:
+            events.append(("message_stop", {"type": "message_stop"}))
+        return SSE(
+            events=events,
+            delay=reply.chunk_delay,
+            stall_after=_stall(reply, 3),
+            reset_after=_reset(reply, 3),
+        )
 
     def error(
         self, status: int, message: str = "error", retry_after: float | None = None
@@ -402,9 +454,15 @@ class GoogleDialect(Dialect):
         usage = self._usage(reply)
         usage_json = {
             "promptTokenCount": usage.input_tokens,
-            "candidatesTokenCount": usage.output_tokens,
+            "candidatesTokenCount": usage.output_tokens - usage.reasoning_tokens,
             "totalTokenCount": usage.input_tokens + usage.output_tokens,
         }
+        if usage.cache_read_tokens:
+            usage_json["cachedContentTokenCount"] = usage.cache_read_tokens
+        if usage.reasoning_tokens:
+            usage_json["thoughtsTokenCount"] = usage.reasoning_tokens
+        outcome = reply.outcome()
+        finish = reply.raw_stop_reason or _GOOGLE_FINISH.get(outcome, outcome)
 
         def calls_parts() -> list[dict[str, Any]]:
             parts = []
@@ -428,28 +486,96 @@ class GoogleDialect(Dialect):
 
         if not self.wants_stream(request):
             parts = ([{"text": reply.text}] if reply.text else []) + calls_parts()
-            return Respond(body=response(parts, "STOP", True))
+            return Respond(body=response(parts, finish, True))
         events: list[tuple[str | None, Any]] = [
             (None, response([{"text": piece}], None, False)) for piece in self._chunks(reply)
         ]
-        events.append((None, response(calls_parts(), "STOP", True)))
-        return SSE(events=events, delay=reply.chunk_delay, stall_after=_stall(reply, 0))
+        if reply.stream_error is not None:
+            status, code = _GOOGLE_ERRORS[reply.stream_error]
+            error = {"error": {"code": status, "message": f"loopback {code}", "status": code}}
+            return SSE(events=[*events[: reply.error_after], (None, error)])
+        events.append((None, response(calls_parts(), None if reply.truncate else finish, True)))
+        return SSE(
+            events=events,
+            delay=reply.chunk_delay,
+            stall_after=_stall(reply, 0),
+            reset_after=_reset(reply, 0),
+        )
 
     def error(
         self, status: int, message: str = "error", retry_after: float | None = None
     ) -> Respond:
-        code = {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}.get(
-            status, "UNKNOWN"
-        )
-        return Respond(
-            status=status,
-            body={"error": {"code": status, "message": message, "status": code}},
-            headers=_retry_headers(retry_after),
-        )
+        code = {
+            400: "INVALID_ARGUMENT",
+            401: "UNAUTHENTICATED",
+            403: "PERMISSION_DENIED",
+            404: "NOT_FOUND",
+            429: "RESOURCE_EXHAUSTED",
+            500: "INTERNAL",
+            503: "UNAVAILABLE",
+            504: "DEADLINE_EXCEEDED",
+        }.get(status, "UNKNOWN")
+        error: dict[str, Any] = {"code": status, "message": message, "status": code}
+        if retry_after is not None:
+            # Gemini says how long to wait in the body (google.rpc.RetryInfo), not a header.
+            error["details"] = [
+                {
+                    "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                    "retryDelay": f"{retry_after:g}s",
+                }
+            ]
+        return Respond(status=status, body={"error": error})
 
     def malformed(self) -> Respond:
         return Respond(status=200, body=b'{"candidates": [{"content": {"parts": [{"te')
 
 
+_OPENAI_FINISH = {"refusal": "stop", "pause": "stop", "malformed_tool_call": "stop"}
+_OPENAI_ERRORS = {
+    "overloaded": "server_error",
+    "server": "server_error",
+    "rate_limit": "rate_limit_exceeded",
+    "bad_request": "invalid_request_error",
+}
+_ANTHROPIC_STOP = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "length": "max_tokens",
+    "content_filter": "refusal",
+    "pause": "pause_turn",
+    "malformed_tool_call": "end_turn",
+}
+_ANTHROPIC_ERRORS = {
+    "overloaded": "overloaded_error",
+    "server": "api_error",
+    "rate_limit": "rate_limit_error",
+    "bad_request": "invalid_request_error",
+}
+_GOOGLE_FINISH = {
+    "stop": "STOP",
+    "tool_calls": "STOP",
+    "length": "MAX_TOKENS",
+    "refusal": "SAFETY",
+    "content_filter": "SAFETY",
+    "pause": "STOP",
+    "malformed_tool_call": "MALFORMED_FUNCTION_CALL",
+}
+_GOOGLE_ERRORS = {
+    "overloaded": (503, "UNAVAILABLE"),
+    "server": (500, "INTERNAL"),
+    "rate_limit": (429, "RESOURCE_EXHAUSTED"),
+    "bad_request": (400, "INVALID_ARGUMENT"),
+}
+
+
+def _anthropic_error(kind: str) -> tuple[str, Any]:
+    error_type = _ANTHROPIC_ERRORS[kind]
+    return ("error", {"type": "error", "error": {"type": error_type, "message": kind}})
+
+
 def _stall(reply: Reply, preamble: int) -> int | None:
     return None if reply.stall_after is None else preamble + reply.stall_after
+
+
+def _reset(reply: Reply, preamble: int) -> int | None:
+    return None if reply.reset_after is None else preamble + reply.reset_after

@@ -260,6 +260,9 @@ class LoopbackServer:
         )
         await writer.drain()
         for i, (event, data) in enumerate(action.events):
+            if action.reset_after is not None and i >= action.reset_after:
+                await self._perform(Reset(), writer)
+                return False
             if action.stall_after is not None and i >= action.stall_after:
                 await asyncio.Event().wait()
             if i and action.delay:

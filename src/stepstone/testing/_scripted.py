@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stepstone.providers._base import Provider, RetryInfo, StreamItem
+from stepstone.providers._base import IncompleteStream, Provider, RetryInfo, StreamItem
 from stepstone.providers._types import ModelRequest, ModelResponse, ToolCall, Usage
 
 __all__ = [
@@ -54,6 +54,20 @@ class Reply:
             (tests ``stream_idle_timeout``).
         usage: Token counts to report (default: a word count estimate).
         thinking: Reasoning text to report.
+        stop_reason: The outcome, normalised (``"refusal"``, ``"content_filter"``,
+            ``"length"``, ``"pause"``, ``"malformed_tool_call"``...; default ``"stop"`` or
+            ``"tool_calls"``). Loopback dialects send each provider's own value for it (a
+            refusal is OpenAI's ``message.refusal``, Anthropic's ``refusal``, Gemini's
+            ``SAFETY``); ``text`` is the refusal's explanation.
+        raw_stop_reason: Send exactly this provider value instead (loopback dialects).
+        truncate: When streaming, end the stream without its final event (OpenAI's
+            ``finish_reason`` and ``[DONE]``, Anthropic's ``message_stop``, Gemini's
+            ``finishReason``).
+        stream_error: When streaming, send a provider error event after ``error_after``
+            chunks: ``"overloaded"``, ``"rate_limit"``, ``"server"`` or ``"bad_request"``.
+        error_after: Text chunks sent before ``stream_error``.
+        reset_after: When streaming through a loopback server, reset the TCP connection
+            after this many chunks.
     """
 
     text: str = ""
@@ -64,6 +78,16 @@ class Reply:
     stall_after: int | None = None
     usage: Usage | None = None
     thinking: str = ""
+    stop_reason: str | None = None
+    raw_stop_reason: str | None = None
+    truncate: bool = False
+    stream_error: str | None = None
+    error_after: int = 0
+    reset_after: int | None = None
+
+    def outcome(self) -> str:
+        """The normalised stop reason this reply stands for."""
+        return self.stop_reason or ("tool_calls" if self.tool_calls else "stop")
 
 
 def call(name: str, /, **arguments: Any) -> ToolCall:
@@ -159,7 +183,9 @@ class _ScriptedProvider(Provider):
             text=reply.text,
             tool_calls=calls,
             usage=Usage(**dataclasses.asdict(usage)),
-            stop_reason="tool_use" if calls else "end_turn",
+            stop_reason=reply.outcome(),
+            raw_stop_reason=reply.raw_stop_reason or reply.outcome(),
+            refusal=reply.text if reply.outcome() == "refusal" else "",
             model=self.model,
             thinking=reply.thinking,
         )
@@ -184,6 +210,8 @@ class _ScriptedProvider(Provider):
             yield ""
             chunks = list(reply.chunks) if reply.chunks is not None else _words(reply.text)
             for i, chunk in enumerate(chunks):
+                if reply.stream_error is not None and i >= reply.error_after:
+                    raise TransientModelError(f"scripted stream error: {reply.stream_error}")
                 if reply.stall_after is not None and i >= reply.stall_after:
                     await asyncio.Event().wait()  # silent forever: a half-open stream
                 if i and reply.chunk_delay:
@@ -191,6 +219,10 @@ class _ScriptedProvider(Provider):
                 yield chunk
             if reply.stall_after is not None and reply.stall_after >= len(chunks):
                 await asyncio.Event().wait()
+            if reply.stream_error is not None:
+                raise TransientModelError(f"scripted stream error: {reply.stream_error}")
+            if reply.truncate:
+                raise IncompleteStream("scripted stream ended without its final event")
             yield self._response(reply, request)
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled += 1

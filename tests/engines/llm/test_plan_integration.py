@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from stepstone import Agent, LLMEngine, Plan, Step, Store
-from stepstone.testing import FakeModel
+from stepstone.testing import FakeModel, Reply
 
 
 class Triage(BaseModel):
@@ -44,3 +44,18 @@ async def test_routes_by_an_llm_agents_literal_field() -> None:  # guarantee 55
     ]
     # the feature agent saw the triage output as its task (from_prev)
     assert "dark mode" in feature_model.requests[0].messages[0].text
+
+
+async def test_a_refusal_is_not_committed_as_a_successful_step() -> None:
+    # guarantee 200: before, the empty refusal text was written as the step's result
+    model = FakeModel([Reply(text="", stop_reason="refusal")])
+    store = Store()
+    plan = Plan(
+        Step(Agent(engine=LLMEngine(model), name="writer"), name="write", writes="draft"),
+        store=store,
+        checkpoint_key="refusal-run",
+    )
+    env = await Agent(engine=plan).run("write it")
+    assert not env.ok
+    assert env.error is not None and "ModelRefusalError" in (env.error.type + env.error.message)
+    assert "draft" not in store.keys()

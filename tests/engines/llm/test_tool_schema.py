@@ -75,3 +75,34 @@ async def test_agent_tool_requires_task() -> None:
     assert env.payload == "done"
     result = model.requests[1].messages[-1].tool_results[0]
     assert result.is_error and "missing required argument(s) ['task']" in result.content
+
+
+def rest_style(city: str, days: int = 1) -> str:
+    """Forecast for a city.
+    :param city: The city name,
+        as written locally.
+    :param days: How many days ahead.
+    """
+    return city
+
+
+def numpy_style(city: str) -> str:
+    """Forecast for a city.
+
+    Parameters
+    ----------
+    city : str
+        The city name.
+    """
+    return city
+
+
+def test_docstring_styles_besides_google() -> None:  # guarantee 217
+    rest = Tool.from_function(rest_style)
+    assert rest.description == "Forecast for a city."
+    props = rest.parameters["properties"]
+    assert props["city"]["description"] == "The city name, as written locally."
+    assert props["days"]["description"] == "How many days ahead."
+    numpy = Tool.from_function(numpy_style)
+    assert numpy.description == "Forecast for a city."
+    assert numpy.parameters["properties"]["city"]["description"] == "The city name."

@@ -6,8 +6,12 @@ from stepstone.engines.llm._effects import (
     PassThroughEffects,
     current_call_key,
 )
-from stepstone.engines.llm._engine import DEFAULT_STREAM_IDLE_TIMEOUT, LLMEngine
-from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig
+from stepstone.engines.llm._engine import (
+    DEFAULT_STREAM_IDLE_TIMEOUT,
+    LLMEngine,
+    last_stream_result,
+)
+from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig, UsageLimits
 
 __all__ = [
     "DEFAULT_STREAM_IDLE_TIMEOUT",
@@ -18,5 +22,7 @@ __all__ = [
     "NativeTool",
     "PassThroughEffects",
     "ThinkingConfig",
+    "UsageLimits",
     "current_call_key",
+    "last_stream_result",
 ]

@@ -5,20 +5,72 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
-from stepstone.exceptions import StreamStallError, UserError
+from stepstone.core import Envelope
+from stepstone.exceptions import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    IncompleteStreamError,
+    ModelAPIError,
+    ModelLengthError,
+    ModelOverloadedError,
+    ModelRateLimitError,
+    ModelRefusalError,
+    StreamStallError,
+    UsageLimitExceeded,
+    UserError,
+)
 from stepstone.observability import EventType, Session
 from stepstone.providers._base import Provider, RetryInfo
-from stepstone.providers._types import ModelRequest, ModelResponse, Usage
+from stepstone.providers._pricing import estimate_cost
+from stepstone.providers._types import ModelRequest, ModelResponse, Usage, UsageLimits
 
-__all__ = ["ModelCalls", "RunState"]
+__all__ = [
+    "CONTINUE_NOTE",
+    "MALFORMED_CALL_NOTE",
+    "ModelCalls",
+    "RunState",
+    "last_stream_result",
+]
+
+#: Told to the model after a malformed function call (Gemini ``MALFORMED_FUNCTION_CALL``).
+MALFORMED_CALL_NOTE = (
+    "Your last function call was malformed and was not run. Call the tool again with "
+    "arguments that are a JSON object matching its schema, or answer without it."
+)
+#: Told to the model when its answer was cut off and ``continue_on_length`` allows more.
+CONTINUE_NOTE = (
+    "Your answer was cut off at the output limit. Continue exactly where it stopped, "
+    "without repeating anything."
+)
 
 log = logging.getLogger("stepstone")
+
+
+_STREAM_RESULT: contextvars.ContextVar[Envelope[Any] | None] = contextvars.ContextVar(
+    "stepstone_stream_result", default=None
+)
+
+
+def last_stream_result() -> Envelope[Any] | None:
+    """The result of the last ``stream()`` this task consumed to its end.
+
+    An envelope whose ``payload`` is the final answer (the parsed value with ``output=``)
+    and whose ``metadata`` has the usage, cost and ``stop_reason``; None before any stream
+    finished. Read it right after the ``async for`` loop::
+
+        async for token in agent.stream("q"):
+            print(token, end="")
+        result = last_stream_result()
+    """
+    return _STREAM_RESULT.get()
 
 
 @dataclasses.dataclass(slots=True)
@@ -33,19 +85,193 @@ class RunState:
     tool_calls: int = 0
     emitted: bool = False
     model: str | None = None
+    stop_reason: str | None = None
+    raw_stop_reason: str | None = None
+    continuations: int = 0
+    error: str | None = None
 
     def emit(self, type: EventType, payload: dict[str, Any]) -> None:
         if self.session is not None:
             self.session.emit(type, {"agent_name": self.agent_name, **payload}, run_id=self.run_id)
 
 
+Outcome = Literal["final", "tools", "pause", "malformed", "continue"]
+
+_ERRORS: dict[str, type[ModelAPIError]] = {
+    "rate_limit": ModelRateLimitError,
+    "overloaded": ModelOverloadedError,
+    "incomplete_stream": IncompleteStreamError,
+}
+
+_FIXES: dict[str, str] = {
+    "rate_limit": "lower the request rate or raise the provider quota",
+    "overloaded": "try again later",
+    "server": "try again later",
+    "connection": "check the network and base_url",
+    "incomplete_stream": "try again; the stream was cut before its final event",
+    "bad_request": "fix the request (model id, parameters, message history)",
+    "auth": "check the API key and the account's access to the model",
+    "not_found": "check the model id and base_url",
+}
+
+
 class ModelCalls:
-    """One model turn with the engine's retry, deadline and streaming policy."""
+    """One model turn with the engine's retry, deadline, streaming and outcome policy."""
 
     max_retries: int
     retry_delay: float
     request_timeout: float | None
     stream_idle_timeout: float | None
+    max_retry_wait: float
+    usage_limits: UsageLimits | None
+    continue_on_length: int
+
+    def _set_outcome_policy(
+        self, max_retry_wait: float, usage_limits: UsageLimits | None, continue_on_length: int
+    ) -> None:
+        """Validate and keep the knobs for long waits, budgets and cut-off answers."""
+        if max_retry_wait < 0:
+            raise ConfigurationError(f"max_retry_wait must be >= 0, got {max_retry_wait!r}")
+        if continue_on_length < 0:
+            raise ConfigurationError(f"continue_on_length must be >= 0, got {continue_on_length!r}")
+        if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
+            raise ConfigurationTypeError(
+                f"usage_limits must be a UsageLimits, got {usage_limits!r}"
+            )
+        self.max_retry_wait = max_retry_wait
+        self.usage_limits = usage_limits
+        self.continue_on_length = continue_on_length
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _outcome(self, provider: Provider, response: ModelResponse, state: RunState) -> Outcome:
+        """What the loop does with ``response``; refusals and truncations raise."""
+        state.stop_reason = response.stop_reason
+        state.raw_stop_reason = response.raw_stop_reason
+        reason = response.stop_reason
+        model = response.model or state.model or ""
+        if reason in ("refusal", "content_filter"):
+            said = response.refusal or response.text
+            what = "refused" if reason == "refusal" else "was blocked by the content filter"
+            raise ModelRefusalError(
+                f"{provider.name} model {model!r} {what} (stop reason "
+                f"{response.raw_stop_reason!r}, run {state.run_id}): {said[:500]!r}. A "
+                "refusal is not retried; change the prompt or the model",
+                provider=provider.name,
+                model=model,
+                stop_reason=reason,
+                raw_stop_reason=response.raw_stop_reason,
+                text=said,
+            )
+        if reason == "pause":
+            return "pause"
+        if reason == "malformed_tool_call":
+            return "malformed"
+        if reason == "length":
+            if not response.tool_calls and state.continuations < self.continue_on_length:
+                state.continuations += 1
+                return "continue"
+            raise ModelLengthError(
+                f"{provider.name} model {model!r} stopped at the output-token cap (stop "
+                f"reason {response.raw_stop_reason!r}, run {state.run_id}) after "
+                f"{len(response.text)} characters; raise the provider's max_tokens, or pass "
+                "LLMEngine(continue_on_length=N) to let the model go on",
+                provider=provider.name,
+                model=model,
+                stop_reason=reason,
+                raw_stop_reason=response.raw_stop_reason,
+                text=response.text,
+            )
+        return "tools" if response.tool_calls else "final"
+
+    # -- budgets ---------------------------------------------------------------------------
+
+    def _check_limits(self, state: RunState, model: str, provider: str) -> None:
+        """Stop the run before its next request when a :class:`UsageLimits` cap is reached."""
+        limits = self.usage_limits
+        if limits is None:
+            return
+        usage = state.usage
+        checks: list[tuple[str, float | None, float]] = [
+            ("max_requests", limits.max_requests, usage.requests),
+            ("max_input_tokens", limits.max_input_tokens, usage.input_tokens),
+            ("max_output_tokens", limits.max_output_tokens, usage.output_tokens),
+            ("max_total_tokens", limits.max_total_tokens, usage.total_tokens),
+        ]
+        for name, cap, value in checks:
+            if cap is not None and value >= cap:
+                raise UsageLimitExceeded(
+                    f"run {state.run_id} reached UsageLimits({name}={cap}) with {value} "
+                    f"before request {usage.requests + 1}; raise the limit to let it go on",
+                    limit=name,
+                    value=value,
+                    maximum=cap,
+                )
+        if limits.max_cost_usd is not None:
+            cost = estimate_cost(model, usage, provider)
+            if cost is None:
+                raise UsageLimitExceeded(
+                    f"run {state.run_id} has UsageLimits(max_cost_usd={limits.max_cost_usd}) "
+                    f"but the price of model {model!r} is unknown, so the cost cannot be "
+                    "bounded; register it with stepstone.providers.register_price(...) or "
+                    "cap tokens instead",
+                    limit="max_cost_usd",
+                    value=float("nan"),
+                    maximum=limits.max_cost_usd,
+                )
+            if cost >= limits.max_cost_usd:
+                raise UsageLimitExceeded(
+                    f"run {state.run_id} reached UsageLimits(max_cost_usd="
+                    f"{limits.max_cost_usd}) with an estimated ${cost:.6f} before request "
+                    f"{usage.requests + 1}; raise the limit to let it go on",
+                    limit="max_cost_usd",
+                    value=cost,
+                    maximum=limits.max_cost_usd,
+                )
+
+    # -- errors ----------------------------------------------------------------------------
+
+    def _final_error(
+        self,
+        provider: Provider,
+        request: ModelRequest,
+        exc: Exception,
+        info: RetryInfo,
+        retry_at: float | None = None,
+    ) -> Exception:
+        """The error a failed turn ends with: typed when the provider recognised it."""
+        if isinstance(exc, StreamStallError | ModelAPIError):
+            return exc
+        if info.kind == "timeout" and not isinstance(exc, TimeoutError):
+            return TimeoutError(
+                f"{provider.name} request for {request.model!r} exceeded "
+                f"request_timeout={self.request_timeout}s ({type(exc).__name__})"
+            )
+        if isinstance(exc, TimeoutError) or (
+            info.kind == "other" and info.status is None and retry_at is None
+        ):
+            return exc
+        cls = _ERRORS.get(info.kind, ModelAPIError)
+        status = f" HTTP {info.status}" if info.status is not None else ""
+        when = (
+            f"; the server asked to wait {info.retry_after:g}s, more than "
+            f"max_retry_wait={self.max_retry_wait}s, so the step ends now and can be resumed "
+            f"after retry_at={retry_at:.0f} (UTC seconds)"
+            if retry_at is not None and info.retry_after is not None
+            else ""
+        )
+        fix = _FIXES.get(info.kind, "see the provider's message")
+        return cls(
+            f"{provider.name} request for {request.model!r} failed ({info.kind}{status}, "
+            f"turn {request.turn}): {type(exc).__name__}: {exc}{when}; {fix}",
+            provider=provider.name,
+            model=request.model,
+            kind=info.kind,
+            status=info.status,
+            retryable=info.retryable,
+            retry_after=info.retry_after,
+            retry_at=retry_at,
+        )
 
     async def _with_retries(
         self,
@@ -64,20 +290,29 @@ class ModelCalls:
             except UserError:
                 raise
             except Exception as exc:
-                info = (
-                    RetryInfo(True)
-                    if isinstance(exc, TimeoutError | StreamStallError)
-                    else provider.retry_info(exc)
-                )
+                if isinstance(exc, StreamStallError | TimeoutError):
+                    info = RetryInfo(True, kind="timeout")
+                else:
+                    info = provider.retry_info(exc)
                 # Text already handed to a stream consumer cannot be taken back, so a turn
                 # that failed mid-stream is not retried.
                 if not info.retryable or attempt >= self.max_retries or state.emitted:
-                    # The verdict travels with the error: an exhausted transient failure is
-                    # still retryable later (ErrorInfo.retryable), a permanent one is not.
-                    with contextlib.suppress(AttributeError, TypeError):
-                        exc.retryable = info.retryable  # type: ignore[attr-defined]
-                    raise
+                    final = self._final_error(provider, request, exc, info)
+                    if final is exc:
+                        # The verdict travels with the error: an exhausted transient failure
+                        # is still retryable later (ErrorInfo.retryable), a permanent one not.
+                        with contextlib.suppress(AttributeError, TypeError):
+                            exc.retryable = info.retryable  # type: ignore[attr-defined]
+                        raise
+                    raise final from exc
                 delay = self._backoff(attempt, info.retry_after)
+                if delay > self.max_retry_wait:
+                    # Sleeping this long would hold the run's lease; end the step with the
+                    # time it may be retried at instead.
+                    error = self._final_error(
+                        provider, request, exc, info, retry_at=time.time() + delay
+                    )
+                    raise error from exc
                 log.info(
                     "stepstone: %s request failed (%s: %s); retry %d/%d in %.2fs",
                     provider.name,
@@ -108,6 +343,11 @@ class ModelCalls:
     async def _complete(self, provider: Provider, request: ModelRequest) -> ModelResponse:
         if self.request_timeout is None:
             return await provider.complete(request)
+        request = dataclasses.replace(request, timeout=self.request_timeout)
+        if provider.sdk_timeout:
+            # The SDK applies it to each network operation, which also suits an adapter that
+            # streams a long completion (a total deadline would cut it off mid-answer).
+            return await provider.complete(request)
         try:
             async with asyncio.timeout(self.request_timeout):
                 return await provider.complete(request)
@@ -124,6 +364,10 @@ class ModelCalls:
         state: RunState,
         sink: asyncio.Queue[str | None],
     ) -> ModelResponse:
+        limits = [t for t in (self.request_timeout, self.stream_idle_timeout) if t is not None]
+        if limits:
+            # The SDK's read timeout must not cut a stream the idle watchdog still allows.
+            request = dataclasses.replace(request, timeout=max(limits))
         stream: AsyncIterator[Any] = provider.stream(request)
         first = True
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -12,7 +13,14 @@ from typing import Any, Final, Literal, cast
 
 from stepstone.core import Envelope, Tool, payload_text
 from stepstone.core._context import current_agent_name
-from stepstone.engines.llm._calls import ModelCalls, RunState
+from stepstone.engines.llm._calls import (
+    _STREAM_RESULT,
+    CONTINUE_NOTE,
+    MALFORMED_CALL_NOTE,
+    ModelCalls,
+    RunState,
+    last_stream_result,
+)
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
 from stepstone.engines.llm._routing import ProviderRouting
@@ -35,9 +43,10 @@ from stepstone.providers._types import (
     NativeTool,
     ThinkingConfig,
     ToolDefinition,
+    UsageLimits,
 )
 
-__all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine"]
+__all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine", "last_stream_result"]
 
 log = logging.getLogger("stepstone")
 
@@ -60,6 +69,8 @@ class _Unset:
 
 
 _USE_DEFAULT_STREAM_IDLE: Final = _Unset()
+
+
 _DANGEROUS: Final = frozenset({NativeTool.CODE_EXECUTION, NativeTool.COMPUTER_USE})
 
 
@@ -85,11 +96,23 @@ class LLMEngine(ModelCalls, ProviderRouting):
         max_retries: Retries of transient provider errors (429, 5xx, network, timeouts).
         retry_delay: Base backoff in seconds (doubles per attempt, ±10% jitter); a server's
             ``retry-after`` wins.
-        request_timeout: Per-completion deadline in seconds (None: the SDK's own).
+        max_retry_wait: Longest wait (seconds) the engine sleeps before a retry. A server
+            asking for more (``retry-after: 3600``) ends the turn at once with a retryable
+            :class:`~stepstone.exceptions.ModelAPIError` whose ``retry_at`` says when to
+            resume, instead of sleeping with the run's lease held.
+        request_timeout: Per-completion deadline in seconds, passed to the SDK (None: the
+            SDK's own).
+        usage_limits: Caps on a run's requests, tokens and estimated cost, checked before
+            every request (:class:`~stepstone.exceptions.UsageLimitExceeded`).
+        continue_on_length: Times a final answer cut off at the output-token cap is
+            continued (the model is asked to go on and the pieces are joined); 0 (the
+            default) ends the run with :class:`~stepstone.exceptions.ModelLengthError`.
         max_parallel_tools: Concurrent tool calls per turn (None: unbounded).
         max_tool_calls_per_turn: Calls run per turn; extras get an ``is_error`` result.
         tool_timeout: Per-tool deadline; expiry is reported to the model as an error
-            (:class:`ToolTimeoutError`) and the run continues.
+            (:class:`ToolTimeoutError`) and the run continues. A sync tool's thread cannot
+            be stopped: it runs to the end, the model is told its outcome is unknown, and
+            the late outcome is logged as a ``tool_late_result`` event.
         stream_idle_timeout: Max silence between stream chunks before
             :class:`StreamStallError` (default 90 s). ``None`` disables it, with a warning.
         stream_buffer: Size of the bounded token queue between the loop and ``stream()``'s
@@ -123,6 +146,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         max_retries: int = 3,
         retry_delay: float = 1.0,
         request_timeout: float | None = 120.0,
+        max_retry_wait: float = 60.0,
+        usage_limits: UsageLimits | None = None,
+        continue_on_length: int = 0,
         max_parallel_tools: int | None = 8,
         max_tool_calls_per_turn: int | None = None,
         tool_timeout: float | None = None,
@@ -135,6 +161,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             raise ConfigurationError(f"max_turns must be >= 1, got {max_turns!r}")
         if max_retries < 0:
             raise ConfigurationError(f"max_retries must be >= 0, got {max_retries!r}")
+        self._set_outcome_policy(max_retry_wait, usage_limits, continue_on_length)
         if max_parallel_tools is not None and max_parallel_tools < 1:
             raise ConfigurationError(
                 f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}"
@@ -285,7 +312,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
         Misuse (:class:`~stepstone.exceptions.UserError`, e.g. a missing SDK extra) raises.
         """
         state = self._new_run(session)
-        state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
+        state.emit(
+            EventType.AGENT_START,
+            {"task": env.task, "model": self.model, "provider": self.provider},
+        )
         started = time.perf_counter()
         ok = False
         try:
@@ -300,14 +330,22 @@ class LLMEngine(ModelCalls, ProviderRouting):
         except UserError:
             raise
         except Exception as exc:
+            state.error = type(exc).__name__
             log.debug("stepstone: LLM run %s failed", state.run_id, exc_info=True)
-            return Envelope.error_envelope(
-                exc, task=env.task, metadata=self._metadata(state, started)
-            )
+            metadata = self._metadata(state, started)
+            retry_at = getattr(exc, "retry_at", None)
+            if retry_at is not None:
+                metadata["retry_at"] = retry_at  # when a resumed run may try again
+            return Envelope.error_envelope(exc, task=env.task, metadata=metadata)
         finally:
             state.emit(
                 EventType.AGENT_FINISH,
-                {"ok": ok, "cancelled": False, **self._metadata(state, started)},
+                {
+                    "ok": ok,
+                    "cancelled": False,
+                    "error": state.error,
+                    **self._metadata(state, started),
+                },
             )
 
     async def stream(
@@ -326,15 +364,23 @@ class LLMEngine(ModelCalls, ProviderRouting):
         (``stream_buffer``) applies backpressure to the provider stream; a consumer that
         stops early (``break``, ``aclose()``) cancels the loop. Errors
         (:class:`StreamStallError`, :class:`MaxTurnsExceeded`...) are raised to the consumer.
+        With a structured ``output_type`` only the validated JSON answer is sent (a failed
+        attempt never reaches the consumer). After the loop, :func:`last_stream_result`
+        gives the final value, usage and stop reason.
         """
         state = self._new_run(session)
-        state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
+        state.emit(
+            EventType.AGENT_START,
+            {"task": env.task, "model": self.model, "provider": self.provider},
+        )
         started = time.perf_counter()
         sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.stream_buffer)
 
-        async def run_loop() -> None:
+        async def run_loop() -> Any:
             try:
-                await self._loop(env, tools=tools, output_type=output_type, state=state, sink=sink)
+                return await self._loop(
+                    env, tools=tools, output_type=output_type, state=state, sink=sink
+                )
             finally:
                 await sink.put(None)
 
@@ -346,6 +392,15 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 if token is None:
                     break
                 yield token
+            if task.done() and not task.cancelled() and task.exception() is None:
+                _STREAM_RESULT.set(
+                    Envelope(
+                        task=env.task,
+                        context=env.context,
+                        payload=task.result(),
+                        metadata=self._metadata(state, started),
+                    )
+                )
         finally:
             if not task.done():
                 task.cancel()
@@ -361,6 +416,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
                     {
                         "cancelled": cancelled_by_us,
                         "ok": task.done() and not task.cancelled() and task.exception() is None,
+                        "error": type(task.exception()).__name__
+                        if task.done() and not task.cancelled() and task.exception() is not None
+                        else None,
                         **self._metadata(state, started),
                     },
                 )
@@ -382,7 +440,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
             "usage": state.usage.to_dict(),
             "input_tokens": state.usage.input_tokens,
             "output_tokens": state.usage.output_tokens,
-            "cost_usd": estimate_cost(model, state.usage),
+            "cost_usd": estimate_cost(model, state.usage, self.provider),
+            "stop_reason": state.stop_reason,
+            "raw_stop_reason": state.raw_stop_reason,
             "latency_ms": round((time.perf_counter() - started) * 1000, 3),
             "turns": state.turns,
             "tool_calls": state.tool_calls,
@@ -430,7 +490,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         )
         system = self._system(env)
         thinking = self._thinking()
+        pending = ""  # text of paused or length-continued turns, joined to the final answer
         for turn in range(self.max_turns):
+            self._check_limits(state, wire_model, provider.name)
             force = self.tool_choice == "any" and turn == 0 and bool(definitions)
             request = ModelRequest(
                 model=wire_model,
@@ -446,9 +508,13 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 output_name=getattr(output_type, "__name__", None) if structured else None,
                 turn=turn,
             )
-            response = await self._model_call(provider, request, state, sink)
+            # Structured answers are not streamed as they come: a failed attempt and its
+            # repair must not reach the consumer as one text. The validated JSON is sent.
+            turn_sink = None if structured else sink
+            response = await self._model_call(provider, request, state, turn_sink)
             state.turns = turn + 1
-            state.usage.add(response.usage)
+            state.usage.add(dataclasses.replace(response.usage, requests=1))
+            outcome = self._outcome(provider, response, state)
             messages.append(
                 Message(
                     role="assistant",
@@ -458,15 +524,24 @@ class LLMEngine(ModelCalls, ProviderRouting):
                     raw_provider=provider.name,
                 )
             )
+            if outcome == "malformed":
+                messages.append(Message(role="user", text=MALFORMED_CALL_NOTE))
+                continue
+            if outcome in ("pause", "continue"):
+                pending += response.text
+                if outcome == "continue":
+                    messages.append(Message(role="user", text=CONTINUE_NOTE))
+                continue
             if response.tool_calls:
                 state.tool_calls += len(response.tool_calls)
                 results = await batch.run(turn, response.tool_calls)
                 messages.append(Message(role="tool", tool_results=results))
                 continue
+            text, pending = pending + response.text, ""
             if not structured:
-                return response.text
+                return text
             try:
-                return parse_output(response.text, output_type)
+                value = parse_output(text, output_type)
             except ValueError as exc:
                 # Tell the model what was wrong and let it try again (counts as a turn).
                 messages.append(
@@ -478,6 +553,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
                         ),
                     )
                 )
+                continue
+            if sink is not None and text:
+                await sink.put(text)
+            return value
         raise MaxTurnsExceeded(
             f"the model was still working after max_turns={self.max_turns} turns "
             f"(model {wire_model!r}, {state.tool_calls} tool call(s)); raise "
@@ -539,8 +618,12 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 "provider": provider.name,
                 "input_tokens": response.usage.input_tokens,
                 "output_tokens": response.usage.output_tokens,
+                "cache_read_tokens": response.usage.cache_read_tokens,
+                "cache_write_tokens": response.usage.cache_write_tokens,
+                "reasoning_tokens": response.usage.reasoning_tokens,
                 "tool_calls": [c.name for c in response.tool_calls],
                 "stop_reason": response.stop_reason,
+                "raw_stop_reason": response.raw_stop_reason,
                 "latency_ms": round((time.perf_counter() - started) * 1000, 3),
             },
         )

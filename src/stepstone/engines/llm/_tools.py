@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +19,20 @@ from stepstone.providers._types import ToolCall, ToolResult
 
 __all__ = ["ToolBatch"]
 
+log = logging.getLogger("stepstone")
+
 Emit = Callable[[EventType, dict[str, Any]], None]
 
 _PREVIEW = 500
+
+
+def _runs_in_thread(tool: Tool) -> bool:
+    """Whether the tool is a sync function (run in a worker thread that cannot be stopped)."""
+    fn = tool.fn
+    if fn is None:
+        return False
+    call = getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call))
 
 
 def _preview(text: str) -> str:
@@ -80,6 +93,55 @@ class ToolBatch:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
+    async def _with_timeout(
+        self, tool: Tool, args: dict[str, Any], call: ToolCall, turn: int, index: int
+    ) -> Any:
+        """Run ``tool`` under ``tool_timeout``; a sync tool's thread is left to finish."""
+        assert self.tool_timeout is not None
+        inner = asyncio.ensure_future(tool.invoke(args))
+        try:
+            return await asyncio.wait_for(asyncio.shield(inner), self.tool_timeout)
+        except TimeoutError:
+            if not _runs_in_thread(tool):
+                inner.cancel()
+                raise ToolTimeoutError(
+                    f"tool {call.name!r} exceeded tool_timeout={self.tool_timeout}s "
+                    f"(turn {turn}, call {index}) and was cancelled"
+                ) from None
+            inner.add_done_callback(lambda done: self._late(done, call, turn, index))
+            raise ToolTimeoutError(
+                f"tool {call.name!r} exceeded tool_timeout={self.tool_timeout}s (turn {turn}, "
+                f"call {index}). It is a sync function and its thread cannot be stopped: it "
+                "is still running and its effects may still happen, so do not assume it had "
+                "no effect and do not simply call it again"
+            ) from None
+        except BaseException:
+            inner.cancel()
+            raise
+
+    def _late(self, done: asyncio.Future[Any], call: ToolCall, turn: int, index: int) -> None:
+        """Record what a timed-out sync tool did once its thread finished."""
+        if done.cancelled():
+            return
+        error = done.exception()
+        outcome = (
+            {"ok": False, "error": type(error).__name__, "message": str(error)}
+            if error is not None
+            else {"ok": True, "result": _preview(payload_text(done.result()))}
+        )
+        log.warning(
+            "stepstone: tool %r (run %s, turn %d, call %d) finished after its tool_timeout: %s",
+            call.name,
+            self.run_id,
+            turn,
+            index,
+            outcome,
+        )
+        self.emit(
+            EventType.TOOL_LATE_RESULT,
+            {"tool": call.name, "call_id": call.id, "turn": turn, "index": index, **outcome},
+        )
+
     def _refused(self, call: ToolCall, limit: int) -> ToolResult:
         content = (
             f"Error: only {limit} tool call(s) per turn are allowed; this call to "
@@ -138,13 +200,7 @@ class ToolBatch:
             with bind_call_key(key):
                 if self.tool_timeout is None:
                     return await tool.invoke(args)
-                try:
-                    return await asyncio.wait_for(tool.invoke(args), self.tool_timeout)
-                except TimeoutError:
-                    raise ToolTimeoutError(
-                        f"tool {call.name!r} exceeded tool_timeout={self.tool_timeout}s "
-                        f"(turn {turn}, call {index})"
-                    ) from None
+                return await self._with_timeout(tool, args, call, turn, index)
 
         try:
             value = await self.effects.tool_call(key, invoke)

@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from stepstone.durable import claim_run
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
+    StoreError,
     StoreKeyConflictError,
     UnserializableValueWarning,
 )
@@ -51,7 +52,9 @@ __all__ = [
     "test_commit_writes_same_key_twice_last_wins",
     "test_context_manager_closes",
     "test_delete_removes_run_and_journal",
+    "test_items_are_pairs_with_checkpoints",
     "test_keys_items_prefix_is_exact",
+    "test_read_only_open_reads_and_refuses_writes",
     "test_lease_renew_and_expiry_takeover",
     "test_pydantic_values_persist_as_model_dump",
     "test_read_write_delete_roundtrip",
@@ -106,7 +109,7 @@ def test_keys_items_prefix_is_exact(store_spec: StoreSpec) -> None:
     assert store.keys(prefix="a_") == ["a_1"]  # '_' is not a wildcard
     assert store.keys(prefix="a%") == ["a%2"]
     assert store.keys(prefix="A") == ["A_3"]  # case-sensitive
-    assert store.items(prefix="a") == {"a%2": "a%2", "a_1": "a_1", "ab": "ab"}
+    assert store.items(prefix="a") == [("a%2", "a%2"), ("a_1", "a_1"), ("ab", "ab")]
     top = "\U0010ffff"
     for key in (f"z{top}", f"z{top}x", f"z{top}{top}", "zz"):
         store.write(key, key)
@@ -169,7 +172,7 @@ def test_cas_matches_a_dict_model(store_spec: StoreSpec) -> None:
                 assert store.compare_and_swap(k, a, b) == expected_ok
                 if expected_ok:
                     model[k] = b
-        assert store.items(prefix=prefix) == dict(sorted(model.items()))
+        assert store.items(prefix=prefix) == sorted(model.items())
 
     check()
 
@@ -192,6 +195,50 @@ def test_unserializable_value_is_stringified_with_warning(store_spec: StoreSpec)
     assert store.read("u") == {"handle": str(obj)}
 
 
+def test_items_are_pairs_with_checkpoints(store_spec: StoreSpec) -> None:
+    """items() yields (key, value) pairs of everything read() reads, checkpoints included."""
+    # guarantee 152
+    store = store_spec.open()
+    store.write("fan:1", {"n": 1})
+    store.write("fan:3", {"n": 3})
+    store.write("other", 0)
+    claimed = claim_run(store, "fan:2", kind="test", resume=False, first_step="a")
+    assert claimed.run is not None
+    try:
+        pairs = store.items(prefix="fan:")
+        assert [k for k, _ in pairs] == ["fan:1", "fan:2", "fan:3"]
+        by_key = dict(pairs)
+        assert by_key["fan:2"] == store.read("fan:2")
+        assert by_key["fan:2"]["next_step"] == "a"
+        assert store.items(prefix="fan:", kind="value") == [
+            ("fan:1", {"n": 1}),
+            ("fan:3", {"n": 3}),
+        ]
+        assert [k for k, _ in store.items(prefix="fan:", kind="checkpoint")] == ["fan:2"]
+        assert [k for k, _ in store.items()] == store.keys()
+        with pytest.raises(ValueError, match="kind must be"):
+            store.items(kind="values")  # type: ignore[arg-type]
+    finally:
+        claimed.run.release()
+
+
+def test_read_only_open_reads_and_refuses_writes(store_spec: StoreSpec) -> None:
+    """A read-only Store reads everything and never writes."""
+    # guarantee 142
+    if not store_spec.multiprocess:
+        pytest.skip("an in-memory store has nothing to open read-only")
+    store = store_spec.open()
+    store.write("ro", {"v": 1})
+    with Store(**store_spec.args, read_only=True) as ro:
+        assert ro.read("ro") == {"v": 1}
+        assert ro.keys() == store.keys()
+        with pytest.raises(StoreError, match="read-only"):
+            ro.write("ro", 2)
+        with pytest.raises(StoreError, match="read-only"):
+            ro.delete("ro")
+    assert store.read("ro") == {"v": 1}
+
+
 def test_async_twins(store_spec: StoreSpec) -> None:
     store = store_spec.open()
 
@@ -200,7 +247,8 @@ def test_async_twins(store_spec: StoreSpec) -> None:
         assert await store.aread("x") == [1, 2]
         assert await store.acompare_and_swap("x", [1, 2], [3])
         assert await store.akeys(prefix="x") == ["x"]
-        assert await store.aitems(prefix="x") == {"x": [3]}
+        assert await store.aitems(prefix="x") == [("x", [3])]
+        assert await store.aitems(prefix="x", kind="checkpoint") == []
         entry = await store.aread_entry("x")
         assert entry is not None and entry.value == [3]
         assert await store.adelete("x") is True

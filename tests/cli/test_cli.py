@@ -290,11 +290,14 @@ def test_runs_shows_whether_the_owner_lives(tmp_path: Path) -> None:
 def test_one_corrupt_run_never_breaks_the_listing(tmp_path: Path) -> None:
     # guarantee 149
     db = tmp_path / "s.sqlite"
-    _failed_run(db, "a-good")
-    _failed_run(db, "b-bad")
-    _failed_run(db, "c-good")
+    for key in ("a-good", "b-bad", "c-good", "d-utf8", "e-journal"):
+        _failed_run(db, key)
     conn = sqlite3.connect(db)
     conn.execute("UPDATE stepstone_runs SET meta = '[[[' WHERE key = 'b-bad'")
+    conn.execute("UPDATE stepstone_runs SET meta = CAST(x'7bff' AS TEXT) WHERE key = 'd-utf8'")
+    conn.execute(
+        "UPDATE stepstone_journal SET data = CAST(x'22ff22' AS TEXT) WHERE run_key = 'e-journal'"
+    )
     conn.commit()
     conn.close()
     proc = stepstone("runs", "--db", str(db))
@@ -302,11 +305,13 @@ def test_one_corrupt_run_never_breaks_the_listing(tmp_path: Path) -> None:
     assert "a-good" in proc.stdout and "c-good" in proc.stdout
     bad = next(line for line in proc.stdout.splitlines() if "b-bad" in line)
     assert "corrupt" in bad
+    assert "corrupt" in next(line for line in proc.stdout.splitlines() if "d-utf8" in line)
     listed = json.loads(stepstone("runs", "--db", str(db), "--json").stdout)
-    assert [x["key"] for x in listed] == ["a-good", "b-bad", "c-good"]
-    assert listed[1]["corrupt"] and listed[0]["status"] == "failed"
-    line = _one_line_error(stepstone("inspect", "--db", str(db), "b-bad"))
-    assert "b-bad" in line or "Expecting" in line
+    assert [x["key"] for x in listed] == ["a-good", "b-bad", "c-good", "d-utf8", "e-journal"]
+    assert listed[1]["corrupt"] and listed[3]["corrupt"] and listed[0]["status"] == "failed"
+    assert listed[4]["status"] == "failed"  # a bad journal row does not spoil its head
+    for key in ("b-bad", "d-utf8", "e-journal"):
+        assert key in _one_line_error(stepstone("inspect", "--db", str(db), key))
 
 
 @pytest.mark.parametrize("fmt", ["table", "json"])

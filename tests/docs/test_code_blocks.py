@@ -60,3 +60,29 @@ def test_the_fence_parser_sees_every_block() -> None:
     text = "a\n```python\nx = 1\n```\n\n```python no-run\ny(\n```\n```\nplain\n```\n"
     found = [(m["info"].strip(), m["code"]) for m in _FENCE.finditer(text)]
     assert found == [("python", "x = 1\n"), ("python no-run", "y(\n"), ("", "plain\n")]
+
+
+def test_the_readme_command_lines_run(tmp_path: Path) -> None:
+    # guarantee 153: the `stepstone ...` lines of README's shell blocks, in order
+    readme = ROOT / "README.md"
+    lines = [
+        line.split("#", 1)[0].split()
+        for block in blocks(readme)
+        if block.info == "sh"
+        for line in block.code.splitlines()
+        if line.startswith("stepstone ")
+    ]
+    ran = 0
+    for argv in lines:
+        if any("..." in arg for arg in argv):  # a placeholder such as postgresql://...
+            continue
+        proc = subprocess.run(
+            [sys.executable, "-m", "stepstone.cli", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, (argv, proc.stderr)
+        ran += 1
+    assert ran >= 4

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import list_runs
+from stepstone.exceptions import StoreError
 from stepstone.store import Store
 
 __all__ = ["app", "main"]
@@ -112,7 +113,7 @@ def _fail(message: str, code: int) -> None:
 
 def _open_store(db: Path | None, url: str | None) -> Store:
     if (db is None) == (url is None):
-        raise _UsageError("pass exactly one of --db PATH or --url URL")
+        raise _UsageError("pass exactly one of --db PATH or --url URL (see --help)")
     if db is not None:
         return Store(db=db, read_only=True)
     return Store(url=url, read_only=True)
@@ -149,7 +150,13 @@ def inspect(
 ) -> None:
     """Print a checkpoint (status, next step, completed steps, kv keys, history) or a value."""
     with _open_store(db, url) as store:
-        entry = store.read_entry(key)
+        try:
+            entry = store.read_entry(key)
+        except Exception as exc:
+            if key in str(exc):
+                raise
+            # A decoding error deep in a driver does not know which record it was reading.
+            raise StoreError(f"cannot read key {key!r} in {store!r}: {_message(exc)}") from exc
         if entry is None:
             near = store.keys(prefix=key[:3]) if key else []
             hint = f"; keys starting like it: {', '.join(near[:10])}" if near else ""

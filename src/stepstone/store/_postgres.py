@@ -205,8 +205,10 @@ class PostgresBackend(Backend):
                 else:
                     migrate(conn)
         except psycopg.OperationalError as exc:
+            what = "read" if self.read_only else "set up the stepstone schema in"
             raise StoreError(
-                f"cannot set up the stepstone schema in {self.describe()}: {exc}"
+                f"cannot {what} {self.describe()}: {exc}; check the URL (host, port, "
+                "database, user, password) and that the server accepts connections"
             ) from exc
         self._ready = True
 

@@ -226,3 +226,22 @@ def test_reading_a_graph_run_does_not_depend_on_imports(tmp_path: Path) -> None:
     assert first.strip() == second
     view = json.loads(first)
     assert view["kind"] == "graph" and view["status"] == "done" and view["state"] == {"n": 1}
+
+
+def test_several_processes_opening_a_v1_store_migrate_it_once(tmp_path: Path) -> None:
+    # guarantee 141
+    path = _v1_copy(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        from stepstone import Store
+        with Store(db={str(path)!r}) as store:
+            assert store.read("greeting") == {{"text": "hello"}}
+            assert store.read("etl-done")["status"] == "done"
+        """
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    conn = sqlite3.connect(path)
+    versions = [v for (v,) in conn.execute("SELECT version FROM stepstone_schema ORDER BY 1")]
+    conn.close()
+    assert versions == list(range(1, len(MIGRATIONS) + 1))

@@ -42,7 +42,9 @@ __all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
 
 #: Schema changes in order; the list index + 1 is the schema version recorded in
 #: ``stepstone_schema``. Never edit an entry, append a new one (and update
-#: :data:`SCHEMA`, which a new file gets at once; a test checks that both agree).
+#: :data:`SCHEMA`, which a new file gets at once; a test checks that both agree). A
+#: migration that renames kv, runs or journal also records the old names in
+#: :data:`_LEGACY_TABLES`, so read-only opening can still read older stores.
 #: Version 1 (stores written before the ``stepstone_`` prefix) used bare table names.
 MIGRATIONS: list[str] = [
     """
@@ -119,11 +121,11 @@ SCHEMA = """
     );
 """
 
-#: Table names by schema version, for reading a store read-only without migrating it.
-_TABLES: dict[int, tuple[str, str, str]] = {
-    1: ("kv", "runs", "journal"),
-    2: ("stepstone_kv", "stepstone_runs", "stepstone_journal"),
-}
+_TABLES = ("stepstone_kv", "stepstone_runs", "stepstone_journal")
+
+#: Table names of older schema versions that differ from :data:`_TABLES`, for reading a
+#: store read-only without migrating it.
+_LEGACY_TABLES: dict[int, tuple[str, str, str]] = {1: ("kv", "runs", "journal")}
 
 _HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
@@ -181,7 +183,7 @@ class SQLiteBackend(Backend):
         self._conns_lock = threading.Lock()
         self._closed = False
         self.schema_version = len(MIGRATIONS)
-        self._kv, self._runs, self._journal = _TABLES[len(MIGRATIONS)]
+        self._kv, self._runs, self._journal = _TABLES
         if read_only:
             self._check_read_only()
         else:
@@ -309,14 +311,14 @@ class SQLiteBackend(Backend):
                 f"{where} is a SQLite file but not a stepstone store (no stepstone_schema "
                 "table); pass the file your Store(db=...) writes to"
             )
-        if version not in _TABLES:
+        if version > len(MIGRATIONS):
             self.close()
             raise StoreError(
                 f"{where} has stepstone schema version {version}, newer than this stepstone "
                 f"({len(MIGRATIONS)}); upgrade stepstone"
             )
         self.schema_version = version
-        self._kv, self._runs, self._journal = _TABLES[version]
+        self._kv, self._runs, self._journal = _LEGACY_TABLES.get(version, _TABLES)
 
     def close(self) -> None:
         self._closed = True

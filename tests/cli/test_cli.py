@@ -137,7 +137,7 @@ def test_inspect_json_is_the_store_entry(tmp_path: Path) -> None:
 
 def test_inspect_a_graph_run_shows_graph_fields(tmp_path: Path) -> None:
     # guarantee 147
-    from stepstone.graph import END, GraphBuilder, SQLiteCheckpointer, State
+    from stepstone.graph import END, GraphBuilder, NodeException, SQLiteCheckpointer, State
 
     class Count(State):
         n: int = 0
@@ -162,6 +162,25 @@ def test_inspect_a_graph_run_shows_graph_fields(tmp_path: Path) -> None:
     assert f"invocation_id {record.invocation_id}" in out and "correlation_id c-1" in out
     assert "completed nodes: ['inc']" in out and '"n": 1' in out
     assert "None" not in out and "completed steps" not in out
+
+    def boom(state: Count) -> dict[str, int]:
+        raise ValueError("bad input")
+
+    cp = SQLiteCheckpointer(db)
+    failing = (
+        GraphBuilder(Count)
+        .add_node("boom", boom)
+        .add_edge("boom", END)
+        .set_entry("boom")
+        .with_checkpointer(cp)
+        .compile()
+    )
+    with pytest.raises(NodeException) as info:
+        failing.invoke(Count(), correlation_id="c-2")
+    cp.close()
+    out = cli("inspect", "--db", str(db), f"graph:{info.value.invocation_id}").stdout
+    assert "graph run  status failed" in out
+    assert "error at node 'boom': ValueError: bad input" in out
 
 
 def test_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:

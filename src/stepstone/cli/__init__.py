@@ -20,7 +20,7 @@ from rich.console import Console
 
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import list_runs
-from stepstone.exceptions import StoreError
+from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
 
 __all__ = ["app", "main"]
@@ -82,8 +82,13 @@ def _fails_in_one_line(fn: F) -> F:
             _debug["on"] = True
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        except (typer.Exit, typer.Abort):
             raise
+        except KeyboardInterrupt:
+            if _debug["on"]:
+                raise
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
         except _UsageError as exc:
             if _debug["on"]:
                 raise
@@ -97,8 +102,6 @@ def _fails_in_one_line(fn: F) -> F:
 
 
 def _message(exc: BaseException) -> str:
-    from stepstone.exceptions import StepstoneError
-
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, StepstoneError | ValueError | LookupError):
         return text

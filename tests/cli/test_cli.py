@@ -325,8 +325,16 @@ def test_runs_prefix(tmp_path: Path, fmt: str) -> None:
     _failed_run(db, "x:1")
     _failed_run(db, "y:1")
     args = ["runs", "--db", str(db), "--prefix", "x:"] + (["--json"] if fmt == "json" else [])
-    proc = stepstone(*args)
+    proc = cli(*args)
     assert proc.returncode == 0 and "x:1" in proc.stdout and "y:1" not in proc.stdout
+    if fmt == "json":  # the fields docs/cli.md lists
+        (line,) = json.loads(proc.stdout)
+        assert set(line) == {
+            "key", "kind", "status", "next_step", "run_uid", "version", "iteration",
+            "owner", "error", "created_at", "updated_at",
+        }  # fmt: skip
+        assert set(line["owner"]) == {"state", "host", "pid", "lease_until"}
+        assert line["error"]["step"] == "broken" and line["owner"]["state"] == "-"
 
 
 def test_runs_on_an_older_store_reads_it_as_it_is(tmp_path: Path) -> None:

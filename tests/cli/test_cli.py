@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from stepstone import Agent, Plan, Step, Store, __version__
 from stepstone.cli import app
+from stepstone.exceptions import StoreError
 
 runner = CliRunner()
 
@@ -271,11 +272,13 @@ def test_runs_shows_whether_the_owner_lives(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 120
         while True:
-            if db.exists():
+            try:
                 with Store(db=db, read_only=True) as store:
                     head = store.backend.run_get("busy")
-                if head is not None and head.status in ("claimed", "running"):
-                    break
+            except StoreError:  # the owner has not created the file or its schema yet
+                head = None
+            if head is not None and head.status in ("claimed", "running"):
+                break
             assert time.monotonic() < deadline, "the owner never started its step"
             time.sleep(0.2)
         live = stepstone("runs", "--db", str(db), "--json")

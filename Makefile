@@ -21,6 +21,7 @@ dev: $(VENV)/.dev
 ## demo: the ETL crash/resume story on an embedded SQLite store, no API key needed
 demo: $(VENV)/.core
 	$(VENV)/bin/stepstone demo
+	@echo "stepstone is installed in $(VENV): run '. $(VENV)/bin/activate' to put it on your PATH"
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check src tests examples bench

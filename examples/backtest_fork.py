@@ -44,7 +44,15 @@ def score_run(trades: dict[str, object]) -> str:
 
 
 def main(db: str | None = None) -> None:
-    path = Path(db) if db else Path(tempfile.mkdtemp()) / "pipeline.sqlite"
+    """Run on the SQLite file ``db``, or in a temporary directory removed afterwards."""
+    if db:
+        run(Path(db))
+        return
+    with tempfile.TemporaryDirectory(prefix="stepstone-example-") as tmp:
+        run(Path(tmp) / "pipeline.sqlite")
+
+
+def run(path: Path) -> None:
     store = Store(db=path)
     plan = Plan(
         Step(load_data, name="load", writes="prices"),

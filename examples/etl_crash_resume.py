@@ -71,8 +71,16 @@ def build_plan(store: Store) -> Agent:
 
 
 def main(db: str | None = None) -> None:
+    """Run on the SQLite file ``db``, or in a temporary directory removed afterwards."""
+    if db:
+        run(Path(db))
+        return
+    with tempfile.TemporaryDirectory(prefix="stepstone-example-") as tmp:
+        run(Path(tmp) / "pipeline.sqlite")
+
+
+def run(path: Path) -> None:
     global crash_during_validate
-    path = Path(db) if db else Path(tempfile.mkdtemp()) / "pipeline.sqlite"
     store = Store(db=path)
     print(f"store: {path}")
 

@@ -104,13 +104,16 @@ def build_plan(store: Store, agents: list[Agent]) -> Agent:
 def main(argv: list[str]) -> int:
     offline = "--offline" in argv
     args = [a for a in argv if a != "--offline"]
+    if not args:
+        with tempfile.TemporaryDirectory(prefix="stepstone-example-") as tmp:
+            return main([*argv, str(Path(tmp) / "pipeline.sqlite")])
     model = None
     if not offline:
         model = os.environ.get("STEPSTONE_MODEL") or (
             "claude-sonnet-4-6" if os.environ.get("ANTHROPIC_API_KEY") else None
         )
     print(f"mode: {'real model ' + model if model else 'offline (scripted models)'}")
-    db = Path(args[0]) if args else Path(tempfile.mkdtemp()) / "pipeline.sqlite"
+    db = Path(args[0])
     store = Store(db=db)
     agents = build_agents(model)
 

@@ -144,7 +144,13 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
         child(argv[1], argv[2])
         return 0
-    db = Path(argv[0]) if argv else Path(tempfile.mkdtemp()) / "replan.sqlite"
+    if argv:
+        return run(Path(argv[0]))
+    with tempfile.TemporaryDirectory(prefix="stepstone-example-") as tmp:
+        return run(Path(tmp) / "replan.sqlite")
+
+
+def run(db: Path) -> int:
     log = db.with_suffix(".calls.log")
     log.unlink(missing_ok=True)
 

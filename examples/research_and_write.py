@@ -139,7 +139,10 @@ def build_plan(store: Store, researcher: Agent, writer: Agent) -> Plan:
 def main(argv: list[str]) -> int:
     offline = "--offline" in argv
     args = [a for a in argv if a != "--offline"]
-    db = Path(args[0]) if args else Path(tempfile.mkdtemp()) / "research.sqlite"
+    if not args:
+        with tempfile.TemporaryDirectory(prefix="stepstone-example-") as tmp:
+            return main([*argv, str(Path(tmp) / "research.sqlite")])
+    db = Path(args[0])
     model = pick_model(offline)
     print(f"mode: {'real model ' + model if model else 'offline (scripted models)'}")
 

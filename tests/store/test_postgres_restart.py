@@ -88,7 +88,7 @@ def test_commits_keep_landing_while_the_server_is_down(server: PgServer, url: st
         rows = store.backend.run_journal("busy")
         assert [r.seq for r in rows] == list(range(n))
         assert [r.name for r in rows] == [f"s{i}" for i in range(n)]
-        assert store.items(prefix="w") == {f"w{i}": i for i in range(n)}
+        assert dict(store.items(prefix="w")) == {f"w{i}": i for i in range(n)}
         head = store.backend.run_get("busy")
         assert head is not None and head.version == n + 1
 

@@ -34,7 +34,9 @@ def test_file_is_created_in_wal_mode_with_full_sync(tmp_path: Path) -> None:
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"  # persistent
-        assert raw.execute("SELECT value FROM kv WHERE key = 'k'").fetchone()[0] == '{"v":1}'
+        assert (
+            raw.execute("SELECT value FROM stepstone_kv WHERE key = 'k'").fetchone()[0] == '{"v":1}'
+        )
     finally:
         raw.close()
 
@@ -96,9 +98,9 @@ def test_schema_versions_are_recorded_and_a_newer_file_is_refused(tmp_path: Path
     raw = sqlite3.connect(path, isolation_level=None)
     try:
         versions = [r[0] for r in raw.execute("SELECT version FROM stepstone_schema")]
-        assert versions == list(range(1, len(MIGRATIONS) + 1))
+        assert max(versions) == len(MIGRATIONS)  # a new file is created at the newest schema
         Store(db=path).close()  # reopening applies nothing twice
-        assert raw.execute("SELECT COUNT(*) FROM stepstone_schema").fetchone()[0] == len(MIGRATIONS)
+        assert raw.execute("SELECT COUNT(*) FROM stepstone_schema").fetchone()[0] == len(versions)
         raw.execute("INSERT INTO stepstone_schema VALUES (?, 0)", (len(MIGRATIONS) + 1,))
     finally:
         raw.close()

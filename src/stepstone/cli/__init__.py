@@ -1,104 +1,196 @@
-"""The ``stepstone`` command: ``demo``, ``inspect`` and ``runs``."""
+"""The ``stepstone`` command: ``demo``, ``inspect`` and ``runs``.
+
+Every failure is one line on stderr, ``error: <what> ...`` naming the problem and the fix,
+with exit status 1 (2 for a wrong command line); ``--debug`` shows the traceback instead.
+``inspect`` and ``runs`` open the store read-only: they never create, migrate or write.
+"""
 
 from __future__ import annotations
 
-import tempfile
+import functools
+import json
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from stepstone.cli._demo_etl import run_etl_demo
-from stepstone.cli._demo_lunar import run_lunar_demo
-from stepstone.cli._render import render_entry, render_runs
+from stepstone.cli._render import entry_json, render_entry, render_runs
+from stepstone.cli._runs import list_runs
+from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
 
 __all__ = ["app", "main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(
     help="stepstone: durable LLM-agent pipelines. Every step is committed before the next.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 
-DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
-UrlOption = Annotated[
-    str | None, typer.Option("--url", help="Store URL (postgresql://... or sqlite:///...).")
+DbOption = Annotated[
+    Path | None, typer.Option("--db", help="SQLite store file (opened read-only).")
 ]
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", help="Store URL: postgresql://... or sqlite:///path (read-only)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")]
+
+_debug = {"on": False}
 
 
-def _open_store(db: Path | None, url: str | None, console: Console) -> Store:
+class _UsageError(Exception):
+    """A wrong command line: exit status 2."""
+
+
+def _version(value: bool) -> None:
+    if value:
+        from stepstone import __version__
+
+        typer.echo(f"stepstone {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    debug: DebugOption = False,
+) -> None:
+    """stepstone: durable LLM-agent pipelines. Every step is committed before the next."""
+    _debug["on"] = debug or os.environ.get("STEPSTONE_DEBUG", "") not in ("", "0")
+
+
+def _fails_in_one_line(fn: F) -> F:
+    """Turn any error of ``fn`` into one ``error: ...`` line (the traceback with --debug)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("debug"):
+            _debug["on"] = True
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except KeyboardInterrupt:
+            if _debug["on"]:
+                raise
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+        except _UsageError as exc:
+            if _debug["on"]:
+                raise
+            _fail(str(exc), 2)
+        except Exception as exc:  # the CLI reports every error in one line
+            if _debug["on"]:
+                raise
+            _fail(_message(exc), 1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _message(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, StepstoneError | ValueError | LookupError):
+        return text
+    return f"{type(exc).__name__}: {text}"
+
+
+def _fail(message: str, code: int) -> None:
+    hint = "" if code == 2 else " (--debug shows the traceback)"
+    typer.echo(f"error: {message}{hint}", err=True)
+    raise typer.Exit(code)
+
+
+def _open_store(db: Path | None, url: str | None) -> Store:
     if (db is None) == (url is None):
-        console.print("[red]error:[/] pass exactly one of --db PATH or --url URL")
-        raise typer.Exit(2)
-    if db is not None and not db.exists():
-        console.print(f"[red]error:[/] no store file at {db} (check the path)")
-        raise typer.Exit(2)
-    return Store(db=db) if db is not None else Store(url=url)
+        raise _UsageError("pass exactly one of --db PATH or --url URL (see --help)")
+    if db is not None:
+        return Store(db=db, read_only=True)
+    return Store(url=url, read_only=True)
 
 
 @app.command()
+@_fails_in_one_line
 def demo(
     db: Annotated[
         Path | None,
         typer.Option(
             "--db",
-            help="SQLite file to use; the graph story's file goes next to it "
-            "(default: a new temp directory).",
+            help="SQLite file to keep (the graph story's file goes next to it); "
+            "default: a temporary directory, removed at the end.",
         ),
     ] = None,
+    debug: DebugOption = False,
 ) -> None:
     """Run the ETL crash/resume story (and the lunar-mission graph story) offline."""
-    console = Console()
-    if db is not None and not db.parent.exists():
-        console.print(f"[red]error:[/] directory {db.parent} does not exist")
-        raise typer.Exit(2)
-    # With --db, the graph story's checkpoint file goes next to it; else a new temp dir.
-    workdir = db.parent if db is not None else Path(tempfile.mkdtemp(prefix="stepstone-demo-"))
-    path = db if db is not None else workdir / "pipeline.sqlite"
-    console.print(f"[bold]stepstone demo[/] — store: {path} (no API key needed)\n")
-    run_etl_demo(console, path)
-    run_lunar_demo(console, workdir)
+    from stepstone.cli._demo import run_demo
+
+    run_demo(Console(), db)
 
 
 @app.command()
+@_fails_in_one_line
 def inspect(
     key: Annotated[str, typer.Argument(help="The checkpoint key (or any store key).")],
     db: DbOption = None,
     url: UrlOption = None,
     history: Annotated[bool, typer.Option(help="Show the step history table.")] = True,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
 ) -> None:
-    """Print a checkpoint: status, next step, completed steps, kv keys, history."""
-    console = Console()
-    store = _open_store(db, url, console)
-    try:
-        entry = store.read_entry(key)
+    """Print a checkpoint (status, next step, completed steps, kv keys, history) or a value."""
+    with _open_store(db, url) as store:
+        try:
+            entry = store.read_entry(key)
+        except Exception as exc:
+            if key in str(exc):
+                raise
+            # A decoding error deep in a driver does not know which record it was reading.
+            raise StoreError(f"cannot read key {key!r} in {store!r}: {_message(exc)}") from exc
         if entry is None:
             near = store.keys(prefix=key[:3]) if key else []
-            hint = f" (keys starting like it: {near[:10]})" if near else ""
-            console.print(f"[red]error:[/] no key {key!r} in {store!r}{hint}")
-            raise typer.Exit(1)
-        render_entry(console, entry, history=history)
-    finally:
-        store.close()
+            hint = f"; keys starting like it: {', '.join(near[:10])}" if near else ""
+            raise LookupError(f"no key {key!r} in {store!r}{hint}")
+        if as_json:
+            typer.echo(json.dumps(entry_json(entry), default=str, ensure_ascii=False))
+        else:
+            render_entry(Console(), entry, history=history)
 
 
 @app.command()
+@_fails_in_one_line
 def runs(
     db: DbOption = None,
     url: UrlOption = None,
     prefix: Annotated[str | None, typer.Option(help="Only keys starting with this.")] = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
 ) -> None:
-    """List the durable runs in a store."""
-    console = Console()
-    store = _open_store(db, url, console)
-    try:
-        render_runs(console, store.backend.run_list(prefix))
-    finally:
-        store.close()
+    """List the durable runs in a store, with their owner's state (live or dead)."""
+    with _open_store(db, url) as store:
+        lines = list_runs(store, prefix)
+    now = time.time()
+    if as_json:
+        typer.echo(json.dumps([line.to_json(now) for line in lines], default=str))
+    else:
+        # Never crop a key: widen the table past the terminal rather than cut one short.
+        longest = max((len(line.key) for line in lines), default=0)
+        render_runs(Console(width=max(Console().width, longest + 90)), lines, now=now)
 
 
 def main() -> None:
     """Entry point of the ``stepstone`` console script."""
-    app()
+    app(prog_name="stepstone")

@@ -79,6 +79,13 @@ def run_etl_demo(console: Console, db: Path) -> None:
     store = Store(db=db)
     story = _Story(console)
     try:
+        # A second demo on the same file starts the story over instead of resuming the
+        # finished run (which would skip the crash it narrates).
+        old = [k for k in (KEY, *store.keys(prefix="backtest:")) if store.read_entry(k)]
+        for key in old:
+            store.delete(key)
+        if old:
+            console.print(f"  (this file holds an earlier demo; removed its runs {old})\n")
         console.print(Rule("Run 1: the pipeline crashes during validate"))
         try:
             story.agent(store)("today's batch")
@@ -114,6 +121,5 @@ def run_etl_demo(console: Console, db: Path) -> None:
         for env in plan.run_many(["AAPL", "GOOG", "MSFT"]):
             console.print(f"  {env.payload}  → checkpoint {env.metadata['checkpoint_key']}")
         console.print(f"  pruned {plan.prune_forks()} finished fork checkpoints")
-        console.print(f"\n  inspect it yourself: [bold]stepstone inspect --db {db} {KEY}[/]")
     finally:
         store.close()

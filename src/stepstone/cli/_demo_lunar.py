@@ -131,7 +131,7 @@ def _record_table(title: str, records: list[CheckpointRecord]) -> Table:
         table.add_column(col)
     for r in records:
         table.add_row(
-            r.invocation_id[:8] + "…",
+            r.invocation_id,
             r.schema_version,
             r.status,
             ", ".join(f"{p.node_name}@{p.step}/{p.attempt_index}" for p in r.completed_positions),
@@ -145,6 +145,8 @@ def run_lunar_demo(console: Console, workdir: Path) -> None:
     cp = SQLiteCheckpointer(db)
     nodes = _Nodes(console)
     try:
+        for old in cp.list(CheckpointFilter(correlation_id=RUN_ID)):  # an earlier demo's
+            cp.delete(old.invocation_id)
         console.print()
         console.print(Rule("Graph story, phase 1: size_crew crashes; resume picks up"))
         console.print(f"  a typed-state graph, checkpointed to {db} after every node")

@@ -1,4 +1,4 @@
-"""Rich rendering of checkpoints and runs, shared by `stepstone inspect` and the demo."""
+"""Rich rendering of checkpoints and runs, shared by `stepstone inspect`, `runs` and the demo."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from stepstone.store import RunHead, StoreEntry
+from stepstone.cli._runs import RunLine, owner_state
+from stepstone.store import StoreEntry
 
-__all__ = ["render_entry", "render_runs"]
+__all__ = ["entry_json", "render_entry", "render_runs"]
 
 _STATUS_STYLE = {
     "done": "green",
@@ -25,13 +27,30 @@ _STATUS_STYLE = {
 def _short(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts or 0))
+
+
+def entry_json(entry: StoreEntry) -> dict[str, Any]:
+    """A store entry as one JSON object (``stepstone inspect --json``)."""
+    return {
+        "key": entry.key,
+        "kind": entry.kind,
+        "run_kind": entry.run_kind,
+        "version": entry.version,
+        "updated_at": entry.updated_at,
+        "value": entry.value,
+    }
 
 
 def render_entry(console: Console, entry: StoreEntry, *, history: bool = True) -> None:
-    """Print a checkpoint (status, next step, completed steps, kv keys, history) or a value."""
+    """Print a plain value, or a checkpoint in the shape of the engine that wrote it."""
+    key = escape(entry.key)
     if entry.kind == "value":
-        console.print(f"[bold]{entry.key}[/] is a plain value:")
+        console.print(f"[bold]{key}[/] is a plain value:")
         console.print_json(json.dumps(entry.value, default=str))
         return
     state = entry.value
@@ -39,28 +58,49 @@ def render_entry(console: Console, entry: StoreEntry, *, history: bool = True) -
         from stepstone.cli._render_replan import render_replan
 
         return render_replan(console, entry, history=history)
-    if not isinstance(state, dict) or "status" not in state:
-        console.print(f"[bold]{entry.key}[/] ({entry.run_kind} run):")
+    if entry.run_kind == "plan" and isinstance(state, dict):
+        _render_plan(console, entry, state, history=history)
+    elif entry.run_kind == "graph" and isinstance(state, dict):
+        _render_graph(console, entry, state)
+    else:
+        console.print(f"[bold]{key}[/]  {entry.run_kind} run  version {entry.version}:")
         console.print_json(json.dumps(state, default=str))
-        return
-    style = _STATUS_STYLE.get(str(state["status"]), "white")
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _status(status: Any) -> str:
+    style = _STATUS_STYLE.get(str(status), "white")
+    return f"[{style}]{escape(str(status))}[/]"
+
+
+def _render_error(console: Console, err: Any, where: str) -> None:
+    if isinstance(err, dict):
+        console.print(
+            f"  [red]error[/] at {where} {err.get(where) or err.get('step')!r}: "
+            f"{escape(str(err.get('type')))}: {escape(str(err.get('message')))}"
+        )
+    elif err:
+        console.print(f"  [red]error[/]: {escape(str(err))}")
+
+
+def _render_plan(
+    console: Console, entry: StoreEntry, state: dict[str, Any], *, history: bool
+) -> None:
     console.print(
-        f"[bold]{entry.key}[/]  {entry.run_kind} run  status [{style}]{state['status']}[/]  "
-        f"next step [bold]{state.get('next_step')}[/]"
+        f"[bold]{escape(entry.key)}[/]  plan run  status {_status(state.get('status'))}  "
+        f"next step [bold]{escape(_or_dash(state.get('next_step')))}[/]"
     )
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.updated_at or 0))
     console.print(
         f"  run_uid {state.get('run_uid')}  iteration {state.get('iteration')}  "
-        f"version {entry.version}  updated {when}"
+        f"version {entry.version}  updated {_when(entry.updated_at)}"
     )
-    console.print(f"  completed steps: {state.get('completed_steps')}")
+    console.print(f"  completed steps: {escape(str(state.get('completed_steps')))}")
     kv = state.get("kv") or {}
-    console.print(f"  kv keys: {sorted(kv)}")
-    if state.get("error"):
-        err = state["error"]
-        console.print(
-            f"  [red]error[/] at step {err.get('step')!r}: {err.get('type')}: {err.get('message')}"
-        )
+    console.print(f"  kv keys: {escape(str(sorted(kv)))}")
+    _render_error(console, state.get("error"), "step")
     if history and state.get("history"):
         table = Table(title="history", show_lines=False)
         table.add_column("#", justify="right")
@@ -71,26 +111,63 @@ def render_entry(console: Console, entry: StoreEntry, *, history: bool = True) -
             env = item.get("envelope") or {}
             table.add_row(
                 str(i),
-                str(item.get("step")),
+                escape(str(item.get("step"))),
                 str(item.get("iteration")),
-                _short(env.get("payload")),
+                escape(_short(env.get("payload"))),
             )
         console.print(table)
 
 
-def render_runs(console: Console, heads: list[RunHead]) -> None:
-    """Print one line per durable run."""
-    table = Table(title=f"{len(heads)} run(s)")
-    for col in ("key", "kind", "status", "next step", "owner", "updated"):
-        table.add_column(col)
-    for h in heads:
-        style = _STATUS_STYLE.get(h.status, "white")
+def _render_graph(console: Console, entry: StoreEntry, state: dict[str, Any]) -> None:
+    console.print(
+        f"[bold]{escape(entry.key)}[/]  graph run  status {_status(state.get('status'))}  "
+        f"next node [bold]{escape(_or_dash(state.get('next_node')))}[/]"
+    )
+    console.print(
+        f"  invocation_id {state.get('invocation_id')}  "
+        f"correlation_id {escape(str(state.get('correlation_id')))}  "
+        f"attempt {state.get('attempt_index')}  version {entry.version}  "
+        f"updated {_when(entry.updated_at)}"
+    )
+    if state.get("resumed_from"):
+        console.print(f"  resumed from {state['resumed_from']}")
+    console.print(
+        f"  schema version {state.get('schema_version')!r}  "
+        f"serialization {state.get('serialization')}"
+    )
+    positions = state.get("completed_positions") or []
+    names = [p[1] if isinstance(p, list) and len(p) > 1 else p for p in positions]
+    console.print(f"  completed nodes: {escape(str(names))}")
+    _render_error(console, state.get("error"), "node")
+    console.print("  state:")
+    console.print_json(json.dumps(state.get("state"), default=str))
+
+
+def render_runs(console: Console, lines: list[RunLine], *, now: float | None = None) -> None:
+    """Print one row per durable run; keys are printed whole so they can be copied."""
+    now = time.time() if now is None else now
+    width = max((len(line.key) for line in lines), default=3)
+    table = Table(title=f"{len(lines)} run(s)")
+    table.add_column("key", no_wrap=True, min_width=width)
+    for col in ("kind", "status", "next step", "owner", "updated"):
+        table.add_column(col, overflow="fold")
+    for line in lines:
+        if line.head is None:
+            table.add_row(
+                escape(line.key), "?", "[red]corrupt[/]", "-", escape(str(line.corrupt)), "-"
+            )
+            continue
+        h = line.head
+        state, detail = owner_state(h, now)
+        owner = "-" if state == "-" else f"[{'green' if state == 'live' else 'red'}]{state}[/]"
+        if state != "-":
+            owner += f" ({escape(detail)})"
         table.add_row(
-            h.key,
-            h.kind,
-            f"[{style}]{h.status}[/]",
-            str(h.next_step),
-            f"pid {h.pid} on {h.host.split('/')[0]}" if h.host else "-",
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.updated_at)),
+            escape(h.key),
+            escape(h.kind),
+            _status(h.status),
+            escape(_or_dash(h.next_step)),
+            owner,
+            _when(h.updated_at),
         )
     console.print(table)

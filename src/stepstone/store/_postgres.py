@@ -66,6 +66,7 @@ from stepstone.store._postgres_schema import (
     MIGRATIONS,
     PUT_SQL,
     UPSERT_KV_SQL,
+    check_schema,
     lock_ids,
     migrate,
     prefix_where,
@@ -129,6 +130,9 @@ class PostgresBackend(Backend):
         reconnect_timeout: Seconds to keep reconnecting and retrying after the server went
             away (a restart, a failover) before an operation fails with StoreError.
         connect_timeout: Seconds one connection attempt may take.
+        read_only: Inspect an existing store: the schema is checked, never created or
+            upgraded, and writes raise StoreError (the server enforces it too: sessions
+            are ``default_transaction_read_only``).
 
     The schema is created (or upgraded) by :meth:`setup`, which also runs on first use.
     """
@@ -141,6 +145,7 @@ class PostgresBackend(Backend):
         max_size: int = 8,
         reconnect_timeout: float = 60.0,
         connect_timeout: float = 10.0,
+        read_only: bool = False,
     ) -> None:
         if min_size < 0 or max_size < max(1, min_size):
             raise ValueError(
@@ -164,6 +169,13 @@ class PostgresBackend(Backend):
             self._kwargs["connect_timeout"] = max(1, round(connect_timeout))
         if "application_name" not in params:
             self._kwargs["application_name"] = "stepstone"
+        self.read_only = read_only
+        if read_only:
+            self._kwargs["options"] = " ".join(
+                filter(
+                    None, [str(params.get("options") or ""), "-c default_transaction_read_only=on"]
+                )
+            )
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()  # guards pool creation only, never a store operation
@@ -179,6 +191,13 @@ class PostgresBackend(Backend):
         port = p.get("port", "5432")
         return f"postgresql://{user + '@' if user else ''}{host}:{port}/{p.get('dbname', user)}"
 
+    def _refuse_if_read_only(self) -> None:
+        if self.read_only:
+            raise StoreError(
+                f"store {self.describe()} was opened read-only; open it without "
+                "read_only=True to write"
+            )
+
     def setup(self) -> None:
         """Create the tables, or upgrade them to this version's schema. Idempotent.
 
@@ -190,10 +209,15 @@ class PostgresBackend(Backend):
             raise StoreError(f"store {self.describe()} is closed")
         try:
             with psycopg.connect(self.url, **self._kwargs) as conn:
-                migrate(conn)
+                if self.read_only:
+                    check_schema(conn, self.describe())
+                else:
+                    migrate(conn)
         except psycopg.OperationalError as exc:
+            what = "read" if self.read_only else "set up the stepstone schema in"
             raise StoreError(
-                f"cannot set up the stepstone schema in {self.describe()}: {exc}"
+                f"cannot {what} {self.describe()}: {exc}; check the URL (host, port, "
+                "database, user, password) and that the server accepts connections"
             ) from exc
         self._ready = True
 
@@ -389,6 +413,8 @@ class PostgresBackend(Backend):
         return None if value is None else str(value)
 
     def kv_put(self, key: str, text: str) -> None:
+        self._refuse_if_read_only()
+
         # Idempotent: after a lost answer it is simply sent again.
         def attempt(deadline: float) -> None:
             try:
@@ -401,6 +427,8 @@ class PostgresBackend(Backend):
         self._retry("write a value", attempt)
 
     def kv_delete(self, key: str) -> bool:
+        self._refuse_if_read_only()
+
         def delete(cur: Cursor) -> bool:
             n = cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,)).rowcount
             n += cur.execute("DELETE FROM stepstone_runs WHERE key = %s", (key,)).rowcount
@@ -429,6 +457,8 @@ class PostgresBackend(Backend):
     def kv_cas(
         self, key: str, expected: Any, new_text: str, equal: Callable[[str, Any], bool]
     ) -> bool:
+        self._refuse_if_read_only()
+
         def cas(cur: Cursor) -> bool:
             if cur.execute("SELECT 1 FROM stepstone_runs WHERE key = %s", (key,)).fetchone():
                 raise run_key_conflict(key)
@@ -454,6 +484,8 @@ class PostgresBackend(Backend):
         return None if row is None else head_from_row(row)
 
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
+        self._refuse_if_read_only()
+
         def transact(cur: Cursor) -> RunHead | None:
             row = cur.execute(
                 f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,)
@@ -491,6 +523,7 @@ class PostgresBackend(Backend):
         rows: Sequence[JournalRow],
         writes: Sequence[tuple[str, str]],
     ) -> bool:
+        self._refuse_if_read_only()
         latest = dict(writes)  # one upsert per key; the last write of a key wins
         params = {
             "status": head.status,
@@ -541,6 +574,8 @@ class PostgresBackend(Backend):
         return self._retry("commit a step", attempt)
 
     def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
+        self._refuse_if_read_only()
+
         def renew(cur: Cursor) -> bool:
             cur.execute(
                 "UPDATE stepstone_runs SET lease_until = %s WHERE key = %s AND run_uid = %s",

@@ -25,6 +25,7 @@ __all__ = [
     "MIGRATIONS",
     "PUT_SQL",
     "UPSERT_KV_SQL",
+    "check_schema",
     "lock_ids",
     "migrate",
     "prefix_where",
@@ -145,6 +146,27 @@ def prefix_where(column: str, prefix: str | None) -> tuple[str, tuple[str, ...]]
     if hi is None:
         return f"{column} >= %s", (lo,)
     return f"{column} >= %s AND {column} < %s", (lo, hi)
+
+
+def check_schema(
+    conn: psycopg.Connection[Any], where: str, migrations: Sequence[str] = MIGRATIONS
+) -> None:
+    """Check, without writing, that ``conn``'s database holds a current stepstone schema."""
+    row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
+    if not (row and row[0]):
+        raise StoreError(
+            f"{where} holds no stepstone store (no stepstone_schema table); check the "
+            "database name, or open it writable once to create the schema"
+        )
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
+    current = int(row[0]) if row else 0
+    if current != len(migrations):
+        newer = current > len(migrations)
+        raise StoreError(
+            f"{where} has stepstone schema version {current}, this stepstone reads "
+            f"{len(migrations)}; "
+            + ("upgrade stepstone" if newer else "open it writable once to upgrade the schema")
+        )
 
 
 def migrate(conn: psycopg.Connection[Any], migrations: Sequence[str] = MIGRATIONS) -> int:

@@ -1,5 +1,10 @@
 """SQLite backend: one file, WAL, ``BEGIN IMMEDIATE`` transactions, a busy timeout.
 
+Tables are prefixed ``stepstone_`` (as in PostgreSQL), so a store can live in a file that
+also holds an application's own tables. ``read_only=True`` opens an existing store for
+inspection: nothing is created, migrated or switched to WAL, and a file that is not a
+stepstone store is refused with one clear error.
+
 Each thread gets its own connection (sqlite3 connections are not meant to be shared); the
 database file's lock is the only concurrency control, so several threads and processes can
 share one file safely. ``durability="full"`` (default) sets ``synchronous=FULL``: a commit
@@ -36,10 +41,14 @@ from stepstone.store._base import (
 )
 from stepstone.store._memory import run_key_conflict
 
-__all__ = ["MIGRATIONS", "SQLiteBackend"]
+__all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
 
-#: Schema changes in order; the list index + 1 is the schema version. Never edit an entry,
-#: append a new one.
+#: Schema changes in order; the list index + 1 is the schema version recorded in
+#: ``stepstone_schema``. Never edit an entry, append a new one (and update
+#: :data:`SCHEMA`, which a new file gets at once; a test checks that both agree). A
+#: migration that renames kv, runs or journal also records the old names in
+#: :data:`_LEGACY_TABLES`, so read-only opening can still read older stores.
+#: Version 1 (stores written before the ``stepstone_`` prefix) used bare table names.
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE kv (
@@ -73,13 +82,67 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_key, seq)
     );
     """,
+    """
+    ALTER TABLE kv RENAME TO stepstone_kv;
+    ALTER TABLE runs RENAME TO stepstone_runs;
+    ALTER TABLE journal RENAME TO stepstone_journal;
+    """,
 ]
+
+#: The current schema, created in one go in a new file (running version 1 there would
+#: collide with an application's own ``kv`` table).
+SCHEMA = """
+    CREATE TABLE stepstone_kv (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE stepstone_runs (
+        key TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        next_step TEXT,
+        run_uid TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        iteration INTEGER NOT NULL,
+        journal_len INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        pid_start INTEGER,
+        lease_until REAL NOT NULL,
+        meta TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE stepstone_journal (
+        run_key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        name TEXT,
+        data TEXT NOT NULL,
+        PRIMARY KEY (run_key, seq)
+    );
+"""
+
+_TABLES = ("stepstone_kv", "stepstone_runs", "stepstone_journal")
+
+#: Table names of older schema versions that differ from :data:`_TABLES`, for reading a
+#: store read-only without migrating it.
+_LEGACY_TABLES: dict[int, tuple[str, str, str]] = {1: ("kv", "runs", "journal")}
 
 _HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
 
 class SQLiteBackend(Backend):
-    """Durable storage in one SQLite file (see module docstring)."""
+    """Durable storage in one SQLite file (see module docstring).
+
+    Args:
+        path: The file (created with the schema if missing, unless ``read_only``).
+        durability: ``"full"`` (survives power loss) or ``"normal"`` (survives a crash).
+        busy_timeout: Seconds to wait for another writer's lock.
+        read_only: Open an existing store for reading only: no file, table, migration or
+            WAL switch is ever made, and every write raises :class:`StoreError`.
+    """
 
     commit_inline = True
 
@@ -89,6 +152,7 @@ class SQLiteBackend(Backend):
         *,
         durability: Literal["full", "normal"] = "full",
         busy_timeout: float = 30.0,
+        read_only: bool = False,
     ) -> None:
         if durability not in ("full", "normal"):
             raise ValueError(
@@ -98,26 +162,49 @@ class SQLiteBackend(Backend):
         if busy_timeout <= 0:
             raise ValueError(f"busy_timeout must be > 0 seconds, got {busy_timeout!r}")
         self.path = Path(path)
+        self.read_only = read_only
         if str(path) != ":memory:" and not self.path.parent.exists():
             raise StoreError(
                 f"cannot open SQLite store {str(path)!r}: directory {str(self.path.parent)!r} "
                 "does not exist; create it first"
             )
+        if read_only:
+            if str(path) == ":memory:":
+                raise ValueError("read_only=True needs a file; ':memory:' is always empty")
+            if self.path.is_dir():
+                raise StoreError(
+                    f"{str(path)!r} is a directory, not a SQLite store file; pass the file"
+                )
+            if not self.path.exists():
+                raise StoreError(f"no store file at {str(path)!r}; check the path")
+        elif self.path.is_dir():
+            raise StoreError(f"{str(path)!r} is a directory; pass a file path for the store")
         self.durability = durability
         self.busy_timeout = busy_timeout
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self._closed = False
-        self._setup()
+        self.schema_version = len(MIGRATIONS)
+        self._kv, self._runs, self._journal = _TABLES
+        if read_only:
+            self._check_read_only()
+        else:
+            self._setup()
 
     # -- connections ---------------------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
+    def _connect(self) -> sqlite3.Connection:
+        if self.read_only:
+            uri = f"{self.path.resolve().as_uri()}?mode=ro"
+            conn = sqlite3.connect(
+                uri,
+                uri=True,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             return conn
-        if self._closed:
-            raise StoreError(f"store {self.describe()} is closed")
         conn = sqlite3.connect(
             str(self.path),
             timeout=self.busy_timeout,
@@ -129,12 +216,24 @@ class SQLiteBackend(Backend):
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise StoreError(f"{str(self.path)!r} is not a SQLite database: {exc}") from exc
+            raise StoreError(
+                f"{str(self.path)!r} is not a SQLite database ({exc}); pass a stepstone "
+                "store file, or a new path to create one"
+            ) from exc
         if str(mode).lower() != "wal" and str(self.path) != ":memory:":
             conn.close()
             raise StoreError(f"could not switch {str(self.path)!r} to WAL mode (got {mode!r})")
         conn.execute(f"PRAGMA synchronous={'FULL' if self.durability == 'full' else 'NORMAL'}")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            return conn
+        if self._closed:
+            raise StoreError(f"store {self.describe()} is closed")
+        conn = self._connect()
         self._local.conn = conn
         self._local.pid = os.getpid()
         with self._conns_lock:
@@ -145,6 +244,11 @@ class SQLiteBackend(Backend):
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so two
         writers never deadlock upgrading read locks; the busy timeout queues them."""
+        if self.read_only:
+            raise StoreError(
+                f"store {self.describe()} was opened read-only; open it without "
+                "read_only=True to write"
+            )
         conn = self._conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -163,25 +267,62 @@ class SQLiteBackend(Backend):
 
     def _setup(self) -> None:
         with self._tx() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS stepstone_schema "
-                "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
-            )
-            row = conn.execute("SELECT MAX(version) FROM stepstone_schema").fetchone()
-            current = row[0] or 0
+            fresh = not _has_table(conn, "stepstone_schema")
+            if fresh:
+                conn.execute(
+                    "CREATE TABLE stepstone_schema "
+                    "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+                )
+                current = 0
+            else:
+                current = _schema_version(conn)
             if current > len(MIGRATIONS):
                 raise StoreError(
                     f"{str(self.path)!r} has schema version {current}, newer than this "
                     f"stepstone ({len(MIGRATIONS)}); upgrade stepstone"
                 )
+            if current == 0:
+                # A new store gets the current schema at once; the migrations are for files
+                # an older stepstone wrote.
+                _run_script(conn, SCHEMA)
+                conn.execute(
+                    "INSERT INTO stepstone_schema (version, applied_at) VALUES (?, ?)",
+                    (len(MIGRATIONS), time.time()),
+                )
+                return
             for version in range(current + 1, len(MIGRATIONS) + 1):
-                for statement in MIGRATIONS[version - 1].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                _run_script(conn, MIGRATIONS[version - 1])
                 conn.execute(
                     "INSERT INTO stepstone_schema (version, applied_at) VALUES (?, ?)",
                     (version, time.time()),
                 )
+
+    def _check_read_only(self) -> None:
+        """Refuse a file that is not a stepstone store; read an older one as it is."""
+        conn = self._conn()
+        where = repr(str(self.path))
+        try:
+            has_schema = _has_table(conn, "stepstone_schema")
+            version = _schema_version(conn) if has_schema else 0
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise StoreError(
+                f"{where} is not a SQLite database ({exc}); pass a stepstone store file"
+            ) from exc
+        if not has_schema or version == 0:
+            self.close()
+            raise StoreError(
+                f"{where} is a SQLite file but not a stepstone store (no stepstone_schema "
+                "table); pass the file your Store(db=...) writes to"
+            )
+        if version > len(MIGRATIONS):
+            self.close()
+            raise StoreError(
+                f"{where} has stepstone schema version {version}, newer than this stepstone "
+                f"({len(MIGRATIONS)}); upgrade stepstone"
+            )
+        self.schema_version = version
+        self._kv, self._runs, self._journal = _LEGACY_TABLES.get(version, _TABLES)
 
     def close(self) -> None:
         self._closed = True
@@ -199,15 +340,15 @@ class SQLiteBackend(Backend):
 
     # -- key/value -----------------------------------------------------------------------
     def kv_get(self, key: str) -> str | None:
-        row = self._conn().execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        row = self._conn().execute(f"SELECT value FROM {self._kv} WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     def kv_put(self, key: str, text: str) -> None:
         with self._tx() as conn:
-            if conn.execute("SELECT 1 FROM runs WHERE key = ?", (key,)).fetchone():
+            if conn.execute(f"SELECT 1 FROM {self._runs} WHERE key = ?", (key,)).fetchone():
                 raise run_key_conflict(key)
             conn.execute(
-                "INSERT INTO kv (key, value, updated_at) VALUES (?, ?, ?) "
+                f"INSERT INTO {self._kv} (key, value, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
                 "updated_at = excluded.updated_at",
                 (key, text, time.time()),
@@ -215,20 +356,22 @@ class SQLiteBackend(Backend):
 
     def kv_delete(self, key: str) -> bool:
         with self._tx() as conn:
-            n = conn.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount
-            n += conn.execute("DELETE FROM runs WHERE key = ?", (key,)).rowcount
-            conn.execute("DELETE FROM journal WHERE run_key = ?", (key,))
+            n = conn.execute(f"DELETE FROM {self._kv} WHERE key = ?", (key,)).rowcount
+            n += conn.execute(f"DELETE FROM {self._runs} WHERE key = ?", (key,)).rowcount
+            conn.execute(f"DELETE FROM {self._journal} WHERE run_key = ?", (key,))
             return n > 0
 
     def kv_keys(self, prefix: str | None) -> list[str]:
         conn = self._conn()
         if prefix is None:
-            rows = conn.execute("SELECT key FROM kv UNION SELECT key FROM runs ORDER BY 1")
+            rows = conn.execute(
+                f"SELECT key FROM {self._kv} UNION SELECT key FROM {self._runs} ORDER BY 1"
+            )
         else:
             where, args = _prefix_sql(prefix)
             rows = conn.execute(
-                f"SELECT key FROM kv WHERE {where} UNION "
-                f"SELECT key FROM runs WHERE {where} ORDER BY 1",
+                f"SELECT key FROM {self._kv} WHERE {where} UNION "
+                f"SELECT key FROM {self._runs} WHERE {where} ORDER BY 1",
                 args + args,
             )
         return [str(r[0]) for r in rows]
@@ -236,26 +379,28 @@ class SQLiteBackend(Backend):
     def kv_items(self, prefix: str | None) -> list[tuple[str, str]]:
         conn = self._conn()
         if prefix is None:
-            rows = conn.execute("SELECT key, value FROM kv ORDER BY key")
+            rows = conn.execute(f"SELECT key, value FROM {self._kv} ORDER BY key")
         else:
             where, args = _prefix_sql(prefix)
-            rows = conn.execute(f"SELECT key, value FROM kv WHERE {where} ORDER BY key", args)
+            rows = conn.execute(
+                f"SELECT key, value FROM {self._kv} WHERE {where} ORDER BY key", args
+            )
         return [(str(k), str(v)) for k, v in rows]
 
     def kv_cas(
         self, key: str, expected: Any, new_text: str, equal: Callable[[str, Any], bool]
     ) -> bool:
         with self._tx() as conn:
-            if conn.execute("SELECT 1 FROM runs WHERE key = ?", (key,)).fetchone():
+            if conn.execute(f"SELECT 1 FROM {self._runs} WHERE key = ?", (key,)).fetchone():
                 raise run_key_conflict(key)
-            row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+            row = conn.execute(f"SELECT value FROM {self._kv} WHERE key = ?", (key,)).fetchone()
             if expected is None:
                 if row is not None:
                     return False
             elif row is None or not equal(str(row[0]), expected):
                 return False
             conn.execute(
-                "INSERT INTO kv (key, value, updated_at) VALUES (?, ?, ?) "
+                f"INSERT INTO {self._kv} (key, value, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
                 "updated_at = excluded.updated_at",
                 (key, new_text, time.time()),
@@ -265,30 +410,35 @@ class SQLiteBackend(Backend):
     # -- runs ----------------------------------------------------------------------------
     def run_get(self, key: str) -> RunHead | None:
         row = (
-            self._conn().execute(f"SELECT {_HEAD_COLS} FROM runs WHERE key = ?", (key,)).fetchone()
+            self._conn()
+            .execute(f"SELECT {_HEAD_COLS} FROM {self._runs} WHERE key = ?", (key,))
+            .fetchone()
         )
         return None if row is None else head_from_row(row)
 
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
         with self._tx() as conn:
-            row = conn.execute(f"SELECT {_HEAD_COLS} FROM runs WHERE key = ?", (key,)).fetchone()
+            row = conn.execute(
+                f"SELECT {_HEAD_COLS} FROM {self._runs} WHERE key = ?", (key,)
+            ).fetchone()
             head = None if row is None else head_from_row(row)
-            kv_row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+            kv_row = conn.execute(f"SELECT value FROM {self._kv} WHERE key = ?", (key,)).fetchone()
             claim = decide(head, None if kv_row is None else str(kv_row[0]))
             if claim is None:
                 return head
             if claim.reset_journal:
-                conn.execute("DELETE FROM journal WHERE run_key = ?", (key,))
+                conn.execute(f"DELETE FROM {self._journal} WHERE run_key = ?", (key,))
             if claim.drop_kv:
-                conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+                conn.execute(f"DELETE FROM {self._kv} WHERE key = ?", (key,))
             conn.execute(
-                f"INSERT OR REPLACE INTO runs ({_HEAD_COLS}) VALUES "
+                f"INSERT OR REPLACE INTO {self._runs} ({_HEAD_COLS}) VALUES "
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 head_to_row(claim.head),
             )
             if claim.rows:
                 conn.executemany(
-                    "INSERT INTO journal (run_key, seq, kind, name, data) VALUES (?, ?, ?, ?, ?)",
+                    f"INSERT INTO {self._journal} (run_key, seq, kind, name, data) "
+                    "VALUES (?, ?, ?, ?, ?)",
                     [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
                 )
             return claim.head
@@ -302,7 +452,7 @@ class SQLiteBackend(Backend):
     ) -> bool:
         with self._tx() as conn:
             cur = conn.execute(
-                "UPDATE runs SET status = ?, next_step = ?, version = ?, iteration = ?, "
+                f"UPDATE {self._runs} SET status = ?, next_step = ?, version = ?, iteration = ?, "
                 "journal_len = ?, lease_until = ?, meta = ?, updated_at = ? "
                 "WHERE key = ? AND version = ? AND run_uid = ?",
                 (
@@ -323,16 +473,19 @@ class SQLiteBackend(Backend):
                 return False
             if rows:
                 conn.executemany(
-                    "INSERT INTO journal (run_key, seq, kind, name, data) VALUES (?, ?, ?, ?, ?)",
+                    f"INSERT INTO {self._journal} (run_key, seq, kind, name, data) "
+                    "VALUES (?, ?, ?, ?, ?)",
                     [(head.key, r.seq, r.kind, r.name, r.data) for r in rows],
                 )
             if writes:
                 for wkey, _ in writes:
-                    if conn.execute("SELECT 1 FROM runs WHERE key = ?", (wkey,)).fetchone():
+                    if conn.execute(
+                        f"SELECT 1 FROM {self._runs} WHERE key = ?", (wkey,)
+                    ).fetchone():
                         raise run_key_conflict(wkey)
                 now = head.updated_at
                 conn.executemany(
-                    "INSERT INTO kv (key, value, updated_at) VALUES (?, ?, ?) "
+                    f"INSERT INTO {self._kv} (key, value, updated_at) VALUES (?, ?, ?) "
                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
                     "updated_at = excluded.updated_at",
                     [(wkey, text, now) for wkey, text in writes],
@@ -342,14 +495,15 @@ class SQLiteBackend(Backend):
     def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
         with self._tx() as conn:
             cur = conn.execute(
-                "UPDATE runs SET lease_until = ? WHERE key = ? AND run_uid = ?",
+                f"UPDATE {self._runs} SET lease_until = ? WHERE key = ? AND run_uid = ?",
                 (lease_until, key, run_uid),
             )
             return cur.rowcount == 1
 
     def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
         rows = self._conn().execute(
-            "SELECT seq, kind, name, data FROM journal WHERE run_key = ? AND seq >= ? ORDER BY seq",
+            f"SELECT seq, kind, name, data FROM {self._journal} "
+            "WHERE run_key = ? AND seq >= ? ORDER BY seq",
             (key, since_seq),
         )
         return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
@@ -357,10 +511,12 @@ class SQLiteBackend(Backend):
     def run_list(self, prefix: str | None) -> list[RunHead]:
         conn = self._conn()
         if prefix is None:
-            rows = conn.execute(f"SELECT {_HEAD_COLS} FROM runs ORDER BY key")
+            rows = conn.execute(f"SELECT {_HEAD_COLS} FROM {self._runs} ORDER BY key")
         else:
             where, args = _prefix_sql(prefix)
-            rows = conn.execute(f"SELECT {_HEAD_COLS} FROM runs WHERE {where} ORDER BY key", args)
+            rows = conn.execute(
+                f"SELECT {_HEAD_COLS} FROM {self._runs} WHERE {where} ORDER BY key", args
+            )
         return heads_for_listing(list(rows))
 
 
@@ -371,3 +527,22 @@ def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:
     if hi is None:
         return "key >= ?", (lo,)
     return "key >= ? AND key < ?", (lo, hi)
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT MAX(version) FROM stepstone_schema").fetchone()
+    return int(row[0] or 0)
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    # executescript() would COMMIT the surrounding transaction; run statement by statement.
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import importlib
 import os
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
@@ -19,6 +20,9 @@ from stepstone.store._views import render_run
 __all__ = ["Store", "StoreEntry"]
 
 R = TypeVar("R")
+
+#: Which records :meth:`Store.items` returns: all (None), plain values, or checkpoints.
+ItemKind: TypeAlias = Literal["value", "checkpoint"] | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,10 +54,11 @@ class Store:
     ``Store(url="postgresql://user:pw@host/db")`` uses PostgreSQL (``stepstone[postgres]``).
 
     Values are JSON: pydantic models are stored as their ``model_dump``; anything JSON cannot
-    hold is stored as ``str(value)`` with a warning.
+    hold is stored as ``str(value)`` with a warning. The full reference, with what each
+    method does on a missing key or a checkpoint key, is ``docs/store.md``.
 
     Args:
-        db: Path of a SQLite file (created if missing).
+        db: Path of a SQLite file (created if missing, unless ``read_only``).
         url: ``sqlite:///path`` or ``postgresql://...``; alternative to ``db``.
         durability: SQLite only. ``"full"`` (default) survives power loss; ``"normal"``
             survives a process crash and is faster.
@@ -62,6 +67,9 @@ class Store:
             it every third of this; a run whose owner stopped renewing for this long (or
             whose process is gone, on the same host) can be resumed by another process.
         backend: A ready :class:`~stepstone.store.Backend` (for custom backends).
+        read_only: Open an existing store for inspection: nothing is ever created, migrated
+            or written (a missing file, or a file or database that is not a stepstone store,
+            is a :class:`~stepstone.exceptions.StoreError`); every write raises StoreError.
 
     Example::
 
@@ -80,22 +88,33 @@ class Store:
         busy_timeout: float = 30.0,
         lease_seconds: float = 30.0,
         backend: Backend | None = None,
+        read_only: bool = False,
     ) -> None:
         if lease_seconds <= 0:
             raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
         given = [name for name, v in (("db", db), ("url", url), ("backend", backend)) if v]
         if len(given) > 1:
             raise ValueError(f"pass only one of db=, url=, backend= (got {', '.join(given)})")
+        if read_only and db is None and url is None:
+            raise ValueError(
+                "read_only=True opens an existing store: pass db= or url= (an in-memory "
+                "store, or a ready backend, has nothing to open)"
+            )
         self.lease_seconds = float(lease_seconds)
+        self.read_only = read_only
         self.backend: Backend
         if backend is not None:
             self.backend = backend
         elif url is not None:
-            self.backend = _backend_from_url(url, durability=durability, busy_timeout=busy_timeout)
+            self.backend = _backend_from_url(
+                url, durability=durability, busy_timeout=busy_timeout, read_only=read_only
+            )
         elif db is not None:
             from stepstone.store._sqlite import SQLiteBackend
 
-            self.backend = SQLiteBackend(db, durability=durability, busy_timeout=busy_timeout)
+            self.backend = SQLiteBackend(
+                db, durability=durability, busy_timeout=busy_timeout, read_only=read_only
+            )
         else:
             self.backend = MemoryBackend()
 
@@ -104,7 +123,11 @@ class Store:
 
     # -- sync API ------------------------------------------------------------------------
     def read(self, key: str, default: Any = None) -> Any:
-        """The value under ``key`` (a checkpoint key gives the assembled checkpoint dict)."""
+        """The value under ``key`` (a checkpoint key gives the assembled checkpoint dict).
+
+        A missing key gives ``default``. A record that cannot be decoded raises
+        :class:`~stepstone.exceptions.CheckpointCorruptError` naming the key.
+        """
         entry = self.read_entry(key)
         return default if entry is None else entry.value
 
@@ -138,9 +161,28 @@ class Store:
         """Sorted keys of values and checkpoints, optionally only those with ``prefix``."""
         return self.backend.kv_keys(prefix)
 
-    def items(self, prefix: str | None = None) -> dict[str, Any]:
-        """Plain values (not checkpoints) as a key-sorted dict, optionally by ``prefix``."""
-        return {k: _decode(k, t) for k, t in self.backend.kv_items(prefix)}
+    def items(self, prefix: str | None = None, *, kind: ItemKind = None) -> list[tuple[str, Any]]:
+        """``(key, value)`` pairs of everything :meth:`read` can read, sorted by key.
+
+        Checkpoints come in the shape :meth:`read` gives them. ``kind="value"`` keeps only
+        plain values, ``kind="checkpoint"`` only checkpoints; ``prefix`` keeps only keys
+        that start with it (exact, case-sensitive). ``dict(store.items(...))`` makes a dict.
+
+        Example::
+
+            for key, value in store.items(prefix="fan:"):
+                print(key, value)
+        """
+        if kind not in (None, "value", "checkpoint"):
+            raise ValueError(f"kind must be None, 'value' or 'checkpoint', got {kind!r}")
+        pairs: list[tuple[str, Any]] = []
+        if kind != "checkpoint":
+            pairs.extend((k, _decode(k, t)) for k, t in self.backend.kv_items(prefix))
+        if kind != "value":
+            for head in self.backend.run_list(prefix):
+                pairs.append((head.key, render_run(head, self.backend.run_journal(head.key))))
+            pairs.sort(key=lambda pair: pair[0])
+        return pairs
 
     def compare_and_swap(self, key: str, expected: Any, new: Any) -> bool:
         """Set ``key`` to ``new`` only if it currently equals ``expected`` (JSON equality).
@@ -208,9 +250,11 @@ class Store:
         """Async :meth:`keys`."""
         return await self._offload(self.keys, prefix)
 
-    async def aitems(self, prefix: str | None = None) -> dict[str, Any]:
+    async def aitems(
+        self, prefix: str | None = None, *, kind: ItemKind = None
+    ) -> list[tuple[str, Any]]:
         """Async :meth:`items`."""
-        return await self._offload(self.items, prefix)
+        return await self._offload(functools.partial(self.items, prefix, kind=kind))
 
     async def acompare_and_swap(self, key: str, expected: Any, new: Any) -> bool:
         """Async :meth:`compare_and_swap`."""
@@ -246,8 +290,10 @@ def _check_key(key: Any) -> str:
     return key
 
 
-def _backend_from_url(url: str, *, durability: Any, busy_timeout: float) -> Backend:
-    scheme = url.split(":", 1)[0].lower()
+def _backend_from_url(
+    url: str, *, durability: Any, busy_timeout: float, read_only: bool = False
+) -> Backend:
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
         from stepstone.store._sqlite import SQLiteBackend
 
@@ -256,16 +302,19 @@ def _backend_from_url(url: str, *, durability: Any, busy_timeout: float) -> Back
         path = rest[3:] if rest.startswith("///") else rest.lstrip("/")
         if not path:
             raise ValueError(f"store URL {url!r} names no file; use 'sqlite:///path/to/file'")
-        return SQLiteBackend(path, durability=durability, busy_timeout=busy_timeout)
+        return SQLiteBackend(
+            path, durability=durability, busy_timeout=busy_timeout, read_only=read_only
+        )
     if scheme in ("postgres", "postgresql"):
         try:
             importlib.import_module("psycopg")
         except ImportError as exc:
             raise MissingExtraError("psycopg", "postgres") from exc
         module = importlib.import_module("stepstone.store._postgres")
-        backend: Backend = module.PostgresBackend(url)
+        backend: Backend = module.PostgresBackend(url, read_only=read_only)
         return backend
+    what = f"unsupported store URL scheme {scheme!r}" if scheme else "no URL scheme"
     raise ValueError(
-        f"unsupported store URL scheme {scheme!r} in {url!r}; use 'sqlite:///path/to/file' "
+        f"{what} in {url!r}; use 'sqlite:///path/to/file' "
         "or 'postgresql://user:password@host/dbname'"
     )

@@ -42,7 +42,7 @@ def test_sqlite_checkpointer_defaults_to_json(tmp_path: Path) -> None:
     assert rec.serialization == "json"
     # the saved rows are readable JSON text in the SQLite file
     con = sqlite3.connect(tmp_path / "c.sqlite")
-    rows = [json.loads(d) for (d,) in con.execute("SELECT data FROM journal")]
+    rows = [json.loads(d) for (d,) in con.execute("SELECT data FROM stepstone_journal")]
     con.close()
     assert rows[0]["body"]["frames"][0]["state"]["destination"] == "Moon"
 
@@ -75,19 +75,21 @@ def test_pickle_round_trip_and_tamper_refused(tmp_path: Path) -> None:
         SQLiteCheckpointer(db, serialization="pickle", pickle_key=b"x" * 32).load(rec.invocation_id)
 
     con = sqlite3.connect(db)
-    seq, data = con.execute("SELECT seq, data FROM journal ORDER BY seq DESC LIMIT 1").fetchone()
+    seq, data = con.execute(
+        "SELECT seq, data FROM stepstone_journal ORDER BY seq DESC LIMIT 1"
+    ).fetchone()
     row = json.loads(data)
     blob = bytearray(base64.b64decode(row["body_pickle"]))
     blob[-3] ^= 0x01  # flip one bit of the pickled payload
     row["body_pickle"] = base64.b64encode(bytes(blob)).decode()
-    con.execute("UPDATE journal SET data = ? WHERE seq = ?", (json.dumps(row), seq))
+    con.execute("UPDATE stepstone_journal SET data = ? WHERE seq = ?", (json.dumps(row), seq))
     con.commit()
     with pytest.raises(CheckpointRecordInvalid, match="signature does not match"):
         cp.load(rec.invocation_id)
     import pickle
 
     row["body_pickle"] = base64.b64encode(pickle.dumps({"patch": {}, "push": []})).decode()
-    con.execute("UPDATE journal SET data = ? WHERE seq = ?", (json.dumps(row), seq))
+    con.execute("UPDATE stepstone_journal SET data = ? WHERE seq = ?", (json.dumps(row), seq))
     con.commit()
     con.close()
     with pytest.raises(CheckpointRecordInvalid, match="unsigned pickle"):
@@ -296,7 +298,7 @@ def test_bytes_per_node_do_not_grow_with_run_length(tmp_path: Path) -> None:
     )
     g.invoke(Big(limit=300))
     con = sqlite3.connect(tmp_path / "c.sqlite")
-    sizes = [n for (n,) in con.execute("SELECT length(data) FROM journal ORDER BY seq")]
+    sizes = [n for (n,) in con.execute("SELECT length(data) FROM stepstone_journal ORDER BY seq")]
     con.close()
     node_rows = sizes[1:]
     assert len(node_rows) == 300

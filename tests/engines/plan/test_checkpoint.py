@@ -617,7 +617,9 @@ def test_corrupt_checkpoint_names_the_key(store: Store, tmp_path: Path) -> None:
     c.fail.add("load")
     run(etl_plan(store, c, resume=True))
     with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
-        raw.execute("UPDATE journal SET data = '{not json' WHERE run_key = 'etl' AND seq = 1")
+        raw.execute(
+            "UPDATE stepstone_journal SET data = '{not json' WHERE run_key = 'etl' AND seq = 1"
+        )
     with pytest.raises(CheckpointCorruptError, match="'etl'"):
         store.read("etl")
     c.fail.clear()
@@ -679,9 +681,9 @@ def test_journal_grows_linearly_one_head(store: Store, tmp_path: Path) -> None:
     steps = [Step(lambda p, i=i: f"v{i}", name=f"s{i}", writes=f"w{i}") for i in range(30)]
     assert run(Plan(*steps, store=store, checkpoint_key="lin")).ok
     with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
-        assert raw.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
-        assert raw.execute("SELECT COUNT(*) FROM journal").fetchone()[0] == 30
-        sizes = [len(d) for (d,) in raw.execute("SELECT data FROM journal ORDER BY seq")]
+        assert raw.execute("SELECT COUNT(*) FROM stepstone_runs").fetchone()[0] == 1
+        assert raw.execute("SELECT COUNT(*) FROM stepstone_journal").fetchone()[0] == 30
+        sizes = [len(d) for (d,) in raw.execute("SELECT data FROM stepstone_journal ORDER BY seq")]
     assert max(sizes) - min(sizes) < 10  # row 30 is no bigger than row 1
 
 

@@ -29,6 +29,7 @@ from stepstone.testing.store_conformance._runs import (
     test_commit_is_atomic_and_versioned,
     test_commit_writes_same_key_twice_last_wins,
     test_delete_removes_run_and_journal,
+    test_items_are_pairs_with_checkpoints,
     test_run_key_refuses_plain_value_ops,
 )
 from stepstone.testing.store_conformance._spec import StoreSpec
@@ -39,6 +40,7 @@ from stepstone.testing.store_conformance._values import (
     test_context_manager_closes,
     test_keys_items_prefix_is_exact,
     test_pydantic_values_persist_as_model_dump,
+    test_read_only_open_reads_and_refuses_writes,
     test_read_write_delete_roundtrip,
     test_unserializable_value_is_stringified_with_warning,
 )
@@ -54,9 +56,11 @@ __all__ = [
     "test_commit_writes_same_key_twice_last_wins",
     "test_context_manager_closes",
     "test_delete_removes_run_and_journal",
+    "test_items_are_pairs_with_checkpoints",
     "test_keys_items_prefix_is_exact",
     "test_lease_renew_and_expiry_takeover",
     "test_pydantic_values_persist_as_model_dump",
+    "test_read_only_open_reads_and_refuses_writes",
     "test_read_write_delete_roundtrip",
     "test_run_key_refuses_plain_value_ops",
     "test_unserializable_value_is_stringified_with_warning",

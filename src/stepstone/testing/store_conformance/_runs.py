@@ -98,3 +98,30 @@ def test_delete_removes_run_and_journal(store_spec: StoreSpec) -> None:
     assert store.read("run-d") is None
     assert store.backend.run_journal("run-d") == []
     assert "run-d" not in store.keys()
+
+
+def test_items_are_pairs_with_checkpoints(store_spec: StoreSpec) -> None:
+    """items() yields (key, value) pairs of everything read() reads, checkpoints included."""
+    # guarantee 152
+    store = store_spec.open()
+    store.write("fan:1", {"n": 1})
+    store.write("fan:3", {"n": 3})
+    store.write("other", 0)
+    claimed = claim_run(store, "fan:2", kind="test", resume=False, first_step="a")
+    assert claimed.run is not None
+    try:
+        pairs = store.items(prefix="fan:")
+        assert [k for k, _ in pairs] == ["fan:1", "fan:2", "fan:3"]
+        by_key = dict(pairs)
+        assert by_key["fan:2"] == store.read("fan:2")
+        assert by_key["fan:2"]["next_step"] == "a"
+        assert store.items(prefix="fan:", kind="value") == [
+            ("fan:1", {"n": 1}),
+            ("fan:3", {"n": 3}),
+        ]
+        assert [k for k, _ in store.items(prefix="fan:", kind="checkpoint")] == ["fan:2"]
+        assert [k for k, _ in store.items()] == store.keys()
+        with pytest.raises(ValueError, match="kind must be"):
+            store.items(kind="values")  # type: ignore[arg-type]
+    finally:
+        claimed.run.release()

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from stepstone.exceptions import UnserializableValueWarning
+from stepstone import Store
+from stepstone.exceptions import StoreError, UnserializableValueWarning
 from stepstone.testing.store_conformance._spec import StoreSpec
 
 
@@ -46,7 +47,7 @@ def test_keys_items_prefix_is_exact(store_spec: StoreSpec) -> None:
     assert store.keys(prefix="a_") == ["a_1"]  # '_' is not a wildcard
     assert store.keys(prefix="a%") == ["a%2"]
     assert store.keys(prefix="A") == ["A_3"]  # case-sensitive
-    assert store.items(prefix="a") == {"a%2": "a%2", "a_1": "a_1", "ab": "ab"}
+    assert store.items(prefix="a") == [("a%2", "a%2"), ("a_1", "a_1"), ("ab", "ab")]
     top = "\U0010ffff"
     for key in (f"z{top}", f"z{top}x", f"z{top}{top}", "zz"):
         store.write(key, key)
@@ -110,7 +111,7 @@ def test_cas_matches_a_dict_model(store_spec: StoreSpec) -> None:
                 assert store.compare_and_swap(k, a, b) == expected_ok
                 if expected_ok:
                     model[k] = b
-        assert store.items(prefix=prefix) == dict(sorted(model.items()))
+        assert store.items(prefix=prefix) == sorted(model.items())
 
     check()
 
@@ -141,7 +142,8 @@ def test_async_twins(store_spec: StoreSpec) -> None:
         assert await store.aread("x") == [1, 2]
         assert await store.acompare_and_swap("x", [1, 2], [3])
         assert await store.akeys(prefix="x") == ["x"]
-        assert await store.aitems(prefix="x") == {"x": [3]}
+        assert await store.aitems(prefix="x") == [("x", [3])]
+        assert await store.aitems(prefix="x", kind="checkpoint") == []
         entry = await store.aread_entry("x")
         assert entry is not None and entry.value == [3]
         assert await store.adelete("x") is True
@@ -156,3 +158,20 @@ def test_context_manager_closes(store_spec: StoreSpec) -> None:
         store.write("cm", 1)
     with store_spec.open() as again:
         assert again.read("cm") == 1
+
+
+def test_read_only_open_reads_and_refuses_writes(store_spec: StoreSpec) -> None:
+    """A read-only Store reads everything and never writes."""
+    # guarantee 142
+    if not store_spec.multiprocess:
+        pytest.skip("an in-memory store has nothing to open read-only")
+    store = store_spec.open()
+    store.write("ro", {"v": 1})
+    with Store(**store_spec.args, read_only=True) as ro:
+        assert ro.read("ro") == {"v": 1}
+        assert ro.keys() == store.keys()
+        with pytest.raises(StoreError, match="read-only"):
+            ro.write("ro", 2)
+        with pytest.raises(StoreError, match="read-only"):
+            ro.delete("ro")
+    assert store.read("ro") == {"v": 1}

@@ -1,0 +1,92 @@
+"""Listing runs for `stepstone runs`: one bad record never hides the others."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from stepstone.core._ids import host_id, process_alive
+from stepstone.durable import owner_alive
+from stepstone.store import RunHead, Store
+
+__all__ = ["RunLine", "list_runs", "owner_state"]
+
+_LIVE = ("claimed", "running")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunLine:
+    """One run as `stepstone runs` shows it: a decoded head, or the reason it is corrupt."""
+
+    key: str
+    head: RunHead | None = None
+    corrupt: str | None = None
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        """The line as a JSON object (``stepstone runs --json``)."""
+        if self.head is None:
+            return {"key": self.key, "corrupt": self.corrupt}
+        h = self.head
+        return {
+            "key": h.key,
+            "kind": h.kind,
+            "status": h.status,
+            "next_step": h.next_step,
+            "run_uid": h.run_uid,
+            "version": h.version,
+            "iteration": h.iteration,
+            "owner": {
+                "state": owner_state(h, now)[0],
+                "host": h.host,
+                "pid": h.pid,
+                "lease_until": h.lease_until,
+            },
+            "error": h.meta.get("error") if isinstance(h.meta, dict) else None,
+            "created_at": h.created_at,
+            "updated_at": h.updated_at,
+        }
+
+
+def list_runs(store: Store, prefix: str | None) -> list[RunLine]:
+    """Every run under ``prefix``; a record that cannot be decoded becomes a corrupt line."""
+    try:
+        return [RunLine(key=h.key, head=h) for h in store.backend.run_list(prefix)]
+    except Exception:  # noqa: BLE001 - one bad row; list the others one by one below
+        pass
+    lines: list[RunLine] = []
+    for key in store.keys(prefix=prefix):
+        try:
+            if store.backend.kv_get(key) is not None:
+                continue
+            head = store.backend.run_get(key)
+        except Exception as exc:  # noqa: BLE001 - shown on the line, the listing goes on
+            lines.append(RunLine(key=key, corrupt=_one_line(exc)))
+            continue
+        if head is not None:
+            lines.append(RunLine(key=key, head=head))
+    return lines
+
+
+def owner_state(head: RunHead, now: float | None = None) -> tuple[str, str]:
+    """``(state, detail)``: state is ``live``, ``dead`` or ``-`` (the run is not running)."""
+    now = time.time() if now is None else now
+    if head.status not in _LIVE:
+        return "-", "-"
+    where = f"pid {head.pid} on {head.host.split('/')[0] or '?'}"
+    left = head.lease_until - now
+    if left < 0:
+        return "dead", f"{where}, lease expired {_secs(-left)} ago"
+    if head.host == host_id() and not process_alive(head.pid, head.pid_start):
+        return "dead", f"{where}, process gone"
+    if owner_alive(head, now=now):
+        return "live", f"{where}, lease expires in {_secs(left)}"
+    return "dead", f"{where}, no longer renewing"
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

@@ -1,0 +1,87 @@
+"""`stepstone runs/inspect --url postgresql://...`: read-only, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from stepstone import Agent, Plan, Step, Store
+from stepstone.exceptions import StoreError
+from tests.pgserver import PgServer
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def empty_db(pg_server: PgServer) -> Iterator[str]:
+    url = pg_server.create_database("t_cli_empty")
+    try:
+        yield url
+    finally:
+        pg_server.drop_database("t_cli_empty")
+
+
+def _tables(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _stepstone(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stepstone.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_read_only_never_creates_the_schema(empty_db: str) -> None:
+    # guarantee 142, 144
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kv (k text, v text)")
+    proc = _stepstone("runs", "--url", empty_db)
+    assert proc.returncode == 1, proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "no stepstone store" in line
+    assert _tables(empty_db) == ["kv"]
+    with pytest.raises(StoreError, match="no stepstone store"):
+        Store(url=empty_db, read_only=True).keys()
+    assert _tables(empty_db) == ["kv"]
+
+
+def test_runs_and_inspect_on_postgres(pg_url: str) -> None:
+    # guarantee 142, 144, 148
+    def broken(payload: object) -> str:
+        raise ValueError("bad row 7")
+
+    with Store(url=pg_url) as store:
+        for key in store.keys():
+            store.delete(key)
+        plan = Plan(
+            Step(lambda p: "rows", name="extract", writes="raw"),
+            Step(broken),
+            store=store,
+            checkpoint_key="pg-nightly",
+        )
+        assert not Agent(engine=plan)("go").ok
+    listed = json.loads(_stepstone("runs", "--url", pg_url, "--json").stdout)
+    assert [(x["key"], x["status"]) for x in listed] == [("pg-nightly", "failed")]
+    proc = _stepstone("inspect", "--url", pg_url, "pg-nightly")
+    assert proc.returncode == 0, proc.stderr
+    assert "status failed" in proc.stdout and "next step broken" in proc.stdout
+    with Store(url=pg_url, read_only=True) as ro:
+        assert ro.read("raw") == "rows"
+        with pytest.raises(StoreError, match="read-only"):
+            ro.write("raw", 1)
+        with pytest.raises(StoreError, match="read-only"):
+            ro.compare_and_swap("raw", "rows", 1)

@@ -1,0 +1,196 @@
+"""Run the python blocks of one Markdown file offline: ``python -m tests.docs._runner FILE``.
+
+Exit status 0 when every block ran; otherwise the failing block's ``file:line`` and its
+traceback (with line numbers of the Markdown file) on stderr, exit status 1. See
+``tests/docs/_blocks.py`` for the conventions.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import os
+import re
+import sys
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from tests.docs._blocks import Block, blocks, fake_instance
+
+# -- placeholders: what the docs' blocks use as "your own" functions and models -------------
+
+
+class ValidationReport(BaseModel):
+    rejected_rows: list[int]
+    accepted_rows: int
+
+
+class Draft(BaseModel):
+    title: str
+    body: str
+
+
+class Order(BaseModel):
+    total: float
+
+
+class Receipt(BaseModel):
+    id: str
+
+
+class _Payments:
+    def __init__(self) -> None:
+        self.seen: dict[str, Receipt] = {}
+
+    def charge(self, amount: float, *, idempotency_key: str) -> Receipt:
+        return self.seen.setdefault(idempotency_key, Receipt(id=f"r-{len(self.seen) + 1}"))
+
+
+def search_web(query: str) -> str:
+    """Search the web.
+
+    Args:
+        query: What to look for.
+    """
+    return f"three results for {query}"
+
+
+def get_weather(city: str) -> str:
+    """Current weather for a city.
+
+    Args:
+        city: City name.
+    """
+    return "sunny, 21C"
+
+
+def a(x: int) -> int:
+    """Tool a."""
+    return x
+
+
+def b(y: int) -> int:
+    """Tool b."""
+    return y
+
+
+def extract(task: str) -> str:
+    return "id,amount\n1,10\n2,-5\n3,7"
+
+
+def transform(raw: str) -> str:
+    return raw.replace(",", ";")
+
+
+def validate(clean: str) -> ValidationReport:
+    rows = clean.splitlines()[1:]
+    rejected = [i for i, row in enumerate(rows, 1) if "-" in row]
+    return ValidationReport(rejected_rows=rejected, accepted_rows=len(rows) - len(rejected))
+
+
+def load(report: Any) -> str:
+    return "loaded"
+
+
+def load_data(ticker: str) -> dict[str, Any]:
+    return {"ticker": ticker, "entry": 100, "exit": 110}
+
+
+def run_strategy(prices: dict[str, Any]) -> dict[str, Any]:
+    return {**prices, "trades": 3}
+
+
+PLACEHOLDERS: dict[str, Any] = {
+    "ValidationReport": ValidationReport,
+    "Draft": Draft,
+    "Order": Order,
+    "Receipt": Receipt,
+    "payments": _Payments(),
+    "search_web": search_web,
+    "get_weather": get_weather,
+    "a": a,
+    "b": b,
+    "extract": extract,
+    "transform": transform,
+    "validate": validate,
+    "load": load,
+    "load_data": load_data,
+    "run_strategy": run_strategy,
+}
+
+
+# -- the offline world ----------------------------------------------------------------------
+
+
+def _answer(request: Any) -> Any:
+    if request.output_schema:
+        return fake_instance(request.output_schema)
+    return "ok"
+
+
+def _install_scripted_providers() -> None:
+    from stepstone.providers import register_provider
+    from stepstone.testing import FunctionModel
+
+    for name in ("anthropic", "openai", "google", "ollama"):
+        register_provider(name, lambda **kw: FunctionModel(_answer, model_name="docs-scripted"))
+
+
+_PG_LITERAL = re.compile(r"([\"'])postgresql://[^\"']*\1")
+
+
+def _substitute(code: str, local_url: str) -> str:
+    if _PG_LITERAL.search(code):
+        pg_url = os.environ.get("STEPSTONE_DOCS_PG_URL")
+        if not pg_url:
+            raise SystemExit("this block needs STEPSTONE_DOCS_PG_URL (a test PostgreSQL URL)")
+        code = _PG_LITERAL.sub(lambda m: f"{m[1]}{pg_url}{m[1]}", code)
+    return code.replace("http://localhost:8000/v1", local_url)
+
+
+def _run(block: Block, namespace: dict[str, Any], local_url: str) -> None:
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    padded = "\n" * (block.line - 1) + block.code
+    if not block.runs:
+        compile(padded, str(block.path), "exec", flags=flags)
+        return
+    code = compile(_substitute(padded, local_url), str(block.path), "exec", flags=flags)
+    if code.co_flags & inspect.CO_COROUTINE:
+        asyncio.run(eval(code, namespace))
+    else:
+        exec(code, namespace)
+
+
+def main(path: Path) -> int:
+    os.environ["STEPSTONE_BLOCK_MODEL_REQUESTS"] = "1"
+    _install_scripted_providers()
+    from stepstone.testing import LoopbackServer, OpenAIDialect
+
+    # A real module, so pydantic and typing resolve the blocks' names like a user's script.
+    module = types.ModuleType("docs_blocks")
+    sys.modules[module.__name__] = module
+    namespace: dict[str, Any] = module.__dict__
+    namespace.update(PLACEHOLDERS)
+    ran = 0
+    with LoopbackServer(OpenAIDialect(), default="ok from the local server") as server:
+        for block in blocks(path):
+            if not block.is_python:
+                continue
+            try:
+                _run(block, namespace, server.base_url)
+            except BaseException:  # noqa: BLE001 - report which block failed, then fail
+                print(f"{block.where}: this block failed", file=sys.stderr)
+                traceback.print_exc()
+                return 1
+            ran += block.runs
+    print(f"{path.name}: {ran} block(s) ran")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

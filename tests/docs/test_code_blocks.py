@@ -1,0 +1,88 @@
+"""Every python code block of README.md and docs/*.md runs, offline (see ``_blocks.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.docs._blocks import _FENCE, ROOT, blocks, doc_files
+
+_NO_RUN_BUDGET = 3  # blocks marked `python no-run` in all the docs together: keep them rare
+
+
+def _needs_postgres(path: Path) -> bool:
+    return any(b.runs and "postgresql://" in b.code for b in blocks(path))
+
+
+def _params() -> list[object]:
+    return [
+        pytest.param(p, id=p.name, marks=[pytest.mark.postgres] if _needs_postgres(p) else [])
+        for p in doc_files()
+    ]
+
+
+@pytest.mark.parametrize("path", _params())
+def test_every_python_block_runs(
+    path: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # guarantee 153
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env["PYTHONPATH"] = str(ROOT)
+    if _needs_postgres(path):
+        env["STEPSTONE_DOCS_PG_URL"] = request.getfixturevalue("pg_url")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.docs._runner", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_blocks_are_marked_and_no_run_is_rare() -> None:
+    # guarantee 153
+    no_run = []
+    for path in doc_files():
+        for block in blocks(path):
+            if block.is_python:
+                assert block.info in ("python", "python no-run"), block.where
+                no_run += [block.where] if not block.runs else []
+    assert len(no_run) <= _NO_RUN_BUDGET, no_run
+
+
+def test_the_fence_parser_sees_every_block() -> None:
+    text = "a\n```python\nx = 1\n```\n\n```python no-run\ny(\n```\n```\nplain\n```\n"
+    found = [(m["info"].strip(), m["code"]) for m in _FENCE.finditer(text)]
+    assert found == [("python", "x = 1\n"), ("python no-run", "y(\n"), ("", "plain\n")]
+
+
+def test_the_readme_command_lines_run(tmp_path: Path) -> None:
+    # guarantee 153: the `stepstone ...` lines of README's shell blocks, in order
+    readme = ROOT / "README.md"
+    lines = [
+        line.split("#", 1)[0].split()
+        for block in blocks(readme)
+        if block.info == "sh"
+        for line in block.code.splitlines()
+        if line.startswith("stepstone ")
+    ]
+    ran = 0
+    for argv in lines:
+        if any("..." in arg for arg in argv):  # a placeholder such as postgresql://...
+            continue
+        proc = subprocess.run(
+            [sys.executable, "-m", "stepstone.cli", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, (argv, proc.stderr)
+        ran += 1
+    assert ran >= 4

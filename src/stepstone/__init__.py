@@ -20,6 +20,7 @@ from stepstone.core import (
     ErrorInfo,
     SignedPickle,
     Tool,
+    ToolContext,
     from_parallel,
     from_parallel_all,
     from_prev,
@@ -33,6 +34,7 @@ from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
     CheckpointError,
+    CheckpointFlushError,
     CheckpointNotFound,
     CheckpointRecordInvalid,
     CheckpointStateMigrationChainAmbiguous,
@@ -41,6 +43,7 @@ from stepstone.exceptions import (
     CheckpointStateMigrationMissing,
     ConcurrentGraphResumeError,
     ConcurrentPlanRunError,
+    EffectInDoubtError,
     GraphCompileError,
     MaxTurnsExceeded,
     MissingExtraError,
@@ -60,6 +63,7 @@ from stepstone.exceptions import (
     UserError,
 )
 from stepstone.observability import Event, EventType, Session
+from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
 from stepstone.store import Store, StoreEntry
 
 __version__ = "0.1.0"
@@ -81,12 +85,18 @@ __all__ = [
     "from_step",
     # tools
     "Tool",
+    "ToolContext",
     "tool",
     # llm agents
     "CacheConfig",
     "LLMEngine",
     "NativeTool",
     "ThinkingConfig",
+    # durable agent runs
+    "AgentResult",
+    "Runner",
+    "RunnerConfig",
+    "checkpoint_latest_key",
     # serialization
     "SignedPickle",
     # observability
@@ -96,7 +106,9 @@ __all__ = [
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
+    "CheckpointFlushError",
     "ConcurrentPlanRunError",
+    "EffectInDoubtError",
     "MaxTurnsExceeded",
     "MissingExtraError",
     "ModelRequestsBlockedError",

@@ -20,6 +20,8 @@ The tree::
     │   ├── StreamStallError            a provider stream went idle past stream_idle_timeout
     │   ├── MaxTurnsExceeded            the LLM loop hit max_turns
     │   ├── AgentCheckpointCorruptionError  an agent-run checkpoint is missing or malformed
+    │   ├── EffectInDoubtError      a non-idempotent call started before a crash, outcome unknown
+    │   ├── CheckpointFlushError    an agent run's terminal checkpoint flush failed or timed out
     │   ├── NodeException               a graph node raised; __cause__ is the original error
     │   └── CheckpointError             a graph checkpoint cannot be used as asked
     │       ├── CheckpointNotFound      no record under that invocation_id
@@ -48,6 +50,7 @@ __all__ = [
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
     "CheckpointError",
+    "CheckpointFlushError",
     "CheckpointNotFound",
     "CheckpointRecordInvalid",
     "CheckpointStateMigrationChainAmbiguous",
@@ -56,6 +59,7 @@ __all__ = [
     "CheckpointStateMigrationMissing",
     "ConcurrentGraphResumeError",
     "ConcurrentPlanRunError",
+    "EffectInDoubtError",
     "GraphCompileError",
     "MaxTurnsExceeded",
     "MissingExtraError",
@@ -135,6 +139,19 @@ class MaxTurnsExceeded(StepstoneError):
 
 class AgentCheckpointCorruptionError(StepstoneError):
     """An agent-run checkpoint is missing, malformed, or its recorded effects disagree."""
+
+
+class EffectInDoubtError(StepstoneError):
+    """A tool declared ``in_doubt="fail"`` started before a crash and has no recorded outcome.
+
+    The message names the run, the tool, the turn and the call id; the call is not run
+    again (it may or may not have taken effect).
+    """
+
+
+class CheckpointFlushError(StepstoneError):
+    """An agent run's buffered checkpoint records could not be committed at its end
+    (the flush failed or exceeded ``RunnerConfig.checkpoint_flush_timeout_s``)."""
 
 
 class GraphCompileError(UserError):

@@ -10,13 +10,17 @@ import warnings
 from collections.abc import AsyncGenerator
 from typing import Any, Final, Literal, cast
 
-from stepstone.core import Envelope, Tool, payload_text
+from pydantic import TypeAdapter
+
+from stepstone.core import Envelope, ErrorInfo, Tool, payload_text
+from stepstone.durable._effects import DurableScope, current_scope
 from stepstone.engines.llm._calls import ModelCalls, RunState
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
+from stepstone.engines.llm._hooks import LoopHooks
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
 from stepstone.engines.llm._routing import ProviderRouting
 from stepstone.engines.llm._tools import ToolBatch
-from stepstone.exceptions import MaxTurnsExceeded, UserError
+from stepstone.exceptions import MaxTurnsExceeded, PlanPaused, UserError
 from stepstone.observability import EventType, Session
 from stepstone.providers._base import Provider
 from stepstone.providers._pricing import estimate_cost
@@ -273,6 +277,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         price is unknown), ``latency_ms``, ``turns``, ``tool_calls`` and ``run_id``.
         Misuse (:class:`~stepstone.exceptions.UserError`, e.g. a missing SDK extra) raises.
         """
+        scope = current_scope()
+        if scope is not None:
+            return await self._run_scoped(env, scope, tools, output_type, session)
         state = self._new_run(session)
         state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
         started = time.perf_counter()
@@ -354,6 +361,68 @@ class LLMEngine(ModelCalls, ProviderRouting):
                     },
                 )
 
+    async def _run_scoped(
+        self,
+        env: Envelope[Any],
+        scope: DurableScope,
+        tools: list[Tool],
+        output_type: type,
+        session: Session | None,
+    ) -> Envelope[Any]:
+        """The loop inside a durable Plan step, graph node or subagent call: journaled under
+        a run key derived from that position, so a crash resumes it at its last committed
+        turn (finished tools replayed, the model not asked again for committed turns)."""
+        from stepstone.engines.llm._durable import DurableSettings, run_durable
+
+        key = f"{scope.key}:llm"
+        started = time.perf_counter()
+        result = await run_durable(
+            self,
+            store=scope.store,
+            key=key,
+            run_id=key,
+            thread_id=scope.key,
+            user_message=env.task if env.task else payload_text(env.payload),
+            context=None,
+            tools=tools,
+            output_type=output_type,
+            agent_name=self._agent_name or "agent",
+            session=session,
+            approvals=scope.approvals,
+            settings=DurableSettings(),
+            must_exist=False,
+            retry_failed=True,
+            system_context=env.context,
+        )
+        metadata = {
+            "model": self.model,
+            "provider": self.provider,
+            "usage": result["usage"],
+            "cost_usd": result["total_cost_usd"],
+            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            "turns": result["llm_calls"],
+            "tool_calls": result["tool_calls"],
+            "run_id": key,
+            "replayed_effect_count": result["replayed_effect_count"],
+        }
+        if result["state"] == "paused":
+            pending = result["pending_approvals"]
+            ids = ", ".join(str(p["call_id"]) for p in pending)
+            paused = PlanPaused(
+                f"LLM run {key!r} waits for approval of tool call(s) {ids}; resume with "
+                "approvals={call_id: True | False | 'reason'}"
+            )
+            paused.pending_approvals = pending  # type: ignore[attr-defined]
+            raise paused
+        if result["state"] != "completed":
+            error = result.get("error") or {"type": "RuntimeError", "message": "failed"}
+            info = ErrorInfo(type=error["type"], message=error["message"], retryable=False)
+            return Envelope(task=env.task, payload=None, metadata=metadata, error=info)
+        payload: Any = result["final_text"]
+        if wants_structured(output_type):
+            payload = TypeAdapter(output_type).validate_python(result["final_structured"])
+        return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)
+
     # -- the loop -------------------------------------------------------------------------
 
     def _new_run(self, session: Session | None) -> RunState:
@@ -395,8 +464,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
         output_type: type,
         state: RunState,
         sink: asyncio.Queue[str | None] | None = None,
+        hooks: LoopHooks | None = None,
     ) -> Any:
         provider = self.get_provider()
+        effects = hooks.effects if hooks is not None else self.effects
         wire_model = provider.resolve_model(self.model)
         state.model = wire_model
         tool_map = {t.name: t for t in tools}
@@ -410,7 +481,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         messages = [Message(role="user", text=user_text)]
         batch = ToolBatch(
             tool_map=tool_map,
-            effects=self.effects,
+            effects=effects,
             emit=state.emit,
             run_id=state.run_id,
             max_parallel_tools=self.max_parallel_tools,
@@ -435,9 +506,13 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 output_name=getattr(output_type, "__name__", None) if structured else None,
                 turn=turn,
             )
-            response = await self._model_call(provider, request, state, sink)
+            if hooks is not None:
+                await hooks.turn_started(request, state)
+            response = await self._model_call(provider, request, state, sink, effects)
             state.turns = turn + 1
             state.usage.add(response.usage)
+            if hooks is not None:
+                hooks.model_done(request, response, state)
             messages.append(
                 Message(
                     role="assistant",
@@ -449,7 +524,11 @@ class LLMEngine(ModelCalls, ProviderRouting):
             )
             if response.tool_calls:
                 state.tool_calls += len(response.tool_calls)
+                if hooks is not None:
+                    hooks.tools_started(turn, response.tool_calls, tool_map)
                 results = await batch.run(turn, response.tool_calls)
+                if hooks is not None:
+                    await hooks.tools_done(turn, results, state)
                 messages.append(Message(role="tool", tool_results=results))
                 continue
             if not structured:
@@ -479,6 +558,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         request: ModelRequest,
         state: RunState,
         sink: asyncio.Queue[str | None] | None,
+        effects: EffectHandler | None = None,
     ) -> ModelResponse:
         key = EffectKey(
             run_id=state.run_id,
@@ -506,7 +586,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         )
         started = time.perf_counter()
         try:
-            response = await self.effects.model_call(key, invoke)
+            response = await (effects or self.effects).model_call(key, invoke)
         except Exception as exc:
             state.emit(
                 EventType.MODEL_RESPONSE,

@@ -9,9 +9,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stepstone.core import Tool, payload_text
+from stepstone.core import Tool, ToolContext, payload_text
+from stepstone.core._tool import bind_tool_context, reset_tool_context
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, bind_call_key
-from stepstone.exceptions import ToolTimeoutError
+from stepstone.exceptions import (
+    AgentCheckpointCorruptionError,
+    ConcurrentPlanRunError,
+    EffectInDoubtError,
+    ToolTimeoutError,
+)
 from stepstone.observability import EventType
 from stepstone.providers._types import ToolCall, ToolResult
 
@@ -20,6 +26,9 @@ __all__ = ["ToolBatch"]
 Emit = Callable[[EventType, dict[str, Any]], None]
 
 _PREVIEW = 500
+
+# Not the model's business: a durable run that cannot trust its journal, or lost it, stops.
+_FATAL = (AgentCheckpointCorruptionError, ConcurrentPlanRunError, EffectInDoubtError)
 
 
 def _preview(text: str) -> str:
@@ -131,25 +140,46 @@ class ToolBatch:
         except (TypeError, ValueError) as exc:
             return self._error(call, turn, "InvalidArguments", str(exc))
         key = EffectKey(
-            run_id=self.run_id, kind="tool", turn=turn, index=index, name=call.name, input=args
+            run_id=self.run_id,
+            kind="tool",
+            turn=turn,
+            index=index,
+            name=call.name,
+            input=args,
+            call_id=call.id,
+            tool=tool,
+        )
+        ctx = ToolContext(
+            idempotency_key=key.idempotency_key,
+            run_id=self.run_id,
+            turn=turn,
+            index=index,
+            call_id=call.id,
         )
 
         async def invoke() -> Any:
-            with bind_call_key(key):
-                if self.tool_timeout is None:
-                    return await tool.invoke(args)
-                try:
-                    return await asyncio.wait_for(tool.invoke(args), self.tool_timeout)
-                except TimeoutError:
-                    raise ToolTimeoutError(
-                        f"tool {call.name!r} exceeded tool_timeout={self.tool_timeout}s "
-                        f"(turn {turn}, call {index})"
-                    ) from None
+            token = bind_tool_context(ctx)
+            try:
+                with bind_call_key(key):
+                    if self.tool_timeout is None:
+                        return await tool.invoke(args)
+                    try:
+                        return await asyncio.wait_for(tool.invoke(args), self.tool_timeout)
+                    except TimeoutError:
+                        raise ToolTimeoutError(
+                            f"tool {call.name!r} exceeded tool_timeout={self.tool_timeout}s "
+                            f"(turn {turn}, call {index})"
+                        ) from None
+            finally:
+                reset_tool_context(token)
 
         try:
             value = await self.effects.tool_call(key, invoke)
+        except _FATAL:
+            raise
         except Exception as exc:  # noqa: BLE001 - every tool failure is shown to the model
-            return self._error(call, turn, type(exc).__name__, str(exc))
+            kind = getattr(exc, "error_type", None) or type(exc).__name__
+            return self._error(call, turn, kind, str(exc))
         text = payload_text(value)
         self.emit(
             EventType.TOOL_RESULT,

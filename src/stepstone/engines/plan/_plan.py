@@ -57,6 +57,9 @@ class Plan:
             ``f"{checkpoint_key}:{run_uid}"`` and its ``writes=`` go under that key too.
         strict: Raise :class:`SerializationError` for values JSON cannot hold, instead of
             storing their ``str()`` with a warning.
+        approvals: Decisions for tool calls an LLM step paused on (``requires_approval``),
+            by call id: ``True`` runs the call, ``False`` or a reason string refuses it.
+            The paused envelope's ``metadata["pending_approvals"]`` lists them.
 
     Example::
 
@@ -80,6 +83,7 @@ class Plan:
         resume: bool = False,
         on_concurrent: Literal["fail", "fork"] = "fail",
         strict: bool = False,
+        approvals: dict[str, bool | str] | None = None,
     ) -> None:
         if on_concurrent not in ("fail", "fork"):
             raise PlanCompileError(
@@ -112,6 +116,7 @@ class Plan:
         self.store = store
         self.checkpoint_key = checkpoint_key
         self.resume = resume
+        self.approvals: dict[str, bool | str] = dict(approvals or {})
         self.on_concurrent = on_concurrent
         self.strict = strict
         self._compiled: CompiledPlan = compile_plan(tuple(steps), max_iterations=max_iterations)
@@ -156,6 +161,7 @@ class Plan:
             max_iterations=self.max_iterations,
             session=session,
             strict=self.strict,
+            approvals=self.approvals,
             meta={
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "fingerprint": self._compiled.fingerprint,

@@ -94,8 +94,11 @@ class _Run:
         """An LLM loop inside this node visit journals under a key of its position."""
         if self.owned is None:
             return None
+        # The correlation id, not the invocation id: a resume is a new invocation of the
+        # same correlation and must find the same loop at the same node position.
+        corr = self.owned.head.meta.get("correlation_id") or self.invocation_id
         where = "/".join((*ns, node))
-        return DurableScope(store=self.owned.store, key=f"{self.owned.key}:{where}:{step}")
+        return DurableScope(store=self.owned.store, key=f"graph:{corr}:{where}:{step}")
 
     async def save(self, pos: NodePosition, patch: Patch, pop: int, next_node: str | None) -> None:
         """Commit one completed node (head + journal row, one transaction)."""

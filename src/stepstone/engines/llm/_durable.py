@@ -200,11 +200,6 @@ async def run_durable(
                 f"agent run {run_id!r} belongs to thread {record['thread_id']!r}, not "
                 f"{thread_id!r}; pass thread_id={record['thread_id']!r}"
             )
-        stored = record["payload"].get("terminal_result")
-        if record["phase"] == "run_terminal" and isinstance(stored, dict):
-            state = stored.get("state")
-            if state in TERMINAL_STATES and not (retry_failed and state != "completed"):
-                return stored
     started = user_message
     if head is not None:
         first = next((r for r in rows if r.kind == "message"), None)
@@ -220,6 +215,12 @@ async def run_durable(
             "run's idempotency key: pass a new run_id for a new task, or call "
             "runner.resume() to continue this one"
         )
+    if record is not None:
+        stored = record["payload"].get("terminal_result")
+        if record["phase"] == "run_terminal" and isinstance(stored, dict):
+            state = stored.get("state")
+            if state in TERMINAL_STATES and not (retry_failed and state != "completed"):
+                return stored
     claim = await store._offload(
         lambda: claim_run(
             store,
@@ -316,10 +317,9 @@ async def _drive(
         )
     except AgentPaused as paused:
         outcome = {"state": "paused", "error": None, "pending_approvals": paused.pending}
-    except (ConcurrentPlanRunError, asyncio.CancelledError):
-        await journal.close()
-        raise
-    except UserError:
+    except (ConcurrentPlanRunError, AgentCheckpointCorruptionError, UserError):
+        # Nothing more is written: the journal cannot be trusted, or is not ours, or the
+        # call was wrong. The run stays resumable where it stopped.
         await journal.close()
         raise
     except Exception as exc:  # noqa: BLE001 - a failed run is a result (corruption, in doubt...)
@@ -328,6 +328,9 @@ async def _drive(
             "error": {"type": type(exc).__name__, "message": str(exc)},
             "pending_approvals": [],
         }
+    except BaseException:  # cancellation, KeyboardInterrupt: a crash, resumable
+        await journal.close()
+        raise
     await journal.close()
     tools_run, subs_run = _tool_executions(journal)
     model = state.model or engine.model

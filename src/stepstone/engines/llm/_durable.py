@@ -194,12 +194,11 @@ async def run_durable(
             f"no checkpoint for agent run {run_id!r} (key {key!r}): it never started or the "
             "store was cleared. Check the run_id and the store, or start it with runner.run()"
         )
-    if record is not None:
-        if record["run_id"] != run_id or record["thread_id"] != thread_id:
-            raise UserError(
-                f"agent run {run_id!r} belongs to thread {record['thread_id']!r}, not "
-                f"{thread_id!r}; pass thread_id={record['thread_id']!r}"
-            )
+    if record is not None and (record["run_id"] != run_id or record["thread_id"] != thread_id):
+        raise UserError(
+            f"agent run {run_id!r} belongs to thread {record['thread_id']!r}, not "
+            f"{thread_id!r}; pass thread_id={record['thread_id']!r}"
+        )
     started = user_message
     if head is not None:
         first = next((r for r in rows if r.kind == "message"), None)

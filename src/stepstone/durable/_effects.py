@@ -152,6 +152,8 @@ class EffectJournal:
         self.replayed = 0
         self.commits = 0
         self._buffer: list[Row] = []
+        self._appended = 0  # rows ever buffered
+        self._committed = 0  # rows ever buffered that are now committed
         self._pending_snapshot: dict[str, Any] | None = None
         self._lock: asyncio.Lock | None = None
         self._failure: BaseException | None = None
@@ -204,14 +206,14 @@ class EffectJournal:
             "timestamp_ms": int(time.time() * 1000),
         }
         self.phases.append(record)
-        self._buffer.append(("phase", phase, record))
+        self._append(("phase", phase, record))
         self._kick()
         return record
 
     def message(self, message: dict[str, Any]) -> None:
         """Buffer one transcript message (appended, never rewritten)."""
         self.messages.append(message)
-        self._buffer.append(("message", message.get("role"), message))
+        self._append(("message", message.get("role"), message))
         self._kick()
 
     def runtime_snapshot(self, snapshot: dict[str, Any]) -> None:
@@ -220,8 +222,12 @@ class EffectJournal:
         if self.coalesce:
             self._pending_snapshot = snapshot
         else:
-            self._buffer.append(("snapshot", None, snapshot))
+            self._append(("snapshot", None, snapshot))
         self._kick()
+
+    def _append(self, row: Row) -> None:
+        self._buffer.append(row)
+        self._appended += 1
 
     def _kick(self) -> None:
         if len(self._buffer) >= self.queue_maxsize:
@@ -252,8 +258,12 @@ class EffectJournal:
         status: str = "running",
         meta: dict[str, Any] | None = None,
         force: bool = False,
+        upto: int | None = None,
     ) -> None:
         """Commit everything buffered (group commit: one transaction for all of it).
+
+        ``upto``: only needed until the first ``upto`` rows ever buffered are committed
+        (a caller waiting for its own rows returns when another commit took them).
 
         Raises:
             ConcurrentPlanRunError: the run lost its ownership; nothing was written.
@@ -264,6 +274,9 @@ class EffectJournal:
             if self._failure is not None:
                 failure, self._failure = self._failure, None
                 raise failure
+            if upto is not None and self._committed >= upto and not force:
+                return
+            mark = self._appended
             rows = self._take()
             if not rows and not force:
                 return
@@ -278,6 +291,7 @@ class EffectJournal:
             except BaseException as exc:
                 self._failure = exc
                 raise
+            self._committed = mark
             self.commits += 1
 
     def _take(self) -> list[Row]:
@@ -290,8 +304,9 @@ class EffectJournal:
     async def _sync_point(self) -> None:
         # Let concurrent calls that finish in the same loop tick add their rows first, so
         # one transaction (and one fsync) commits them all.
+        mark = self._appended
         await asyncio.sleep(0)
-        await self.flush()
+        await self.flush(upto=mark)
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
@@ -388,7 +403,7 @@ class EffectJournal:
             intent = {"kind": kind, "name": name, "turn": turn, "index": index}
             intent.update({"call_id": call_id, "input_hash": input_hash})
             self.intents[pos] = intent
-            self._buffer.append(("intent", pos, intent))
+            self._append(("intent", pos, intent))
             if commit_intent:
                 await self._sync_point()
         data = await invoke()
@@ -429,4 +444,4 @@ class EffectJournal:
             "data": data,
         }
         self.outcomes[pos] = outcome
-        self._buffer.append(("outcome", pos, outcome))
+        self._append(("outcome", pos, outcome))

@@ -161,6 +161,31 @@ def _tool_executions(journal: EffectJournal) -> tuple[list[dict[str, Any]], list
     return tools, subs
 
 
+def _decisions(
+    run_id: str, record: dict[str, Any] | None, approvals: dict[str, Any], *, strict: bool
+) -> dict[tuple[int, int], Any]:
+    """Approvals by call id, resolved to the positions the run is paused on: a decision
+    applies to that pending call only, never to a later call that reuses its id."""
+    if not approvals:
+        return {}
+    stored = (record or {}).get("payload", {}).get("terminal_result") or {}
+    pending = stored.get("pending_approvals") or [] if stored.get("state") == "paused" else []
+    out = {
+        (p["turn"], p["index"]): approvals[p["call_id"]]
+        for p in pending
+        if p["call_id"] in approvals
+    }
+    unknown = sorted(set(approvals) - {p["call_id"] for p in pending})
+    if strict and unknown:
+        waiting = [p["call_id"] for p in pending]
+        raise UserError(
+            f"agent run {run_id!r} is not waiting for approval of call id(s) {unknown}; "
+            f"it waits for {waiting or 'nothing'}. Pass approvals={{call_id: True}} with ids "
+            "from result.pending_approvals"
+        )
+    return out
+
+
 async def run_durable(
     engine: Any,
     *,
@@ -214,6 +239,7 @@ async def run_durable(
             "run's idempotency key: pass a new run_id for a new task, or call "
             "runner.resume() to continue this one"
         )
+    decisions = _decisions(run_id, record, approvals or {}, strict=not retry_failed)
     if record is not None:
         stored = record["payload"].get("terminal_result")
         if record["phase"] == "run_terminal" and isinstance(stored, dict):
@@ -254,6 +280,7 @@ async def run_durable(
             agent_name=agent_name,
             session=session,
             approvals=approvals or {},
+            decisions=decisions,
             settings=settings,
             system_context=system_context,
         )
@@ -277,6 +304,7 @@ async def _drive(
     agent_name: str,
     session: Session | None,
     approvals: dict[str, Any],
+    decisions: dict[tuple[int, int], Any],
     settings: DurableSettings,
     system_context: str | None,
 ) -> dict[str, Any]:
@@ -293,7 +321,7 @@ async def _drive(
     prior = journal.snapshot or {}
     ctx = dict(prior.get("context") or context or {})
     scope = DurableScope(store=store, key=owned.key, approvals=approvals)
-    effects = JournaledEffects(journal, store_scope=scope, approvals=approvals)
+    effects = JournaledEffects(journal, store_scope=scope, decisions=decisions)
     provider = engine.get_provider()
     hooks = LoopHooks(
         journal=journal,

@@ -122,11 +122,15 @@ class JournaledEffects:
     """The effect handler of a durable loop: journal, replay, in-doubt policy, approvals."""
 
     def __init__(
-        self, journal: EffectJournal, *, store_scope: DurableScope, approvals: dict[str, Any]
+        self,
+        journal: EffectJournal,
+        *,
+        store_scope: DurableScope,
+        decisions: dict[tuple[int, int], Any],
     ) -> None:
         self.journal = journal
         self.scope = store_scope
-        self.approvals = approvals
+        self.decisions = decisions
         self.pending: list[dict[str, Any]] = []
         self._chain = ""
         self._hashed = 0
@@ -185,7 +189,7 @@ class JournaledEffects:
             tool.requires_approval or (policy == "ask" and j.in_doubt(kind, key.turn, key.index))
         )
         if ask and tool is not None:
-            decision = self.approvals.get(key.call_id or "")
+            decision = self.decisions.get((key.turn, key.index))
             if decision is None:
                 self.pending.append(
                     {
@@ -214,7 +218,7 @@ class JournaledEffects:
         child = DurableScope(
             store=self.scope.store,
             key=f"{j.run.key}/{kind}:{key.turn}:{key.index}",
-            approvals=self.approvals,
+            approvals=self.scope.approvals,
         )
 
         async def call() -> dict[str, Any]:

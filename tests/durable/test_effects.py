@@ -20,7 +20,7 @@ def store(tmp_path: Path) -> Any:
 
 def _tool(policy: Any, done: list[str], crash: set[str]) -> Tool:
     @tool(in_doubt=policy)
-    def transfer(ref: str) -> str:
+    async def transfer(ref: str) -> str:
         """Move money (not idempotent)."""
         done.append(ref)
         if ref in crash:

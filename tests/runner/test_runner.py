@@ -72,7 +72,7 @@ class Ledger:
 
     def tools(self) -> list[Any]:
         @tool
-        def charge(order: str, ctx: ToolContext) -> str:
+        async def charge(order: str, ctx: ToolContext) -> str:
             """Charge an order."""
             self.done.append(order)
             self.keys.setdefault(order, ctx.idempotency_key)

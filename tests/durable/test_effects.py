@@ -119,9 +119,9 @@ async def test_concurrent_tool_outcomes_share_one_commit(store: Store) -> None:
     store.backend.run_commit = counting  # type: ignore[method-assign]
     result = await runner.run(Agent(model=model, tools=[fast]), user_message="go")
     assert result.state == "completed" and before is not None
-    # turn 0: phases before the model call; the model outcome with the four intents; the
-    # four outcomes together. turn 1: phases; the terminal commit.
-    assert len(commits) == 5, commits
+    # the run's opening records; turn 0's model outcome with the four intents; the four
+    # outcomes together, with turn 0's closing and turn 1's opening records; the end.
+    assert len(commits) == 4, commits
 
 
 async def test_tool_context_key_is_stable_and_hidden_from_the_model(store: Store) -> None:

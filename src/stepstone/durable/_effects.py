@@ -372,11 +372,13 @@ class EffectJournal:
         policy: InDoubtPolicy = "rerun",
         commit_intent: bool = True,
         commit_outcome: bool = True,
+        after_outcome: Callable[[], None] | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """Run (or replay) one effect; returns ``(outcome_data, replayed)``.
 
         ``invoke`` returns the outcome as a JSON dict (errors encoded by the caller, so a
-        failed call is replayed as the same failure).
+        failed call is replayed as the same failure). ``after_outcome`` runs once the
+        outcome is buffered, before its commit (to add rows that belong in it).
 
         Raises:
             AgentCheckpointCorruptionError: see :meth:`recorded`.
@@ -416,6 +418,8 @@ class EffectJournal:
             data=data,
             call_id=call_id,
         )
+        if after_outcome is not None:
+            after_outcome()
         if commit_outcome:
             await self._sync_point()
         return data, False

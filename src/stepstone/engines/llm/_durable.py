@@ -329,6 +329,7 @@ async def _drive(
         provider=provider.name,
         requested_model=engine.model,
         context=ctx,
+        max_turns=engine.max_turns,
         started_at_s=float(prior.get("started_at_s") or time.time()),
     )
     journal.phase("run_started", {"agent_name": agent_name, "resumed": bool(owned_rows)})

@@ -132,6 +132,8 @@ class JournaledEffects:
         self.scope = store_scope
         self.decisions = decisions
         self.pending: list[dict[str, Any]] = []
+        self.inflight = 0
+        self.on_drained: Callable[[int], None] | None = None
         self._chain = ""
         self._hashed = 0
 
@@ -234,6 +236,12 @@ class JournaledEffects:
                 }
             return {"content": payload_text(value)}
 
+        def drained() -> None:
+            self.inflight -= 1
+            if self.inflight == 0 and not self.pending and self.on_drained is not None:
+                self.on_drained(key.turn)
+
+        self.inflight += 1
         data, _ = await j.effect(
             kind=kind,
             turn=key.turn,
@@ -243,6 +251,7 @@ class JournaledEffects:
             invoke=call,
             call_id=key.call_id,
             policy="rerun" if policy == "ask" else policy,
+            after_outcome=drained,
         )
         return _decode_tool(data)
 
@@ -256,16 +265,32 @@ def _decode_tool(data: dict[str, Any]) -> Any:
 
 @dataclasses.dataclass(kw_only=True)
 class LoopHooks:
-    """Phase records and snapshots of one durable loop (see ``LLMEngine._loop``)."""
+    """Phase records and snapshots of one durable loop (see ``LLMEngine._loop``).
+
+    Commits per turn: the model's outcome rides with the tool intents (one commit, before
+    any tool runs), and the tool outcomes share one group commit; the last outcome of a
+    batch also carries the batch's closing records and the next turn's opening ones, so
+    every phase record is committed before the next call starts.
+    """
 
     journal: EffectJournal
     effects: JournaledEffects
     provider: str
     requested_model: str
     context: dict[str, Any]
+    max_turns: int = 1_000_000
     started_at_s: float = dataclasses.field(default_factory=time.time)
     final_text: str = ""
     _live_turn: int = -1
+    _opened_turn: int = -1
+    _closed_turn: int = -1
+    _n_messages: int = 0
+    _model: str = ""
+    _state: RunState | None = None
+    _batch: tuple[int, int, bool, bool] = (-1, 0, True, False)
+
+    def __post_init__(self) -> None:
+        self.effects.on_drained = self._drained
 
     def snapshot(self, state: RunState, phase_state: str = "running") -> dict[str, Any]:
         """The runtime snapshot (counters; messages live in the journal as rows)."""
@@ -289,19 +314,27 @@ class LoopHooks:
             "replayed_effect_count": self.journal.replayed,
         }
 
+    def _open(self, turn: int, n_messages: int, model: str, state: RunState) -> None:
+        j = self.journal
+        j.phase("step_started", {"state": "running", "message_count": n_messages, "step": turn})
+        j.phase("pre_llm", {"model": model, "provider": self.provider, "message_count": n_messages})
+        j.runtime_snapshot(self.snapshot(state))
+        self._opened_turn = turn
+
     async def turn_started(self, request: ModelRequest, state: RunState) -> None:
         """Before the model call: ``step_started`` and ``pre_llm`` (not on replayed turns)."""
         j = self.journal
         j.turn = request.turn
+        self._n_messages = len(request.messages)
+        self._model = request.model
+        self._state = state
         if j.has_outcome("model", request.turn):
             return
         self._live_turn = request.turn
-        n = len(request.messages)
-        j.phase("step_started", {"state": "running", "message_count": n, "step": request.turn})
-        j.phase("pre_llm", {"model": request.model, "provider": self.provider, "message_count": n})
-        j.runtime_snapshot(self.snapshot(state))
+        if self._opened_turn != request.turn:
+            self._open(request.turn, self._n_messages, request.model, state)
         if not j.async_writes:
-            await j.flush()
+            await j.flush()  # a no-op when the last tool outcome already carried them
 
     def model_done(self, request: ModelRequest, response: ModelResponse, state: RunState) -> None:
         """After the model call: ``post_llm`` (committed with the tool intents)."""
@@ -324,17 +357,47 @@ class LoopHooks:
 
     def tools_started(self, turn: int, calls: list[ToolCall], tool_map: dict[str, Tool]) -> None:
         """``pre_tool_batch`` / ``pre_subagent_batch`` (committed with the intents)."""
+        subs = [c for c in calls if _kind(tool_map, c) == "subagent"]
+        kinds = (len(subs) < len(calls), bool(subs))
+        self._batch = (turn, len(calls), *kinds)
         if self._live_turn != turn and all(
             self.journal.has_outcome(_kind(tool_map, c), turn, i) for i, c in enumerate(calls)
         ):
             return
         self._live_turn = turn
-        subs = [c for c in calls if _kind(tool_map, c) == "subagent"]
-        if len(subs) < len(calls):
+        if kinds[0]:
             self.journal.phase("pre_tool_batch", {"tool_call_count": len(calls) - len(subs)})
-        if subs:
+        if kinds[1]:
             self.journal.phase("pre_subagent_batch", {"subagent_call_count": len(subs)})
-        self._batch_kinds = (len(subs) < len(calls), bool(subs))
+
+    def _close(self, turn: int, failures: int, n_results: int) -> None:
+        _, _, tools, subs = self._batch
+        state = self._state
+        total = state.tool_calls if state is not None else n_results
+        if tools:
+            self.journal.phase(
+                "post_tool_batch", {"tool_calls_total": total, "tool_failures": failures}
+            )
+        if subs:
+            self.journal.phase("post_subagent_batch", {"subagent_calls": n_results})
+        self._closed_turn = turn
+
+    def _drained(self, turn: int) -> None:
+        """The batch's last live call just recorded its outcome: buffer the closing
+        records and the next turn's opening ones, so the same commit carries them."""
+        batch_turn, n_calls, _, _ = self._batch
+        if batch_turn != turn or self._live_turn != turn or self._state is None:
+            return
+        outcomes = [
+            o
+            for i in range(n_calls)
+            for kind in ("tool", "subagent")
+            if (o := self.journal.outcomes.get(f"{kind}:{turn}:{i}")) is not None
+        ]
+        errors = sum(1 for o in outcomes if "error" in (o.get("data") or {}))
+        self._close(turn, errors + n_calls - len(outcomes), n_calls)
+        if turn + 1 < self.max_turns:
+            self._open(turn + 1, self._n_messages + 2, self._model, self._state)
 
     async def tools_done(self, turn: int, results: list[ToolResult], state: RunState) -> None:
         """``post_tool_batch`` / ``post_subagent_batch``; stops the run for approvals."""
@@ -342,16 +405,9 @@ class LoopHooks:
         if pending:
             self.effects.pending = []
             raise AgentPaused(pending)
-        if self._live_turn != turn:
+        if self._live_turn != turn or self._closed_turn == turn:
             return
-        tools, subs = getattr(self, "_batch_kinds", (True, False))
-        failures = sum(1 for r in results if r.is_error)
-        if tools:
-            self.journal.phase(
-                "post_tool_batch", {"tool_calls_total": state.tool_calls, "tool_failures": failures}
-            )
-        if subs:
-            self.journal.phase("post_subagent_batch", {"subagent_calls": len(results)})
+        self._close(turn, sum(1 for r in results if r.is_error), len(results))
 
 
 def _kind(tool_map: dict[str, Tool], call: ToolCall) -> str:

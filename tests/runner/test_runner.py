@@ -117,7 +117,7 @@ async def test_seed_example_runs_as_written() -> None:
 
 
 async def test_phases_records_and_the_audit_trail(store: Store) -> None:
-    # guarantee 86, 87, 88, 97, 104
+    # guarantee 86, 87, 88, 97, 104, 188
     script, ledger = Script(two_turns()), Ledger()
     runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
     result = await runner.run(make(script, ledger), user_message="bill", thread_id="th")
@@ -483,3 +483,45 @@ async def test_failed_terminal_flush_is_an_error_in_the_result(tmp_path: Path) -
             make(Script(two_turns()), Ledger()), run_id="f", thread_id=result.thread_id
         )
         assert again.state == "completed"
+
+
+def test_agent_shorthand() -> None:
+    # guarantee 187
+    from stepstone import LLMEngine
+
+    agent = Agent(name="a", model=FakeModel(["hi"]), instructions="Be brief.")
+    assert isinstance(agent.engine, LLMEngine) and agent.engine.system == "Be brief."
+    assert Agent(model="claude-sonnet-4-6").engine.model == "claude-sonnet-4-6"  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="both engine"):
+        Agent(engine=LLMEngine("gpt-5"), model="gpt-5")
+    with pytest.raises(TypeError, match="instructions"):
+        Agent(engine=LLMEngine("gpt-5"), instructions="x")
+    assert agent("hello").payload == "hi"
+
+
+async def test_runner_without_store_is_in_memory() -> None:
+    # guarantee 168
+    runner = Runner()
+    assert type(runner.store.backend).__name__ == "MemoryBackend"
+    result = await runner.run(make(Script(two_turns()), Ledger()), user_message="bill")
+    assert result.state == "completed" and runner.checkpoints(result.run_id)
+
+
+async def test_bytes_per_turn_do_not_grow(store: Store) -> None:
+    # guarantee 189
+    def replies(turns: int) -> dict[int, Any]:
+        out: dict[int, Any] = {t: call("charge", order=f"o{t}") for t in range(turns)}
+        out[turns] = "done"
+        return out
+
+    sizes = {}
+    for turns in (5, 40):
+        runner = Runner(store=store)
+        agent = Agent(model=Script(replies(turns)).model(), tools=Ledger().tools(), max_turns=50)
+        result = await runner.run(agent, user_message="bill", run_id=f"b{turns}")
+        rows = store.backend.run_journal(checkpoint_latest_key(result.run_id))
+        sizes[turns] = sum(len(r.data) for r in rows) / turns
+        # no row holds the conversation (the terminal record lists the run's tool calls once)
+        body = [r for r in rows if r.name != "run_terminal"]
+        assert max(len(r.data) for r in body) < 4000
+    assert sizes[40] < sizes[5] * 1.2

@@ -6,7 +6,8 @@ for conversations of 10 and 200 turns. Measured:
 
 * the plain loop (``Agent.run``: no store) and the durable run (``Runner.run`` on a new
   SQLite file, ``synchronous=FULL``), in sync mode (``checkpoint_async_writes=False``) and
-  write-behind mode (the default);
+  write-behind mode (the default), and sync mode with ``durability="normal"`` (no fsync:
+  the CPU cost of journaling);
 * overhead per turn = (durable - plain) / turns, in ms and in raw FULL commits;
 * commits per turn (the run's head version counts every commit);
 * the ratio of per-turn durable cost at 200 and at 10 turns (does a turn get dearer as the
@@ -30,10 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from stepstone import Agent, Runner, RunnerConfig, Store, checkpoint_latest_key, tool
-from stepstone.providers import ModelRequest
+from stepstone.providers import ModelRequest, Usage
 from stepstone.testing import FunctionModel, Reply, call
 
 PAYLOAD = "x" * 1000
+# Given usage: the scripted model would otherwise estimate tokens over the whole
+# conversation on every turn (its own cost, not the engine's).
+USAGE = Usage(input_tokens=100, output_tokens=20)
+MODES = (
+    ("sync", False, "full"),
+    ("write-behind", True, "full"),
+    ("sync NORMAL", False, "normal"),  # no fsync: what the engine itself costs
+)
 
 
 def raw_commit_ms(path: Path, n: int = 300) -> float:
@@ -68,8 +77,8 @@ def agent(turns: int) -> Agent:
     def script(request: ModelRequest) -> Any:
         if request.turn < turns - 1:
             t = request.turn
-            return Reply(tool_calls=[call("lookup", n=t), call("note", n=t)])
-        return "done"
+            return Reply(tool_calls=[call("lookup", n=t), call("note", n=t)], usage=USAGE)
+        return Reply(text="done", usage=USAGE)
 
     return Agent(
         name="bench", model=FunctionModel(script), tools=[lookup, note], max_turns=turns + 1
@@ -83,9 +92,11 @@ async def plain_ms(turns: int) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def durable_ms(path: Path, turns: int, async_writes: bool) -> tuple[float, int, int]:
+async def durable_ms(
+    path: Path, turns: int, async_writes: bool, durability: str = "full"
+) -> tuple[float, int, int]:
     """(ms, commits, journal bytes) of one durable run on a new file."""
-    with Store(db=path) as store:
+    with Store(db=path, durability=durability) as store:  # type: ignore[arg-type]
         runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=async_writes))
         start = time.perf_counter()
         result = await runner.run(agent(turns), user_message="go", run_id="b")
@@ -112,9 +123,11 @@ async def main() -> None:
     per_turn: dict[tuple[int, str], float] = {}
     for turns in (10, 200):
         plain = statistics.median([await plain_ms(turns) for _ in range(args.repeat)])
-        for mode, async_writes in (("sync", False), ("write-behind", True)):
+        for mode, async_writes, durability in MODES:
             runs = [
-                await durable_ms(tmp / f"d-{turns}-{mode}-{r}.sqlite", turns, async_writes)
+                await durable_ms(
+                    tmp / f"d-{turns}-{mode}-{r}.sqlite", turns, async_writes, durability
+                )
                 for r in range(args.repeat)
             ]
             ms = statistics.median(r[0] for r in runs)
@@ -126,7 +139,7 @@ async def main() -> None:
                 f"{over:>7.3f}ms {over / raw:>6.2f} {commits / turns:>13.2f} "
                 f"{size / turns:>11.0f}"
             )
-    for mode in ("sync", "write-behind"):
+    for mode, _, _ in MODES:
         ratio = per_turn[(200, mode)] / per_turn[(10, mode)]
         print(f"cost ratio per turn 200/10 ({mode}): {ratio:.2f}")
 

@@ -66,3 +66,16 @@ def test_docs_code_blocks_run(tmp_path: Path) -> None:
         "run_terminal",
         "['run_started', 'step_started', 'pre_llm', 'post_llm']",
     ]
+
+
+def test_readme_durable_agent_block_runs(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Durable agent runs", 1)[1]
+    block = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    script = tmp_path / "readme_block.py"
+    script.write_text(block)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "completed Charged 120 EUR."

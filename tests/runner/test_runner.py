@@ -103,7 +103,7 @@ def make(script: Script, ledger: Ledger, **kw: Any) -> Agent:
     return Agent(name="biller", model=script.model(), tools=ledger.tools(), **kw)
 
 
-async def test_seed_example_runs_as_written() -> None:
+async def test_the_resume_example_runs_as_written() -> None:
     # guarantee 88, 104
     agent = Agent(name="analyst", model=FakeModel(["Q4 is up 12%."]), instructions="Analyze data.")
     runner = Runner()
@@ -525,3 +525,32 @@ async def test_bytes_per_turn_do_not_grow(store: Store) -> None:
         body = [r for r in rows if r.name != "run_terminal"]
         assert max(len(r.data) for r in body) < 4000
     assert sizes[40] < sizes[5] * 1.2
+
+
+async def test_structured_output_is_kept_and_replayed(tmp_path: Path) -> None:
+    # guarantee 92, 183
+    from pydantic import BaseModel
+
+    from stepstone import Plan, Step
+
+    class Verdict(BaseModel):
+        approve: bool
+        reason: str
+
+    answer = '{"approve": true, "reason": "within budget"}'
+    with Store(db=tmp_path / "s.sqlite") as store:
+        runner = Runner(store=store)
+        agent = Agent(model=Script({0: answer}).model(), output=Verdict)
+        result = await runner.run(agent, user_message="judge", run_id="v", thread_id="t")
+        assert result.final_structured == {"approve": True, "reason": "within budget"}
+        script = Script({0: answer})
+        judge = Agent(name="judge", model=script.model(), output=Verdict)
+        plan = Plan(Step(judge, output=Verdict), store=store, checkpoint_key="j")
+        env = await Agent(engine=plan).run("judge")
+        assert env.ok and env.payload == Verdict(approve=True, reason="within budget")
+        # the step's loop again under the same execution key: the stored answer, typed
+        from stepstone.durable._effects import DurableScope, bind_scope
+
+        with bind_scope(DurableScope(store=store, key="j:judge:1")):
+            again = await judge.run("judge")
+        assert again.payload == env.payload and script.asked == [0]

@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Literal
 
 from stepstone.agent import Agent
+from stepstone.core._serialization import to_json_value
 from stepstone.core._sync import run_sync
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.llm._durable import DurableSettings, latest_record, read_run, run_durable
@@ -237,11 +238,17 @@ class Runner:
                 the id of a crashed run continues it; of a finished run returns its result.
 
         Raises:
-            UserError: an empty id, or ``run_id`` already used for another message.
+            UserError: an empty id, ``run_id`` already used for another message, or a
+                ``context`` that is not a dict.
+            SerializationError: ``context`` holds a value JSON cannot hold.
             ConcurrentPlanRunError: a live process is running this ``run_id``.
         """
         if not isinstance(user_message, str):
             raise UserError(f"user_message must be a string, got {user_message!r}")
+        if context is not None:
+            if not isinstance(context, dict):
+                raise UserError(f"context must be a dict of JSON values, got {context!r}")
+            context = to_json_value(context, where="Runner.run(context=...)", strict=True)
         return await self._go(
             agent,
             run_id=_check_id("run_id", run_id if run_id is not None else uuid.uuid4().hex),

@@ -17,6 +17,7 @@ from stepstone import (
     ConcurrentPlanRunError,
     Runner,
     RunnerConfig,
+    SerializationError,
     Store,
     ToolContext,
     UserError,
@@ -411,6 +412,11 @@ async def test_ids_and_idempotent_run_ids(store: Store) -> None:
             await runner.resume(agent, run_id="x", thread_id=bad)  # type: ignore[arg-type]
     with pytest.raises(UserError, match="run_id"):
         await runner.run(agent, user_message="bill", run_id="")
+    with pytest.raises(UserError, match="context must be a dict"):
+        await runner.run(agent, user_message="bill", context=["x"])  # type: ignore[arg-type]
+    with pytest.raises(SerializationError, match="context"):
+        await runner.run(agent, user_message="bill", context={"when": object()})
+    assert store.keys() == []
     await runner.run(agent, user_message="bill", run_id="r", thread_id="t")
     with pytest.raises(UserError, match="another user_message"):
         await runner.run(agent, user_message="something else", run_id="r", thread_id="t")

@@ -12,18 +12,20 @@ import json
 import time
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
-from stepstone.core import Envelope, Tool
+from stepstone.core import Envelope, ErrorInfo, Tool, payload_text
 from stepstone.core._serialization import to_json_value
 from stepstone.durable._effects import AGENT_KIND, SCHEMA_VERSION, DurableScope, EffectJournal
 from stepstone.durable._kernel import claim_run
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
+from stepstone.engines.llm._output import wants_structured
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointFlushError,
     ConcurrentPlanRunError,
+    PlanPaused,
     UserError,
 )
 from stepstone.observability import Session
@@ -38,6 +40,7 @@ __all__ = [
     "normalize_record",
     "read_run",
     "run_durable",
+    "run_in_scope",
 ]
 
 TERMINAL_STATES = ("completed", "failed", "cancelled")
@@ -416,3 +419,64 @@ async def _drive(
         }
     result["checkpoint_commits"] = journal.commits
     return result
+
+
+async def run_in_scope(
+    engine: Any,
+    env: Envelope[Any],
+    scope: DurableScope,
+    tools: list[Tool],
+    output_type: type,
+    session: Session | None,
+) -> Envelope[Any]:
+    """The loop inside a durable Plan step, graph node or subagent call: journaled under
+    a run key derived from that position, so a crash resumes it at its last committed
+    turn (finished tools replayed, the model not asked again for committed turns)."""
+    key = f"{scope.key}:llm"
+    started = time.perf_counter()
+    result = await run_durable(
+        engine,
+        store=scope.store,
+        key=key,
+        run_id=key,
+        thread_id=scope.key,
+        user_message=env.task if env.task else payload_text(env.payload),
+        context=None,
+        tools=tools,
+        output_type=output_type,
+        agent_name=engine._agent_name or "agent",
+        session=session,
+        approvals=scope.approvals,
+        settings=DurableSettings(),
+        must_exist=False,
+        retry_failed=True,
+        system_context=env.context,
+    )
+    metadata = {
+        "model": engine.model,
+        "provider": engine.provider,
+        "usage": result["usage"],
+        "cost_usd": result["total_cost_usd"],
+        "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+        "turns": result["llm_calls"],
+        "tool_calls": result["tool_calls"],
+        "run_id": key,
+        "replayed_effect_count": result["replayed_effect_count"],
+    }
+    if result["state"] == "paused":
+        pending = result["pending_approvals"]
+        ids = ", ".join(str(p["call_id"]) for p in pending)
+        paused = PlanPaused(
+            f"LLM run {key!r} waits for approval of tool call(s) {ids}; resume with "
+            "approvals={call_id: True | False | 'reason'}"
+        )
+        paused.pending_approvals = pending  # type: ignore[attr-defined]
+        raise paused
+    if result["state"] != "completed":
+        error = result.get("error") or {"type": "RuntimeError", "message": "failed"}
+        info = ErrorInfo(type=error["type"], message=error["message"], retryable=False)
+        return Envelope(task=env.task, payload=None, metadata=metadata, error=info)
+    payload: Any = result["final_text"]
+    if wants_structured(output_type):
+        payload = TypeAdapter(output_type).validate_python(result["final_structured"])
+    return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)

@@ -10,17 +10,15 @@ import warnings
 from collections.abc import AsyncGenerator
 from typing import Any, Final, Literal, cast
 
-from pydantic import TypeAdapter
-
-from stepstone.core import Envelope, ErrorInfo, Tool, payload_text
-from stepstone.durable._effects import DurableScope, current_scope
+from stepstone.core import Envelope, Tool, payload_text
+from stepstone.durable._effects import current_scope
 from stepstone.engines.llm._calls import ModelCalls, RunState
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
 from stepstone.engines.llm._hooks import LoopHooks
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
 from stepstone.engines.llm._routing import ProviderRouting
 from stepstone.engines.llm._tools import ToolBatch
-from stepstone.exceptions import MaxTurnsExceeded, PlanPaused, UserError
+from stepstone.exceptions import MaxTurnsExceeded, UserError
 from stepstone.observability import EventType, Session
 from stepstone.providers._base import Provider
 from stepstone.providers._pricing import estimate_cost
@@ -279,7 +277,9 @@ class LLMEngine(ModelCalls, ProviderRouting):
         """
         scope = current_scope()
         if scope is not None:
-            return await self._run_scoped(env, scope, tools, output_type, session)
+            from stepstone.engines.llm._durable import run_in_scope
+
+            return await run_in_scope(self, env, scope, tools, output_type, session)
         state = self._new_run(session)
         state.emit(EventType.AGENT_START, {"task": env.task, "model": self.model})
         started = time.perf_counter()
@@ -360,68 +360,6 @@ class LLMEngine(ModelCalls, ProviderRouting):
                         **self._metadata(state, started),
                     },
                 )
-
-    async def _run_scoped(
-        self,
-        env: Envelope[Any],
-        scope: DurableScope,
-        tools: list[Tool],
-        output_type: type,
-        session: Session | None,
-    ) -> Envelope[Any]:
-        """The loop inside a durable Plan step, graph node or subagent call: journaled under
-        a run key derived from that position, so a crash resumes it at its last committed
-        turn (finished tools replayed, the model not asked again for committed turns)."""
-        from stepstone.engines.llm._durable import DurableSettings, run_durable
-
-        key = f"{scope.key}:llm"
-        started = time.perf_counter()
-        result = await run_durable(
-            self,
-            store=scope.store,
-            key=key,
-            run_id=key,
-            thread_id=scope.key,
-            user_message=env.task if env.task else payload_text(env.payload),
-            context=None,
-            tools=tools,
-            output_type=output_type,
-            agent_name=self._agent_name or "agent",
-            session=session,
-            approvals=scope.approvals,
-            settings=DurableSettings(),
-            must_exist=False,
-            retry_failed=True,
-            system_context=env.context,
-        )
-        metadata = {
-            "model": self.model,
-            "provider": self.provider,
-            "usage": result["usage"],
-            "cost_usd": result["total_cost_usd"],
-            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
-            "turns": result["llm_calls"],
-            "tool_calls": result["tool_calls"],
-            "run_id": key,
-            "replayed_effect_count": result["replayed_effect_count"],
-        }
-        if result["state"] == "paused":
-            pending = result["pending_approvals"]
-            ids = ", ".join(str(p["call_id"]) for p in pending)
-            paused = PlanPaused(
-                f"LLM run {key!r} waits for approval of tool call(s) {ids}; resume with "
-                "approvals={call_id: True | False | 'reason'}"
-            )
-            paused.pending_approvals = pending  # type: ignore[attr-defined]
-            raise paused
-        if result["state"] != "completed":
-            error = result.get("error") or {"type": "RuntimeError", "message": "failed"}
-            info = ErrorInfo(type=error["type"], message=error["message"], retryable=False)
-            return Envelope(task=env.task, payload=None, metadata=metadata, error=info)
-        payload: Any = result["final_text"]
-        if wants_structured(output_type):
-            payload = TypeAdapter(output_type).validate_python(result["final_structured"])
-        return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)
 
     # -- the loop -------------------------------------------------------------------------
 

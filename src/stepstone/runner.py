@@ -93,7 +93,8 @@ class AgentResult:
         run_id: The run's id (its idempotency key: resume and lookups use it).
         thread_id: The conversation thread.
         state: ``completed``, ``failed``, ``paused`` (waiting for approvals) or
-            ``cancelled``.
+            ``cancelled`` (reserved: a cancelled task leaves the run resumable, like a
+            crash).
         final_text: The model's last text.
         final_structured: The structured output (JSON form) when the agent has one.
         tool_executions: One dict per tool call (``call_id, tool, turn, index, content,

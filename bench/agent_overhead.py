@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import sqlite3
 import statistics
 import tempfile
@@ -73,8 +74,10 @@ async def note(n: int) -> str:
     return f"noted {n}"
 
 
-def agent(turns: int) -> Agent:
+def agent(turns: int, stamps: list[float] | None = None) -> Agent:
     def script(request: ModelRequest) -> Any:
+        if stamps is not None:
+            stamps.append(time.perf_counter())
         if request.turn < turns - 1:
             t = request.turn
             return Reply(tool_calls=[call("lookup", n=t), call("note", n=t)], usage=USAGE)
@@ -109,6 +112,17 @@ async def durable_ms(
         return ms, head.version, size
 
 
+async def turn_cost(path: Path, durability: str) -> tuple[float, float]:
+    """Median ms per turn over turns 10-59 and 150-199 of one 200-turn sync run: does a
+    turn get dearer as the conversation grows (fixed per-run costs excluded)?"""
+    stamps: list[float] = []
+    with Store(db=path, durability=durability) as store:  # type: ignore[arg-type]
+        runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
+        await runner.run(agent(200, stamps), user_message="go", run_id="t")
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+    return statistics.median(gaps[10:60]), statistics.median(gaps[150:200])
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
@@ -141,7 +155,18 @@ async def main() -> None:
             )
     for mode, _, _ in MODES:
         ratio = per_turn[(200, mode)] / per_turn[(10, mode)]
-        print(f"cost ratio per turn 200/10 ({mode}): {ratio:.2f}")
+        print(f"cost ratio per turn, 200-turn run / 10-turn run ({mode}): {ratio:.2f}")
+    for durability in ("full", "normal"):
+        costs = [
+            await turn_cost(tmp / f"t-{durability}-{r}.sqlite", durability)
+            for r in range(args.repeat)
+        ]
+        early = statistics.median(c[0] for c in costs)
+        late = statistics.median(c[1] for c in costs)
+        print(
+            f"within one 200-turn sync run ({durability.upper()}): turns 10-59 {early:.3f} ms, "
+            f"turns 150-199 {late:.3f} ms per turn, ratio {late / early:.2f}"
+        )
 
 
 if __name__ == "__main__":

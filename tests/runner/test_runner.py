@@ -560,3 +560,39 @@ async def test_structured_output_is_kept_and_replayed(tmp_path: Path) -> None:
         with bind_scope(DurableScope(store=store, key="j:judge:1")):
             again = await judge.run("judge")
         assert again.payload == env.payload and script.asked == [0]
+
+
+async def test_store_failure_mid_run_fails_the_result_and_stays_resumable(
+    tmp_path: Path,
+) -> None:
+    # guarantee 170
+    db = tmp_path / "a.sqlite"
+    holder: list[sqlite3.Connection] = []
+    runs: list[str] = []
+
+    @tool
+    async def charge(order: str) -> str:
+        """Charge an order; the store gets locked by someone else meanwhile."""
+        runs.append(order)
+        if not holder:
+            conn = sqlite3.connect(db, isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            holder.append(conn)
+        return f"charged {order}"
+
+    replies = {0: call("charge", order="a"), 1: "done"}
+    with Store(db=db, busy_timeout=0.2) as store:
+        runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
+        agent = Agent(model=Script(replies).model(), tools=[charge])
+        failed = await runner.run(agent, user_message="bill", run_id="m", thread_id="t")
+        assert failed.state == "failed"
+        assert failed.error is not None and failed.error["type"] == "CheckpointFlushError"
+        assert "resume the run" in failed.error["message"]
+        holder[0].execute("ROLLBACK")
+        holder[0].close()
+        script = Script(replies)
+        agent = Agent(model=script.model(), tools=[charge])
+        done = await runner.resume(agent, run_id="m", thread_id="t")
+    assert done.state == "completed" and done.final_text == "done"
+    assert script.asked == [1]  # the committed turn is not asked again
+    assert runs == ["a", "a"]  # its outcome never reached the store: in doubt, run again

@@ -32,7 +32,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from stepstone.durable._kernel import OwnedRun
-from stepstone.exceptions import AgentCheckpointCorruptionError, EffectInDoubtError
+from stepstone.exceptions import (
+    AgentCheckpointCorruptionError,
+    CheckpointFlushError,
+    ConcurrentPlanRunError,
+    EffectInDoubtError,
+)
 from stepstone.store._base import JournalRow
 from stepstone.store._store import Store
 
@@ -156,7 +161,7 @@ class EffectJournal:
         self._committed = 0  # rows ever buffered that are now committed
         self._pending_snapshot: dict[str, Any] | None = None
         self._lock: asyncio.Lock | None = None
-        self._failure: BaseException | None = None
+        self._lost: BaseException | None = None  # ownership lost: nothing more is written
         self._flusher: asyncio.Task[None] | None = None
         self.turn = 0
 
@@ -247,8 +252,8 @@ class EffectJournal:
             await asyncio.sleep(delay)
             try:
                 await self.flush()
-            except Exception as exc:  # noqa: BLE001 - surfaced by the next flush
-                self._failure = exc
+            except Exception:
+                log.debug("stepstone: background checkpoint flush failed", exc_info=True)
 
         self._flusher = loop.create_task(later())
 
@@ -267,13 +272,13 @@ class EffectJournal:
 
         Raises:
             ConcurrentPlanRunError: the run lost its ownership; nothing was written.
+            CheckpointFlushError: the store failed; the rows stay buffered for a retry.
         """
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._failure is not None:
-                failure, self._failure = self._failure, None
-                raise failure
+            if self._lost is not None:
+                raise self._lost
             if upto is not None and self._committed >= upto and not force:
                 return
             mark = self._appended
@@ -289,7 +294,16 @@ class EffectJournal:
                     rows=rows,
                 )
             except BaseException as exc:
-                self._failure = exc
+                self._buffer[:0] = rows  # nothing was written: keep them for a retry
+                if isinstance(exc, ConcurrentPlanRunError):
+                    self._lost = exc
+                if isinstance(exc, Exception) and not isinstance(exc, ConcurrentPlanRunError):
+                    raise CheckpointFlushError(
+                        f"agent run {self.run_id!r}: committing {len(rows)} checkpoint "
+                        f"record(s) to {self.run.key!r} failed ({type(exc).__name__}: {exc}); "
+                        "nothing was lost from the journal before them. Check the store, then "
+                        "resume the run"
+                    ) from exc
                 raise
             self._committed = mark
             self.commits += 1
@@ -307,9 +321,6 @@ class EffectJournal:
         mark = self._appended
         await asyncio.sleep(0)
         await self.flush(upto=mark)
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
 
     async def close(self) -> None:
         """Stop the background flusher (its rows stay buffered for the terminal flush)."""

@@ -141,6 +141,37 @@ def _structured(value: Any) -> Any:
     return to_json_value(value, warn=False)
 
 
+def _result(
+    engine: Any,
+    journal: EffectJournal,
+    state: RunState,
+    hooks: LoopHooks,
+    outcome: dict[str, Any],
+    payload: Any,
+    run_id: str,
+    thread_id: str,
+) -> dict[str, Any]:
+    tools_run, subs_run = _tool_executions(journal)
+    model = state.model or engine.model
+    completed = outcome["state"] == "completed"
+    return {
+        "run_id": run_id,
+        "thread_id": thread_id,
+        "state": outcome["state"],
+        "final_text": payload if completed and isinstance(payload, str) else hooks.final_text,
+        "final_structured": _structured(payload) if completed else None,
+        "tool_executions": tools_run,
+        "subagent_executions": subs_run,
+        "usage": state.usage.to_dict(),
+        "total_cost_usd": estimate_cost(model, state.usage),
+        "replayed_effect_count": journal.replayed,
+        "pending_approvals": outcome["pending_approvals"],
+        "error": outcome["error"],
+        "llm_calls": state.turns,
+        "tool_calls": state.tool_calls,
+    }
+
+
 def _tool_executions(journal: EffectJournal) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     tools: list[dict[str, Any]] = []
     subs: list[dict[str, Any]] = []
@@ -363,25 +394,11 @@ async def _drive(
         await journal.close()
         raise
     await journal.close()
-    tools_run, subs_run = _tool_executions(journal)
+    if outcome["error"] is not None and outcome["error"]["type"] == CheckpointFlushError.__name__:
+        # The store failed mid-run: no terminal record, so the run stays resumable.
+        return _result(engine, journal, state, hooks, outcome, payload, run_id, thread_id)
+    result = _result(engine, journal, state, hooks, outcome, payload, run_id, thread_id)
     model = state.model or engine.model
-    final_text = payload if isinstance(payload, str) else hooks.final_text
-    result = {
-        "run_id": run_id,
-        "thread_id": thread_id,
-        "state": outcome["state"],
-        "final_text": final_text if outcome["state"] == "completed" else hooks.final_text,
-        "final_structured": _structured(payload) if outcome["state"] == "completed" else None,
-        "tool_executions": tools_run,
-        "subagent_executions": subs_run,
-        "usage": state.usage.to_dict(),
-        "total_cost_usd": estimate_cost(model, state.usage),
-        "replayed_effect_count": journal.replayed,
-        "pending_approvals": outcome["pending_approvals"],
-        "error": outcome["error"],
-        "llm_calls": state.turns,
-        "tool_calls": state.tool_calls,
-    }
     snap = hooks.snapshot(state, outcome["state"])
     snap.update(final_text=result["final_text"], final_structured=result["final_structured"])
     journal.runtime_snapshot(snap)

@@ -14,6 +14,7 @@ from stepstone.core._tool import bind_tool_context, reset_tool_context
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, bind_call_key
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
+    CheckpointFlushError,
     ConcurrentPlanRunError,
     EffectInDoubtError,
     ToolTimeoutError,
@@ -28,7 +29,12 @@ Emit = Callable[[EventType, dict[str, Any]], None]
 _PREVIEW = 500
 
 # Not the model's business: a durable run that cannot trust its journal, or lost it, stops.
-_FATAL = (AgentCheckpointCorruptionError, ConcurrentPlanRunError, EffectInDoubtError)
+_FATAL = (
+    AgentCheckpointCorruptionError,
+    CheckpointFlushError,
+    ConcurrentPlanRunError,
+    EffectInDoubtError,
+)
 
 
 def _preview(text: str) -> str:

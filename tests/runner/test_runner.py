@@ -596,3 +596,31 @@ async def test_store_failure_mid_run_fails_the_result_and_stays_resumable(
     assert done.state == "completed" and done.final_text == "done"
     assert script.asked == [1]  # the committed turn is not asked again
     assert runs == ["a", "a"]  # its outcome never reached the store: in doubt, run again
+
+
+@pytest.mark.postgres
+async def test_crash_resume_and_approval_on_postgres(pg_url: str) -> None:
+    # guarantee 102, 160, 177
+    ledger = Ledger()
+    ledger.crash_in = {"b"}
+    with Store(url=pg_url) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        again = Script(two_turns())
+        result = await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+        assert result.state == "completed" and again.asked == [1, 2]
+        assert ledger.done == ["a", "b", "b", "c"]
+
+        done: list[str] = []
+
+        @tool(requires_approval=True)
+        async def refund(order: str) -> str:
+            """Refund an order."""
+            done.append(order)
+            return "refunded"
+
+        agent = Agent(model=Script({0: call("refund", order="x"), 1: "ok"}).model(), tools=[refund])
+        paused = await runner.run(agent, user_message="refund", run_id="pg-r", thread_id="t")
+        assert paused.state == "paused" and done == []
+        call_id = paused.pending_approvals[0]["call_id"]
+        final = await runner.resume(agent, run_id="pg-r", thread_id="t", approvals={call_id: True})
+        assert final.state == "completed" and done == ["x"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +181,30 @@ async def test_finished_subagent_is_replayed(store: Store) -> None:
     assert sub["tool"] == "researcher" and sub["content"] == "the answer is 42"
     phases = [c["phase"] for c in runner.checkpoints("s")]
     assert "pre_subagent_batch" in phases and "post_subagent_batch" in phases
+
+
+@pytest.mark.parametrize("parallel", [1, 8])
+async def test_batch_closes_after_its_last_call(store: Store, parallel: int) -> None:
+    # guarantee 86, 174
+    from stepstone import LLMEngine, checkpoint_latest_key
+
+    @tool
+    async def fast(n: int) -> int:
+        """Return n."""
+        await asyncio.sleep(0.001 * n)
+        return n
+
+    turn0 = [call("fast", n=3), call("fast", n="not a number"), call("nope"), call("fast", n=1)]
+    engine = LLMEngine(FakeModel([turn0, "ok"]), max_parallel_tools=parallel)
+    runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
+    result = await runner.run(Agent(engine=engine, tools=[fast]), user_message="go", run_id="b")
+    assert result.state == "completed"
+    rows = store.backend.run_journal(checkpoint_latest_key("b"))
+    names = [(r.kind, r.name) for r in rows]
+    closing = names.index(("phase", "post_tool_batch"))
+    outcomes = [i for i, n in enumerate(names) if n[0] == "outcome" and n[1].startswith("tool:")]
+    assert len(outcomes) == 2 and max(outcomes) < closing
+    record = json.loads(rows[closing].data)
+    assert record["payload"] == {"tool_calls_total": 4, "tool_failures": 2}
+    phases = [n[1] for n in names if n[0] == "phase"]
+    assert phases.count("post_tool_batch") == 1 and phases.count("step_started") == 2

@@ -364,6 +364,7 @@ async def _drive(
         requested_model=engine.model,
         context=ctx,
         max_turns=engine.max_turns,
+        max_tool_calls_per_turn=engine.max_tool_calls_per_turn,
         started_at_s=float(prior.get("started_at_s") or time.time()),
     )
     journal.phase("run_started", {"agent_name": agent_name, "resumed": bool(owned_rows)})

@@ -132,7 +132,6 @@ class JournaledEffects:
         self.scope = store_scope
         self.decisions = decisions
         self.pending: list[dict[str, Any]] = []
-        self.inflight = 0
         self.on_drained: Callable[[int], None] | None = None
         self._chain = ""
         self._hashed = 0
@@ -237,11 +236,9 @@ class JournaledEffects:
             return {"content": payload_text(value)}
 
         def drained() -> None:
-            self.inflight -= 1
-            if self.inflight == 0 and not self.pending and self.on_drained is not None:
+            if not self.pending and self.on_drained is not None:
                 self.on_drained(key.turn)
 
-        self.inflight += 1
         data, _ = await j.effect(
             kind=kind,
             turn=key.turn,
@@ -279,6 +276,7 @@ class LoopHooks:
     requested_model: str
     context: dict[str, Any]
     max_turns: int = 1_000_000
+    max_tool_calls_per_turn: int | None = None
     started_at_s: float = dataclasses.field(default_factory=time.time)
     final_text: str = ""
     _live_turn: int = -1
@@ -288,6 +286,7 @@ class LoopHooks:
     _model: str = ""
     _state: RunState | None = None
     _batch: tuple[int, int, bool, bool] = (-1, 0, True, False)
+    _expected: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.effects.on_drained = self._drained
@@ -360,6 +359,11 @@ class LoopHooks:
         subs = [c for c in calls if _kind(tool_map, c) == "subagent"]
         kinds = (len(subs) < len(calls), bool(subs))
         self._batch = (turn, len(calls), *kinds)
+        self._expected = tuple(
+            f"{_kind(tool_map, c)}:{turn}:{i}"
+            for i, c in enumerate(calls)
+            if self._runs_as_effect(i, c, tool_map)
+        )
         if self._live_turn != turn and all(
             self.journal.has_outcome(_kind(tool_map, c), turn, i) for i, c in enumerate(calls)
         ):
@@ -382,11 +386,28 @@ class LoopHooks:
             self.journal.phase("post_subagent_batch", {"subagent_calls": n_results})
         self._closed_turn = turn
 
+    def _runs_as_effect(self, index: int, call: ToolCall, tool_map: dict[str, Tool]) -> bool:
+        """Whether the tool batch will run this call through the effect handler (the
+        others end at once as errors: unknown tool, bad arguments, over the per-turn cap)."""
+        limit = self.max_tool_calls_per_turn
+        tool = tool_map.get(call.name)
+        if tool is None or call.raw_arguments is not None or (limit is not None and index >= limit):
+            return False
+        try:
+            tool.validate_args(call.arguments)
+        except Exception:  # noqa: BLE001 - the batch reports it to the model
+            return False
+        return True
+
     def _drained(self, turn: int) -> None:
-        """The batch's last live call just recorded its outcome: buffer the closing
-        records and the next turn's opening ones, so the same commit carries them."""
+        """A call just recorded its outcome; when it is the batch's last one, buffer the
+        closing records and the next turn's opening ones, so the same commit carries them."""
         batch_turn, n_calls, _, _ = self._batch
         if batch_turn != turn or self._live_turn != turn or self._state is None:
+            return
+        if self._closed_turn == turn or any(
+            pos not in self.journal.outcomes for pos in self._expected
+        ):
             return
         outcomes = [
             o

@@ -127,8 +127,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="stepstone-agent-bench-"))
-    raw = statistics.median(raw_commit_ms(tmp / f"raw{r}.sqlite") for r in range(args.repeat))
+    with tempfile.TemporaryDirectory(prefix="stepstone-agent-bench-") as name:
+        await measure(Path(name), args.repeat)
+
+
+async def measure(tmp: Path, repeat: int) -> None:
+    """Print every measurement (database files go in ``tmp``)."""
+    raw = statistics.median(raw_commit_ms(tmp / f"raw{r}.sqlite") for r in range(repeat))
     print(f"raw SQLite FULL commit of a ~1 KB row: {raw:.3f} ms")
     print(
         f"{'turns':>5} {'mode':>12} {'plain/turn':>11} {'durable/turn':>13} "
@@ -136,13 +141,13 @@ async def main() -> None:
     )
     per_turn: dict[tuple[int, str], float] = {}
     for turns in (10, 200):
-        plain = statistics.median([await plain_ms(turns) for _ in range(args.repeat)])
+        plain = statistics.median([await plain_ms(turns) for _ in range(repeat)])
         for mode, async_writes, durability in MODES:
             runs = [
                 await durable_ms(
                     tmp / f"d-{turns}-{mode}-{r}.sqlite", turns, async_writes, durability
                 )
-                for r in range(args.repeat)
+                for r in range(repeat)
             ]
             ms = statistics.median(r[0] for r in runs)
             commits, size = runs[0][1], runs[0][2]
@@ -158,8 +163,7 @@ async def main() -> None:
         print(f"cost ratio per turn, 200-turn run / 10-turn run ({mode}): {ratio:.2f}")
     for durability in ("full", "normal"):
         costs = [
-            await turn_cost(tmp / f"t-{durability}-{r}.sqlite", durability)
-            for r in range(args.repeat)
+            await turn_cost(tmp / f"t-{durability}-{r}.sqlite", durability) for r in range(repeat)
         ]
         early = statistics.median(c[0] for c in costs)
         late = statistics.median(c[1] for c in costs)

@@ -54,11 +54,16 @@ def test_docs_code_blocks_run(tmp_path: Path) -> None:
             text=True,
             timeout=120,
             cwd=tmp_path,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # the blocks' temp dirs go here
             check=False,
         )
         assert proc.returncode == 0, (block, proc.stderr)
     out = subprocess.run(
-        [sys.executable, str(tmp_path / "block0.py")], capture_output=True, text=True, check=True
+        [sys.executable, str(tmp_path / "block0.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        check=True,
     ).stdout.splitlines()
     assert out == [
         "completed Q4 revenue grew 12% to 1.2M EUR.",
@@ -75,7 +80,12 @@ def test_readme_durable_agent_block_runs(tmp_path: Path) -> None:
     script = tmp_path / "readme_block.py"
     script.write_text(block)
     proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "completed Charged 120 EUR."

@@ -94,3 +94,38 @@ async def test_graph_node_loop_resumes_at_its_last_committed_turn(tmp_path: Path
         final = await graph(store, again, set()).ainvoke(resume_invocation=attempt.invocation_id)
     assert final.text == "charged a and b"
     assert again.asked == [1] and sorted(done) == ["a", "a", "b"]
+
+
+async def test_function_step_running_two_agents(tmp_path: Path) -> None:
+    # guarantee 183, 184
+    done: list[str] = []
+    asked: list[Script] = []
+
+    def step_fn(crash_in: set[str]) -> Any:
+        async def two_agents(task: str) -> str:
+            first, second = Script(REPLIES), Script({0: call("charge", order="c"), 1: "c done"})
+            asked.extend([first, second])
+            one = Agent(name="one", model=first.model(), tools=[_charge(done, crash_in)])
+            two = Agent(name="two", model=second.model(), tools=[_charge(done, crash_in)])
+            a, b = await one.run(task), await two.run(task)
+            return f"{a.payload} / {b.payload}"
+
+        return two_agents
+
+    with Store(db=tmp_path / "f.sqlite") as store:
+
+        def plan(crash_in: set[str]) -> Agent:
+            return Agent(
+                engine=Plan(Step(step_fn(crash_in)), store=store, checkpoint_key="f", resume=True)
+            )
+
+        with pytest.raises(Crash):
+            await plan({"c"}).run("bill")
+        env = await plan(set()).run("bill")
+        assert env.ok and env.payload == "charged a and b / c done"
+        assert sorted(k for k in store.keys() if ":llm" in k) == [
+            "f:two_agents:1:llm",
+            "f:two_agents:1:llm2",
+        ]
+    assert [s.asked for s in asked] == [[0, 1], [0], [], [1]]
+    assert sorted(done) == ["a", "b", "c", "c"]

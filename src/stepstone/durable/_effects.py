@@ -85,6 +85,14 @@ class DurableScope:
     store: Store
     key: str
     approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
+    _uses: list[int] = dataclasses.field(default_factory=lambda: [0], compare=False, repr=False)
+
+    def run_key(self) -> str:
+        """The key of the next durable loop started in this scope: ``"{key}:llm"``, then
+        ``"{key}:llm2"``... (a step that runs several agents, in a deterministic order)."""
+        self._uses[0] += 1
+        n = self._uses[0]
+        return f"{self.key}:llm" if n == 1 else f"{self.key}:llm{n}"
 
 
 _scope: contextvars.ContextVar[DurableScope | None] = contextvars.ContextVar(

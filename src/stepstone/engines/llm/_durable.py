@@ -450,7 +450,7 @@ async def run_in_scope(
     """The loop inside a durable Plan step, graph node or subagent call: journaled under
     a run key derived from that position, so a crash resumes it at its last committed
     turn (finished tools replayed, the model not asked again for committed turns)."""
-    key = f"{scope.key}:llm"
+    key = scope.run_key()
     started = time.perf_counter()
     result = await run_durable(
         engine,

@@ -409,7 +409,8 @@ class PlanRun:
                 if not isinstance(out, Envelope):
                     raise TypeError(f"agent {target!r} returned {type(out).__name__}, not Envelope")
             else:
-                result = await _call_target(target, env)
+                with bind_scope(self._scope(env)):
+                    result = await _call_target(target, env)
                 out = (
                     result
                     if isinstance(result, Envelope)

@@ -121,7 +121,13 @@ def test_sigkill_at_random_points_then_resume_sqlite(tmp_path: Path, mode: str, 
 
 @pytest.mark.crash
 @pytest.mark.postgres
-def test_sigkill_at_random_points_then_resume_postgres(tmp_path: Path, pg_url: str) -> None:
-    # guarantee 102, 104, 160, 161
-    kills = _run_until_done("runner", pg_url, tmp_path / "e.log", 21, 4)
+@pytest.mark.parametrize(("mode", "seed"), [("runner", 21), ("plan", 22)])
+def test_sigkill_at_random_points_then_resume_postgres(
+    tmp_path: Path, pg_url: str, mode: str, seed: int
+) -> None:
+    # guarantee 102, 104, 160, 161, 184
+    with Store(url=pg_url) as store:  # one database per module: start from a clean one
+        for key in store.keys():
+            store.delete(key)
+    kills = _run_until_done(mode, pg_url, tmp_path / "e.log", seed, 4)
     assert kills >= 2

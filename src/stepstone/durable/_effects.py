@@ -171,6 +171,8 @@ class EffectJournal:
         self._lock: asyncio.Lock | None = None
         self._lost: BaseException | None = None  # ownership lost: nothing more is written
         self._flusher: asyncio.Task[None] | None = None
+        self._closing: asyncio.Event | None = None
+        self._closed = False
         self.turn = 0
 
     # -- loading -------------------------------------------------------------------------
@@ -249,15 +251,22 @@ class EffectJournal:
             self._spawn_flush(self.flush_interval)
 
     def _spawn_flush(self, delay: float) -> None:
-        if self._flusher is not None and not self._flusher.done():
+        if self._closed or (self._flusher is not None and not self._flusher.done()):
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        if self._closing is None:
+            self._closing = asyncio.Event()
+        closing = self._closing
 
         async def later() -> None:
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.wait_for(closing.wait(), delay)
+                return  # the run is ending: its final flush takes the rows
+            except TimeoutError:
+                pass
             try:
                 await self.flush()
             except Exception:
@@ -331,12 +340,17 @@ class EffectJournal:
         await self.flush(upto=mark)
 
     async def close(self) -> None:
-        """Stop the background flusher (its rows stay buffered for the terminal flush)."""
+        """Stop the background flusher (its rows stay buffered for the final flush). A
+        flush it already started is awaited, never cancelled: a commit cut short in a
+        worker thread could still land after the next one started."""
+        self._closed = True
         task, self._flusher = self._flusher, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        if task is None or task.done():
+            return
+        if self._closing is not None:
+            self._closing.set()
+        with contextlib.suppress(Exception):
+            await task
 
     # -- effects -------------------------------------------------------------------------
     def recorded(

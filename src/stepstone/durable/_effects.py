@@ -269,7 +269,7 @@ class EffectJournal:
                 pass
             try:
                 await self.flush()
-            except Exception:
+            except Exception:  # the rows stay buffered: the next flush retries them
                 log.debug("stepstone: background checkpoint flush failed", exc_info=True)
 
         self._flusher = loop.create_task(later())

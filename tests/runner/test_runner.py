@@ -602,13 +602,14 @@ async def test_store_failure_mid_run_fails_the_result_and_stays_resumable(
 async def test_crash_resume_and_approval_on_postgres(pg_url: str) -> None:
     # guarantee 102, 160, 177
     ledger = Ledger()
-    ledger.crash_in = {"b"}
+    ledger.crash_in = {"c"}  # alone in its turn: "a" and "b" are committed by then
     with Store(url=pg_url) as store:
         runner = await _crashed_run(store, Script(two_turns()), ledger)
         again = Script(two_turns())
         result = await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
-        assert result.state == "completed" and again.asked == [1, 2]
-        assert ledger.done == ["a", "b", "b", "c"]
+        assert result.state == "completed" and again.asked == [2]
+        assert ledger.done == ["a", "b", "c", "c"]
+        assert result.replayed_effect_count == 4  # two model turns, "a" and "b"
 
         done: list[str] = []
 

@@ -43,6 +43,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
 	$(PY) bench/pg_fanout.py
 	$(PY) bench/llm_overhead.py
+	$(PY) bench/agent_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -20,6 +20,7 @@ from stepstone.core import (
     ErrorInfo,
     SignedPickle,
     Tool,
+    ToolContext,
     from_parallel,
     from_parallel_all,
     from_prev,
@@ -34,6 +35,7 @@ from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
     CheckpointError,
+    CheckpointFlushError,
     CheckpointNotFound,
     CheckpointRecordInvalid,
     CheckpointStateMigrationChainAmbiguous,
@@ -46,6 +48,7 @@ from stepstone.exceptions import (
     ConfigurationError,
     ConfigurationTypeError,
     CorruptRecordError,
+    EffectInDoubtError,
     GraphCompileError,
     IncompleteStreamError,
     MaxTurnsExceeded,
@@ -73,6 +76,7 @@ from stepstone.exceptions import (
     UserError,
 )
 from stepstone.observability import Event, EventType, Session
+from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
 from stepstone.store import Store, StoreEntry
 
 __version__ = "0.1.0"
@@ -99,6 +103,7 @@ __all__ = [
     "Task",
     # tools
     "Tool",
+    "ToolContext",
     "tool",
     # llm agents
     "CacheConfig",
@@ -106,6 +111,11 @@ __all__ = [
     "NativeTool",
     "ThinkingConfig",
     "UsageLimits",
+    # durable agent runs
+    "AgentResult",
+    "Runner",
+    "RunnerConfig",
+    "checkpoint_latest_key",
     # serialization
     "SignedPickle",
     # observability
@@ -115,11 +125,13 @@ __all__ = [
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
+    "CheckpointFlushError",
     "ConcurrentPlanRunError",
     "ConcurrentRunError",
     "ConfigurationError",
     "ConfigurationTypeError",
     "CorruptRecordError",
+    "EffectInDoubtError",
     "IncompleteStreamError",
     "MaxTurnsExceeded",
     "MissingExtraError",

@@ -32,6 +32,9 @@ class Agent:
         description: What the agent does (shown to models when it is a tool).
         output: The payload type: ``str`` or a pydantic model (structured output).
         session: Where run events go.
+        model: Shorthand for ``engine=LLMEngine(model, system=instructions)``: a model id
+            or a provider instance (``stepstone.testing.FakeModel([...])``).
+        instructions: The LLM agent's system prompt (with ``model=`` or a model string).
 
     Example::
 
@@ -49,9 +52,25 @@ class Agent:
         description: str | None = None,
         output: type = str,
         session: Session | None = None,
+        model: Any = None,
+        instructions: str | None = None,
         **engine_options: Any,
     ) -> None:
-        if engine is None or isinstance(engine, str):
+        if model is not None:
+            if engine is not None:
+                raise TypeError(
+                    f"Agent() got both engine={engine!r} and model={model!r}; pass one: "
+                    "model= is shorthand for engine=LLMEngine(model)"
+                )
+            engine = model
+        if instructions is not None:
+            if engine is not None and not isinstance(engine, str) and not _is_provider(engine):
+                raise TypeError(
+                    "Agent(instructions=...) goes with model= (an LLM agent); give the "
+                    "engine its own system prompt: LLMEngine(model, system=...)"
+                )
+            engine_options = {**engine_options, "system": instructions}
+        if engine is None or isinstance(engine, str) or _is_provider(engine):
             engine = _llm_engine(engine, engine_options)
         elif engine_options:
             raise TypeError(
@@ -211,7 +230,13 @@ class Agent:
         )
 
 
-def _llm_engine(model: str | None, options: dict[str, Any]) -> Engine:
+def _is_provider(value: Any) -> bool:
+    from stepstone.providers._base import Provider
+
+    return isinstance(value, Provider)
+
+
+def _llm_engine(model: Any, options: dict[str, Any]) -> Engine:
     if model is None:
         raise TypeError(
             "Agent() needs an engine: Agent(engine=Plan(...)) or Agent('claude-sonnet-4-6')"

@@ -30,6 +30,10 @@ The tree::
         ├── StreamStallError            a provider stream went idle past stream_idle_timeout
         ├── MaxTurnsExceeded            the LLM loop hit max_turns
         ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
+        ├── EffectInDoubtError          a non-idempotent call started before a crash, outcome
+        │                               unknown (the tool's in_doubt="fail")
+        ├── CheckpointFlushError        an agent run's terminal checkpoint flush failed or
+        │                               timed out
         ├── PlannerOutputError          a ReplanEngine planner answered something else than
         │                               a PlanRound
         ├── ModelAPIError               a provider request failed (retryable, retry_after,
@@ -73,6 +77,7 @@ __all__ = [
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
     "CheckpointError",
+    "CheckpointFlushError",
     "CheckpointNotFound",
     "CheckpointRecordInvalid",
     "CheckpointStateMigrationChainAmbiguous",
@@ -85,6 +90,7 @@ __all__ = [
     "CorruptRecordError",
     "ConcurrentGraphResumeError",
     "ConcurrentPlanRunError",
+    "EffectInDoubtError",
     "GraphCompileError",
     "IncompleteStreamError",
     "MaxRoundsExceeded",
@@ -324,6 +330,19 @@ class MaxTurnsExceeded(StepstoneError):
 
 class AgentCheckpointCorruptionError(CorruptRecordError):
     """An agent-run checkpoint is missing, malformed, or its recorded effects disagree."""
+
+
+class EffectInDoubtError(StepstoneError):
+    """A tool declared ``in_doubt="fail"`` started before a crash and has no recorded outcome.
+
+    The message names the run, the tool, the turn and the call id; the call is not run
+    again (it may or may not have taken effect).
+    """
+
+
+class CheckpointFlushError(StepstoneError):
+    """An agent run's buffered checkpoint records could not be committed at its end
+    (the flush failed or exceeded ``RunnerConfig.checkpoint_flush_timeout_s``)."""
 
 
 class GraphCompileError(UserError):

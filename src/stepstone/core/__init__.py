@@ -10,7 +10,7 @@ from stepstone.core._sentinels import (
     from_step,
 )
 from stepstone.core._serialization import SignedPickle
-from stepstone.core._tool import Tool, build_tool_map, call_maybe_async, tool
+from stepstone.core._tool import Tool, ToolContext, build_tool_map, call_maybe_async, tool
 
 __all__ = [
     "Envelope",
@@ -18,6 +18,7 @@ __all__ = [
     "Sentinel",
     "SignedPickle",
     "Tool",
+    "ToolContext",
     "build_tool_map",
     "call_maybe_async",
     "from_parallel",

@@ -3,16 +3,64 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import re
 import typing
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-__all__ = ["Tool", "build_tool_map", "call_maybe_async", "tool"]
+__all__ = ["Tool", "ToolContext", "build_tool_map", "call_maybe_async", "tool"]
+
+InDoubt = Literal["rerun", "fail", "ask"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ToolContext:
+    """What a tool learns about the call it is running, through a parameter annotated
+    ``ToolContext`` (any name; it is not part of the schema the model sees).
+
+    Attributes:
+        idempotency_key: Stable for this call: the same on every replay and resume of the
+            run, different for every other call. Pass it to external APIs that deduplicate
+            (``Idempotency-Key`` headers). Outside an LLM loop it is a fresh random key.
+        run_id: The LLM run the call belongs to (None outside one).
+        turn: The loop turn (0-based; None outside a loop).
+        index: The call's position in its turn.
+        call_id: The model's id for the call.
+
+    Example::
+
+        @tool(in_doubt="fail")
+        def charge(amount: int, ctx: ToolContext) -> str:
+            return payments.charge(amount, idempotency_key=ctx.idempotency_key)
+    """
+
+    idempotency_key: str
+    run_id: str | None = None
+    turn: int | None = None
+    index: int | None = None
+    call_id: str | None = None
+
+
+_tool_context: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
+    "stepstone_tool_context", default=None
+)
+
+
+def bind_tool_context(ctx: ToolContext | None) -> contextvars.Token[ToolContext | None]:
+    """Make ``ctx`` the running tool call's context (the LLM engine does it per call)."""
+    return _tool_context.set(ctx)
+
+
+def reset_tool_context(token: contextvars.Token[ToolContext | None]) -> None:
+    """Undo :func:`bind_tool_context`."""
+    _tool_context.reset(token)
+
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
@@ -32,6 +80,14 @@ class Tool:
         parameters: JSON schema of the arguments, derived from type hints.
         fn: The function to call (sync or async). None for agent tools.
         agent: The Agent behind an ``as_tool`` tool, else None.
+        in_doubt: What a durable run does with a call that started before a crash and has
+            no recorded outcome: ``"rerun"`` (default: call it again; right for idempotent
+            tools and for tools that dedupe on :class:`ToolContext`'s key), ``"fail"``
+            (the run fails with :class:`~stepstone.exceptions.EffectInDoubtError` naming
+            the call) or ``"ask"`` (the run pauses for a person's approval).
+        requires_approval: A durable run pauses before each call of this tool until a
+            person approves or refuses it (``Runner.resume(..., approvals=...)``).
+        context_param: The parameter that receives a :class:`ToolContext`, if any.
     """
 
     name: str
@@ -40,6 +96,16 @@ class Tool:
     fn: Callable[..., Any] | None = None
     agent: Any = None
     args_model: type[BaseModel] | None = None
+    in_doubt: InDoubt = "rerun"
+    requires_approval: bool = False
+    context_param: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.in_doubt not in ("rerun", "fail", "ask"):
+            raise ValueError(
+                f"tool {self.name!r}: in_doubt must be 'rerun', 'fail' or 'ask', got "
+                f"{self.in_doubt!r}"
+            )
 
     @classmethod
     def from_function(
@@ -48,6 +114,8 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
+        in_doubt: InDoubt = "rerun",
+        requires_approval: bool = False,
     ) -> Tool:
         """Wrap ``fn``; its type hints and Google-style docstring give the schema."""
         if not callable(fn):
@@ -58,7 +126,8 @@ class Tool:
                 f"cannot name a tool after {fn!r}; pass name=... (Tool.from_function(fn, name='x'))"
             )
         summary, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
-        model = _args_model(fn, tool_name, arg_docs)
+        context_param = _context_param(fn)
+        model = _args_model(fn, tool_name, arg_docs, skip=context_param)
         schema = (
             model.model_json_schema() if model is not None else {"type": "object", "properties": {}}
         )
@@ -70,6 +139,9 @@ class Tool:
             parameters=schema,
             fn=fn,
             args_model=model,
+            in_doubt=in_doubt,
+            requires_approval=requires_approval,
+            context_param=context_param,
         )
 
     @property
@@ -117,11 +189,19 @@ class Tool:
             if not env.ok:
                 raise RuntimeError(f"{env.error.type}: {env.error.message}")
             return env.payload
+        if self.context_param is not None:
+            ctx = _tool_context.get() or ToolContext(idempotency_key=uuid.uuid4().hex)
+            args = {**args, self.context_param: ctx}
         return await call_maybe_async(self.fn, **args)
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    in_doubt: InDoubt = "rerun",
+    requires_approval: bool = False,
 ) -> Any:
     """Decorator form of :meth:`Tool.from_function`.
 
@@ -131,10 +211,21 @@ def tool(
         def add(a: int, b: int) -> int:
             '''Add two integers.'''
             return a + b
+
+        @tool(in_doubt="fail", requires_approval=True)
+        def wire_money(amount: int, ctx: ToolContext) -> str:
+            '''Send money (a person approves each call).'''
+            return bank.send(amount, idempotency_key=ctx.idempotency_key)
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool.from_function(f, name=name, description=description)
+        return Tool.from_function(
+            f,
+            name=name,
+            description=description,
+            in_doubt=in_doubt,
+            requires_approval=requires_approval,
+        )
 
     return wrap(fn) if fn is not None else wrap
 
@@ -221,8 +312,21 @@ def _parse_google(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(summary_lines), args
 
 
+def _context_param(fn: Callable[..., Any]) -> str | None:
+    """The parameter annotated :class:`ToolContext`, if any."""
+    try:
+        sig = inspect.signature(fn)
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable hints: no context parameter
+        return None
+    for pname in sig.parameters:
+        if hints.get(pname) is ToolContext:
+            return pname
+    return None
+
+
 def _args_model(
-    fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]
+    fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str], *, skip: str | None = None
 ) -> type[BaseModel] | None:
     try:
         sig = inspect.signature(fn)
@@ -237,6 +341,8 @@ def _args_model(
 
     for pname, param in sig.parameters.items():
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if pname == skip:
             continue
         annotation = hints.get(pname, Any)
         default = ... if param.default is inspect.Parameter.empty else param.default

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from stepstone.core._ids import host_id, new_uid, process_start_time
 from stepstone.core._serialization import dumps
-from stepstone.durable._leases import LIVE_STATUSES, keeper, owner_alive
+from stepstone.durable._leases import LIVE_STATUSES, keeper, mark_released, owner_alive
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
     ConcurrentRunError,
@@ -211,6 +211,9 @@ class OwnedRun:
             if self.store.backend.run_renew(self.key, self.run_uid, 0.0):
                 self.head = self.head.replace(lease_until=0.0)
         except Exception:
+            # This process still knows the run is over: a resume from here may take it
+            # over at once; other processes wait for the lease to expire.
+            mark_released(self.run_uid)
             log.warning("stepstone: expiring the lease of %r failed", self.key, exc_info=True)
 
 

@@ -77,6 +77,18 @@ class LeaseKeeper:
 keeper = LeaseKeeper()
 
 
+#: Runs this process claimed and then released whose lease could not be expired in the
+#: database (the store was locked or unreachable at that moment). Only the owner adds to
+#: it, and only once it has stopped using the run, so unlike a registry of live runs it
+#: never lags: a run_uid in it is certainly not being executed here any more.
+_released_here: set[str] = set()
+
+
+def mark_released(run_uid: str) -> None:
+    """Record that this process stopped executing ``run_uid`` (see :func:`owner_alive`)."""
+    _released_here.add(run_uid)
+
+
 def owner_alive(head: RunHead, *, now: float | None = None) -> bool:
     """Whether the run recorded in ``head`` is still being executed by a live owner.
 
@@ -91,5 +103,7 @@ def owner_alive(head: RunHead, *, now: float | None = None) -> bool:
     if head.lease_until < (time.time() if now is None else now):
         return False
     if head.host == host_id():
+        if head.pid == os.getpid() and head.run_uid in _released_here:
+            return False
         return process_alive(head.pid, head.pid_start)
     return True

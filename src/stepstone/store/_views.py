@@ -28,6 +28,7 @@ _BUILTIN_VIEWS: dict[str, str] = {
     "plan": "stepstone.engines.plan",
     "graph": "stepstone.engines.graph._checkpoint",
     "replan": "stepstone.engines.replan",
+    "agent": "stepstone.engines.llm._durable",
 }
 
 

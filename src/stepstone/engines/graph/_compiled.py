@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from stepstone.core._sync import run_sync
 from stepstone.durable import OwnedRun, claim_run, owner_alive
+from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import (
     GRAPH_KIND,
@@ -88,6 +89,16 @@ class _Run:
         if self.checkpointer is not None and self.checkpointer.serialization == "pickle":
             return object_patch(new, set_fields, extend)
         return json_patch(new, set_fields, extend, f"node update of {type(new).__name__}")
+
+    def scope(self, ns: tuple[str, ...], node: str, step: int) -> DurableScope | None:
+        """An LLM loop inside this node visit journals under a key of its position."""
+        if self.owned is None:
+            return None
+        # The correlation id, not the invocation id: a resume is a new invocation of the
+        # same correlation and must find the same loop at the same node position.
+        corr = self.owned.head.meta.get("correlation_id") or self.invocation_id
+        where = "/".join((*ns, node))
+        return DurableScope(store=self.owned.store, key=f"graph:{corr}:{where}:{step}")
 
     async def save(self, pos: NodePosition, patch: Patch, pop: int, next_node: str | None) -> None:
         """Commit one completed node (head + journal row, one transaction)."""
@@ -493,7 +504,8 @@ class CompiledGraph(Generic[S]):
                     update, pop = await self._run_subgraph(run, graph, spec, state, ns, step, inner)
                     inner = []
                 else:
-                    update = await call_node(spec, state)
+                    with bind_scope(run.scope(ns, node, step)):
+                        update = await call_node(spec, state)
                 if update is None:
                     update = {}
                 if not isinstance(update, Mapping):

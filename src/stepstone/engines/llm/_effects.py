@@ -51,6 +51,8 @@ class EffectKey:
         index: The call's position in the turn (model calls are index 0).
         name: The tool name, or the model id.
         input: The request (model) or the validated arguments (tool).
+        call_id: The model's id for a tool call (None for model calls).
+        tool: The :class:`~stepstone.core.Tool` being called (None for model calls).
     """
 
     run_id: str
@@ -59,6 +61,8 @@ class EffectKey:
     index: int
     name: str
     input: Any
+    call_id: str | None = None
+    tool: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def input_hash(self) -> str:
         """SHA-256 of the canonical JSON of ``input`` (computed on demand)."""

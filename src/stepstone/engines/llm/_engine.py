@@ -13,6 +13,7 @@ from typing import Any, Final, Literal, cast
 
 from stepstone.core import Envelope, Tool, payload_text
 from stepstone.core._context import current_agent_name
+from stepstone.durable._effects import current_scope
 from stepstone.engines.llm._calls import (
     _STREAM_RESULT,
     CONTINUE_NOTE,
@@ -22,6 +23,7 @@ from stepstone.engines.llm._calls import (
     last_stream_result,
 )
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
+from stepstone.engines.llm._hooks import LoopHooks
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
 from stepstone.engines.llm._routing import ProviderRouting
 from stepstone.engines.llm._tools import ToolBatch
@@ -311,6 +313,11 @@ class LLMEngine(ModelCalls, ProviderRouting):
         price is unknown), ``latency_ms``, ``turns``, ``tool_calls`` and ``run_id``.
         Misuse (:class:`~stepstone.exceptions.UserError`, e.g. a missing SDK extra) raises.
         """
+        scope = current_scope()
+        if scope is not None:
+            from stepstone.engines.llm._durable import run_in_scope
+
+            return await run_in_scope(self, env, scope, tools, output_type, session)
         state = self._new_run(session)
         state.emit(
             EventType.AGENT_START,
@@ -466,8 +473,10 @@ class LLMEngine(ModelCalls, ProviderRouting):
         output_type: type,
         state: RunState,
         sink: asyncio.Queue[str | None] | None = None,
+        hooks: LoopHooks | None = None,
     ) -> Any:
         provider = self.get_provider()
+        effects = hooks.effects if hooks is not None else self.effects
         wire_model = provider.resolve_model(self.model)
         state.model = wire_model
         tool_map = {t.name: t for t in tools}
@@ -481,7 +490,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         messages = [Message(role="user", text=user_text)]
         batch = ToolBatch(
             tool_map=tool_map,
-            effects=self.effects,
+            effects=effects,
             emit=state.emit,
             run_id=state.run_id,
             max_parallel_tools=self.max_parallel_tools,
@@ -508,12 +517,16 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 output_name=getattr(output_type, "__name__", None) if structured else None,
                 turn=turn,
             )
+            if hooks is not None:
+                await hooks.turn_started(request, state)
             # Structured answers are not streamed as they come: a failed attempt and its
             # repair must not reach the consumer as one text. The validated JSON is sent.
             turn_sink = None if structured else sink
-            response = await self._model_call(provider, request, state, turn_sink)
+            response = await self._model_call(provider, request, state, turn_sink, effects)
             state.turns = turn + 1
             state.usage.add(dataclasses.replace(response.usage, requests=1))
+            if hooks is not None:
+                hooks.model_done(request, response, state)
             outcome = self._outcome(provider, response, state)
             messages.append(
                 Message(
@@ -534,7 +547,11 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 continue
             if response.tool_calls:
                 state.tool_calls += len(response.tool_calls)
+                if hooks is not None:
+                    hooks.tools_started(turn, response.tool_calls, tool_map)
                 results = await batch.run(turn, response.tool_calls)
+                if hooks is not None:
+                    await hooks.tools_done(turn, results, state)
                 messages.append(Message(role="tool", tool_results=results))
                 continue
             text, pending = pending + response.text, ""
@@ -569,6 +586,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         request: ModelRequest,
         state: RunState,
         sink: asyncio.Queue[str | None] | None,
+        effects: EffectHandler | None = None,
     ) -> ModelResponse:
         key = EffectKey(
             run_id=state.run_id,
@@ -596,7 +614,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         )
         started = time.perf_counter()
         try:
-            response = await self.effects.model_call(key, invoke)
+            response = await (effects or self.effects).model_call(key, invoke)
         except Exception as exc:
             state.emit(
                 EventType.MODEL_RESPONSE,

@@ -11,9 +11,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stepstone.core import Tool, payload_text
+from stepstone.core import Tool, ToolContext, payload_text
+from stepstone.core._tool import bind_tool_context, reset_tool_context
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, bind_call_key
-from stepstone.exceptions import ToolTimeoutError
+from stepstone.exceptions import (
+    AgentCheckpointCorruptionError,
+    CheckpointFlushError,
+    ConcurrentRunError,
+    EffectInDoubtError,
+    ToolTimeoutError,
+)
 from stepstone.observability import EventType
 from stepstone.providers._types import ToolCall, ToolResult
 
@@ -24,6 +31,14 @@ log = logging.getLogger("stepstone")
 Emit = Callable[[EventType, dict[str, Any]], None]
 
 _PREVIEW = 500
+
+# Not the model's business: a durable run that cannot trust its journal, or lost it, stops.
+_FATAL = (
+    AgentCheckpointCorruptionError,
+    CheckpointFlushError,
+    ConcurrentRunError,
+    EffectInDoubtError,
+)
 
 
 def _runs_in_thread(tool: Tool) -> bool:
@@ -193,19 +208,40 @@ class ToolBatch:
         except (TypeError, ValueError) as exc:
             return self._error(call, turn, "InvalidArguments", str(exc))
         key = EffectKey(
-            run_id=self.run_id, kind="tool", turn=turn, index=index, name=call.name, input=args
+            run_id=self.run_id,
+            kind="tool",
+            turn=turn,
+            index=index,
+            name=call.name,
+            input=args,
+            call_id=call.id,
+            tool=tool,
+        )
+        ctx = ToolContext(
+            idempotency_key=key.idempotency_key,
+            run_id=self.run_id,
+            turn=turn,
+            index=index,
+            call_id=call.id,
         )
 
         async def invoke() -> Any:
-            with bind_call_key(key):
-                if self.tool_timeout is None:
-                    return await tool.invoke(args)
-                return await self._with_timeout(tool, args, call, turn, index)
+            token = bind_tool_context(ctx)
+            try:
+                with bind_call_key(key):
+                    if self.tool_timeout is None:
+                        return await tool.invoke(args)
+                    return await self._with_timeout(tool, args, call, turn, index)
+            finally:
+                reset_tool_context(token)
 
         try:
             value = await self.effects.tool_call(key, invoke)
+        except _FATAL:
+            raise
         except Exception as exc:  # noqa: BLE001 - every tool failure is shown to the model
-            return self._error(call, turn, type(exc).__name__, str(exc))
+            kind = getattr(exc, "error_type", None) or type(exc).__name__
+            return self._error(call, turn, kind, str(exc))
         text = payload_text(value)
         self.emit(
             EventType.TOOL_RESULT,

@@ -69,6 +69,9 @@ class Plan:
             what changed, before anything is claimed or written. ``"restart"``: start the
             run over under the same key (its history is replaced). ``"continue"``: resume
             by step name anyway (earlier outputs are reused as they are).
+        approvals: Decisions for tool calls an LLM step paused on (``requires_approval``),
+            by call id: ``True`` runs the call, ``False`` or a reason string refuses it.
+            The paused envelope's ``metadata["pending_approvals"]`` lists them.
 
     Example::
 
@@ -93,6 +96,7 @@ class Plan:
         on_concurrent: Literal["fail", "fork"] = "fail",
         strict: bool = False,
         on_plan_change: PlanChangePolicy = "fail",
+        approvals: dict[str, bool | str] | None = None,
     ) -> None:
         if on_plan_change not in _POLICIES:
             raise PlanCompileError(
@@ -131,6 +135,7 @@ class Plan:
         self.store = store
         self.checkpoint_key = checkpoint_key
         self.resume = resume
+        self.approvals: dict[str, bool | str] = dict(approvals or {})
         self.on_concurrent = on_concurrent
         self.strict = strict
         self.on_plan_change: PlanChangePolicy = on_plan_change
@@ -176,6 +181,7 @@ class Plan:
             max_iterations=self.max_iterations,
             session=session,
             strict=self.strict,
+            approvals=self.approvals,
             meta={
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "fingerprint": self._compiled.fingerprint,

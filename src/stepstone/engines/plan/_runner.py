@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from stepstone.core import Envelope, Sentinel, Tool, call_maybe_async
 from stepstone.core._sync import may_block_loop
 from stepstone.durable import OwnedRun
+from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.plan._checkpoint import band_row, row_write_value, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
 from stepstone.engines.plan._step import Step, is_agent
@@ -57,6 +58,7 @@ class PlanRun:
     outputs: dict[str, Envelope[Any]] = dataclasses.field(default_factory=dict)
     pending: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _current: str | None = None
 
@@ -111,6 +113,9 @@ class PlanRun:
         )
         self._emit(EventType.PLAN_PAUSED, step=step, message=exc.message)
         env.metadata["step"] = step
+        pending = getattr(exc, "pending_approvals", None)
+        if pending:
+            env.metadata["pending_approvals"] = pending
         return self._stamp(env)
 
     def _stamp(self, env: Envelope[Any]) -> Envelope[Any]:
@@ -395,6 +400,13 @@ class PlanRun:
         return Envelope(task=task, context=context, payload=source.payload, metadata=metadata)
 
     # -- targets -------------------------------------------------------------------------
+    def _scope(self, env: Envelope[Any]) -> DurableScope | None:
+        """An LLM loop inside this step execution journals under its idempotency key."""
+        key = env.metadata.get("idempotency_key")
+        if self.run is None or not isinstance(key, str):
+            return None
+        return DurableScope(store=self.run.store, key=key, approvals=self.approvals)
+
     async def _invoke(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:
         """Call the step's target; exceptions become error envelopes (PlanPaused and
         BaseExceptions propagate)."""
@@ -408,11 +420,13 @@ class PlanRun:
                 env.payload = _adapter(step.input).validate_python(env.payload)
             if is_agent(target):
                 wanted = None if step.output is str else step.output
-                out = await target.run(env, output=wanted)
+                with bind_scope(self._scope(env)):
+                    out = await target.run(env, output=wanted)
                 if not isinstance(out, Envelope):
                     raise TypeError(f"agent {target!r} returned {type(out).__name__}, not Envelope")
             else:
-                result = await _call_target(target, env)
+                with bind_scope(self._scope(env)):
+                    result = await _call_target(target, env)
                 out = (
                     result
                     if isinstance(result, Envelope)

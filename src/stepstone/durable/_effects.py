@@ -1,0 +1,484 @@
+"""The effect journal: intent before, outcome after, replay on resume.
+
+An engine that calls the outside world from inside a durable run (an LLM loop's model
+completions, tool calls and subagent calls) records each call as an *effect* in the run's
+kernel journal, keyed by its position ``(kind, turn, index)`` and the hash of its input:
+
+* an ``intent`` row is committed before a side-effecting call starts;
+* an ``outcome`` row (the JSON result, or the error, with its ``output_hash``) after it;
+* on resume a recorded outcome is replayed instead of called again; a changed input at the
+  same position, or an outcome whose hash does not match, is
+  :class:`~stepstone.exceptions.AgentCheckpointCorruptionError` (never a silent re-run);
+* an intent without an outcome is *in doubt* (the process died during the call); the
+  caller's policy decides: run it again, fail, or ask a person.
+
+Rows go through the kernel's one commit path (:meth:`OwnedRun.commit`): phase records and
+snapshots are buffered and ride along with the next commit, several concurrent calls share
+one commit (group commit), and effect rows are never left behind a call that depends on
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Literal
+
+from stepstone.durable._kernel import OwnedRun
+from stepstone.exceptions import (
+    AgentCheckpointCorruptionError,
+    CheckpointFlushError,
+    ConcurrentRunError,
+    EffectInDoubtError,
+)
+from stepstone.store._base import JournalRow
+from stepstone.store._store import Store
+
+__all__ = [
+    "AGENT_KIND",
+    "SCHEMA_VERSION",
+    "DurableScope",
+    "EffectJournal",
+    "InDoubtPolicy",
+    "bind_scope",
+    "current_scope",
+    "hash_json",
+]
+
+log = logging.getLogger("stepstone")
+
+AGENT_KIND = "agent"
+SCHEMA_VERSION = "1"
+
+InDoubtPolicy = Literal["rerun", "fail", "ask"]
+
+Row = tuple[str, str | None, Any]
+
+
+def hash_json(value: Any) -> str:
+    """SHA-256 of ``value``'s canonical JSON text."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DurableScope:
+    """Where an engine running inside a durable step should journal its effects.
+
+    A Plan step execution, a graph node visit and a subagent call each bind one, so an
+    LLM loop inside them gets a run key derived from that position: the same key on every
+    retry and resume of the same execution.
+
+    Attributes:
+        store: The store of the enclosing durable run.
+        key: The stable key of this execution (the Plan step's idempotency key...).
+        approvals: Decisions for pending approvals, by call id (from a resume).
+    """
+
+    store: Store
+    key: str
+    approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
+    _uses: list[int] = dataclasses.field(default_factory=lambda: [0], compare=False, repr=False)
+
+    def run_key(self) -> str:
+        """The key of the next durable loop started in this scope: ``"{key}:llm"``, then
+        ``"{key}:llm2"``... (a step that runs several agents, in a deterministic order)."""
+        self._uses[0] += 1
+        n = self._uses[0]
+        return f"{self.key}:llm" if n == 1 else f"{self.key}:llm{n}"
+
+
+_scope: contextvars.ContextVar[DurableScope | None] = contextvars.ContextVar(
+    "stepstone_durable_scope", default=None
+)
+
+
+def current_scope() -> DurableScope | None:
+    """The durable scope the running code is inside, or None."""
+    return _scope.get()
+
+
+@contextlib.contextmanager
+def bind_scope(scope: DurableScope | None) -> Iterator[None]:
+    """Make ``scope`` current inside the block (None: outside any durable run)."""
+    token = _scope.set(scope)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def _pos(kind: str, turn: int, index: int) -> str:
+    return f"{kind}:{turn}:{index}"
+
+
+class EffectJournal:
+    """The effect journal and phase buffer of one owned agent run.
+
+    Args:
+        run: The owned kernel run (kind ``"agent"``).
+        rows: The run's journal so far (read once at claim time).
+        run_id: The agent run id (in every phase record).
+        thread_id: The conversation thread id (in every phase record).
+        async_writes: Phase records and snapshots may stay buffered until the next effect
+            commit, the background flush or the terminal flush. False: they are committed
+            before the next model call.
+        coalesce: Keep only the latest buffered runtime snapshot.
+        flush_interval: Async mode: buffered records are committed at most this long after
+            they were buffered, even when no effect commit comes along.
+        queue_maxsize: Buffered rows beyond this are committed at once.
+    """
+
+    def __init__(
+        self,
+        run: OwnedRun,
+        rows: Sequence[JournalRow],
+        *,
+        run_id: str,
+        thread_id: str,
+        async_writes: bool = False,
+        coalesce: bool = True,
+        flush_interval: float = 0.05,
+        queue_maxsize: int = 1024,
+    ) -> None:
+        self.run = run
+        self.run_id = run_id
+        self.thread_id = thread_id
+        self.async_writes = async_writes
+        self.coalesce = coalesce
+        self.flush_interval = flush_interval
+        self.queue_maxsize = queue_maxsize
+        self.intents: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, dict[str, Any]] = {}
+        self.phases: list[dict[str, Any]] = []
+        self.messages: list[dict[str, Any]] = []
+        self.snapshot: dict[str, Any] | None = None
+        for row in rows:
+            self._load(row)
+        self.replayed = 0
+        self.commits = 0
+        self._buffer: list[Row] = []
+        self._appended = 0  # rows ever buffered
+        self._committed = 0  # rows ever buffered that are now committed
+        self._pending_snapshot: dict[str, Any] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._lost: BaseException | None = None  # ownership lost: nothing more is written
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing: asyncio.Event | None = None
+        self._closed = False
+        self.turn = 0
+
+    # -- loading -------------------------------------------------------------------------
+    def _load(self, row: JournalRow) -> None:
+        try:
+            data = json.loads(row.data)
+        except ValueError as exc:
+            raise self._corrupt(
+                f"journal row {row.seq} ({row.kind}) is not valid JSON: {exc}"
+            ) from exc
+        if row.kind == "intent" and row.name is not None:
+            self.intents[row.name] = data
+        elif row.kind == "outcome" and row.name is not None:
+            self.outcomes[row.name] = data
+        elif row.kind == "phase":
+            self.phases.append(data)
+        elif row.kind == "message":
+            self.messages.append(data)
+        elif row.kind == "snapshot":
+            self.snapshot = data
+
+    def _corrupt(self, what: str) -> AgentCheckpointCorruptionError:
+        return AgentCheckpointCorruptionError(
+            f"agent run {self.run_id!r} (checkpoint {self.run.key!r}): {what}. Nothing was "
+            f"re-executed. Inspect it with store.read({self.run.key!r}) or start a new run "
+            "under another run_id"
+        )
+
+    def has_outcome(self, kind: str, turn: int, index: int = 0) -> bool:
+        """Whether the effect at this position has a recorded outcome."""
+        return _pos(kind, turn, index) in self.outcomes
+
+    def has_intent(self, kind: str, turn: int, index: int = 0) -> bool:
+        """Whether the effect at this position has a recorded intent."""
+        return _pos(kind, turn, index) in self.intents
+
+    # -- buffering and commits -------------------------------------------------------------
+    def phase(self, phase: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Buffer one phase record; returns it."""
+        record = {
+            "run_id": self.run_id,
+            "thread_id": self.thread_id,
+            "schema_version": SCHEMA_VERSION,
+            "phase": phase,
+            "payload": payload,
+            "timestamp_ms": int(time.time() * 1000),
+        }
+        self.phases.append(record)
+        self._append(("phase", phase, record))
+        self._kick()
+        return record
+
+    def message(self, message: dict[str, Any]) -> None:
+        """Buffer one transcript message (appended, never rewritten)."""
+        self.messages.append(message)
+        self._append(("message", message.get("role"), message))
+        self._kick()
+
+    def runtime_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Buffer the runtime counters; with ``coalesce`` only the latest is kept."""
+        self.snapshot = snapshot
+        if self.coalesce:
+            self._pending_snapshot = snapshot
+        else:
+            self._append(("snapshot", None, snapshot))
+        self._kick()
+
+    def _append(self, row: Row) -> None:
+        self._buffer.append(row)
+        self._appended += 1
+
+    def _kick(self) -> None:
+        if len(self._buffer) >= self.queue_maxsize:
+            self._spawn_flush(0.0)
+        elif self.async_writes:
+            self._spawn_flush(self.flush_interval)
+
+    def _spawn_flush(self, delay: float) -> None:
+        if self._closed or (self._flusher is not None and not self._flusher.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._closing is None:
+            self._closing = asyncio.Event()
+        closing = self._closing
+
+        async def later() -> None:
+            try:
+                await asyncio.wait_for(closing.wait(), delay)
+                return  # the run is ending: its final flush takes the rows
+            except TimeoutError:
+                pass
+            try:
+                await self.flush()
+            except Exception:  # the rows stay buffered: the next flush retries them
+                log.debug("stepstone: background checkpoint flush failed", exc_info=True)
+
+        self._flusher = loop.create_task(later())
+
+    async def flush(
+        self,
+        *,
+        status: str = "running",
+        meta: dict[str, Any] | None = None,
+        force: bool = False,
+        upto: int | None = None,
+    ) -> None:
+        """Commit everything buffered (group commit: one transaction for all of it).
+
+        ``upto``: only needed until the first ``upto`` rows ever buffered are committed
+        (a caller waiting for its own rows returns when another commit took them).
+
+        Raises:
+            ConcurrentRunError: the run lost its ownership; nothing was written.
+            CheckpointFlushError: the store failed; the rows stay buffered for a retry.
+        """
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            if upto is not None and self._committed >= upto and not force:
+                return
+            mark = self._appended
+            rows = self._take()
+            if not rows and not force:
+                return
+            try:
+                await self.run.commit(
+                    status=status,
+                    next_step=f"turn:{self.turn}" if status == "running" else None,
+                    iteration=self.turn,
+                    meta=meta,
+                    rows=rows,
+                )
+            except BaseException as exc:
+                self._buffer[:0] = rows  # nothing was written: keep them for a retry
+                if isinstance(exc, ConcurrentRunError):
+                    self._lost = exc
+                if isinstance(exc, Exception) and not isinstance(exc, ConcurrentRunError):
+                    raise CheckpointFlushError(
+                        f"agent run {self.run_id!r}: committing {len(rows)} checkpoint "
+                        f"record(s) to {self.run.key!r} failed ({type(exc).__name__}: {exc}); "
+                        "nothing was lost from the journal before them. Check the store, then "
+                        "resume the run"
+                    ) from exc
+                raise
+            self._committed = mark
+            self.commits += 1
+
+    def _take(self) -> list[Row]:
+        rows, self._buffer = self._buffer, []
+        if self._pending_snapshot is not None:
+            rows.append(("snapshot", None, self._pending_snapshot))
+            self._pending_snapshot = None
+        return rows
+
+    async def _sync_point(self) -> None:
+        # Let concurrent calls that finish in the same loop tick add their rows first, so
+        # one transaction (and one fsync) commits them all.
+        mark = self._appended
+        await asyncio.sleep(0)
+        await self.flush(upto=mark)
+
+    async def close(self) -> None:
+        """Stop the background flusher (its rows stay buffered for the final flush). A
+        flush it already started is awaited, never cancelled: a commit cut short in a
+        worker thread could still land after the next one started."""
+        self._closed = True
+        task, self._flusher = self._flusher, None
+        if task is None or task.done():
+            return
+        if self._closing is not None:
+            self._closing.set()
+        with contextlib.suppress(Exception):
+            await task
+
+    # -- effects -------------------------------------------------------------------------
+    def recorded(
+        self, *, kind: str, turn: int, index: int, name: str, input_hash: str
+    ) -> dict[str, Any] | None:
+        """The verified outcome recorded at this position, or None.
+
+        Raises:
+            AgentCheckpointCorruptionError: the recorded input differs from ``input_hash``
+                (the run is not deterministic: the code or its inputs changed), or the
+                outcome's ``output_hash`` does not match its data.
+        """
+        pos = _pos(kind, turn, index)
+        intent = self.intents.get(pos)
+        outcome = self.outcomes.get(pos)
+        recorded_hash = (outcome or intent or {}).get("input_hash")
+        if recorded_hash is not None and recorded_hash != input_hash:
+            was = (outcome or intent or {}).get("name")
+            raise self._corrupt(
+                f"the {kind} call at turn {turn}, index {index} was recorded as {was!r} "
+                f"with input_hash {recorded_hash[:12]}, but this run asks for {name!r} with "
+                f"input_hash {input_hash[:12]}; check that the agent's tools, instructions "
+                "and model script are the same as when the run started (check determinism)"
+            )
+        if outcome is None:
+            return None
+        data = outcome.get("data")
+        if hash_json(data) != outcome.get("output_hash"):
+            raise self._corrupt(
+                f"the recorded outcome of the {kind} call {name!r} at turn {turn}, index "
+                f"{index} does not match its output_hash"
+            )
+        if not isinstance(data, dict):
+            raise self._corrupt(f"the recorded outcome of {name!r} at turn {turn} is not a dict")
+        return data
+
+    def in_doubt(self, kind: str, turn: int, index: int) -> bool:
+        """An intent with no outcome: the process died during the call."""
+        pos = _pos(kind, turn, index)
+        return pos in self.intents and pos not in self.outcomes
+
+    async def effect(
+        self,
+        *,
+        kind: str,
+        turn: int,
+        index: int,
+        name: str,
+        input_hash: str,
+        invoke: Callable[[], Awaitable[dict[str, Any]]],
+        call_id: str | None = None,
+        policy: InDoubtPolicy = "rerun",
+        commit_intent: bool = True,
+        commit_outcome: bool = True,
+        after_outcome: Callable[[], None] | None = None,
+    ) -> tuple[dict[str, Any], bool]:
+        """Run (or replay) one effect; returns ``(outcome_data, replayed)``.
+
+        ``invoke`` returns the outcome as a JSON dict (errors encoded by the caller, so a
+        failed call is replayed as the same failure). ``after_outcome`` runs once the
+        outcome is buffered, before its commit (to add rows that belong in it).
+
+        Raises:
+            AgentCheckpointCorruptionError: see :meth:`recorded`.
+            EffectInDoubtError: the call is in doubt and ``policy == "fail"``.
+        """
+        data = self.recorded(kind=kind, turn=turn, index=index, name=name, input_hash=input_hash)
+        if data is not None:
+            self.replayed += 1
+            return data, True
+        pos = _pos(kind, turn, index)
+        if pos in self.intents:
+            if policy == "fail":
+                raise EffectInDoubtError(
+                    f"agent run {self.run_id!r}: the {kind} call {name!r} (turn {turn}, index "
+                    f"{index}, call id {call_id!r}) started before a crash and has no recorded "
+                    "outcome; its tool declares in_doubt='fail', so it is not run again. Check "
+                    "the external system for its effect, then start a new run (or declare "
+                    "in_doubt='rerun' if the call is idempotent)"
+                )
+            log.info(
+                "stepstone: %s call %r at turn %d is in doubt; running it again", kind, name, turn
+            )
+        else:
+            intent = {"kind": kind, "name": name, "turn": turn, "index": index}
+            intent.update({"call_id": call_id, "input_hash": input_hash})
+            self.intents[pos] = intent
+            self._append(("intent", pos, intent))
+            if commit_intent:
+                await self._sync_point()
+        data = await invoke()
+        self.record_outcome(
+            kind=kind,
+            turn=turn,
+            index=index,
+            name=name,
+            input_hash=input_hash,
+            data=data,
+            call_id=call_id,
+        )
+        if after_outcome is not None:
+            after_outcome()
+        if commit_outcome:
+            await self._sync_point()
+        return data, False
+
+    def record_outcome(
+        self,
+        *,
+        kind: str,
+        turn: int,
+        index: int,
+        name: str,
+        input_hash: str,
+        data: dict[str, Any],
+        call_id: str | None = None,
+    ) -> None:
+        """Buffer an outcome row (committed by the next flush)."""
+        pos = _pos(kind, turn, index)
+        outcome = {
+            "kind": kind,
+            "name": name,
+            "turn": turn,
+            "index": index,
+            "call_id": call_id,
+            "input_hash": input_hash,
+            "output_hash": hash_json(data),
+            "data": data,
+        }
+        self.outcomes[pos] = outcome
+        self._append(("outcome", pos, outcome))

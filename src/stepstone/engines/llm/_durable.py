@@ -1,0 +1,501 @@
+"""One durable LLM run: claim it through the kernel, drive the loop with journaling, end it.
+
+Shared by :class:`stepstone.Runner` and by an ``LLMEngine`` running inside a durable Plan
+step or graph node (whose run key is derived from the step execution's position).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
+
+from stepstone.core import Envelope, ErrorInfo, Tool, payload_text
+from stepstone.core._context import current_agent_name
+from stepstone.core._serialization import to_json_value
+from stepstone.durable._effects import AGENT_KIND, SCHEMA_VERSION, DurableScope, EffectJournal
+from stepstone.durable._kernel import claim_run
+from stepstone.engines.llm._calls import RunState
+from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
+from stepstone.engines.llm._output import wants_structured
+from stepstone.exceptions import (
+    AgentCheckpointCorruptionError,
+    CheckpointFlushError,
+    ConcurrentRunError,
+    PlanPaused,
+    UserError,
+)
+from stepstone.observability import Session
+from stepstone.providers._pricing import estimate_cost
+from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._store import Store
+from stepstone.store._views import register_run_view
+
+__all__ = [
+    "DurableSettings",
+    "latest_record",
+    "normalize_record",
+    "read_run",
+    "run_durable",
+    "run_in_scope",
+]
+
+TERMINAL_STATES = ("completed", "failed", "cancelled")
+_REQUIRED = ("run_id", "thread_id", "phase", "payload")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DurableSettings:
+    """How a durable run writes (the Runner's config, or the defaults inside a Plan)."""
+
+    async_writes: bool = False
+    coalesce: bool = True
+    flush_timeout_s: float = 10.0
+    queue_maxsize: int = 1024
+    flush_interval_s: float = 0.05
+
+
+def normalize_record(record: Any) -> Any:
+    """Bring an older checkpoint record to the current shape (before validation).
+
+    Older records used ``ts`` (seconds) for ``timestamp_ms`` and ``data`` for ``payload``
+    and had no ``schema_version``.
+    """
+    if not isinstance(record, dict):
+        return record
+    out = dict(record)
+    if "payload" not in out and isinstance(out.get("data"), dict):
+        out["payload"] = out.pop("data")
+    if "timestamp_ms" not in out and isinstance(out.get("ts"), int | float):
+        out["timestamp_ms"] = int(out.pop("ts") * 1000)
+    out.setdefault("schema_version", SCHEMA_VERSION)
+    return out
+
+
+def _validate(key: str, record: Any) -> dict[str, Any]:
+    record = normalize_record(record)
+    if not isinstance(record, dict):
+        raise AgentCheckpointCorruptionError(
+            f"checkpoint {key!r}: the latest record is a {type(record).__name__}, not a dict; "
+            "nothing was resumed or written. Start a new run under another run_id"
+        )
+    missing = [f for f in _REQUIRED if f not in record]
+    if missing or not isinstance(record.get("payload"), dict):
+        what = f"misses {missing}" if missing else "has a payload that is not a dict"
+        raise AgentCheckpointCorruptionError(
+            f"checkpoint {key!r}: the latest record {what}; nothing was resumed or written. "
+            "Start a new run under another run_id"
+        )
+    return record
+
+
+def latest_record(key: str, rows: list[JournalRow]) -> dict[str, Any] | None:
+    """The validated latest phase record of a run's journal (None when it has none).
+
+    Raises:
+        AgentCheckpointCorruptionError: the latest record is not valid JSON or misses a
+            required field.
+    """
+    for row in reversed(rows):
+        if row.kind != "phase":
+            continue
+        try:
+            record = json.loads(row.data)
+        except ValueError as exc:
+            raise AgentCheckpointCorruptionError(
+                f"checkpoint {key!r}: the latest record is not valid JSON ({exc}); nothing "
+                "was resumed or written. Start a new run under another run_id"
+            ) from exc
+        return _validate(key, record)
+    return None
+
+
+def _view(head: RunHead, rows: list[JournalRow]) -> Any:
+    record = latest_record(head.key, rows)
+    return record if record is not None else {"status": head.status, "phase": None}
+
+
+register_run_view(AGENT_KIND, _view)
+
+
+def read_run(store: Store, key: str) -> tuple[RunHead | None, list[JournalRow]]:
+    """The head and journal under ``key`` (blocking)."""
+    head = store.backend.run_get(key)
+    if head is None:
+        return None, []
+    if head.kind != AGENT_KIND:
+        raise AgentCheckpointCorruptionError(
+            f"checkpoint {key!r} holds a {head.kind} run, not an agent run; use another run_id"
+        )
+    return head, store.backend.run_journal(key)
+
+
+def _structured(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, str):
+        return None
+    return to_json_value(value, warn=False)
+
+
+def _result(
+    engine: Any,
+    journal: EffectJournal,
+    state: RunState,
+    hooks: LoopHooks,
+    outcome: dict[str, Any],
+    payload: Any,
+    run_id: str,
+    thread_id: str,
+) -> dict[str, Any]:
+    tools_run, subs_run = _tool_executions(journal)
+    model = state.model or engine.model
+    completed = outcome["state"] == "completed"
+    return {
+        "run_id": run_id,
+        "thread_id": thread_id,
+        "state": outcome["state"],
+        "final_text": payload if completed and isinstance(payload, str) else hooks.final_text,
+        "final_structured": _structured(payload) if completed else None,
+        "tool_executions": tools_run,
+        "subagent_executions": subs_run,
+        "usage": state.usage.to_dict(),
+        "total_cost_usd": estimate_cost(model, state.usage),
+        "replayed_effect_count": journal.replayed,
+        "pending_approvals": outcome["pending_approvals"],
+        "error": outcome["error"],
+        "llm_calls": state.turns,
+        "tool_calls": state.tool_calls,
+    }
+
+
+def _tool_executions(journal: EffectJournal) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    tools: list[dict[str, Any]] = []
+    subs: list[dict[str, Any]] = []
+    for outcome in sorted(
+        journal.outcomes.values(), key=lambda o: (o.get("turn", 0), o.get("index", 0))
+    ):
+        if outcome.get("kind") not in ("tool", "subagent"):
+            continue
+        data = outcome.get("data") or {}
+        record = {
+            "call_id": outcome.get("call_id"),
+            "tool": outcome.get("name"),
+            "turn": outcome.get("turn"),
+            "index": outcome.get("index"),
+            "content": data.get("content"),
+            "error": data.get("error"),
+            "input_hash": outcome.get("input_hash"),
+            "output_hash": outcome.get("output_hash"),
+        }
+        (subs if outcome.get("kind") == "subagent" else tools).append(record)
+    return tools, subs
+
+
+def _decisions(
+    run_id: str, record: dict[str, Any] | None, approvals: dict[str, Any], *, strict: bool
+) -> dict[tuple[int, int], Any]:
+    """Approvals by call id, resolved to the positions the run is paused on: a decision
+    applies to that pending call only, never to a later call that reuses its id."""
+    if not approvals:
+        return {}
+    stored = (record or {}).get("payload", {}).get("terminal_result") or {}
+    pending = stored.get("pending_approvals") or [] if stored.get("state") == "paused" else []
+    out = {
+        (p["turn"], p["index"]): approvals[p["call_id"]]
+        for p in pending
+        if p["call_id"] in approvals
+    }
+    unknown = sorted(set(approvals) - {p["call_id"] for p in pending})
+    if strict and unknown:
+        waiting = [p["call_id"] for p in pending]
+        raise UserError(
+            f"agent run {run_id!r} is not waiting for approval of call id(s) {unknown}; "
+            f"it waits for {waiting or 'nothing'}. Pass approvals={{call_id: True}} with ids "
+            "from result.pending_approvals"
+        )
+    return out
+
+
+async def run_durable(
+    engine: Any,
+    *,
+    store: Store,
+    key: str,
+    run_id: str,
+    thread_id: str,
+    user_message: str | None,
+    context: dict[str, Any] | None,
+    tools: list[Tool],
+    output_type: type,
+    agent_name: str,
+    session: Session | None,
+    approvals: dict[str, Any] | None,
+    settings: DurableSettings,
+    must_exist: bool,
+    retry_failed: bool,
+    system_context: str | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the durable LLM run under ``key``; returns its terminal result dict.
+
+    Raises:
+        AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a malformed
+            latest record (nothing written).
+        ConcurrentRunError: a live process owns the run.
+    """
+    head, rows = await store._offload(read_run, store, key)
+    record = latest_record(key, rows) if head is not None else None
+    if must_exist and (head is None or record is None):
+        raise AgentCheckpointCorruptionError(
+            f"no checkpoint for agent run {run_id!r} (key {key!r}): it never started or the "
+            "store was cleared. Check the run_id and the store, or start it with runner.run()"
+        )
+    if record is not None and (record["run_id"] != run_id or record["thread_id"] != thread_id):
+        raise UserError(
+            f"agent run {run_id!r} belongs to thread {record['thread_id']!r}, not "
+            f"{thread_id!r}; pass thread_id={record['thread_id']!r}"
+        )
+    started = user_message
+    if head is not None:
+        first = next((r for r in rows if r.kind == "message"), None)
+        if first is not None:
+            started = json.loads(first.data).get("text", "")
+    if started is None:
+        raise AgentCheckpointCorruptionError(
+            f"agent run {run_id!r}: the checkpoint has no user message to resume from"
+        )
+    if user_message is not None and head is not None and user_message != started:
+        raise UserError(
+            f"run_id {run_id!r} already exists with another user_message; a run_id is the "
+            "run's idempotency key: pass a new run_id for a new task, or call "
+            "runner.resume() to continue this one"
+        )
+    decisions = _decisions(run_id, record, approvals or {}, strict=not retry_failed)
+    if record is not None:
+        stored = record["payload"].get("terminal_result")
+        if record["phase"] == "run_terminal" and isinstance(stored, dict):
+            state = stored.get("state")
+            if state in TERMINAL_STATES and not (retry_failed and state != "completed"):
+                return stored
+    claim = await store._offload(
+        lambda: claim_run(
+            store,
+            key,
+            kind=AGENT_KIND,
+            resume=True,
+            first_step="turn:0",
+            meta={"run_id": run_id, "thread_id": thread_id, "agent": agent_name},
+            what="agent run",
+        )
+    )
+    if claim.run is None:  # finished between our read and the claim
+        _, rows = await store._offload(read_run, store, key)
+        rec = latest_record(key, rows)
+        assert rec is not None
+        result: dict[str, Any] = rec["payload"]["terminal_result"]
+        return result
+    owned = claim.run
+    try:
+        return await _drive(
+            engine,
+            owned_rows=await store._offload(owned.journal),
+            owned=owned,
+            resumed=claim.outcome == "resumed",
+            store=store,
+            run_id=run_id,
+            thread_id=thread_id,
+            user_message=started,
+            context=context,
+            tools=tools,
+            output_type=output_type,
+            agent_name=agent_name,
+            session=session,
+            approvals=approvals or {},
+            decisions=decisions,
+            settings=settings,
+            system_context=system_context,
+        )
+    finally:
+        owned.release()
+
+
+async def _drive(
+    engine: Any,
+    *,
+    owned_rows: list[JournalRow],
+    owned: Any,
+    resumed: bool,
+    store: Store,
+    run_id: str,
+    thread_id: str,
+    user_message: str,
+    context: dict[str, Any] | None,
+    tools: list[Tool],
+    output_type: type,
+    agent_name: str,
+    session: Session | None,
+    approvals: dict[str, Any],
+    decisions: dict[tuple[int, int], Any],
+    settings: DurableSettings,
+    system_context: str | None,
+) -> dict[str, Any]:
+    journal = EffectJournal(
+        owned,
+        owned_rows,
+        run_id=run_id,
+        thread_id=thread_id,
+        async_writes=settings.async_writes,
+        coalesce=settings.coalesce,
+        queue_maxsize=settings.queue_maxsize,
+        flush_interval=settings.flush_interval_s,
+    )
+    prior = journal.snapshot or {}
+    ctx = dict(prior.get("context") or context or {})
+    scope = DurableScope(store=store, key=owned.key, approvals=approvals)
+    effects = JournaledEffects(journal, store_scope=scope, decisions=decisions)
+    provider = engine.get_provider()
+    hooks = LoopHooks(
+        journal=journal,
+        effects=effects,
+        provider=provider.name,
+        requested_model=engine.model,
+        context=ctx,
+        max_turns=engine.max_turns,
+        max_tool_calls_per_turn=engine.max_tool_calls_per_turn,
+        started_at_s=float(prior.get("started_at_s") or time.time()),
+    )
+    journal.phase("run_started", {"agent_name": agent_name, "resumed": bool(owned_rows)})
+    if not journal.messages:
+        journal.message({"role": "user", "text": user_message})
+    state = RunState(run_id=run_id, agent_name=agent_name, session=session)
+    env = Envelope.from_task(user_message, context=system_context)
+    outcome: dict[str, Any] = {"state": "completed", "error": None, "pending_approvals": []}
+    payload: Any = None
+    try:
+        payload = await engine._loop(
+            env, tools=tools, output_type=output_type, state=state, hooks=hooks
+        )
+    except AgentPaused as paused:
+        outcome = {"state": "paused", "error": None, "pending_approvals": paused.pending}
+    except (ConcurrentRunError, AgentCheckpointCorruptionError, UserError):
+        # Nothing more is written: the journal cannot be trusted, or is not ours, or the
+        # call was wrong. The run stays resumable where it stopped.
+        await journal.close()
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failed run is a result (corruption, in doubt...)
+        outcome = {
+            "state": "failed",
+            "error": {"type": type(exc).__name__, "message": str(exc)},
+            "pending_approvals": [],
+        }
+    except BaseException:  # cancellation, KeyboardInterrupt: a crash, resumable
+        await journal.close()
+        raise
+    await journal.close()
+    if outcome["error"] is not None and outcome["error"]["type"] == CheckpointFlushError.__name__:
+        # The store failed mid-run: no terminal record, so the run stays resumable.
+        return _result(engine, journal, state, hooks, outcome, payload, run_id, thread_id)
+    result = _result(engine, journal, state, hooks, outcome, payload, run_id, thread_id)
+    model = state.model or engine.model
+    snap = hooks.snapshot(state, outcome["state"])
+    snap.update(final_text=result["final_text"], final_structured=result["final_structured"])
+    journal.runtime_snapshot(snap)
+    journal.phase(
+        "run_terminal",
+        {
+            "state": outcome["state"],
+            "final_text": result["final_text"],
+            "requested_model": engine.model,
+            "normalized_model": model,
+            "provider_adapter": provider.name,
+            "terminal_result": result,
+        },
+    )
+    status = {"completed": "done", "paused": "paused"}.get(outcome["state"], "failed")
+    try:
+        await asyncio.wait_for(
+            journal.flush(status=status, force=True), timeout=settings.flush_timeout_s
+        )
+    except ConcurrentRunError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the caller sees it in the result
+        result = {
+            **result,
+            "state": "failed",
+            "error": {
+                "type": CheckpointFlushError.__name__,
+                "message": (
+                    f"agent run {run_id!r}: the terminal checkpoint flush failed "
+                    f"({type(exc).__name__}: {exc}) within checkpoint_flush_timeout_s="
+                    f"{settings.flush_timeout_s}; the run's last records may be missing. "
+                    "Resume it with runner.resume() once the store is healthy"
+                ),
+            },
+        }
+    result["checkpoint_commits"] = journal.commits
+    return result
+
+
+async def run_in_scope(
+    engine: Any,
+    env: Envelope[Any],
+    scope: DurableScope,
+    tools: list[Tool],
+    output_type: type,
+    session: Session | None,
+) -> Envelope[Any]:
+    """The loop inside a durable Plan step, graph node or subagent call: journaled under
+    a run key derived from that position, so a crash resumes it at its last committed
+    turn (finished tools replayed, the model not asked again for committed turns)."""
+    key = scope.run_key()
+    started = time.perf_counter()
+    result = await run_durable(
+        engine,
+        store=scope.store,
+        key=key,
+        run_id=key,
+        thread_id=scope.key,
+        user_message=env.task if env.task else payload_text(env.payload),
+        context=None,
+        tools=tools,
+        output_type=output_type,
+        agent_name=current_agent_name() or "agent",
+        session=session,
+        approvals=scope.approvals,
+        settings=DurableSettings(),
+        must_exist=False,
+        retry_failed=True,
+        system_context=env.context,
+    )
+    metadata = {
+        "model": engine.model,
+        "provider": engine.provider,
+        "usage": result["usage"],
+        "cost_usd": result["total_cost_usd"],
+        "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+        "turns": result["llm_calls"],
+        "tool_calls": result["tool_calls"],
+        "run_id": key,
+        "replayed_effect_count": result["replayed_effect_count"],
+    }
+    if result["state"] == "paused":
+        pending = result["pending_approvals"]
+        ids = ", ".join(str(p["call_id"]) for p in pending)
+        paused = PlanPaused(
+            f"LLM run {key!r} waits for approval of tool call(s) {ids}; resume with "
+            "approvals={call_id: True | False | 'reason'}"
+        )
+        paused.pending_approvals = pending  # type: ignore[attr-defined]
+        raise paused
+    if result["state"] != "completed":
+        error = result.get("error") or {"type": "RuntimeError", "message": "failed"}
+        info = ErrorInfo(type=error["type"], message=error["message"], retryable=False)
+        return Envelope(task=env.task, payload=None, metadata=metadata, error=info)
+    payload: Any = result["final_text"]
+    if wants_structured(output_type):
+        payload = TypeAdapter(output_type).validate_python(result["final_structured"])
+    return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)

@@ -1,0 +1,148 @@
+"""Human approval: a paused run, resumed with decisions, in this process or another one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import Agent, Plan, Runner, Step, Store, tool
+from stepstone.testing import call
+from tests.runner.conftest import Script
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("approval_worker.py")
+
+
+def _worker(*args: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(WORKER), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def test_pause_then_approve_from_another_process(tmp_path: Path) -> None:
+    # guarantee 177, 178
+    db = str(tmp_path / "support.sqlite")
+    paused = _worker("start", db)
+    assert paused["state"] == "paused"
+    [pending] = paused["pending_approvals"]
+    assert pending["tool"] == "refund" and pending["arguments"] == {"order": "o-7", "amount": 30}
+    assert pending["reason"] == "requires_approval"
+    assert not Path(db + ".refunds").exists()
+    done = _worker("approve", db, pending["call_id"])
+    assert done["state"] == "completed" and done["final_text"] == "Refund done."
+    assert Path(db + ".refunds").read_text() == "o-7:30\n"
+    assert done["replayed_effect_count"] == 1  # the paused turn's model response
+
+
+def _refund_tool(done: list[str]) -> Any:
+    @tool(requires_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        done.append(order)
+        return f"refunded {order}"
+
+    return refund
+
+
+@pytest.mark.parametrize("decision", [False, "over the limit"])
+async def test_refusal_reaches_the_model_as_the_tool_result(tmp_path: Path, decision: Any) -> None:
+    # guarantee 179
+    done: list[str] = []
+    seen: list[str] = []
+    replies = {0: [call("refund", order="a"), call("lookup", order="a")], 1: "not refunded"}
+    script = Script(replies)
+
+    @tool
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        seen.append(order)
+        return "order a: 30 EUR"
+
+    with Store(db=tmp_path / "r.sqlite") as store:
+        runner = Runner(store=store)
+        agent = Agent(model=script.model(), tools=[_refund_tool(done), lookup])
+        paused = await runner.run(agent, user_message="refund a", run_id="r", thread_id="t")
+        assert paused.state == "paused" and seen == ["a"]  # the other call of the turn ran
+        call_id = paused.pending_approvals[0]["call_id"]
+        result = await runner.resume(
+            agent, run_id="r", thread_id="t", approvals={call_id: decision}
+        )
+    assert result.state == "completed" and done == [] and seen == ["a"]
+    assert script.asked == [0, 1]
+    [refused, looked] = result.tool_executions
+    reason = "refused" if decision is False else decision
+    assert refused["error"] == {"type": "ApprovalDenied", "message": f"not approved: {reason}"}
+    assert looked["content"] == "order a: 30 EUR"
+
+
+async def test_resume_without_a_decision_stays_paused(tmp_path: Path) -> None:
+    # guarantee 177
+    done: list[str] = []
+    with Store(db=tmp_path / "r.sqlite") as store:
+        runner = Runner(store=store)
+        script = Script({0: call("refund", order="a"), 1: "ok"})
+        agent = Agent(model=script.model(), tools=[_refund_tool(done)])
+        first = await runner.run(agent, user_message="refund a", run_id="r", thread_id="t")
+        second = await runner.resume(agent, run_id="r", thread_id="t")
+    assert first.state == second.state == "paused" and done == []
+    assert script.asked == [0]
+
+
+async def test_approval_inside_a_plan_step(tmp_path: Path) -> None:
+    # guarantee 180, 181
+    done: list[str] = []
+    with Store(db=tmp_path / "p.sqlite") as store:
+
+        def plan(approvals: dict[str, Any] | None = None) -> Agent:
+            llm = Agent(
+                name="support",
+                model=Script({0: call("refund", order="o-1"), 1: "refunded"}).model(),
+                tools=[_refund_tool(done)],
+            )
+            return Agent(
+                engine=Plan(
+                    Step(llm),
+                    store=store,
+                    checkpoint_key="support-plan",
+                    resume=True,
+                    approvals=approvals,
+                )
+            )
+
+        env = await plan().run("refund o-1")
+        assert not env.ok and env.error is not None and env.error.type == "PlanPaused"
+        [pending] = env.metadata["pending_approvals"]
+        assert pending["tool"] == "refund" and done == []
+        assert store.read("support-plan")["status"] == "paused"
+        env = await plan({pending["call_id"]: True}).run("refund o-1")
+    assert env.ok and env.payload == "refunded" and done == ["o-1"]
+
+
+async def test_unknown_call_id_in_approvals_is_refused(tmp_path: Path) -> None:
+    # guarantee 182
+    from stepstone import UserError
+
+    with Store(db=tmp_path / "r.sqlite") as store:
+        runner = Runner(store=store)
+        agent = Agent(
+            model=Script({0: call("refund", order="a"), 1: "ok"}).model(),
+            tools=[_refund_tool([])],
+        )
+        paused = await runner.run(agent, user_message="refund a", run_id="r", thread_id="t")
+        waiting = paused.pending_approvals[0]["call_id"]
+        with pytest.raises(UserError, match=f"waits for \\['{waiting}'\\]"):
+            await runner.resume(agent, run_id="r", thread_id="t", approvals={"nope": True})

@@ -1,0 +1,630 @@
+"""Runner: run, resume, checkpoint records, snapshots, ids (SQLite files, scripted models)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import (
+    Agent,
+    AgentCheckpointCorruptionError,
+    AgentResult,
+    ConcurrentRunError,
+    Runner,
+    RunnerConfig,
+    SerializationError,
+    Store,
+    ToolContext,
+    UserError,
+    checkpoint_latest_key,
+    tool,
+)
+from stepstone.engines.llm._durable import normalize_record
+from stepstone.testing import FakeModel, call
+from tests.runner.conftest import Crash, Script
+
+PHASES = {
+    "run_started",
+    "step_started",
+    "pre_llm",
+    "post_llm",
+    "pre_tool_batch",
+    "post_tool_batch",
+    "pre_subagent_batch",
+    "post_subagent_batch",
+    "run_terminal",
+}
+SNAPSHOT_KEYS = {
+    "messages",
+    "step",
+    "state",
+    "context",
+    "llm_calls",
+    "tool_calls",
+    "started_at_s",
+    "usage",
+    "total_cost_usd",
+    "session_token",
+    "checkpoint_token",
+    "pending_llm_response",
+    "tool_executions",
+    "subagent_executions",
+    "requested_model",
+    "normalized_model",
+    "provider_adapter",
+    "final_text",
+    "final_structured",
+    "replayed_effect_count",
+}
+
+
+class Ledger:
+    """Side effects the tools performed (what must not happen twice)."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+        self.keys: dict[str, str] = {}
+        self.crash_in: set[str] = set()
+
+    def tools(self) -> list[Any]:
+        @tool
+        async def charge(order: str, ctx: ToolContext) -> str:
+            """Charge an order."""
+            self.done.append(order)
+            self.keys.setdefault(order, ctx.idempotency_key)
+            assert self.keys[order] == ctx.idempotency_key
+            if order in self.crash_in:
+                self.crash_in.discard(order)
+                raise Crash(f"died right after charging {order}")
+            return f"charged {order}"
+
+        return [charge]
+
+
+def two_turns() -> dict[int, Any]:
+    return {
+        0: [call("charge", order="a"), call("charge", order="b")],
+        1: call("charge", order="c"),
+        2: "all charged",
+    }
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    with Store(db=tmp_path / "agents.sqlite") as s:
+        yield s
+
+
+def make(script: Script, ledger: Ledger, **kw: Any) -> Agent:
+    return Agent(name="biller", model=script.model(), tools=ledger.tools(), **kw)
+
+
+async def test_the_resume_example_runs_as_written() -> None:
+    # guarantee 88, 104
+    agent = Agent(name="analyst", model=FakeModel(["Q4 is up 12%."]), instructions="Analyze data.")
+    runner = Runner()
+
+    result = await runner.run(agent, user_message="Analyze Q4 revenue trends")
+
+    resumed_result = await runner.resume(agent, run_id=result.run_id, thread_id=result.thread_id)
+    assert resumed_result.state == "completed"
+    assert resumed_result.final_text == "Q4 is up 12%."
+    assert agent.engine.system == "Analyze data."  # type: ignore[attr-defined]
+
+
+async def test_phases_records_and_the_audit_trail(store: Store) -> None:
+    # guarantee 86, 87, 88, 97, 104, 188
+    script, ledger = Script(two_turns()), Ledger()
+    runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
+    result = await runner.run(make(script, ledger), user_message="bill", thread_id="th")
+    assert result.state == "completed" and result.final_text == "all charged"
+    chain = runner.checkpoints(result.run_id)
+    phases = [r["phase"] for r in chain]
+    assert phases[0] == "run_started" and phases[-1] == "run_terminal"
+    assert set(phases) <= PHASES
+    assert phases.count("post_llm") == 3 and phases.count("post_tool_batch") == 2
+    for record in chain:
+        assert set(record) == {
+            "run_id",
+            "thread_id",
+            "schema_version",
+            "phase",
+            "payload",
+            "timestamp_ms",
+        }
+        assert record["run_id"] == result.run_id and record["thread_id"] == "th"
+        assert record["timestamp_ms"] > 1_600_000_000_000  # milliseconds
+    stamps = [r["timestamp_ms"] for r in chain]
+    assert stamps == sorted(stamps)
+    latest = store.read(checkpoint_latest_key(result.run_id))
+    assert latest == chain[-1]
+    by_phase = {r["phase"]: r["payload"] for r in chain}
+    assert by_phase["run_started"] == {"agent_name": "biller", "resumed": False}
+    assert by_phase["post_tool_batch"] == {"tool_calls_total": 3, "tool_failures": 0}
+    assert set(by_phase["pre_llm"]) == {"model", "provider", "message_count"}
+    assert {"finish_reason", "tool_call_count", "session_token", "checkpoint_token"} <= set(
+        by_phase["post_llm"]
+    )
+    terminal = by_phase["run_terminal"]
+    assert terminal["state"] == "completed" and terminal["final_text"] == "all charged"
+    assert AgentResult.from_dict(terminal["terminal_result"]) == result
+
+
+async def test_resume_without_checkpoint_raises_and_writes_nothing(store: Store) -> None:
+    # guarantee 89
+    runner = Runner(store=store)
+    agent = make(Script(two_turns()), Ledger())
+    with pytest.raises(AgentCheckpointCorruptionError, match="nope"):
+        await runner.resume(agent, run_id="nope", thread_id="t")
+    assert store.keys() == []
+
+
+def _tamper(db: Path, key: str, kind: str, edit: Any) -> None:
+    conn = sqlite3.connect(db)
+    try:
+        seq, data = conn.execute(
+            "SELECT seq, data FROM stepstone_journal WHERE run_key=? AND kind=? "
+            "ORDER BY seq DESC LIMIT 1",
+            (key, kind),
+        ).fetchone()
+        conn.execute(
+            "UPDATE stepstone_journal SET data=? WHERE run_key=? AND seq=?", (edit(data), key, seq)
+        )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def _crashed_run(store: Store, script: Script, ledger: Ledger, **kw: Any) -> Runner:
+    runner = Runner(store=store, **kw)
+    with pytest.raises(Crash):
+        await runner.run(make(script, ledger), user_message="bill", run_id="r1", thread_id="t")
+    return runner
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: '"not a dict"',
+        lambda d: json.dumps({k: v for k, v in json.loads(d).items() if k != "payload"}),
+        lambda d: json.dumps({k: v for k, v in json.loads(d).items() if k != "run_id"}),
+        lambda d: "{broken",
+    ],
+)
+async def test_malformed_latest_record_raises_and_writes_nothing(tmp_path: Path, edit: Any) -> None:
+    # guarantee 90
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        key = checkpoint_latest_key("r1")
+        _tamper(db, key, "phase", edit)
+        before = store.backend.run_get(key)
+        with pytest.raises(AgentCheckpointCorruptionError, match="r1"):
+            await runner.resume(make(Script(two_turns()), ledger), run_id="r1", thread_id="t")
+        assert store.backend.run_get(key) == before
+    assert ledger.done == ["a", "b", "c"]
+
+
+def test_legacy_records_are_normalised_before_validation() -> None:
+    # guarantee 91
+    old = {"run_id": "r", "thread_id": "t", "phase": "pre_llm", "data": {"x": 1}, "ts": 1.5}
+    assert normalize_record(old) == {
+        "run_id": "r",
+        "thread_id": "t",
+        "phase": "pre_llm",
+        "payload": {"x": 1},
+        "timestamp_ms": 1500,
+        "schema_version": "1",
+    }
+
+
+async def test_legacy_latest_record_still_resumes(tmp_path: Path) -> None:
+    # guarantee 91
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+
+        def legacy(data: str) -> str:
+            rec = json.loads(data)
+            rec["data"] = rec.pop("payload")
+            rec["ts"] = rec.pop("timestamp_ms") / 1000
+            del rec["schema_version"]
+            return json.dumps(rec)
+
+        _tamper(db, checkpoint_latest_key("r1"), "phase", legacy)
+        result = await runner.resume(make(Script(two_turns()), ledger), run_id="r1", thread_id="t")
+    assert result.state == "completed"
+
+
+async def test_terminal_run_returns_stored_result_with_no_calls(store: Store) -> None:
+    # guarantee 92
+    script, ledger = Script(two_turns()), Ledger()
+    runner = Runner(store=store)
+    first = await runner.run(make(script, ledger), user_message="bill", run_id="r", thread_id="t")
+    again = Script(two_turns())
+    resumed = await runner.resume(make(again, ledger), run_id="r", thread_id="t")
+    rerun = await runner.run(make(again, ledger), user_message="bill", run_id="r", thread_id="t")
+    assert resumed == first == rerun
+    assert again.asked == [] and ledger.done == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("async_writes", [False, True])
+async def test_crash_mid_batch_resumes_replaying_finished_tools(
+    store: Store, async_writes: bool
+) -> None:
+    # guarantee 93, 94, 102, 104, 160, 161
+    ledger = Ledger()
+    ledger.crash_in = {"b"}
+    script = Script(two_turns())
+    config = RunnerConfig(checkpoint_async_writes=async_writes)
+    runner = await _crashed_run(store, script, ledger, config=config)
+    snap = runner.snapshot("r1")
+    assert snap["pending_llm_response"]["tool_calls"][1]["arguments"] == {"order": "b"}
+    assert [m["role"] for m in snap["messages"]][:2] == ["user", "assistant"]
+    again = Script(two_turns())
+    result = await runner.resume(make(again, ledger, instructions=None), run_id="r1", thread_id="t")
+    assert result.state == "completed" and result.final_text == "all charged"
+    assert again.asked == [1, 2]  # turn 0 was committed: the model is not asked again
+    # "a" finished before the crash and is replayed; "b" crashed inside its call and, with
+    # the default in_doubt="rerun", runs again with the same idempotency key.
+    assert ledger.done == ["a", "b", "b", "c"]
+    assert result.replayed_effect_count == 2  # the model turn 0 and tool call "a"
+    assert result.llm_calls == 3 and result.tool_calls == 3
+    assert result.usage["input_tokens"] > 0
+    assert [t["tool"] for t in result.tool_executions] == ["charge"] * 3
+
+
+async def test_snapshot_has_every_runtime_key(store: Store) -> None:
+    # guarantee 93, 96, 103
+    runner = Runner(store=store)
+    result = await runner.run(
+        make(Script(two_turns()), Ledger()), user_message="bill", context={"tenant": "acme"}
+    )
+    snap = runner.snapshot(result.run_id)
+    assert set(snap) >= SNAPSHOT_KEYS
+    assert snap["context"] == {"tenant": "acme"}
+    assert snap["llm_calls"] == 3 and snap["tool_calls"] == 3
+    assert snap["session_token"] is None and snap["checkpoint_token"] is None
+    assert snap["pending_llm_response"] is None
+    assert len(snap["messages"]) == 1 + 3 + 3  # user, 3 assistant turns, 3 tool results
+
+
+async def test_undecodable_pending_llm_response_never_calls_the_model_again(
+    tmp_path: Path,
+) -> None:
+    # guarantee 95
+    from stepstone.durable._effects import hash_json
+
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"a"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+
+        def garble(data: str) -> str:
+            rec = json.loads(data)
+            rec["data"] = {"text": 42, "tool_calls": "?"}
+            rec["output_hash"] = hash_json(rec["data"])
+            return json.dumps(rec)
+
+        conn = sqlite3.connect(db)
+        (seq, data) = conn.execute(
+            "SELECT seq, data FROM stepstone_journal WHERE kind='outcome' AND name='model:0:0'"
+        ).fetchone()
+        conn.execute("UPDATE stepstone_journal SET data=? WHERE seq=?", (garble(data), seq))
+        conn.commit()
+        conn.close()
+        again = Script(two_turns())
+        with pytest.raises(AgentCheckpointCorruptionError, match="pending_llm_response"):
+            await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+    assert again.asked == []
+
+
+async def test_tampered_outcome_fails_its_output_hash(tmp_path: Path) -> None:
+    # guarantee 101, 162
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        conn = sqlite3.connect(db)
+        (seq, data) = conn.execute(
+            "SELECT seq, data FROM stepstone_journal WHERE kind='outcome' AND name='tool:0:0'"
+        ).fetchone()
+        rec = json.loads(data)
+        assert set(rec) >= {"input_hash", "output_hash", "call_id"}
+        rec["data"] = {"content": "charged nothing"}
+        conn.execute("UPDATE stepstone_journal SET data=? WHERE seq=?", (json.dumps(rec), seq))
+        conn.commit()
+        conn.close()
+        with pytest.raises(AgentCheckpointCorruptionError, match="output_hash"):
+            await runner.resume(make(Script(two_turns()), ledger), run_id="r1", thread_id="t")
+
+
+async def test_changed_input_at_a_recorded_position_is_corruption(store: Store) -> None:
+    # guarantee 163
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    runner = await _crashed_run(store, Script(two_turns()), ledger)
+    changed = make(Script(two_turns()), ledger, instructions="Refund everything instead.")
+    with pytest.raises(AgentCheckpointCorruptionError, match="check determinism"):
+        await runner.resume(changed, run_id="r1", thread_id="t")
+    assert ledger.done == ["a", "b", "c"]
+
+
+async def test_crash_during_the_model_call_asks_again(store: Store) -> None:
+    # guarantee 164
+    script = Script(two_turns(), crash_at={1})
+    ledger = Ledger()
+    runner = await _crashed_run(store, script, ledger)
+    again = Script(two_turns())
+    result = await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+    assert result.state == "completed"
+    assert again.asked == [1, 2] and ledger.done == ["a", "b", "c"]
+
+
+async def test_two_resumes_of_one_live_run(store: Store) -> None:
+    # guarantee 165
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    runner = await _crashed_run(store, Script(two_turns()), ledger)
+    gate = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def hold(turn: int) -> None:
+        return None
+
+    script = Script(two_turns())
+
+    @tool
+    async def charge(order: str) -> str:
+        """Charge an order."""
+        entered.set()
+        await gate.wait()
+        ledger.done.append(order)
+        return f"charged {order}"
+
+    agent = Agent(name="biller", model=script.model(), tools=[charge])
+    first = asyncio.create_task(runner.resume(agent, run_id="r1", thread_id="t"))
+    await asyncio.wait_for(entered.wait(), 60)
+    with pytest.raises(ConcurrentRunError, match="live"):
+        await runner.resume(agent, run_id="r1", thread_id="t")
+    gate.set()
+    result = await asyncio.wait_for(first, 60)
+    assert result.state == "completed"
+    assert ledger.done == ["a", "b", "c", "c"]  # "c" crashed inside its call: run once more
+
+
+async def test_ids_and_idempotent_run_ids(store: Store) -> None:
+    # guarantee 166, 167
+    runner = Runner(store=store)
+    agent = make(Script(two_turns()), Ledger())
+    for bad in ("", None):
+        with pytest.raises(UserError, match="run_id"):
+            await runner.resume(agent, run_id=bad, thread_id="t")  # type: ignore[arg-type]
+        with pytest.raises(UserError, match="thread_id"):
+            await runner.resume(agent, run_id="x", thread_id=bad)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="run_id"):
+        await runner.run(agent, user_message="bill", run_id="")
+    with pytest.raises(UserError, match="context must be a dict"):
+        await runner.run(agent, user_message="bill", context=["x"])  # type: ignore[arg-type]
+    with pytest.raises(SerializationError, match="context"):
+        await runner.run(agent, user_message="bill", context={"when": object()})
+    assert store.keys() == []
+    await runner.run(agent, user_message="bill", run_id="r", thread_id="t")
+    with pytest.raises(UserError, match="another user_message"):
+        await runner.run(agent, user_message="something else", run_id="r", thread_id="t")
+    with pytest.raises(UserError, match="thread"):
+        await runner.resume(agent, run_id="r", thread_id="other")
+    listed = runner.runs(thread_id="t")
+    assert [(r["run_id"], r["status"], r["phase"]) for r in listed] == [
+        ("r", "done", "run_terminal")
+    ]
+    assert runner.runs(thread_id="nobody") == []
+
+
+def test_sync_twins_and_config_validation(tmp_path: Path) -> None:
+    # guarantee 98
+    assert RunnerConfig().checkpoint_async_writes is True
+    assert RunnerConfig().checkpoint_coalesce_runtime_state is True
+    with pytest.raises(ValueError, match="checkpoint_flush_timeout_s"):
+        RunnerConfig(checkpoint_flush_timeout_s=0)
+    with pytest.raises(ValueError, match="checkpoint_queue_maxsize"):
+        RunnerConfig(checkpoint_queue_maxsize=0)
+    with Store(db=tmp_path / "s.sqlite") as store:
+        runner = Runner(store=store)
+        agent = make(Script(two_turns()), Ledger())
+        result = runner.run_sync(agent, user_message="bill", run_id="s", thread_id="t")
+        assert result.state == "completed"
+        assert runner.resume_sync(agent, run_id="s", thread_id="t") == result
+
+
+async def _snapshot_rows(store: Store, coalesce: bool, run_id: str) -> int:
+    config = RunnerConfig(
+        checkpoint_async_writes=True,
+        checkpoint_coalesce_runtime_state=coalesce,
+        checkpoint_flush_interval_s=60,
+    )
+    runner = Runner(store=store, config=config)
+    await runner.run(make(Script(two_turns()), Ledger()), user_message="bill", run_id=run_id)
+    rows = store.backend.run_journal(checkpoint_latest_key(run_id))
+    return sum(1 for r in rows if r.kind == "snapshot")
+
+
+async def test_write_behind_coalesces_runtime_snapshots(store: Store) -> None:
+    # guarantee 99, 169
+    coalesced = await _snapshot_rows(store, True, "c")
+    every = await _snapshot_rows(store, False, "e")
+    assert coalesced < every
+
+
+async def test_failed_terminal_flush_is_an_error_in_the_result(tmp_path: Path) -> None:
+    # guarantee 100, 170
+    db = tmp_path / "a.sqlite"
+    holder: list[sqlite3.Connection] = []
+
+    def lock_the_file(turn: int) -> None:
+        if turn == 2:  # the last turn: the run's final commit will find the file locked
+            conn = sqlite3.connect(db, isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            holder.append(conn)
+
+    script = Script(two_turns(), before=lock_the_file)
+    config = RunnerConfig(checkpoint_async_writes=True, checkpoint_flush_interval_s=60)
+    with Store(db=db, busy_timeout=0.2) as store:
+        runner = Runner(store=store, config=config)
+        result = await runner.run(make(script, Ledger()), user_message="bill", run_id="f")
+        assert result.state == "failed"
+        assert result.error is not None and result.error["type"] == "CheckpointFlushError"
+        assert "checkpoint_flush_timeout_s" in result.error["message"]
+        holder[0].execute("ROLLBACK")
+        holder[0].close()
+        again = await runner.resume(
+            make(Script(two_turns()), Ledger()), run_id="f", thread_id=result.thread_id
+        )
+        assert again.state == "completed"
+
+
+def test_agent_shorthand() -> None:
+    # guarantee 187
+    from stepstone import LLMEngine
+
+    agent = Agent(name="a", model=FakeModel(["hi"]), instructions="Be brief.")
+    assert isinstance(agent.engine, LLMEngine) and agent.engine.system == "Be brief."
+    assert Agent(model="claude-sonnet-4-6").engine.model == "claude-sonnet-4-6"  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="both engine"):
+        Agent(engine=LLMEngine("gpt-5"), model="gpt-5")
+    with pytest.raises(TypeError, match="instructions"):
+        Agent(engine=LLMEngine("gpt-5"), instructions="x")
+    assert agent("hello").payload == "hi"
+
+
+async def test_runner_without_store_is_in_memory() -> None:
+    # guarantee 168
+    runner = Runner()
+    assert type(runner.store.backend).__name__ == "MemoryBackend"
+    result = await runner.run(make(Script(two_turns()), Ledger()), user_message="bill")
+    assert result.state == "completed" and runner.checkpoints(result.run_id)
+
+
+async def test_bytes_per_turn_do_not_grow(store: Store) -> None:
+    # guarantee 189
+    def replies(turns: int) -> dict[int, Any]:
+        out: dict[int, Any] = {t: call("charge", order=f"o{t}") for t in range(turns)}
+        out[turns] = "done"
+        return out
+
+    sizes = {}
+    for turns in (5, 40):
+        runner = Runner(store=store)
+        agent = Agent(model=Script(replies(turns)).model(), tools=Ledger().tools(), max_turns=50)
+        result = await runner.run(agent, user_message="bill", run_id=f"b{turns}")
+        rows = store.backend.run_journal(checkpoint_latest_key(result.run_id))
+        sizes[turns] = sum(len(r.data) for r in rows) / turns
+        # no row holds the conversation (the terminal record lists the run's tool calls once)
+        body = [r for r in rows if r.name != "run_terminal"]
+        assert max(len(r.data) for r in body) < 4000
+    assert sizes[40] < sizes[5] * 1.2
+
+
+async def test_structured_output_is_kept_and_replayed(tmp_path: Path) -> None:
+    # guarantee 92, 183
+    from pydantic import BaseModel
+
+    from stepstone import Plan, Step
+
+    class Verdict(BaseModel):
+        approve: bool
+        reason: str
+
+    answer = '{"approve": true, "reason": "within budget"}'
+    with Store(db=tmp_path / "s.sqlite") as store:
+        runner = Runner(store=store)
+        agent = Agent(model=Script({0: answer}).model(), output=Verdict)
+        result = await runner.run(agent, user_message="judge", run_id="v", thread_id="t")
+        assert result.final_structured == {"approve": True, "reason": "within budget"}
+        script = Script({0: answer})
+        judge = Agent(name="judge", model=script.model(), output=Verdict)
+        plan = Plan(Step(judge, output=Verdict), store=store, checkpoint_key="j")
+        env = await Agent(engine=plan).run("judge")
+        assert env.ok and env.payload == Verdict(approve=True, reason="within budget")
+        # the step's loop again under the same execution key: the stored answer, typed
+        from stepstone.durable._effects import DurableScope, bind_scope
+
+        with bind_scope(DurableScope(store=store, key="j:judge:1")):
+            again = await judge.run("judge")
+        assert again.payload == env.payload and script.asked == [0]
+
+
+async def test_store_failure_mid_run_fails_the_result_and_stays_resumable(
+    tmp_path: Path,
+) -> None:
+    # guarantee 170
+    db = tmp_path / "a.sqlite"
+    holder: list[sqlite3.Connection] = []
+    runs: list[str] = []
+
+    @tool
+    async def charge(order: str) -> str:
+        """Charge an order; the store gets locked by someone else meanwhile."""
+        runs.append(order)
+        if not holder:
+            conn = sqlite3.connect(db, isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            holder.append(conn)
+        return f"charged {order}"
+
+    replies = {0: call("charge", order="a"), 1: "done"}
+    with Store(db=db, busy_timeout=0.2) as store:
+        runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
+        agent = Agent(model=Script(replies).model(), tools=[charge])
+        failed = await runner.run(agent, user_message="bill", run_id="m", thread_id="t")
+        assert failed.state == "failed"
+        assert failed.error is not None and failed.error["type"] == "CheckpointFlushError"
+        assert "resume the run" in failed.error["message"]
+        holder[0].execute("ROLLBACK")
+        holder[0].close()
+        script = Script(replies)
+        agent = Agent(model=script.model(), tools=[charge])
+        done = await runner.resume(agent, run_id="m", thread_id="t")
+    assert done.state == "completed" and done.final_text == "done"
+    assert script.asked == [1]  # the committed turn is not asked again
+    assert runs == ["a", "a"]  # its outcome never reached the store: in doubt, run again
+
+
+@pytest.mark.postgres
+async def test_crash_resume_and_approval_on_postgres(pg_url: str) -> None:
+    # guarantee 102, 160, 177
+    ledger = Ledger()
+    ledger.crash_in = {"c"}  # alone in its turn: "a" and "b" are committed by then
+    with Store(url=pg_url) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        again = Script(two_turns())
+        result = await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+        assert result.state == "completed" and again.asked == [2]
+        assert ledger.done == ["a", "b", "c", "c"]
+        assert result.replayed_effect_count == 4  # two model turns, "a" and "b"
+
+        done: list[str] = []
+
+        @tool(requires_approval=True)
+        async def refund(order: str) -> str:
+            """Refund an order."""
+            done.append(order)
+            return "refunded"
+
+        agent = Agent(model=Script({0: call("refund", order="x"), 1: "ok"}).model(), tools=[refund])
+        paused = await runner.run(agent, user_message="refund", run_id="pg-r", thread_id="t")
+        assert paused.state == "paused" and done == []
+        call_id = paused.pending_approvals[0]["call_id"]
+        final = await runner.resume(agent, run_id="pg-r", thread_id="t", approvals={call_id: True})
+        assert final.state == "completed" and done == ["x"]

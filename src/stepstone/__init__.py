@@ -27,6 +27,7 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._queue import RunHandle, submit
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.exceptions import (
@@ -49,6 +50,7 @@ from stepstone.exceptions import (
     PlanCompileError,
     PlanPaused,
     PlanRuntimeError,
+    QueuedRunError,
     SerializationError,
     StaleCheckpointError,
     StepstoneError,
@@ -61,6 +63,7 @@ from stepstone.exceptions import (
 )
 from stepstone.observability import Event, EventType, Session
 from stepstone.store import Store, StoreEntry
+from stepstone.worker import Worker
 
 __version__ = "0.1.0"
 
@@ -93,6 +96,10 @@ __all__ = [
     "Event",
     "EventType",
     "Session",
+    # work queue and workers
+    "RunHandle",
+    "Worker",
+    "submit",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -103,6 +110,7 @@ __all__ = [
     "PlanCompileError",
     "PlanPaused",
     "PlanRuntimeError",
+    "QueuedRunError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",

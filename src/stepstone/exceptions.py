@@ -21,6 +21,7 @@ The tree::
     │   ├── MaxTurnsExceeded            the LLM loop hit max_turns
     │   ├── AgentCheckpointCorruptionError  an agent-run checkpoint is missing or malformed
     │   ├── NodeException               a graph node raised; __cause__ is the original error
+    │   ├── QueuedRunError              a queued run ended without a result (or is unknown)
     │   └── CheckpointError             a graph checkpoint cannot be used as asked
     │       ├── CheckpointNotFound      no record under that invocation_id
     │       ├── CheckpointRecordInvalid a record cannot be decoded (or its pickle was refused)
@@ -311,3 +312,8 @@ class ModelRequestsBlockedError(UserError):
     the ``STEPSTONE_BLOCK_MODEL_REQUESTS`` environment variable is set. Requests to loopback
     addresses (test servers) stay allowed.
     """
+
+
+class QueuedRunError(StepstoneError):
+    """A queued run ended without a result (cancelled, its target could not be loaded, or
+    its workers kept dying), or its id is unknown."""

@@ -12,6 +12,7 @@ from rich.console import Console
 from stepstone.cli._demo_etl import run_etl_demo
 from stepstone.cli._demo_lunar import run_lunar_demo
 from stepstone.cli._render import render_entry, render_runs
+from stepstone.cli._worker import worker
 from stepstone.store import Store
 
 __all__ = ["app", "main"]
@@ -60,6 +61,9 @@ def demo(
     console.print(f"[bold]stepstone demo[/] — store: {path} (no API key needed)\n")
     run_etl_demo(console, path)
     run_lunar_demo(console, workdir)
+
+
+app.command()(worker)
 
 
 @app.command()

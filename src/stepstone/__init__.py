@@ -27,7 +27,7 @@ from stepstone.core import (
     from_step,
     tool,
 )
-from stepstone.durable._queue import RunHandle, submit
+from stepstone.durable._queue import RunHandle, set_queue_limits, submit
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.exceptions import (
@@ -99,6 +99,7 @@ __all__ = [
     # work queue and workers
     "RunHandle",
     "Worker",
+    "set_queue_limits",
     "submit",
     # errors
     "AgentCheckpointCorruptionError",

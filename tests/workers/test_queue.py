@@ -11,8 +11,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from stepstone import QueuedRunError, RunHandle, Store, UserError, Worker, submit
-from stepstone.durable._queue import queue_backend
+from stepstone import (
+    QueuedRunError,
+    RunHandle,
+    Store,
+    UserError,
+    Worker,
+    set_queue_limits,
+    submit,
+)
 from tests.workers import targets
 from tests.workers.targets import executions, task
 
@@ -157,7 +164,7 @@ def test_cancel_a_queued_run_and_a_running_one(store: Store, tmp_path: Path) -> 
 
 def test_queue_concurrency_limit_holds_across_workers(store: Store, tmp_path: Path) -> None:
     log = str(tmp_path / "log")
-    queue_backend(store).set_limits("default", concurrency=1, rate=None)
+    set_queue_limits(store, "default", concurrency=1)
     handles = [submit(store, T + "plan", task(log, f"r{i}", sleep=0.01)) for i in range(4)]
     workers = [_worker(store, concurrency=4) for _ in range(2)]
     threads = [threading.Thread(target=w.run, kwargs={"until_idle": True}) for w in workers]
@@ -175,7 +182,7 @@ def test_queue_concurrency_limit_holds_across_workers(store: Store, tmp_path: Pa
 
 def test_queue_rate_limit_spaces_starts(store: Store, tmp_path: Path) -> None:
     log = str(tmp_path / "log")
-    queue_backend(store).set_limits("default", concurrency=None, rate=2)
+    set_queue_limits(store, "default", rate=2)
     handles = [submit(store, T + "make_plan", task(log, f"r{i}")) for i in range(6)]
     t0 = time.monotonic()
     _worker(store, concurrency=6).run(until_idle=False, max_runs=6)
@@ -194,3 +201,7 @@ def test_worker_arguments_are_checked(store: Store) -> None:
         Worker(Store())
     with pytest.raises(UserError, match="priority"):
         submit(store, T + "plan", "t", priority=1.5)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="rate must be > 0"):
+        set_queue_limits(store, "default", rate=0)
+    with pytest.raises(UserError, match="concurrency must be an int"):
+        set_queue_limits(store, "default", concurrency=0)

@@ -23,7 +23,7 @@ from stepstone.exceptions import QueuedRunError, UserError
 from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
 from stepstone.store._store import Store
 
-__all__ = ["RunHandle", "import_path_of", "queue_backend", "submit"]
+__all__ = ["RunHandle", "import_path_of", "queue_backend", "set_queue_limits", "submit"]
 
 _queues: weakref.WeakKeyDictionary[Store, QueueBackend] = weakref.WeakKeyDictionary()
 _paths: dict[int, tuple[weakref.ref[Any], str]] = {}
@@ -184,6 +184,32 @@ def submit(
         max_attempts=max_attempts,
     )
     return RunHandle(store, entry_id)
+
+
+def set_queue_limits(
+    store: Store, queue: str, *, concurrency: int | None = None, rate: float | None = None
+) -> None:
+    """Limits every worker obeys for ``queue``, across all processes and hosts.
+
+    Args:
+        store: The store the workers use.
+        queue: The queue's name.
+        concurrency: At most this many of its runs running at once (None: no limit).
+        rate: At most this many of its runs started per second (None: no limit).
+
+    Per-worker limits are the workers' own (``Worker(concurrency=...)``).
+    """
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise UserError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
+    if rate is not None and not rate > 0:
+        raise UserError(f"rate must be > 0 runs per second or None, got {rate!r}")
+    if not isinstance(queue, str) or not queue:
+        raise UserError(f"queue must be a non-empty str, got {queue!r}")
+    queue_backend(store).set_limits(
+        queue, concurrency=concurrency, rate=None if rate is None else float(rate)
+    )
 
 
 class RunHandle:

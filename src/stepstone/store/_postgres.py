@@ -120,6 +120,9 @@ class PostgresBackend(Backend):
         reconnect_timeout: Seconds to keep reconnecting and retrying after the server went
             away (a restart, a failover) before an operation fails with StoreError.
         connect_timeout: Seconds one connection attempt may take.
+        prepare: Prepare the statements each connection runs often (once per connection,
+            after a few uses). Pass False behind a pooler that does not keep a session per client
+            (PgBouncer in transaction mode).
 
     The schema is created (or upgraded) by :meth:`setup`, which also runs on first use.
     """
@@ -132,6 +135,7 @@ class PostgresBackend(Backend):
         max_size: int = 8,
         reconnect_timeout: float = 60.0,
         connect_timeout: float = 10.0,
+        prepare: bool = True,
     ) -> None:
         if min_size < 0 or max_size < max(1, min_size):
             raise ValueError(
@@ -155,12 +159,20 @@ class PostgresBackend(Backend):
             self._kwargs["connect_timeout"] = max(1, round(connect_timeout))
         if "application_name" not in params:
             self._kwargs["application_name"] = "stepstone"
+        # psycopg prepares a statement once a connection has run it a few times; None
+        # never prepares (PgBouncer in transaction mode hands each transaction a different
+        # server connection, which would not have the statement).
+        self.prepare = prepare
+        if not prepare:
+            self._kwargs["prepare_threshold"] = None
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()  # guards pool creation only, never a store operation
         self._inherited: list[ConnectionPool[Any]] = []
         self._ready = False
         self._closed = False
+        self._offset = 0.0  # server clock minus this host's clock, seconds
+        self._offset_at = float("-inf")
 
     # -- connections -----------------------------------------------------------------------
     def describe(self) -> str:
@@ -187,6 +199,39 @@ class PostgresBackend(Backend):
                 f"cannot set up the stepstone schema in {self.describe()}: {exc}"
             ) from exc
         self._ready = True
+
+    def clock(self) -> float:
+        """The server's clock, as this host's clock plus an offset measured on the server
+        (re-measured every minute), so leases do not depend on the hosts' clocks agreeing."""
+        now = time.time()
+        if now - self._offset_at > 60.0:
+            try:
+                self._measure_offset()
+            except StoreError:
+                # The server is unreachable: keep the last offset (the operation that
+                # needs the server reports the outage itself) and measure again soon.
+                log.debug("stepstone: could not read the server clock", exc_info=True)
+                self._offset_at = now - 50.0
+        return time.time() + self._offset
+
+    def _measure_offset(self) -> None:
+        """One attempt, no retries: an unreachable server raises StoreError at once."""
+        best: tuple[float, float] | None = None
+        try:
+            with self._connection(2.0) as conn, conn.cursor() as cur:
+                for _ in range(3):  # keep the sample with the shortest round trip
+                    before = time.time()
+                    server = _one(
+                        cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+                    )
+                    after = time.time()
+                    sample = (float(server) - (before + after) / 2, after - before)
+                    if best is None or sample[1] < best[1]:
+                        best = sample
+        except (psycopg.Error, _Lost) as exc:
+            raise StoreError(f"cannot read the clock of {self.describe()}: {exc}") from exc
+        assert best is not None
+        self._offset, self._offset_at = best[0], time.time()
 
     def _pool_here(self) -> ConnectionPool[Any]:
         if self._closed:

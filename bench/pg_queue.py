@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -131,6 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
     import tempfile
@@ -149,11 +151,14 @@ def main() -> None:
             f"{os.cpu_count()} cpus, fsync on"
         )
         print(f"{args.runs} runs x 10 steps through the queue, worker concurrency 4")
-        print(f"{'workers':>7} {'runs/s':>8} {'x 1 worker':>10}")
-        base = None
+        rates: dict[int, list[float]] = {w: [] for w in args.workers}
+        for _ in range(args.repeat):  # interleaved, so drift hits every size alike
+            for workers in args.workers:
+                rates[workers].append(fan_out(url, workers, args.runs))
+        print(f"{'workers':>7} {'runs/s':>8} {'x 1 worker':>10}   (median of {args.repeat})")
+        base = statistics.median(rates[args.workers[0]])
         for workers in args.workers:
-            rate = fan_out(url, workers, args.runs)
-            base = base or rate
+            rate = statistics.median(rates[workers])
             print(f"{workers:>7} {rate:>8.1f} {rate / base:>10.2f}")
         took, reran, executed = recovery(url, Path(tmp) / "steps.log")
         print()

@@ -1,9 +1,10 @@
-"""Group commit on SQLite: concurrent runs' step commits share a transaction, and each
-run's compare-and-swap is still its own."""
+"""Group commit on SQLite and PostgreSQL: concurrent runs' step commits share a
+transaction, and each run's compare-and-swap is still its own."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,19 @@ def _claim(store: Store, key: str):  # type: ignore[no-untyped-def]
     return claimed.run
 
 
-def test_a_failed_run_in_a_batch_never_loses_or_lands_another_runs_rows(tmp_path: Path) -> None:
-    store = Store(db=tmp_path / "g.sqlite")
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        s = Store(db=tmp_path / "g.sqlite")
+    else:
+        s = Store(url=request.getfixturevalue("pg_url"))
+        for key in s.keys():
+            s.delete(key)
+    yield s
+    s.close()
+
+
+def test_a_failed_run_in_a_batch_never_loses_or_lands_another_runs_rows(store: Store) -> None:
     good, stale, clash = (_claim(store, k) for k in ("good", "stale", "clash"))
     try:
         _claim(store, "a-run-key").release()  # a key that holds a run
@@ -50,15 +62,13 @@ def test_a_failed_run_in_a_batch_never_loses_or_lands_another_runs_rows(tmp_path
     finally:
         for run in (good, stale, clash):
             run.release()
-        store.close()
 
 
 def _double(x: int) -> int:
     return x * 2
 
 
-def test_concurrent_runs_share_commits_and_every_result_is_right(tmp_path: Path) -> None:
-    store = Store(db=tmp_path / "g.sqlite")
+def test_concurrent_runs_share_commits_and_every_result_is_right(store: Store) -> None:
     plan = Plan(
         *[Step(_double, name=f"s{i}") for i in range(5)],
         store=store,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 import weakref
 from collections.abc import Sequence
 
@@ -26,10 +27,13 @@ Outcome = bool | BaseException
 
 
 def can_group(backend: Backend) -> bool:
-    """Whether ``backend`` commits a batch as one transaction (SQLite)."""
+    """Whether ``backend`` commits a batch as one transaction (SQLite, PostgreSQL)."""
     from stepstone.store._sqlite import SQLiteBackend
 
-    return isinstance(backend, SQLiteBackend)
+    if isinstance(backend, SQLiteBackend):
+        return True
+    pg = sys.modules.get("stepstone.store._postgres")
+    return pg is not None and isinstance(backend, pg.PostgresBackend)
 
 
 def commit_many(backend: Backend, items: Sequence[CommitItem]) -> list[Outcome]:
@@ -38,6 +42,10 @@ def commit_many(backend: Backend, items: Sequence[CommitItem]) -> list[Outcome]:
     If the transaction itself fails, every item gets that exception and nothing lands."""
     from stepstone.store._sqlite import SQLiteBackend
 
+    if len(items) > 1 and can_group(backend) and not isinstance(backend, SQLiteBackend):
+        from stepstone.store import _postgres_batch
+
+        return list(_postgres_batch.commit_many(backend, items))  # type: ignore[arg-type]
     if not isinstance(backend, SQLiteBackend) or len(items) == 1:
         out: list[Outcome] = []
         for item in items:
@@ -60,18 +68,24 @@ def commit_many(backend: Backend, items: Sequence[CommitItem]) -> list[Outcome]:
 
 
 class _Group:
-    """The pending commits of one backend on one event loop."""
+    """The pending commits of one backend on one event loop.
+
+    Local backends (SQLite) write a batch on the loop thread at the next iteration.
+    Network backends write it from a thread; commits that arrive meanwhile form the next
+    batch, written as soon as the current one is done.
+    """
 
     def __init__(self, backend: Backend, loop: asyncio.AbstractEventLoop) -> None:
         self.backend = backend
         self.loop = loop
         self.pending: list[tuple[CommitItem, asyncio.Future[bool]]] = []
         self.scheduled = False
+        self.inflight: asyncio.Task[None] | None = None
 
     def add(self, item: CommitItem) -> asyncio.Future[bool]:
         fut: asyncio.Future[bool] = self.loop.create_future()
         self.pending.append((item, fut))
-        if not self.scheduled:
+        if not self.scheduled and self.inflight is None:
             self.scheduled = True
             # next iteration: runs woken in this one (steps that just finished) join in
             self.loop.call_soon(self.flush)
@@ -81,14 +95,33 @@ class _Group:
         batch, self.pending, self.scheduled = self.pending, [], False
         if not batch:
             return
-        outcomes = commit_many(self.backend, [item for item, _ in batch])
-        for (_, fut), outcome in zip(batch, outcomes, strict=True):
-            if fut.cancelled():
-                continue
-            if isinstance(outcome, BaseException):
-                fut.set_exception(outcome)
-            else:
-                fut.set_result(outcome)
+        if self.backend.commit_inline:
+            _deliver(batch, commit_many(self.backend, [item for item, _ in batch]))
+        else:
+            self.inflight = self.loop.create_task(self._flush_in_thread(batch))
+
+    async def _flush_in_thread(self, batch: list[tuple[CommitItem, asyncio.Future[bool]]]) -> None:
+        items = [item for item, _ in batch]
+        try:
+            outcomes = await asyncio.to_thread(commit_many, self.backend, items)
+        except BaseException as exc:  # noqa: BLE001 - every commit of the batch gets it
+            outcomes = [exc] * len(batch)
+        finally:
+            self.inflight = None
+        _deliver(batch, outcomes)
+        if self.pending and not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.flush)
+
+
+def _deliver(batch: list[tuple[CommitItem, asyncio.Future[bool]]], outcomes: list[Outcome]) -> None:
+    for (_, fut), outcome in zip(batch, outcomes, strict=True):
+        if fut.cancelled():
+            continue
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
 
 
 groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Group]] = (

@@ -139,7 +139,7 @@ class OwnedRun:
         one fsync; each run's compare-and-swap still checked on its own)."""
         new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
         backend = self.store.backend
-        if backend.commit_inline and can_group(backend) and not may_block_loop():
+        if can_group(backend) and not may_block_loop():
             ok = await group_commit(backend, (new, self.head.version, journal, encoded))
         else:
             ok = await self.store._kernel_call(

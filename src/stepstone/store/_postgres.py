@@ -527,26 +527,7 @@ class PostgresBackend(Backend):
         rows: Sequence[JournalRow],
         writes: Sequence[tuple[str, str]],
     ) -> bool:
-        latest = dict(writes)  # one upsert per key; the last write of a key wins
-        params = {
-            "status": head.status,
-            "next_step": head.next_step,
-            "version": head.version,
-            "iteration": head.iteration,
-            "journal_len": head.journal_len,
-            "lease_until": head.lease_until,
-            "meta": json.dumps(head.meta, separators=(",", ":")),
-            "updated_at": head.updated_at,
-            "key": head.key,
-            "expected": expected_version,
-            "run_uid": head.run_uid,
-            "seqs": [r.seq for r in rows],
-            "kinds": [r.kind for r in rows],
-            "names": [r.name for r in rows],
-            "datas": [r.data for r in rows],
-            "wkeys": list(latest),
-            "wvals": list(latest.values()),
-        }
+        latest, params = commit_params(head, expected_version, rows, writes)
 
         def send(deadline: float) -> tuple[int, int, str | None]:
             row = self._pipelined(deadline, list(latest), COMMIT_SQL, params)
@@ -603,6 +584,35 @@ class PostgresBackend(Backend):
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
         return [head_from_row(r) for r in rows]
+
+
+def commit_params(
+    head: RunHead,
+    expected_version: int,
+    rows: Sequence[JournalRow],
+    writes: Sequence[tuple[str, str]],
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The writes to upsert (the last write of a key wins) and COMMIT_SQL's parameters."""
+    latest = dict(writes)
+    return latest, {
+        "status": head.status,
+        "next_step": head.next_step,
+        "version": head.version,
+        "iteration": head.iteration,
+        "journal_len": head.journal_len,
+        "lease_until": head.lease_until,
+        "meta": json.dumps(head.meta, separators=(",", ":")),
+        "updated_at": head.updated_at,
+        "key": head.key,
+        "expected": expected_version,
+        "run_uid": head.run_uid,
+        "seqs": [r.seq for r in rows],
+        "kinds": [r.kind for r in rows],
+        "names": [r.name for r in rows],
+        "datas": [r.data for r in rows],
+        "wkeys": list(latest),
+        "wvals": list(latest.values()),
+    }
 
 
 def _one(cur: Cursor) -> Any:

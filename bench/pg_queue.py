@@ -7,7 +7,7 @@ one run:
   served by 1, 2 and 4 ``stepstone worker`` processes (concurrency 4 each): runs per
   second from the first start to the last finish (the database's timestamps), and the
   ratio to one worker;
-* recovery: a worker is SIGKILLed inside a 100-step run (10 ms steps) while a second
+* recovery: a worker is SIGKILLed inside a 100-step run (20 ms steps) while a second
   worker stands by; the time from the kill until the run is done, and proof from the step
   log that no committed step ran again.
 
@@ -41,7 +41,7 @@ def trivial(payload: Any) -> str:
 def _logged(i: int) -> Any:
     def step(payload: Any) -> Any:
         cfg = json.loads(payload) if isinstance(payload, str) else payload
-        time.sleep(0.01)
+        time.sleep(0.02)
         with open(cfg["log"], "a", encoding="utf-8") as fh:
             fh.write(f"{i} {os.getpid()}\n")
             fh.flush()
@@ -109,10 +109,11 @@ def recovery(url: str, log: Path) -> tuple[float, int, int]:
     with Store(url=url) as store:
         h = submit(store, "pg_queue:long_plan", json.dumps({"log": str(log)}), queue="rec")
         first = spawn(url, "--queue", "rec", "--lease-seconds", "30")
-        while not log.exists() or len(log.read_text().splitlines()) < 30:
+        while not log.exists():  # the first worker holds the run
             time.sleep(0.01)
         standby = spawn(url, "--queue", "rec", "--lease-seconds", "30")
-        time.sleep(1.0)  # the standby is up and polling
+        while len(log.read_text().splitlines()) < 50:
+            time.sleep(0.005)
         first.send_signal(signal.SIGKILL)
         first.wait()
         killed_at = time.monotonic()
@@ -163,7 +164,7 @@ def main() -> None:
         took, reran, executed = recovery(url, Path(tmp) / "steps.log")
         print()
         print(
-            f"recovery: worker SIGKILLed after 30 of 100 steps; a standby worker finished the "
+            f"recovery: worker SIGKILLed after 50 of 100 steps; a standby worker finished the "
             f"run {took:.2f}s after the kill; steps executed {executed}, re-run {reran} "
             "(only the step in flight may re-run)"
         )

@@ -24,9 +24,10 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from stepstone.agent import Agent
 from stepstone.core import Envelope
 from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
 from stepstone.durable._queue import queue_backend, resolve_target
@@ -143,11 +144,11 @@ class Worker:
         taken = 0
         try:
             await asyncio.to_thread(self._expire_dead)
-            sweep_at = self._loop.time() + 2.0
+            sweep_at = self._loop.time() + 1.0
             while not self._stopping.is_set():
                 if self._loop.time() >= sweep_at:
                     await asyncio.to_thread(self._expire_dead)
-                    sweep_at = self._loop.time() + 2.0
+                    sweep_at = self._loop.time() + 1.0
                 if max_runs is not None and taken >= max_runs:
                     if not self._tasks:
                         break
@@ -271,9 +272,9 @@ class Worker:
 
     async def _execute_inner(self, entry: QueueEntry) -> None:
         try:
-            engine = self._engine(entry)
+            run = self._engine(entry)
             env = Envelope.from_dict(json.loads(entry.task))
-            out = await engine.run(env)
+            out = await run(env)
         except asyncio.CancelledError:
             reason = self._cancel_reason.get(entry.id, "shutdown")
             if reason == "cancel":
@@ -310,23 +311,38 @@ class Worker:
                 status,
             )
 
-    def _engine(self, entry: QueueEntry) -> Any:
+    def _engine(self, entry: QueueEntry) -> Callable[[Envelope[Any]], Awaitable[Envelope[Any]]]:
+        """How to run the entry's target: a durable copy of its Plan (an Agent's Plan with
+        the Agent's tools) under the entry's checkpoint key, resuming where it stopped."""
         obj = resolve_target(entry.target, self.registry)
-        if not isinstance(obj, Plan) and callable(obj) and not hasattr(obj, "run"):
+        if not isinstance(obj, Plan | Agent) and callable(obj) and not hasattr(obj, "run"):
             obj = obj()  # a factory
-        if isinstance(obj, Plan):
-            return Plan(
-                *obj.steps,
-                max_iterations=obj.max_iterations,
-                store=self.store,
-                checkpoint_key=entry.run_key,
-                resume=True,
-                strict=obj.strict,
+        agent = obj if isinstance(obj, Agent) else None
+        plan = agent.engine if agent is not None else obj
+        if not isinstance(plan, Plan):
+            raise UserError(
+                f"target {entry.target!r} of queued run {entry.id} is a {type(obj).__name__}"
+                + (f" over a {type(plan).__name__}" if agent is not None else "")
+                + ", not a Plan, an Agent over a Plan, or a function returning one"
             )
-        raise UserError(
-            f"target {entry.target!r} of queued run {entry.id} is a {type(obj).__name__}, "
-            "not a Plan (or a function returning one)"
+        durable = Plan(
+            *plan.steps,
+            max_iterations=plan.max_iterations,
+            store=self.store,
+            checkpoint_key=entry.run_key,
+            resume=True,
+            strict=plan.strict,
         )
+        if agent is None:
+            return durable.run
+        tools = list(agent.tool_map.values())
+
+        async def run(env: Envelope[Any]) -> Envelope[Any]:
+            return await durable.run(
+                env, tools=tools, output_type=agent.output, session=agent.session
+            )
+
+        return run
 
 
 def _error_text(env: Envelope[Any]) -> str | None:

@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Any
 
-from stepstone import Plan, Step
+from stepstone import Agent, Plan, Step
 
 STEPS = 10
 
@@ -50,6 +50,14 @@ long_plan = Plan(*[Step(_logged(i)) for i in range(40)], max_iterations=41)
 failing_plan = Plan(Step(_logged(0)), Step(_boom, name="boom"), Step(_logged(2)))
 poison_plan = Plan(Step(_die, name="die"), Step(_logged(1)))
 not_an_engine = 42
+
+
+def shout(text: str) -> str:
+    """Upper-case the text."""
+    return text.upper()
+
+
+tool_agent = Agent(engine=Plan(Step("shout")), tools=[shout])
 
 
 def make_plan() -> Plan:

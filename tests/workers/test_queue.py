@@ -69,6 +69,12 @@ def test_a_handle_can_be_rebuilt_from_its_id(store: Store, tmp_path: Path) -> No
     assert RunHandle(store, h.id).result(timeout=5).payload["name"] == "f"  # factory target
 
 
+def test_an_agent_over_a_plan_runs_with_its_tools(store: Store) -> None:
+    h = submit(store, targets.tool_agent, "hello")
+    _worker(store).run(until_idle=True)
+    assert h.result(timeout=5).payload == "HELLO"  # guarantee 245
+
+
 def test_dedupe_key_returns_the_first_handle(store: Store, tmp_path: Path) -> None:
     log = str(tmp_path / "log")
     first = targets.plan.submit(task(log, "a"), store=store, dedupe_key="daily-2026-11-23")

@@ -42,7 +42,7 @@ def report(order: dict[str, Any]) -> dict[str, Any]:
 plan = Plan(Step(fetch), Step(score), Step(report))
 
 
-def start_worker(store_arg: list[str]) -> subprocess.Popen[bytes]:
+def start_worker(store_arg: list[str]) -> subprocess.Popen[str]:
     here = str(Path(__file__).resolve().parent)
     return subprocess.Popen(
         [
@@ -60,7 +60,8 @@ def start_worker(store_arg: list[str]) -> subprocess.Popen[bytes]:
             "--poll-interval",
             "0.05",
         ],
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -79,6 +80,9 @@ def main() -> None:
     store.setup()
 
     workers = [start_worker(store_arg) for _ in range(2)]
+    for w in workers:  # each prints "worker-... serving orders ..." once it is up
+        assert w.stderr is not None
+        w.stderr.readline()
     try:
         t0 = time.monotonic()
         handles = [
@@ -90,7 +94,7 @@ def main() -> None:
         for w in workers:
             w.send_signal(signal.SIGTERM)
         for w in workers:
-            w.wait(timeout=60)
+            w.communicate(timeout=60)
         store.close()
 
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]

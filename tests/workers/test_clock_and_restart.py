@@ -37,6 +37,11 @@ def test_run_leases_are_set_and_judged_by_the_backend_clock(tmp_path: Path) -> N
         claimed.run.commit_sync(status="running", next_step="b")
         assert claimed.run.head.lease_until > time.time() + 3600
         assert claimed.run.head.updated_at > time.time() + 3000
+        # renewal is due by the database's clock too: a fresh lease is not due, though by
+        # this host's clock it would not expire for an hour
+        assert not claimed.run.lease_due(time.time())
+        claimed.run.head = claimed.run.head.replace(lease_until=time.time() + 3600 + 1)
+        assert claimed.run.lease_due(time.time())
     finally:
         claimed.run.release()
 

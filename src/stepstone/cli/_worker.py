@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -78,6 +79,10 @@ def worker(
     except (StepstoneError, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    # From here on SIGTERM/SIGINT stop the worker gracefully (the event loop takes the
+    # signals over once it runs), so a supervisor may signal as soon as it reads this line.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: w.stop())
     console.print(
         f"{w.id} (pid {os.getpid()}) serving {', '.join(w.queues)} from {store!r}, "
         f"concurrency {concurrency}"

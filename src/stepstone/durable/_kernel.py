@@ -164,7 +164,9 @@ class OwnedRun:
         return self.store.backend.run_journal(self.key, since_seq)
 
     def lease_due(self, now: float) -> bool:
-        """Whether a third of the lease has passed since it was last extended."""
+        """Whether a third of the lease has passed since it was last extended (judged on
+        the database's clock, which set the lease, whatever ``now`` this host passes)."""
+        now = self.store.backend.clock()
         return self.head.lease_until - now < self.store.lease_seconds * 2 / 3
 
     def renew(self) -> None:

@@ -293,7 +293,12 @@ class Worker:
             log.warning("stepstone: queued run %s failed: %s", entry.id, exc)
             await self._finish(entry, "failed", None, f"{type(exc).__name__}: {exc}")
             return
-        text = json.dumps(out.to_dict(where=f"result of queued run {entry.id}"))
+        try:
+            text = json.dumps(out.to_dict(where=f"result of queued run {entry.id}"))
+        except Exception as exc:  # noqa: BLE001 - the run finished; its envelope cannot be kept
+            error = f"the final envelope cannot be stored ({type(exc).__name__}: {exc})"
+            await self._finish(entry, "failed", None, error)
+            return
         await self._finish(entry, "done" if out.ok else "failed", text, _error_text(out))
         self.completed += 1
 

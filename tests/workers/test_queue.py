@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from stepstone import (
+    PlanCompileError,
     QueuedRunError,
     RunHandle,
     Store,
@@ -196,6 +197,15 @@ def test_queue_rate_limit_spaces_starts(store: Store, tmp_path: Path) -> None:
         assert h.result(timeout=30).ok
     # 6 starts at 2 per second need at least two full windows after the first two
     assert time.monotonic() - t0 >= 2.0  # guarantee 237
+
+
+def test_submit_errors_name_the_fix(store: Store) -> None:
+    with pytest.raises(PlanCompileError, match="needs a store the workers share"):
+        targets.plan.submit("t")  # the plan has no store= of its own
+    with pytest.raises(QueuedRunError, match="no queued run 'nope'"):
+        RunHandle(store, "nope").status()
+    with pytest.raises(UserError, match="max_attempts"):
+        submit(store, T + "plan", "t", max_attempts=0)
 
 
 def test_worker_arguments_are_checked(store: Store) -> None:

@@ -40,10 +40,18 @@ UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, updated_at = {
 WHERE queue = %s AND status = 'running' AND lease_until < {NOW} AND attempts >= max_attempts
 """
 
-_PICK_SQL = f"""
+# Runs whose worker died come first (they started before anything still queued), then
+# queued ones in the order of the partial index: each query walks its own index.
+_PICK_EXPIRED_SQL = f"""
 SELECT id FROM stepstone_queue
-WHERE queue = %s AND ((status = 'queued' AND not_before <= {NOW})
-    OR (status = 'running' AND lease_until < {NOW}))
+WHERE queue = %s AND status = 'running' AND lease_until < {NOW}
+ORDER BY priority DESC, lease_until
+LIMIT 1 FOR UPDATE SKIP LOCKED
+"""
+
+_PICK_QUEUED_SQL = f"""
+SELECT id FROM stepstone_queue
+WHERE queue = %s AND status = 'queued' AND not_before <= {NOW}
 ORDER BY priority DESC, not_before, seq
 LIMIT 1 FOR UPDATE SKIP LOCKED
 """
@@ -112,7 +120,7 @@ class PostgresQueue(QueueBackend):
                 "SELECT id FROM stepstone_queue WHERE dedupe_key = %s OR id = %s", (dedupe_key, id)
             ).fetchone()
             assert found is not None  # the conflict was on one of the two unique columns
-            return str(found[0]), str(found[0]) != id
+            return str(found[0]), str(found[0]) == id  # our own row: a retried insert
 
         # Idempotent: the entry's id is chosen by the caller, so a retry after a lost
         # answer finds the row it inserted (and reports it as inserted).
@@ -145,7 +153,9 @@ class PostgresQueue(QueueBackend):
                     )
                     if int(started) >= float(rate):
                         return None
-            row = cur.execute(_PICK_SQL, (queue,)).fetchone()
+            row = cur.execute(_PICK_EXPIRED_SQL, (queue,)).fetchone()
+            if row is None:
+                row = cur.execute(_PICK_QUEUED_SQL, (queue,)).fetchone()
             if row is None:
                 return None
             got = cur.execute(

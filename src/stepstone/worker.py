@@ -32,7 +32,7 @@ from stepstone.core import Envelope
 from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
 from stepstone.durable._queue import queue_backend, resolve_target
 from stepstone.engines.plan import Plan
-from stepstone.exceptions import ConcurrentPlanRunError, UserError
+from stepstone.exceptions import ConcurrentPlanRunError, StoreError, UserError
 from stepstone.store import Store
 from stepstone.store._queue_base import Owner, QueueEntry
 
@@ -147,7 +147,8 @@ class Worker:
             sweep_at = self._loop.time() + 1.0
             while not self._stopping.is_set():
                 if self._loop.time() >= sweep_at:
-                    await asyncio.to_thread(self._expire_dead)
+                    with contextlib.suppress(StoreError):  # an outage: the next sweep retries
+                        await asyncio.to_thread(self._expire_dead)
                     sweep_at = self._loop.time() + 1.0
                 if max_runs is not None and taken >= max_runs:
                     if not self._tasks:
@@ -157,7 +158,14 @@ class Worker:
                 entry = None
                 ended = self._ended
                 if len(self._tasks) < self.concurrency:
-                    entry = await asyncio.to_thread(self._claim_next)
+                    try:
+                        entry = await asyncio.to_thread(self._claim_next)
+                    except StoreError as exc:
+                        # The database stayed away longer than the store's reconnect
+                        # timeout: keep the worker (and its running runs) alive and retry.
+                        log.warning("stepstone: %s could not take a run: %s", self.id, exc)
+                        await self._idle_wait()
+                        continue
                 if entry is not None:
                     taken += 1
                     with self._held_lock:

@@ -28,3 +28,11 @@ def test_worker_serves_a_sqlite_queue_until_idle(tmp_path: Path) -> None:
     assert "stopped after finishing 1 runs" in result.output
     with Store(db=db) as store:  # the handle, rebuilt against a new store
         assert RunHandle(store, h.id).result(timeout=5).payload["name"] == "c"
+
+
+def test_worker_reports_an_unreachable_database() -> None:
+    result = CliRunner().invoke(
+        app, ["worker", "--url", "postgresql://nobody@127.0.0.1:1/x", "--until-idle"]
+    )
+    assert result.exit_code == 1
+    assert "cannot set up the stepstone schema" in result.output

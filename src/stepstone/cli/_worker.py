@@ -89,6 +89,9 @@ def worker(
     )
     try:
         done = w.run(max_runs=max_runs, until_idle=until_idle)
+    except StepstoneError as exc:
+        console.print(f"[red]error:[/] {w.id}: {exc}")
+        raise typer.Exit(1) from None
     finally:
         store.close()
     console.print(f"{w.id}: stopped after finishing {done} runs")

@@ -155,22 +155,26 @@ class Worker:
                         break
                     await self._idle_wait()
                     continue
-                entry = None
+                entries: list[QueueEntry] = []
                 ended = self._ended
-                if len(self._tasks) < self.concurrency:
+                free = self.concurrency - len(self._tasks)
+                if max_runs is not None:
+                    free = min(free, max_runs - taken)
+                if free > 0:
                     try:
-                        entry = await asyncio.to_thread(self._claim_next)
+                        entries = await asyncio.to_thread(self._claim_next, free)
                     except StoreError as exc:
                         # The database stayed away longer than the store's reconnect
                         # timeout: keep the worker (and its running runs) alive and retry.
                         log.warning("stepstone: %s could not take a run: %s", self.id, exc)
                         await self._idle_wait()
                         continue
-                if entry is not None:
-                    taken += 1
+                if entries:
+                    taken += len(entries)
                     with self._held_lock:
-                        self._held.add(entry.id)
-                    self._tasks[entry.id] = asyncio.create_task(self._execute(entry))
+                        self._held.update(e.id for e in entries)
+                    for entry in entries:
+                        self._tasks[entry.id] = asyncio.create_task(self._execute(entry))
                     continue
                 if until_idle and not self._tasks and ended == self._ended:
                     break  # nothing to take, and no run ended meanwhile (freeing a slot)
@@ -202,14 +206,16 @@ class Worker:
         if pending:
             await asyncio.wait(pending)
 
-    def _claim_next(self) -> QueueEntry | None:
+    def _claim_next(self, limit: int) -> list[QueueEntry]:
+        """Up to ``limit`` runs in one transaction, from the first queue (in turn) that
+        has any."""
         for _ in range(len(self.queues)):
             queue = self.queues[0]
             self.queues.append(self.queues.pop(0))  # serve the queues in turn
-            entry = self._queue.claim(queue, self.owner, self.lease_seconds)
-            if entry is not None:
-                return entry
-        return None
+            entries = self._queue.claim(queue, self.owner, self.lease_seconds, limit)
+            if entries:
+                return entries
+        return []
 
     def _expire_dead(self) -> None:
         """End the leases of entries held by dead worker processes on this host, so they

@@ -136,12 +136,16 @@ class QueueBackend(abc.ABC):
         ``delay`` on the backend's clock."""
 
     @abc.abstractmethod
-    def claim(self, queue: str, owner: Owner, lease_seconds: float) -> QueueEntry | None:
-        """Take the next runnable entry of ``queue`` for ``owner``, or None.
+    def claim(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+    ) -> list[QueueEntry]:
+        """Take up to ``limit`` runnable entries of ``queue`` for ``owner``, in one
+        transaction (possibly none).
 
-        Runnable: queued and due, or running with an expired lease (its worker died).
-        Expired entries that used up ``max_attempts`` are marked failed first. The queue's
-        limits (:meth:`set_limits`) are respected. Highest priority first, then oldest.
+        Runnable: running with an expired lease (its worker died; taken first), or queued
+        and due (highest priority first, then oldest). Expired entries that used up
+        ``max_attempts`` are marked failed first. The queue's limits (:meth:`set_limits`)
+        are respected.
         """
 
     @abc.abstractmethod

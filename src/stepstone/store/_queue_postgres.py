@@ -14,6 +14,7 @@ Every primitive goes through the store backend's retry helpers: after a lost con
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,21 +47,21 @@ _PICK_EXPIRED_SQL = f"""
 SELECT id FROM stepstone_queue
 WHERE queue = %s AND status = 'running' AND lease_until < {NOW}
 ORDER BY priority DESC, lease_until
-LIMIT 1 FOR UPDATE SKIP LOCKED
+LIMIT %s FOR UPDATE SKIP LOCKED
 """
 
 _PICK_QUEUED_SQL = f"""
 SELECT id FROM stepstone_queue
 WHERE queue = %s AND status = 'queued' AND not_before <= {NOW}
 ORDER BY priority DESC, not_before, seq
-LIMIT 1 FOR UPDATE SKIP LOCKED
+LIMIT %s FOR UPDATE SKIP LOCKED
 """
 
 _TAKE_SQL = f"""
 UPDATE stepstone_queue q SET status = 'running', attempts = attempts + 1, worker = %s,
     host = %s, pid = %s, pid_start = %s, lease_until = {NOW} + %s, started_at = {NOW},
     updated_at = {NOW}
-WHERE id = %s RETURNING {QCOLS}
+WHERE id = ANY(%s) RETURNING {QCOLS}
 """
 
 
@@ -126,9 +127,12 @@ class PostgresQueue(QueueBackend):
         # answer finds the row it inserted (and reports it as inserted).
         return self.backend._read("submit a run", insert)
 
-    def claim(self, queue: str, owner: Owner, lease_seconds: float) -> QueueEntry | None:
-        def take(cur: Cursor) -> QueueEntry | None:
+    def claim(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+    ) -> list[QueueEntry]:
+        def take(cur: Cursor) -> list[QueueEntry]:
             cur.execute(_POISON_SQL, (queue,))
+            free = limit
             limits = cur.execute(
                 "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = %s", (queue,)
             ).fetchone()
@@ -142,8 +146,7 @@ class PostgresQueue(QueueBackend):
                         f"status = 'running' AND lease_until >= {NOW}",
                         (queue,),
                     )
-                    if int(running) >= int(concurrency):
-                        return None
+                    free = min(free, int(concurrency) - int(running))
                 if rate is not None:
                     started = _one(
                         cur,
@@ -151,21 +154,23 @@ class PostgresQueue(QueueBackend):
                         f"started_at > {NOW} - 1.0",
                         (queue,),
                     )
-                    if int(started) >= float(rate):
-                        return None
-            row = cur.execute(_PICK_EXPIRED_SQL, (queue,)).fetchone()
-            if row is None:
-                row = cur.execute(_PICK_QUEUED_SQL, (queue,)).fetchone()
-            if row is None:
-                return None
-            got = cur.execute(
+                    free = min(free, math.ceil(float(rate) - int(started)))
+            if free <= 0:
+                return []
+            ids = [r[0] for r in cur.execute(_PICK_EXPIRED_SQL, (queue, free)).fetchall()]
+            if len(ids) < free:
+                picked = cur.execute(_PICK_QUEUED_SQL, (queue, free - len(ids))).fetchall()
+                ids += [r[0] for r in picked]
+            if not ids:
+                return []
+            rows = cur.execute(
                 _TAKE_SQL,
-                (owner.worker, owner.host, owner.pid, owner.pid_start, lease_seconds, row[0]),
-            ).fetchone()
-            assert got is not None
-            return entry_from_row(got)
+                (owner.worker, owner.host, owner.pid, owner.pid_start, lease_seconds, ids),
+            ).fetchall()
+            order = {entry_id: i for i, entry_id in enumerate(ids)}
+            return sorted((entry_from_row(r) for r in rows), key=lambda e: order[e.id])
 
-        return self.backend._transaction("take a queued run", [], take)
+        return self.backend._transaction("take queued runs", [], take)
 
     def renew(self, ids: Sequence[str], worker: str, lease_seconds: float) -> dict[str, bool]:
         if not ids:

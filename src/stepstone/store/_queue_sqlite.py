@@ -9,6 +9,7 @@ the one clock.
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import threading
@@ -168,8 +169,10 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(insert)
 
-    def claim(self, queue: str, owner: Owner, lease_seconds: float) -> QueueEntry | None:
-        def take(conn: sqlite3.Connection) -> QueueEntry | None:
+    def claim(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+    ) -> list[QueueEntry]:
+        def take(conn: sqlite3.Connection) -> list[QueueEntry]:
             now = time.time()
             conn.execute(
                 "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
@@ -180,6 +183,7 @@ class SQLiteQueue(QueueBackend):
                 "AND lease_until < ? AND attempts >= max_attempts",
                 (now, queue, now),
             )
+            free = limit
             limits = conn.execute(
                 "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = ?", (queue,)
             ).fetchone()
@@ -191,42 +195,54 @@ class SQLiteQueue(QueueBackend):
                         "status = 'running' AND lease_until >= ?",
                         (queue, now),
                     ).fetchone()
-                    if running >= concurrency:
-                        return None
+                    free = min(free, concurrency - running)
                 if rate is not None:
                     (started,) = conn.execute(
                         "SELECT count(*) FROM stepstone_queue WHERE queue = ? AND started_at > ?",
                         (queue, now - 1.0),
                     ).fetchone()
-                    if started >= rate:
-                        return None
-            row = conn.execute(
-                "SELECT id FROM stepstone_queue WHERE queue = ? AND ((status = 'queued' AND "
-                "not_before <= ?) OR (status = 'running' AND lease_until < ?)) "
-                "ORDER BY priority DESC, not_before, seq LIMIT 1",
-                (queue, now, now),
-            ).fetchone()
-            if row is None:
-                return None
-            conn.execute(
-                "UPDATE stepstone_queue SET status = 'running', attempts = attempts + 1, "
-                "worker = ?, host = ?, pid = ?, pid_start = ?, lease_until = ?, started_at = ?, "
-                "updated_at = ? WHERE id = ?",
-                (
-                    owner.worker,
-                    owner.host,
-                    owner.pid,
-                    owner.pid_start,
-                    now + lease_seconds,
-                    now,
-                    now,
-                    row[0],
-                ),
-            )
-            got = conn.execute(
-                f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (row[0],)
-            ).fetchone()
-            return entry_from_row(got)
+                    free = min(free, math.ceil(rate - started))
+            if free <= 0:
+                return []
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM stepstone_queue WHERE queue = ? AND status = 'running' "
+                    "AND lease_until < ? ORDER BY priority DESC, lease_until LIMIT ?",
+                    (queue, now, free),
+                ).fetchall()
+            ]
+            if len(ids) < free:
+                ids += [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT id FROM stepstone_queue WHERE queue = ? AND status = 'queued' "
+                        "AND not_before <= ? ORDER BY priority DESC, not_before, seq LIMIT ?",
+                        (queue, now, free - len(ids)),
+                    ).fetchall()
+                ]
+            taken = []
+            for entry_id in ids:
+                conn.execute(
+                    "UPDATE stepstone_queue SET status = 'running', attempts = attempts + 1, "
+                    "worker = ?, host = ?, pid = ?, pid_start = ?, lease_until = ?, "
+                    "started_at = ?, updated_at = ? WHERE id = ?",
+                    (
+                        owner.worker,
+                        owner.host,
+                        owner.pid,
+                        owner.pid_start,
+                        now + lease_seconds,
+                        now,
+                        now,
+                        entry_id,
+                    ),
+                )
+                got = conn.execute(
+                    f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (entry_id,)
+                ).fetchone()
+                taken.append(entry_from_row(got))
+            return taken
 
         return self._write(take)
 

@@ -12,6 +12,8 @@ import psycopg
 import pytest
 
 from stepstone import (
+    Agent,
+    Plan,
     PlanCompileError,
     QueuedRunError,
     RunHandle,
@@ -74,6 +76,21 @@ def test_an_agent_over_a_plan_runs_with_its_tools(store: Store) -> None:
     h = submit(store, targets.tool_agent, "hello")
     _worker(store).run(until_idle=True)
     assert h.result(timeout=5).payload == "HELLO"  # guarantee 245
+
+
+def test_a_run_already_done_under_its_key_returns_the_cached_result(
+    store: Store, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "log")
+    h = submit(store, T + "make_plan", task(log, "once"), key="finished-elsewhere")
+    # as if a worker had run it to the end and died before recording the result
+    plan = targets.make_plan()
+    durable = Plan(*plan.steps, store=store, checkpoint_key="finished-elsewhere", resume=True)
+    assert Agent(engine=durable)(task(log, "once")).ok
+    _worker(store).run(until_idle=True)
+    env = h.result(timeout=5)
+    assert env.ok and env.metadata["cached"] is True
+    assert len(executions(log)) == 2  # no step ran again
 
 
 def test_dedupe_key_returns_the_first_handle(store: Store, tmp_path: Path) -> None:

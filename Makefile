@@ -42,6 +42,9 @@ test: lint typecheck
 bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
 	$(PY) bench/pg_fanout.py
+	$(PY) bench/pg_commit.py
+	$(PY) bench/pg_queue.py
+	$(PY) bench/sqlite_group.py
 	$(PY) bench/llm_overhead.py
 	$(PY) bench/agent_overhead.py
 

@@ -28,6 +28,7 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._queue import RunHandle, set_queue_limits, submit
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
@@ -64,6 +65,7 @@ from stepstone.exceptions import (
     PlanCompileError,
     PlanPaused,
     PlanRuntimeError,
+    QueuedRunError,
     SerializationError,
     StaleCheckpointError,
     StepstoneError,
@@ -78,6 +80,7 @@ from stepstone.exceptions import (
 from stepstone.observability import Event, EventType, Session
 from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
 from stepstone.store import Store, StoreEntry
+from stepstone.worker import Worker
 
 __version__ = "0.1.0"
 
@@ -122,6 +125,11 @@ __all__ = [
     "Event",
     "EventType",
     "Session",
+    # work queue and workers
+    "RunHandle",
+    "Worker",
+    "set_queue_limits",
+    "submit",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -145,6 +153,7 @@ __all__ = [
     "PlanCompileError",
     "PlanPaused",
     "PlanRuntimeError",
+    "QueuedRunError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",

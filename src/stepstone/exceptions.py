@@ -46,6 +46,7 @@ The tree::
         │   └── ModelLengthError        the answer was cut off at the output-token cap
         ├── UsageLimitExceeded          a run's token / cost / request budget is spent
         ├── NodeException               a graph node raised; __cause__ is the original error
+        ├── QueuedRunError              a queued run ended without a result (or is unknown)
         └── CheckpointError             a graph checkpoint cannot be used as asked
             ├── CheckpointNotFound      no record under that invocation_id
             ├── CheckpointRecordInvalid (see CorruptRecordError above)
@@ -108,6 +109,7 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "PlannerOutputError",
+    "QueuedRunError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -545,3 +547,8 @@ class PlannerOutputError(StepstoneError):
     Surfaces as an error envelope naming the planner and what it returned; the run is left
     ``failed`` at that round, and a ``resume=True`` run asks the planner again.
     """
+
+
+class QueuedRunError(StepstoneError):
+    """A queued run ended without a result (cancelled, its target could not be loaded, or
+    its workers kept dying), or its id is unknown."""

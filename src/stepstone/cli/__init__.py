@@ -20,6 +20,7 @@ from rich.console import Console
 
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import list_runs
+from stepstone.cli._worker import worker
 from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
 
@@ -139,6 +140,9 @@ def demo(
     from stepstone.cli._demo import run_demo
 
     run_demo(Console(), db)
+
+
+app.command()(worker)
 
 
 @app.command()

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 from stepstone.core._ids import host_id, new_uid, process_start_time
 from stepstone.core._serialization import dumps
+from stepstone.core._sync import may_block_loop
+from stepstone.durable._group import can_group, group_commit
 from stepstone.durable._leases import LIVE_STATUSES, keeper, mark_released, owner_alive
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
@@ -83,7 +85,7 @@ class OwnedRun:
         meta: dict[str, Any] | None,
         n_rows: int,
     ) -> RunHead:
-        now = time.time()
+        now = self.store.backend.clock()
         return self.head.replace(
             status=status,
             next_step=next_step,
@@ -161,11 +163,17 @@ class OwnedRun:
         writes: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """Async :meth:`commit_sync`; network backends commit from a worker thread, local
-        ones (``Backend.commit_inline``) on the loop thread."""
+        ones (``Backend.commit_inline``) on the loop thread, grouped with the commits of
+        other runs on the same loop that are ready at the same moment (one transaction,
+        one fsync; each run's compare-and-swap still checked on its own)."""
         new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
-        ok = await self.store._kernel_call(
-            self.store.backend.run_commit, new, self.head.version, journal, encoded
-        )
+        backend = self.store.backend
+        if can_group(backend) and not may_block_loop():
+            ok = await group_commit(backend, (new, self.head.version, journal, encoded))
+        else:
+            ok = await self.store._kernel_call(
+                backend.run_commit, new, self.head.version, journal, encoded
+            )
         if not ok:
             raise self._lost()
         self.head = new
@@ -186,12 +194,14 @@ class OwnedRun:
         return self.store.backend.run_journal(self.key, since_seq)
 
     def lease_due(self, now: float) -> bool:
-        """Whether a third of the lease has passed since it was last extended."""
+        """Whether a third of the lease has passed since it was last extended (judged on
+        the database's clock, which set the lease, whatever ``now`` this host passes)."""
+        now = self.store.backend.clock()
         return self.head.lease_until - now < self.store.lease_seconds * 2 / 3
 
     def renew(self) -> None:
         """Extend the lease (called by the lease keeper thread)."""
-        until = time.time() + self.store.lease_seconds
+        until = self.store.backend.clock() + self.store.lease_seconds
         if self.store.backend.run_renew(self.key, self.run_uid, until):
             self.head = self.head.replace(lease_until=until)
         else:
@@ -279,7 +289,7 @@ def claim_run(
     outcome: list[Outcome] = ["fresh"]
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
-        now = time.time()
+        now = store.backend.clock()  # leases are judged by the database's clock
         imported: list[JournalRow] = []
         drop_kv = False
         if head is None and kv_text is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -346,6 +347,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def run_list(self, prefix: str | None) -> list[RunHead]:
         """Heads of runs whose key starts with ``prefix`` (all when None), sorted by key."""
+
+    def clock(self) -> float:
+        """Unix time as the database sees it; run leases are set and judged by it, so hosts
+        whose wall clocks disagree still agree on whether a lease ran out. Local backends
+        use this machine's clock."""
+        return time.time()
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Create or upgrade the schema (idempotent). Backends also do it on first use."""

@@ -133,6 +133,9 @@ class PostgresBackend(Backend):
         read_only: Inspect an existing store: the schema is checked, never created or
             upgraded, and writes raise StoreError (the server enforces it too: sessions
             are ``default_transaction_read_only``).
+        prepare: Prepare the statements each connection runs often (once per connection,
+            after a few uses). Pass False behind a pooler that does not keep a session per client
+            (PgBouncer in transaction mode).
 
     The schema is created (or upgraded) by :meth:`setup`, which also runs on first use.
     """
@@ -146,6 +149,7 @@ class PostgresBackend(Backend):
         reconnect_timeout: float = 60.0,
         connect_timeout: float = 10.0,
         read_only: bool = False,
+        prepare: bool = True,
     ) -> None:
         if min_size < 0 or max_size < max(1, min_size):
             raise ValueError(
@@ -176,12 +180,20 @@ class PostgresBackend(Backend):
                     None, [str(params.get("options") or ""), "-c default_transaction_read_only=on"]
                 )
             )
+        # psycopg prepares a statement once a connection has run it a few times; None
+        # never prepares (PgBouncer in transaction mode hands each transaction a different
+        # server connection, which would not have the statement).
+        self.prepare = prepare
+        if not prepare:
+            self._kwargs["prepare_threshold"] = None
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()  # guards pool creation only, never a store operation
         self._inherited: list[ConnectionPool[Any]] = []
         self._ready = False
         self._closed = False
+        self._offset = 0.0  # server clock minus this host's clock, seconds
+        self._offset_at = float("-inf")
 
     # -- connections -----------------------------------------------------------------------
     def describe(self) -> str:
@@ -220,6 +232,39 @@ class PostgresBackend(Backend):
                 "database, user, password) and that the server accepts connections"
             ) from exc
         self._ready = True
+
+    def clock(self) -> float:
+        """The server's clock, as this host's clock plus an offset measured on the server
+        (re-measured every minute), so leases do not depend on the hosts' clocks agreeing."""
+        now = time.time()
+        if now - self._offset_at > 60.0:
+            try:
+                self._measure_offset()
+            except StoreError:
+                # The server is unreachable: keep the last offset (the operation that
+                # needs the server reports the outage itself) and measure again soon.
+                log.debug("stepstone: could not read the server clock", exc_info=True)
+                self._offset_at = now - 50.0
+        return time.time() + self._offset
+
+    def _measure_offset(self) -> None:
+        """One attempt, no retries: an unreachable server raises StoreError at once."""
+        best: tuple[float, float] | None = None
+        try:
+            with self._connection(2.0) as conn, conn.cursor() as cur:
+                for _ in range(3):  # keep the sample with the shortest round trip
+                    before = time.time()
+                    server = _one(
+                        cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+                    )
+                    after = time.time()
+                    sample = (float(server) - (before + after) / 2, after - before)
+                    if best is None or sample[1] < best[1]:
+                        best = sample
+        except (psycopg.Error, _Lost) as exc:
+            raise StoreError(f"cannot read the clock of {self.describe()}: {exc}") from exc
+        assert best is not None
+        self._offset, self._offset_at = best[0], time.time()
 
     def _pool_here(self) -> ConnectionPool[Any]:
         if self._closed:
@@ -524,26 +569,7 @@ class PostgresBackend(Backend):
         writes: Sequence[tuple[str, str]],
     ) -> bool:
         self._refuse_if_read_only()
-        latest = dict(writes)  # one upsert per key; the last write of a key wins
-        params = {
-            "status": head.status,
-            "next_step": head.next_step,
-            "version": head.version,
-            "iteration": head.iteration,
-            "journal_len": head.journal_len,
-            "lease_until": head.lease_until,
-            "meta": json.dumps(head.meta, separators=(",", ":")),
-            "updated_at": head.updated_at,
-            "key": head.key,
-            "expected": expected_version,
-            "run_uid": head.run_uid,
-            "seqs": [r.seq for r in rows],
-            "kinds": [r.kind for r in rows],
-            "names": [r.name for r in rows],
-            "datas": [r.data for r in rows],
-            "wkeys": list(latest),
-            "wvals": list(latest.values()),
-        }
+        latest, params = commit_params(head, expected_version, rows, writes)
 
         def send(deadline: float) -> tuple[int, int, str | None]:
             row = self._pipelined(deadline, list(latest), COMMIT_SQL, params)
@@ -602,6 +628,35 @@ class PostgresBackend(Backend):
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
         return heads_for_listing(rows)
+
+
+def commit_params(
+    head: RunHead,
+    expected_version: int,
+    rows: Sequence[JournalRow],
+    writes: Sequence[tuple[str, str]],
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The writes to upsert (the last write of a key wins) and COMMIT_SQL's parameters."""
+    latest = dict(writes)
+    return latest, {
+        "status": head.status,
+        "next_step": head.next_step,
+        "version": head.version,
+        "iteration": head.iteration,
+        "journal_len": head.journal_len,
+        "lease_until": head.lease_until,
+        "meta": json.dumps(head.meta, separators=(",", ":")),
+        "updated_at": head.updated_at,
+        "key": head.key,
+        "expected": expected_version,
+        "run_uid": head.run_uid,
+        "seqs": [r.seq for r in rows],
+        "kinds": [r.kind for r in rows],
+        "names": [r.name for r in rows],
+        "datas": [r.data for r in rows],
+        "wkeys": list(latest),
+        "wvals": list(latest.values()),
+    }
 
 
 def _one(cur: Cursor) -> Any:

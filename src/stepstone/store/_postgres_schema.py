@@ -67,6 +67,44 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_key, seq)
     );
     """,
+    # The work queue (``stepstone worker``): one row per submitted run, plus per-queue
+    # limits every worker obeys.
+    """
+    CREATE TABLE stepstone_queue (
+        seq BIGSERIAL NOT NULL UNIQUE,
+        id TEXT COLLATE "C" PRIMARY KEY,
+        queue TEXT COLLATE "C" NOT NULL,
+        target TEXT NOT NULL,
+        task TEXT NOT NULL,
+        run_key TEXT COLLATE "C" NOT NULL,
+        priority INTEGER NOT NULL,
+        not_before DOUBLE PRECISION NOT NULL,
+        dedupe_key TEXT COLLATE "C" UNIQUE,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        worker TEXT,
+        host TEXT,
+        pid BIGINT,
+        pid_start BIGINT,
+        lease_until DOUBLE PRECISION,
+        started_at DOUBLE PRECISION,
+        cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+        result TEXT,
+        error TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX stepstone_queue_ready ON stepstone_queue (queue, priority DESC, not_before, seq)
+        WHERE status = 'queued';
+    CREATE INDEX stepstone_queue_running ON stepstone_queue (queue, lease_until)
+        WHERE status = 'running';
+    CREATE TABLE stepstone_queue_limits (
+        queue TEXT COLLATE "C" PRIMARY KEY,
+        concurrency INTEGER,
+        rate DOUBLE PRECISION
+    );
+    """,
 ]
 
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which

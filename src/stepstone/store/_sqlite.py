@@ -243,13 +243,25 @@ class SQLiteBackend(Backend):
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so two
-        writers never deadlock upgrading read locks; the busy timeout queues them."""
+        writers never deadlock upgrading read locks; the busy timeout queues them.
+        Inside an open transaction (a group commit) it is a savepoint: undone alone on
+        error, committed with the enclosing transaction."""
         if self.read_only:
             raise StoreError(
                 f"store {self.describe()} was opened read-only; open it without "
                 "read_only=True to write"
             )
         conn = self._conn()
+        if conn.in_transaction:
+            conn.execute("SAVEPOINT stepstone_nested")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK TO stepstone_nested")
+                conn.execute("RELEASE stepstone_nested")
+                raise
+            conn.execute("RELEASE stepstone_nested")
+            return
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeAlias, TypeVar
 
 from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
+from stepstone.core._sync import may_block_loop
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
 from stepstone.store._base import Backend, checked_text
 from stepstone.store._memory import MemoryBackend
@@ -224,8 +225,10 @@ class Store:
 
     async def _kernel_call(self, fn: Callable[..., R], *args: Any) -> R:
         """A durable-kernel operation: on the loop thread for local backends
-        (``Backend.commit_inline``), in a worker thread for network ones."""
-        if self.backend.commit_inline:
+        (``Backend.commit_inline``) and for a sync caller's run (its private loop has no
+        other task to starve, so a thread hop would only add latency), in a worker thread
+        for network backends otherwise."""
+        if self.backend.commit_inline or may_block_loop():
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
 

@@ -12,6 +12,7 @@ from stepstone.core import Envelope, Sentinel, Tool, build_tool_map
 from stepstone.core._ids import new_uid
 from stepstone.core._sync import run_sync
 from stepstone.durable import claim_run, owner_alive
+from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
     CHECKPOINT_VERSION,
     Replay,
@@ -405,6 +406,50 @@ class Plan:
             ),
             sync_name="Plan.run_many(...)",
             async_name="plan.arun_many(...)",
+        )
+
+    def submit(
+        self,
+        task: str | Envelope[Any],
+        *,
+        store: Store | None = None,
+        target: str | None = None,
+        key: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        delay: float = 0.0,
+        not_before: float | None = None,
+        dedupe_key: str | None = None,
+        max_attempts: int = 3,
+    ) -> RunHandle:
+        """Queue a run of this plan for a :class:`~stepstone.Worker` instead of running it
+        here; returns a :class:`~stepstone.RunHandle` (``status()``, ``result()``,
+        ``cancel()``).
+
+        The worker imports the plan by its module-level name (or ``target=
+        "package.module:name"``) and runs it durably in ``store`` (default: this plan's)
+        under checkpoint key ``key`` (default: one per run), resuming it where it stopped
+        if a worker dies. See :func:`stepstone.submit` for the other arguments.
+        """
+        from stepstone.durable._queue import submit
+
+        where = store if store is not None else self.store
+        if where is None:
+            raise PlanCompileError(
+                "Plan.submit() needs a store the workers share: pass store=Store(url=...) "
+                "or build the Plan with store="
+            )
+        return submit(
+            where,
+            target if target is not None else self,
+            task,
+            key=key,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            not_before=not_before,
+            dedupe_key=dedupe_key,
+            max_attempts=max_attempts,
         )
 
     def prune_forks(self, *, statuses: tuple[str, ...] = ("done",)) -> int:

@@ -1,0 +1,118 @@
+"""Per-step cost of a durable Plan on PostgreSQL, as a ratio to a raw 1 KB upsert.
+
+Starts its own throwaway server (``tests/pgserver.py``, loopback, fsync on) and measures in
+this one run:
+
+* raw commit: one autocommit ``INSERT ... ON CONFLICT DO UPDATE`` of a 1 KB row, one client,
+  psycopg with a prepared statement: the floor any durable step pays on this server;
+* a durable Plan of N trivial steps, each returning a 1 KB payload stored with ``writes=``
+  (N = 10 and 100), run the way a script runs it (``Agent(engine=plan)(task)``): wall time
+  per step, everything included (step call, engine, commit), on a warm store;
+* the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode).
+
+Targets: 100-step runs <= 1.5x the raw upsert per step, 10-step runs <= 2x.
+
+    python bench/pg_commit.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # for tests.pgserver when run as a script
+    sys.path.insert(0, str(ROOT))
+
+PAYLOAD = "x" * 1000
+
+
+def raw_upsert_ms(url: str, n: int = 2000) -> float:
+    """Milliseconds per single-row 1 KB autocommit upsert, one client."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+        sql = "INSERT INTO bench_raw VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+        for i in range(10):  # warm up (and let psycopg prepare the statement)
+            conn.execute(sql, (f"w{i}", PAYLOAD))
+        t0 = time.perf_counter()
+        for i in range(n):
+            conn.execute(sql, (f"k{i % 500}", PAYLOAD))
+        return (time.perf_counter() - t0) * 1000 / n
+
+
+def trivial(payload: Any) -> str:
+    return PAYLOAD
+
+
+def plan_ms_per_step(store: Any, n_steps: int, key: str) -> float:
+    from stepstone import Agent, Plan, Step
+
+    steps = [Step(trivial, name=f"s{i}", writes=f"{key}:w{i}") for i in range(n_steps)]
+    plan = Plan(*steps, store=store, checkpoint_key=key, max_iterations=n_steps + 1)
+    agent = Agent(engine=plan)
+    t0 = time.perf_counter()
+    env = agent("go")
+    elapsed = time.perf_counter() - t0
+    if not env.ok:
+        raise SystemExit(f"run {key} failed: {env.error}")
+    return elapsed * 1000 / n_steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+
+    import psycopg
+    from tests.pgserver import PgServer
+
+    from stepstone import Store
+    from stepstone.store import PostgresBackend
+
+    with PgServer(fsync=True) as server:
+        url = server.create_database("bench")
+        version = psycopg.connect(url).execute("SHOW server_version").fetchone()
+        print(
+            f"python {sys.version.split()[0]}, PostgreSQL {version[0] if version else '?'}, "
+            f"psycopg {psycopg.__version__}, {os.cpu_count()} cpus, fsync on"
+        )
+        stores = {
+            "prepared": Store(backend=PostgresBackend(url)),
+            "prepare=False": Store(backend=PostgresBackend(url, prepare=False)),
+        }
+        for store in stores.values():
+            store.setup()
+            plan_ms_per_step(store, 20, f"warm-{id(store)}")
+        raws: list[float] = []
+        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for r in range(args.repeat):  # interleaved, each run paired with a raw measurement
+            for name, store in stores.items():
+                for n in (10, 100):
+                    raw_ms = raw_upsert_ms(url, 2 * n)
+                    raws.append(raw_ms)
+                    ms = plan_ms_per_step(store, n, f"{name}-{n}-{r}")
+                    results.setdefault((name, n), []).append((ms, ms / raw_ms))
+        print(
+            f"raw 1 KB upsert (autocommit, prepared, one client): {statistics.median(raws):.3f} ms"
+        )
+        print("ratios: median over the repeats of (run / raw upsert measured just before it)")
+        print()
+        print(f"{'store':>14} {'steps':>6} {'ms/step':>8} {'x raw':>6} {'target':>7}")
+        for (name, n), values in results.items():
+            ms = statistics.median(v[0] for v in values)
+            ratio = statistics.median(v[1] for v in values)
+            target = 1.5 if n == 100 else 2.0
+            print(f"{name:>14} {n:>6} {ms:>8.3f} {ratio:>6.2f} {target:>6.1f}x")
+        for store in stores.values():
+            store.close()
+
+
+if __name__ == "__main__":
+    main()

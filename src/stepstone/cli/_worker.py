@@ -1,0 +1,97 @@
+"""``stepstone worker``: serve a store's work queue from this process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stepstone.exceptions import StepstoneError
+from stepstone.store import Store
+
+__all__ = ["worker"]
+
+
+def worker(
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Store URL (postgresql://... or sqlite:///path)."),
+    ] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="SQLite store file.")] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", "-q", help="A queue to serve (repeat for several)."),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="Most runs this worker runs at once.", min=1)
+    ] = 4,
+    lease_seconds: Annotated[
+        float, typer.Option(help="Seconds a taken run stays ours without renewal.")
+    ] = 30.0,
+    shutdown_timeout: Annotated[
+        float, typer.Option(help="On SIGTERM, seconds running runs may take to finish.")
+    ] = 30.0,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 0.5,
+    import_path: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--import-path",
+            help="A folder to import run targets from (repeat; the current one is included).",
+        ),
+    ] = None,
+    max_runs: Annotated[int | None, typer.Option(help="Exit after taking this many runs.")] = None,
+    until_idle: Annotated[
+        bool, typer.Option(help="Exit when there is nothing left to take.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
+) -> None:
+    """Take queued runs from the store and run them (until SIGTERM)."""
+    from stepstone.worker import Worker
+
+    console = Console(stderr=True)
+    if (db is None) == (url is None):
+        console.print("[red]error:[/] pass exactly one of --db PATH or --url URL")
+        raise typer.Exit(2)
+    if db is not None and not db.exists():
+        console.print(f"[red]error:[/] no store file at {db} (check the path)")
+        raise typer.Exit(2)
+    for folder in [Path.cwd(), *(import_path or [])]:
+        if str(folder.resolve()) not in sys.path:
+            sys.path.insert(0, str(folder.resolve()))
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        store = Store(db=db) if db is not None else Store(url=url)
+        w = Worker(
+            store,
+            queues=queue or ["default"],
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            shutdown_timeout=shutdown_timeout,
+            poll_interval=poll_interval,
+        )
+    except (StepstoneError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    # From here on SIGTERM/SIGINT stop the worker gracefully (the event loop takes the
+    # signals over once it runs), so a supervisor may signal as soon as it reads this line.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: w.stop())
+    console.print(
+        f"{w.id} (pid {os.getpid()}) serving {', '.join(w.queues)} from {store!r}, "
+        f"concurrency {concurrency}"
+    )
+    try:
+        done = w.run(max_runs=max_runs, until_idle=until_idle)
+    except StepstoneError as exc:
+        console.print(f"[red]error:[/] {w.id}: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        store.close()
+    console.print(f"{w.id}: stopped after finishing {done} runs")

@@ -1,0 +1,308 @@
+"""Submitting runs to a work queue, and the handle that follows one.
+
+``submit(store, target, task)`` stores one queue entry; a :class:`~stepstone.Worker` (in
+any process attached to the same store) takes it and runs it. ``target`` names the engine
+by import path (``"myapp.pipelines:etl_plan"``), so the worker needs nothing but the code:
+the same way :meth:`Plan.from_dict` rebinds callables by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import sys
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from stepstone.core import Envelope
+from stepstone.core._ids import new_uid
+from stepstone.exceptions import QueuedRunError, UserError
+from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
+from stepstone.store._store import Store
+
+__all__ = ["RunHandle", "import_path_of", "queue_backend", "set_queue_limits", "submit"]
+
+_queues: weakref.WeakKeyDictionary[Store, QueueBackend] = weakref.WeakKeyDictionary()
+_paths: dict[int, tuple[weakref.ref[Any], str]] = {}
+
+
+def queue_backend(store: Store) -> QueueBackend:
+    """The work queue that lives in ``store``'s database (created on first use)."""
+    found = _queues.get(store)
+    if found is not None:
+        return found
+    backend = store.backend
+    queue: QueueBackend
+    pg = sys.modules.get("stepstone.store._postgres")
+    from stepstone.store._sqlite import SQLiteBackend
+
+    if isinstance(backend, SQLiteBackend):
+        from stepstone.store._queue_sqlite import SQLiteQueue
+
+        queue = SQLiteQueue(backend.path, busy_timeout=backend.busy_timeout)
+    elif pg is not None and isinstance(backend, pg.PostgresBackend):
+        from stepstone.store._queue_postgres import PostgresQueue
+
+        queue = PostgresQueue(backend)
+    else:
+        raise UserError(
+            f"the work queue needs a store that worker processes can share: "
+            f"Store(db='file.sqlite') or Store(url='postgresql://...'), not {store!r}"
+        )
+    _queues[store] = queue
+    return queue
+
+
+def import_path_of(obj: Any) -> str:
+    """``"module:attribute"`` under which ``obj`` can be imported (a module-level name).
+
+    Raises:
+        UserError: ``obj`` is not a module-level attribute of any imported module.
+    """
+    cached = _paths.get(id(obj))
+    if cached is not None and cached[0]() is obj:
+        return cached[1]
+    for mod_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            if value is obj and not attr.startswith("__"):
+                path = f"{_importable_name(mod_name, module)}:{attr}"
+                try:
+                    _paths[id(obj)] = (weakref.ref(obj), path)
+                except TypeError:  # not weak-referenceable: just do not cache
+                    pass
+                return path
+    raise UserError(
+        f"cannot find an import path for {obj!r}: workers import the engine they run, so "
+        "define it at module level (plan = Plan(...)) or pass target='package.module:name'"
+    )
+
+
+def _importable_name(mod_name: str, module: Any) -> str:
+    if mod_name != "__main__":
+        return mod_name
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and spec.name:
+        return str(spec.name)  # python -m package.module
+    # python path/to/script.py: workers import it as "script" (with its folder on the path)
+    return Path(str(getattr(module, "__file__", "__main__"))).stem
+
+
+def resolve_target(target: str, registry: dict[str, Any] | None = None) -> Any:
+    """The object ``target`` names: from ``registry`` first, else imported.
+
+    Raises:
+        UserError: the name is malformed, or its module or attribute cannot be imported.
+    """
+    if registry and target in registry:
+        return registry[target]
+    mod_name, sep, attr = target.partition(":")
+    if not sep or not mod_name or not attr:
+        raise UserError(
+            f"target {target!r} is not an import path; write it as 'package.module:name'"
+        )
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except Exception as exc:
+        raise UserError(
+            f"target {target!r}: cannot import module {mod_name!r} ({type(exc).__name__}: "
+            f"{exc}); start the worker where that module is importable (--import-path DIR "
+            "or PYTHONPATH) or register it: Worker(registry={...})"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UserError(
+                f"target {target!r}: module {mod_name!r} has no attribute {attr!r}; check the "
+                "name, or register it: Worker(registry={...})"
+            ) from None
+    return obj
+
+
+def submit(
+    store: Store,
+    target: Any,
+    task: str | Envelope[Any],
+    *,
+    key: str | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    delay: float = 0.0,
+    not_before: float | None = None,
+    dedupe_key: str | None = None,
+    max_attempts: int = 3,
+) -> RunHandle:
+    """Queue a run of ``target`` on ``task`` for a worker; returns its handle.
+
+    Args:
+        store: The store the workers use (SQLite file or PostgreSQL).
+        target: The engine (a module-level Plan) or its import path
+            (``"package.module:name"``); a zero-argument function returning an engine
+            works too.
+        task: The start envelope, or a task string.
+        key: The run's checkpoint key (default: ``"<queue>/<entry id>"``).
+        queue: Which queue; workers serve the queues they are given.
+        priority: Higher runs first.
+        delay: Seconds before any worker may start it.
+        not_before: Unix time (the database's clock) before which no worker starts it.
+        dedupe_key: A second submit with the same dedupe key returns the first handle.
+        max_attempts: A run whose worker died this many times is marked failed.
+    """
+    if not isinstance(queue, str) or not queue:
+        raise UserError(f"queue must be a non-empty str, got {queue!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise UserError(f"priority must be an int (higher runs first), got {priority!r}")
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise UserError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+    if delay < 0:
+        raise UserError(f"delay must be >= 0 seconds, got {delay!r}")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise UserError(f"key must be a non-empty str, got {key!r}")
+    path = target if isinstance(target, str) else import_path_of(target)
+    if path.count(":") != 1 or path.startswith(":") or path.endswith(":"):
+        raise UserError(f"target {path!r} is not an import path; write it as 'package.module:name'")
+    env = task if isinstance(task, Envelope) else Envelope.from_task(str(task))
+    text = json.dumps(env.to_dict(where="submitted task", strict=True), separators=(",", ":"))
+    qb = queue_backend(store)
+    uid = new_uid()
+    entry_id, _ = qb.enqueue(
+        id=uid,
+        queue=queue,
+        target=path,
+        task=text,
+        run_key=key or f"{queue}/{uid}",
+        priority=priority,
+        delay=float(delay),
+        not_before=not_before,
+        dedupe_key=dedupe_key,
+        max_attempts=max_attempts,
+    )
+    return RunHandle(store, entry_id)
+
+
+def set_queue_limits(
+    store: Store, queue: str, *, concurrency: int | None = None, rate: float | None = None
+) -> None:
+    """Limits every worker obeys for ``queue``, across all processes and hosts.
+
+    Args:
+        store: The store the workers use.
+        queue: The queue's name.
+        concurrency: At most this many of its runs running at once (None: no limit).
+        rate: At most this many of its runs started per second (None: no limit).
+
+    Per-worker limits are the workers' own (``Worker(concurrency=...)``).
+    """
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise UserError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
+    if rate is not None and not rate > 0:
+        raise UserError(f"rate must be > 0 runs per second or None, got {rate!r}")
+    if not isinstance(queue, str) or not queue:
+        raise UserError(f"queue must be a non-empty str, got {queue!r}")
+    queue_backend(store).set_limits(
+        queue, concurrency=concurrency, rate=None if rate is None else float(rate)
+    )
+
+
+class RunHandle:
+    """A submitted run: ask its status, wait for its result, or cancel it.
+
+    Handles are cheap: ``RunHandle(store, id)`` rebuilds one from an id (in another
+    process, say).
+    """
+
+    def __init__(self, store: Store, id: str) -> None:
+        self.store = store
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunHandle) and other.id == self.id and other.store is self.store
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def entry(self) -> QueueEntry:
+        """The queue entry as stored now."""
+        found = queue_backend(self.store).get(self.id)
+        if found is None:
+            raise QueuedRunError(f"no queued run {self.id!r} in {self.store!r}")
+        return found
+
+    @property
+    def key(self) -> str:
+        """The run's checkpoint key (``store.read(handle.key)`` shows its progress)."""
+        return self.entry().run_key
+
+    def status(self) -> str:
+        """``queued | running | done | failed | cancelled``."""
+        return self.entry().status
+
+    def cancel(self) -> bool:
+        """Cancel the run: a queued one never starts; a running one is stopped by its worker
+        at its next lease renewal (its committed steps stay). False if it already ended."""
+        if self.entry().status in FINAL_STATUSES:
+            return False
+        status = queue_backend(self.store).cancel(self.id)
+        return status in ("cancelled", "running")
+
+    def result(self, timeout: float | None = None, *, poll: float = 0.05) -> Envelope[Any]:
+        """Wait for the run to end and return its final envelope (an error envelope for a
+        run whose step failed, as ``Plan.run`` returns it).
+
+        Raises:
+            TimeoutError: still not finished after ``timeout`` seconds.
+            QueuedRunError: the run ended without an envelope (cancelled, its target
+                could not be loaded, or its workers kept dying).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = poll
+        while True:
+            entry = self.entry()
+            if entry.status in FINAL_STATUSES:
+                return _outcome(entry)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"queued run {self.id} is still {entry.status} after {timeout}s "
+                    f"(queue {entry.queue!r}, attempts {entry.attempts}); is a worker serving "
+                    f"queue {entry.queue!r}?"
+                )
+            time.sleep(
+                wait if deadline is None else min(wait, max(0.0, deadline - time.monotonic()))
+            )
+            wait = min(wait * 1.5, 1.0)
+
+    async def aresult(self, timeout: float | None = None, *, poll: float = 0.05) -> Envelope[Any]:
+        """Async :meth:`result`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = poll
+        while True:
+            entry = await asyncio.to_thread(self.entry)
+            if entry.status in FINAL_STATUSES:
+                return _outcome(entry)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"queued run {self.id} is still {entry.status} after {timeout}s "
+                    f"(queue {entry.queue!r})"
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 1.5, 1.0)
+
+
+def _outcome(entry: QueueEntry) -> Envelope[Any]:
+    if entry.result is not None:
+        return Envelope.from_dict(json.loads(entry.result))
+    raise QueuedRunError(
+        f"queued run {entry.id} (target {entry.target!r}, checkpoint key {entry.run_key!r}) "
+        f"ended {entry.status}: {entry.error or 'no reason recorded'}"
+    )

@@ -1,0 +1,60 @@
+"""Group commit on PostgreSQL: the step commits of several runs in one transaction.
+
+One transaction takes the advisory locks of every ``writes=`` key of the batch (sorted, so
+batches never deadlock), runs each run's one-statement commit, and commits once: one WAL
+flush for the whole batch. A commit statement that does not apply (lost ownership, a
+``writes=`` key that holds a run) writes nothing by construction, so each run's
+compare-and-swap stays its own. If a statement fails outright, the transaction is rolled
+back and every commit of the batch is retried on its own, so one run's error never loses
+or lands another run's rows. A lost connection is handled as for a single commit: retried
+when nothing committed, looked up (``txid_status``) when the COMMIT's answer was lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._memory import run_key_conflict
+from stepstone.store._postgres import Cursor, PostgresBackend, commit_params
+from stepstone.store._postgres_schema import COMMIT_SQL
+
+__all__ = ["commit_many"]
+
+Item = tuple[RunHead, int, Sequence[JournalRow], Sequence[tuple[str, str]]]
+Outcome = bool | Exception
+
+
+def commit_many(backend: PostgresBackend, items: Sequence[Item]) -> list[Outcome]:
+    """Per item, what ``run_commit`` would have returned (or raised)."""
+    prepared = [commit_params(*item) for item in items]
+    keys = sorted({k for latest, _ in prepared for k in latest})
+    sql = COMMIT_SQL.encode()
+
+    def batch(cur: Cursor) -> list[Outcome]:
+        out: list[Outcome] = []
+        for _, params in prepared:
+            row = cur.execute(sql, params).fetchone()
+            assert row is not None
+            applied, matched, conflict = int(row[0]), int(row[1]), row[2]
+            if applied:
+                out.append(True)
+            elif matched and conflict is not None:
+                out.append(run_key_conflict(str(conflict)))
+            else:
+                out.append(False)
+        return out
+
+    try:
+        return backend._transaction("commit the steps of several runs", keys, batch)
+    except psycopg.Error:
+        pass  # one statement failed and the batch rolled back: commit each on its own
+    results: list[Outcome] = []
+    for item in items:
+        try:
+            results.append(backend.run_commit(*item))
+        except Exception as exc:  # noqa: BLE001 - handed to the run that sent it
+            results.append(exc)
+    return results

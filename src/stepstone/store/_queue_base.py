@@ -1,0 +1,191 @@
+"""The work queue's record and the primitives a queue backend implements.
+
+A queue entry is one submitted run: which engine to run (an import path), on what task,
+under which checkpoint key, in which queue, with what priority. Workers take entries with
+:meth:`QueueBackend.claim`, which hands each entry to exactly one worker at a time and gives
+it a lease the worker renews; an entry whose lease ran out is claimable again (its worker
+died), until it has used up its attempts and is marked failed (a poison run).
+
+Backends: :mod:`stepstone.store._queue_postgres` (any number of hosts; leases judged by the
+database server's clock) and :mod:`stepstone.store._queue_sqlite` (processes of one machine
+sharing one file).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "ENTRY_COLUMNS",
+    "FINAL_STATUSES",
+    "QueueBackend",
+    "QueueEntry",
+    "entry_from_row",
+]
+
+#: Statuses after which an entry never changes again.
+FINAL_STATUSES = ("done", "failed", "cancelled")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueueEntry:
+    """One submitted run, as stored.
+
+    Attributes:
+        id: The entry's id (what a :class:`~stepstone.RunHandle` refers to).
+        queue: The queue's name.
+        target: Import path of the engine (``"package.module:attribute"``).
+        task: The start envelope, as JSON text.
+        run_key: The checkpoint key the run commits its steps under.
+        priority: Higher runs first; equal priorities run in submission order.
+        not_before: Unix time (database clock) before which no worker takes it.
+        dedupe_key: A second submit with the same dedupe key returns this entry.
+        status: ``queued | running | done | failed | cancelled``.
+        attempts: How many times a worker took it.
+        max_attempts: After this many takes by workers that died, it is marked failed.
+        worker: The id of the worker running it (None when queued).
+        host: That worker's host id.
+        pid: That worker's process id.
+        pid_start: That process's start time (to detect recycled pids).
+        lease_until: Until when (database clock) the worker's claim holds without renewal.
+        cancel_requested: ``cancel()`` was called while it ran; the worker stops it.
+        result: The final envelope as JSON text (done and failed runs).
+        error: Why it failed or was cancelled.
+        created_at: Submission time.
+        updated_at: Last change.
+    """
+
+    id: str
+    queue: str
+    target: str
+    task: str
+    run_key: str
+    priority: int
+    not_before: float
+    dedupe_key: str | None
+    status: str
+    attempts: int
+    max_attempts: int
+    worker: str | None
+    host: str | None
+    pid: int | None
+    pid_start: int | None
+    lease_until: float | None
+    cancel_requested: bool
+    result: str | None
+    error: str | None
+    created_at: float
+    updated_at: float
+
+
+#: Column order of an entry in the SQL backends (the order of QueueEntry's fields).
+ENTRY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(QueueEntry))
+
+
+def entry_from_row(row: Sequence[Any]) -> QueueEntry:
+    """A QueueEntry from a row selected in :data:`ENTRY_COLUMNS` order."""
+    v: dict[str, Any] = dict(zip(ENTRY_COLUMNS, row, strict=True))
+    for name in ("priority", "attempts", "max_attempts"):
+        v[name] = int(v[name])
+    for name in ("pid", "pid_start"):
+        v[name] = None if v[name] is None else int(v[name])
+    for name in ("not_before", "created_at", "updated_at"):
+        v[name] = float(v[name])
+    v["lease_until"] = None if v["lease_until"] is None else float(v["lease_until"])
+    v["cancel_requested"] = bool(v["cancel_requested"])
+    return QueueEntry(**v)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Owner:
+    """Who claims: a worker's id and its process."""
+
+    worker: str
+    host: str
+    pid: int
+    pid_start: int | None
+
+
+class QueueBackend(abc.ABC):
+    """Blocking queue primitives, each one transaction decided inside the database."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The clock leases are judged by (the database server's, where there is one)."""
+
+    @abc.abstractmethod
+    def enqueue(
+        self,
+        *,
+        id: str,
+        queue: str,
+        target: str,
+        task: str,
+        run_key: str,
+        priority: int,
+        delay: float,
+        not_before: float | None,
+        dedupe_key: str | None,
+        max_attempts: int,
+    ) -> tuple[str, bool]:
+        """Insert an entry; ``(id, True)``. With a ``dedupe_key`` already used, insert
+        nothing and return ``(that entry's id, False)``. ``not_before`` None means now +
+        ``delay`` on the backend's clock."""
+
+    @abc.abstractmethod
+    def claim(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+    ) -> list[QueueEntry]:
+        """Take up to ``limit`` runnable entries of ``queue`` for ``owner``, in one
+        transaction (possibly none).
+
+        Runnable: running with an expired lease (its worker died; taken first), or queued
+        and due (highest priority first, then oldest). Expired entries that used up
+        ``max_attempts`` are marked failed first. The queue's limits (:meth:`set_limits`)
+        are respected.
+        """
+
+    @abc.abstractmethod
+    def renew(self, ids: Sequence[str], worker: str, lease_seconds: float) -> dict[str, bool]:
+        """Extend the leases of ``worker``'s running entries; returns ``{id:
+        cancel_requested}`` for those it still holds."""
+
+    @abc.abstractmethod
+    def finish(
+        self, id: str, worker: str, status: str, result: str | None, error: str | None
+    ) -> bool:
+        """Record the outcome of an entry ``worker`` holds; False if it no longer does."""
+
+    @abc.abstractmethod
+    def hand_back(self, id: str, worker: str, delay: float) -> bool:
+        """Put an entry ``worker`` holds back in the queue (not counted as an attempt),
+        runnable again after ``delay`` seconds."""
+
+    @abc.abstractmethod
+    def get(self, id: str) -> QueueEntry | None:
+        """The entry, or None."""
+
+    @abc.abstractmethod
+    def cancel(self, id: str) -> str | None:
+        """Cancel a queued entry, or ask the worker of a running one to stop it. Returns
+        the status after the call (None for an unknown id)."""
+
+    @abc.abstractmethod
+    def running_on(self, host: str) -> list[QueueEntry]:
+        """Running entries whose worker is on ``host`` (to find dead local workers)."""
+
+    @abc.abstractmethod
+    def expire(self, id: str, worker: str) -> bool:
+        """End ``worker``'s lease on ``id`` now (its process is gone)."""
+
+    @abc.abstractmethod
+    def set_limits(self, queue: str, *, concurrency: int | None, rate: float | None) -> None:
+        """Queue-wide limits every worker obeys: at most ``concurrency`` running entries,
+        at most ``rate`` entries started per second. None lifts a limit."""
+
+    @abc.abstractmethod
+    def entries(self, queue: str | None, status: str | None) -> list[QueueEntry]:
+        """Entries (optionally of one queue and status), in submission order."""

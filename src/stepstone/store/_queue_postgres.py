@@ -1,0 +1,294 @@
+"""The work queue on PostgreSQL: workers on any number of hosts share one database.
+
+Every time that matters (``not_before``, leases, the rate window) is the database server's
+clock (``clock_timestamp()``), so hosts whose wall clocks disagree still agree on whether a
+lease ran out. Workers take entries with ``FOR UPDATE SKIP LOCKED``: two workers never
+wait on, or take, the same row. A queue with limits (:meth:`set_limits`) serializes its
+claims on an advisory lock so the count of running entries cannot be overshot.
+
+Every primitive goes through the store backend's retry helpers: after a lost connection
+(a database restart) reads and idempotent updates are sent again, and a claim whose
+``COMMIT`` got no answer is looked up, so an entry is never handed out twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from stepstone.store._postgres import Cursor, PostgresBackend
+from stepstone.store._queue_base import (
+    ENTRY_COLUMNS,
+    Owner,
+    QueueBackend,
+    QueueEntry,
+    entry_from_row,
+)
+
+__all__ = ["PostgresQueue"]
+
+NOW = "extract(epoch FROM clock_timestamp())::float8"
+COLS = ", ".join(ENTRY_COLUMNS)
+QCOLS = ", ".join(f"q.{c}" for c in ENTRY_COLUMNS)
+
+_POISON_SQL = f"""
+UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, updated_at = {NOW},
+    error = 'its worker died or lost its lease on each of its ' || attempts
+        || ' attempts (max_attempts=' || max_attempts || '); last worker ' || coalesce(worker, '?')
+        || ' (pid ' || coalesce(pid::text, '?') || ' on host ' || coalesce(host, '?') || ')'
+WHERE queue = %s AND status = 'running' AND lease_until < {NOW} AND attempts >= max_attempts
+"""
+
+# Runs whose worker died come first (they started before anything still queued), then
+# queued ones in the order of the partial index: each query walks its own index.
+_PICK_EXPIRED_SQL = f"""
+SELECT id FROM stepstone_queue
+WHERE queue = %s AND status = 'running' AND lease_until < {NOW}
+ORDER BY priority DESC, lease_until
+LIMIT %s FOR UPDATE SKIP LOCKED
+"""
+
+_PICK_QUEUED_SQL = f"""
+SELECT id FROM stepstone_queue
+WHERE queue = %s AND status = 'queued' AND not_before <= {NOW}
+ORDER BY priority DESC, not_before, seq
+LIMIT %s FOR UPDATE SKIP LOCKED
+"""
+
+_TAKE_SQL = f"""
+UPDATE stepstone_queue q SET status = 'running', attempts = attempts + 1, worker = %s,
+    host = %s, pid = %s, pid_start = %s, lease_until = {NOW} + %s, started_at = {NOW},
+    updated_at = {NOW}
+WHERE id = ANY(%s) RETURNING {QCOLS}
+"""
+
+
+def _limit_lock(queue: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(f"stepstone.queue:{queue}".encode(), digest_size=8).digest(),
+        "big",
+        signed=True,
+    )
+
+
+class PostgresQueue(QueueBackend):
+    """The queue in the ``stepstone_queue`` tables of a :class:`PostgresBackend`."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self.backend = backend
+
+    def now(self) -> float:
+        return float(self.backend._read("read the clock", lambda cur: _one(cur, f"SELECT {NOW}")))
+
+    def enqueue(
+        self,
+        *,
+        id: str,
+        queue: str,
+        target: str,
+        task: str,
+        run_key: str,
+        priority: int,
+        delay: float,
+        not_before: float | None,
+        dedupe_key: str | None,
+        max_attempts: int,
+    ) -> tuple[str, bool]:
+        def insert(cur: Cursor) -> tuple[str, bool]:
+            row = cur.execute(
+                "INSERT INTO stepstone_queue (id, queue, target, task, run_key, priority, "
+                "not_before, dedupe_key, status, attempts, max_attempts, created_at, updated_at) "
+                f"VALUES (%s, %s, %s, %s, %s, %s, coalesce(%s, {NOW} + %s), %s, 'queued', 0, %s, "
+                f"{NOW}, {NOW}) ON CONFLICT DO NOTHING RETURNING id",
+                (
+                    id,
+                    queue,
+                    target,
+                    task,
+                    run_key,
+                    priority,
+                    not_before,
+                    delay,
+                    dedupe_key,
+                    max_attempts,
+                ),
+            ).fetchone()
+            if row is not None:
+                return str(row[0]), True
+            found = cur.execute(
+                "SELECT id FROM stepstone_queue WHERE dedupe_key = %s OR id = %s", (dedupe_key, id)
+            ).fetchone()
+            assert found is not None  # the conflict was on one of the two unique columns
+            return str(found[0]), str(found[0]) == id  # our own row: a retried insert
+
+        # Idempotent: the entry's id is chosen by the caller, so a retry after a lost
+        # answer finds the row it inserted (and reports it as inserted).
+        return self.backend._read("submit a run", insert)
+
+    def claim(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+    ) -> list[QueueEntry]:
+        def take(cur: Cursor) -> list[QueueEntry]:
+            cur.execute(_POISON_SQL, (queue,))
+            free = limit
+            limits = cur.execute(
+                "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = %s", (queue,)
+            ).fetchone()
+            if limits is not None and (limits[0] is not None or limits[1] is not None):
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_limit_lock(queue),))
+                concurrency, rate = limits
+                if concurrency is not None:
+                    running = _one(
+                        cur,
+                        "SELECT count(*) FROM stepstone_queue WHERE queue = %s AND "
+                        f"status = 'running' AND lease_until >= {NOW}",
+                        (queue,),
+                    )
+                    free = min(free, int(concurrency) - int(running))
+                if rate is not None:
+                    started = _one(
+                        cur,
+                        "SELECT count(*) FROM stepstone_queue WHERE queue = %s AND "
+                        f"started_at > {NOW} - 1.0",
+                        (queue,),
+                    )
+                    free = min(free, math.ceil(float(rate) - int(started)))
+            if free <= 0:
+                return []
+            ids = [r[0] for r in cur.execute(_PICK_EXPIRED_SQL, (queue, free)).fetchall()]
+            if len(ids) < free:
+                picked = cur.execute(_PICK_QUEUED_SQL, (queue, free - len(ids))).fetchall()
+                ids += [r[0] for r in picked]
+            if not ids:
+                return []
+            rows = cur.execute(
+                _TAKE_SQL,
+                (owner.worker, owner.host, owner.pid, owner.pid_start, lease_seconds, ids),
+            ).fetchall()
+            order = {entry_id: i for i, entry_id in enumerate(ids)}
+            return sorted((entry_from_row(r) for r in rows), key=lambda e: order[e.id])
+
+        return self.backend._transaction("take queued runs", [], take)
+
+    def renew(self, ids: Sequence[str], worker: str, lease_seconds: float) -> dict[str, bool]:
+        if not ids:
+            return {}
+
+        def renew(cur: Cursor) -> dict[str, bool]:
+            rows = cur.execute(
+                f"UPDATE stepstone_queue SET lease_until = {NOW} + %s WHERE id = ANY(%s) "
+                "AND worker = %s AND status = 'running' RETURNING id, cancel_requested",
+                (lease_seconds, list(ids), worker),
+            ).fetchall()
+            return {str(i): bool(c) for i, c in rows}
+
+        return self.backend._read("renew queue leases", renew)
+
+    def finish(
+        self, id: str, worker: str, status: str, result: str | None, error: str | None
+    ) -> bool:
+        def finish(cur: Cursor) -> bool:
+            cur.execute(
+                f"UPDATE stepstone_queue SET status = %s, result = %s, error = %s, "
+                f"lease_until = NULL, updated_at = {NOW} "
+                "WHERE id = %s AND worker = %s AND status = 'running'",
+                (status, result, error, id, worker),
+            )
+            if cur.rowcount == 1:
+                return True
+            # A retry after a lost answer finds its own write already there.
+            row = cur.execute(
+                "SELECT status, worker FROM stepstone_queue WHERE id = %s", (id,)
+            ).fetchone()
+            return row is not None and row[0] == status and row[1] == worker
+
+        return self.backend._read("record a run's outcome", finish)
+
+    def hand_back(self, id: str, worker: str, delay: float) -> bool:
+        def back(cur: Cursor) -> bool:
+            cur.execute(
+                "UPDATE stepstone_queue SET status = 'queued', "
+                "attempts = greatest(attempts - 1, 0), worker = NULL, host = NULL, pid = NULL, "
+                "pid_start = NULL, lease_until = NULL, "
+                f"not_before = {NOW} + %s, updated_at = {NOW} "
+                "WHERE id = %s AND worker = %s AND status = 'running'",
+                (delay, id, worker),
+            )
+            return cur.rowcount == 1
+
+        return self.backend._read("hand a run back to its queue", back)
+
+    def get(self, id: str) -> QueueEntry | None:
+        row = self.backend._read(
+            "read a queued run",
+            lambda cur: cur.execute(
+                f"SELECT {COLS} FROM stepstone_queue WHERE id = %s", (id,)
+            ).fetchone(),
+        )
+        return None if row is None else entry_from_row(row)
+
+    def cancel(self, id: str) -> str | None:
+        def cancel(cur: Cursor) -> str | None:
+            cur.execute(
+                "UPDATE stepstone_queue SET "
+                "status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END, "
+                "error = CASE WHEN status = 'queued' THEN 'cancelled before it started' "
+                "ELSE error END, "
+                f"cancel_requested = (status = 'running'), updated_at = {NOW} "
+                "WHERE id = %s AND status IN ('queued', 'running')",
+                (id,),
+            )
+            row = cur.execute("SELECT status FROM stepstone_queue WHERE id = %s", (id,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return self.backend._read("cancel a queued run", cancel)
+
+    def running_on(self, host: str) -> list[QueueEntry]:
+        rows = self.backend._read(
+            "list running entries",
+            lambda cur: cur.execute(
+                f"SELECT {COLS} FROM stepstone_queue WHERE status = 'running' AND host = %s",
+                (host,),
+            ).fetchall(),
+        )
+        return [entry_from_row(r) for r in rows]
+
+    def expire(self, id: str, worker: str) -> bool:
+        def expire(cur: Cursor) -> bool:
+            cur.execute(
+                "UPDATE stepstone_queue SET lease_until = 0 "
+                "WHERE id = %s AND worker = %s AND status = 'running'",
+                (id, worker),
+            )
+            return cur.rowcount == 1
+
+        return self.backend._read("expire a dead worker's lease", expire)
+
+    def set_limits(self, queue: str, *, concurrency: int | None, rate: float | None) -> None:
+        self.backend._read(
+            "set queue limits",
+            lambda cur: cur.execute(
+                "INSERT INTO stepstone_queue_limits (queue, concurrency, rate) VALUES (%s, %s, %s) "
+                "ON CONFLICT (queue) DO UPDATE SET concurrency = EXCLUDED.concurrency, "
+                "rate = EXCLUDED.rate",
+                (queue, concurrency, rate),
+            ),
+        )
+
+    def entries(self, queue: str | None, status: str | None) -> list[QueueEntry]:
+        rows = self.backend._read(
+            "list queued runs",
+            lambda cur: cur.execute(
+                f"SELECT {COLS} FROM stepstone_queue WHERE (%s::text IS NULL OR queue = %s) "
+                "AND (%s::text IS NULL OR status = %s) ORDER BY seq",
+                (queue, queue, status, status),
+            ).fetchall(),
+        )
+        return [entry_from_row(r) for r in rows]
+
+
+def _one(cur: Cursor, sql: str, params: Any = ()) -> Any:
+    row = cur.execute(sql.encode(), params).fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,351 @@
+"""The work queue in a SQLite file: worker processes of one machine share one file.
+
+Tables ``stepstone_queue`` and ``stepstone_queue_limits`` live beside the store's own
+tables (created here, on first use, so the store's schema is untouched). Every primitive
+is one ``BEGIN IMMEDIATE`` transaction: SQLite's write lock serializes claims, so an entry
+is handed to one worker at a time. All workers are on one machine, so the local clock is
+the one clock.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from stepstone.exceptions import StoreError
+from stepstone.store._queue_base import (
+    ENTRY_COLUMNS,
+    Owner,
+    QueueBackend,
+    QueueEntry,
+    entry_from_row,
+)
+
+__all__ = ["SQLiteQueue"]
+
+T = TypeVar("T")
+COLS = ", ".join(ENTRY_COLUMNS)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS stepstone_queue (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    queue TEXT NOT NULL,
+    target TEXT NOT NULL,
+    task TEXT NOT NULL,
+    run_key TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    not_before REAL NOT NULL,
+    dedupe_key TEXT UNIQUE,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    worker TEXT,
+    host TEXT,
+    pid INTEGER,
+    pid_start INTEGER,
+    lease_until REAL,
+    started_at REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    result TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS stepstone_queue_pick
+    ON stepstone_queue (queue, status, priority DESC, not_before, seq);
+CREATE TABLE IF NOT EXISTS stepstone_queue_limits (
+    queue TEXT PRIMARY KEY,
+    concurrency INTEGER,
+    rate REAL
+);
+"""
+
+
+class SQLiteQueue(QueueBackend):
+    """The queue in the SQLite file at ``path`` (the store's file)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        with self._tx() as conn:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            return conn
+        conn = sqlite3.connect(
+            str(self.path), timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StoreError(
+                f"could not lock {str(self.path)!r} for the work queue within "
+                f"{self.busy_timeout}s: {exc}; another process holds a long write transaction"
+            ) from exc
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._tx() as conn:
+            return fn(conn)
+
+    def close(self) -> None:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local = threading.local()
+
+    def now(self) -> float:
+        return time.time()
+
+    def enqueue(
+        self,
+        *,
+        id: str,
+        queue: str,
+        target: str,
+        task: str,
+        run_key: str,
+        priority: int,
+        delay: float,
+        not_before: float | None,
+        dedupe_key: str | None,
+        max_attempts: int,
+    ) -> tuple[str, bool]:
+        def insert(conn: sqlite3.Connection) -> tuple[str, bool]:
+            if dedupe_key is not None:
+                row = conn.execute(
+                    "SELECT id FROM stepstone_queue WHERE dedupe_key = ?", (dedupe_key,)
+                ).fetchone()
+                if row is not None:
+                    return str(row[0]), False
+            now = time.time()
+            conn.execute(
+                "INSERT INTO stepstone_queue (id, queue, target, task, run_key, priority, "
+                "not_before, dedupe_key, status, attempts, max_attempts, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)",
+                (
+                    id,
+                    queue,
+                    target,
+                    task,
+                    run_key,
+                    priority,
+                    now + delay if not_before is None else not_before,
+                    dedupe_key,
+                    max_attempts,
+                    now,
+                    now,
+                ),
+            )
+            return id, True
+
+        return self._write(insert)
+
+    def claim(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+    ) -> list[QueueEntry]:
+        def take(conn: sqlite3.Connection) -> list[QueueEntry]:
+            now = time.time()
+            conn.execute(
+                "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
+                "updated_at = ?, error = 'its worker died or lost its lease on each of its ' "
+                "|| attempts || ' attempts (max_attempts=' || max_attempts || '); last worker ' "
+                "|| coalesce(worker, '?') || ' (pid ' || coalesce(pid, '?') || ' on host ' "
+                "|| coalesce(host, '?') || ')' WHERE queue = ? AND status = 'running' "
+                "AND lease_until < ? AND attempts >= max_attempts",
+                (now, queue, now),
+            )
+            free = limit
+            limits = conn.execute(
+                "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = ?", (queue,)
+            ).fetchone()
+            if limits is not None:
+                concurrency, rate = limits
+                if concurrency is not None:
+                    (running,) = conn.execute(
+                        "SELECT count(*) FROM stepstone_queue WHERE queue = ? AND "
+                        "status = 'running' AND lease_until >= ?",
+                        (queue, now),
+                    ).fetchone()
+                    free = min(free, concurrency - running)
+                if rate is not None:
+                    (started,) = conn.execute(
+                        "SELECT count(*) FROM stepstone_queue WHERE queue = ? AND started_at > ?",
+                        (queue, now - 1.0),
+                    ).fetchone()
+                    free = min(free, math.ceil(rate - started))
+            if free <= 0:
+                return []
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM stepstone_queue WHERE queue = ? AND status = 'running' "
+                    "AND lease_until < ? ORDER BY priority DESC, lease_until LIMIT ?",
+                    (queue, now, free),
+                ).fetchall()
+            ]
+            if len(ids) < free:
+                ids += [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT id FROM stepstone_queue WHERE queue = ? AND status = 'queued' "
+                        "AND not_before <= ? ORDER BY priority DESC, not_before, seq LIMIT ?",
+                        (queue, now, free - len(ids)),
+                    ).fetchall()
+                ]
+            taken = []
+            for entry_id in ids:
+                conn.execute(
+                    "UPDATE stepstone_queue SET status = 'running', attempts = attempts + 1, "
+                    "worker = ?, host = ?, pid = ?, pid_start = ?, lease_until = ?, "
+                    "started_at = ?, updated_at = ? WHERE id = ?",
+                    (
+                        owner.worker,
+                        owner.host,
+                        owner.pid,
+                        owner.pid_start,
+                        now + lease_seconds,
+                        now,
+                        now,
+                        entry_id,
+                    ),
+                )
+                got = conn.execute(
+                    f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (entry_id,)
+                ).fetchone()
+                taken.append(entry_from_row(got))
+            return taken
+
+        return self._write(take)
+
+    def renew(self, ids: Sequence[str], worker: str, lease_seconds: float) -> dict[str, bool]:
+        if not ids:
+            return {}
+
+        def renew(conn: sqlite3.Connection) -> dict[str, bool]:
+            marks = ", ".join("?" * len(ids))
+            conn.execute(
+                f"UPDATE stepstone_queue SET lease_until = ? WHERE id IN ({marks}) "
+                "AND worker = ? AND status = 'running'",
+                (time.time() + lease_seconds, *ids, worker),
+            )
+            rows = conn.execute(
+                f"SELECT id, cancel_requested FROM stepstone_queue WHERE id IN ({marks}) "
+                "AND worker = ? AND status = 'running'",
+                (*ids, worker),
+            ).fetchall()
+            return {str(i): bool(c) for i, c in rows}
+
+        return self._write(renew)
+
+    def finish(
+        self, id: str, worker: str, status: str, result: str | None, error: str | None
+    ) -> bool:
+        def finish(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE stepstone_queue SET status = ?, result = ?, error = ?, "
+                "lease_until = NULL, updated_at = ? "
+                "WHERE id = ? AND worker = ? AND status = 'running'",
+                (status, result, error, time.time(), id, worker),
+            )
+            return cur.rowcount == 1
+
+        return self._write(finish)
+
+    def hand_back(self, id: str, worker: str, delay: float) -> bool:
+        def back(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            cur = conn.execute(
+                "UPDATE stepstone_queue SET status = 'queued', attempts = max(attempts - 1, 0), "
+                "worker = NULL, host = NULL, pid = NULL, pid_start = NULL, lease_until = NULL, "
+                "not_before = ?, updated_at = ? "
+                "WHERE id = ? AND worker = ? AND status = 'running'",
+                (now + delay, now, id, worker),
+            )
+            return cur.rowcount == 1
+
+        return self._write(back)
+
+    def get(self, id: str) -> QueueEntry | None:
+        row = self._conn().execute(f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (id,))
+        got = row.fetchone()
+        return None if got is None else entry_from_row(got)
+
+    def cancel(self, id: str) -> str | None:
+        def cancel(conn: sqlite3.Connection) -> str | None:
+            conn.execute(
+                "UPDATE stepstone_queue SET "
+                "error = CASE WHEN status = 'queued' THEN 'cancelled before it started' "
+                "ELSE error END, "
+                "cancel_requested = (status = 'running'), "
+                "status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END, "
+                "updated_at = ? WHERE id = ? AND status IN ('queued', 'running')",
+                (time.time(), id),
+            )
+            row = conn.execute("SELECT status FROM stepstone_queue WHERE id = ?", (id,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return self._write(cancel)
+
+    def running_on(self, host: str) -> list[QueueEntry]:
+        rows = self._conn().execute(
+            f"SELECT {COLS} FROM stepstone_queue WHERE status = 'running' AND host = ?", (host,)
+        )
+        return [entry_from_row(r) for r in rows.fetchall()]
+
+    def expire(self, id: str, worker: str) -> bool:
+        def expire(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE stepstone_queue SET lease_until = 0 "
+                "WHERE id = ? AND worker = ? AND status = 'running'",
+                (id, worker),
+            )
+            return cur.rowcount == 1
+
+        return self._write(expire)
+
+    def set_limits(self, queue: str, *, concurrency: int | None, rate: float | None) -> None:
+        self._write(
+            lambda conn: conn.execute(
+                "INSERT INTO stepstone_queue_limits (queue, concurrency, rate) VALUES (?, ?, ?) "
+                "ON CONFLICT (queue) DO UPDATE SET concurrency = excluded.concurrency, "
+                "rate = excluded.rate",
+                (queue, concurrency, rate),
+            )
+        )
+
+    def entries(self, queue: str | None, status: str | None) -> list[QueueEntry]:
+        rows = self._conn().execute(
+            f"SELECT {COLS} FROM stepstone_queue WHERE (? IS NULL OR queue = ?) "
+            "AND (? IS NULL OR status = ?) ORDER BY seq",
+            (queue, queue, status, status),
+        )
+        return [entry_from_row(r) for r in rows.fetchall()]

@@ -1,0 +1,370 @@
+"""Workers: processes that take queued runs from a store's work queue and run them.
+
+Start any number of them, on any number of hosts (PostgreSQL) or in several processes of
+one machine (SQLite)::
+
+    stepstone worker --url postgresql://app@db/app --queue etl --concurrency 8
+
+or in Python, ``Worker(store, queues=["etl"]).run()``. Each run is executed under the
+kernel's ownership and leases like any durable run, so every step is committed before the
+next one starts. A worker holds a lease on each queue entry it runs and renews it from a
+thread; when a worker dies, its entries' leases run out (at once, for a worker on the same
+host whose process is gone) and another worker takes them over, resuming each run at its
+first uncommitted step. ``SIGTERM`` (or ``SIGINT``) stops a worker gracefully: it takes no
+more runs, lets the running ones finish for up to ``shutdown_timeout`` seconds, then stops
+the rest at their current step and hands them back to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from stepstone.agent import Agent
+from stepstone.core import Envelope
+from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
+from stepstone.durable._queue import queue_backend, resolve_target
+from stepstone.engines.plan import Plan
+from stepstone.exceptions import ConcurrentRunError, StoreError, UserError
+from stepstone.store import Store
+from stepstone.store._queue_base import Owner, QueueEntry
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("stepstone")
+
+
+class Worker:
+    """Takes runs from the work queue in ``store`` and runs them, ``concurrency`` at a time.
+
+    Args:
+        store: The store the runs were submitted to (a ``Store``, or its URL).
+        queues: The queues to serve, taken from in turn.
+        concurrency: Most runs this worker runs at once.
+        lease_seconds: How long a taken run stays this worker's without renewal (judged by
+            the database's clock). A worker renews every third of it; a run whose worker
+            stopped renewing this long is taken over by another worker.
+        poll_interval: Seconds between looks at an empty queue.
+        registry: Engines by name, looked up before importing a target.
+        shutdown_timeout: On SIGTERM/SIGINT or :meth:`stop`, how long running runs may
+            finish before they are stopped at their current step and handed back.
+        name: This worker's id in the queue (default: a fresh one).
+
+    Example::
+
+        worker = Worker(Store(url="postgresql://app@db/app"), queues=["etl"], concurrency=8)
+        worker.run()   # until SIGTERM
+    """
+
+    def __init__(
+        self,
+        store: Store | str,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 4,
+        lease_seconds: float = 30.0,
+        poll_interval: float = 0.5,
+        registry: dict[str, Any] | None = None,
+        shutdown_timeout: float = 30.0,
+        name: str | None = None,
+    ) -> None:
+        if isinstance(queues, str):
+            queues = [queues]
+        if not queues or not all(isinstance(q, str) and q for q in queues):
+            raise UserError(f"queues must be a list of non-empty queue names, got {queues!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise UserError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if lease_seconds <= 0:
+            raise UserError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+        if poll_interval <= 0:
+            raise UserError(f"poll_interval must be > 0, got {poll_interval!r}")
+        self.store = store if isinstance(store, Store) else Store(url=store)
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.lease_seconds = float(lease_seconds)
+        self.poll_interval = float(poll_interval)
+        self.registry = dict(registry or {})
+        self.shutdown_timeout = float(shutdown_timeout)
+        self.id = name or f"worker-{new_uid()[:12]}"
+        self.owner = Owner(
+            worker=self.id,
+            host=host_id(),
+            pid=os.getpid(),
+            pid_start=process_start_time(os.getpid()),
+        )
+        self.completed = 0
+        self._ended = 0
+        self._queue = queue_backend(self.store)
+        self._stopping = threading.Event()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._held: set[str] = set()  # the entry ids of _tasks, for the lease thread
+        self._held_lock = threading.Lock()
+        self._cancel_reason: dict[str, str] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"Worker({self.id!r}, queues={self.queues!r}, store={self.store!r})"
+
+    # -- control -------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop gracefully (thread- and signal-safe): take no more runs, let the running
+        ones finish for up to ``shutdown_timeout`` seconds, hand back the rest."""
+        self._stopping.set()
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(wake.set)
+
+    def run(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
+        """Serve the queues until stopped (SIGTERM/SIGINT, :meth:`stop`), ``max_runs``
+        runs were taken, or (``until_idle``) nothing is left to take. Returns how many
+        runs this worker finished."""
+        return asyncio.run(self.arun(max_runs=max_runs, until_idle=until_idle))
+
+    async def arun(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
+        """Async :meth:`run`; installs SIGTERM/SIGINT handlers when on the main thread."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        installed: list[signal.Signals] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    self._loop.add_signal_handler(sig, self.stop)
+                    installed.append(sig)
+        renewer = threading.Thread(target=self._renew_loop, name=f"{self.id}-leases", daemon=True)
+        renewer.start()
+        taken = 0
+        try:
+            await asyncio.to_thread(self._expire_dead)
+            sweep_at = self._loop.time() + 1.0
+            while not self._stopping.is_set():
+                if self._loop.time() >= sweep_at:
+                    with contextlib.suppress(StoreError):  # an outage: the next sweep retries
+                        await asyncio.to_thread(self._expire_dead)
+                    sweep_at = self._loop.time() + 1.0
+                if max_runs is not None and taken >= max_runs:
+                    if not self._tasks:
+                        break
+                    await self._idle_wait()
+                    continue
+                entries: list[QueueEntry] = []
+                ended = self._ended
+                free = self.concurrency - len(self._tasks)
+                if max_runs is not None:
+                    free = min(free, max_runs - taken)
+                if free > 0:
+                    try:
+                        entries = await asyncio.to_thread(self._claim_next, free)
+                    except StoreError as exc:
+                        # The database stayed away longer than the store's reconnect
+                        # timeout: keep the worker (and its running runs) alive and retry.
+                        log.warning("stepstone: %s could not take a run: %s", self.id, exc)
+                        await self._idle_wait()
+                        continue
+                if entries:
+                    taken += len(entries)
+                    with self._held_lock:
+                        self._held.update(e.id for e in entries)
+                    for entry in entries:
+                        self._tasks[entry.id] = asyncio.create_task(self._execute(entry))
+                    continue
+                if until_idle and not self._tasks and ended == self._ended:
+                    break  # nothing to take, and no run ended meanwhile (freeing a slot)
+                await self._idle_wait()
+            await self._drain()
+        finally:
+            self._stopping.set()
+            renewer.join(timeout=5)
+            for sig in installed:
+                self._loop.remove_signal_handler(sig)
+        return self.completed
+
+    async def _idle_wait(self) -> None:
+        assert self._wake is not None
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _drain(self) -> None:
+        """Let running runs finish for ``shutdown_timeout`` seconds, then stop the rest at
+        their current step (their checkpoints record where) and hand them back."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(list(self._tasks.values()), timeout=self.shutdown_timeout)
+        for entry_id, task in list(self._tasks.items()):
+            if task in pending:
+                self._cancel_reason[entry_id] = "shutdown"
+                task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    def _claim_next(self, limit: int) -> list[QueueEntry]:
+        """Up to ``limit`` runs in one transaction, from the first queue (in turn) that
+        has any."""
+        for _ in range(len(self.queues)):
+            queue = self.queues[0]
+            self.queues.append(self.queues.pop(0))  # serve the queues in turn
+            entries = self._queue.claim(queue, self.owner, self.lease_seconds, limit)
+            if entries:
+                return entries
+        return []
+
+    def _expire_dead(self) -> None:
+        """End the leases of entries held by dead worker processes on this host, so they
+        are taken over now rather than when their leases run out."""
+        for entry in self._queue.running_on(self.owner.host):
+            if entry.worker == self.id or entry.pid is None:
+                continue
+            dead = entry.worker is not None and not process_alive(entry.pid, entry.pid_start)
+            if dead and entry.worker is not None and self._queue.expire(entry.id, entry.worker):
+                log.warning(
+                    "stepstone: worker %s (pid %s) died holding queued run %s; taking it over",
+                    entry.worker,
+                    entry.pid,
+                    entry.id,
+                )
+
+    # -- leases --------------------------------------------------------------------------
+    def _renew_loop(self) -> None:
+        # A thread, not a loop task: a step that blocks the event loop must not let the
+        # leases of this worker's runs run out.
+        interval = self.lease_seconds / 3
+        while not self._stopping.wait(interval):
+            self._renew_once()
+        self._renew_once()
+
+    def _renew_once(self) -> None:
+        with self._held_lock:
+            ids = sorted(self._held)
+        if not ids:
+            return
+        try:
+            held = self._queue.renew(ids, self.id, self.lease_seconds)
+        except Exception:  # a database outage: the next round retries
+            log.warning("stepstone: renewing queue leases failed", exc_info=True)
+            return
+        for entry_id in ids:
+            if entry_id not in held:
+                self._cancel_from_thread(entry_id, "lost")
+            elif held[entry_id]:
+                self._cancel_from_thread(entry_id, "cancel")
+
+    def _cancel_from_thread(self, entry_id: str, reason: str) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+
+        def cancel() -> None:
+            task = self._tasks.get(entry_id)
+            if task is not None and not task.done() and entry_id not in self._cancel_reason:
+                self._cancel_reason[entry_id] = reason
+                task.cancel()
+
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(cancel)
+
+    # -- one run -------------------------------------------------------------------------
+    async def _execute(self, entry: QueueEntry) -> None:
+        try:
+            await self._execute_inner(entry)
+        finally:
+            self._tasks.pop(entry.id, None)
+            self._ended += 1
+            with self._held_lock:
+                self._held.discard(entry.id)
+            self._cancel_reason.pop(entry.id, None)
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _execute_inner(self, entry: QueueEntry) -> None:
+        try:
+            run = self._engine(entry)
+            env = Envelope.from_dict(json.loads(entry.task))
+            out = await run(env)
+        except asyncio.CancelledError:
+            reason = self._cancel_reason.get(entry.id, "shutdown")
+            if reason == "cancel":
+                await self._finish(entry, "cancelled", None, "cancelled while running")
+            elif reason == "shutdown":
+                await asyncio.to_thread(self._queue.hand_back, entry.id, self.id, 0.0)
+            return  # "lost": another worker holds it now; nothing of ours to record
+        except ConcurrentRunError as exc:
+            # The run's previous owner still holds the checkpoint (its lease, judged on the
+            # host that wrote it, has not run out yet): try again a bit later.
+            log.info("stepstone: queued run %s is still owned elsewhere (%s)", entry.id, exc)
+            delay = min(5.0, self.store.lease_seconds / 3)
+            await asyncio.to_thread(self._queue.hand_back, entry.id, self.id, delay)
+            return
+        except Exception as exc:  # noqa: BLE001 - recorded on the entry, the worker lives on
+            log.warning("stepstone: queued run %s failed: %s", entry.id, exc)
+            await self._finish(entry, "failed", None, f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            text = json.dumps(out.to_dict(where=f"result of queued run {entry.id}"))
+        except Exception as exc:  # noqa: BLE001 - the run finished; its envelope cannot be kept
+            error = f"the final envelope cannot be stored ({type(exc).__name__}: {exc})"
+            await self._finish(entry, "failed", None, error)
+            return
+        await self._finish(entry, "done" if out.ok else "failed", text, _error_text(out))
+        self.completed += 1
+
+    async def _finish(
+        self, entry: QueueEntry, status: str, result: str | None, error: str | None
+    ) -> None:
+        if not await asyncio.to_thread(
+            self._queue.finish, entry.id, self.id, status, result, error
+        ):
+            log.warning(
+                "stepstone: queued run %s was no longer held by worker %s when it ended %s "
+                "(its lease ran out and another worker took it over)",
+                entry.id,
+                self.id,
+                status,
+            )
+
+    def _engine(self, entry: QueueEntry) -> Callable[[Envelope[Any]], Awaitable[Envelope[Any]]]:
+        """How to run the entry's target: a durable copy of its Plan (an Agent's Plan with
+        the Agent's tools) under the entry's checkpoint key, resuming where it stopped."""
+        obj = resolve_target(entry.target, self.registry)
+        if not isinstance(obj, Plan | Agent) and callable(obj) and not hasattr(obj, "run"):
+            obj = obj()  # a factory
+        agent = obj if isinstance(obj, Agent) else None
+        plan = agent.engine if agent is not None else obj
+        if not isinstance(plan, Plan):
+            raise UserError(
+                f"target {entry.target!r} of queued run {entry.id} is a {type(obj).__name__}"
+                + (f" over a {type(plan).__name__}" if agent is not None else "")
+                + ", not a Plan, an Agent over a Plan, or a function returning one"
+            )
+        durable = Plan(
+            *plan.steps,
+            max_iterations=plan.max_iterations,
+            store=self.store,
+            checkpoint_key=entry.run_key,
+            resume=True,
+            strict=plan.strict,
+        )
+        if agent is None:
+            return durable.run
+        tools = list(agent.tool_map.values())
+
+        async def run(env: Envelope[Any]) -> Envelope[Any]:
+            return await durable.run(
+                env, tools=tools, output_type=agent.output, session=agent.session
+            )
+
+        return run
+
+
+def _error_text(env: Envelope[Any]) -> str | None:
+    if env.error is None:
+        return None
+    return f"{env.error.type}: {env.error.message}"

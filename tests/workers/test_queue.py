@@ -1,0 +1,240 @@
+"""The work queue, on a SQLite file and on PostgreSQL, served by in-process workers:
+submit, status, results, dedupe, priorities, delays, cancellation, limits, bad targets."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from stepstone import (
+    Agent,
+    Plan,
+    PlanCompileError,
+    QueuedRunError,
+    RunHandle,
+    Store,
+    UserError,
+    Worker,
+    set_queue_limits,
+    submit,
+)
+from tests.workers import targets
+from tests.workers.targets import executions, task
+
+T = "tests.workers.targets:"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        s = Store(db=tmp_path / "q.sqlite")
+    else:
+        s = Store(url=request.getfixturevalue("pg_url"))
+        s.setup()  # creates the tables
+        with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+            conn.execute("TRUNCATE stepstone_queue, stepstone_queue_limits")
+        for key in s.keys():
+            s.delete(key)
+    yield s
+    s.close()
+
+
+def _worker(store: Store, **kw: object) -> Worker:
+    return Worker(store, poll_interval=0.05, **kw)  # type: ignore[arg-type]
+
+
+def test_submitted_runs_are_run_by_a_worker_and_their_results_come_back(
+    store: Store, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "log")
+    handles = [targets.plan.submit(task(log, f"r{i}"), store=store) for i in range(5)]
+    assert {h.status() for h in handles} == {"queued"}  # guarantee 230
+    assert _worker(store, concurrency=3).run(until_idle=True) == 5
+    for i, h in enumerate(handles):
+        assert h.status() == "done"
+        env = h.result(timeout=5)
+        assert env.ok and env.payload["name"] == f"r{i}"  # guarantee 230
+        assert store.read_entry(h.key).value["status"] == "done"  # a durable checkpoint
+    runs = executions(log)
+    assert sorted(runs) == sorted((f"r{i}", s) for i in range(5) for s in range(targets.STEPS))
+    assert all(len(p) == 1 for p in runs.values())
+
+
+def test_a_handle_can_be_rebuilt_from_its_id(store: Store, tmp_path: Path) -> None:
+    h = submit(store, T + "make_plan", task(str(tmp_path / "log"), "f"))
+    assert RunHandle(store, h.id) == h
+    _worker(store).run(until_idle=True)
+    assert RunHandle(store, h.id).result(timeout=5).payload["name"] == "f"  # factory target
+
+
+def test_an_agent_over_a_plan_runs_with_its_tools(store: Store) -> None:
+    h = submit(store, targets.tool_agent, "hello")
+    _worker(store).run(until_idle=True)
+    assert h.result(timeout=5).payload == "HELLO"  # guarantee 245
+
+
+def test_a_run_already_done_under_its_key_returns_the_cached_result(
+    store: Store, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "log")
+    h = submit(store, T + "make_plan", task(log, "once"), key="finished-elsewhere")
+    # as if a worker had run it to the end and died before recording the result
+    plan = targets.make_plan()
+    durable = Plan(*plan.steps, store=store, checkpoint_key="finished-elsewhere", resume=True)
+    assert Agent(engine=durable)(task(log, "once")).ok
+    _worker(store).run(until_idle=True)
+    env = h.result(timeout=5)
+    assert env.ok and env.metadata["cached"] is True
+    assert len(executions(log)) == 2  # no step ran again
+
+
+def test_dedupe_key_returns_the_first_handle(store: Store, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    first = targets.plan.submit(task(log, "a"), store=store, dedupe_key="daily-2026-11-23")
+    again = targets.plan.submit(task(log, "b"), store=store, dedupe_key="daily-2026-11-23")
+    assert again == first  # guarantee 231
+    _worker(store).run(until_idle=True)
+    assert first.result(timeout=5).payload["name"] == "a"
+    assert {name for name, _ in executions(log)} == {"a"}
+
+
+def test_higher_priority_runs_first_then_submission_order(store: Store, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    for name, prio in [("low1", 0), ("high", 5), ("low2", 0), ("mid", 2)]:
+        submit(store, T + "make_plan", task(log, name), priority=prio)
+    _worker(store, concurrency=1).run(until_idle=True)
+    order = []
+    for line in Path(log).read_text().splitlines():
+        name = line.split()[0]
+        if name not in order:
+            order.append(name)
+    assert order == ["high", "mid", "low1", "low2"]  # guarantee 232
+
+
+def test_delayed_runs_wait_and_queues_are_separate(store: Store, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    later = submit(store, T + "make_plan", task(log, "later"), delay=3600)
+    other = submit(store, T + "make_plan", task(log, "other"), queue="etl")
+    now = submit(store, T + "make_plan", task(log, "now"))
+    _worker(store).run(until_idle=True)
+    assert now.status() == "done"
+    assert later.status() == "queued"  # guarantee 233
+    assert other.status() == "queued"  # not a queue this worker serves
+    _worker(store, queues=["etl"]).run(until_idle=True)
+    assert other.status() == "done"
+    with pytest.raises(TimeoutError, match="still queued"):
+        later.result(timeout=0.2)
+
+
+def test_a_failing_step_gives_a_failed_run_with_its_error_envelope(
+    store: Store, tmp_path: Path
+) -> None:
+    h = targets.failing_plan.submit(task(str(tmp_path / "log"), "x"), store=store)
+    _worker(store).run(until_idle=True)
+    assert h.status() == "failed"
+    env = h.result(timeout=5)
+    assert not env.ok and env.error is not None and "bad input for run x" in env.error.message
+
+
+def test_unknown_targets_fail_their_run_not_the_worker(store: Store, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    bad = [
+        submit(store, "tests.workers.no_such_module:plan", task(log, "a")),
+        submit(store, T + "no_such_name", task(log, "b")),
+        submit(store, T + "not_an_engine", task(log, "c")),
+    ]
+    good = submit(store, T + "plan", task(log, "ok"))
+    assert _worker(store).run(until_idle=True) == 1
+    assert good.status() == "done"  # guarantee 234
+    for h, words in zip(
+        bad, ["cannot import module", "has no attribute", "not a Plan"], strict=True
+    ):
+        assert h.status() == "failed"
+        with pytest.raises(QueuedRunError, match=words):
+            h.result(timeout=1)
+    with pytest.raises(UserError, match="not an import path"):
+        submit(store, "no-colon", "t")
+    with pytest.raises(UserError, match="module level"):
+        submit(store, lambda: None, "t")
+
+
+def test_cancel_a_queued_run_and_a_running_one(store: Store, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    queued = submit(store, T + "plan", task(log, "q"))
+    assert queued.cancel() is True
+    assert queued.status() == "cancelled"  # guarantee 235
+    with pytest.raises(QueuedRunError, match="cancelled"):
+        queued.result(timeout=1)
+    running = submit(store, T + "long_plan", task(log, "r", sleep=0.05))
+    worker = _worker(store, lease_seconds=0.6)
+    thread = threading.Thread(target=worker.run, kwargs={"until_idle": True})
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not executions(log) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.cancel() is True
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert running.status() == "cancelled"  # guarantee 235
+    steps = [s for (name, s) in executions(log) if name == "r"]
+    assert 0 < len(steps) < 40
+    assert running.cancel() is False  # already ended
+
+
+def test_queue_concurrency_limit_holds_across_workers(store: Store, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    set_queue_limits(store, "default", concurrency=1)
+    handles = [submit(store, T + "plan", task(log, f"r{i}", sleep=0.01)) for i in range(4)]
+    workers = [_worker(store, concurrency=4) for _ in range(2)]
+    threads = [threading.Thread(target=w.run, kwargs={"until_idle": True}) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for h in handles:
+        h.result(timeout=60)
+    # one run at a time: each run's steps are contiguous in the log  # guarantee 236
+    names = [line.split()[0] for line in Path(log).read_text().splitlines()]
+    runs_seen = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
+    assert len(runs_seen) == 4
+
+
+def test_queue_rate_limit_spaces_starts(store: Store, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    set_queue_limits(store, "default", rate=2)
+    handles = [submit(store, T + "make_plan", task(log, f"r{i}")) for i in range(6)]
+    t0 = time.monotonic()
+    _worker(store, concurrency=6).run(until_idle=False, max_runs=6)
+    for h in handles:
+        assert h.result(timeout=30).ok
+    # 6 starts at 2 per second need at least two full windows after the first two
+    assert time.monotonic() - t0 >= 2.0  # guarantee 237
+
+
+def test_submit_errors_name_the_fix(store: Store) -> None:
+    with pytest.raises(PlanCompileError, match="needs a store the workers share"):
+        targets.plan.submit("t")  # the plan has no store= of its own
+    with pytest.raises(QueuedRunError, match="no queued run 'nope'"):
+        RunHandle(store, "nope").status()
+    with pytest.raises(UserError, match="max_attempts"):
+        submit(store, T + "plan", "t", max_attempts=0)
+
+
+def test_worker_arguments_are_checked(store: Store) -> None:
+    with pytest.raises(UserError, match="concurrency"):
+        Worker(store, concurrency=0)
+    with pytest.raises(UserError, match="queues"):
+        Worker(store, queues=[])
+    with pytest.raises(UserError, match="can share"):
+        Worker(Store())
+    with pytest.raises(UserError, match="priority"):
+        submit(store, T + "plan", "t", priority=1.5)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="rate must be > 0"):
+        set_queue_limits(store, "default", rate=0)
+    with pytest.raises(UserError, match="concurrency must be an int"):
+        set_queue_limits(store, "default", concurrency=0)

@@ -21,6 +21,7 @@ The tree::
     │   ├── MaxTurnsExceeded            the LLM loop hit max_turns
     │   ├── AgentCheckpointCorruptionError  an agent-run checkpoint is missing or malformed
     │   ├── NodeException               a graph node raised; __cause__ is the original error
+    │   ├── RunCancelledError           an operator cancelled the run (`stepstone cancel`)
     │   └── CheckpointError             a graph checkpoint cannot be used as asked
     │       ├── CheckpointNotFound      no record under that invocation_id
     │       ├── CheckpointRecordInvalid a record cannot be decoded (or its pickle was refused)
@@ -64,6 +65,7 @@ __all__ = [
     "PlanCompileError",
     "PlanPaused",
     "PlanRuntimeError",
+    "RunCancelledError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -310,4 +312,12 @@ class ModelRequestsBlockedError(UserError):
     Raised by provider adapters inside ``stepstone.testing.block_model_requests()`` or when
     the ``STEPSTONE_BLOCK_MODEL_REQUESTS`` environment variable is set. Requests to loopback
     addresses (test servers) stay allowed.
+    """
+
+
+class RunCancelledError(StepstoneError):
+    """An operator cancelled this run (``stepstone cancel KEY``) while it ran.
+
+    The owner noticed at its next commit: that step's result was committed, the run was
+    marked ``failed`` with this error, and nothing else ran. ``resume=True`` continues it.
     """

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from stepstone.cli import _ops, _ui
 from stepstone.cli._demo_etl import run_etl_demo
 from stepstone.cli._demo_lunar import run_lunar_demo
 from stepstone.cli._render import render_entry, render_runs
@@ -97,6 +98,10 @@ def runs(
         render_runs(console, store.backend.run_list(prefix))
     finally:
         store.close()
+
+
+_ops.register(app)
+_ui.register(app)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from stepstone.core._serialization import dumps, json_equal, loads, to_json_valu
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
 from stepstone.store._base import Backend
 from stepstone.store._memory import MemoryBackend
+from stepstone.store._retention import Retention
 from stepstone.store._views import render_run
 
 __all__ = ["Store", "StoreEntry"]
@@ -62,6 +63,8 @@ class Store:
             it every third of this; a run whose owner stopped renewing for this long (or
             whose process is gone, on the same host) can be resumed by another process.
         backend: A ready :class:`~stepstone.store.Backend` (for custom backends).
+        retention: Which finished runs ``stepstone.durable.prune(store)`` (and
+            ``stepstone prune``) delete; nothing is deleted until prune runs.
 
     Example::
 
@@ -80,7 +83,11 @@ class Store:
         busy_timeout: float = 30.0,
         lease_seconds: float = 30.0,
         backend: Backend | None = None,
+        retention: Retention | None = None,
     ) -> None:
+        if retention is not None and not isinstance(retention, Retention):
+            raise TypeError(f"retention must be a Retention(...), got {retention!r}")
+        self.retention = retention
         if lease_seconds <= 0:
             raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
         given = [name for name, v in (("db", db), ("url", url), ("backend", backend)) if v]

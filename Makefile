@@ -41,6 +41,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
 	$(PY) bench/pg_fanout.py
 	$(PY) bench/llm_overhead.py
+	$(PY) bench/prune_cost.py --mb 256
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -221,6 +222,12 @@ def test_vacuum_shrinks_a_pruned_sqlite_file(tmp_path: Path) -> None:
         assert store.read("big-0001.raw") == "y" * 20_000
     second = vacuum(Store(db=db).backend)
     assert not second.full and second.bytes_after < second.bytes_before / 2, second
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0  # every free page went
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+    finally:
+        conn.close()
     with Store(db=db) as store:
         done_run(store, "after-vacuum")
         assert store.read("after-vacuum")["status"] == "done"

@@ -127,7 +127,8 @@ def vacuum(backend: Backend, *, busy_timeout: float = 30.0) -> VacuumReport:
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
             conn.execute("VACUUM")
         else:
-            conn.execute("PRAGMA incremental_vacuum").fetchall()
+            # executescript steps the pragma to completion; execute() frees only one page
+            conn.executescript("PRAGMA incremental_vacuum;")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     except sqlite3.OperationalError as exc:
         raise StoreError(

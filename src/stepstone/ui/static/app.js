@@ -19,6 +19,7 @@ function when(ts) {
 }
 
 function short(value, width) {
+  if (value === null || value === undefined) return "";
   let text = typeof value === "string" ? value : JSON.stringify(value, null, 1);
   if (text === undefined) text = "";
   return text.length > width ? text.slice(0, width - 1) + "…" : text;

@@ -168,3 +168,58 @@ def test_fork_copies_a_run_up_to_a_step_and_resumes_there(tmp_path: Path) -> Non
             fork_run(store, "orig", at="a", to="copy")
         with pytest.raises(KeyError, match="no step 'zz'"):
             fork_run(store, "orig", at="zz", to="copy2")
+
+
+def test_retry_rewinds_a_run_to_a_step(tmp_path: Path) -> None:
+    # guarantee 282
+    calls: list[str] = []
+
+    def make(name: str):  # type: ignore[no-untyped-def]
+        def fn(payload: object) -> str:
+            calls.append(name)
+            return f"{payload}>{name}"
+
+        fn.__name__ = name
+        return fn
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+
+        def plan(resume: bool) -> Plan:
+            return Plan(
+                Step(make("a"), name="a"),
+                Step(make("b"), name="b", writes="b_out"),
+                Step(make("c"), name="c"),
+                store=store,
+                checkpoint_key="job",
+                resume=resume,
+            )
+
+        Agent(engine=plan(False))("go")
+        from stepstone.durable import retry_run
+
+        head = retry_run(store, "job", from_step="b")
+        assert (head.status, head.next_step) == ("paused", "b")
+        assert store.read("job")["completed_steps"] == ["a"]
+        calls.clear()
+        out = Agent(engine=plan(True))("go")
+        assert calls == ["b", "c"] and out.payload == "go>a>b>c"
+        assert store.read("job")["completed_steps"] == ["a", "b", "c"]
+        with pytest.raises(KeyError, match="no step 'zz'"):
+            retry_run(store, "job", from_step="zz")
+
+
+def test_retry_refuses_a_live_run(tmp_path: Path) -> None:
+    # guarantee 282
+    from stepstone.durable import retry_run
+    from stepstone.exceptions import ConcurrentPlanRunError
+    from tests.operate._live import SteppedRun
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+        live = SteppedRun(store, "live", steps=3).start()
+        try:
+            live.advance(0)
+            with pytest.raises(ConcurrentPlanRunError, match="stepstone cancel live"):
+                retry_run(store, "live", from_step="step_0")
+        finally:
+            live.finish()
+        assert store.read("live")["status"] == "done"

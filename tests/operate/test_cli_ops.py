@@ -106,6 +106,8 @@ def test_cancel_and_fork_commands(store_args: list[str]) -> None:
     assert forked == {"key": "ok-2", "from": "ok", "next_step": "load"}
     code, out, _ = _run("show", "ok-2", *store_args)
     assert code == 0 and "status paused" in out
+    retried = _json("retry", "ok", "--from", "load", *store_args)
+    assert retried == {"key": "ok", "next_step": "load", "status": "paused"}
 
 
 def test_failures_are_one_line_with_exit_status_1(store_args: list[str], tmp_path: Path) -> None:
@@ -118,6 +120,7 @@ def test_failures_are_one_line_with_exit_status_1(store_args: list[str], tmp_pat
         (["diff", "ok", "nope", *store_args], "no run under key 'nope'"),
         (["cancel", "ok", *store_args], "already done"),
         (["fork", "ok", "--at", "zz", "--to", "x", *store_args], "no step 'zz'"),
+        (["retry", "ok", "--from", "zz", *store_args], "no step 'zz'"),
         (["prune", *store_args], "pass --ttl AGE"),
         (["prune", "--ttl", "soon", *store_args], "bad age 'soon'"),
         (["show", "ok"], "pass exactly one of --db FILE or --url URL"),

@@ -127,3 +127,28 @@ def test_inspector_in_headless_chromium(browser: Any, tmp_path: Path) -> None:
         finally:
             live.finish()
         assert live.error is None
+
+
+def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path) -> None:
+    # guarantee 283
+    page = browser
+    with Store(db=tmp_path / "runs.sqlite") as store:
+        live = SteppedRun(store, "live-job", steps=3).start()
+        try:
+            assert live.started[0].wait(60)
+            with InspectorServer(store, port=0, allow_actions=True, poll_seconds=0.3).start() as (
+                server
+            ):
+                page.goto(server.url + "#run=live-job")
+                page.wait_for_selector("#actions:not([hidden])")
+                assert page.inner_text("#mode") == "actions enabled"
+                page.click("#cancel")
+                page.wait_for_selector("#action-result:has-text('cancel requested')")
+                live.gates[0].set()  # the owner commits its step, sees the flag and stops
+                page.wait_for_selector('#run-facts[data-status="failed"]')
+                assert page.inner_text("#run-error").startswith("RunCancelledError at step step_1")
+                assert page.is_hidden("#actions") is False  # still not done: cancel stays
+        finally:
+            live.finish()
+        assert store.read("live-job")["completed_steps"] == ["step_0"]
+        assert live.started[1].is_set() is False

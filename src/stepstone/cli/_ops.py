@@ -1,5 +1,5 @@
 """Operator commands: ``prune``, ``vacuum``, ``show``, ``history``, ``stranded``, ``diff``,
-``cancel`` and ``fork``.
+``cancel``, ``fork`` and ``retry``.
 
 Every command takes ``--db FILE`` or ``--url URL``; read commands take ``--json``. A failure
 prints one line, ``error: <what> ...; <fix>``, on stderr and exits with status 1.
@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
-from stepstone.durable._operate import cancel_run, fork_run
+from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._retention import parse_age, prune
 from stepstone.exceptions import StepstoneError
 from stepstone.store import Retention, Store, vacuum
@@ -234,7 +234,8 @@ def show_cmd(
         if detail["error"]:
             err = detail["error"]
             console.print(
-                f"  [red]error[/] at {err.get('step')!r}: {err.get('type')}: {err.get('message')}"
+                f"  [red]error[/] at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
+                f"{err.get('message')}"
             )
         console.print_json(json.dumps(detail["record"], default=str))
 
@@ -366,6 +367,26 @@ def fork_cmd(
         Console().print(f"forked {key} at {at!r} to {to}: resumes at {head.next_step!r}")
 
 
+def retry_cmd(
+    key: Annotated[str, typer.Argument(help="The run to rewind.")],
+    from_step: Annotated[str, typer.Option("--from", help="The step to run again.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Rewind a stopped run to --from STEP: its next resume=True run re-runs that step."""
+    with open_store(db, url, debug=debug) as store:
+        head = retry_run(store, key, from_step=from_step)
+        if as_json:
+            _print_json({"key": key, "next_step": head.next_step, "status": head.status})
+            return
+        Console().print(
+            f"{key} rewound: {head.journal_len} journal row(s) kept; resume=True runs "
+            f"{from_step!r} again"
+        )
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator commands to ``app``."""
     app.command("prune")(prune_cmd)
@@ -376,3 +397,4 @@ def register(app: typer.Typer) -> None:
     app.command("diff")(diff_cmd)
     app.command("cancel")(cancel_cmd)
     app.command("fork")(fork_cmd)
+    app.command("retry")(retry_cmd)

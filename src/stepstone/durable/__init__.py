@@ -16,7 +16,7 @@ from stepstone.durable._inspect import (
 )
 from stepstone.durable._kernel import ClaimResult, OwnedRun, claim_run, describe_owner
 from stepstone.durable._leases import owner_alive
-from stepstone.durable._operate import cancel_run, fork_run
+from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._retention import PrunedRun, PruneReport, delete_run, plan_prune, prune
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "owner_state",
     "plan_prune",
     "prune",
+    "retry_run",
     "run_detail",
     "run_summary",
     "stranded_runs",

@@ -143,7 +143,7 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
             {
                 "seq": None,
                 "kind": head.status,
-                "name": err.get("step"),
+                "name": err.get("step") or err.get("node"),
                 "payload": None,
                 "error": err,
             }

@@ -13,12 +13,13 @@ import json
 import time
 from typing import Any
 
+from stepstone.durable._kernel import describe_owner
 from stepstone.durable._leases import owner_alive
-from stepstone.exceptions import StoreKeyConflictError
+from stepstone.exceptions import ConcurrentPlanRunError, StoreKeyConflictError
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
-__all__ = ["cancel_error", "cancel_run", "fork_run"]
+__all__ = ["cancel_error", "cancel_run", "fork_run", "retry_run"]
 
 
 def cancel_error(head: RunHead, reason: str) -> dict[str, Any]:
@@ -131,5 +132,63 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
         return Claim(head=new, rows=copies)
 
     written = store.backend.run_transact(to, decide)
+    assert written is not None
+    return written
+
+
+def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
+    """Rewind the run under ``key`` so that its next resume runs ``from_step`` again.
+
+    The journal rows of ``from_step``'s last execution and of everything after it are
+    dropped (in one transaction with the new head); the run is left ``paused`` at
+    ``from_step``, and ``resume=True`` re-runs it and what follows. ``writes=`` values the
+    dropped steps stored stay in the store until the re-run overwrites them.
+
+    Raises:
+        KeyError: no run under ``key``, or it never ran ``from_step``.
+        ConcurrentPlanRunError: a live owner runs it (cancel it first).
+    """
+    head = store.backend.run_get(key)
+    if head is None:
+        raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+    rows = store.backend.run_journal(key)
+    cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
+    if not cut:
+        names = sorted({str(r.name) for r in rows if r.kind == "step"})
+        raise KeyError(f"run {key!r} has no step {from_step!r} in its journal (steps: {names})")
+    kept = rows[: cut[-1]]
+    units = sum(1 for r in kept if r.kind == "band") + sum(
+        1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
+    )
+
+    def decide(cur: RunHead | None, _kv: str | None) -> Claim:
+        if cur is None or cur.version != head.version:
+            raise ConcurrentPlanRunError(
+                f"run {key!r} changed while it was being rewound; run `stepstone retry` again"
+            )
+        if owner_alive(cur):
+            raise ConcurrentPlanRunError(
+                f"run {key!r} is live ({describe_owner(cur)}); cancel it first with "
+                f"`stepstone cancel {key}`, then retry"
+            )
+        now = time.time()
+        new = cur.replace(
+            status="paused",
+            next_step=from_step,
+            version=cur.version + 1,
+            journal_len=len(kept),
+            lease_until=now,
+            updated_at=now,
+            meta={
+                **cur.meta,
+                "position": units,
+                "rejoin": None,
+                "error": None,
+                "retry_from": {"step": from_step, "at": now},
+            },
+        )
+        return Claim(head=new, reset_journal=True, rows=kept)
+
+    written = store.backend.run_transact(key, decide)
     assert written is not None
     return written

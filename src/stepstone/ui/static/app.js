@@ -95,6 +95,7 @@ async function renderRun(key) {
     return;
   }
   $("#run-key").textContent = run.key;
+  $("#mode").textContent = run.allow_actions ? "actions enabled" : "read-only";
   const facts = $("#run-facts");
   facts.replaceChildren(
     statusBadge(run.status),
@@ -109,7 +110,7 @@ async function renderRun(key) {
   const errBox = $("#run-error");
   if (run.error) {
     errBox.hidden = false;
-    errBox.textContent = (run.error.type || "error") + " at step " + (run.error.step || "?") + ": " + (run.error.message || "");
+    errBox.textContent = (run.error.type || "error") + " at step " + (run.error.step || run.error.node || "?") + ": " + (run.error.message || "");
   } else {
     errBox.hidden = true;
     errBox.textContent = "";

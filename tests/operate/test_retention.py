@@ -249,3 +249,29 @@ def test_prune_on_both_backends(store_args: list[str]) -> None:
         report = prune(store, Retention(keep_last=1, prefix="p-"), now=time.time() + DAY)
         assert [r.key for r in report.deleted] == ["p-0", "p-1", "p-2"]
         assert sorted(h.key for h in store.backend.run_list("p-")) == ["p-3", "p-failed"]
+
+
+def test_background_pruner_applies_the_store_policy(tmp_path: Path) -> None:
+    # guarantee 284
+    from stepstone.durable import Pruner
+    from tests.operate._live import SteppedRun
+
+    policy = Retention(keep_last=1, min_age=timedelta(0))
+    with Store(db=tmp_path / "s.sqlite", retention=policy) as store:
+        for i in range(3):
+            done_run(store, f"old-{i}")
+        live = SteppedRun(store, "live", steps=2).start()
+        try:
+            assert live.started[0].wait(60)
+            with Pruner(store, every=timedelta(seconds=0.05)) as pruner:
+                deadline = time.time() + 60
+                while pruner.passes < 3 and time.time() < deadline:
+                    time.sleep(0.05)
+            assert pruner.passes >= 3
+            assert {h.key for h in store.backend.run_list(None)} == {"old-2", "live"}
+            assert pruner.deleted == 2
+            assert pruner.last_report is not None and pruner.last_report.deleted == []
+        finally:
+            live.finish()
+    with pytest.raises(ValueError, match="needs a policy"), Store() as bare:
+        Pruner(bare)

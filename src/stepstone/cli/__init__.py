@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stepstone.cli import _ops, _ui
+from stepstone.cli import _migrate, _ops, _ui
 from stepstone.cli._demo_etl import run_etl_demo
 from stepstone.cli._demo_lunar import run_lunar_demo
 from stepstone.cli._render import render_entry, render_runs
@@ -102,6 +102,7 @@ def runs(
 
 _ops.register(app)
 _ui.register(app)
+_migrate.register(app)
 
 
 def main() -> None:

@@ -17,13 +17,21 @@ from stepstone.durable._inspect import (
 from stepstone.durable._kernel import ClaimResult, OwnedRun, claim_run, describe_owner
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
-from stepstone.durable._retention import PrunedRun, PruneReport, delete_run, plan_prune, prune
+from stepstone.durable._retention import (
+    PrunedRun,
+    Pruner,
+    PruneReport,
+    delete_run,
+    plan_prune,
+    prune,
+)
 
 __all__ = [
     "ClaimResult",
     "OwnedRun",
     "PruneReport",
     "PrunedRun",
+    "Pruner",
     "cancel_run",
     "claim_run",
     "delete_run",

@@ -153,10 +153,13 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
         raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
     rows = store.backend.run_journal(key)
     cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
-    if not cut:
+    if cut:
+        kept = rows[: cut[-1]]
+    elif from_step == head.next_step:  # the step it stopped at: nothing to drop
+        kept = rows
+    else:
         names = sorted({str(r.name) for r in rows if r.kind == "step"})
         raise KeyError(f"run {key!r} has no step {from_step!r} in its journal (steps: {names})")
-    kept = rows[: cut[-1]]
     units = sum(1 for r in kept if r.kind == "band") + sum(
         1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
     )

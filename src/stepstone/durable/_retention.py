@@ -9,10 +9,13 @@ removes the head. A live owner is never touched.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from types import TracebackType
 from typing import Literal
 
 from stepstone.core._ids import host_id, new_uid, process_start_time
@@ -21,7 +24,9 @@ from stepstone.store._base import Claim, RunHead
 from stepstone.store._retention import Retention
 from stepstone.store._store import Store
 
-__all__ = ["PruneReport", "PrunedRun", "plan_prune", "prune"]
+__all__ = ["PruneReport", "PrunedRun", "Pruner", "plan_prune", "prune"]
+
+log = logging.getLogger("stepstone")
 
 Reason = Literal["ttl", "keep_last"]
 
@@ -255,3 +260,82 @@ def parse_age(text: str) -> timedelta:
             f"bad age {text!r}: use a number and a unit, like 30d, 12h, 15m, 90s or 2w"
         ) from None
     return timedelta(seconds=value * units[raw[-1]])
+
+
+class Pruner:
+    """Applies a retention policy in the background, every ``every``, from a daemon thread.
+
+    For long-lived workers: ``with Pruner(store): serve()``. Each pass is an ordinary
+    :func:`prune` (so it never deletes a live or recent run); a failing pass is logged on
+    the ``stepstone`` logger and the next one runs on schedule.
+
+    Args:
+        store: The store to prune.
+        retention: The policy (default: ``store.retention``).
+        every: Time between passes (the first pass runs at once).
+
+    Example::
+
+        store = Store(db="runs.sqlite", retention=Retention(ttl=timedelta(days=30)))
+        with Pruner(store, every=timedelta(hours=1)):
+            run_workers(store)
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        retention: Retention | None = None,
+        *,
+        every: timedelta = timedelta(hours=1),
+    ) -> None:
+        if every.total_seconds() <= 0:
+            raise ValueError(f"Pruner every= must be > 0, got {every!r}")
+        if retention is None and store.retention is None:
+            raise ValueError(
+                "Pruner needs a policy: pass Retention(...) or open the store with "
+                "Store(..., retention=Retention(...))"
+            )
+        self.store = store
+        self.retention = retention
+        self.every = every.total_seconds()
+        self.passes = 0
+        self.deleted = 0
+        self.last_report: PruneReport | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                report = prune(self.store, self.retention)
+                self.last_report = report
+                self.deleted += len(report.deleted)
+            except Exception:
+                log.warning("stepstone: a background prune of %r failed", self.store, exc_info=True)
+            self.passes += 1
+            self._stop.wait(self.every)
+
+    def start(self) -> Pruner:
+        """Start the background thread; returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="stepstone-pruner", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the current pass (waits for it)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> Pruner:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

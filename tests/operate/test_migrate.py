@@ -112,3 +112,73 @@ graphs.build(graphs.V1, {str(db)!r}).invoke(graphs.V1(), correlation_id="g1")
         assert out.returncode == 1, (args, out.stdout, out.stderr)
         assert out.stderr.startswith("error: ") and message in out.stderr, out.stderr
         assert out.stderr.count("\n") == 1
+
+
+PIPELINE = """
+import pathlib
+from stepstone import Plan, Step
+
+def extract(p):
+    with open("calls.log", "a") as f:
+        f.write("extract\\n")
+    return "rows"
+
+def load(p):
+    if not pathlib.Path("fixed").exists():
+        raise ValueError("db down")
+    return f"loaded {p}"
+
+plan = Plan(Step(extract), Step(load))
+"""
+
+
+def test_resume_command_continues_a_failed_plan(tmp_path: Path) -> None:
+    # guarantee 287
+    (tmp_path / "pipeline.py").write_text(textwrap.dedent(PIPELINE))
+    db = tmp_path / "runs.sqlite"
+    setup = f"""
+import os, sys; sys.path.insert(0, {str(tmp_path)!r}); os.chdir({str(tmp_path)!r})
+from stepstone import Agent, Plan, Store
+import pipeline
+Agent(engine=Plan(*pipeline.plan.steps, store=Store(db={str(db)!r}), checkpoint_key="job"))("go")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", setup], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+    def resume(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stepstone.cli",
+                "resume",
+                "job",
+                "--target",
+                "pipeline:plan",
+                "--db",
+                str(db),
+                *extra,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "HOME": str(tmp_path)},
+        )
+
+    again = resume()
+    assert again.returncode == 1
+    assert again.stderr == (
+        "error: run 'job' stopped again (failed) at 'load': ValueError: db down\n"
+    )
+    (tmp_path / "fixed").touch()
+    ok = resume("--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"key": "job", "status": "done", "error": None}
+    assert (tmp_path / "calls.log").read_text() == "extract\n"  # never re-run
+    from stepstone import Store
+
+    with Store(db=db) as store:
+        assert store.read("job")["completed_steps"] == ["extract", "load"]

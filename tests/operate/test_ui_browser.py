@@ -152,3 +152,35 @@ def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path)
             live.finish()
         assert store.read("live-job")["completed_steps"] == ["step_0"]
         assert live.started[1].is_set() is False
+
+
+def test_run_list_pages(browser: Any, tmp_path: Path) -> None:
+    # guarantee 288
+    from playwright.sync_api import expect
+
+    page = browser
+    with Store(db=tmp_path / "runs.sqlite") as store:
+
+        def prepare() -> None:
+            for i in range(5):
+                done_run(store, f"job-{i}")
+
+        _in_thread(prepare)
+        with InspectorServer(store, port=0, page_size=2).start() as server:
+            page.goto(server.url)
+            rows = page.locator("#runs tbody tr")
+            expect(rows).to_have_count(2, timeout=60_000)
+            assert page.inner_text("#page") == "1-2 of 5"
+            assert page.is_disabled("#newer") and not page.is_disabled("#older")
+            first = [rows.nth(i).get_attribute("data-key") for i in range(2)]
+            assert first == ["job-4", "job-3"]
+            page.click("#older")
+            page.wait_for_selector('#pager[data-offset="2"]')
+            page.click("#older")
+            page.wait_for_selector('#pager[data-offset="4"]')
+            expect(rows).to_have_count(1, timeout=60_000)
+            assert rows.nth(0).get_attribute("data-key") == "job-0"
+            assert page.inner_text("#page") == "5-5 of 5" and page.is_disabled("#older")
+            page.click("#newer")
+            page.wait_for_selector('#pager[data-offset="2"]')
+            expect(rows).to_have_count(2, timeout=60_000)

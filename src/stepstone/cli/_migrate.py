@@ -1,4 +1,6 @@
-"""``stepstone migrate --dry-run``: which stored runs the current code can still resume.
+"""Commands that load the application's code: ``migrate --dry-run`` and ``resume``.
+
+``migrate --dry-run`` says which stored runs the current code can still resume.
 
 For graph records: which would migrate to the graph's current state schema, along which
 chain, and which have no chain (or an ambiguous one). For Plan checkpoints: which were
@@ -8,6 +10,7 @@ longer has. Nothing is written: records migrate when they are resumed.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -31,6 +34,16 @@ __all__ = ["register"]
 def load_target(spec: str) -> Plan | CompiledGraph[Any]:
     """Import ``module:attribute`` (a Plan, a compiled graph, an Agent around a Plan, or a
     function of no arguments returning one), with the current directory importable."""
+    obj = load_object(spec)
+    if isinstance(obj, Agent):
+        obj = obj.engine
+    if not isinstance(obj, Plan | CompiledGraph):
+        raise OpsError(f"{spec!r} is a {type(obj).__name__}, not a Plan or a compiled graph")
+    return obj
+
+
+def load_object(spec: str) -> Any:
+    """``module:attribute`` imported (and called when it is a factory)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise OpsError(f"bad target {spec!r}: use module:attribute, e.g. pipelines:build_plan")
@@ -48,10 +61,6 @@ def load_target(spec: str) -> Plan | CompiledGraph[Any]:
                 f"calling {spec!r}() failed ({type(exc).__name__}: {exc}); the target must be "
                 "a Plan, a compiled graph, or a function of no arguments returning one"
             ) from exc
-    if isinstance(obj, Agent):
-        obj = obj.engine
-    if not isinstance(obj, Plan | CompiledGraph):
-        raise OpsError(f"{spec!r} is a {type(obj).__name__}, not a Plan or a compiled graph")
     return obj
 
 
@@ -59,9 +68,12 @@ def plan_verdict(plan: Plan, head: RunHead) -> tuple[str, str]:
     """``(verdict, detail)`` for one Plan checkpoint against ``plan``."""
     compiled = plan._compiled
     nxt = head.next_step
-    if head.status != "done" and nxt is not None:
-        if nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt:
-            return "stale", f"stopped at {nxt!r}, which the plan no longer has"
+    if (
+        head.status != "done"
+        and nxt is not None
+        and (nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt)
+    ):
+        return "stale", f"stopped at {nxt!r}, which the plan no longer has"
     saved = head.meta.get("fingerprint")
     if saved not in (None, compiled.fingerprint):
         return "changed", "written by another version of the plan (steps changed)"
@@ -123,6 +135,58 @@ def migrate_cmd(
         Console().print(table)
 
 
+def resume_cmd(
+    key: Annotated[str, typer.Argument(help="The run to resume.")],
+    target: Annotated[
+        str, typer.Option("--target", help="module:attribute of the Plan (or graph) it runs.")
+    ],
+    task: Annotated[str, typer.Option(help="The task a resumed Plan is given.")] = "",
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Resume a stopped run with the application's Plan or graph, where it stopped."""
+    with open_store(db, url, debug=debug) as store:
+        head = store.backend.run_get(key)
+        if head is None:
+            raise OpsError(
+                f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
+            )
+        obj = load_object(target)
+        engine = obj.engine if isinstance(obj, Agent) else obj
+        if isinstance(engine, CompiledGraph):
+            # A graph resumes through its own checkpointer (which holds the record).
+            engine.invoke(resume_invocation=key.removeprefix("graph:"))
+        elif isinstance(engine, Plan):
+            plan = Plan(
+                *engine.steps,
+                max_iterations=engine.max_iterations,
+                store=store,
+                checkpoint_key=key,
+                resume=True,
+                strict=engine.strict,
+            )
+            runner = copy.copy(obj) if isinstance(obj, Agent) else Agent(engine=plan)
+            runner.engine = plan
+            runner(task)
+        else:
+            raise OpsError(f"{target!r} is a {type(obj).__name__}, not a Plan or a compiled graph")
+        after = store.backend.run_get(key)
+        status = after.status if after is not None else "gone"
+        err = after.meta.get("error") if after is not None else None
+        if as_json:
+            sys.stdout.write(json.dumps({"key": key, "status": status, "error": err}) + "\n")
+        elif status != "done" and isinstance(err, dict):
+            raise OpsError(
+                f"run {key!r} stopped again ({status}) at "
+                f"{err.get('step') or err.get('node')!r}: {err.get('type')}: {err.get('message')}"
+            )
+        else:
+            Console().print(f"{key}: {status}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``migrate`` to ``app``."""
+    """Add ``migrate`` and ``resume`` to ``app``."""
     app.command("migrate")(migrate_cmd)
+    app.command("resume")(resume_cmd)

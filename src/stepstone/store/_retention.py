@@ -8,7 +8,6 @@ applies it (it needs the kernel's ownership rules so a live run is never deleted
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from datetime import timedelta
 from pathlib import Path
 
@@ -112,6 +111,8 @@ def vacuum(backend: Backend, *, busy_timeout: float = 30.0) -> VacuumReport:
         StoreError: the store is not a SQLite file (PostgreSQL reclaims space with its own
             autovacuum), or the file stayed locked longer than ``busy_timeout``.
     """
+    import sqlite3  # only here: `import stepstone` stays free of the driver
+
     path = getattr(backend, "path", None)
     if not isinstance(path, Path) or str(path) == ":memory:":
         raise StoreError(

@@ -66,9 +66,18 @@ class InspectorApp:
         store: The store to show.
         allow_actions: Accept ``POST`` actions (cancel). Read-only when False.
         poll_seconds: How often the page refreshes what it shows.
+        page_size: Runs per page of the run list.
     """
 
-    def __init__(self, store: Store, *, allow_actions: bool = False, poll_seconds: float = 1.0):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        allow_actions: bool = False,
+        poll_seconds: float = 1.0,
+        page_size: int = 100,
+    ) -> None:
+        self.page_size = page_size
         self.store = store
         self.allow_actions = allow_actions
         self.poll_seconds = poll_seconds
@@ -108,7 +117,7 @@ class InspectorApp:
             prefix=(params.get("prefix") or [""])[0] or None,
             older_than=_float(params, "older_than"),
             newer_than=_float(params, "newer_than"),
-            limit=int(limit) if limit is not None else 200,
+            limit=int(limit) if limit is not None else self.page_size,
             offset=int(offset or 0),
         )
         return {
@@ -117,6 +126,7 @@ class InspectorApp:
             "store": self.store.backend.describe(),
             "allow_actions": self.allow_actions,
             "poll_seconds": self.poll_seconds,
+            "page_size": self.page_size,
         }
 
     def _run(self, params: dict[str, list[str]]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ class InspectorServer:
         port: TCP port; 0 picks a free one (see :attr:`url`).
         allow_actions: Enable cancelling runs from the page.
         poll_seconds: How often the page refreshes.
+        page_size: Runs per page of the run list.
     """
 
     def __init__(
@@ -47,10 +48,15 @@ class InspectorServer:
         port: int = 8765,
         allow_actions: bool = False,
         poll_seconds: float = 1.0,
+        page_size: int = 100,
     ) -> None:
         if poll_seconds <= 0:
             raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
-        self.app = InspectorApp(store, allow_actions=allow_actions, poll_seconds=poll_seconds)
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size!r}")
+        self.app = InspectorApp(
+            store, allow_actions=allow_actions, poll_seconds=poll_seconds, page_size=page_size
+        )
         self._httpd = make_server(
             host, port, self.app, server_class=_ThreadingServer, handler_class=_QuietHandler
         )

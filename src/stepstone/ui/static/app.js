@@ -6,6 +6,7 @@ let pollMs = 1000;
 let allowActions = false;
 let updates = 0;
 let timer = null;
+let offset = 0;
 
 function el(tag, text, cls) {
   const node = document.createElement(tag);
@@ -57,12 +58,21 @@ function markLive(extra) {
 async function renderList() {
   const params = new URLSearchParams();
   for (const [k, v] of new FormData($("#filters"))) if (v) params.set(k, v);
+  params.set("offset", String(offset));
   const data = await getJSON("/api/runs?" + params.toString());
+  if (offset > 0 && offset >= data.total) { offset = 0; return renderList(); }
+  const shown = data.runs.length;
+  $("#page").textContent = data.total ? (offset + 1) + "-" + (offset + shown) + " of " + data.total : "";
+  $("#newer").disabled = offset === 0;
+  $("#older").disabled = offset + shown >= data.total;
+  $("#pager").dataset.offset = String(offset);
+  $("#newer").onclick = () => { offset = Math.max(0, offset - data.page_size); refresh(); };
+  $("#older").onclick = () => { offset += data.page_size; refresh(); };
   pollMs = Math.max(200, data.poll_seconds * 1000);
   allowActions = data.allow_actions;
   $("#store").textContent = data.store;
   $("#mode").textContent = data.allow_actions ? "actions enabled" : "read-only";
-  $("#count").textContent = data.total + " run(s)" + (data.total > data.runs.length ? ", showing " + data.runs.length : "");
+  $("#count").textContent = data.total + " run(s)";
   const body = $("#runs tbody");
   body.replaceChildren();
   for (const run of data.runs) {
@@ -153,7 +163,7 @@ async function cancelRun() {
 
 window.addEventListener("hashchange", refresh);
 document.addEventListener("DOMContentLoaded", () => {
-  $("#filters").addEventListener("input", refresh);
+  $("#filters").addEventListener("input", () => { offset = 0; refresh(); });
   $("#filters").addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
   $("#cancel").addEventListener("click", cancelRun);
   refresh();

@@ -223,3 +223,60 @@ def test_retry_refuses_a_live_run(tmp_path: Path) -> None:
         finally:
             live.finish()
         assert store.read("live")["status"] == "done"
+
+
+def test_cancelling_a_live_graph_run(tmp_path: Path) -> None:
+    # guarantee 268
+    from typing import ClassVar
+
+    from stepstone.graph import END, GraphBuilder, SQLiteCheckpointer, State
+
+    started, go = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    class Count(State):
+        schema_version: ClassVar[str] = "v1"
+        n: int = 0
+
+    def first(state: Count) -> dict[str, int]:
+        started.set()
+        assert go.wait(60)
+        ran.append("first")
+        return {"n": 1}
+
+    def second(state: Count) -> dict[str, int]:
+        ran.append("second")
+        return {"n": 2}
+
+    db = tmp_path / "g.sqlite"
+    graph = (
+        GraphBuilder(Count)
+        .add_node("first", first)
+        .add_node("second", second)
+        .add_edge("first", "second")
+        .add_edge("second", END)
+        .set_entry("first")
+        .with_checkpointer(SQLiteCheckpointer(str(db)))
+        .compile()
+    )
+    raised: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            graph.invoke(Count(), correlation_id="c1")
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            raised.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert started.wait(60)
+    with Store(db=db) as store:
+        key = next(h.key for h in store.backend.run_list(None) if h.kind == "graph")
+        assert cancel_run(store, key).startswith("cancel requested")
+        go.set()
+        worker.join(60)
+        assert ran == ["first"]
+        assert len(raised) == 1 and "resume_invocation=" in str(raised[0])
+        head = store.backend.run_get(key)
+        assert head is not None and head.status == "failed"
+        assert head.meta["error"]["type"] == "RunCancelledError"

@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stepstone import Store
 from stepstone.ui import InspectorServer
 from tests.operate._live import SteppedRun
@@ -132,3 +134,23 @@ def test_ui_command_refuses_a_taken_port(tmp_path: Path) -> None:
         )
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: cannot listen on 127.0.0.1:") and "--port" in proc.stderr
+
+
+def test_a_foreign_host_header_is_refused(tmp_path: Path) -> None:
+    # guarantee 289
+    with Store(db=tmp_path / "s.sqlite") as store:
+        failed_run(store, "nightly")
+        with InspectorServer(store, port=0).start() as server:
+            port = server.url.rsplit(":", 1)[1].strip("/")
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+                req = urllib.request.Request(server.url + "api/runs", headers={"Host": host})
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    assert resp.status == 200
+            req = urllib.request.Request(
+                server.url + "api/runs", headers={"Host": f"evil.example:{port}"}
+            )
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(req, timeout=30)
+            assert err.value.code == 403
+            assert "is not this machine" in json.loads(err.value.read())["error"]
+            err.value.close()

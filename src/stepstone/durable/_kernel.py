@@ -173,8 +173,9 @@ class OwnedRun:
         if final.status != "done":
             keeper.remove(self)
             raise RunCancelledError(
-                f"run {self.run_uid} of {self.key!r} was cancelled ({reason}); its step "
-                f"before {final.next_step!r} was committed. Continue it with resume=True"
+                f"run {self.run_uid} of {self.key!r} was cancelled ({reason}): the step it "
+                f"was running was committed and it stopped before {final.next_step!r}. "
+                "Resume it to continue (resume=True for a Plan, resume_invocation= for a graph)"
             )
         return final
 

@@ -78,6 +78,7 @@ class InspectorApp:
         page_size: int = 100,
     ) -> None:
         self.page_size = page_size
+        self.loopback_only = True
         self.store = store
         self.allow_actions = allow_actions
         self.poll_seconds = poll_seconds
@@ -87,6 +88,7 @@ class InspectorApp:
         path = environ.get("PATH_INFO", "/") or "/"
         params = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         try:
+            self._check_host(environ)
             if method == "GET" and path in ("/", "/index.html"):
                 return self._static("index.html", start_response)
             if method == "GET" and path.startswith("/static/"):
@@ -105,6 +107,20 @@ class InspectorApp:
         except (StepstoneError, KeyError, ValueError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             return self._json(start_response, {"error": str(msg)}, status="409 Conflict")
+
+    def _check_host(self, environ: Environ) -> None:
+        """On a loopback server, refuse requests whose ``Host`` names another machine: a
+        web page that rebinds its own name to 127.0.0.1 must not read runs (DNS
+        rebinding)."""
+        if not self.loopback_only:
+            return
+        host = str(environ.get("HTTP_HOST", ""))
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name.strip("[]") not in ("127.0.0.1", "localhost", "::1"):
+            raise _HttpError(
+                "403 Forbidden",
+                f"Host {host!r} is not this machine; open the inspector as http://127.0.0.1",
+            )
 
     # -- routes ------------------------------------------------------------------------
     def _runs(self, params: dict[str, list[str]]) -> dict[str, Any]:

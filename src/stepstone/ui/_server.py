@@ -57,6 +57,7 @@ class InspectorServer:
         self.app = InspectorApp(
             store, allow_actions=allow_actions, poll_seconds=poll_seconds, page_size=page_size
         )
+        self.app.loopback_only = host in ("127.0.0.1", "localhost", "::1")
         self._httpd = make_server(
             host, port, self.app, server_class=_ThreadingServer, handler_class=_QuietHandler
         )

@@ -83,14 +83,19 @@ def test_api_is_read_only_unless_actions_are_allowed(tmp_path: Path) -> None:
                 status, data = _post(server.url + "api/cancel?key=live")
                 assert status == 403 and "X-Stepstone-Action" in data["error"]
                 assert store.read("live")["status"] in ("claimed", "running")
-                status, data = _post(
-                    server.url + "api/cancel?key=live", {"X-Stepstone-Action": "1"}
-                )
+                act = {"X-Stepstone-Action": "1"}
+                status, data = _post(server.url + "api/retry?key=live&step=step_0", act)
+                assert status == 409 and "stepstone cancel live" in data["error"]
+                status, data = _post(server.url + "api/cancel?key=live", act)
                 assert status == 200 and data["outcome"].startswith("cancel requested")
+                run.finish()
+                assert store.read("live")["error"]["type"] == "RunCancelledError"
+                assert store.read("live")["completed_steps"] == ["step_0"]
+                status, data = _post(server.url + "api/retry?key=live&step=step_0", act)
+                assert status == 200 and data["next_step"] == "step_0"
+                assert store.read("live")["completed_steps"] == []
         finally:
             run.finish()
-        assert store.read("live")["error"]["type"] == "RunCancelledError"
-        assert store.read("live")["completed_steps"] == ["step_0"]
 
 
 def test_ui_command_serves_until_interrupted(tmp_path: Path) -> None:

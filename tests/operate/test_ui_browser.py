@@ -131,6 +131,8 @@ def test_inspector_in_headless_chromium(browser: Any, tmp_path: Path) -> None:
 
 def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path) -> None:
     # guarantee 283
+    from playwright.sync_api import expect
+
     page = browser
     with Store(db=tmp_path / "runs.sqlite") as store:
         live = SteppedRun(store, "live-job", steps=3).start()
@@ -148,9 +150,15 @@ def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path)
                 page.wait_for_selector('#run-facts[data-status="failed"]')
                 assert page.inner_text("#run-error").startswith("RunCancelledError at step step_1")
                 assert page.is_hidden("#actions") is False  # still not done: cancel stays
+                # guarantee 283: rewind it from the page
+                page.click('#timeline tr[data-name="step_0"] button.retry')
+                page.wait_for_selector('#run-facts[data-status="paused"]')
+                assert "next step step_0" in page.inner_text("#run-facts")
+                expect(page.locator("#timeline tbody tr")).to_have_count(0, timeout=60_000)
         finally:
             live.finish()
-        assert store.read("live-job")["completed_steps"] == ["step_0"]
+        assert store.read("live-job")["completed_steps"] == []
+        assert store.read("live-job")["next_step"] == "step_0"
         assert live.started[1].is_set() is False
 
 

@@ -59,6 +59,7 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
         "created_at": head.created_at,
         "updated_at": head.updated_at,
         "age_seconds": round(now - head.updated_at, 1),
+        "duration_seconds": round(head.updated_at - head.created_at, 3),
         "error_type": None if err is None else err.get("type"),
         "cancel_requested": bool(head.meta.get("cancel_requested")),
     }

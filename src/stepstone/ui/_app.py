@@ -6,7 +6,8 @@ Routes (all JSON unless noted):
 * ``GET /api/runs?status=&kind=&prefix=&older_than=&newer_than=&limit=&offset=``: runs,
   most recently updated first, with the same fields as ``stepstone runs --json``.
 * ``GET /api/run?key=K``: one run with its timeline (404 when absent).
-* ``POST /api/cancel?key=K&reason=R``: only with ``allow_actions``; the request must carry
+* ``POST /api/cancel?key=K&reason=R`` and ``POST /api/retry?key=K&step=S`` (rewind a
+  stopped run to step S): only with ``allow_actions``; the request must carry
   the ``X-Stepstone-Action: 1`` header, which a page of another origin cannot send
   without a CORS preflight this server never grants.
 """
@@ -21,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from stepstone.durable._inspect import list_runs, run_detail
-from stepstone.durable._operate import cancel_run
+from stepstone.durable._operate import cancel_run, retry_run
 from stepstone.exceptions import StepstoneError
 from stepstone.store._store import Store
 
@@ -97,14 +98,16 @@ class InspectorApp:
                 return self._json(start_response, self._runs(params))
             if method == "GET" and path == "/api/run":
                 return self._json(start_response, self._run(params))
-            if path == "/api/cancel":
+            if path in ("/api/cancel", "/api/retry"):
                 if method != "POST":
                     raise _HttpError("405 Method Not Allowed", "use POST")
-                return self._json(start_response, self._cancel(environ, params))
+                self._check_action(environ)
+                action = self._cancel if path == "/api/cancel" else self._retry
+                return self._json(start_response, action(params))
             raise _HttpError("404 Not Found", f"no route {method} {path}")
         except _HttpError as exc:
             return self._json(start_response, {"error": exc.message}, status=exc.status)
-        except (StepstoneError, KeyError, ValueError) as exc:
+        except (StepstoneError, KeyError, ValueError, RuntimeError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             return self._json(start_response, {"error": str(msg)}, status="409 Conflict")
 
@@ -154,7 +157,7 @@ class InspectorApp:
             raise _HttpError("404 Not Found", f"no run under key {key!r}")
         return {**detail, "allow_actions": self.allow_actions}
 
-    def _cancel(self, environ: Environ, params: dict[str, list[str]]) -> dict[str, Any]:
+    def _check_action(self, environ: Environ) -> None:
         if not self.allow_actions:
             raise _HttpError(
                 "403 Forbidden",
@@ -162,9 +165,21 @@ class InspectorApp:
             )
         if environ.get("HTTP_X_STEPSTONE_ACTION") != "1":
             raise _HttpError("403 Forbidden", "actions need the X-Stepstone-Action: 1 header")
+
+    def _cancel(self, params: dict[str, list[str]]) -> dict[str, Any]:
         key = (params.get("key") or [""])[0]
         reason = (params.get("reason") or ["cancelled from the web inspector"])[0]
         return {"key": key, "outcome": cancel_run(self.store, key, reason=reason)}
+
+    def _retry(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        key = (params.get("key") or [""])[0]
+        step = (params.get("step") or [""])[0]
+        head = retry_run(self.store, key, from_step=step)
+        return {
+            "key": key,
+            "outcome": f"rewound: resume=True runs {step!r} again",
+            "next_step": head.next_step,
+        }
 
     # -- responses ---------------------------------------------------------------------
     def _json(

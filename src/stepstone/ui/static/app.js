@@ -114,6 +114,7 @@ async function renderRun(key) {
     el("span", "next step " + (run.next_step || "—")),
     el("span", "owner " + ownerText(run)),
     el("span", "updated " + when(run.updated_at)),
+    el("span", "ran " + run.duration_seconds.toFixed(1) + " s since its first claim"),
   );
   facts.dataset.status = run.status;
   facts.dataset.steps = String(run.steps);
@@ -128,11 +129,19 @@ async function renderRun(key) {
   $("#actions").hidden = !(run.allow_actions && run.status !== "done");
   const body = $("#timeline tbody");
   body.replaceChildren();
+  const canRetry = run.allow_actions && run.owner !== "live" && run.kind === "plan";
   for (const entry of run.timeline) {
     const tr = el("tr", null, entry.error ? "row-error" : "");
+    tr.dataset.name = entry.name || "";
+    const errCell = el("td", entry.error ? (entry.error.type || "") + ": " + (entry.error.message || "") : "");
+    if (canRetry && entry.name && (entry.kind === "step" || entry.name === run.next_step)) {
+      const btn = el("button", "retry from here", "plain retry");
+      btn.type = "button";
+      btn.addEventListener("click", () => act("/api/retry?key=" + encodeURIComponent(run.key) + "&step=" + encodeURIComponent(entry.name)));
+      errCell.append(" ", btn);
+    }
     tr.append(el("td", entry.seq), el("td", entry.kind), el("td", entry.name || ""),
-      el("td", short(entry.payload, 600), "payload"),
-      el("td", entry.error ? (entry.error.type || "") + ": " + (entry.error.message || "") : ""));
+      el("td", short(entry.payload, 600), "payload"), errCell);
     body.append(tr);
   }
   markLive(" · " + run.steps + " step(s)");
@@ -152,10 +161,11 @@ async function refresh() {
 }
 
 async function cancelRun() {
-  const key = currentKey();
-  const resp = await fetch("/api/cancel?key=" + encodeURIComponent(key), {
-    method: "POST", headers: { "X-Stepstone-Action": "1" },
-  });
+  await act("/api/cancel?key=" + encodeURIComponent(currentKey()));
+}
+
+async function act(url) {
+  const resp = await fetch(url, { method: "POST", headers: { "X-Stepstone-Action": "1" } });
   const data = await resp.json();
   $("#action-result").textContent = data.outcome || data.error;
   refresh();

@@ -275,3 +275,42 @@ def test_background_pruner_applies_the_store_policy(tmp_path: Path) -> None:
             live.finish()
     with pytest.raises(ValueError, match="needs a policy"), Store() as bare:
         Pruner(bare)
+
+
+def test_a_delete_interrupted_by_a_crash_is_finished_by_the_next_prune(tmp_path: Path) -> None:
+    # guarantee 265
+    import dataclasses
+
+    from stepstone.store import Claim
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+        done_run(store, "half-deleted")
+        done_run(store, "kept")
+        gone = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        dead_pid = int(gone.stdout)
+
+        def tombstone(head, _kv):  # type: ignore[no-untyped-def]
+            # what delete_run writes before removing the head, from a pruner that then died
+            return Claim(
+                head=dataclasses.replace(
+                    head,
+                    status="claimed",
+                    pid=dead_pid,
+                    pid_start=None,
+                    journal_len=0,
+                    version=head.version + 1,
+                    meta={**head.meta, "pruning": True},
+                    lease_until=time.time() + 600,
+                ),
+                reset_journal=True,
+            )
+
+        store.backend.run_transact("half-deleted", tombstone)
+        report = prune(store, Retention(ttl=timedelta(days=365)))
+        assert [(r.key, r.reason) for r in report.deleted] == [("half-deleted", "interrupted")]
+        assert [h.key for h in store.backend.run_list(None)] == ["kept"]

@@ -28,7 +28,7 @@ __all__ = ["PruneReport", "PrunedRun", "Pruner", "plan_prune", "prune"]
 
 log = logging.getLogger("stepstone")
 
-Reason = Literal["ttl", "keep_last"]
+Reason = Literal["ttl", "keep_last", "interrupted"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,7 +40,8 @@ class PrunedRun:
         kind: ``plan``, ``graph``, ``agent``...
         status: Its status when judged.
         updated_at: Unix time of its last commit.
-        reason: ``"ttl"`` (older than the ttl) or ``"keep_last"`` (beyond the newest N).
+        reason: ``"ttl"`` (older than the ttl), ``"keep_last"`` (beyond the newest N) or
+            ``"interrupted"`` (a delete that an earlier prune started and did not finish).
         values: Plain ``writes=`` keys deleted with it (fork runs only).
     """
 
@@ -91,6 +92,12 @@ def plan_prune(
     matching.sort(key=lambda h: (h.updated_at, h.key), reverse=True)
     chosen: list[tuple[RunHead, Reason]] = []
     live: list[str] = []
+    # A prune that died between claiming a run and deleting it left a claimed, empty head
+    # marked "pruning": finish that delete whatever the policy says.
+    for head in heads:
+        if head.meta.get("pruning") and head.key.startswith(prefix) and not owner_alive(head):
+            chosen.append((head, "interrupted"))
+    matching = [h for h in matching if not h.meta.get("pruning")]
     min_age = retention.min_age.total_seconds()
     ttl = retention.ttl.total_seconds() if retention.ttl is not None else None
     for rank, head in enumerate(matching):

@@ -91,6 +91,14 @@ def test_prune_dry_run_then_prune(store_args: list[str]) -> None:
         assert sorted(h.key for h in store.backend.run_list(None)) == ["job-2", "job-failed"]
     done = _json("prune", "--ttl", "0s", "--min-age", "0s", "--status", "failed", *store_args)
     assert isinstance(done, dict) and [d["key"] for d in done["deleted"]] == ["job-failed"]
+    with open_args(store_args) as store:
+        for i in range(2):
+            done_run(store, f"a-{i}")
+            done_run(store, f"b-{i}")
+    per = ["--keep-last", "1", "--min-age", "0s", "--prefix", "a-", "--prefix", "b-"]
+    grouped = _json("prune", *per, *store_args)
+    assert isinstance(grouped, dict)
+    assert sorted(d["key"] for d in grouped["deleted"]) == ["a-0", "b-0"]
 
 
 def test_cancel_and_fork_commands(store_args: list[str]) -> None:

@@ -314,3 +314,18 @@ def test_a_delete_interrupted_by_a_crash_is_finished_by_the_next_prune(tmp_path:
         report = prune(store, Retention(ttl=timedelta(days=365)))
         assert [(r.key, r.reason) for r in report.deleted] == [("half-deleted", "interrupted")]
         assert [h.key for h in store.backend.run_list(None)] == ["kept"]
+
+
+def test_keep_last_per_key_prefix(tmp_path: Path) -> None:
+    # guarantee 260
+    with Store(db=tmp_path / "s.sqlite") as store:
+        for i in range(3):
+            done_run(store, f"etl-{i}")
+            done_run(store, f"report-{i}")
+        done_run(store, "other")
+        policy = Retention(keep_last=1, prefix=("etl-", "report-"), min_age=timedelta(0))
+        report = prune(store, policy, now=time.time() + 1)
+        assert sorted(r.key for r in report.deleted) == ["etl-0", "etl-1", "report-0", "report-1"]
+        assert sorted(h.key for h in store.backend.run_list(None)) == ["etl-2", "other", "report-2"]
+    with pytest.raises(ValueError, match="names no group"):
+        Retention(keep_last=1, prefix=())

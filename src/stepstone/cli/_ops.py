@@ -102,7 +102,10 @@ def prune_cmd(
         list[str] | None,
         typer.Option(help="Statuses that may go (repeat it); default: done."),
     ] = None,
-    prefix: Annotated[str | None, typer.Option(help="Only keys starting with this.")] = None,
+    prefix: Annotated[
+        list[str] | None,
+        typer.Option(help="Only keys starting with this; repeat it to keep N per prefix."),
+    ] = None,
     min_age: Annotated[
         str, typer.Option(help="Never delete a run updated more recently than this.")
     ] = "5m",
@@ -118,7 +121,7 @@ def prune_cmd(
                 ttl=parse_age(ttl) if ttl is not None else None,
                 keep_last=keep_last,
                 statuses=tuple(status or ("done",)),
-                prefix=prefix,
+                prefix=tuple(prefix) if prefix else None,
                 min_age=parse_age(min_age),
             )
         if policy is None:

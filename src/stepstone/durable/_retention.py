@@ -87,34 +87,37 @@ def plan_prune(
     Pure: reads nothing, writes nothing (``prune`` and ``prune --dry-run`` share it).
     """
     now = time.time() if now is None else now
-    prefix = retention.prefix or ""
-    matching = [h for h in heads if h.key.startswith(prefix) and h.status in retention.statuses]
-    matching.sort(key=lambda h: (h.updated_at, h.key), reverse=True)
-    chosen: list[tuple[RunHead, Reason]] = []
+    chosen: dict[str, tuple[RunHead, Reason]] = {}
     live: list[str] = []
-    # A prune that died between claiming a run and deleting it left a claimed, empty head
-    # marked "pruning": finish that delete whatever the policy says.
-    for head in heads:
-        if head.meta.get("pruning") and head.key.startswith(prefix) and not owner_alive(head):
-            chosen.append((head, "interrupted"))
-    matching = [h for h in matching if not h.meta.get("pruning")]
     min_age = retention.min_age.total_seconds()
     ttl = retention.ttl.total_seconds() if retention.ttl is not None else None
-    for rank, head in enumerate(matching):
-        age = now - head.updated_at
-        reason: Reason | None = None
-        if ttl is not None and age > ttl:
-            reason = "ttl"
-        elif retention.keep_last is not None and rank >= retention.keep_last:
-            reason = "keep_last"
-        if reason is None or age < min_age:
-            continue
-        if owner_alive(head):  # liveness is judged on the real clock, whatever ``now`` says
-            live.append(head.key)
-            continue
-        chosen.append((head, reason))
-    chosen.sort(key=lambda c: (c[0].updated_at, c[0].key))
-    return chosen, live
+    for prefix in retention.prefixes:
+        group = [h for h in heads if h.key.startswith(prefix)]
+        # A prune that died between claiming a run and deleting it left a claimed, empty
+        # head marked "pruning": finish that delete whatever the policy says.
+        for head in group:
+            if head.meta.get("pruning") and not owner_alive(head):
+                chosen[head.key] = (head, "interrupted")
+        matching = [
+            h for h in group if h.status in retention.statuses and not h.meta.get("pruning")
+        ]
+        matching.sort(key=lambda h: (h.updated_at, h.key), reverse=True)
+        for rank, head in enumerate(matching):
+            age = now - head.updated_at
+            reason: Reason | None = None
+            if ttl is not None and age > ttl:
+                reason = "ttl"
+            elif retention.keep_last is not None and rank >= retention.keep_last:
+                reason = "keep_last"
+            if reason is None or age < min_age or head.key in chosen:
+                continue
+            if owner_alive(head):  # liveness is judged on the real clock, whatever ``now`` says
+                if head.key not in live:
+                    live.append(head.key)
+                continue
+            chosen[head.key] = (head, reason)
+    ordered = sorted(chosen.values(), key=lambda c: (c[0].updated_at, c[0].key))
+    return ordered, live
 
 
 def prune(
@@ -152,7 +155,8 @@ def prune(
             f"prune() needs a policy: pass Retention(ttl=..., keep_last=...) or open the "
             f"store as Store(..., retention=Retention(...)) ({store!r} has none)"
         )
-    heads = store.backend.run_list(policy.prefix)
+    groups = policy.prefixes
+    heads = store.backend.run_list(groups[0] or None if len(groups) == 1 else None)
     chosen, live = plan_prune(heads, policy, now=now)
     if dry_run:
         deleted = [

@@ -35,7 +35,9 @@ class Retention:
         ttl: Delete matching runs whose last commit is older than this.
         keep_last: Keep only the N most recently updated matching runs.
         statuses: Statuses that may be deleted (default: only ``"done"``).
-        prefix: Only runs whose key starts with this (all runs when None).
+        prefix: Only runs whose key starts with this (all runs when None). A tuple of
+            prefixes applies the policy to each group separately: ``keep_last=10,
+            prefix=("etl-", "report-")`` keeps the 10 newest of each.
         min_age: Never delete a run updated less than this long ago, whatever ``ttl`` and
             ``keep_last`` say (protects a run that just finished and is being read).
 
@@ -48,8 +50,15 @@ class Retention:
     ttl: timedelta | None = None
     keep_last: int | None = None
     statuses: tuple[str, ...] = ("done",)
-    prefix: str | None = None
+    prefix: str | tuple[str, ...] | None = None
     min_age: timedelta = timedelta(minutes=5)
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """The key prefixes of the groups the policy applies to (``("",)``: every run)."""
+        if self.prefix is None:
+            return ("",)
+        return (self.prefix,) if isinstance(self.prefix, str) else self.prefix
 
     def __post_init__(self) -> None:
         if self.ttl is None and self.keep_last is None:
@@ -62,6 +71,10 @@ class Retention:
             raise ValueError(f"Retention keep_last must be >= 0, got {self.keep_last!r}")
         if self.min_age < timedelta(0):
             raise ValueError(f"Retention min_age must be >= 0, got {self.min_age!r}")
+        if isinstance(self.prefix, list):
+            object.__setattr__(self, "prefix", tuple(self.prefix))
+        if isinstance(self.prefix, tuple) and not self.prefix:
+            raise ValueError("Retention prefix=() names no group; pass None for every run")
         if isinstance(self.statuses, str):
             object.__setattr__(self, "statuses", (self.statuses,))
         bad = [s for s in self.statuses if s not in PRUNABLE_STATUSES]

@@ -142,6 +142,9 @@ def test_failures_are_one_line_with_exit_status_1(store_args: list[str], tmp_pat
         assert err.startswith("error: ") and message in err, (args, err)
         assert err.count("\n") == 1, err
         assert "Traceback" not in out + err
+    # --debug lets the exception (and so its traceback) through instead
+    debug = runner.invoke(app, ["show", "nope", *store_args, "--debug"], env=ENV)
+    assert debug.exit_code == 1 and "no run under key 'nope'" in str(debug.exception)
 
 
 def test_vacuum_command_reports_the_shrink(tmp_path: Path) -> None:

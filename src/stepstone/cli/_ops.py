@@ -1,6 +1,9 @@
 """Operator commands: ``prune``, ``vacuum``, ``show``, ``history``, ``stranded``, ``diff``,
 ``cancel``, ``fork`` and ``retry``.
 
+``open_store`` and ``fail`` are this module's own small helpers for opening the store named
+on the command line and failing in one line; the shared CLI helpers can replace them.
+
 Every command takes ``--db FILE`` or ``--url URL``; read commands take ``--json``. A failure
 prints one line, ``error: <what> ...; <fix>``, on stderr and exits with status 1.
 """
@@ -10,10 +13,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -27,8 +30,6 @@ from stepstone.exceptions import StepstoneError
 from stepstone.store import Retention, Store, vacuum
 
 __all__ = ["register"]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
 UrlOption = Annotated[

@@ -146,6 +146,7 @@ def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path)
                 assert page.inner_text("#mode") == "actions enabled"
                 page.click("#cancel")
                 page.wait_for_selector("#action-result:has-text('cancel requested')")
+                page.wait_for_selector("#run-facts .cancel-flag")  # the flag shows until it stops
                 live.gates[0].set()  # the owner commits its step, sees the flag and stops
                 page.wait_for_selector('#run-facts[data-status="failed"]')
                 assert page.inner_text("#run-error").startswith("RunCancelledError at step step_1")

@@ -31,6 +31,7 @@ function statusBadge(status) {
 }
 
 function ownerText(run) {
+  if (run.owner === "live" && run.cancel_requested) return "live, cancel requested";
   if (run.owner === "live") return "live (lease " + Math.max(0, Math.round(run.lease_expires_in)) + " s)";
   if (run.owner === "dead") return "dead (stranded)";
   return "—";
@@ -116,6 +117,7 @@ async function renderRun(key) {
     el("span", "updated " + when(run.updated_at)),
     el("span", "ran " + run.duration_seconds.toFixed(1) + " s since its first claim"),
   );
+  if (run.cancel_requested) facts.append(el("span", "cancel requested", "badge status-failed cancel-flag"));
   facts.dataset.status = run.status;
   facts.dataset.steps = String(run.steps);
   const errBox = $("#run-error");

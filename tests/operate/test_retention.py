@@ -236,7 +236,7 @@ def test_vacuum_shrinks_a_pruned_sqlite_file(tmp_path: Path) -> None:
 def test_vacuum_refuses_other_stores() -> None:
     from stepstone.exceptions import StoreError
 
-    with pytest.raises(StoreError, match="SQLite files only"):
+    with pytest.raises(StoreError, match="SQLite files and PostgreSQL"):
         vacuum(Store().backend)
 
 

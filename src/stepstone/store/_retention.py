@@ -113,25 +113,26 @@ def _size(path: Path) -> int:
 
 
 def vacuum(backend: Backend, *, busy_timeout: float = 30.0) -> VacuumReport:
-    """Give a SQLite store's free pages back to the file system; the file shrinks.
+    """Give a store's free space back after a prune.
 
-    The first call on a file rewrites it once (``VACUUM``) to switch it to
-    ``auto_vacuum=INCREMENTAL``; later calls only run ``PRAGMA incremental_vacuum``, which
-    moves no live data and costs little. Both end with a WAL checkpoint that truncates the
-    ``-wal`` file. Safe while other processes use the file: it waits for their write locks.
+    On SQLite the file shrinks: the first call on a file rewrites it once (``VACUUM``) to
+    switch it to ``auto_vacuum=INCREMENTAL``; later calls only run ``PRAGMA
+    incremental_vacuum``, which moves no live data and costs little. Both end with a WAL
+    checkpoint that truncates the ``-wal`` file. Safe while other processes use the file:
+    it waits for their write locks. On PostgreSQL it runs ``VACUUM (ANALYZE)`` on
+    stepstone's tables (deleted rows' space becomes reusable; empty tail pages are freed).
 
     Raises:
-        StoreError: the store is not a SQLite file (PostgreSQL reclaims space with its own
-            autovacuum), or the file stayed locked longer than ``busy_timeout``.
+        StoreError: the store is neither a SQLite file nor PostgreSQL, or the file stayed
+            locked longer than ``busy_timeout``.
     """
     import sqlite3  # only here: `import stepstone` stays free of the driver
 
+    if type(backend).__name__ == "PostgresBackend":
+        return _vacuum_postgres(backend)
     path = getattr(backend, "path", None)
     if not isinstance(path, Path) or str(path) == ":memory:":
-        raise StoreError(
-            f"vacuum works on SQLite files only, not {backend.describe()}; PostgreSQL gives "
-            "space back with its own autovacuum (or run VACUUM there)"
-        )
+        raise StoreError(f"vacuum works on SQLite files and PostgreSQL, not {backend.describe()}")
     before = _size(path)
     conn = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None)
     try:
@@ -152,3 +153,38 @@ def vacuum(backend: Backend, *, busy_timeout: float = 30.0) -> VacuumReport:
     finally:
         conn.close()
     return VacuumReport(path=str(path), bytes_before=before, bytes_after=_size(path), full=full)
+
+
+_PG_TABLES = ("stepstone_journal", "stepstone_runs", "stepstone_kv")
+
+
+def _vacuum_postgres(backend: Backend) -> VacuumReport:
+    """``VACUUM (ANALYZE)`` stepstone's tables: deleted rows' space becomes reusable, and
+    empty pages at the end of a table go back to the file system. (``VACUUM FULL``
+    rewrites the tables under an exclusive lock: a maintenance-window decision left to
+    the operator.)"""
+    import psycopg
+
+    url = str(getattr(backend, "url", ""))
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+
+            def size() -> int:
+                row = conn.execute(
+                    "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.relname = ANY(%s) AND n.nspname = ANY(current_schemas(false))",
+                    (list(_PG_TABLES),),
+                ).fetchone()
+                return int(row[0]) if row else 0
+
+            before = size()
+            for table in _PG_TABLES:
+                conn.execute(f"VACUUM (ANALYZE) {table}")
+            after = size()
+    except psycopg.Error as exc:
+        raise StoreError(
+            f"could not vacuum {backend.describe()}: {exc}; check the connection and that "
+            "the user owns stepstone's tables"
+        ) from exc
+    return VacuumReport(path=backend.describe(), bytes_before=before, bytes_after=after, full=False)

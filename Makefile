@@ -47,6 +47,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/sqlite_group.py
 	$(PY) bench/llm_overhead.py
 	$(PY) bench/agent_overhead.py
+	$(PY) bench/prune_cost.py --mb 256
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -47,6 +47,7 @@ The tree::
         ├── UsageLimitExceeded          a run's token / cost / request budget is spent
         ├── NodeException               a graph node raised; __cause__ is the original error
         ├── QueuedRunError              a queued run ended without a result (or is unknown)
+        ├── RunCancelledError           an operator cancelled the run while it ran
         └── CheckpointError             a graph checkpoint cannot be used as asked
             ├── CheckpointNotFound      no record under that invocation_id
             ├── CheckpointRecordInvalid (see CorruptRecordError above)
@@ -110,6 +111,7 @@ __all__ = [
     "PlanRuntimeError",
     "PlannerOutputError",
     "QueuedRunError",
+    "RunCancelledError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -552,3 +554,11 @@ class PlannerOutputError(StepstoneError):
 class QueuedRunError(StepstoneError):
     """A queued run ended without a result (cancelled, its target could not be loaded, or
     its workers kept dying), or its id is unknown."""
+
+
+class RunCancelledError(StepstoneError):
+    """An operator cancelled this run (``stepstone cancel KEY``) while it ran.
+
+    The owner noticed at its next commit: that step's result was committed, the run was
+    marked ``failed`` with this error, and nothing else ran. ``resume=True`` continues it.
+    """

@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from stepstone.cli import _migrate, _ops, _ui
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import list_runs
 from stepstone.cli._worker import worker
@@ -193,6 +194,11 @@ def runs(
         # Never crop a key: widen the table past the terminal rather than cut one short.
         longest = max((len(line.key) for line in lines), default=0)
         render_runs(Console(width=max(Console().width, longest + 90)), lines, now=now)
+
+
+_ops.register(app)
+_ui.register(app)
+_migrate.register(app)
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from stepstone.durable._leases import LIVE_STATUSES, keeper, mark_released, owne
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
     ConcurrentRunError,
+    RunCancelledError,
     SerializationError,
     StoreKeyConflictError,
 )
@@ -149,7 +150,7 @@ class OwnedRun:
         """
         new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
         if not self.store.backend.run_commit(new, self.head.version, journal, encoded):
-            raise self._lost()
+            new = self._cancelled(new, journal, encoded)
         self.head = new
 
     async def commit(
@@ -175,8 +176,42 @@ class OwnedRun:
                 backend.run_commit, new, self.head.version, journal, encoded
             )
         if not ok:
-            raise self._lost()
+            new = await self.store._kernel_call(self._cancelled, new, journal, encoded)
         self.head = new
+
+    def _cancelled(
+        self, new: RunHead, journal: list[JournalRow], encoded: list[tuple[str, str]]
+    ) -> RunHead:
+        """A commit missed its version: an operator's cancel (``cancel_run``) or a lost run.
+
+        On a cancel request for this very run, the step is committed all the same (as
+        ``failed`` with a ``RunCancelledError``, unless it finished the run) and
+        ``RunCancelledError`` stops the engine; otherwise the ownership error.
+        Returns the committed head only when the run finished despite the cancel.
+        """
+        current = self.store.backend.run_get(self.key)
+        request = current.meta.get("cancel_requested") if current is not None else None
+        if current is None or current.run_uid != self.run_uid or not request:
+            raise self._lost()
+        from stepstone.durable._operate import cancel_error
+
+        reason = str(request.get("reason", "cancelled"))
+        meta = {k: v for k, v in new.meta.items() if k != "cancel_requested"}
+        if new.status != "done":
+            meta = {**meta, "cancelled": request, "error": cancel_error(new, reason)}
+            new = new.replace(status="failed", lease_until=self.store.backend.clock())
+        final = new.replace(version=current.version + 1, meta=meta)
+        if not self.store.backend.run_commit(final, current.version, journal, encoded):
+            raise self._lost()
+        self.head = final
+        if final.status != "done":
+            keeper.remove(self)
+            raise RunCancelledError(
+                f"run {self.run_uid} of {self.key!r} was cancelled ({reason}): the step it "
+                f"was running was committed and it stopped before {final.next_step!r}. "
+                "Resume it to continue (resume=True for a Plan, resume_invocation= for a graph)"
+            )
+        return final
 
     def _lost(self) -> ConcurrentRunError:
         current = self.store.backend.run_get(self.key)

@@ -2,6 +2,7 @@
 
 from stepstone.store._base import Backend, Claim, JournalRow, RunHead
 from stepstone.store._memory import MemoryBackend
+from stepstone.store._retention import Retention, VacuumReport, vacuum
 from stepstone.store._store import Store, StoreEntry
 from stepstone.store._views import register_run_view
 
@@ -12,10 +13,13 @@ __all__ = [
     "JournalRow",
     "MemoryBackend",
     "SQLiteBackend",
+    "Retention",
     "RunHead",
     "Store",
     "StoreEntry",
+    "VacuumReport",
     "register_run_view",
+    "vacuum",
 ]
 
 

@@ -16,6 +16,7 @@ from stepstone.core._sync import may_block_loop
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
 from stepstone.store._base import Backend, checked_text
 from stepstone.store._memory import MemoryBackend
+from stepstone.store._retention import Retention
 from stepstone.store._views import render_run
 
 __all__ = ["Store", "StoreEntry"]
@@ -71,6 +72,8 @@ class Store:
         read_only: Open an existing store for inspection: nothing is ever created, migrated
             or written (a missing file, or a file or database that is not a stepstone store,
             is a :class:`~stepstone.exceptions.StoreError`); every write raises StoreError.
+        retention: Which finished runs ``stepstone.durable.prune(store)`` (and
+            ``stepstone prune``) delete; nothing is deleted until prune runs.
 
     Example::
 
@@ -90,7 +93,11 @@ class Store:
         lease_seconds: float = 30.0,
         backend: Backend | None = None,
         read_only: bool = False,
+        retention: Retention | None = None,
     ) -> None:
+        if retention is not None and not isinstance(retention, Retention):
+            raise TypeError(f"retention must be a Retention(...), got {retention!r}")
+        self.retention = retention
         if lease_seconds <= 0:
             raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
         given = [name for name, v in (("db", db), ("url", url), ("backend", backend)) if v]

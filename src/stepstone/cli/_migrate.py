@@ -1,0 +1,192 @@
+"""Commands that load the application's code: ``migrate --dry-run`` and ``resume``.
+
+``migrate --dry-run`` says which stored runs the current code can still resume.
+
+For graph records: which would migrate to the graph's current state schema, along which
+chain, and which have no chain (or an ambiguous one). For Plan checkpoints: which were
+written by another version of the plan (fingerprint) and which stopped at a step the plan no
+longer has. Nothing is written: records migrate when they are resumed.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stepstone.agent import Agent
+from stepstone.cli._ops import DbOption, DebugOption, JsonOption, OpsError, UrlOption, open_store
+from stepstone.engines.graph import CompiledGraph
+from stepstone.engines.plan import Plan
+from stepstone.exceptions import CheckpointStateMigrationError
+from stepstone.store import RunHead
+
+__all__ = ["register"]
+
+
+def load_target(spec: str) -> Plan | CompiledGraph[Any]:
+    """Import ``module:attribute`` (a Plan, a compiled graph, an Agent around a Plan, or a
+    function of no arguments returning one), with the current directory importable."""
+    obj = load_object(spec)
+    if isinstance(obj, Agent):
+        obj = obj.engine
+    if not isinstance(obj, Plan | CompiledGraph):
+        raise OpsError(f"{spec!r} is a {type(obj).__name__}, not a Plan or a compiled graph")
+    return obj
+
+
+def load_object(spec: str) -> Any:
+    """``module:attribute`` imported (and called when it is a factory)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise OpsError(f"bad target {spec!r}: use module:attribute, e.g. pipelines:build_plan")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise OpsError(f"cannot load {spec!r}: {exc}; check the module and attribute") from exc
+    if callable(obj) and not isinstance(obj, Plan | CompiledGraph | Agent):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise OpsError(
+                f"calling {spec!r}() failed ({type(exc).__name__}: {exc}); the target must be "
+                "a Plan, a compiled graph, or a function of no arguments returning one"
+            ) from exc
+    return obj
+
+
+def plan_verdict(plan: Plan, head: RunHead) -> tuple[str, str]:
+    """``(verdict, detail)`` for one Plan checkpoint against ``plan``."""
+    compiled = plan._compiled
+    nxt = head.next_step
+    if (
+        head.status != "done"
+        and nxt is not None
+        and (nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt)
+    ):
+        return "stale", f"stopped at {nxt!r}, which the plan no longer has"
+    saved = head.meta.get("fingerprint")
+    if saved not in (None, compiled.fingerprint):
+        return "changed", "written by another version of the plan (steps changed)"
+    return "current", "matches the plan"
+
+
+def graph_verdict(graph: CompiledGraph[Any], head: RunHead) -> tuple[str, str]:
+    """``(verdict, detail)`` for one graph record against ``graph``'s state schema."""
+    target = graph.state_cls.schema_version
+    saved = head.meta.get("schema_version")
+    if not target or saved in (None, target):
+        return "current", f"schema {saved or target or '-'}"
+    try:
+        chain = graph.migrations.chain(str(saved), target)
+    except CheckpointStateMigrationError as exc:
+        return "no chain", str(exc).split(";", 1)[0]
+    return "migrates", " -> ".join([chain[0][0], *(b for _, b, _ in chain)])
+
+
+def migrate_cmd(
+    target: Annotated[
+        str, typer.Option("--target", help="module:attribute of the current Plan or graph.")
+    ],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only (required).")] = False,
+    db: DbOption = None,
+    url: UrlOption = None,
+    prefix: Annotated[str | None, typer.Option(help="Only keys starting with this.")] = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Which stored runs would migrate (and how) to the current Plan or graph."""
+    with open_store(db, url, debug=debug) as store:
+        if not dry_run:
+            raise OpsError(
+                "records migrate when they are resumed; pass --dry-run to see which would "
+                "migrate and which cannot"
+            )
+        obj = load_target(target)
+        kind = "plan" if isinstance(obj, Plan) else "graph"
+        rows: list[dict[str, Any]] = []
+        for head in store.backend.run_list(prefix):
+            if head.kind != kind:
+                continue
+            if isinstance(obj, Plan):
+                verdict, detail = plan_verdict(obj, head)
+            else:
+                verdict, detail = graph_verdict(obj, head)
+            rows.append(
+                {"key": head.key, "status": head.status, "verdict": verdict, "detail": detail}
+            )
+        if as_json:
+            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+            return
+        table = Table(title=f"{len(rows)} {kind} run(s) against {target}")
+        for col in ("key", "status", "verdict", "detail"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["key"], r["status"], r["verdict"], r["detail"])
+        Console().print(table)
+
+
+def resume_cmd(
+    key: Annotated[str, typer.Argument(help="The run to resume.")],
+    target: Annotated[
+        str, typer.Option("--target", help="module:attribute of the Plan (or graph) it runs.")
+    ],
+    task: Annotated[str, typer.Option(help="The task a resumed Plan is given.")] = "",
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Resume a stopped run with the application's Plan or graph, where it stopped."""
+    with open_store(db, url, debug=debug) as store:
+        head = store.backend.run_get(key)
+        if head is None:
+            raise OpsError(
+                f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
+            )
+        obj = load_object(target)
+        engine = obj.engine if isinstance(obj, Agent) else obj
+        if isinstance(engine, CompiledGraph):
+            # A graph resumes through its own checkpointer (which holds the record).
+            engine.invoke(resume_invocation=key.removeprefix("graph:"))
+        elif isinstance(engine, Plan):
+            plan = Plan(
+                *engine.steps,
+                max_iterations=engine.max_iterations,
+                store=store,
+                checkpoint_key=key,
+                resume=True,
+                strict=engine.strict,
+            )
+            runner = copy.copy(obj) if isinstance(obj, Agent) else Agent(engine=plan)
+            runner.engine = plan
+            runner(task)
+        else:
+            raise OpsError(f"{target!r} is a {type(obj).__name__}, not a Plan or a compiled graph")
+        after = store.backend.run_get(key)
+        status = after.status if after is not None else "gone"
+        err = after.meta.get("error") if after is not None else None
+        if as_json:
+            sys.stdout.write(json.dumps({"key": key, "status": status, "error": err}) + "\n")
+        elif status != "done" and isinstance(err, dict):
+            raise OpsError(
+                f"run {key!r} stopped again ({status}) at "
+                f"{err.get('step') or err.get('node')!r}: {err.get('type')}: {err.get('message')}"
+            )
+        else:
+            Console().print(f"{key}: {status}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``migrate`` and ``resume`` to ``app``."""
+    app.command("migrate")(migrate_cmd)
+    app.command("resume")(resume_cmd)

@@ -1,0 +1,404 @@
+"""Operator commands: ``prune``, ``vacuum``, ``show``, ``history``, ``stranded``, ``diff``,
+``cancel``, ``fork`` and ``retry``.
+
+``open_store`` and ``fail`` are this module's own small helpers for opening the store named
+on the command line and failing in one line; the shared CLI helpers can replace them.
+
+Every command takes ``--db FILE`` or ``--url URL``; read commands take ``--json``. A failure
+prints one line, ``error: <what> ...; <fix>``, on stderr and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
+from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._retention import parse_age, prune
+from stepstone.exceptions import StepstoneError
+from stepstone.store import Retention, Store, vacuum
+
+__all__ = ["register"]
+
+DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
+UrlOption = Annotated[
+    str | None, typer.Option("--url", help="Store URL (postgresql://... or sqlite:///...).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback on failure.")]
+
+
+class OpsError(Exception):
+    """A failure worth one line: the message names the bad value and the fix."""
+
+
+def fail(message: str) -> None:
+    """Print ``error: message`` on stderr and exit with status 1."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+@contextmanager
+def open_store(db: Path | None, url: str | None, *, debug: bool = False) -> Iterator[Store]:
+    """The store named by ``--db``/``--url``; any failure inside becomes one line."""
+    if (db is None) == (url is None):
+        fail("pass exactly one of --db FILE or --url URL")
+    if db is not None and not db.exists():
+        fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
+    store: Store | None = None
+    try:
+        store = Store(db=db) if db is not None else Store(url=url)
+        yield store
+    except typer.Exit:
+        raise
+    except (StepstoneError, OpsError, ValueError, KeyError, OSError, RuntimeError) as exc:
+        if debug:
+            raise
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        fail(" ".join(str(msg).split()))
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str, ensure_ascii=False) + "\n")
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _short(value: Any, width: int = 70) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} KB"
+
+
+def prune_cmd(
+    db: DbOption = None,
+    url: UrlOption = None,
+    ttl: Annotated[
+        str | None, typer.Option(help="Delete runs whose last commit is older (30d, 12h).")
+    ] = None,
+    keep_last: Annotated[
+        int | None, typer.Option(help="Keep only the N most recently updated runs.")
+    ] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(help="Statuses that may go (repeat it); default: done."),
+    ] = None,
+    prefix: Annotated[
+        list[str] | None,
+        typer.Option(help="Only keys starting with this; repeat it to keep N per prefix."),
+    ] = None,
+    min_age: Annotated[
+        str, typer.Option(help="Never delete a run updated more recently than this.")
+    ] = "5m",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would go.")] = False,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Delete finished runs older than --ttl or beyond --keep-last (never a live run)."""
+    with open_store(db, url, debug=debug) as store:
+        policy = store.retention
+        if ttl is not None or keep_last is not None:
+            policy = Retention(
+                ttl=parse_age(ttl) if ttl is not None else None,
+                keep_last=keep_last,
+                statuses=tuple(status or ("done",)),
+                prefix=tuple(prefix) if prefix else None,
+                min_age=parse_age(min_age),
+            )
+        if policy is None:
+            raise OpsError("pass --ttl AGE (e.g. 30d) and/or --keep-last N")
+        console = Console(stderr=True)
+        with Progress(
+            TextColumn("pruning"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+            disable=as_json or dry_run,
+        ) as bar:
+            task = bar.add_task("prune", total=None)
+
+            def step(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            report = prune(store, policy, dry_run=dry_run, progress=step)
+        if as_json:
+            _print_json(
+                {
+                    "dry_run": report.dry_run,
+                    "deleted": [
+                        {
+                            "key": r.key,
+                            "kind": r.kind,
+                            "status": r.status,
+                            "updated_at": r.updated_at,
+                            "reason": r.reason,
+                            "values": list(r.values),
+                        }
+                        for r in report.deleted
+                    ],
+                    "skipped_live": report.skipped_live,
+                    "skipped_changed": report.skipped_changed,
+                }
+            )
+            return
+        out = Console()
+        verb = "would delete" if dry_run else "deleted"
+        table = Table(title=f"{verb} {len(report.deleted)} run(s)")
+        for col in ("key", "kind", "status", "updated", "reason"):
+            table.add_column(col)
+        for r in report.deleted[:200]:
+            table.add_row(r.key, r.kind, r.status, _when(r.updated_at), r.reason)
+        out.print(table)
+        if len(report.deleted) > 200:
+            out.print(f"... and {len(report.deleted) - 200} more")
+        if report.skipped_live:
+            out.print(f"kept {len(report.skipped_live)} live run(s): {report.skipped_live[:10]}")
+        if report.skipped_changed:
+            out.print(f"left {len(report.skipped_changed)} run(s) that changed meanwhile")
+
+
+def vacuum_cmd(
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Give a SQLite store's free pages back to the disk (run it after prune)."""
+    with open_store(db, url, debug=debug) as store:
+        backend = store.backend
+        store.close()  # vacuum opens its own connection; ours must not hold the file
+        report = vacuum(backend)
+        if as_json:
+            _print_json(
+                {
+                    "path": report.path,
+                    "bytes_before": report.bytes_before,
+                    "bytes_after": report.bytes_after,
+                    "full": report.full,
+                }
+            )
+            return
+        how = "rewrote the file once (now incremental)" if report.full else "incremental"
+        Console().print(
+            f"vacuumed {report.path}: {_size(report.bytes_before)} -> "
+            f"{_size(report.bytes_after)} ({how})"
+        )
+
+
+def show_cmd(
+    key: Annotated[str, typer.Argument(help="The run's key.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Everything about one run: status, owner, error, its record, its steps."""
+    with open_store(db, url, debug=debug) as store:
+        detail = run_detail(store, key)
+        if detail is None:
+            raise OpsError(
+                f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
+            )
+        entry = store.read_entry(key)
+        detail["record"] = entry.value if entry is not None else None
+        if as_json:
+            _print_json(detail)
+            return
+        console = Console()
+        console.print(
+            f"[bold]{key}[/]  {detail['kind']} run  status [bold]{detail['status']}[/]  "
+            f"next step {detail['next_step']}  owner {detail['owner']}"
+        )
+        console.print(
+            f"  run_uid {detail['run_uid']}  steps {detail['steps']}  version "
+            f"{detail['version']}  created {_when(detail['created_at'])}  updated "
+            f"{_when(detail['updated_at'])}"
+        )
+        if detail["error"]:
+            err = detail["error"]
+            console.print(
+                f"  [red]error[/] at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
+                f"{err.get('message')}"
+            )
+        console.print_json(json.dumps(detail["record"], default=str))
+
+
+def history_cmd(
+    key: Annotated[str, typer.Argument(help="The run's key.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    payloads: Annotated[bool, typer.Option("--payloads", help="Show each step's payload.")] = False,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """The run's journal, step by step."""
+    with open_store(db, url, debug=debug) as store:
+        if store.backend.run_get(key) is None:
+            raise OpsError(
+                f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
+            )
+        entries = timeline(store.backend.run_journal(key))
+        if as_json:
+            if not payloads:
+                for e in entries:
+                    e.pop("payload", None)
+            _print_json(entries)
+            return
+        table = Table(title=f"{key}: {len(entries)} journal row(s)")
+        for col in ("seq", "kind", "name", "error"):
+            table.add_column(col)
+        if payloads:
+            table.add_column("payload")
+        for e in entries:
+            err = e.get("error")
+            cells = [str(e["seq"]), e["kind"], str(e["name"]), _short(err) if err else ""]
+            if payloads:
+                cells.append(_short(e.get("payload")))
+            table.add_row(*cells)
+        Console().print(table)
+
+
+def stranded_cmd(
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Runs whose owner died and which nobody resumed, oldest first."""
+    with open_store(db, url, debug=debug) as store:
+        found = stranded_runs(store)
+        if as_json:
+            _print_json(found)
+            return
+        table = Table(title=f"{len(found)} stranded run(s)")
+        for col in ("key", "kind", "status", "next step", "dead owner", "idle for"):
+            table.add_column(col)
+        for s in found:
+            table.add_row(
+                s["key"],
+                s["kind"],
+                s["status"],
+                str(s["next_step"]),
+                f"pid {s['owner_pid']} on {str(s['owner_host']).split('/')[0]}",
+                f"{s['age_seconds']:.0f} s",
+            )
+        Console().print(table)
+
+
+def diff_cmd(
+    key_a: Annotated[str, typer.Argument(help="First run's key.")],
+    key_b: Annotated[str, typer.Argument(help="Second run's key.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Where two runs diverged: steps, payloads, errors."""
+    with open_store(db, url, debug=debug) as store:
+        result = diff_runs(store, key_a, key_b)
+        if as_json:
+            _print_json(result)
+            return
+        console = Console()
+        console.print(f"{key_a} and {key_b}: {result['same_prefix']} identical journal row(s)")
+        if result["identical"]:
+            console.print("the two runs are identical")
+            return
+        first = result["first_difference"]
+        if first is not None:
+            for side, key in (("a", key_a), ("b", key_b)):
+                e = first[side]
+                if e is None:
+                    console.print(f"  {key}: ends here")
+                else:
+                    what = f"error {_short(e['error'])}" if e.get("error") else _short(e["payload"])
+                    console.print(f"  {key}: #{e['seq']} {e['kind']} {e['name']}: {what}")
+
+
+def cancel_cmd(
+    key: Annotated[str, typer.Argument(help="The run's key.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    reason: Annotated[str, typer.Option(help="Why (recorded in the run).")] = "cancelled",
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Cancel a run: a live owner stops at its next commit; a stopped run is marked now."""
+    with open_store(db, url, debug=debug) as store:
+        outcome = cancel_run(store, key, reason=reason)
+        if as_json:
+            _print_json({"key": key, "outcome": outcome})
+            return
+        Console().print(f"{key}: {outcome}")
+
+
+def fork_cmd(
+    key: Annotated[str, typer.Argument(help="The run to copy.")],
+    at: Annotated[str, typer.Option("--at", help="Keep the journal up to this step.")],
+    to: Annotated[str, typer.Option("--to", help="The new run's key.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Copy a run up to and including --at into a new paused run --to (resume it there)."""
+    with open_store(db, url, debug=debug) as store:
+        head = fork_run(store, key, at=at, to=to)
+        if as_json:
+            _print_json({"key": head.key, "from": key, "next_step": head.next_step})
+            return
+        Console().print(f"forked {key} at {at!r} to {to}: resumes at {head.next_step!r}")
+
+
+def retry_cmd(
+    key: Annotated[str, typer.Argument(help="The run to rewind.")],
+    from_step: Annotated[str, typer.Option("--from", help="The step to run again.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Rewind a stopped run to --from STEP: its next resume=True run re-runs that step."""
+    with open_store(db, url, debug=debug) as store:
+        head = retry_run(store, key, from_step=from_step)
+        if as_json:
+            _print_json({"key": key, "next_step": head.next_step, "status": head.status})
+            return
+        Console().print(
+            f"{key} rewound: {head.journal_len} journal row(s) kept; resume=True runs "
+            f"{from_step!r} again"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to ``app``."""
+    app.command("prune")(prune_cmd)
+    app.command("vacuum")(vacuum_cmd)
+    app.command("show")(show_cmd)
+    app.command("history")(history_cmd)
+    app.command("stranded")(stranded_cmd)
+    app.command("diff")(diff_cmd)
+    app.command("cancel")(cancel_cmd)
+    app.command("fork")(fork_cmd)
+    app.command("retry")(retry_cmd)

@@ -1,0 +1,66 @@
+"""``stepstone ui``: serve the local web inspector."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated
+
+import typer
+
+from stepstone.cli._ops import DbOption, DebugOption, UrlOption, open_store
+from stepstone.ui import InspectorServer
+
+__all__ = ["register"]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ui_cmd(
+    db: DbOption = None,
+    url: UrlOption = None,
+    host: Annotated[str, typer.Option(help="Interface to bind (no authentication!).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8765,
+    allow_actions: Annotated[
+        bool, typer.Option("--allow-actions", help="Let the page cancel runs.")
+    ] = False,
+    poll: Annotated[float, typer.Option(help="Seconds between page refreshes.")] = 1.0,
+    debug: DebugOption = False,
+) -> None:
+    """Serve a local web page listing runs and their timelines, updated live."""
+    with open_store(db, url, debug=debug) as store:
+        if not _loopback(host):
+            typer.echo(
+                f"warning: serving on {host}, not loopback: anyone who can reach it sees "
+                "your runs (the page has no authentication)",
+                err=True,
+            )
+        try:
+            server = InspectorServer(
+                store, host=host, port=port, allow_actions=allow_actions, poll_seconds=poll
+            )
+        except OSError as exc:
+            raise OSError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); pass another --port"
+            ) from exc
+        mode = "actions enabled" if allow_actions else "read-only"
+        typer.echo(f"stepstone inspector on {server.url} ({mode}); Ctrl-C stops it", err=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``ui`` to ``app``."""
+    app.command("ui")(ui_cmd)

@@ -1,0 +1,203 @@
+"""Read models of durable runs for operators: summaries, timelines, stranded runs, diffs.
+
+Shared by the ``stepstone`` CLI and the web inspector so both show the same facts. Every
+function here only reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from stepstone.durable._leases import LIVE_STATUSES, owner_alive
+from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._store import Store
+
+__all__ = [
+    "diff_runs",
+    "list_runs",
+    "owner_state",
+    "run_detail",
+    "run_summary",
+    "stranded_runs",
+    "timeline",
+]
+
+
+def owner_state(head: RunHead, *, now: float | None = None) -> str:
+    """``"live"``, ``"dead"`` (a claimed/running run nobody executes: stranded) or
+    ``"none"`` (a paused, failed or done run has no owner)."""
+    if head.status not in LIVE_STATUSES:
+        return "none"
+    return "live" if owner_alive(head, now=now) else "dead"
+
+
+def _error_of(head: RunHead) -> dict[str, Any] | None:
+    err = head.meta.get("error")
+    return err if isinstance(err, dict) else None
+
+
+def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
+    """One run as a JSON-ready dict (the row of ``stepstone runs --json`` and the web list)."""
+    now = time.time() if now is None else now
+    err = _error_of(head)
+    state = owner_state(head, now=now)
+    return {
+        "key": head.key,
+        "kind": head.kind,
+        "status": head.status,
+        "next_step": head.next_step,
+        "owner": state,
+        "lease_expires_in": round(head.lease_until - now, 1) if state == "live" else None,
+        "owner_pid": head.pid,
+        "owner_host": head.host,
+        "run_uid": head.run_uid,
+        "steps": head.journal_len,
+        "version": head.version,
+        "created_at": head.created_at,
+        "updated_at": head.updated_at,
+        "age_seconds": round(now - head.updated_at, 1),
+        "duration_seconds": round(head.updated_at - head.created_at, 3),
+        "error_type": None if err is None else err.get("type"),
+        "cancel_requested": bool(head.meta.get("cancel_requested")),
+    }
+
+
+def list_runs(
+    store: Store,
+    *,
+    statuses: Sequence[str] = (),
+    kinds: Sequence[str] = (),
+    prefix: str | None = None,
+    older_than: float | None = None,
+    newer_than: float | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+    now: float | None = None,
+) -> tuple[int, list[dict[str, Any]]]:
+    """Runs matching the filters, most recently updated first: ``(total, page)``.
+
+    ``older_than``/``newer_than`` are ages in seconds since the last commit.
+    """
+    now = time.time() if now is None else now
+    heads = store.backend.run_list(prefix or None)
+    out = [
+        h
+        for h in heads
+        if (not statuses or h.status in statuses)
+        and (not kinds or h.kind in kinds)
+        and (older_than is None or now - h.updated_at >= older_than)
+        and (newer_than is None or now - h.updated_at <= newer_than)
+    ]
+    out.sort(key=lambda h: (h.updated_at, h.key), reverse=True)
+    page = out[offset : None if limit is None else offset + limit]
+    return len(out), [run_summary(h, now=now) for h in page]
+
+
+def _decode(row: JournalRow) -> Any:
+    try:
+        return json.loads(row.data)
+    except ValueError:
+        return row.data
+
+
+def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
+    """A run's journal, one JSON-ready entry per row: what happened, its payload, its error.
+
+    Plan ``step`` rows show the step's payload and error; other engines' rows show their
+    data as written. ``retries``/``replayed`` are taken from the row where the engine
+    records them.
+    """
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        data = _decode(row)
+        entry: dict[str, Any] = {"seq": row.seq, "kind": row.kind, "name": row.name}
+        if isinstance(data, dict) and isinstance(data.get("envelope"), dict):
+            env = data["envelope"]
+            entry["payload"] = env.get("payload")
+            entry["error"] = env.get("error")
+            entry["iteration"] = data.get("iteration")
+            if data.get("writes"):
+                entry["writes"] = data["writes"]
+            if data.get("band"):
+                entry["band"] = data["band"]
+        else:
+            entry["payload"] = data
+            entry["error"] = data.get("error") if isinstance(data, dict) else None
+        out.append(entry)
+    return out
+
+
+def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
+    """Everything about one run: summary, head meta, its kind's view and its timeline."""
+    head = store.backend.run_get(key)
+    if head is None:
+        return None
+    rows = store.backend.run_journal(key)
+    steps = timeline(rows)
+    err = _error_of(head)
+    if err is not None and head.status in ("failed", "paused"):
+        # The step that failed or paused committed no row of its own: show it last.
+        steps.append(
+            {
+                "seq": None,
+                "kind": head.status,
+                "name": err.get("step") or err.get("node"),
+                "payload": None,
+                "error": err,
+            }
+        )
+    return {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
+
+
+def stranded_runs(store: Store, *, now: float | None = None) -> list[dict[str, Any]]:
+    """Runs left ``claimed``/``running`` by an owner that died and nobody resumed, oldest
+    first (resume them with ``resume=True``, or delete them)."""
+    now = time.time() if now is None else now
+    out = [
+        run_summary(h, now=now)
+        for h in store.backend.run_list(None)
+        if h.status in LIVE_STATUSES and not owner_alive(h, now=now)
+    ]
+    out.sort(key=lambda s: s["updated_at"])
+    return out
+
+
+def _comparable(entry: dict[str, Any]) -> tuple[Any, ...]:
+    return (entry["kind"], entry["name"], entry.get("payload"), entry.get("error"))
+
+
+def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
+    """Where two runs diverged: their common prefix length and the first differing entries.
+
+    Raises:
+        KeyError: one of the keys holds no run (the message names it).
+    """
+    heads = {k: store.backend.run_get(k) for k in (key_a, key_b)}
+    for k, h in heads.items():
+        if h is None:
+            raise KeyError(f"no run under key {k!r}; list runs with `stepstone runs`")
+    a = timeline(store.backend.run_journal(key_a))
+    b = timeline(store.backend.run_journal(key_b))
+    same = 0
+    while same < min(len(a), len(b)) and _comparable(a[same]) == _comparable(b[same]):
+        same += 1
+    ha, hb = heads[key_a], heads[key_b]
+    assert ha is not None and hb is not None
+    return {
+        "a": run_summary(ha),
+        "b": run_summary(hb),
+        "same_prefix": same,
+        "identical": same == len(a) == len(b) and ha.status == hb.status,
+        "first_difference": None
+        if same == len(a) == len(b)
+        else {
+            "index": same,
+            "a": a[same] if same < len(a) else None,
+            "b": b[same] if same < len(b) else None,
+        },
+        "only_a": a[same:],
+        "only_b": b[same:],
+    }

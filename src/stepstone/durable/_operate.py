@@ -1,0 +1,199 @@
+"""Operating a run from outside its owner: cancel it, fork it at a step.
+
+Both go through the head's compare-and-swap like every other write. Cancelling a live run
+only flags its head (``meta["cancel_requested"]``) and bumps its version: the owner's next
+commit then misses the version it expected, finds the flag, commits its step as
+``failed`` with a ``RunCancelledError`` and stops (see ``OwnedRun``). Nothing a step did is
+lost and no step runs after the cancel is seen.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from stepstone.durable._kernel import describe_owner, ownership_error
+from stepstone.durable._leases import owner_alive
+from stepstone.exceptions import StoreKeyConflictError
+from stepstone.store._base import Claim, JournalRow, RunHead
+from stepstone.store._store import Store
+
+__all__ = ["cancel_error", "cancel_run", "fork_run", "retry_run"]
+
+
+def cancel_error(head: RunHead, reason: str) -> dict[str, Any]:
+    """The ``meta["error"]`` a cancelled run records (the shape Plan errors have)."""
+    return {
+        "step": head.next_step,
+        "type": "RunCancelledError",
+        "message": f"run {head.key!r} was cancelled: {reason}",
+        "retryable": True,
+    }
+
+
+def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
+    """Cancel the run under ``key``; returns what happened, in words.
+
+    A live owner is asked to stop (it stops at its next commit, which it records as
+    ``failed``); a paused, failed or stranded run is marked ``failed`` with a
+    ``RunCancelledError`` at once. ``resume=True`` can still continue it later.
+
+    Raises:
+        KeyError: no run under ``key``.
+        ValueError: the run is already done.
+    """
+    outcome: list[str] = []
+
+    def decide(head: RunHead | None, _kv: str | None) -> Claim | None:
+        if head is None:
+            raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+        if head.status == "done":
+            raise ValueError(f"run {key!r} is already done; there is nothing to cancel")
+        now = time.time()
+        request = {"reason": reason, "at": now}
+        if owner_alive(head, now=now):
+            outcome.append(
+                f"cancel requested: the owner (pid {head.pid} on {head.host.split('/')[0]}) "
+                "stops at its next commit"
+            )
+            new = head.replace(
+                version=head.version + 1, meta={**head.meta, "cancel_requested": request}
+            )
+            return Claim(head=new)
+        outcome.append(f"cancelled ({head.status} run, no live owner): marked failed")
+        new = head.replace(
+            status="failed",
+            version=head.version + 1,
+            lease_until=now,
+            updated_at=now,
+            meta={**head.meta, "cancelled": request, "error": cancel_error(head, reason)},
+        )
+        return Claim(head=new)
+
+    store.backend.run_transact(key, decide)
+    return outcome[0]
+
+
+def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
+    """Copy the run under ``key`` up to and including its step ``at`` into a new run ``to``.
+
+    The copy is ``paused`` at the step that followed ``at``, so the same engine resumes it
+    there with ``resume=True`` (``Plan(checkpoint_key=to, resume=True)``). The original is
+    not touched.
+
+    Raises:
+        KeyError: no run under ``key``, or it never ran a step named ``at``.
+        StoreKeyConflictError: ``to`` is already used.
+    """
+    head = store.backend.run_get(key)
+    if head is None:
+        raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+    rows = store.backend.run_journal(key)
+    cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
+    if not cut:
+        names = sorted({str(r.name) for r in rows if r.kind == "step"})
+        raise KeyError(f"run {key!r} has no step {at!r} in its journal (steps: {names})")
+    end = cut[-1] + 1
+    kept = rows[:end]
+    following = [r for r in rows[end:] if r.kind == "step"]
+    next_step = following[0].name if following else head.next_step
+    data = json.loads(kept[-1].data)
+    units = sum(1 for r in kept if r.kind == "band") + sum(
+        1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
+    )
+    now = time.time()
+    new = head.replace(
+        key=to,
+        status="paused" if next_step is not None else "done",
+        next_step=next_step,
+        version=1,
+        iteration=int(data.get("iteration") or head.iteration),
+        journal_len=len(kept),
+        lease_until=now,
+        created_at=now,
+        updated_at=now,
+        meta={
+            **head.meta,
+            "position": units,
+            "rejoin": None,
+            "error": None,
+            "forked_from": {"key": key, "at": at, "run_uid": head.run_uid},
+        },
+    )
+    copies = [JournalRow(i, r.kind, r.name, r.data) for i, r in enumerate(kept)]
+
+    def decide(cur: RunHead | None, kv: str | None) -> Claim:
+        if cur is not None or kv is not None:
+            raise StoreKeyConflictError(
+                f"cannot fork {key!r} to {to!r}: that key is already used; pick a new key "
+                f"or delete it with store.delete({to!r})"
+            )
+        return Claim(head=new, rows=copies)
+
+    written = store.backend.run_transact(to, decide)
+    assert written is not None
+    return written
+
+
+def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
+    """Rewind the run under ``key`` so that its next resume runs ``from_step`` again.
+
+    The journal rows of ``from_step``'s last execution and of everything after it are
+    dropped (in one transaction with the new head); the run is left ``paused`` at
+    ``from_step``, and ``resume=True`` re-runs it and what follows. ``writes=`` values the
+    dropped steps stored stay in the store until the re-run overwrites them.
+
+    Raises:
+        KeyError: no run under ``key``, or it never ran ``from_step``.
+        ConcurrentRunError: a live owner runs it (cancel it first).
+    """
+    head = store.backend.run_get(key)
+    if head is None:
+        raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+    rows = store.backend.run_journal(key)
+    cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
+    if cut:
+        kept = rows[: cut[-1]]
+    elif from_step == head.next_step:  # the step it stopped at: nothing to drop
+        kept = rows
+    else:
+        names = sorted({str(r.name) for r in rows if r.kind == "step"})
+        raise KeyError(f"run {key!r} has no step {from_step!r} in its journal (steps: {names})")
+    units = sum(1 for r in kept if r.kind == "band") + sum(
+        1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
+    )
+
+    def decide(cur: RunHead | None, _kv: str | None) -> Claim:
+        if cur is None or cur.version != head.version:
+            raise ownership_error(
+                head.kind,
+                f"run {key!r} changed while it was being rewound; run `stepstone retry` again",
+            )
+        if owner_alive(cur):
+            raise ownership_error(
+                cur.kind,
+                f"run {key!r} is live ({describe_owner(cur)}); cancel it first with "
+                f"`stepstone cancel {key}`, then retry",
+            )
+        now = time.time()
+        new = cur.replace(
+            status="paused",
+            next_step=from_step,
+            version=cur.version + 1,
+            journal_len=len(kept),
+            lease_until=now,
+            updated_at=now,
+            meta={
+                **cur.meta,
+                "position": units,
+                "rejoin": None,
+                "error": None,
+                "retry_from": {"step": from_step, "at": now},
+            },
+        )
+        return Claim(head=new, reset_journal=True, rows=kept)
+
+    written = store.backend.run_transact(key, decide)
+    assert written is not None
+    return written

@@ -1,0 +1,205 @@
+"""The web inspector's WSGI application: static files and a small JSON API over a Store.
+
+Routes (all JSON unless noted):
+
+* ``GET /`` and ``GET /static/<file>``: the page (HTML, JS, CSS shipped in the package).
+* ``GET /api/runs?status=&kind=&prefix=&older_than=&newer_than=&limit=&offset=``: runs,
+  most recently updated first, with the same fields as ``stepstone runs --json``.
+* ``GET /api/run?key=K``: one run with its timeline (404 when absent).
+* ``POST /api/cancel?key=K&reason=R`` and ``POST /api/retry?key=K&step=S`` (rewind a
+  stopped run to step S): only with ``allow_actions``; the request must carry
+  the ``X-Stepstone-Action: 1`` header, which a page of another origin cannot send
+  without a CORS preflight this server never grants.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs
+
+from stepstone.durable._inspect import list_runs, run_detail
+from stepstone.durable._operate import cancel_run, retry_run
+from stepstone.exceptions import StepstoneError
+from stepstone.store._store import Store
+
+__all__ = ["InspectorApp"]
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+Environ = dict[str, Any]
+
+_STATIC = ("index.html", "app.js", "style.css")
+_HEADERS = [
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'"),
+]
+
+
+class _HttpError(Exception):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _float(params: dict[str, list[str]], name: str) -> float | None:
+    raw = (params.get(name) or [""])[0]
+    if raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise _HttpError("400 Bad Request", f"{name}={raw!r} is not a number") from None
+
+
+def _many(params: dict[str, list[str]], name: str) -> list[str]:
+    return [v for raw in params.get(name, []) for v in raw.split(",") if v]
+
+
+class InspectorApp:
+    """A WSGI callable serving the inspector for ``store``.
+
+    Args:
+        store: The store to show.
+        allow_actions: Accept ``POST`` actions (cancel). Read-only when False.
+        poll_seconds: How often the page refreshes what it shows.
+        page_size: Runs per page of the run list.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        allow_actions: bool = False,
+        poll_seconds: float = 1.0,
+        page_size: int = 100,
+    ) -> None:
+        self.page_size = page_size
+        self.loopback_only = True
+        self.store = store
+        self.allow_actions = allow_actions
+        self.poll_seconds = poll_seconds
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "/") or "/"
+        params = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        try:
+            self._check_host(environ)
+            if method == "GET" and path in ("/", "/index.html"):
+                return self._static("index.html", start_response)
+            if method == "GET" and path.startswith("/static/"):
+                return self._static(path[len("/static/") :], start_response)
+            if method == "GET" and path == "/api/runs":
+                return self._json(start_response, self._runs(params))
+            if method == "GET" and path == "/api/run":
+                return self._json(start_response, self._run(params))
+            if path in ("/api/cancel", "/api/retry"):
+                if method != "POST":
+                    raise _HttpError("405 Method Not Allowed", "use POST")
+                self._check_action(environ)
+                action = self._cancel if path == "/api/cancel" else self._retry
+                return self._json(start_response, action(params))
+            raise _HttpError("404 Not Found", f"no route {method} {path}")
+        except _HttpError as exc:
+            return self._json(start_response, {"error": exc.message}, status=exc.status)
+        except (StepstoneError, KeyError, ValueError, RuntimeError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            return self._json(start_response, {"error": str(msg)}, status="409 Conflict")
+
+    def _check_host(self, environ: Environ) -> None:
+        """On a loopback server, refuse requests whose ``Host`` names another machine: a
+        web page that rebinds its own name to 127.0.0.1 must not read runs (DNS
+        rebinding)."""
+        if not self.loopback_only:
+            return
+        host = str(environ.get("HTTP_HOST", ""))
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name.strip("[]") not in ("127.0.0.1", "localhost", "::1"):
+            raise _HttpError(
+                "403 Forbidden",
+                f"Host {host!r} is not this machine; open the inspector as http://127.0.0.1",
+            )
+
+    # -- routes ------------------------------------------------------------------------
+    def _runs(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        limit = _float(params, "limit")
+        offset = _float(params, "offset")
+        total, runs = list_runs(
+            self.store,
+            statuses=_many(params, "status"),
+            kinds=_many(params, "kind"),
+            prefix=(params.get("prefix") or [""])[0] or None,
+            older_than=_float(params, "older_than"),
+            newer_than=_float(params, "newer_than"),
+            limit=int(limit) if limit is not None else self.page_size,
+            offset=int(offset or 0),
+        )
+        return {
+            "total": total,
+            "runs": runs,
+            "store": self.store.backend.describe(),
+            "allow_actions": self.allow_actions,
+            "poll_seconds": self.poll_seconds,
+            "page_size": self.page_size,
+        }
+
+    def _run(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        key = (params.get("key") or [""])[0]
+        if not key:
+            raise _HttpError("400 Bad Request", "pass ?key=RUN_KEY")
+        detail = run_detail(self.store, key)
+        if detail is None:
+            raise _HttpError("404 Not Found", f"no run under key {key!r}")
+        return {**detail, "allow_actions": self.allow_actions}
+
+    def _check_action(self, environ: Environ) -> None:
+        if not self.allow_actions:
+            raise _HttpError(
+                "403 Forbidden",
+                "the inspector is read-only; restart it with `stepstone ui --allow-actions`",
+            )
+        if environ.get("HTTP_X_STEPSTONE_ACTION") != "1":
+            raise _HttpError("403 Forbidden", "actions need the X-Stepstone-Action: 1 header")
+
+    def _cancel(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        key = (params.get("key") or [""])[0]
+        reason = (params.get("reason") or ["cancelled from the web inspector"])[0]
+        return {"key": key, "outcome": cancel_run(self.store, key, reason=reason)}
+
+    def _retry(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        key = (params.get("key") or [""])[0]
+        step = (params.get("step") or [""])[0]
+        head = retry_run(self.store, key, from_step=step)
+        return {
+            "key": key,
+            "outcome": f"rewound: resume=True runs {step!r} again",
+            "next_step": head.next_step,
+        }
+
+    # -- responses ---------------------------------------------------------------------
+    def _json(
+        self, start_response: StartResponse, data: Any, *, status: str = "200 OK"
+    ) -> list[bytes]:
+        body = json.dumps(data, default=str, ensure_ascii=False).encode()
+        start_response(
+            status,
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *_HEADERS],
+        )
+        return [body]
+
+    def _static(self, name: str, start_response: StartResponse) -> list[bytes]:
+        if name not in _STATIC:
+            raise _HttpError("404 Not Found", f"no static file {name!r}")
+        body = resources.files("stepstone.ui").joinpath("static", name).read_bytes()
+        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype.endswith("javascript"):
+            ctype += "; charset=utf-8"
+        start_response(
+            "200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body))), *_HEADERS]
+        )
+        return [body]

@@ -1,0 +1,182 @@
+// stepstone inspector: polls the JSON API and renders the run list or one run's timeline.
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+let pollMs = 1000;
+let allowActions = false;
+let updates = 0;
+let timer = null;
+let offset = 0;
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function when(ts) {
+  return ts ? new Date(ts * 1000).toLocaleString() : "";
+}
+
+function short(value, width) {
+  if (value === null || value === undefined) return "";
+  let text = typeof value === "string" ? value : JSON.stringify(value, null, 1);
+  if (text === undefined) text = "";
+  return text.length > width ? text.slice(0, width - 1) + "…" : text;
+}
+
+function statusBadge(status) {
+  return el("span", status, "badge status-" + status);
+}
+
+function ownerText(run) {
+  if (run.owner === "live" && run.cancel_requested) return "live, cancel requested";
+  if (run.owner === "live") return "live (lease " + Math.max(0, Math.round(run.lease_expires_in)) + " s)";
+  if (run.owner === "dead") return "dead (stranded)";
+  return "—";
+}
+
+function currentKey() {
+  const m = location.hash.match(/^#run=(.*)$/);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
+async function getJSON(url) {
+  const resp = await fetch(url, { cache: "no-store" });
+  const data = await resp.json();
+  if (!resp.ok) throw new Error(data.error || resp.statusText);
+  return data;
+}
+
+function markLive(extra) {
+  updates += 1;
+  const live = $("#live");
+  live.textContent = "live · updated " + new Date().toLocaleTimeString() + (extra || "");
+  live.dataset.updates = String(updates);
+}
+
+async function renderList() {
+  const params = new URLSearchParams();
+  for (const [k, v] of new FormData($("#filters"))) if (v) params.set(k, v);
+  params.set("offset", String(offset));
+  const data = await getJSON("/api/runs?" + params.toString());
+  if (offset > 0 && offset >= data.total) { offset = 0; return renderList(); }
+  const shown = data.runs.length;
+  $("#page").textContent = data.total ? (offset + 1) + "-" + (offset + shown) + " of " + data.total : "";
+  $("#newer").disabled = offset === 0;
+  $("#older").disabled = offset + shown >= data.total;
+  $("#pager").dataset.offset = String(offset);
+  $("#newer").onclick = () => { offset = Math.max(0, offset - data.page_size); refresh(); };
+  $("#older").onclick = () => { offset += data.page_size; refresh(); };
+  pollMs = Math.max(200, data.poll_seconds * 1000);
+  allowActions = data.allow_actions;
+  $("#store").textContent = data.store;
+  $("#mode").textContent = data.allow_actions ? "actions enabled" : "read-only";
+  $("#count").textContent = data.total + " run(s)";
+  const body = $("#runs tbody");
+  body.replaceChildren();
+  for (const run of data.runs) {
+    const tr = el("tr");
+    tr.dataset.key = run.key;
+    tr.dataset.status = run.status;
+    const link = el("a", run.key);
+    link.href = "#run=" + encodeURIComponent(run.key);
+    const keyCell = el("td");
+    keyCell.append(link);
+    const statusCell = el("td");
+    statusCell.append(statusBadge(run.status));
+    tr.append(keyCell, el("td", run.kind), statusCell,
+      el("td", ownerText(run), run.owner === "dead" ? "owner-dead" : ""),
+      el("td", run.steps), el("td", run.next_step || ""), el("td", when(run.updated_at)),
+      el("td", run.error_type || "", run.error_type ? "owner-dead" : ""));
+    body.append(tr);
+  }
+  markLive();
+}
+
+async function renderRun(key) {
+  let run;
+  try {
+    run = await getJSON("/api/run?key=" + encodeURIComponent(key));
+  } catch (err) {
+    $("#run-key").textContent = key;
+    $("#run-facts").textContent = String(err.message);
+    $("#timeline tbody").replaceChildren();
+    return;
+  }
+  $("#run-key").textContent = run.key;
+  $("#mode").textContent = run.allow_actions ? "actions enabled" : "read-only";
+  const facts = $("#run-facts");
+  facts.replaceChildren(
+    statusBadge(run.status),
+    el("span", " " + run.kind + " run"),
+    el("span", "steps " + run.steps),
+    el("span", "next step " + (run.next_step || "—")),
+    el("span", "owner " + ownerText(run)),
+    el("span", "updated " + when(run.updated_at)),
+    el("span", "ran " + run.duration_seconds.toFixed(1) + " s since its first claim"),
+  );
+  if (run.cancel_requested) facts.append(el("span", "cancel requested", "badge status-failed cancel-flag"));
+  facts.dataset.status = run.status;
+  facts.dataset.steps = String(run.steps);
+  const errBox = $("#run-error");
+  if (run.error) {
+    errBox.hidden = false;
+    errBox.textContent = (run.error.type || "error") + " at step " + (run.error.step || run.error.node || "?") + ": " + (run.error.message || "");
+  } else {
+    errBox.hidden = true;
+    errBox.textContent = "";
+  }
+  $("#actions").hidden = !(run.allow_actions && run.status !== "done");
+  const body = $("#timeline tbody");
+  body.replaceChildren();
+  const canRetry = run.allow_actions && run.owner !== "live" && run.kind === "plan";
+  for (const entry of run.timeline) {
+    const tr = el("tr", null, entry.error ? "row-error" : "");
+    tr.dataset.name = entry.name || "";
+    const errCell = el("td", entry.error ? (entry.error.type || "") + ": " + (entry.error.message || "") : "");
+    if (canRetry && entry.name && (entry.kind === "step" || entry.name === run.next_step)) {
+      const btn = el("button", "retry from here", "plain retry");
+      btn.type = "button";
+      btn.addEventListener("click", () => act("/api/retry?key=" + encodeURIComponent(run.key) + "&step=" + encodeURIComponent(entry.name)));
+      errCell.append(" ", btn);
+    }
+    tr.append(el("td", entry.seq), el("td", entry.kind), el("td", entry.name || ""),
+      el("td", short(entry.payload, 600), "payload"), errCell);
+    body.append(tr);
+  }
+  markLive(" · " + run.steps + " step(s)");
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  const key = currentKey();
+  $("#list-view").hidden = key !== null;
+  $("#run-view").hidden = key === null;
+  try {
+    if (key === null) await renderList(); else await renderRun(key);
+  } catch (err) {
+    $("#live").textContent = "cannot reach the inspector: " + err.message;
+  }
+  timer = setTimeout(refresh, pollMs);
+}
+
+async function cancelRun() {
+  await act("/api/cancel?key=" + encodeURIComponent(currentKey()));
+}
+
+async function act(url) {
+  const resp = await fetch(url, { method: "POST", headers: { "X-Stepstone-Action": "1" } });
+  const data = await resp.json();
+  $("#action-result").textContent = data.outcome || data.error;
+  refresh();
+}
+
+window.addEventListener("hashchange", refresh);
+document.addEventListener("DOMContentLoaded", () => {
+  $("#filters").addEventListener("input", () => { offset = 0; refresh(); });
+  $("#filters").addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
+  $("#cancel").addEventListener("click", cancelRun);
+  refresh();
+});

@@ -1,0 +1,282 @@
+"""Cancelling a run through its head, and forking a run at a step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from stepstone import Agent, Plan, Step, Store
+from stepstone.durable._operate import cancel_run, fork_run
+from stepstone.exceptions import RunCancelledError, StoreKeyConflictError
+from tests.operate._runs import done_run, failed_run
+
+
+def test_cancelling_a_live_run_stops_it_at_its_next_commit(tmp_path: Path) -> None:
+    # guarantee 268
+    ran: list[str] = []
+    started, go = threading.Event(), threading.Event()
+
+    def slow(payload: object) -> str:
+        ran.append("slow")
+        started.set()
+        assert go.wait(60)
+        return "slow result"
+
+    def after(payload: object) -> str:
+        ran.append("after")
+        return "after result"
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+        plan = Plan(
+            Step(slow, name="slow", writes="slow_out"),
+            Step(after, name="after"),
+            store=store,
+            checkpoint_key="job",
+        )
+        raised: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                Agent(engine=plan)("go")
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                raised.append(exc)
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        assert started.wait(60)
+        outcome = cancel_run(store, "job", reason="operator said stop")
+        assert outcome.startswith("cancel requested")
+        go.set()
+        worker.join(60)
+        assert ran == ["slow"]  # the step after the cancel never ran
+        assert len(raised) == 1 and isinstance(raised[0], RunCancelledError)
+        assert "resume=True" in str(raised[0])
+        state = store.read("job")
+        assert state["status"] == "failed"
+        assert state["completed_steps"] == ["slow"]  # the running step's result was kept
+        assert state["error"]["type"] == "RunCancelledError"
+        assert "operator said stop" in state["error"]["message"]
+        assert store.read("slow_out") == "slow result"
+        # resume=True continues after the cancelled point
+        plan2 = Plan(
+            Step(slow, name="slow", writes="slow_out"),
+            Step(after, name="after"),
+            store=store,
+            checkpoint_key="job",
+            resume=True,
+        )
+        Agent(engine=plan2)("go")
+        assert ran == ["slow", "after"]
+        assert store.read("job")["status"] == "done"
+
+
+def test_cancelling_a_stopped_run_marks_it_at_once(tmp_path: Path) -> None:
+    # guarantee 268
+    with Store(db=tmp_path / "s.sqlite") as store:
+        failed_run(store, "f")
+        assert cancel_run(store, "f").startswith("cancelled")
+        assert store.read("f")["error"]["type"] == "RunCancelledError"
+        done_run(store, "d")
+        with pytest.raises(ValueError, match="already done"):
+            cancel_run(store, "d")
+        with pytest.raises(KeyError, match="no run under key 'nope'"):
+            cancel_run(store, "nope")
+
+
+def test_cancel_from_another_process(tmp_path: Path) -> None:
+    # guarantee 268: the CLI signals an owner in another process through the head
+    db = tmp_path / "s.sqlite"
+    flag = tmp_path / "go"
+    code = f"""
+import pathlib, time
+from stepstone import Agent, Plan, Step, Store
+from stepstone.exceptions import RunCancelledError
+def slow(p):
+    print("started", flush=True)
+    while not pathlib.Path({str(flag)!r}).exists():
+        time.sleep(0.05)
+    return "slow"
+def after(p):
+    print("after ran", flush=True)
+    return "after"
+try:
+    Agent(engine=Plan(Step(slow, name="slow"), Step(after, name="after"),
+                      store=Store(db={str(db)!r}), checkpoint_key="job"))("go")
+except RunCancelledError as exc:
+    print("cancelled:", exc, flush=True)
+"""
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "started"
+        cli = subprocess.run(
+            [sys.executable, "-m", "stepstone.cli", "cancel", "job", "--db", str(db)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert "cancel requested" in cli.stdout
+        flag.touch()
+        out = proc.stdout.read()
+        assert proc.wait(60) == 0
+    assert "after ran" not in out and "cancelled:" in out
+    with Store(db=db) as store:
+        assert store.read("job")["error"]["type"] == "RunCancelledError"
+
+
+def test_fork_copies_a_run_up_to_a_step_and_resumes_there(tmp_path: Path) -> None:
+    # guarantee 269
+    calls: list[str] = []
+
+    def step(name: str, fail: bool = False):  # type: ignore[no-untyped-def]
+        def fn(payload: object) -> str:
+            calls.append(name)
+            if fail:
+                raise ValueError(f"{name} broke")
+            return f"{payload}>{name}"
+
+        fn.__name__ = name
+        return fn
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+
+        def plan(key: str, *, resume: bool = False, fail: bool = False) -> Plan:
+            return Plan(
+                Step(step("a"), name="a"),
+                Step(step("b"), name="b"),
+                Step(step("c", fail=fail), name="c"),
+                store=store,
+                checkpoint_key=key,
+                resume=resume,
+            )
+
+        Agent(engine=plan("orig"))("go")
+        assert calls == ["a", "b", "c"]
+        head = fork_run(store, "orig", at="a", to="copy")
+        assert head.status == "paused" and head.next_step == "b"
+        assert store.read("copy")["completed_steps"] == ["a"]
+        calls.clear()
+        out = Agent(engine=plan("copy", resume=True))("go")
+        assert calls == ["b", "c"]  # a was not re-run
+        assert out.payload == "go>a>b>c"
+        assert store.read("orig")["status"] == "done"  # the original is untouched
+        with pytest.raises(StoreKeyConflictError, match="already used"):
+            fork_run(store, "orig", at="a", to="copy")
+        with pytest.raises(KeyError, match="no step 'zz'"):
+            fork_run(store, "orig", at="zz", to="copy2")
+
+
+def test_retry_rewinds_a_run_to_a_step(tmp_path: Path) -> None:
+    # guarantee 282
+    calls: list[str] = []
+
+    def make(name: str):  # type: ignore[no-untyped-def]
+        def fn(payload: object) -> str:
+            calls.append(name)
+            return f"{payload}>{name}"
+
+        fn.__name__ = name
+        return fn
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+
+        def plan(resume: bool) -> Plan:
+            return Plan(
+                Step(make("a"), name="a"),
+                Step(make("b"), name="b", writes="b_out"),
+                Step(make("c"), name="c"),
+                store=store,
+                checkpoint_key="job",
+                resume=resume,
+            )
+
+        Agent(engine=plan(False))("go")
+        from stepstone.durable import retry_run
+
+        head = retry_run(store, "job", from_step="b")
+        assert (head.status, head.next_step) == ("paused", "b")
+        assert store.read("job")["completed_steps"] == ["a"]
+        calls.clear()
+        out = Agent(engine=plan(True))("go")
+        assert calls == ["b", "c"] and out.payload == "go>a>b>c"
+        assert store.read("job")["completed_steps"] == ["a", "b", "c"]
+        with pytest.raises(KeyError, match="no step 'zz'"):
+            retry_run(store, "job", from_step="zz")
+
+
+def test_retry_refuses_a_live_run(tmp_path: Path) -> None:
+    # guarantee 282
+    from stepstone.durable import retry_run
+    from stepstone.exceptions import ConcurrentPlanRunError
+    from tests.operate._live import SteppedRun
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+        live = SteppedRun(store, "live", steps=3).start()
+        try:
+            live.advance(0)
+            with pytest.raises(ConcurrentPlanRunError, match="stepstone cancel live"):
+                retry_run(store, "live", from_step="step_0")
+        finally:
+            live.finish()
+        assert store.read("live")["status"] == "done"
+
+
+def test_cancelling_a_live_graph_run(tmp_path: Path) -> None:
+    # guarantee 268
+    from typing import ClassVar
+
+    from stepstone.graph import END, GraphBuilder, SQLiteCheckpointer, State
+
+    started, go = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    class Count(State):
+        schema_version: ClassVar[str] = "v1"
+        n: int = 0
+
+    def first(state: Count) -> dict[str, int]:
+        started.set()
+        assert go.wait(60)
+        ran.append("first")
+        return {"n": 1}
+
+    def second(state: Count) -> dict[str, int]:
+        ran.append("second")
+        return {"n": 2}
+
+    db = tmp_path / "g.sqlite"
+    graph = (
+        GraphBuilder(Count)
+        .add_node("first", first)
+        .add_node("second", second)
+        .add_edge("first", "second")
+        .add_edge("second", END)
+        .set_entry("first")
+        .with_checkpointer(SQLiteCheckpointer(str(db)))
+        .compile()
+    )
+    raised: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            graph.invoke(Count(), correlation_id="c1")
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            raised.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert started.wait(60)
+    with Store(db=db) as store:
+        key = next(h.key for h in store.backend.run_list(None) if h.kind == "graph")
+        assert cancel_run(store, key).startswith("cancel requested")
+        go.set()
+        worker.join(60)
+        assert ran == ["first"]
+        assert len(raised) == 1 and "resume_invocation=" in str(raised[0])
+        head = store.backend.run_get(key)
+        assert head is not None and head.status == "failed"
+        assert head.meta["error"]["type"] == "RunCancelledError"

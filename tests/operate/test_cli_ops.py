@@ -1,0 +1,180 @@
+"""The operator commands on SQLite and PostgreSQL: tables, --json shapes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stepstone.cli import app
+from tests.operate._runs import done_run, failed_run
+from tests.operate.conftest import open_args
+
+runner = CliRunner()
+ENV = {"COLUMNS": "200"}
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), env=ENV)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _json(*args: str) -> object:
+    code, out, err = _run(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_show_history_diff_stranded(store_args: list[str]) -> None:
+    # guarantee 270, 271, 272, 273
+    with open_args(store_args) as store:
+        done_run(store, "a", payload="same")
+        done_run(store, "b", payload="other")
+        failed_run(store, "bad")
+    show = _json("show", "bad", *store_args)
+    assert isinstance(show, dict)
+    assert show["status"] == "failed" and show["owner"] == "none"
+    assert show["error"]["type"] == "ValueError" and show["error"]["message"] == "bad row 7"
+    assert show["record"]["completed_steps"] == ["extract"]
+    assert [e["kind"] for e in show["timeline"]] == ["step", "failed"]
+    code, out, _ = _run("show", "bad", *store_args)
+    assert code == 0 and "error at 'validate': ValueError: bad row 7" in out
+
+    hist = _json("history", "a", *store_args)
+    assert hist == [
+        {
+            "seq": 0,
+            "kind": "step",
+            "name": "extract",
+            "error": None,
+            "iteration": 1,
+            "writes": "a.raw",
+        },
+        {"seq": 1, "kind": "step", "name": "load", "error": None, "iteration": 2},
+    ]
+    with_payloads = _json("history", "a", "--payloads", *store_args)
+    assert isinstance(with_payloads, list)
+    assert [e["payload"] for e in with_payloads] == ["same", "same!"]
+    code, out, _ = _run("history", "a", "--payloads", *store_args)
+    assert code == 0 and "same!" in out
+
+    diff = _json("diff", "a", "b", *store_args)
+    assert isinstance(diff, dict)
+    assert diff["same_prefix"] == 0 and not diff["identical"]
+    assert diff["first_difference"]["a"]["payload"] == "same"
+    assert diff["first_difference"]["b"]["payload"] == "other"
+    code, out, _ = _run("diff", "a", "b", *store_args)
+    assert code == 0 and "a: #0 step extract: same" in out
+
+    assert _json("stranded", *store_args) == []
+
+
+def test_prune_dry_run_then_prune(store_args: list[str]) -> None:
+    # guarantee 274
+    with open_args(store_args) as store:
+        for i in range(3):
+            done_run(store, f"job-{i}")
+        failed_run(store, "job-failed")
+    time.sleep(0.05)
+    args = ["prune", "--keep-last", "1", "--min-age", "0s", *store_args]
+    dry = _json(*args, "--dry-run")
+    assert isinstance(dry, dict) and dry["dry_run"] is True
+    assert [d["key"] for d in dry["deleted"]] == ["job-0", "job-1"]
+    assert set(dry["deleted"][0]) == {"key", "kind", "status", "updated_at", "reason", "values"}
+    with open_args(store_args) as store:
+        assert len(store.backend.run_list(None)) == 4
+    code, out, _ = _run(*args)
+    assert code == 0 and "deleted 2 run(s)" in out
+    with open_args(store_args) as store:
+        assert sorted(h.key for h in store.backend.run_list(None)) == ["job-2", "job-failed"]
+    done = _json("prune", "--ttl", "0s", "--min-age", "0s", "--status", "failed", *store_args)
+    assert isinstance(done, dict) and [d["key"] for d in done["deleted"]] == ["job-failed"]
+    with open_args(store_args) as store:
+        for i in range(2):
+            done_run(store, f"a-{i}")
+            done_run(store, f"b-{i}")
+    per = ["--keep-last", "1", "--min-age", "0s", "--prefix", "a-", "--prefix", "b-"]
+    grouped = _json("prune", *per, *store_args)
+    assert isinstance(grouped, dict)
+    assert sorted(d["key"] for d in grouped["deleted"]) == ["a-0", "b-0"]
+
+
+def test_cancel_and_fork_commands(store_args: list[str]) -> None:
+    # guarantee 268, 269
+    with open_args(store_args) as store:
+        failed_run(store, "bad")
+        done_run(store, "ok")
+    assert _json("cancel", "bad", *store_args) == {
+        "key": "bad",
+        "outcome": "cancelled (failed run, no live owner): marked failed",
+    }
+    forked = _json("fork", "ok", "--at", "extract", "--to", "ok-2", *store_args)
+    assert forked == {"key": "ok-2", "from": "ok", "next_step": "load"}
+    code, out, _ = _run("show", "ok-2", *store_args)
+    assert code == 0 and "status paused" in out
+    retried = _json("retry", "ok", "--from", "load", *store_args)
+    assert retried == {"key": "ok", "next_step": "load", "status": "paused"}
+
+
+def test_failures_are_one_line_with_exit_status_1(store_args: list[str], tmp_path: Path) -> None:
+    # guarantee 275
+    with open_args(store_args) as store:
+        done_run(store, "ok")
+    cases = [
+        (["show", "nope", *store_args], "no run under key 'nope'"),
+        (["history", "nope", *store_args], "no run under key 'nope'"),
+        (["diff", "ok", "nope", *store_args], "no run under key 'nope'"),
+        (["cancel", "ok", *store_args], "already done"),
+        (["fork", "ok", "--at", "zz", "--to", "x", *store_args], "no step 'zz'"),
+        (["retry", "ok", "--from", "zz", *store_args], "no step 'zz'"),
+        (["prune", *store_args], "pass --ttl AGE"),
+        (["prune", "--ttl", "soon", *store_args], "bad age 'soon'"),
+        (["show", "ok"], "pass exactly one of --db FILE or --url URL"),
+        (["show", "ok", "--db", str(tmp_path / "missing.sqlite")], "no store file at"),
+    ]
+    for args, message in cases:
+        code, out, err = _run(*args)
+        assert code == 1, (args, out, err)
+        assert err.startswith("error: ") and message in err, (args, err)
+        assert err.count("\n") == 1, err
+        assert "Traceback" not in out + err
+    # --debug lets the exception (and so its traceback) through instead
+    debug = runner.invoke(app, ["show", "nope", *store_args, "--debug"], env=ENV)
+    assert debug.exit_code == 1 and "no run under key 'nope'" in str(debug.exception)
+
+
+def test_vacuum_command_reports_the_shrink(tmp_path: Path) -> None:
+    # guarantee 267
+    db = tmp_path / "v.sqlite"
+    from stepstone import Store
+
+    with Store(db=db) as store:
+        for i in range(40):
+            done_run(store, f"big-{i}", payload="z" * 20_000)
+            store.delete(f"big-{i}.raw")
+    assert _run("prune", "--keep-last", "0", "--min-age", "0s", "--db", str(db))[0] == 0
+    report = _json("vacuum", "--db", str(db))
+    assert isinstance(report, dict) and report["full"] is True
+    assert report["bytes_after"] < report["bytes_before"] / 3
+    assert db.stat().st_size == report["bytes_after"]
+    code, out, _ = _run("vacuum", "--db", str(db))
+    assert code == 0 and "(incremental)" in out
+
+
+@pytest.mark.postgres
+def test_vacuum_on_postgres_frees_pruned_space(pg_url: str) -> None:
+    # guarantee 267
+    from stepstone import Store
+
+    with Store(url=pg_url) as store:
+        for key in store.keys():
+            store.delete(key)
+        for i in range(30):
+            done_run(store, f"pg-big-{i}", payload="q" * 20_000)
+    assert _run("prune", "--keep-last", "0", "--min-age", "0s", "--url", pg_url)[0] == 0
+    report = _json("vacuum", "--url", pg_url)
+    assert isinstance(report, dict) and report["full"] is False
+    assert report["bytes_after"] < report["bytes_before"], report

@@ -1,0 +1,161 @@
+"""The inspector's HTTP API over a real server, and the `stepstone ui` command."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import Store
+from stepstone.ui import InspectorServer
+from tests.operate._live import SteppedRun
+from tests.operate._runs import done_run, failed_run
+from tests.operate.conftest import open_args
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            body = resp.read()
+            ctype = resp.headers["Content-Type"]
+            return resp.status, json.loads(body) if "json" in ctype else body.decode()
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _post(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_api_lists_filters_and_details_runs(store_args: list[str]) -> None:
+    # guarantee 276, 277
+    with open_args(store_args) as store:
+        done_run(store, "etl-1")
+        done_run(store, "etl-2")
+        failed_run(store, "nightly")
+        with InspectorServer(store, port=0).start() as server:
+            base = server.url
+            assert base.startswith("http://127.0.0.1:")
+            status, page = _get(base)
+            assert status == 200 and "<title>stepstone inspector</title>" in page
+            assert _get(base + "static/app.js")[0] == 200
+            assert _get(base + "static/secret.py")[0] == 404
+            status, data = _get(base + "api/runs")
+            assert status == 200 and data["total"] == 3 and data["allow_actions"] is False
+            assert [r["key"] for r in data["runs"]] == ["nightly", "etl-2", "etl-1"]
+            assert _get(base + "api/runs?status=failed")[1]["runs"][0]["error_type"] == "ValueError"
+            assert _get(base + "api/runs?prefix=etl-&limit=1")[1]["total"] == 2
+            assert len(_get(base + "api/runs?prefix=etl-&limit=1")[1]["runs"]) == 1
+            assert _get(base + "api/runs?kind=graph")[1]["total"] == 0
+            assert _get(base + "api/runs?older_than=3600")[1]["total"] == 0
+            assert _get(base + "api/runs?limit=ten")[0] == 400
+            status, run = _get(base + "api/run?key=nightly")
+            assert status == 200 and run["error"]["message"] == "bad row 7"
+            assert run["timeline"][-1]["kind"] == "failed"
+            assert _get(base + "api/run?key=nope")[0] == 404
+
+
+def test_api_is_read_only_unless_actions_are_allowed(tmp_path: Path) -> None:
+    # guarantee 278
+    with Store(db=tmp_path / "s.sqlite") as store:
+        run = SteppedRun(store, "live", steps=2).start()
+        try:
+            assert run.started[0].wait(60)
+            with InspectorServer(store, port=0).start() as server:
+                status, data = _post(
+                    server.url + "api/cancel?key=live", {"X-Stepstone-Action": "1"}
+                )
+                assert status == 403 and "--allow-actions" in data["error"]
+                assert _get(server.url + "api/cancel?key=live")[0] == 405
+            with InspectorServer(store, port=0, allow_actions=True).start() as server:
+                status, data = _post(server.url + "api/cancel?key=live")
+                assert status == 403 and "X-Stepstone-Action" in data["error"]
+                assert store.read("live")["status"] in ("claimed", "running")
+                act = {"X-Stepstone-Action": "1"}
+                status, data = _post(server.url + "api/retry?key=live&step=step_0", act)
+                assert status == 409 and "stepstone cancel live" in data["error"]
+                status, data = _post(server.url + "api/cancel?key=live", act)
+                assert status == 200 and data["outcome"].startswith("cancel requested")
+                run.finish()
+                assert store.read("live")["error"]["type"] == "RunCancelledError"
+                assert store.read("live")["completed_steps"] == ["step_0"]
+                status, data = _post(server.url + "api/retry?key=live&step=step_0", act)
+                assert status == 200 and data["next_step"] == "step_0"
+                assert store.read("live")["completed_steps"] == []
+        finally:
+            run.finish()
+
+
+def test_ui_command_serves_until_interrupted(tmp_path: Path) -> None:
+    # guarantee 276
+    db = tmp_path / "s.sqlite"
+    with Store(db=db) as store:
+        failed_run(store, "nightly")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepstone.cli", "ui", "--db", str(db), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "read-only" in line, line
+        url = line.split(" on ", 1)[1].split(" ", 1)[0]
+        assert url.startswith("http://127.0.0.1:")
+        assert _get(url + "api/runs")[1]["runs"][0]["key"] == "nightly"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+def test_ui_command_refuses_a_taken_port(tmp_path: Path) -> None:
+    # guarantee 275
+    db = tmp_path / "s.sqlite"
+    Store(db=db).close()
+    with InspectorServer(Store(db=db), port=0) as taken:
+        port = taken.url.rsplit(":", 1)[1].strip("/")
+        proc = subprocess.run(
+            [sys.executable, "-m", "stepstone.cli", "ui", "--db", str(db), "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: cannot listen on 127.0.0.1:") and "--port" in proc.stderr
+
+
+def test_a_foreign_host_header_is_refused(tmp_path: Path) -> None:
+    # guarantee 289
+    with Store(db=tmp_path / "s.sqlite") as store:
+        failed_run(store, "nightly")
+        with InspectorServer(store, port=0).start() as server:
+            port = server.url.rsplit(":", 1)[1].strip("/")
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+                req = urllib.request.Request(server.url + "api/runs", headers={"Host": host})
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    assert resp.status == 200
+            req = urllib.request.Request(
+                server.url + "api/runs", headers={"Host": f"evil.example:{port}"}
+            )
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(req, timeout=30)
+            assert err.value.code == 403
+            assert "is not this machine" in json.loads(err.value.read())["error"]
+            err.value.close()

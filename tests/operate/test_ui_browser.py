@@ -1,0 +1,195 @@
+"""The web inspector in a real headless Chromium: run list, a failed run, a live run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import Store
+from stepstone.ui import InspectorServer
+from tests.operate._browser import ARGS, chromium_or_skip, png_pixels, share
+from tests.operate._live import SteppedRun
+from tests.operate._runs import done_run, failed_run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """A page in a fresh headless Chromium profile."""
+    executable = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),
+            executable_path=executable,
+            headless=True,
+            args=ARGS,
+            viewport={"width": 1200, "height": 640},
+        )
+        try:
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            yield page
+        finally:
+            context.close()
+
+
+def _in_thread(fn: Callable[[], None]) -> None:
+    # Playwright's sync API runs an event loop on this thread; runs are made on another.
+    worker = threading.Thread(target=fn)
+    worker.start()
+    worker.join(120)
+
+
+def _near(pixel: tuple[int, int, int], rgb: tuple[int, int, int], tol: int = 6) -> bool:
+    return all(abs(a - b) <= tol for a, b in zip(pixel, rgb, strict=True))
+
+
+def _share_of(png: bytes, rgb: tuple[int, int, int]) -> float:
+    _, _, pixels = png_pixels(png)
+    return sum(_near(p, rgb) for p in pixels) / len(pixels)
+
+
+def test_inspector_in_headless_chromium(browser: Any, tmp_path: Path) -> None:
+    # guarantee 279, 280, 281
+    from playwright.sync_api import expect
+
+    page = browser
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    with Store(db=tmp_path / "runs.sqlite") as store:
+
+        def prepare() -> None:
+            for day in ("2026-11-20", "2026-11-21", "2026-11-22"):
+                done_run(store, f"etl-{day}", payload=f"{day}: 3 rows loaded")
+            failed_run(store, "nightly-report")
+
+        _in_thread(prepare)
+        live = SteppedRun(store, "backfill-live", steps=4).start()
+        try:
+            assert live.started[0].wait(60)
+            with InspectorServer(store, port=0, poll_seconds=0.3).start() as server:
+                # 1. the run list, with statuses and the failed run's error type
+                page.goto(server.url)
+                page.wait_for_selector('#runs tbody tr[data-key="nightly-report"]')
+                rows = page.locator("#runs tbody tr")
+                assert rows.count() == 5
+                assert page.get_attribute('tr[data-key="nightly-report"]', "data-status") == (
+                    "failed"
+                )
+                assert "ValueError" in page.inner_text('tr[data-key="nightly-report"]')
+                assert "live (lease" in page.inner_text('tr[data-key="backfill-live"]')
+                assert page.inner_text("#mode") == "read-only"
+                page.select_option('select[name="status"]', "done")
+                expect(rows).to_have_count(3, timeout=60_000)
+                page.select_option('select[name="status"]', "")
+                expect(rows).to_have_count(5, timeout=60_000)
+                shot = page.screenshot(path=str(shots / "inspector-runs.png"), full_page=True)
+                # the failed run's red status badge is on screen
+                assert _share_of(shot, (0xFE, 0xE2, 0xE2)) > 0.0005
+                share(shots / "inspector-runs.png")
+
+                # 2. a failed run's timeline, with its error
+                page.click('a[href="#run=nightly-report"]')
+                page.wait_for_selector("#run-error:not([hidden])")
+                error = page.inner_text("#run-error")
+                assert error == "ValueError at step validate: bad row 7"
+                timeline = page.locator("#timeline tbody tr")
+                assert timeline.count() == 2
+                assert "extract" in timeline.nth(0).inner_text()
+                assert "bad row 7" in timeline.nth(1).inner_text()
+                assert page.is_hidden("#actions")  # read-only: no cancel button
+                box = page.locator("#run-error").screenshot()
+                assert _share_of(box, (0xFE, 0xF2, 0xF2)) > 0.5  # the red error box
+                page.screenshot(path=str(shots / "inspector-failed-run.png"), full_page=True)
+                share(shots / "inspector-failed-run.png")
+
+                # 3. a live run updating without a reload
+                page.goto(server.url + "#run=backfill-live")
+                page.wait_for_selector('#run-facts[data-steps="0"]')
+                for i in range(3):
+                    live.advance(i)
+                    page.wait_for_selector(f'#run-facts[data-steps="{i + 1}"]')
+                    assert page.locator("#timeline tbody tr").count() == i + 1
+                assert "step_2" in page.inner_text("#timeline tbody")
+                assert page.get_attribute("#run-facts", "data-status") == "running"
+                page.screenshot(path=str(shots / "inspector-live-run.png"), full_page=True)
+                share(shots / "inspector-live-run.png")
+                live.advance(3)
+                page.wait_for_selector('#run-facts[data-status="done"]')
+                assert int(page.get_attribute("#live", "data-updates") or 0) >= 4
+        finally:
+            live.finish()
+        assert live.error is None
+
+
+def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path) -> None:
+    # guarantee 283
+    from playwright.sync_api import expect
+
+    page = browser
+    with Store(db=tmp_path / "runs.sqlite") as store:
+        live = SteppedRun(store, "live-job", steps=3).start()
+        try:
+            assert live.started[0].wait(60)
+            with InspectorServer(store, port=0, allow_actions=True, poll_seconds=0.3).start() as (
+                server
+            ):
+                page.goto(server.url + "#run=live-job")
+                page.wait_for_selector("#actions:not([hidden])")
+                assert page.inner_text("#mode") == "actions enabled"
+                page.click("#cancel")
+                page.wait_for_selector("#action-result:has-text('cancel requested')")
+                page.wait_for_selector("#run-facts .cancel-flag")  # the flag shows until it stops
+                live.gates[0].set()  # the owner commits its step, sees the flag and stops
+                page.wait_for_selector('#run-facts[data-status="failed"]')
+                assert page.inner_text("#run-error").startswith("RunCancelledError at step step_1")
+                assert page.is_hidden("#actions") is False  # still not done: cancel stays
+                # guarantee 283: rewind it from the page
+                page.click('#timeline tr[data-name="step_0"] button.retry')
+                page.wait_for_selector('#run-facts[data-status="paused"]')
+                assert "next step step_0" in page.inner_text("#run-facts")
+                expect(page.locator("#timeline tbody tr")).to_have_count(0, timeout=60_000)
+        finally:
+            live.finish()
+        assert store.read("live-job")["completed_steps"] == []
+        assert store.read("live-job")["next_step"] == "step_0"
+        assert live.started[1].is_set() is False
+
+
+def test_run_list_pages(browser: Any, tmp_path: Path) -> None:
+    # guarantee 288
+    from playwright.sync_api import expect
+
+    page = browser
+    with Store(db=tmp_path / "runs.sqlite") as store:
+
+        def prepare() -> None:
+            for i in range(5):
+                done_run(store, f"job-{i}")
+
+        _in_thread(prepare)
+        with InspectorServer(store, port=0, page_size=2).start() as server:
+            page.goto(server.url)
+            rows = page.locator("#runs tbody tr")
+            expect(rows).to_have_count(2, timeout=60_000)
+            assert page.inner_text("#page") == "1-2 of 5"
+            assert page.is_disabled("#newer") and not page.is_disabled("#older")
+            first = [rows.nth(i).get_attribute("data-key") for i in range(2)]
+            assert first == ["job-4", "job-3"]
+            page.click("#older")
+            page.wait_for_selector('#pager[data-offset="2"]')
+            page.click("#older")
+            page.wait_for_selector('#pager[data-offset="4"]')
+            expect(rows).to_have_count(1, timeout=60_000)
+            assert rows.nth(0).get_attribute("data-key") == "job-0"
+            assert page.inner_text("#page") == "5-5 of 5" and page.is_disabled("#older")
+            page.click("#newer")
+            page.wait_for_selector('#pager[data-offset="2"]')
+            expect(rows).to_have_count(2, timeout=60_000)

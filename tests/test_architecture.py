@@ -17,15 +17,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "stepstone"
 ALLOWED_DIRS = ("store", "durable", "testing")
 BACKEND_ACCESS = re.compile(r"\.backend\.|\b_kernel_call\b")
 
-# Today's exceptions, each to be replaced by a kernel call and then deleted from this list
-# (a count may only go down; a file not listed may have none).
-KNOWN_EXCEPTIONS: dict[str, int] = {
-    "cli/__init__.py": 1,  # `stepstone runs` lists heads: needs a kernel listing call
-    "engines/graph/_checkpoint.py": 6,  # checkpointer load/list/delete and its _offload
-    "engines/graph/_compiled.py": 2,  # the resumed record's head, and _offload
-    "engines/plan/_plan.py": 7,  # claim, journal validation before the claim, prune_forks
-    "engines/replan/_engine.py": 4,  # claim and journal reads off the loop, as the Plan does
-}
+# Modules outside store/ and durable/ allowed to reach a backend directly: none. Add the
+# call you need to stepstone.durable instead of an entry here.
+KNOWN_EXCEPTIONS: dict[str, int] = {}
 
 
 def _uses() -> dict[str, int]:

@@ -12,6 +12,7 @@ from rich.console import Console
 from stepstone.cli._demo_etl import run_etl_demo
 from stepstone.cli._demo_lunar import run_lunar_demo
 from stepstone.cli._render import render_entry, render_runs
+from stepstone.durable import list_runs
 from stepstone.store import Store
 
 __all__ = ["app", "main"]
@@ -94,7 +95,7 @@ def runs(
     console = Console()
     store = _open_store(db, url, console)
     try:
-        render_runs(console, store.backend.run_list(prefix))
+        render_runs(console, list_runs(store, prefix))
     finally:
         store.close()
 

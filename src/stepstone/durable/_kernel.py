@@ -25,6 +25,7 @@ from typing import Any, Literal
 from stepstone.core._ids import host_id, new_uid, process_start_time
 from stepstone.core._serialization import dumps
 from stepstone.durable._leases import LIVE_STATUSES, keeper, owner_alive
+from stepstone.durable._records import blocking_call
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
     ConcurrentRunError,
@@ -34,7 +35,14 @@ from stepstone.exceptions import (
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
-__all__ = ["ClaimResult", "OwnedRun", "claim_run", "describe_owner", "ownership_error"]
+__all__ = [
+    "ClaimResult",
+    "OwnedRun",
+    "aclaim_run",
+    "claim_run",
+    "describe_owner",
+    "ownership_error",
+]
 
 log = logging.getLogger("stepstone")
 
@@ -161,10 +169,10 @@ class OwnedRun:
         writes: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """Async :meth:`commit_sync`; network backends commit from a worker thread, local
-        ones (``Backend.commit_inline``) on the loop thread."""
+        ones (``Backend.commit_inline``) on the loop thread (``blocking_call``)."""
         new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
-        ok = await self.store._kernel_call(
-            self.store.backend.run_commit, new, self.head.version, journal, encoded
+        ok = await blocking_call(
+            self.store, self.store.backend.run_commit, new, self.head.version, journal, encoded
         )
         if not ok:
             raise self._lost()
@@ -184,6 +192,10 @@ class OwnedRun:
     def journal(self, since_seq: int = 0) -> list[JournalRow]:
         """This run's journal rows (all runs of the key since its last fresh start)."""
         return self.store.backend.run_journal(self.key, since_seq)
+
+    async def ajournal(self, since_seq: int = 0) -> list[JournalRow]:
+        """Async :meth:`journal`."""
+        return await blocking_call(self.store, self.journal, since_seq)
 
     def lease_due(self, now: float) -> bool:
         """Whether a third of the lease has passed since it was last extended."""
@@ -344,3 +356,9 @@ def claim_run(
     run = OwnedRun(store, head)
     keeper.add(run)
     return ClaimResult(outcome[0], head, run, found[0])
+
+
+async def aclaim_run(store: Store, key: str, **options: Any) -> ClaimResult:
+    """Async :func:`claim_run` (same arguments), called by the kernel's one rule for
+    backend calls from async code (``blocking_call``)."""
+    return await blocking_call(store, lambda: claim_run(store, key, **options))

@@ -180,13 +180,6 @@ class Store:
             return await asyncio.to_thread(fn, *args)
         return fn(*args)
 
-    async def _kernel_call(self, fn: Callable[..., R], *args: Any) -> R:
-        """A durable-kernel operation: on the loop thread for local backends
-        (``Backend.commit_inline``), in a worker thread for network ones."""
-        if self.backend.commit_inline:
-            return fn(*args)
-        return await asyncio.to_thread(fn, *args)
-
     async def aread(self, key: str, default: Any = None) -> Any:
         """Async :meth:`read`."""
         return await self._offload(self.read, key, default)

@@ -32,7 +32,7 @@ from stepstone.durable import (
     run_head,
 )
 from stepstone.exceptions import StoreError
-from stepstone.store._base import JournalRow
+from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._sqlite import SQLiteBackend
 
 KIND = "records-test"
@@ -125,25 +125,25 @@ def test_async_forms_give_what_the_sync_calls_give(store: Store) -> None:
 
 
 # -- the one rule for backend calls from async code --------------------------------------
-def _thread_of(store: Store, *, many: bool) -> str:
+def _thread_of(store: Store, *, bulk: bool) -> str:
     async def main() -> str:
         loop_thread = threading.get_ident()
-        ran_on = await blocking_call(store, threading.get_ident, many=many)
+        ran_on = await blocking_call(store, threading.get_ident, bulk=bulk)
         return "loop" if ran_on == loop_thread else "worker"
 
     return asyncio.run(main())
 
 
 def test_blocking_call_runs_where_the_backend_needs_it(store: Store) -> None:
-    # memory: always on the loop; a local file: one-run calls on the loop, listings in a
-    # worker; a network server: always in a worker
+    # memory: always on the loop; a local file: bounded calls (a commit, a claim) on the
+    # loop, bulk ones (a journal, a listing) in a worker; a network server: always a worker
     name = type(store.backend).__name__
     expected = {
         "MemoryBackend": ("loop", "loop"),
         "SQLiteBackend": ("loop", "worker"),
         "PostgresBackend": ("worker", "worker"),
     }[name]
-    assert (_thread_of(store, many=False), _thread_of(store, many=True)) == expected
+    assert (_thread_of(store, bulk=False), _thread_of(store, bulk=True)) == expected
 
 
 # -- consistency while other processes write ---------------------------------------------
@@ -153,11 +153,22 @@ class _BetweenReads(SQLiteBackend):
     them, every time, instead of when the scheduler happens to allow it."""
 
     between: Callable[[], Any] | None = None
+    commit_thread: int | None = None  # the thread of the last commit
 
     def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
         if self.between is not None:
             self.between()
         return super().run_journal(key, since_seq)
+
+    def run_commit(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+    ) -> bool:
+        self.commit_thread = threading.get_ident()
+        return super().run_commit(head, expected_version, rows, writes)
 
 
 @pytest.fixture
@@ -232,3 +243,25 @@ def test_a_run_claimed_again_on_every_read_is_an_error_naming_it(
     backend.between = delete_and_claim
     with pytest.raises(StoreError, match=r"run 'job' was claimed again while being read"):
         read_run(reader, "job")
+
+
+def test_on_a_local_file_journals_are_read_off_the_loop_and_commits_stay_on_it(
+    racing: tuple[Store, _BetweenReads, Store],
+) -> None:
+    reader, backend, _ = racing
+    threads: list[int] = []
+    backend.between = lambda: threads.append(threading.get_ident())
+
+    async def main() -> int:
+        claim = await aclaim_run(reader, "job", kind=KIND, resume=False, first_step="s0")
+        assert claim.run is not None
+        await claim.run.commit(status="running", next_step="s1", rows=[("step", None, 0)])
+        assert backend.commit_thread == threading.get_ident()  # committed on the loop
+        assert threads == []  # claim and commit read no journal
+        assert (await aread_run(reader, "job")) is not None
+        assert _data(await claim.run.ajournal()) == ["0"]
+        claim.run.release()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert len(threads) == 2 and loop_thread not in threads

@@ -195,7 +195,7 @@ class OwnedRun:
 
     async def ajournal(self, since_seq: int = 0) -> list[JournalRow]:
         """Async :meth:`journal`."""
-        return await blocking_call(self.store, self.journal, since_seq)
+        return await blocking_call(self.store, self.journal, since_seq, bulk=True)
 
     def lease_due(self, now: float) -> bool:
         """Whether a third of the lease has passed since it was last extended."""

@@ -15,10 +15,10 @@ Engines and the CLI reach run records only through these calls (and ``claim_run`
 The rule :func:`blocking_call` applies, for every backend call the kernel or an engine
 makes from async code: an in-memory backend (``Backend.blocking`` False) is called on the
 loop thread; a local file (``Backend.commit_inline``, SQLite) is called on the loop thread
-for a call that touches one run (a commit, a claim, a read: cheaper than the ~40 us thread
-round trip, and writers of one file serialize anyway) and from a worker thread for a call
-that reads many runs (a listing); a network backend (PostgreSQL) is always called from a
-worker thread, so a slow server never stalls the loop.
+for a call of bounded size (a commit, a claim, a head: cheaper than the ~40 us thread round
+trip, and writers of one file serialize anyway) and from a worker thread for a ``bulk``
+call, whose cost grows with the data (a whole journal, a listing); a network backend
+(PostgreSQL) is always called from a worker thread, so a slow server never stalls the loop.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ R = TypeVar("R")
 _READ_ATTEMPTS = 20
 
 
-async def blocking_call(store: Store, fn: Callable[..., R], *args: Any, many: bool = False) -> R:
+async def blocking_call(store: Store, fn: Callable[..., R], *args: Any, bulk: bool = False) -> R:
     """Call ``fn(*args)``, a blocking call on ``store``'s backend, from async code, by the
     kernel's one rule (module docstring): on the loop thread for an in-memory backend, and
-    for a local file unless ``many`` (the call reads many runs); in a worker thread
-    otherwise."""
+    for a local file unless ``bulk`` (the call reads a whole journal or many runs); in a
+    worker thread otherwise."""
     backend = store.backend
-    if not backend.blocking or (backend.commit_inline and not many):
+    if not backend.blocking or (backend.commit_inline and not bulk):
         return fn(*args)
     return await asyncio.to_thread(fn, *args)
 
@@ -109,12 +109,12 @@ def delete_run(store: Store, key: str) -> bool:
 
 async def aread_run(store: Store, key: str) -> tuple[RunHead, list[JournalRow]] | None:
     """Async :func:`read_run`."""
-    return await blocking_call(store, read_run, store, key)
+    return await blocking_call(store, read_run, store, key, bulk=True)
 
 
 async def alist_runs(store: Store, prefix: str | None = None) -> list[RunHead]:
     """Async :func:`list_runs`."""
-    return await blocking_call(store, list_runs, store, prefix, many=True)
+    return await blocking_call(store, list_runs, store, prefix, bulk=True)
 
 
 async def adelete_run(store: Store, key: str) -> bool:

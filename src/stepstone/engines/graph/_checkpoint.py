@@ -481,13 +481,13 @@ class StoreCheckpointer:
     # -- async twins ---------------------------------------------------------------------
     async def aload(self, invocation_id: str) -> CheckpointRecord:
         """Async :meth:`load`."""
-        return await blocking_call(self.store, self.load, invocation_id)
+        return await blocking_call(self.store, self.load, invocation_id, bulk=True)
 
     async def alist(
         self, filter: CheckpointFilter | None = None
     ) -> builtins.list[CheckpointRecord]:
         """Async :meth:`list`."""
-        return await blocking_call(self.store, self.list, filter, many=True)
+        return await blocking_call(self.store, self.list, filter, bulk=True)
 
     async def adelete(self, invocation_id: str) -> bool:
         """Async :meth:`delete`."""

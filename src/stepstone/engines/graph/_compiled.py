@@ -194,9 +194,9 @@ class CompiledGraph(Generic[S]):
                         ".with_checkpointer(SQLiteCheckpointer(path))"
                     )
                 lock = await blocking_call(
-                    cp.store, self._lock_source, cp, resume_invocation, invocation_id
+                    cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
                 )
-                raw = await blocking_call(cp.store, cp.load_raw, resume_invocation)
+                raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
                 if correlation_id is not None and correlation_id != raw.correlation_id:
                     raise UserError(
                         f"invocation {resume_invocation!r} belongs to correlation_id "

@@ -199,7 +199,11 @@ class Plan:
             runner.writes_prefix = f"{key}:"
         # Read and validate the checkpoint before claiming it: a resume that fails on a
         # corrupt record must leave every byte as it was.
-        found = await blocking_call(store, _read_checkpoint, store, key) if self.resume else None
+        found = (
+            await blocking_call(store, _read_checkpoint, store, key, bulk=True)
+            if self.resume
+            else None
+        )
         claim = await aclaim_run(
             store,
             key,
@@ -244,7 +248,7 @@ class Plan:
         nothing was committed since (the usual case), else read again."""
         if found is not None and found[0].version == head.version:
             return found[1]
-        found = await blocking_call(store, _read_checkpoint, store, key)
+        found = await blocking_call(store, _read_checkpoint, store, key, bulk=True)
         if found is not None:
             return found[1]
         rep = replay(key, [])  # deleted meanwhile: no journal, as the backend reports it

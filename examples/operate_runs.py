@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from stepstone import Agent, Plan, Step, Store
-from stepstone.durable import diff_runs, fork_run, list_runs, prune, run_detail
+from stepstone.durable import diff_runs, fork_run, prune, query_runs, run_detail
 from stepstone.store import Retention, vacuum
 
 
@@ -40,7 +40,7 @@ def main(path: Path) -> None:
         for day, rows in (("11-19", 3), ("11-20", 5), ("11-21", 4), ("11-22", -1)):
             nightly(store, day, rows)
 
-        total, runs = list_runs(store)
+        total, runs = query_runs(store)
         print(f"{total} runs:", ", ".join(f"{r['key']}={r['status']}" for r in runs))
 
         failed = run_detail(store, "nightly-11-22")

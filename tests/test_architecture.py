@@ -48,6 +48,8 @@ def _uses() -> dict[str, int]:
 def test_the_pattern_sees_backend_access() -> None:
     assert BACKEND_ACCESS.search("head = cp.store.backend.run_get(key)")
     assert BACKEND_ACCESS.search("await store._kernel_call(fn)")
+    # an engine's own off-loop rule is backend access too: stepstone.durable.blocking_call
+    assert BACKEND_ACCESS.search("if cp.store.backend.blocking:")
     assert not BACKEND_ACCESS.search("backend = SQLiteBackend(path)")
 
 

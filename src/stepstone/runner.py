@@ -23,6 +23,7 @@ from typing import Any, Literal
 from stepstone.agent import Agent
 from stepstone.core._serialization import to_json_value
 from stepstone.core._sync import run_sync
+from stepstone.durable import list_runs
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.llm._durable import DurableSettings, latest_record, read_run, run_durable
 from stepstone.exceptions import AgentCheckpointCorruptionError, UserError
@@ -398,12 +399,13 @@ class Runner:
         """Runs in this store (of ``thread_id`` only, when given), each as ``{run_id,
         thread_id, status, phase, timestamp_ms}`` with its latest phase."""
         out: list[dict[str, Any]] = []
-        for head in self.store.backend.run_list("agent:"):
+        for head in list_runs(self.store, "agent:"):
             if head.kind != "agent" or not head.key.endswith(":checkpoint:latest"):
                 continue
             if thread_id is not None and head.meta.get("thread_id") != thread_id:
                 continue
-            record = latest_record(head.key, self.store.backend.run_journal(head.key)) or {}
+            found = read_run(self.store, head.key)
+            record = (latest_record(head.key, found[1]) if found is not None else None) or {}
             out.append(
                 {
                     "run_id": head.meta.get("run_id"),

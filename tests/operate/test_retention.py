@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import Agent, Plan, Step, Store
-from stepstone.durable import delete_run, plan_prune, prune
+from stepstone.durable import plan_prune, prune, prune_run
 from stepstone.store import Retention, vacuum
 from tests.operate._runs import done_run, failed_run
 from tests.operate.conftest import open_args
@@ -122,7 +122,7 @@ def test_a_live_run_is_never_pruned_whatever_the_policy(tmp_path: Path) -> None:
             assert report.deleted == []
             assert report.skipped_live == ["live"]
             # and judged-then-deleted directly: the CAS claim refuses a live owner
-            assert delete_run(store, store.backend.run_get("live")) is None  # type: ignore[arg-type]
+            assert prune_run(store, store.backend.run_get("live")) is None  # type: ignore[arg-type]
         finally:
             go.set()
             worker.join(60)
@@ -136,13 +136,13 @@ def test_a_run_that_changed_after_being_judged_is_left_alone(tmp_path: Path) -> 
         judged = store.backend.run_get("k")
         assert judged is not None
         done_run(store, "k", payload="second")  # a fresh run under the same key
-        assert delete_run(store, judged) is None
+        assert prune_run(store, judged) is None
         assert store.read("k")["status"] == "done"
         assert store.read("k.raw") == "second"
         chosen, _ = plan_prune(
             store.backend.run_list(None), Retention(keep_last=0), now=time.time() + DAY
         )
-        assert delete_run(store, chosen[0][0]) == []
+        assert prune_run(store, chosen[0][0]) == []
         assert store.backend.run_get("k") is None
 
 
@@ -295,7 +295,7 @@ def test_a_delete_interrupted_by_a_crash_is_finished_by_the_next_prune(tmp_path:
         dead_pid = int(gone.stdout)
 
         def tombstone(head, _kv):  # type: ignore[no-untyped-def]
-            # what delete_run writes before removing the head, from a pruner that then died
+            # what prune_run writes before removing the head, from a pruner that then died
             return Claim(
                 head=dataclasses.replace(
                     head,

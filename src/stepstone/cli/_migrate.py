@@ -23,6 +23,7 @@ from rich.table import Table
 
 from stepstone.agent import Agent
 from stepstone.cli._ops import DbOption, DebugOption, JsonOption, OpsError, UrlOption, open_store
+from stepstone.durable import list_runs, run_head
 from stepstone.engines.graph import CompiledGraph
 from stepstone.engines.plan import Plan
 from stepstone.exceptions import CheckpointStateMigrationError
@@ -114,7 +115,7 @@ def migrate_cmd(
         obj = load_target(target)
         kind = "plan" if isinstance(obj, Plan) else "graph"
         rows: list[dict[str, Any]] = []
-        for head in store.backend.run_list(prefix):
+        for head in list_runs(store, prefix):
             if head.kind != kind:
                 continue
             if isinstance(obj, Plan):
@@ -148,7 +149,7 @@ def resume_cmd(
 ) -> None:
     """Resume a stopped run with the application's Plan or graph, where it stopped."""
     with open_store(db, url, debug=debug) as store:
-        head = store.backend.run_get(key)
+        head = run_head(store, key)
         if head is None:
             raise OpsError(
                 f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
@@ -172,7 +173,7 @@ def resume_cmd(
             runner(task)
         else:
             raise OpsError(f"{target!r} is a {type(obj).__name__}, not a Plan or a compiled graph")
-        after = store.backend.run_get(key)
+        after = run_head(store, key)
         status = after.status if after is not None else "gone"
         err = after.meta.get("error") if after is not None else None
         if as_json:

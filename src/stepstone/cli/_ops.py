@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from stepstone.durable import read_run
 from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._retention import parse_age, prune
@@ -254,11 +255,12 @@ def history_cmd(
 ) -> None:
     """The run's journal, step by step."""
     with open_store(db, url, debug=debug) as store:
-        if store.backend.run_get(key) is None:
+        found = read_run(store, key)
+        if found is None:
             raise OpsError(
                 f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
             )
-        entries = timeline(store.backend.run_journal(key))
+        entries = timeline(found[1])
         if as_json:
             if not payloads:
                 for e in entries:

@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from stepstone.core._ids import host_id, process_alive
-from stepstone.durable import owner_alive
+from stepstone.durable import list_runs as kernel_list_runs
+from stepstone.durable import owner_alive, run_head
 from stepstone.store import RunHead, Store
 
 __all__ = ["RunLine", "list_runs", "owner_state"]
@@ -51,15 +52,13 @@ class RunLine:
 def list_runs(store: Store, prefix: str | None) -> list[RunLine]:
     """Every run under ``prefix``; a record that cannot be decoded becomes a corrupt line."""
     try:
-        return [RunLine(key=h.key, head=h) for h in store.backend.run_list(prefix)]
+        return [RunLine(key=h.key, head=h) for h in kernel_list_runs(store, prefix)]
     except Exception:  # noqa: BLE001 - one bad row; list the others one by one below
         pass
     lines: list[RunLine] = []
     for key in store.keys(prefix=prefix):
         try:
-            if store.backend.kv_get(key) is not None:
-                continue
-            head = store.backend.run_get(key)
+            head = run_head(store, key)  # None for a plain value
         except Exception as exc:  # noqa: BLE001 - shown on the line, the listing goes on
             lines.append(RunLine(key=key, corrupt=_one_line(exc)))
             continue

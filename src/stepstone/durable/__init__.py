@@ -1,14 +1,16 @@
-"""The durable kernel every engine runs on: ownership, leases, atomic step commits.
+"""The durable kernel every engine runs on: ownership, leases, atomic step commits, and
+the only way engines and the CLI read, list and delete run records (``read_run``,
+``run_head``, ``list_runs``, ``delete_run`` and their async forms).
 
-Also what operators use on runs from outside their owner: read models (``list_runs``,
-``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run`` and
-``prune`` with a :class:`~stepstone.store.Retention` policy.
+Also what operators use on runs from outside their owner: read models (``query_runs``,
+``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run``,
+``retry_run`` and ``prune`` with a :class:`~stepstone.store.Retention` policy.
 """
 
 from stepstone.durable._inspect import (
     diff_runs,
-    list_runs,
     owner_state,
+    query_runs,
     run_detail,
     run_summary,
     stranded_runs,
@@ -17,19 +19,30 @@ from stepstone.durable._inspect import (
 from stepstone.durable._kernel import (
     ClaimResult,
     OwnedRun,
+    aclaim_run,
     claim_run,
     describe_owner,
     ownership_error,
 )
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._records import (
+    adelete_run,
+    alist_runs,
+    aread_run,
+    blocking_call,
+    delete_run,
+    list_runs,
+    read_run,
+    run_head,
+)
 from stepstone.durable._retention import (
     PrunedRun,
     Pruner,
     PruneReport,
-    delete_run,
     plan_prune,
     prune,
+    prune_run,
 )
 
 __all__ = [
@@ -38,6 +51,11 @@ __all__ = [
     "PruneReport",
     "PrunedRun",
     "Pruner",
+    "aclaim_run",
+    "adelete_run",
+    "alist_runs",
+    "aread_run",
+    "blocking_call",
     "cancel_run",
     "claim_run",
     "delete_run",
@@ -50,8 +68,12 @@ __all__ = [
     "ownership_error",
     "plan_prune",
     "prune",
+    "prune_run",
+    "query_runs",
+    "read_run",
     "retry_run",
     "run_detail",
+    "run_head",
     "run_summary",
     "stranded_runs",
     "timeline",

@@ -17,7 +17,7 @@ from stepstone.store._store import Store
 
 __all__ = [
     "diff_runs",
-    "list_runs",
+    "query_runs",
     "owner_state",
     "run_detail",
     "run_summary",
@@ -65,7 +65,7 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
     }
 
 
-def list_runs(
+def query_runs(
     store: Store,
     *,
     statuses: Sequence[str] = (),

@@ -27,6 +27,7 @@ from stepstone.core._serialization import dumps
 from stepstone.core._sync import may_block_loop
 from stepstone.durable._group import can_group, group_commit
 from stepstone.durable._leases import LIVE_STATUSES, keeper, mark_released, owner_alive
+from stepstone.durable._records import blocking_call
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
     ConcurrentRunError,
@@ -37,7 +38,14 @@ from stepstone.exceptions import (
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
-__all__ = ["ClaimResult", "OwnedRun", "claim_run", "describe_owner", "ownership_error"]
+__all__ = [
+    "ClaimResult",
+    "OwnedRun",
+    "aclaim_run",
+    "claim_run",
+    "describe_owner",
+    "ownership_error",
+]
 
 log = logging.getLogger("stepstone")
 
@@ -172,11 +180,11 @@ class OwnedRun:
         if can_group(backend) and not may_block_loop():
             ok = await group_commit(backend, (new, self.head.version, journal, encoded))
         else:
-            ok = await self.store._kernel_call(
-                backend.run_commit, new, self.head.version, journal, encoded
+            ok = await blocking_call(
+                self.store, backend.run_commit, new, self.head.version, journal, encoded
             )
         if not ok:
-            new = await self.store._kernel_call(self._cancelled, new, journal, encoded)
+            new = await blocking_call(self.store, self._cancelled, new, journal, encoded)
         self.head = new
 
     def _cancelled(
@@ -227,6 +235,10 @@ class OwnedRun:
     def journal(self, since_seq: int = 0) -> list[JournalRow]:
         """This run's journal rows (all runs of the key since its last fresh start)."""
         return self.store.backend.run_journal(self.key, since_seq)
+
+    async def ajournal(self, since_seq: int = 0) -> list[JournalRow]:
+        """Async :meth:`journal`."""
+        return await blocking_call(self.store, self.journal, since_seq, bulk=True)
 
     def lease_due(self, now: float) -> bool:
         """Whether a third of the lease has passed since it was last extended (judged on
@@ -392,3 +404,9 @@ def claim_run(
     run = OwnedRun(store, head)
     keeper.add(run)
     return ClaimResult(outcome[0], head, run, found[0])
+
+
+async def aclaim_run(store: Store, key: str, **options: Any) -> ClaimResult:
+    """Async :func:`claim_run` (same arguments), called by the kernel's one rule for
+    backend calls from async code (``blocking_call``)."""
+    return await blocking_call(store, lambda: claim_run(store, key, **options))

@@ -174,7 +174,7 @@ def prune(
     done: list[PrunedRun] = []
     changed: list[str] = []
     for i, (head, reason) in enumerate(chosen, 1):
-        values = delete_run(store, head)
+        values = prune_run(store, head)
         if values is None:
             changed.append(head.key)
         else:
@@ -199,7 +199,7 @@ def _fork_values(store: Store, head: RunHead) -> list[str]:
     return [k for k, _ in store.backend.kv_items(head.key + ":")]
 
 
-def delete_run(store: Store, head: RunHead) -> list[str] | None:
+def prune_run(store: Store, head: RunHead) -> list[str] | None:
     """Delete the run ``head`` describes if it is still exactly that run and not live.
 
     Returns the fork ``writes=`` keys deleted with it, or None when the run changed (a new

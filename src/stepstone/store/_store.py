@@ -12,7 +12,6 @@ from types import TracebackType
 from typing import Any, Literal, TypeAlias, TypeVar
 
 from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
-from stepstone.core._sync import may_block_loop
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
 from stepstone.store._base import Backend, checked_text
 from stepstone.store._memory import MemoryBackend
@@ -224,20 +223,15 @@ class Store:
     ) -> None:
         self.close()
 
+    def describe(self) -> str:
+        """Where this store keeps its data (a file path or a URL without its password)."""
+        return self.backend.describe()
+
     # -- async twins ---------------------------------------------------------------------
     async def _offload(self, fn: Callable[..., R], *args: Any) -> R:
         if self.backend.blocking:
             return await asyncio.to_thread(fn, *args)
         return fn(*args)
-
-    async def _kernel_call(self, fn: Callable[..., R], *args: Any) -> R:
-        """A durable-kernel operation: on the loop thread for local backends
-        (``Backend.commit_inline``) and for a sync caller's run (its private loop has no
-        other task to starve, so a thread hop would only add latency), in a worker thread
-        for network backends otherwise."""
-        if self.backend.commit_inline or may_block_loop():
-            return fn(*args)
-        return await asyncio.to_thread(fn, *args)
 
     async def aread(self, key: str, default: Any = None) -> Any:
         """Async :meth:`read`."""

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
-from stepstone.durable._inspect import list_runs, run_detail
+from stepstone.durable._inspect import query_runs, run_detail
 from stepstone.durable._operate import cancel_run, retry_run
 from stepstone.exceptions import StepstoneError
 from stepstone.store._store import Store
@@ -129,7 +129,7 @@ class InspectorApp:
     def _runs(self, params: dict[str, list[str]]) -> dict[str, Any]:
         limit = _float(params, "limit")
         offset = _float(params, "offset")
-        total, runs = list_runs(
+        total, runs = query_runs(
             self.store,
             statuses=_many(params, "status"),
             kinds=_many(params, "kind"),
@@ -142,7 +142,7 @@ class InspectorApp:
         return {
             "total": total,
             "runs": runs,
-            "store": self.store.backend.describe(),
+            "store": self.store.describe(),
             "allow_actions": self.allow_actions,
             "poll_seconds": self.poll_seconds,
             "page_size": self.page_size,

@@ -11,17 +11,17 @@ into a :class:`CheckpointRecord`.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import builtins
 import dataclasses
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple
 
 from stepstone.core._serialization import SignedPickle
+from stepstone.durable import blocking_call, delete_run, list_runs, read_run
 from stepstone.engines.graph._state import apply_patch
 from stepstone.exceptions import (
     CheckpointCorruptError,
@@ -54,7 +54,6 @@ LOCK_KIND = "graph.resume"
 #: Version of the journal layout below; records carry it so old layouts keep loading.
 RECORD_FORMAT = 1
 
-R = TypeVar("R")
 Serialization = Literal["json", "pickle"]
 
 
@@ -425,15 +424,14 @@ class StoreCheckpointer:
     # -- reading -------------------------------------------------------------------------
     def load_raw(self, invocation_id: str) -> RawRecord:
         """The folded record with its frame stack (engine-internal)."""
-        key = self.key(invocation_id)
-        head = self.store.backend.run_get(key)
-        if head is None or head.kind != GRAPH_KIND:
+        found = read_run(self.store, self.key(invocation_id))
+        if found is None or found[0].kind != GRAPH_KIND:
             raise CheckpointNotFound(
                 f"no graph checkpoint for invocation_id {invocation_id!r} in "
-                f"{self.store.backend.describe()}; list the saved ones with "
+                f"{self.store!r}; list the saved ones with "
                 "checkpointer.list(CheckpointFilter(correlation_id=...))"
             )
-        return fold(head, self.store.backend.run_journal(key), self.codec)
+        return fold(found[0], found[1], self.codec)
 
     def load(self, invocation_id: str) -> CheckpointRecord:
         """The record of ``invocation_id``.
@@ -448,7 +446,7 @@ class StoreCheckpointer:
         """Records matching ``filter``, oldest ``last_saved_at`` first."""
         flt = filter or CheckpointFilter()
         out: list[CheckpointRecord] = []
-        for head in self.store.backend.run_list(self.prefix):
+        for head in list_runs(self.store, self.prefix):
             if head.status == "corrupt":  # one corrupt record never hides the others
                 log.warning("stepstone: skipping a corrupt record: %s", head.meta.get("corrupt"))
                 continue
@@ -473,32 +471,27 @@ class StoreCheckpointer:
 
     def delete(self, invocation_id: str) -> bool:
         """Delete an invocation's record; True if it existed."""
-        self.store.backend.kv_delete(self.lock_key(invocation_id))
-        return self.store.delete(self.key(invocation_id))
+        delete_run(self.store, self.lock_key(invocation_id))
+        return delete_run(self.store, self.key(invocation_id))
 
     def close(self) -> None:
         """Close the underlying store."""
         self.store.close()
 
     # -- async twins ---------------------------------------------------------------------
-    async def _offload(self, fn: Callable[..., R], *args: Any) -> R:
-        if self.store.backend.blocking:
-            return await asyncio.to_thread(fn, *args)
-        return fn(*args)
-
     async def aload(self, invocation_id: str) -> CheckpointRecord:
         """Async :meth:`load`."""
-        return await self._offload(self.load, invocation_id)
+        return await blocking_call(self.store, self.load, invocation_id, bulk=True)
 
     async def alist(
         self, filter: CheckpointFilter | None = None
     ) -> builtins.list[CheckpointRecord]:
         """Async :meth:`list`."""
-        return await self._offload(self.list, filter)
+        return await blocking_call(self.store, self.list, filter, bulk=True)
 
     async def adelete(self, invocation_id: str) -> bool:
         """Async :meth:`delete`."""
-        return await self._offload(self.delete, invocation_id)
+        return await blocking_call(self.store, self.delete, invocation_id)
 
 
 class SQLiteCheckpointer(StoreCheckpointer):

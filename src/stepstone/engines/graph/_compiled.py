@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from stepstone.core._sync import run_sync
-from stepstone.durable import OwnedRun, claim_run, owner_alive
+from stepstone.durable import OwnedRun, blocking_call, claim_run, owner_alive, run_head
 from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import (
@@ -47,7 +46,6 @@ from stepstone.exceptions import (
 __all__ = ["CompiledGraph"]
 
 S = TypeVar("S", bound=State)
-R = TypeVar("R")
 
 
 @dataclasses.dataclass(slots=True)
@@ -206,8 +204,10 @@ class CompiledGraph(Generic[S]):
                         "resume_invocation needs a checkpointer; build the graph with "
                         ".with_checkpointer(SQLiteCheckpointer(path))"
                     )
-                lock = await _offload(cp, self._lock_source, cp, resume_invocation, invocation_id)
-                raw = await _offload(cp, cp.load_raw, resume_invocation)
+                lock = await blocking_call(
+                    cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
+                )
+                raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
                 if correlation_id is not None and correlation_id != raw.correlation_id:
                     raise UserError(
                         f"invocation {resume_invocation!r} belongs to correlation_id "
@@ -239,8 +239,8 @@ class CompiledGraph(Generic[S]):
                 positions=positions,
             )
             if cp is not None:
-                run.owned = await _offload(
-                    cp,
+                run.owned = await blocking_call(
+                    cp.store,
                     self._start,
                     cp,
                     run,
@@ -265,7 +265,7 @@ class CompiledGraph(Generic[S]):
             return final
         finally:
             if lock is not None:
-                await _offload(cp, _release_lock, lock)
+                await blocking_call(lock.store, _release_lock, lock)
 
     def load_record(self, invocation_id: str) -> CheckpointRecord:
         """The record of ``invocation_id`` with its state typed and migrated to this
@@ -303,7 +303,7 @@ class CompiledGraph(Generic[S]):
                 "correlation_id), then resume that record if needed"
             ) from exc
         assert claim.run is not None
-        head = cp.store.backend.run_get(cp.key(source))
+        head = run_head(cp.store, cp.key(source))
         if head is not None and owner_alive(head):
             _release_lock(claim.run)
             raise ConcurrentGraphResumeError(
@@ -583,9 +583,3 @@ def _release_lock(lock: OwnedRun) -> None:
         pass
     finally:
         lock.release()
-
-
-async def _offload(cp: StoreCheckpointer | None, fn: Callable[..., R], *args: Any) -> R:
-    if cp is not None and cp.store.backend.blocking:
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)

@@ -19,6 +19,7 @@ from stepstone.core._context import current_agent_name
 from stepstone.core._serialization import to_json_value
 from stepstone.durable._effects import AGENT_KIND, SCHEMA_VERSION, DurableScope, EffectJournal
 from stepstone.durable._kernel import claim_run
+from stepstone.durable._records import read_run as kernel_read_run
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
 from stepstone.engines.llm._output import wants_structured
@@ -124,14 +125,15 @@ register_run_view(AGENT_KIND, _view)
 
 def read_run(store: Store, key: str) -> tuple[RunHead | None, list[JournalRow]]:
     """The head and journal under ``key`` (blocking)."""
-    head = store.backend.run_get(key)
-    if head is None:
+    found = kernel_read_run(store, key)
+    if found is None:
         return None, []
+    head, rows = found
     if head.kind != AGENT_KIND:
         raise AgentCheckpointCorruptionError(
             f"checkpoint {key!r} holds a {head.kind} run, not an agent run; use another run_id"
         )
-    return head, store.backend.run_journal(key)
+    return head, rows
 
 
 def _structured(value: Any) -> Any:

@@ -11,7 +11,14 @@ from typing import Any, Literal
 from stepstone.core import Envelope, Sentinel, Tool, build_tool_map
 from stepstone.core._ids import new_uid
 from stepstone.core._sync import run_sync
-from stepstone.durable import claim_run, owner_alive
+from stepstone.durable import (
+    aclaim_run,
+    blocking_call,
+    delete_run,
+    list_runs,
+    owner_alive,
+    read_run,
+)
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
     CHECKPOINT_VERSION,
@@ -199,20 +206,22 @@ class Plan:
             runner.writes_prefix = f"{key}:"
         # Read and validate the checkpoint before claiming it: a resume that fails on a
         # corrupt record must leave every byte as it was.
-        found = await store._kernel_call(_read_checkpoint, store, key) if self.resume else None
-        claim = await store._kernel_call(
-            lambda: claim_run(
-                store,
-                key,
-                kind="plan",
-                resume=self.resume,
-                first_step=first,
-                meta=runner.meta,
-                legacy_import=legacy_import,
-                check_resume=self._check_resume,
-                run_uid=uid,
-                what="Plan",
-            )
+        found = (
+            await blocking_call(store, _read_checkpoint, store, key, bulk=True)
+            if self.resume
+            else None
+        )
+        claim = await aclaim_run(
+            store,
+            key,
+            kind="plan",
+            resume=self.resume,
+            first_step=first,
+            meta=runner.meta,
+            legacy_import=legacy_import,
+            check_resume=self._check_resume,
+            run_uid=uid,
+            what="Plan",
         )
         if claim.run is None:  # resume=True on a done run: the cached kv
             rep = await self._replay_of(store, key, claim.head, found)
@@ -246,8 +255,10 @@ class Plan:
         nothing was committed since (the usual case), else read again."""
         if found is not None and found[0].version == head.version:
             return found[1]
-        rows = await store._kernel_call(store.backend.run_journal, key)
-        rep = replay(key, rows)
+        found = await blocking_call(store, _read_checkpoint, store, key, bulk=True)
+        if found is not None:
+            return found[1]
+        rep = replay(key, [])  # deleted meanwhile: no journal, as the backend reports it
         rep.check(key)
         return rep
 
@@ -463,11 +474,11 @@ class Plan:
                 "prune_forks() needs a Plan with store=, checkpoint_key= and on_concurrent='fork'"
             )
         removed = 0
-        for head in self.store.backend.run_list(f"{self.checkpoint_key}:"):
+        for head in list_runs(self.store, f"{self.checkpoint_key}:"):
             if head.status in statuses and not owner_alive(head):
                 for k in self.store.keys(prefix=f"{head.key}:"):
                     self.store.delete(k)
-                self.store.delete(head.key)
+                delete_run(self.store, head.key)
                 removed += 1
         return removed
 
@@ -518,10 +529,11 @@ def _read_checkpoint(store: Store, key: str) -> tuple[RunHead, Replay] | None:
     """The Plan run under ``key`` with its decoded, validated journal (None when there is
     none). Raises CheckpointCorruptError naming the key for any byte that cannot be
     decoded; nothing is written."""
-    head = store.backend.run_get(key)
-    if head is None or head.kind != "plan":
+    found = read_run(store, key)
+    if found is None or found[0].kind != "plan":
         return None
-    rep = replay(key, store.backend.run_journal(key))
+    head, rows = found
+    rep = replay(key, rows)
     rep.check(key)
     return head, rep
 

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from stepstone.core import Envelope, Tool, build_tool_map
-from stepstone.durable import claim_run
+from stepstone.durable import aclaim_run, aread_run
 from stepstone.engines.replan._prompt import PLANNER_ARGS
 from stepstone.engines.replan._record import RECORD_VERSION, replay
 from stepstone.engines.replan._run import ReplanRun
@@ -158,20 +158,18 @@ class ReplanEngine:
         store, key = self.store, self.checkpoint_key
         if store is None or key is None:
             return await runner.execute()
-        claim = await store._kernel_call(
-            lambda: claim_run(
-                store,
-                key,
-                kind=KIND,
-                resume=self.resume,
-                first_step="round 1",
-                meta={"checkpoint_version": RECORD_VERSION, "planner": self.planner_name},
-                what="ReplanEngine",
-            )
+        claim = await aclaim_run(
+            store,
+            key,
+            kind=KIND,
+            resume=self.resume,
+            first_step="round 1",
+            meta={"checkpoint_version": RECORD_VERSION, "planner": self.planner_name},
+            what="ReplanEngine",
         )
         if claim.run is None:  # resume=True on a done run: the cached final answer
-            rows = await store._kernel_call(store.backend.run_journal, key)
-            rep = replay(key, rows)
+            found = await aread_run(store, key)
+            rep = replay(key, found[1] if found is not None else [])
             return Envelope(
                 task=rep.task if rep.task is not None else task,
                 payload=rep.final_answer,
@@ -186,7 +184,7 @@ class ReplanEngine:
         runner.run = claim.run
         if claim.outcome == "resumed":
             try:
-                rows = await store._kernel_call(claim.run.journal)
+                rows = await claim.run.ajournal()
                 rep = replay(key, rows)
             except BaseException:
                 claim.run.release()  # a corrupt journal: leave the key to a later resume

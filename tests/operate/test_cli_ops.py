@@ -46,14 +46,14 @@ def test_show_history_diff_stranded(store_args: list[str]) -> None:
     hist = _json("history", "a", *store_args)
     assert hist == [
         {
-            "seq": 0,
+            "seq": 1,  # seq 0 is the plan's record of its steps
             "kind": "step",
             "name": "extract",
             "error": None,
             "iteration": 1,
             "writes": "a.raw",
         },
-        {"seq": 1, "kind": "step", "name": "load", "error": None, "iteration": 2},
+        {"seq": 2, "kind": "step", "name": "load", "error": None, "iteration": 2},
     ]
     with_payloads = _json("history", "a", "--payloads", *store_args)
     assert isinstance(with_payloads, list)
@@ -67,7 +67,7 @@ def test_show_history_diff_stranded(store_args: list[str]) -> None:
     assert diff["first_difference"]["a"]["payload"] == "same"
     assert diff["first_difference"]["b"]["payload"] == "other"
     code, out, _ = _run("diff", "a", "b", *store_args)
-    assert code == 0 and "a: #0 step extract: same" in out
+    assert code == 0 and "a: #1 step extract: same" in out
 
     assert _json("stranded", *store_args) == []
 

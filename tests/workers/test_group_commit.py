@@ -84,7 +84,8 @@ def test_concurrent_runs_share_commits_and_every_result_is_right(store: Store) -
     heads = store.backend.run_list("fan:")
     assert len(heads) == 40 and {h.status for h in heads} == {"done"}
     for head in heads:
-        assert [r.name for r in store.backend.run_journal(head.key)] == [f"s{i}" for i in range(5)]
+        steps = [r.name for r in store.backend.run_journal(head.key) if r.kind == "step"]
+        assert steps == [f"s{i}" for i in range(5)]
     store.close()
 
 

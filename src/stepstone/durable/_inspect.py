@@ -54,7 +54,8 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
         "owner_pid": head.pid,
         "owner_host": head.host,
         "run_uid": head.run_uid,
-        "steps": head.journal_len,
+        # Rows an engine journals about the run itself (a Plan's steps, once) are not steps.
+        "steps": head.journal_len - int(head.meta.get("shape_rows", 0) or 0),
         "version": head.version,
         "created_at": head.created_at,
         "updated_at": head.updated_at,
@@ -112,6 +113,8 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
     """
     out: list[dict[str, Any]] = []
     for row in rows:
+        if row.kind == "plan":  # the Plan's own record of its steps, not something that ran
+            continue
         data = _decode(row)
         entry: dict[str, Any] = {"seq": row.seq, "kind": row.kind, "name": row.name}
         if isinstance(data, dict) and isinstance(data.get("envelope"), dict):

@@ -677,14 +677,24 @@ def test_store_backends_and_delete(tmp_path: Path) -> None:
 
 
 def test_journal_grows_linearly_one_head(store: Store, tmp_path: Path) -> None:
-    # "append, don't rewrite": one head row updated in place, one journal row per step
+    # "append, don't rewrite": one head row updated in place, one journal row per step (and
+    # one for the plan's shape, written once at the start), and a head that does not grow
+    # with the plan.
     steps = [Step(lambda p, i=i: f"v{i}", name=f"s{i}", writes=f"w{i}") for i in range(30)]
     assert run(Plan(*steps, store=store, checkpoint_key="lin")).ok
     with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
         assert raw.execute("SELECT COUNT(*) FROM stepstone_runs").fetchone()[0] == 1
-        assert raw.execute("SELECT COUNT(*) FROM stepstone_journal").fetchone()[0] == 30
-        sizes = [len(d) for (d,) in raw.execute("SELECT data FROM stepstone_journal ORDER BY seq")]
+        kinds = [k for (k,) in raw.execute("SELECT kind FROM stepstone_journal ORDER BY seq")]
+        assert kinds == ["plan"] + ["step"] * 30
+        sizes = [
+            len(d)
+            for (d,) in raw.execute(
+                "SELECT data FROM stepstone_journal WHERE kind = 'step' ORDER BY seq"
+            )
+        ]
+        (meta,) = raw.execute("SELECT meta FROM stepstone_runs").fetchone()
     assert max(sizes) - min(sizes) < 10  # row 30 is no bigger than row 1
+    assert len(meta) < 300  # the head holds a fingerprint of the steps, not the steps
 
 
 def test_async_api_inside_event_loop(store: Store) -> None:

@@ -81,11 +81,14 @@ class Replay:
         applied: ``(step_name, row_data)`` of completed steps, in completion order.
         pending: Per band entry, branch results journaled before the band completed.
         kv: The ``writes=`` values of applied steps (latest per key).
+        shape: The steps of the plan that started the run (``[name, parallel, writes]``
+            each), journaled once at its fresh start; None for runs written before.
     """
 
     applied: list[tuple[str, dict[str, Any]]]
     pending: dict[str, dict[str, dict[str, Any]]]
     kv: dict[str, Any]
+    shape: list[Any] | None = None
     _checked: dict[str, Envelope[Any]] | None = None
 
     def envelopes(self) -> dict[str, Envelope[Any]]:
@@ -128,6 +131,7 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
     applied: list[tuple[str, dict[str, Any]]] = []
     pending: dict[str, dict[str, dict[str, Any]]] = {}
     kv: dict[str, Any] = {}
+    shape: list[Any] | None = None
     for row in rows:
         try:
             data = json.loads(row.data)
@@ -155,7 +159,10 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
             if "key" not in data:
                 raise _corrupt(key, f"journal row {row.seq} (a kv entry) has no key")
             kv[str(data["key"])] = data.get("value")
-    return Replay(applied, pending, kv)
+        elif row.kind == "plan" and row.name == "shape":
+            steps = data.get("steps")
+            shape = steps if isinstance(steps, list) else None
+    return Replay(applied, pending, kv, shape)
 
 
 def _apply_write(kv: dict[str, Any], data: dict[str, Any]) -> None:

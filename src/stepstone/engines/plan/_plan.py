@@ -193,7 +193,6 @@ class Plan:
             meta={
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "fingerprint": self._compiled.fingerprint,
-                "shape": self._shape(),
             },
         )
         store, key = self.store, self.checkpoint_key
@@ -211,6 +210,9 @@ class Plan:
             if self.resume
             else None
         )
+        # The steps of the plan that started the run, for naming what changed (the head
+        # carries only their fingerprint: it is rewritten at every step).
+        old_shape = found[1].shape if found is not None else None
         claim = await aclaim_run(
             store,
             key,
@@ -219,7 +221,7 @@ class Plan:
             first_step=first,
             meta=runner.meta,
             legacy_import=legacy_import,
-            check_resume=self._check_resume,
+            check_resume=lambda head: self._check_resume(head, old_shape),
             run_uid=uid,
             what="Plan",
         )
@@ -237,6 +239,9 @@ class Plan:
             )
         runner.run = claim.run
         next_step: str | None = first
+        if claim.outcome == "fresh":
+            runner.start_rows = [("plan", "shape", {"steps": self._shape()})]
+            runner.meta["shape_rows"] = 1
         if claim.outcome == "resumed":
             try:
                 assert claim.previous is not None
@@ -271,6 +276,8 @@ class Plan:
         counted from the journal) and the previous output."""
         assert runner.run is not None
         head = runner.run.head
+        if rep.shape is not None:
+            runner.meta["shape_rows"] = 1
         runner.outputs = rep.envelopes()
         runner.pending = rep.pending
         runs: dict[str, int] = {}
@@ -291,7 +298,7 @@ class Plan:
             else:
                 runner.prev = runner.outputs.get(last)
 
-    def _check_resume(self, head: RunHead) -> Literal["fresh"] | None:
+    def _check_resume(self, head: RunHead, old_shape: list[Any] | None) -> Literal["fresh"] | None:
         """Decide, inside the claim transaction, whether ``head`` may be resumed by this
         plan: None (resume), ``"fresh"`` (start over: ``on_plan_change="restart"``), or
         raise StaleCheckpointError (nothing is written)."""
@@ -310,7 +317,7 @@ class Plan:
             log.info("stepstone: plan changed since checkpoint %r; starting over", head.key)
             return "fresh"
         if changed and self.on_plan_change == "fail":
-            raise StaleCheckpointError(self._describe_change(head))
+            raise StaleCheckpointError(self._describe_change(head, old_shape))
         if missing:
             raise StaleCheckpointError(
                 f"checkpoint {head.key!r} stopped at step {nxt!r} ({head.status}), which this "
@@ -322,8 +329,7 @@ class Plan:
             )
         return None  # on_plan_change="continue": resume by step name, as asked
 
-    def _describe_change(self, head: RunHead) -> str:
-        old = head.meta.get("shape")
+    def _describe_change(self, head: RunHead, old: list[Any] | None) -> str:
         new = self._shape()
         parts: list[str] = []
         if isinstance(old, list) and all(isinstance(s, list) and s for s in old):

@@ -58,6 +58,8 @@ class PlanRun:
     outputs: dict[str, Envelope[Any]] = dataclasses.field(default_factory=dict)
     pending: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Journal rows the run's first commit carries (the plan's shape, on a fresh start).
+    start_rows: list[tuple[str, str | None, Any]] = dataclasses.field(default_factory=list)
     approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _current: str | None = None
@@ -84,12 +86,13 @@ class PlanRun:
             return
         meta = self._meta(error)
         async with self._lock:
+            start, self.start_rows = self.start_rows, []
             await self.run.commit(
                 status=status,
                 next_step=next_step,
                 iteration=self.iteration,
                 meta=meta,
-                rows=rows or [],
+                rows=start + (rows or []),
                 writes=[(self.writes_prefix + k, v) for k, v in writes or []],
             )
         self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, next_step=next_step)

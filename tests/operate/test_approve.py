@@ -199,3 +199,38 @@ def test_show_a_paused_plan_lists_the_calls_its_llm_step_waits_on(
         assert waiting["call_id"] == call_id and waiting["tool"] == "refund"
         assert waiting["run_key"].startswith("refunds:support:")
         assert "agent" not in shown  # a Plan run: its own timeline
+
+
+def test_a_decision_never_approves_a_later_call_that_reuses_the_id(
+    store_args: list[str],
+) -> None:
+    from stepstone.providers import ToolCall
+
+    ran: list[str] = []
+
+    @tool(requires_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        ran.append(order)
+        return f"refunded {order}"
+
+    script = {
+        0: ToolCall(id="c1", name="refund", arguments={"order": "o-1"}),
+        1: ToolCall(id="c1", name="refund", arguments={"order": "o-2"}),
+        2: "both refunded",
+    }
+    agent = Agent(model=FunctionModel(lambda r: script[r.turn]), tools=[refund])
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        runner.run_sync(agent, user_message="refund both", run_id="twice", thread_id="t")
+        key = next(k for k in store.keys() if "twice" in k)
+        assert _run("approve", key, "c1", *store_args)[0] == 0
+        again = runner.resume_sync(agent, run_id="twice", thread_id="t")
+        assert ran == ["o-1"] and again.state == "paused"  # the second c1 waits for a person
+        (waiting,) = json.loads(_run("show", key, *store_args, "--json")[1])["pending_approvals"]
+        assert waiting["arguments"] == {"order": "o-2"} and waiting["decision"] is None
+        code, _, err = _run("approve", key, "c1", "--deny", "", *store_args)
+        assert code == 1 and "empty reason" in err
+        assert _run("approve", key, "c1", *store_args)[0] == 0
+        final = runner.resume_sync(agent, run_id="twice", thread_id="t")
+        assert final.state == "completed" and ran == ["o-1", "o-2"]

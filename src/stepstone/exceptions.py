@@ -13,6 +13,7 @@ The tree::
         │   ├── GraphCompileError       invalid graph, raised by GraphBuilder.compile()
         │   ├── MissingExtraError (+ImportError)  an optional dependency is not installed
         │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
+        │   ├── ApprovalTargetError     an approval names no paused run or no call it waits on
         │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
         ├── ConcurrentRunError (+RuntimeError)   another live run owns the run record
         │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
@@ -77,6 +78,7 @@ from typing import Any
 
 __all__ = [
     "AgentCheckpointCorruptionError",
+    "ApprovalTargetError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointFlushError",
@@ -562,3 +564,9 @@ class RunCancelledError(StepstoneError):
     The owner noticed at its next commit: that step's result was committed, the run was
     marked ``failed`` with this error, and nothing else ran. ``resume=True`` continues it.
     """
+
+
+class ApprovalTargetError(UserError):
+    """An approval decision (``stepstone approve``, the inspector's Approve button) names a
+    run that does not exist, is not paused on a tool approval, or does not wait for that
+    call id; the message lists the ids the run waits for."""

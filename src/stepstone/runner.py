@@ -275,7 +275,9 @@ class Runner:
 
         A finished run returns its stored result (no model or tool call). A paused run
         continues with ``approvals`` (``{call_id: True}`` runs the call; ``False`` or a
-        reason string gives the model a refusal as the tool's result).
+        reason string gives the model a refusal as the tool's result). Decisions recorded
+        with ``stepstone approve`` (:func:`stepstone.durable.approve_call`) apply to the
+        pending calls ``approvals`` does not name.
 
         Raises:
             AgentCheckpointCorruptionError: no checkpoint for ``run_id``, or a malformed

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,44 @@ def test_a_foreign_host_header_is_refused(tmp_path: Path) -> None:
             assert err.value.code == 403
             assert "is not this machine" in json.loads(err.value.read())["error"]
             err.value.close()
+
+
+def test_api_approves_a_paused_call_only_with_actions(tmp_path: Path) -> None:
+    from stepstone import Agent, Runner, tool
+    from stepstone.testing import FunctionModel, call
+
+    @tool(requires_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    replies = {0: call("refund", order="o-1"), 1: "done"}
+    agent = Agent(model=FunctionModel(lambda r: replies[r.turn]), tools=[refund])
+    with Store(db=tmp_path / "runs.sqlite") as store:
+        paused = Runner(store=store).run_sync(agent, user_message="go", run_id="r", thread_id="t")
+        call_id = paused.pending_approvals[0]["call_id"]
+        key = store.keys()[0]
+        q = f"key={urllib.parse.quote(key)}&call_id={call_id}"
+        with InspectorServer(store, port=0).start() as server:
+            status, body = _post(f"{server.url}/api/approve?{q}", {"X-Stepstone-Action": "1"})
+            assert status == 403 and "--allow-actions" in body["error"]
+            status, run = _get(f"{server.url}/api/run?key={urllib.parse.quote(key)}")
+            assert status == 200 and run["pending_approvals"][0]["decision"] is None
+            assert run["agent"]["effects"][0]["position"] == "model:0:0"
+        with InspectorServer(store, port=0, allow_actions=True).start() as server:
+            status, body = _post(f"{server.url}/api/approve?{q}")
+            assert status == 403 and "X-Stepstone-Action" in body["error"]
+            status, body = _post(
+                f"{server.url}/api/approve?key={urllib.parse.quote(key)}&call_id=nope",
+                {"X-Stepstone-Action": "1"},
+            )
+            assert status == 409 and f"it waits for {call_id}" in body["error"]
+            status, body = _post(
+                f"{server.url}/api/approve?{q}&deny=too+much", {"X-Stepstone-Action": "1"}
+            )
+            assert status == 200 and body["decision"] == "too much"
+            assert body["outcome"].startswith("denied refund call")
+            _, run = _get(f"{server.url}/api/run?key={urllib.parse.quote(key)}")
+            assert run["pending_approvals"][0]["decision"] == "too much"
+        final = Runner(store=store).resume_sync(agent, run_id="r", thread_id="t")
+        assert final.tool_executions[0]["error"]["type"] == "ApprovalDenied"

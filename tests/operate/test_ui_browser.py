@@ -193,3 +193,59 @@ def test_run_list_pages(browser: Any, tmp_path: Path) -> None:
             page.click("#newer")
             page.wait_for_selector('#pager[data-offset="2"]')
             expect(rows).to_have_count(2, timeout=60_000)
+
+
+def test_approve_a_paused_agent_run_from_its_page(browser: Any, tmp_path: Path) -> None:
+    # the Approve button records the decision the run's next resume applies
+    from stepstone import Agent, Runner, tool
+    from stepstone.testing import FunctionModel, call
+
+    ran: list[str] = []
+
+    @tool(requires_approval=True)
+    def refund(order: str, amount: int) -> str:
+        """Refund an order."""
+        ran.append(order)
+        return f"refunded {amount} EUR on {order}"
+
+    replies = {0: call("refund", order="o-42", amount=30), 1: "Refund issued."}
+    agent = Agent(model=FunctionModel(lambda r: replies[r.turn]), tools=[refund])
+    page = browser
+    with Store(db=tmp_path / "runs.sqlite") as store:
+        results: list[Any] = []
+        _in_thread(
+            lambda: results.append(
+                Runner(store=store).run_sync(
+                    agent, user_message="Refund o-42", run_id="refund-o42", thread_id="t"
+                )
+            )
+        )
+        call_id = results[0].pending_approvals[0]["call_id"]
+        key = store.keys()[0]
+        with InspectorServer(store, port=0, poll_seconds=0.3).start() as server:
+            page.goto(server.url + "#run=" + key)
+            row = f'#approvals-table tr[data-call-id="{call_id}"]'
+            page.wait_for_selector(row)
+            assert "refund" in page.inner_text(row) and "o-42" in page.inner_text(row)
+            assert page.locator(f"{row} button.approve").count() == 0  # read-only
+            assert "model:0:0" in page.inner_text("#effects")
+        with InspectorServer(store, port=0, allow_actions=True, poll_seconds=0.3).start() as (
+            server
+        ):
+            page.goto(server.url + "#run=" + key)
+            page.click(f"{row} button.approve")
+            page.wait_for_selector("#action-result:has-text('approved refund call')")
+            page.wait_for_selector(f"{row} .decision:has-text('approved')")
+            page.screenshot(path=str(tmp_path / "inspector-approve.png"))
+            share(tmp_path / "inspector-approve.png")
+            assert ran == []
+            _in_thread(
+                lambda: results.append(
+                    Runner(store=store).resume_sync(agent, run_id="refund-o42", thread_id="t")
+                )
+            )
+            assert results[1].state == "completed" and ran == ["o-42"]
+            page.wait_for_selector('#run-facts[data-status="done"]')
+            page.wait_for_selector("#approvals", state="hidden")
+            page.wait_for_selector('#effects tr[data-position="tool:0:0"]')
+            assert "refund" in page.inner_text('#effects tr[data-position="tool:0:0"]')

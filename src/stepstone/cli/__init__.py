@@ -20,7 +20,7 @@ from rich.console import Console
 
 from stepstone.cli import _migrate, _ops, _ui
 from stepstone.cli._render import entry_json, render_entry, render_runs
-from stepstone.cli._runs import list_runs
+from stepstone.cli._runs import select_runs
 from stepstone.cli._worker import worker
 from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
@@ -175,25 +175,68 @@ def inspect(
             render_entry(Console(), entry, history=history)
 
 
+def _age(value: str | None, option: str) -> float | None:
+    if value is None:
+        return None
+    from stepstone.durable._retention import parse_age
+
+    try:
+        return parse_age(value).total_seconds()
+    except ValueError as exc:
+        raise _UsageError(f"{option} {value!r}: {exc}") from None
+
+
 @app.command()
 @_fails_in_one_line
 def runs(
     db: DbOption = None,
     url: UrlOption = None,
     prefix: Annotated[str | None, typer.Option(help="Only keys starting with this.")] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(help="Only runs in this status (repeat it, or comma-separate)."),
+    ] = None,
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(help="Only runs of this kind: plan, graph, agent, replan (repeat it)."),
+    ] = None,
+    older_than: Annotated[
+        str | None, typer.Option(help="Only runs last updated longer ago (30d, 12h, 15m).")
+    ] = None,
+    newer_than: Annotated[
+        str | None, typer.Option(help="Only runs updated within this age (1h, 2d).")
+    ] = None,
+    sort: Annotated[
+        str, typer.Option(help="key (A-Z), updated or created (most recent first).")
+    ] = "key",
+    limit: Annotated[int | None, typer.Option(min=1, help="Show at most N runs (a page).")] = None,
+    offset: Annotated[int, typer.Option(min=0, help="Skip the first N matching runs.")] = 0,
     as_json: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
     """List the durable runs in a store, with their owner's state (live or dead)."""
-    with _open_store(db, url) as store:
-        lines = list_runs(store, prefix)
     now = time.time()
+    older, newer = _age(older_than, "--older-than"), _age(newer_than, "--newer-than")
+    with _open_store(db, url) as store:
+        total, lines = select_runs(
+            store,
+            prefix,
+            statuses=tuple(v for raw in status or () for v in raw.split(",") if v),
+            kinds=tuple(v for raw in kind or () for v in raw.split(",") if v),
+            older_than=older,
+            newer_than=newer,
+            sort=sort,
+            limit=limit,
+            offset=offset,
+            now=now,
+        )
     if as_json:
         typer.echo(json.dumps([line.to_json(now) for line in lines], default=str))
     else:
         # Never crop a key: widen the table past the terminal rather than cut one short.
         longest = max((len(line.key) for line in lines), default=0)
-        render_runs(Console(width=max(Console().width, longest + 90)), lines, now=now)
+        console = Console(width=max(Console().width, longest + 120))
+        render_runs(console, lines, now=now, total=total, offset=offset)
 
 
 _ops.register(app)

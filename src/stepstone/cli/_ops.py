@@ -1,5 +1,5 @@
 """Operator commands: ``prune``, ``vacuum``, ``show``, ``history``, ``stranded``, ``diff``,
-``cancel``, ``fork`` and ``retry``.
+``cancel``, ``fork``, ``retry`` and ``approve``.
 
 ``open_store`` and ``fail`` are this module's own small helpers for opening the store named
 on the command line and failing in one line; the shared CLI helpers can replace them.
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from stepstone.durable import read_run
+from stepstone.durable import approve_call, read_run
 from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._retention import parse_age, prune
@@ -242,7 +242,56 @@ def show_cmd(
                 f"  [red]error[/] at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
                 f"{err.get('message')}"
             )
+        _print_approvals(console, key, detail["pending_approvals"])
+        if detail.get("agent"):
+            _print_agent(console, detail["agent"])
         console.print_json(json.dumps(detail["record"], default=str))
+
+
+def _print_approvals(console: Console, key: str, calls: list[dict[str, Any]]) -> None:
+    if not calls:
+        return
+    table = Table(title=f"waiting for approval of {len(calls)} tool call(s)")
+    for col in ("call id", "tool", "arguments", "why", "decision", "agent run"):
+        table.add_column(col, overflow="fold")
+    for c in calls:
+        d = c.get("decision")
+        decided = "-" if d is None else ("approved" if d is True else f"denied: {d}")
+        table.add_row(
+            str(c["call_id"]),
+            str(c.get("tool")),
+            _short(c.get("arguments"), 50),
+            str(c.get("reason") or ""),
+            decided,
+            str(c["run_key"]),
+        )
+    console.print(table)
+    console.print(
+        f"  decide with `stepstone approve {key} CALL_ID` (or `--deny REASON`), then resume the run"
+    )
+
+
+def _print_agent(console: Console, agent: dict[str, Any]) -> None:
+    names = [str(p["phase"]) for p in agent["phases"]]
+    runs = names.count("run_started")
+    console.print(
+        f"  agent state {agent['agent_state'] or 'running'}  {len(names)} phase record(s) "
+        f"over {runs} run(s): {_short(' > '.join(names), 200)}"
+    )
+    table = Table(title=f"{len(agent['effects'])} effect(s)")
+    for col in ("position", "name", "call id", "state", "replays", "error"):
+        table.add_column(col, overflow="fold")
+    for e in agent["effects"]:
+        err = e.get("error")
+        table.add_row(
+            str(e["position"]),
+            str(e["name"]),
+            str(e.get("call_id") or ""),
+            str(e["state"]),
+            str(e["replays"]),
+            _short(err, 60) if err else "",
+        )
+    console.print(table)
 
 
 def history_cmd(
@@ -393,6 +442,31 @@ def retry_cmd(
         )
 
 
+def approve_cmd(
+    key: Annotated[str, typer.Argument(help="The paused agent run, or the Plan it paused.")],
+    call_id: Annotated[str, typer.Argument(help="The tool call id it waits for.")],
+    deny: Annotated[
+        str | None,
+        typer.Option("--deny", help="Refuse the call; the model reads this reason."),
+    ] = None,
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Approve (or --deny) a tool call a paused run waits for; its next resume applies it."""
+    with open_store(db, url, debug=debug) as store:
+        done = approve_call(store, key, call_id, decision=True if deny is None else deny)
+        if as_json:
+            _print_json(done)
+            return
+        verb = "approved" if deny is None else f"denied ({deny})"
+        where = "" if done["run_key"] == key else f" (agent run {done['run_key']})"
+        Console().print(
+            f"{key}{where}: {verb} {done['tool']} call {call_id}; the run's next resume applies it"
+        )
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator commands to ``app``."""
     app.command("prune")(prune_cmd)
@@ -404,3 +478,4 @@ def register(app: typer.Typer) -> None:
     app.command("cancel")(cancel_cmd)
     app.command("fork")(fork_cmd)
     app.command("retry")(retry_cmd)
+    app.command("approve")(approve_cmd)

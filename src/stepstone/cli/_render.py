@@ -143,18 +143,37 @@ def _render_graph(console: Console, entry: StoreEntry, state: dict[str, Any]) ->
     console.print_json(json.dumps(state.get("state"), default=str))
 
 
-def render_runs(console: Console, lines: list[RunLine], *, now: float | None = None) -> None:
-    """Print one row per durable run; keys are printed whole so they can be copied."""
+def render_runs(
+    console: Console,
+    lines: list[RunLine],
+    *,
+    now: float | None = None,
+    total: int | None = None,
+    offset: int = 0,
+) -> None:
+    """Print one row per durable run; keys are printed whole so they can be copied.
+    ``total`` (runs matching, all pages) and ``offset`` say which page this is."""
     now = time.time() if now is None else now
     width = max((len(line.key) for line in lines), default=3)
-    table = Table(title=f"{len(lines)} run(s)")
+    total = len(lines) if total is None else total
+    title = f"{total} run(s)"
+    if len(lines) < total:
+        title += f", {offset + 1}-{offset + len(lines)} shown" if lines else ", none shown"
+    table = Table(title=title)
     table.add_column("key", no_wrap=True, min_width=width)
-    for col in ("kind", "status", "next step", "owner", "updated"):
+    for col in ("kind", "status", "next step", "steps", "owner", "updated", "error"):
         table.add_column(col, overflow="fold")
     for line in lines:
         if line.head is None:
             table.add_row(
-                escape(line.key), "?", "[red]corrupt[/]", "-", escape(str(line.corrupt)), "-"
+                escape(line.key),
+                "?",
+                "[red]corrupt[/]",
+                "-",
+                "-",
+                escape(str(line.corrupt)),
+                "-",
+                "-",
             )
             continue
         h = line.head
@@ -162,12 +181,17 @@ def render_runs(console: Console, lines: list[RunLine], *, now: float | None = N
         owner = "-" if state == "-" else f"[{'green' if state == 'live' else 'red'}]{state}[/]"
         if state != "-":
             owner += f" ({escape(detail)})"
+        err = line.error
         table.add_row(
             escape(h.key),
             escape(h.kind),
             _status(h.status),
             escape(_or_dash(h.next_step)),
+            str(h.journal_len),
             owner,
             _when(h.updated_at),
+            f"[red]{escape(str(err.get('type')))}[/]" if err else "",
         )
     console.print(table)
+    if offset + len(lines) < total:
+        console.print(f"more: --offset {offset + len(lines)} shows the next page")

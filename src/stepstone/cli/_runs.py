@@ -9,9 +9,10 @@ from typing import Any
 from stepstone.core._ids import host_id, process_alive
 from stepstone.durable import list_runs as kernel_list_runs
 from stepstone.durable import owner_alive, run_head
+from stepstone.durable._inspect import filter_heads
 from stepstone.store import RunHead, Store
 
-__all__ = ["RunLine", "list_runs", "owner_state"]
+__all__ = ["RunLine", "list_runs", "owner_state", "select_runs"]
 
 _LIVE = ("claimed", "running")
 
@@ -23,6 +24,12 @@ class RunLine:
     key: str
     head: RunHead | None = None
     corrupt: str | None = None
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The error the run recorded (``type``, ``message``, step or node), or None."""
+        err = self.head.meta.get("error") if self.head is not None else None
+        return err if isinstance(err, dict) else None
 
     def to_json(self, now: float) -> dict[str, Any]:
         """The line as a JSON object (``stepstone runs --json``)."""
@@ -43,7 +50,9 @@ class RunLine:
                 "pid": h.pid,
                 "lease_until": h.lease_until,
             },
-            "error": h.meta.get("error") if isinstance(h.meta, dict) else None,
+            "error": self.error,
+            "error_type": (self.error or {}).get("type"),
+            "steps": h.journal_len,
             "created_at": h.created_at,
             "updated_at": h.updated_at,
         }
@@ -65,6 +74,42 @@ def list_runs(store: Store, prefix: str | None) -> list[RunLine]:
         if head is not None:
             lines.append(RunLine(key=key, head=head))
     return lines
+
+
+def select_runs(
+    store: Store,
+    prefix: str | None = None,
+    *,
+    statuses: tuple[str, ...] = (),
+    kinds: tuple[str, ...] = (),
+    older_than: float | None = None,
+    newer_than: float | None = None,
+    sort: str = "key",
+    limit: int | None = None,
+    offset: int = 0,
+    now: float | None = None,
+) -> tuple[int, list[RunLine]]:
+    """``(total, page)`` of the runs matching the filters (the operator read model's
+    filters and order). A corrupt record is listed whatever the filters but ``prefix``,
+    so a filter never hides a broken run."""
+    lines = list_runs(store, prefix)
+    heads = [line.head for line in lines if line.head is not None]
+    picked: list[RunLine] = [
+        RunLine(key=h.key, head=h)
+        for h in filter_heads(
+            heads,
+            statuses=statuses,
+            kinds=kinds,
+            older_than=older_than,
+            newer_than=newer_than,
+            sort=sort,
+            now=now,
+        )
+    ]
+    picked += [line for line in lines if line.head is None]
+    if sort == "key":
+        picked.sort(key=lambda line: line.key)
+    return len(picked), picked[offset : None if limit is None else offset + limit]
 
 
 def owner_state(head: RunHead, now: float | None = None) -> tuple[str, str]:

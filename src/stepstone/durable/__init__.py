@@ -4,9 +4,15 @@ the only way engines and the CLI read, list and delete run records (``read_run``
 
 Also what operators use on runs from outside their owner: read models (``query_runs``,
 ``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run``,
-``retry_run`` and ``prune`` with a :class:`~stepstone.store.Retention` policy.
+``retry_run``, ``approve_call`` and ``prune`` with a :class:`~stepstone.store.Retention` policy.
 """
 
+from stepstone.durable._approvals import (
+    agent_view,
+    approve_call,
+    pending_approvals,
+    recorded_approvals,
+)
 from stepstone.durable._inspect import (
     diff_runs,
     owner_state,
@@ -52,6 +58,8 @@ __all__ = [
     "PrunedRun",
     "Pruner",
     "aclaim_run",
+    "agent_view",
+    "approve_call",
     "adelete_run",
     "alist_runs",
     "aread_run",
@@ -66,11 +74,13 @@ __all__ = [
     "owner_alive",
     "owner_state",
     "ownership_error",
+    "pending_approvals",
     "plan_prune",
     "prune",
     "prune_run",
     "query_runs",
     "read_run",
+    "recorded_approvals",
     "retry_run",
     "run_detail",
     "run_head",

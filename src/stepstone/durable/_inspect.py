@@ -11,12 +11,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepstone.durable._approvals import agent_view, waiting_calls
+from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, owner_alive
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = [
     "diff_runs",
+    "filter_heads",
     "query_runs",
     "owner_state",
     "run_detail",
@@ -66,6 +69,49 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
     }
 
 
+RUN_STATUSES = ("claimed", "running", "paused", "failed", "done")
+SORTS = ("updated", "created", "key")
+
+
+def filter_heads(
+    heads: Sequence[RunHead],
+    *,
+    statuses: Sequence[str] = (),
+    kinds: Sequence[str] = (),
+    older_than: float | None = None,
+    newer_than: float | None = None,
+    sort: str = "updated",
+    now: float | None = None,
+) -> list[RunHead]:
+    """``heads`` that match the filters, sorted: ``updated`` and ``created`` put the most
+    recent first, ``key`` sorts by key. Ages are seconds since the last commit.
+
+    Raises:
+        ValueError: an unknown status or sort (the message lists the valid ones).
+    """
+    now = time.time() if now is None else now
+    bad = sorted(set(statuses) - set(RUN_STATUSES))
+    if bad:
+        raise ValueError(f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}")
+    if sort not in SORTS:
+        raise ValueError(f"unknown sort {sort!r}; pass one of {', '.join(SORTS)}")
+    out = [
+        h
+        for h in heads
+        if (not statuses or h.status in statuses)
+        and (not kinds or h.kind in kinds)
+        and (older_than is None or now - h.updated_at >= older_than)
+        and (newer_than is None or now - h.updated_at <= newer_than)
+    ]
+    if sort == "key":
+        out.sort(key=lambda h: h.key)
+    elif sort == "created":
+        out.sort(key=lambda h: (h.created_at, h.key), reverse=True)
+    else:
+        out.sort(key=lambda h: (h.updated_at, h.key), reverse=True)
+    return out
+
+
 def query_runs(
     store: Store,
     *,
@@ -76,23 +122,24 @@ def query_runs(
     newer_than: float | None = None,
     limit: int | None = None,
     offset: int = 0,
+    sort: str = "updated",
     now: float | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
-    """Runs matching the filters, most recently updated first: ``(total, page)``.
+    """Runs matching the filters, most recently updated first (or as ``sort`` says):
+    ``(total, page)``.
 
     ``older_than``/``newer_than`` are ages in seconds since the last commit.
     """
     now = time.time() if now is None else now
-    heads = store.backend.run_list(prefix or None)
-    out = [
-        h
-        for h in heads
-        if (not statuses or h.status in statuses)
-        and (not kinds or h.kind in kinds)
-        and (older_than is None or now - h.updated_at >= older_than)
-        and (newer_than is None or now - h.updated_at <= newer_than)
-    ]
-    out.sort(key=lambda h: (h.updated_at, h.key), reverse=True)
+    out = filter_heads(
+        store.backend.run_list(prefix or None),
+        statuses=statuses,
+        kinds=kinds,
+        older_than=older_than,
+        newer_than=newer_than,
+        sort=sort,
+        now=now,
+    )
     page = out[offset : None if limit is None else offset + limit]
     return len(out), [run_summary(h, now=now) for h in page]
 
@@ -134,7 +181,9 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
 
 
 def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
-    """Everything about one run: summary, head meta, its kind's view and its timeline."""
+    """Everything about one run: summary, head meta, its timeline, the tool calls it waits
+    on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
+    with their replay counts and its final state (see :func:`agent_view`)."""
     head = store.backend.run_get(key)
     if head is None:
         return None
@@ -152,7 +201,12 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
                 "error": err,
             }
         )
-    return {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
+    detail = {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
+    # Tool calls it waits on (its own, or those of a paused Plan's LLM steps).
+    detail["pending_approvals"] = waiting_calls(store, head, rows)
+    if head.kind == AGENT_KIND:
+        detail["agent"] = agent_view(head, rows)
+    return detail
 
 
 def stranded_runs(store: Store, *, now: float | None = None) -> list[dict[str, Any]]:

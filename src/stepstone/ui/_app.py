@@ -6,10 +6,11 @@ Routes (all JSON unless noted):
 * ``GET /api/runs?status=&kind=&prefix=&older_than=&newer_than=&limit=&offset=``: runs,
   most recently updated first, with the same fields as ``stepstone runs --json``.
 * ``GET /api/run?key=K``: one run with its timeline (404 when absent).
-* ``POST /api/cancel?key=K&reason=R`` and ``POST /api/retry?key=K&step=S`` (rewind a
-  stopped run to step S): only with ``allow_actions``; the request must carry
-  the ``X-Stepstone-Action: 1`` header, which a page of another origin cannot send
-  without a CORS preflight this server never grants.
+* ``POST /api/cancel?key=K&reason=R``, ``POST /api/retry?key=K&step=S`` (rewind a
+  stopped run to step S) and ``POST /api/approve?key=K&call_id=C[&deny=REASON]`` (record a
+  decision for a tool call a paused run waits on): only with ``allow_actions``; the
+  request must carry the ``X-Stepstone-Action: 1`` header, which a page of another
+  origin cannot send without a CORS preflight this server never grants.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from stepstone.durable._approvals import approve_call
 from stepstone.durable._inspect import query_runs, run_detail
 from stepstone.durable._operate import cancel_run, retry_run
 from stepstone.exceptions import StepstoneError
@@ -65,7 +67,7 @@ class InspectorApp:
 
     Args:
         store: The store to show.
-        allow_actions: Accept ``POST`` actions (cancel). Read-only when False.
+        allow_actions: Accept ``POST`` actions (cancel, retry, approve). Read-only when False.
         poll_seconds: How often the page refreshes what it shows.
         page_size: Runs per page of the run list.
     """
@@ -98,12 +100,13 @@ class InspectorApp:
                 return self._json(start_response, self._runs(params))
             if method == "GET" and path == "/api/run":
                 return self._json(start_response, self._run(params))
-            if path in ("/api/cancel", "/api/retry"):
+            actions = {"/api/cancel": self._cancel, "/api/retry": self._retry}
+            actions["/api/approve"] = self._approve
+            if path in actions:
                 if method != "POST":
                     raise _HttpError("405 Method Not Allowed", "use POST")
                 self._check_action(environ)
-                action = self._cancel if path == "/api/cancel" else self._retry
-                return self._json(start_response, action(params))
+                return self._json(start_response, actions[path](params))
             raise _HttpError("404 Not Found", f"no route {method} {path}")
         except _HttpError as exc:
             return self._json(start_response, {"error": exc.message}, status=exc.status)
@@ -179,6 +182,17 @@ class InspectorApp:
             "key": key,
             "outcome": f"rewound: resume=True runs {step!r} again",
             "next_step": head.next_step,
+        }
+
+    def _approve(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        key = (params.get("key") or [""])[0]
+        call_id = (params.get("call_id") or [""])[0]
+        deny = params.get("deny")
+        done = approve_call(self.store, key, call_id, decision=True if deny is None else deny[0])
+        verb = "approved" if deny is None else "denied"
+        return {
+            **done,
+            "outcome": f"{verb} {done['tool']} call {call_id}; the run's next resume applies it",
         }
 
     # -- responses ---------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pydantic import BaseModel, TypeAdapter
 from stepstone.core import Envelope, ErrorInfo, Tool, payload_text
 from stepstone.core._context import current_agent_name
 from stepstone.core._serialization import to_json_value
+from stepstone.durable._approvals import recorded_approvals
 from stepstone.durable._effects import AGENT_KIND, SCHEMA_VERSION, DurableScope, EffectJournal
 from stepstone.durable._kernel import claim_run
 from stepstone.durable._records import read_run as kernel_read_run
@@ -276,7 +277,9 @@ async def run_durable(
             "run's idempotency key: pass a new run_id for a new task, or call "
             "runner.resume() to continue this one"
         )
-    decisions = _decisions(run_id, record, approvals or {}, strict=not retry_failed)
+    # Decisions an operator recorded (`stepstone approve`) apply unless the caller decides.
+    approvals = {**recorded_approvals(head, rows), **(approvals or {})}
+    decisions = _decisions(run_id, record, approvals, strict=not retry_failed)
     if record is not None:
         stored = record["payload"].get("terminal_result")
         if record["phase"] == "run_terminal" and isinstance(stored, dict):

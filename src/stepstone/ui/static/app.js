@@ -129,6 +129,8 @@ async function renderRun(key) {
     errBox.textContent = "";
   }
   $("#actions").hidden = !(run.allow_actions && run.status !== "done");
+  renderApprovals(run);
+  renderAgent(run.agent);
   const body = $("#timeline tbody");
   body.replaceChildren();
   const canRetry = run.allow_actions && run.owner !== "live" && run.kind === "plan";
@@ -147,6 +149,52 @@ async function renderRun(key) {
     body.append(tr);
   }
   markLive(" · " + run.steps + " step(s)");
+}
+
+function renderApprovals(run) {
+  const calls = run.pending_approvals || [];
+  $("#approvals").hidden = calls.length === 0;
+  const body = $("#approvals-table tbody");
+  body.replaceChildren();
+  for (const call of calls) {
+    const tr = el("tr");
+    tr.dataset.callId = call.call_id;
+    const cell = el("td");
+    if (call.decision !== null && call.decision !== undefined) {
+      cell.append(el("span", call.decision === true ? "approved" : "denied: " + call.decision, "decision"), " ");
+    }
+    if (run.allow_actions && run.owner !== "live") {
+      const url = "/api/approve?key=" + encodeURIComponent(call.run_key) + "&call_id=" + encodeURIComponent(call.call_id);
+      const approve = el("button", "approve", "plain approve");
+      approve.type = "button";
+      approve.addEventListener("click", () => act(url));
+      const deny = el("button", "deny", "plain deny");
+      deny.type = "button";
+      deny.addEventListener("click", () => act(url + "&deny=" + encodeURIComponent("denied from the web inspector")));
+      cell.append(approve, " ", deny);
+    }
+    tr.append(el("td", call.call_id), el("td", call.tool), el("td", short(call.arguments, 200), "payload"),
+      el("td", call.reason || ""), cell);
+    body.append(tr);
+  }
+}
+
+function renderAgent(agent) {
+  $("#agent").hidden = !agent;
+  if (!agent) return;
+  const replayed = agent.effects.reduce((n, e) => n + e.replays, 0);
+  $("#agent-facts").textContent = "agent state " + (agent.agent_state || "running") + " · " +
+    agent.phases.length + " phase record(s) · " + agent.effects.length + " effect(s), replayed " + replayed + " time(s)";
+  const body = $("#effects tbody");
+  body.replaceChildren();
+  for (const e of agent.effects) {
+    const tr = el("tr", null, e.error ? "row-error" : "");
+    tr.dataset.position = e.position;
+    tr.append(el("td", e.position), el("td", e.kind), el("td", e.name), el("td", e.call_id || ""),
+      el("td", e.state), el("td", e.replays),
+      el("td", e.error ? (e.error.type || "") + ": " + (e.error.message || "") : ""));
+    body.append(tr);
+  }
 }
 
 async function refresh() {

@@ -1,0 +1,232 @@
+"""Agent runs seen from outside their owner: their journal as phases, effects and pending
+approvals, and approval decisions recorded by an operator.
+
+An agent run paused on a tool approval keeps the pending calls in its last ``run_terminal``
+phase record. :func:`approve_call` records a decision for one of them in the run's head
+(``meta["approvals"]``, with the call's position), through the head's compare-and-swap; the
+next resume of that run (``runner.resume`` or ``Plan(resume=True)`` re-running the step)
+applies it as if it had been passed in ``approvals=`` (see :func:`recorded_approvals`). A
+decision is tied to the call's position, so it never applies to a later call that reuses
+the id. Every function here, but :func:`approve_call`, only reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from stepstone.durable._effects import AGENT_KIND
+from stepstone.durable._leases import owner_alive
+from stepstone.durable._records import list_runs
+from stepstone.exceptions import ApprovalTargetError
+from stepstone.store._base import Claim, JournalRow, RunHead
+from stepstone.store._store import Store
+
+__all__ = [
+    "agent_view",
+    "approve_call",
+    "pending_approvals",
+    "recorded_approvals",
+    "waiting_calls",
+]
+
+
+def _load(row: JournalRow) -> Any:
+    try:
+        return json.loads(row.data)
+    except ValueError:
+        return None
+
+
+def _terminal(rows: list[JournalRow]) -> dict[str, Any]:
+    """The ``terminal_result`` of the run's latest phase record, when that is terminal."""
+    for row in reversed(rows):
+        if row.kind != "phase":
+            continue
+        data = _load(row)
+        if not isinstance(data, dict) or data.get("phase") != "run_terminal":
+            return {}
+        payload = data.get("payload")
+        result = payload.get("terminal_result") if isinstance(payload, dict) else None
+        return result if isinstance(result, dict) else {}
+    return {}
+
+
+def pending_approvals(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]]:
+    """The tool calls a paused agent run waits on (``call_id, tool, arguments, turn,
+    index, reason``), each with the ``decision`` an operator recorded for it (or None)."""
+    if head.kind != AGENT_KIND or head.status != "paused":
+        return []
+    result = _terminal(rows)
+    if result.get("state") != "paused":
+        return []
+    decided = head.meta.get("approvals") or {}
+    out = []
+    for p in result.get("pending_approvals") or []:
+        if not isinstance(p, dict):
+            continue
+        d = decided.get(p.get("call_id"))
+        same = isinstance(d, dict) and (d.get("turn"), d.get("index")) == (
+            p.get("turn"),
+            p.get("index"),
+        )
+        out.append({**p, "decision": d.get("decision") if same and d else None})
+    return out
+
+
+def recorded_approvals(head: RunHead | None, rows: list[JournalRow]) -> dict[str, bool | str]:
+    """The decisions recorded by :func:`approve_call` for the calls the run waits on now,
+    by call id (what its next resume applies when the caller passes none for them)."""
+    if head is None:
+        return {}
+    return {
+        p["call_id"]: p["decision"]
+        for p in pending_approvals(head, rows)
+        if p["decision"] is not None
+    }
+
+
+def waiting_calls(store: Store, head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]]:
+    """The tool calls a paused run waits on, each with the ``run_key`` of the agent run
+    that holds it: the run itself, or the LLM steps of a paused Plan (or graph)."""
+    if head.status != "paused":
+        return []
+    if head.kind == AGENT_KIND:
+        return [{**p, "run_key": head.key} for p in pending_approvals(head, rows)]
+    out: list[dict[str, Any]] = []
+    for sub in list_runs(store, f"{head.key}:"):
+        if sub.kind == AGENT_KIND and sub.status == "paused":
+            sub_rows = store.backend.run_journal(sub.key)
+            out += [{**p, "run_key": sub.key} for p in pending_approvals(sub, sub_rows)]
+    return out
+
+
+def _paused_agents(store: Store, key: str) -> list[RunHead]:
+    head = store.backend.run_get(key)
+    if head is not None and head.kind == AGENT_KIND:
+        return [head]
+    if head is None:
+        raise ApprovalTargetError(
+            f"no run under key {key!r}; list the paused ones with `stepstone runs --status paused`"
+        )
+    # A Plan (or graph) run: its LLM steps journal under keys derived from its own.
+    return [h for h in list_runs(store, f"{key}:") if h.kind == AGENT_KIND]
+
+
+def approve_call(
+    store: Store, key: str, call_id: str, *, decision: bool | str = True
+) -> dict[str, Any]:
+    """Record ``decision`` for the tool call ``call_id`` a paused run waits on.
+
+    ``key`` is the agent run's key, or the key of a Plan whose LLM step paused (the agent
+    runs under it are searched). ``decision`` is True (run the call), False or a reason
+    (the model gets a refusal). Returns ``{key, run_key, call_id, tool, arguments,
+    decision}``; the next resume of the run applies it.
+
+    Raises:
+        ApprovalTargetError: no such run, the run is live or not paused, or it does not
+            wait for ``call_id`` (the message lists the ids it waits for).
+    """
+    if decision == "" or decision is None:
+        raise ApprovalTargetError(
+            f"an empty reason for denying {call_id!r}; pass --deny 'why' (the model reads it)"
+        )
+    waiting: list[str] = []
+    for head in _paused_agents(store, key):
+        rows = store.backend.run_journal(head.key)
+        pending = pending_approvals(head, rows)
+        waiting += [str(p["call_id"]) for p in pending]
+        match = next((p for p in pending if p["call_id"] == call_id), None)
+        if match is not None:
+            _record(store, head, match, decision)
+            return {
+                "key": key,
+                "run_key": head.key,
+                "call_id": call_id,
+                "tool": match.get("tool"),
+                "arguments": match.get("arguments"),
+                "decision": decision,
+            }
+    if not waiting:
+        raise ApprovalTargetError(
+            f"run {key!r} is not paused on a tool approval; `stepstone show {key}` shows its state"
+        )
+    raise ApprovalTargetError(
+        f"run {key!r} does not wait for tool call {call_id!r}; it waits for "
+        f"{', '.join(waiting)} (pass one of those)"
+    )
+
+
+def _record(store: Store, head: RunHead, pending: dict[str, Any], decision: bool | str) -> None:
+    def decide(cur: RunHead | None, _kv: str | None) -> Claim:
+        if cur is None or cur.version != head.version or cur.status != "paused":
+            raise ApprovalTargetError(
+                f"run {head.key!r} changed while the decision was being recorded (it was "
+                "resumed or deleted); check it with `stepstone show` and approve again"
+            )
+        if owner_alive(cur):
+            raise ApprovalTargetError(f"run {head.key!r} is live; approve it once it pauses")
+        entry = {
+            "decision": decision,
+            "turn": pending.get("turn"),
+            "index": pending.get("index"),
+            "at": time.time(),
+        }
+        approvals = {**(cur.meta.get("approvals") or {}), pending["call_id"]: entry}
+        new = cur.replace(version=cur.version + 1, meta={**cur.meta, "approvals": approvals})
+        return Claim(head=new)
+
+    store.backend.run_transact(head.key, decide)
+
+
+def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
+    """An agent run's journal for operators: its phases, its effects (each with how many
+    times a resumed run replayed it) and the approvals it waits on."""
+    phases: list[dict[str, Any]] = []
+    starts: list[int] = []
+    effects: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        data = _load(row)
+        if not isinstance(data, dict):
+            continue
+        if row.kind == "phase":
+            phases.append(
+                {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
+            )
+            if data.get("phase") == "run_started":
+                starts.append(row.seq)
+        elif row.kind in ("intent", "outcome") and row.name is not None:
+            e = effects.setdefault(
+                row.name,
+                {
+                    "position": row.name,
+                    "kind": data.get("kind"),
+                    "name": data.get("name"),
+                    "call_id": data.get("call_id"),
+                    "turn": data.get("turn"),
+                    "index": data.get("index"),
+                    "state": "in doubt",
+                    "error": None,
+                    "_seq": None,
+                },
+            )
+            if row.kind == "outcome":
+                out = data.get("data")
+                e["state"] = "done"
+                e["error"] = out.get("error") if isinstance(out, dict) else None
+                e["_seq"] = row.seq
+    listed = []
+    for e in effects.values():
+        seq = e.pop("_seq")
+        # Every run started after an outcome was committed replays it instead of calling.
+        e["replays"] = 0 if seq is None else sum(1 for s in starts if s > seq)
+        listed.append(e)
+    result = _terminal(rows)
+    return {
+        "phases": phases,
+        "effects": listed,
+        "pending_approvals": pending_approvals(head, rows),
+        "agent_state": result.get("state"),
+        "final_text": result.get("final_text"),
+    }

@@ -1,0 +1,236 @@
+"""`stepstone approve`: a decision recorded from the shell is applied by the run's next
+resume, for a Runner agent run and for an LLM step inside a Plan, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from stepstone import Agent, Plan, Runner, Step, Store, tool
+from stepstone.durable import pending_approvals, read_run
+from stepstone.testing import FunctionModel, call
+from tests.operate.conftest import open_args
+
+cli = CliRunner()
+ENV = {"COLUMNS": "200"}
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    from stepstone.cli import app
+
+    result = cli.invoke(app, list(args), env=ENV)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _refund_agent(ran: list[str]) -> Agent:
+    @tool(requires_approval=True)
+    def refund(order: str, amount: int) -> str:
+        """Refund an order."""
+        ran.append(order)
+        return f"refunded {amount} EUR on {order}"
+
+    def reply(request: Any) -> Any:
+        if request.turn == 0:
+            return call("refund", order="o-42", amount=30)
+        (result,) = request.messages[-1].tool_results
+        return f"model saw: {result.content}"
+
+    return Agent(model=FunctionModel(reply), tools=[refund], name="support")
+
+
+def test_approve_a_runner_run_then_resume_without_approvals(store_args: list[str]) -> None:
+    # a recorded decision is applied by the next resume
+    ran: list[str] = []
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        agent = _refund_agent(ran)
+        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
+        assert paused.state == "paused"
+        call_id = paused.pending_approvals[0]["call_id"]
+        key = next(k for k in store.keys() if "rf" in k)
+
+        code, out, err = _run("approve", key, call_id, *store_args, "--json")
+        assert code == 0, err
+        done = json.loads(out)
+        assert done == {
+            "key": key,
+            "run_key": key,
+            "call_id": call_id,
+            "tool": "refund",
+            "arguments": {"order": "o-42", "amount": 30},
+            "decision": True,
+        }
+        assert ran == []  # recorded only: the run's own resume runs the call
+        found = read_run(store, key)
+        assert found is not None
+        assert pending_approvals(*found)[0]["decision"] is True
+
+        final = runner.resume_sync(agent, run_id="rf", thread_id="t")
+        assert final.state == "completed", final.error
+        assert ran == ["o-42"]
+        assert final.tool_executions[0]["content"] == "refunded 30 EUR on o-42"
+        # Finished: nothing left to approve.
+        code, _, err = _run("approve", key, call_id, *store_args)
+        assert code == 1 and err.count("\n") == 1
+        assert f"run {key!r} is not paused on a tool approval" in err
+
+
+def test_deny_gives_the_model_the_reason(store_args: list[str]) -> None:
+    # a recorded decision is applied by the next resume
+    ran: list[str] = []
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        agent = _refund_agent(ran)
+        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
+        call_id = paused.pending_approvals[0]["call_id"]
+        key = next(k for k in store.keys() if "rf" in k)
+        code, out, err = _run("approve", key, call_id, "--deny", "over the limit", *store_args)
+        assert code == 0, err
+        assert f"denied (over the limit) refund call {call_id}" in " ".join(out.split())
+        final = runner.resume_sync(agent, run_id="rf", thread_id="t")
+        assert final.state == "completed" and ran == []
+        assert final.tool_executions[0]["error"]["type"] == "ApprovalDenied"
+        assert "over the limit" in final.tool_executions[0]["error"]["message"]
+
+
+def test_an_explicit_decision_wins_over_a_recorded_one(store_args: list[str]) -> None:
+    # approvals= passed to resume wins over a recorded decision
+    ran: list[str] = []
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        agent = _refund_agent(ran)
+        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
+        call_id = paused.pending_approvals[0]["call_id"]
+        key = next(k for k in store.keys() if "rf" in k)
+        assert _run("approve", key, call_id, "--deny", "no", *store_args)[0] == 0
+        final = runner.resume_sync(agent, run_id="rf", thread_id="t", approvals={call_id: True})
+        assert final.state == "completed" and ran == ["o-42"]
+
+
+def _plan(store: Store, agent: Agent) -> Agent:
+    return Agent(
+        engine=Plan(
+            Step(str.strip, name="clean"),
+            Step(agent, name="support"),
+            store=store,
+            checkpoint_key="refunds",
+            resume=True,
+        )
+    )
+
+
+def test_approve_an_llm_step_of_a_paused_plan_by_the_plan_key(store_args: list[str]) -> None:
+    # recorded decision applied by Plan(resume=True); errors name the waiting ids
+    ran: list[str] = []
+    with open_args(store_args) as store:
+        agent = _refund_agent(ran)
+        env = _plan(store, agent)(" refund o-42 ")
+        assert env.error is not None and env.error.type == "PlanPaused"
+        call_id = env.metadata["pending_approvals"][0]["call_id"]
+
+        code, _, err = _run("approve", "refunds", "call_9_9", *store_args)
+        assert code == 1 and err.count("\n") == 1
+        assert f"does not wait for tool call 'call_9_9'; it waits for {call_id}" in err
+        code, _, err = _run("approve", "refundz", call_id, *store_args)
+        assert code == 1 and "no run under key 'refundz'" in err
+
+        code, out, err = _run("approve", "refunds", call_id, *store_args, "--json")
+        assert code == 0, err
+        done = json.loads(out)
+        assert done["key"] == "refunds" and done["run_key"].startswith("refunds:support:")
+        assert ran == []
+        env = _plan(store, agent)(" refund o-42 ")
+        assert env.ok, env.error
+        assert ran == ["o-42"]
+        assert env.payload == "model saw: refunded 30 EUR on o-42"
+
+
+def test_show_lists_phases_effects_replays_and_pending_approvals(store_args: list[str]) -> None:
+    ran: list[str] = []
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        agent = _refund_agent(ran)
+        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
+        call_id = paused.pending_approvals[0]["call_id"]
+        key = next(k for k in store.keys() if "rf" in k)
+
+        code, out, err = _run("show", key, *store_args, "--json")
+        assert code == 0, err
+        shown = json.loads(out)
+        assert [p["call_id"] for p in shown["pending_approvals"]] == [call_id]
+        assert shown["pending_approvals"][0]["run_key"] == key
+        assert shown["pending_approvals"][0]["decision"] is None
+        view = shown["agent"]
+        assert view["agent_state"] == "paused"
+        assert view["phases"][0]["phase"] == "run_started"
+        assert [(e["position"], e["state"], e["replays"]) for e in view["effects"]] == [
+            ("model:0:0", "done", 0)
+        ]
+        code, out, _ = _run("show", key, *store_args)
+        assert code == 0 and "waiting for approval of 1 tool call(s)" in out
+        assert f"stepstone approve {key} CALL_ID" in " ".join(out.split())
+
+        assert _run("approve", key, call_id, *store_args)[0] == 0
+        final = runner.resume_sync(agent, run_id="rf", thread_id="t")
+        assert final.state == "completed"
+        shown = json.loads(_run("show", key, *store_args, "--json")[1])
+        assert shown["pending_approvals"] == []
+        effects = {e["position"]: e for e in shown["agent"]["effects"]}
+        assert effects["model:0:0"]["replays"] == 1  # the resume replayed the first answer
+        assert effects["tool:0:0"]["replays"] == 0 and effects["tool:0:0"]["name"] == "refund"
+        assert effects["model:1:0"]["replays"] == 0
+        replayed = sum(e["replays"] for e in shown["agent"]["effects"])
+        assert replayed == final.replayed_effect_count
+        assert [p["phase"] for p in shown["agent"]["phases"]].count("run_started") == 2
+        code, out, _ = _run("show", key, *store_args)
+        assert "over 2 run(s)" in " ".join(out.split())
+
+
+def test_show_a_paused_plan_lists_the_calls_its_llm_step_waits_on(
+    store_args: list[str],
+) -> None:
+    with open_args(store_args) as store:
+        env = _plan(store, _refund_agent([]))(" refund o-42 ")
+        call_id = env.metadata["pending_approvals"][0]["call_id"]
+        shown = json.loads(_run("show", "refunds", *store_args, "--json")[1])
+        (waiting,) = shown["pending_approvals"]
+        assert waiting["call_id"] == call_id and waiting["tool"] == "refund"
+        assert waiting["run_key"].startswith("refunds:support:")
+        assert "agent" not in shown  # a Plan run: its own timeline
+
+
+def test_a_decision_never_approves_a_later_call_that_reuses_the_id(
+    store_args: list[str],
+) -> None:
+    from stepstone.providers import ToolCall
+
+    ran: list[str] = []
+
+    @tool(requires_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        ran.append(order)
+        return f"refunded {order}"
+
+    script = {
+        0: ToolCall(id="c1", name="refund", arguments={"order": "o-1"}),
+        1: ToolCall(id="c1", name="refund", arguments={"order": "o-2"}),
+        2: "both refunded",
+    }
+    agent = Agent(model=FunctionModel(lambda r: script[r.turn]), tools=[refund])
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        runner.run_sync(agent, user_message="refund both", run_id="twice", thread_id="t")
+        key = next(k for k in store.keys() if "twice" in k)
+        assert _run("approve", key, "c1", *store_args)[0] == 0
+        again = runner.resume_sync(agent, run_id="twice", thread_id="t")
+        assert ran == ["o-1"] and again.state == "paused"  # the second c1 waits for a person
+        (waiting,) = json.loads(_run("show", key, *store_args, "--json")[1])["pending_approvals"]
+        assert waiting["arguments"] == {"order": "o-2"} and waiting["decision"] is None
+        code, _, err = _run("approve", key, "c1", "--deny", "", *store_args)
+        assert code == 1 and "empty reason" in err
+        assert _run("approve", key, "c1", *store_args)[0] == 0
+        final = runner.resume_sync(agent, run_id="twice", thread_id="t")
+        assert final.state == "completed" and ran == ["o-1", "o-2"]

@@ -41,6 +41,7 @@ def _refund_agent(ran: list[str]) -> Agent:
 
 
 def test_approve_a_runner_run_then_resume_without_approvals(store_args: list[str]) -> None:
+    # guarantee 290
     # a recorded decision is applied by the next resume
     ran: list[str] = []
     with open_args(store_args) as store:
@@ -96,6 +97,7 @@ def test_deny_gives_the_model_the_reason(store_args: list[str]) -> None:
 
 
 def test_an_explicit_decision_wins_over_a_recorded_one(store_args: list[str]) -> None:
+    # guarantee 290
     # approvals= passed to resume wins over a recorded decision
     ran: list[str] = []
     with open_args(store_args) as store:
@@ -122,6 +124,7 @@ def _plan(store: Store, agent: Agent) -> Agent:
 
 
 def test_approve_an_llm_step_of_a_paused_plan_by_the_plan_key(store_args: list[str]) -> None:
+    # guarantee 291
     # recorded decision applied by Plan(resume=True); errors name the waiting ids
     ran: list[str] = []
     with open_args(store_args) as store:
@@ -148,6 +151,7 @@ def test_approve_an_llm_step_of_a_paused_plan_by_the_plan_key(store_args: list[s
 
 
 def test_show_lists_phases_effects_replays_and_pending_approvals(store_args: list[str]) -> None:
+    # guarantee 293
     ran: list[str] = []
     with open_args(store_args) as store:
         runner = Runner(store=store)
@@ -191,6 +195,7 @@ def test_show_lists_phases_effects_replays_and_pending_approvals(store_args: lis
 def test_show_a_paused_plan_lists_the_calls_its_llm_step_waits_on(
     store_args: list[str],
 ) -> None:
+    # guarantee 293
     with open_args(store_args) as store:
         env = _plan(store, _refund_agent([]))(" refund o-42 ")
         call_id = env.metadata["pending_approvals"][0]["call_id"]
@@ -204,6 +209,7 @@ def test_show_a_paused_plan_lists_the_calls_its_llm_step_waits_on(
 def test_a_decision_never_approves_a_later_call_that_reuses_the_id(
     store_args: list[str],
 ) -> None:
+    # guarantee 291
     from stepstone.providers import ToolCall
 
     ran: list[str] = []

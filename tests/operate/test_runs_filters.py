@@ -43,6 +43,7 @@ def _age(store: Store, key: str, seconds: float) -> None:
 
 
 def test_filters_order_and_paging(store_args: list[str]) -> None:
+    # guarantee 292
     with open_args(store_args) as store:
         done_run(store, "etl-old")
         done_run(store, "etl-new")
@@ -93,6 +94,7 @@ def test_filters_order_and_paging(store_args: list[str]) -> None:
 
 
 def test_bad_filters_fail_in_one_line(store_args: list[str]) -> None:
+    # guarantee 292
     for args, expected in [
         (["--status", "finished"], "unknown run status ['finished']; pass one of claimed"),
         (["--sort", "age"], "unknown sort 'age'; pass one of updated, created, key"),

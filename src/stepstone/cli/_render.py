@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from stepstone.cli._runs import RunLine, owner_state
+from stepstone.durable._inspect import steps_done
 from stepstone.store import StoreEntry
 
 __all__ = ["entry_json", "render_entry", "render_runs"]
@@ -187,7 +188,7 @@ def render_runs(
             escape(h.kind),
             _status(h.status),
             escape(_or_dash(h.next_step)),
-            str(h.journal_len),
+            str(steps_done(h)),
             owner,
             _when(h.updated_at),
             f"[red]{escape(str(err.get('type')))}[/]" if err else "",

@@ -9,7 +9,7 @@ from typing import Any
 from stepstone.core._ids import host_id, process_alive
 from stepstone.durable import list_runs as kernel_list_runs
 from stepstone.durable import owner_alive, run_head
-from stepstone.durable._inspect import filter_heads
+from stepstone.durable._inspect import filter_heads, steps_done
 from stepstone.store import RunHead, Store
 
 __all__ = ["RunLine", "list_runs", "owner_state", "select_runs"]
@@ -52,7 +52,7 @@ class RunLine:
             },
             "error": self.error,
             "error_type": (self.error or {}).get("type"),
-            "steps": h.journal_len,
+            "steps": steps_done(h),
             "created_at": h.created_at,
             "updated_at": h.updated_at,
         }

@@ -57,8 +57,7 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
         "owner_pid": head.pid,
         "owner_host": head.host,
         "run_uid": head.run_uid,
-        # Rows an engine journals about the run itself (a Plan's steps, once) are not steps.
-        "steps": head.journal_len - int(head.meta.get("shape_rows", 0) or 0),
+        "steps": steps_done(head),
         "version": head.version,
         "created_at": head.created_at,
         "updated_at": head.updated_at,
@@ -149,6 +148,12 @@ def _decode(row: JournalRow) -> Any:
         return json.loads(row.data)
     except ValueError:
         return row.data
+
+
+def steps_done(head: RunHead) -> int:
+    """How many steps (journal rows) a run has committed, not counting the rows an engine
+    journals about the run itself (a Plan's record of its steps, written once)."""
+    return head.journal_len - int(head.meta.get("shape_rows", 0) or 0)
 
 
 def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:

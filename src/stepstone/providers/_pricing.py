@@ -109,7 +109,20 @@ def _genai_prices() -> Any:
     return genai_prices
 
 
+@functools.lru_cache(maxsize=512)
+def _table_knows(model: str, provider: str) -> bool:
+    """Whether the genai-prices table prices ``model`` at all. Cached: a miss scans the
+    whole table (~0.1 ms), and a durable agent run prices its usage at every phase."""
+    return _calc_from_table(model, provider, Usage()) is not None
+
+
 def _from_table(model: str, provider: str, usage: Usage) -> float | None:
+    if not _table_knows(model, provider):
+        return None
+    return _calc_from_table(model, provider, usage)
+
+
+def _calc_from_table(model: str, provider: str, usage: Usage) -> float | None:
     prices = _genai_prices()
     if prices is None:
         return None

@@ -178,3 +178,31 @@ def test_vacuum_on_postgres_frees_pruned_space(pg_url: str) -> None:
     report = _json("vacuum", "--url", pg_url)
     assert isinstance(report, dict) and report["full"] is False
     assert report["bytes_after"] < report["bytes_before"], report
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["show", "k"],
+        ["history", "k"],
+        ["stranded"],
+        ["diff", "a", "b"],
+        ["prune", "--dry-run", "--ttl", "1d"],
+        ["prune", "--ttl", "1d"],
+        ["vacuum"],
+        ["cancel", "k"],
+    ],
+)
+def test_commands_never_write_to_a_database_that_is_not_a_stepstone_store(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # guarantee 144
+    import sqlite3
+
+    path = tmp_path / "app.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT)")
+    before = path.read_bytes()
+    code, _, err = _run(*command, "--db", str(path))
+    assert code == 1 and "not a stepstone store" in err and len(err.strip().splitlines()) == 1
+    assert path.read_bytes() == before  # no table created, journal mode untouched

@@ -106,7 +106,7 @@ def migrate_cmd(
     debug: DebugOption = False,
 ) -> None:
     """Which stored runs would migrate (and how) to the current Plan or graph."""
-    with open_store(db, url, debug=debug) as store:
+    with open_store(db, url, debug=debug, read_only=True) as store:
         if not dry_run:
             raise OpsError(
                 "records migrate when they are resumed; pass --dry-run to see which would "

@@ -51,15 +51,30 @@ def fail(message: str) -> None:
 
 
 @contextmanager
-def open_store(db: Path | None, url: str | None, *, debug: bool = False) -> Iterator[Store]:
-    """The store named by ``--db``/``--url``; any failure inside becomes one line."""
+def open_store(
+    db: Path | None, url: str | None, *, debug: bool = False, read_only: bool = False
+) -> Iterator[Store]:
+    """The store named by ``--db``/``--url``; any failure inside becomes one line.
+
+    ``read_only`` for commands that only look: nothing is created, migrated or written.
+    Commands that write first check, read-only, that the file or database already is a
+    stepstone store, so they never create tables in someone else's database.
+    """
     if (db is None) == (url is None):
         fail("pass exactly one of --db FILE or --url URL")
     if db is not None and not db.exists():
         fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
     store: Store | None = None
     try:
-        store = Store(db=db) if db is not None else Store(url=url)
+        if not read_only:
+            (
+                Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
+            ).close()
+        store = (
+            Store(db=db, read_only=read_only)
+            if db is not None
+            else Store(url=url, read_only=read_only)
+        )
         yield store
     except typer.Exit:
         raise
@@ -116,7 +131,7 @@ def prune_cmd(
     debug: DebugOption = False,
 ) -> None:
     """Delete finished runs older than --ttl or beyond --keep-last (never a live run)."""
-    with open_store(db, url, debug=debug) as store:
+    with open_store(db, url, debug=debug, read_only=dry_run) as store:
         policy = store.retention
         if ttl is not None or keep_last is not None:
             policy = Retention(
@@ -215,7 +230,7 @@ def show_cmd(
     debug: DebugOption = False,
 ) -> None:
     """Everything about one run: status, owner, error, its record, its steps."""
-    with open_store(db, url, debug=debug) as store:
+    with open_store(db, url, debug=debug, read_only=True) as store:
         detail = run_detail(store, key)
         if detail is None:
             raise OpsError(
@@ -303,7 +318,7 @@ def history_cmd(
     debug: DebugOption = False,
 ) -> None:
     """The run's journal, step by step."""
-    with open_store(db, url, debug=debug) as store:
+    with open_store(db, url, debug=debug, read_only=True) as store:
         found = read_run(store, key)
         if found is None:
             raise OpsError(
@@ -337,7 +352,7 @@ def stranded_cmd(
     debug: DebugOption = False,
 ) -> None:
     """Runs whose owner died and which nobody resumed, oldest first."""
-    with open_store(db, url, debug=debug) as store:
+    with open_store(db, url, debug=debug, read_only=True) as store:
         found = stranded_runs(store)
         if as_json:
             _print_json(found)
@@ -366,7 +381,7 @@ def diff_cmd(
     debug: DebugOption = False,
 ) -> None:
     """Where two runs diverged: steps, payloads, errors."""
-    with open_store(db, url, debug=debug) as store:
+    with open_store(db, url, debug=debug, read_only=True) as store:
         result = diff_runs(store, key_a, key_b)
         if as_json:
             _print_json(result)

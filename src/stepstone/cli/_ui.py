@@ -36,7 +36,7 @@ def ui_cmd(
     debug: DebugOption = False,
 ) -> None:
     """Serve a local web page listing runs and their timelines, updated live."""
-    with open_store(db, url, debug=debug) as store:
+    with open_store(db, url, debug=debug, read_only=not allow_actions) as store:
         if not _loopback(host):
             typer.echo(
                 f"warning: serving on {host}, not loopback: anyone who can reach it sees "

@@ -114,6 +114,29 @@ def _tally_graph() -> Any:
 graph = _tally_graph()
 
 
+def _die_once(state: Tally) -> dict[str, Any]:
+    """Kill this process the first time (a marker file beside the log remembers it)."""
+    marker = state.log + ".died"
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    _logged(1)({"log": state.log, "name": state.name})
+    return {"total": state.total + 1}
+
+
+crash_graph = (
+    GraphBuilder(Tally)
+    .add_node("n0", _graph_node(0))
+    .add_node("n1", _die_once)
+    .add_node("n2", _graph_node(2))
+    .add_edge("n0", "n1")
+    .add_edge("n1", "n2")
+    .add_edge("n2", END)
+    .set_entry("n0")
+    .compile()
+)
+
+
 def _replan_planner(task: str, history: list[dict[str, Any]], round: int) -> PlanRound:
     if round == 1:
         return PlanRound(

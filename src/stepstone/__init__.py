@@ -28,7 +28,7 @@ from stepstone.core import (
     from_step,
     tool,
 )
-from stepstone.durable._queue import RunHandle, set_queue_limits, submit
+from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
@@ -128,6 +128,7 @@ __all__ = [
     # work queue and workers
     "RunHandle",
     "Worker",
+    "prune_queue",
     "set_queue_limits",
     "submit",
     # errors

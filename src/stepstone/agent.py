@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepstone.core import Envelope, Tool, build_tool_map
 from stepstone.core._context import running_agent
@@ -11,6 +11,10 @@ from stepstone.core._sync import run_sync
 from stepstone.engines._protocol import Engine
 from stepstone.exceptions import UserError
 from stepstone.observability import Session
+from stepstone.store import Store
+
+if TYPE_CHECKING:
+    from stepstone.durable._queue import RunHandle
 
 __all__ = ["Agent"]
 
@@ -212,6 +216,51 @@ class Agent:
         yield first
         async for token in tokens:
             yield token
+
+    def submit(
+        self,
+        task: str | Envelope[Any],
+        *,
+        store: Store | None = None,
+        target: str | None = None,
+        key: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        delay: float = 0.0,
+        not_before: float | None = None,
+        dedupe_key: str | None = None,
+        max_attempts: int = 3,
+    ) -> RunHandle:
+        """Queue a run of this agent for a :class:`~stepstone.Worker` instead of running it
+        here; returns a :class:`~stepstone.RunHandle`.
+
+        The worker imports the agent by its module-level name (or ``target=``) and runs it
+        durably in ``store`` (default: its engine's ``store``, for a Plan or a
+        ``ReplanEngine`` built with one) under checkpoint key ``key``: an Agent over a
+        Plan or a ``ReplanEngine`` as that engine with ``resume=True``, an LLM agent as
+        ``Runner(store=store).run(agent, run_id=key, ...)`` (the result's payload is the
+        ``AgentResult`` in JSON form). See :func:`stepstone.submit` for the other arguments.
+        """
+        from stepstone.durable._queue import submit
+
+        where = store if store is not None else getattr(self.engine, "store", None)
+        if not isinstance(where, Store):
+            raise UserError(
+                f"{self.name}.submit() needs a store the workers share: pass "
+                "store=Store(url=...) or store=Store(db=...)"
+            )
+        return submit(
+            where,
+            target if target is not None else self,
+            task,
+            key=key,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            not_before=not_before,
+            dedupe_key=dedupe_key,
+            max_attempts=max_attempts,
+        )
 
     def as_tool(self, name: str | None = None, *, description: str | None = None) -> Tool:
         """This agent as a tool named ``name`` (default: the agent's name).

@@ -27,11 +27,9 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from stepstone.agent import Agent
 from stepstone.core import Envelope
 from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
 from stepstone.durable._queue import queue_backend, resolve_target
-from stepstone.engines.plan import Plan
 from stepstone.exceptions import ConcurrentRunError, StoreError, UserError
 from stepstone.store import Store
 from stepstone.store._queue_base import Owner, QueueEntry
@@ -331,37 +329,11 @@ class Worker:
             )
 
     def _engine(self, entry: QueueEntry) -> Callable[[Envelope[Any]], Awaitable[Envelope[Any]]]:
-        """How to run the entry's target: a durable copy of its Plan (an Agent's Plan with
-        the Agent's tools) under the entry's checkpoint key, resuming where it stopped."""
-        obj = resolve_target(entry.target, self.registry)
-        if not isinstance(obj, Plan | Agent) and callable(obj) and not hasattr(obj, "run"):
-            obj = obj()  # a factory
-        agent = obj if isinstance(obj, Agent) else None
-        plan = agent.engine if agent is not None else obj
-        if not isinstance(plan, Plan):
-            raise UserError(
-                f"target {entry.target!r} of queued run {entry.id} is a {type(obj).__name__}"
-                + (f" over a {type(plan).__name__}" if agent is not None else "")
-                + ", not a Plan, an Agent over a Plan, or a function returning one"
-            )
-        durable = Plan(
-            *plan.steps,
-            max_iterations=plan.max_iterations,
-            store=self.store,
-            checkpoint_key=entry.run_key,
-            resume=True,
-            strict=plan.strict,
-        )
-        if agent is None:
-            return durable.run
-        tools = list(agent.tool_map.values())
+        """How to run the entry's target durably under the entry's checkpoint key,
+        resuming where an earlier attempt stopped."""
+        from stepstone._worker_targets import queued_run  # imports the graph engine
 
-        async def run(env: Envelope[Any]) -> Envelope[Any]:
-            return await durable.run(
-                env, tools=tools, output_type=agent.output, session=agent.session
-            )
-
-        return run
+        return queued_run(resolve_target(entry.target, self.registry), self.store, entry)
 
 
 def _error_text(env: Envelope[Any]) -> str | None:

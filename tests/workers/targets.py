@@ -13,7 +13,9 @@ import signal
 import time
 from typing import Any
 
-from stepstone import Agent, Plan, Step
+from stepstone import Agent, LLMEngine, Plan, PlanRound, ReplanEngine, ReplanTask, Step, Tool
+from stepstone.graph import END, GraphBuilder, State
+from stepstone.providers import OpenAIProvider
 
 STEPS = 10
 
@@ -81,3 +83,83 @@ def executions(log: str) -> dict[tuple[str, int], list[int]]:
         name, step, pid = line.split()
         out.setdefault((name, int(step)), []).append(int(pid))
     return out
+
+
+# -- other kinds of targets: a graph, an agent over a ReplanEngine, an LLM agent ----------
+class Tally(State):
+    """A graph's state: a log path, a run name and how far it got."""
+
+    log: str = ""
+    name: str = ""
+    total: int = 0
+
+
+def _graph_node(i: int) -> Any:
+    def node(state: Tally) -> dict[str, Any]:
+        _logged(i)({"log": state.log, "name": state.name})
+        return {"total": state.total + i}
+
+    node.__name__ = f"n{i}"
+    return node
+
+
+def _tally_graph() -> Any:
+    builder = GraphBuilder(Tally)
+    for i in range(3):
+        builder = builder.add_node(f"n{i}", _graph_node(i))
+        builder = builder.add_edge(f"n{i}", f"n{i + 1}" if i < 2 else END)
+    return builder.set_entry("n0").compile()
+
+
+graph = _tally_graph()
+
+
+def _die_once(state: Tally) -> dict[str, Any]:
+    """Kill this process the first time (a marker file beside the log remembers it)."""
+    marker = state.log + ".died"
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    _logged(1)({"log": state.log, "name": state.name})
+    return {"total": state.total + 1}
+
+
+crash_graph = (
+    GraphBuilder(Tally)
+    .add_node("n0", _graph_node(0))
+    .add_node("n1", _die_once)
+    .add_node("n2", _graph_node(2))
+    .add_edge("n0", "n1")
+    .add_edge("n1", "n2")
+    .add_edge("n2", END)
+    .set_entry("n0")
+    .compile()
+)
+
+
+def _replan_planner(task: str, history: list[dict[str, Any]], round: int) -> PlanRound:
+    if round == 1:
+        return PlanRound(
+            reasoning="count", tasks=[ReplanTask(tool="shout", kwargs={"text": "queued"})]
+        )
+    return PlanRound(
+        reasoning="done", done=True, final_answer=f"{history[-1]['tasks'][0]['result']}!"
+    )
+
+
+replan_agent = Agent(
+    engine=ReplanEngine(), tools=[Tool.from_function(_replan_planner, name="planner"), shout]
+)
+
+#: The loopback server's OpenAI base URL, set by the test that queues ``llm_agent``.
+LOOPBACK_URL = os.environ.get("STEPSTONE_TEST_LOOPBACK_URL", "")
+
+
+def llm_agent() -> Agent:
+    """A factory target: an LLM agent talking to the test's loopback server."""
+    provider = OpenAIProvider(api_key="test", base_url=LOOPBACK_URL)
+    return Agent(
+        name="support",
+        engine=LLMEngine("gpt-4o-mini", provider=provider, max_retries=0),
+        tools=[shout],
+    )

@@ -23,5 +23,7 @@ def test_workers_doc_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), module.__dict__)
     assert module.handle.result(timeout=5).payload["risk"] == "low"
+    assert module.graph_run.result(timeout=5).payload == {"order": "order-011", "risk": "low"}
+    assert module.replan_run.result(timeout=5).payload == "risk: low"
     assert os.path.exists(tmp_path / "orders.sqlite")
     module.store.close()

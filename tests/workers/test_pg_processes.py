@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from stepstone import QueuedRunError, RunHandle, Store, submit
-from tests.workers.targets import executions, task
+from stepstone.graph import CheckpointFilter, StoreCheckpointer
+from tests.workers.targets import Tally, executions, task
 
 pytestmark = pytest.mark.postgres
 
@@ -148,3 +149,25 @@ def test_sigterm_hands_back_the_running_run_and_exits(
     runs = executions(log)
     assert sorted(s for _, s in runs) == list(range(40))
     assert len([s for s, pids in runs.items() if len(pids) > 1]) <= 1  # guarantee 241
+
+
+def test_a_sigkilled_workers_graph_run_resumes_its_invocation_elsewhere(
+    store: Store, pg_url: str, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "log")
+    h = submit(store, T + "crash_graph", Tally(log=log, name="g"))
+    first = spawn(pg_url)
+    finish(first)  # its graph's node n1 SIGKILLs it after n0 was committed
+    assert first.returncode == -signal.SIGKILL
+    second = spawn(pg_url, "--until-idle")
+    out = finish(second)
+    assert second.returncode == 0, out
+    assert h.result(timeout=5).payload["total"] == 3  # guarantee 249
+    assert executions(log) == {
+        ("g", 0): [first.pid],
+        ("g", 1): [second.pid],
+        ("g", 2): [second.pid],
+    }
+    chain = StoreCheckpointer(store).list(CheckpointFilter(correlation_id=h.key))
+    assert [r.status for r in chain] == ["running", "done"]  # the second resumed the first
+    assert chain[1].resumed_from == chain[0].invocation_id

@@ -14,8 +14,11 @@ import json
 import sys
 import time
 import weakref
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from stepstone.core import Envelope
 from stepstone.core._ids import new_uid
@@ -23,7 +26,14 @@ from stepstone.exceptions import QueuedRunError, UserError
 from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
 from stepstone.store._store import Store
 
-__all__ = ["RunHandle", "import_path_of", "queue_backend", "set_queue_limits", "submit"]
+__all__ = [
+    "RunHandle",
+    "import_path_of",
+    "prune_queue",
+    "queue_backend",
+    "set_queue_limits",
+    "submit",
+]
 
 _queues: weakref.WeakKeyDictionary[Store, QueueBackend] = weakref.WeakKeyDictionary()
 _paths: dict[int, tuple[weakref.ref[Any], str]] = {}
@@ -128,7 +138,7 @@ def resolve_target(target: str, registry: dict[str, Any] | None = None) -> Any:
 def submit(
     store: Store,
     target: Any,
-    task: str | Envelope[Any],
+    task: str | Envelope[Any] | BaseModel,
     *,
     key: str | None = None,
     queue: str = "default",
@@ -142,10 +152,11 @@ def submit(
 
     Args:
         store: The store the workers use (SQLite file or PostgreSQL).
-        target: The engine (a module-level Plan) or its import path
-            (``"package.module:name"``); a zero-argument function returning an engine
-            works too.
-        task: The start envelope, or a task string.
+        target: What to run, as an object defined at module level or its import path
+            (``"package.module:name"``): a Plan, a compiled graph, an Agent over a Plan,
+            an LLM Agent (run as by :class:`~stepstone.Runner`), an Agent over a
+            ``ReplanEngine``, or a zero-argument function returning one of them.
+        task: The start envelope, or a task string; for a graph, its initial state.
         key: The run's checkpoint key (default: ``"<queue>/<entry id>"``).
         queue: Which queue; workers serve the queues they are given.
         priority: Higher runs first.
@@ -167,7 +178,15 @@ def submit(
     path = target if isinstance(target, str) else import_path_of(target)
     if path.count(":") != 1 or path.startswith(":") or path.endswith(":"):
         raise UserError(f"target {path!r} is not an import path; write it as 'package.module:name'")
-    env = task if isinstance(task, Envelope) else Envelope.from_task(str(task))
+    if isinstance(task, BaseModel):  # a graph's initial state
+        env: Envelope[Any] = Envelope(
+            task=type(task).__name__,
+            payload=task.model_dump(mode="json"),
+        )
+    elif isinstance(task, Envelope):
+        env = task
+    else:
+        env = Envelope.from_task(str(task))
     text = json.dumps(env.to_dict(where="submitted task", strict=True), separators=(",", ":"))
     qb = queue_backend(store)
     uid = new_uid()
@@ -210,6 +229,32 @@ def set_queue_limits(
     queue_backend(store).set_limits(
         queue, concurrency=concurrency, rate=None if rate is None else float(rate)
     )
+
+
+def prune_queue(store: Store, older_than: float | timedelta, *, queue: str | None = None) -> int:
+    """Delete finished queue entries (``done``, ``failed``, ``cancelled``) that ended more
+    than ``older_than`` ago (seconds or a ``timedelta``, judged on the database's clock);
+    returns how many were deleted.
+
+    Their dedupe keys are free again afterwards (a new submit with one queues a new run),
+    and handles of deleted entries raise ``QueuedRunError``. Queued and running
+    entries are never touched; the runs' checkpoints are not either (``prune()`` and
+    ``Retention`` govern those).
+
+    Args:
+        store: The store the workers use.
+        older_than: Keep entries that ended more recently than this.
+        queue: Only this queue's entries (None: every queue).
+    """
+    seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise UserError(
+            f"older_than must be >= 0 seconds or a timedelta, got {older_than!r}; "
+            "e.g. prune_queue(store, timedelta(days=7))"
+        )
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise UserError(f"queue must be a non-empty str or None, got {queue!r}")
+    return queue_backend(store).prune(float(seconds), queue)
 
 
 class RunHandle:

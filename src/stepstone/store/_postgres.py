@@ -58,7 +58,7 @@ except ImportError as exc:  # tested in a subprocess that blocks the import
     raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
 
 from stepstone.store._postgres_schema import (
-    COMMIT_SQL,
+    COMMIT_FN_SQL,
     HEAD_COLS,
     KEY_LOCK_CLASS,
     LOCK_SQL,
@@ -442,6 +442,21 @@ class PostgresBackend(Backend):
                     raise _Unknown(exc) from exc
                 raise
 
+    def _one_statement(self, deadline: float, sql: str, params: Any) -> tuple[Any, ...] | None:
+        """Run ``sql`` (first row returned) as its own autocommit transaction: one round
+        trip.
+
+        Raises:
+            _Unknown: the connection broke after sending; it may have committed.
+        """
+        with self._connection(deadline - time.monotonic()) as conn:
+            try:
+                return conn.execute(sql.encode(), params).fetchone()
+            except psycopg.Error as exc:
+                if _connection_lost(conn, exc):
+                    raise _Unknown(exc) from exc
+                raise
+
     def close(self) -> None:
         self._closed = True
         with self._pool_lock:
@@ -569,10 +584,10 @@ class PostgresBackend(Backend):
         writes: Sequence[tuple[str, str]],
     ) -> bool:
         self._refuse_if_read_only()
-        latest, params = commit_params(head, expected_version, rows, writes)
+        args = commit_args(head, expected_version, rows, writes)
 
         def send(deadline: float) -> tuple[int, int, str | None]:
-            row = self._pipelined(deadline, list(latest), COMMIT_SQL, params)
+            row = self._one_statement(deadline, COMMIT_FN_SQL, args)
             assert row is not None
             return int(row[0]), int(row[1]), row[2]
 
@@ -657,6 +672,37 @@ def commit_params(
         "wkeys": list(latest),
         "wvals": list(latest.values()),
     }
+
+
+def commit_args(
+    head: RunHead,
+    expected_version: int,
+    rows: Sequence[JournalRow],
+    writes: Sequence[tuple[str, str]],
+) -> tuple[Any, ...]:
+    """COMMIT_FN_SQL's positional parameters (the last write of a key wins)."""
+    latest = dict(writes)
+    return (
+        KEY_LOCK_CLASS,
+        lock_ids(list(latest)),
+        head.status,
+        head.next_step,
+        head.version,
+        head.iteration,
+        head.journal_len,
+        head.lease_until,
+        json.dumps(head.meta, separators=(",", ":")),
+        head.updated_at,
+        head.key,
+        expected_version,
+        head.run_uid,
+        [r.seq for r in rows],
+        [r.kind for r in rows],
+        [r.name for r in rows],
+        [r.data for r in rows],
+        list(latest),
+        list(latest.values()),
+    )
 
 
 def _one(cur: Cursor) -> Any:

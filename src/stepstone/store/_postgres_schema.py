@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "COMMIT_FN_SQL",
     "COMMIT_SQL",
     "HEAD_COLS",
     "KEY_LOCK_CLASS",
@@ -105,6 +106,53 @@ MIGRATIONS: list[str] = [
         rate DOUBLE PRECISION
     );
     """,
+    # A step's whole commit as one statement (COMMIT_FN_SQL): the advisory locks of its
+    # writes= keys, then the compare-and-swap of the head with the journal rows and the
+    # writes. In a VOLATILE function each statement takes a fresh snapshot (READ
+    # COMMITTED), so the commit sees everything committed under those locks, as the
+    # two pipelined statements it replaces did, in one statement the server parses once.
+    """
+    CREATE FUNCTION stepstone_commit(
+        p_lock_class INT4, p_lock_ids INT4[], p_status TEXT, p_next_step TEXT,
+        p_version INT8, p_iteration INT8, p_journal_len INT8, p_lease_until FLOAT8,
+        p_meta TEXT, p_updated_at FLOAT8, p_key TEXT, p_expected INT8, p_run_uid TEXT,
+        p_seqs INT8[], p_kinds TEXT[], p_names TEXT[], p_datas TEXT[],
+        p_wkeys TEXT[], p_wvals TEXT[],
+        OUT applied INT8, OUT matched INT8, OUT conflict TEXT
+    ) LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        IF cardinality(p_lock_ids) > 0 THEN
+            PERFORM pg_advisory_xact_lock(p_lock_class, id) FROM unnest(p_lock_ids) AS id;
+        END IF;
+        WITH upd AS (
+            UPDATE stepstone_runs SET status = p_status, next_step = p_next_step,
+                version = p_version, iteration = p_iteration, journal_len = p_journal_len,
+                lease_until = p_lease_until, meta = p_meta, updated_at = p_updated_at
+            WHERE key = p_key AND version = p_expected AND run_uid = p_run_uid
+              AND NOT EXISTS (SELECT 1 FROM stepstone_runs r WHERE r.key = ANY(p_wkeys))
+            RETURNING key
+        ), j AS (
+            INSERT INTO stepstone_journal (run_key, seq, kind, name, data)
+            SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd,
+                unnest(p_seqs, p_kinds, p_names, p_datas) AS r(seq, kind, name, data)
+        ), w AS (
+            INSERT INTO stepstone_kv (key, value, updated_at)
+            SELECT w.key, w.value, p_updated_at FROM upd,
+                unnest(p_wkeys, p_wvals) AS w(key, value)
+            ON CONFLICT (key) DO UPDATE
+                SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+        )
+        SELECT count(*) INTO applied FROM upd;
+        IF applied > 0 THEN
+            matched := 1;
+            RETURN;
+        END IF;
+        SELECT count(*) INTO matched FROM stepstone_runs
+            WHERE key = p_key AND version = p_expected AND run_uid = p_run_uid;
+        SELECT min(key) INTO conflict FROM stepstone_runs WHERE key = ANY(p_wkeys);
+    END
+    $fn$;
+    """,
 ]
 
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
@@ -139,6 +187,14 @@ PUT_SQL = (
 # One step's commit in one statement: the journal rows and the writes are inserted only
 # when the head update matched (they select from its RETURNING). The last SELECT reports
 # whether it applied, whether the head matched before, and a write key that is a run.
+#: One step's commit (locks, compare-and-swap, journal, writes) as one statement with
+#: positional parameters: ``(applied, matched, conflict)``.
+COMMIT_FN_SQL = (
+    "SELECT * FROM stepstone_commit(%s::int4, %s::int4[], %s::text, %s::text, %s::int8, "
+    "%s::int8, %s::int8, %s::float8, %s::text, %s::float8, %s::text, %s::int8, %s::text, "
+    "%s::int8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
+)
+
 COMMIT_SQL = """
 WITH upd AS (
     UPDATE stepstone_runs SET status = %(status)s, next_step = %(next_step)s,

@@ -189,3 +189,9 @@ class QueueBackend(abc.ABC):
     @abc.abstractmethod
     def entries(self, queue: str | None, status: str | None) -> list[QueueEntry]:
         """Entries (optionally of one queue and status), in submission order."""
+
+    @abc.abstractmethod
+    def prune(self, older_than: float, queue: str | None) -> int:
+        """Delete the finished entries (``done``, ``failed``, ``cancelled``; optionally of
+        one queue) last updated more than ``older_than`` seconds ago on :meth:`now`'s
+        clock, freeing their dedupe keys; returns how many were deleted."""

@@ -288,6 +288,18 @@ class PostgresQueue(QueueBackend):
         )
         return [entry_from_row(r) for r in rows]
 
+    def prune(self, older_than: float, queue: str | None) -> int:
+        def prune(cur: Cursor) -> int:
+            cur.execute(
+                "DELETE FROM stepstone_queue WHERE status IN ('done', 'failed', 'cancelled') "
+                f"AND updated_at < {NOW} - %s AND (%s::text IS NULL OR queue = %s)",
+                (older_than, queue, queue),
+            )
+            return cur.rowcount
+
+        # idempotent: a retry after a lost answer deletes what is left to delete
+        return int(self.backend._read("prune finished queue entries", prune))
+
 
 def _one(cur: Cursor, sql: str, params: Any = ()) -> Any:
     row = cur.execute(sql.encode(), params).fetchone()

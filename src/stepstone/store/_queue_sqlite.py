@@ -349,3 +349,14 @@ class SQLiteQueue(QueueBackend):
             (queue, queue, status, status),
         )
         return [entry_from_row(r) for r in rows.fetchall()]
+
+    def prune(self, older_than: float, queue: str | None) -> int:
+        def prune(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "DELETE FROM stepstone_queue WHERE status IN ('done', 'failed', 'cancelled') "
+                "AND updated_at < ? AND (? IS NULL OR queue = ?)",
+                (time.time() - older_than, queue, queue),
+            )
+            return cur.rowcount
+
+        return self._write(prune)

@@ -267,6 +267,25 @@ class CompiledGraph(Generic[S]):
             if lock is not None:
                 await blocking_call(lock.store, _release_lock, lock)
 
+    def submit(self, state: S, *, store: Any = None, **options: Any) -> Any:
+        """Queue a run from ``state`` for a :class:`~stepstone.Worker`; returns its
+        :class:`~stepstone.RunHandle` (``result().payload`` is the final state's JSON form).
+
+        The worker imports this graph by its module-level name (or ``target=``) and runs
+        it with a checkpointer in ``store`` (default: the graph's checkpointer's store);
+        its invocations carry the run's key as ``correlation_id``, so a run whose worker
+        died is resumed, not restarted. ``options``: those of :func:`stepstone.submit`.
+        """
+        from stepstone.durable._queue import submit
+
+        where = store if store is not None else getattr(self.checkpointer, "store", None)
+        if where is None:
+            raise UserError(
+                "graph.submit() needs a store the workers share: pass store=Store(...) or "
+                "compile the graph with_checkpointer(StoreCheckpointer(store))"
+            )
+        return submit(where, options.pop("target", None) or self, state, **options)
+
     def load_record(self, invocation_id: str) -> CheckpointRecord:
         """The record of ``invocation_id`` with its state typed and migrated to this
         graph's state classes (the saved record itself is not rewritten)."""

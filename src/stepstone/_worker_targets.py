@@ -1,0 +1,196 @@
+"""How a worker runs each kind of queued target durably under its queue entry's key.
+
+Every adapter returns ``run(envelope) -> envelope``; running it again for the same entry
+(after a worker died, or handed the run back) resumes the earlier attempt instead of
+starting over:
+
+* a Plan (or an Agent over one): a copy of the Plan in the worker's store under the
+  entry's checkpoint key, ``resume=True``;
+* a compiled graph: its invocations carry the entry's key as their ``correlation_id``; the
+  latest one is resumed (or, when done, its final state returned);
+* an Agent over an ``LLMEngine``: a :class:`~stepstone.Runner` run whose ``run_id`` is the
+  entry's key (a crashed run continues, a finished one returns its stored result);
+* an Agent over a ``ReplanEngine``: a copy of the engine under the entry's key,
+  ``resume=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from stepstone.agent import Agent
+from stepstone.core import Envelope
+from stepstone.core._envelope import ErrorInfo
+from stepstone.engines.graph import CheckpointFilter, CompiledGraph, StoreCheckpointer
+from stepstone.engines.llm import LLMEngine
+from stepstone.engines.plan import Plan
+from stepstone.engines.replan import ReplanEngine
+from stepstone.exceptions import UserError
+from stepstone.runner import Runner
+from stepstone.store import Store
+from stepstone.store._queue_base import QueueEntry
+
+__all__ = ["queued_agent", "queued_graph", "queued_plan", "queued_replan", "queued_run"]
+
+Run = Callable[[Envelope[Any]], Awaitable[Envelope[Any]]]
+
+
+def queued_run(obj: Any, store: Store, entry: QueueEntry) -> Run:
+    """The adapter for the target object ``obj`` (a factory is called first).
+
+    Raises:
+        UserError: ``obj`` is none of the kinds a worker runs.
+    """
+    if (
+        not isinstance(obj, Plan | Agent | CompiledGraph)
+        and callable(obj)
+        and not hasattr(obj, "run")
+    ):
+        obj = obj()  # a factory
+    if isinstance(obj, CompiledGraph):
+        return queued_graph(obj, store, entry)
+    agent = obj if isinstance(obj, Agent) else None
+    engine = agent.engine if agent is not None else obj
+    if isinstance(engine, Plan):
+        return queued_plan(engine, agent, store, entry)
+    if agent is not None and isinstance(engine, ReplanEngine):
+        return queued_replan(engine, agent, store, entry)
+    if agent is not None and isinstance(engine, LLMEngine):
+        return queued_agent(agent, store, entry)
+    raise UserError(
+        f"target {entry.target!r} of queued run {entry.id} is a {type(obj).__name__}"
+        + (f" over a {type(engine).__name__}" if agent is not None else "")
+        + ", not a Plan, a compiled graph, an Agent over a Plan, an LLMEngine or a "
+        "ReplanEngine, or a function returning one"
+    )
+
+
+def _task_text(env: Envelope[Any]) -> str:
+    return env.task if env.task is not None else env.text()
+
+
+def queued_plan(plan: Plan, agent: Agent | None, store: Store, entry: QueueEntry) -> Run:
+    """A durable copy of ``plan`` (with ``agent``'s tools when it is an Agent's)."""
+    durable = Plan(
+        *plan.steps,
+        max_iterations=plan.max_iterations,
+        store=store,
+        checkpoint_key=entry.run_key,
+        resume=True,
+        strict=plan.strict,
+    )
+    if agent is None:
+        return durable.run
+    tools = agent.tools
+
+    async def run(env: Envelope[Any]) -> Envelope[Any]:
+        return await durable.run(env, tools=tools, output_type=agent.output, session=agent.session)
+
+    return run
+
+
+def queued_replan(engine: ReplanEngine, agent: Agent, store: Store, entry: QueueEntry) -> Run:
+    """A durable copy of ``agent``'s ReplanEngine under the entry's key."""
+    durable = ReplanEngine(
+        planner_name=engine.planner_name,
+        store=store,
+        checkpoint_key=entry.run_key,
+        resume=True,
+        max_rounds=engine.max_rounds,
+    )
+    tools = agent.tools
+
+    async def run(env: Envelope[Any]) -> Envelope[Any]:
+        return await durable.run(env, tools=tools, output_type=agent.output, session=agent.session)
+
+    return run
+
+
+def queued_agent(agent: Agent, store: Store, entry: QueueEntry) -> Run:
+    """A :class:`Runner` run of the LLM ``agent`` with ``run_id`` = the entry's key.
+
+    The envelope's payload is the run's ``AgentResult`` in JSON form
+    (``AgentResult.from_dict(payload)`` rebuilds it); a failed or paused run's envelope
+    carries an error too, so its queue entry ends ``failed``.
+    """
+    runner = Runner(store=store)
+
+    async def run(env: Envelope[Any]) -> Envelope[Any]:
+        result = await runner.run(
+            agent, user_message=_task_text(env), run_id=entry.run_key, thread_id=entry.run_key
+        )
+        error: ErrorInfo | None = None
+        if result.state == "paused":
+            error = ErrorInfo(
+                type="RunPaused",
+                message=(
+                    f"agent run {result.run_id!r} paused for approvals "
+                    f"({len(result.pending_approvals)} pending); continue it with "
+                    f"Runner(store=...).resume(agent, run_id={result.run_id!r}, "
+                    f"thread_id={result.thread_id!r}, approvals={{...}})"
+                ),
+                retryable=True,
+            )
+        elif result.state != "completed":
+            info = result.error or {}
+            error = ErrorInfo(
+                type=str(info.get("type", result.state)),
+                message=str(info.get("message", f"agent run ended {result.state}")),
+            )
+        return Envelope(
+            task=env.task,
+            payload=result.to_dict(),
+            metadata={"run_id": result.run_id, "state": result.state},
+            error=error,
+        )
+
+    return run
+
+
+def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> Run:
+    """``graph`` with a checkpointer in ``store`` (the graph's own prefix and codec); its
+    invocations carry the entry's key as ``correlation_id``.
+
+    The task envelope's payload is the initial state (its JSON form); the result's
+    payload is the final state's JSON form.
+    """
+    own = graph.checkpointer
+    checkpointer = StoreCheckpointer(store, prefix=own.prefix if own is not None else "graph:")
+    if own is not None:
+        checkpointer.codec = own.codec  # the same serialization and pickle key
+    durable: CompiledGraph[Any] = CompiledGraph(
+        state_cls=graph.state_cls,
+        nodes=graph.nodes,
+        edges=graph.edges,
+        entry=graph.entry,
+        checkpointer=checkpointer,
+        migrations=graph.migrations,
+    )
+
+    async def run(env: Envelope[Any]) -> Envelope[Any]:
+        attempts = await checkpointer.alist(CheckpointFilter(correlation_id=entry.run_key))
+        latest = attempts[-1] if attempts else None
+        if latest is not None and latest.status == "done":
+            final = durable.load_record(latest.invocation_id).state  # an earlier attempt's
+        elif latest is not None:
+            final = await durable.ainvoke(resume_invocation=latest.invocation_id)
+        else:
+            try:
+                state = graph.state_cls.model_validate(env.payload)
+            except Exception as exc:
+                raise UserError(
+                    f"queued run {entry.id}: its task is not a {graph.state_cls.__name__} "
+                    f"({type(exc).__name__}: {exc}); submit the initial state: "
+                    f"submit(store, graph, {graph.state_cls.__name__}(...))"
+                ) from exc
+            final = await durable.ainvoke(
+                state, correlation_id=entry.run_key, metadata={"queue_entry": entry.id}
+            )
+        return Envelope(
+            task=env.task,
+            payload=final.model_dump(mode="json"),
+            metadata={"correlation_id": entry.run_key},
+        )
+
+    return run

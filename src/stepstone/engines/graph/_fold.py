@@ -35,24 +35,8 @@ def fold(head: RunHead, rows: Sequence[JournalRow], codec: Codec | None) -> RawR
         frames = [Frame.from_parts(p, b) for p, b in zip(start["frames"], body_frames, strict=True)]
         positions = [NodePosition.from_json(p) for p in start["positions"]]
         for row in rows[1:]:
-            if row.kind != "node":
-                continue
-            data = json.loads(row.data)
-            for _ in range(int(data.get("pop", 0))):
-                frames.pop()
-            body = codec.decode(data, where=where) if codec is not None else None
-            for plain, fbody in zip(
-                data.get("push", []),
-                body["push"] if body is not None else [None] * len(data.get("push", [])),
-                strict=True,
-            ):
-                frames.append(Frame.from_parts(plain, fbody or {"state": None}))
-            pos = NodePosition.from_json(data["pos"])
-            top = frames[-1]
-            if body is not None:
-                top.state = apply_patch(top.state, body["patch"])
-            top.last = (pos.node_name, pos.step)
-            positions.append(pos)
+            if row.kind == "node":
+                positions.append(_apply_node_row(frames, json.loads(row.data), codec, where))
         return RawRecord(
             head=head,
             invocation_id=str(meta["invocation_id"]),
@@ -71,6 +55,27 @@ def fold(head: RunHead, rows: Sequence[JournalRow], codec: Codec | None) -> RawR
             f"{where} cannot be decoded ({type(exc).__name__}: {exc}); remove it with "
             f"checkpointer.delete({meta.get('invocation_id')!r})"
         ) from exc
+
+
+def _apply_node_row(
+    frames: list[Frame], data: dict[str, Any], codec: Codec | None, where: str
+) -> NodePosition:
+    """Apply one ``node`` row to the frame stack (leave, enter, patch); its position."""
+    for _ in range(int(data.get("pop", 0))):
+        frames.pop()
+    body = codec.decode(data, where=where) if codec is not None else None
+    for plain, fbody in zip(
+        data.get("push", []),
+        body["push"] if body is not None else [None] * len(data.get("push", [])),
+        strict=True,
+    ):
+        frames.append(Frame.from_parts(plain, fbody or {"state": None}))
+    pos = NodePosition.from_json(data["pos"])
+    top = frames[-1]
+    if body is not None:
+        top.state = apply_patch(top.state, body["patch"])
+    top.last = (pos.node_name, pos.step)
+    return pos
 
 
 def graph_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:

@@ -272,51 +272,62 @@ class ModelCalls:
                 return await self._stream_turn(provider, request, state, sink)
             except UserError:
                 raise
-            except Exception as exc:
-                if isinstance(exc, StreamStallError | TimeoutError):
-                    info = RetryInfo(True, kind="timeout")
-                else:
-                    info = provider.retry_info(exc)
-                # Text already handed to a stream consumer cannot be taken back, so a turn
-                # that failed mid-stream is not retried.
-                if not info.retryable or attempt >= self.settings.max_retries or state.emitted:
-                    final = self._final_error(provider, request, exc, info)
-                    if final is exc:
-                        # The verdict travels with the error: an exhausted transient failure
-                        # is still retryable later (ErrorInfo.retryable), a permanent one not.
-                        with contextlib.suppress(AttributeError, TypeError):
-                            exc.retryable = info.retryable  # type: ignore[attr-defined]
-                        raise
-                    raise final from exc
-                delay = self._backoff(attempt, info.retry_after)
-                if delay > self.settings.max_retry_wait:
-                    # Sleeping this long would hold the run's lease; end the step with the
-                    # time it may be retried at instead.
-                    error = self._final_error(
-                        provider, request, exc, info, retry_at=time.time() + delay
-                    )
-                    raise error from exc
-                log.info(
-                    "stepstone: %s request failed (%s: %s); retry %d/%d in %.2fs",
-                    provider.name,
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                    self.settings.max_retries,
-                    delay,
-                )
-                state.emit(
-                    EventType.MODEL_RESPONSE,
-                    {
-                        "turn": request.turn,
-                        "retry": attempt + 1,
-                        "error": type(exc).__name__,
-                        "message": str(exc),
-                        "delay": delay,
-                    },
-                )
+            except Exception as exc:  # noqa: BLE001 - _retry_delay raises what is final
+                delay = self._retry_delay(provider, request, state, exc, attempt)
                 await asyncio.sleep(delay)
                 attempt += 1
+
+    def _retry_delay(
+        self,
+        provider: Provider,
+        request: ModelRequest,
+        state: RunState,
+        exc: Exception,
+        attempt: int,
+    ) -> float:
+        """Seconds to wait before retrying the failed turn, announced; else raise the
+        error it ends with. Called while ``exc`` is being handled."""
+        if isinstance(exc, StreamStallError | TimeoutError):
+            info = RetryInfo(True, kind="timeout")
+        else:
+            info = provider.retry_info(exc)
+        # Text already handed to a stream consumer cannot be taken back, so a turn
+        # that failed mid-stream is not retried.
+        if not info.retryable or attempt >= self.settings.max_retries or state.emitted:
+            final = self._final_error(provider, request, exc, info)
+            if final is exc:
+                # The verdict travels with the error: an exhausted transient failure
+                # is still retryable later (ErrorInfo.retryable), a permanent one not.
+                with contextlib.suppress(AttributeError, TypeError):
+                    exc.retryable = info.retryable  # type: ignore[attr-defined]
+                raise exc
+            raise final from exc
+        delay = self._backoff(attempt, info.retry_after)
+        if delay > self.settings.max_retry_wait:
+            # Sleeping this long would hold the run's lease; end the step with the
+            # time it may be retried at instead.
+            error = self._final_error(provider, request, exc, info, retry_at=time.time() + delay)
+            raise error from exc
+        log.info(
+            "stepstone: %s request failed (%s: %s); retry %d/%d in %.2fs",
+            provider.name,
+            type(exc).__name__,
+            exc,
+            attempt + 1,
+            self.settings.max_retries,
+            delay,
+        )
+        state.emit(
+            EventType.MODEL_RESPONSE,
+            {
+                "turn": request.turn,
+                "retry": attempt + 1,
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "delay": delay,
+            },
+        )
+        return delay
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -358,32 +369,7 @@ class ModelCalls:
         first = True
         try:
             while True:
-                limit = (
-                    self.settings.request_timeout
-                    if first and self.settings.request_timeout is not None
-                    else self.settings.stream_idle_timeout
-                )
-                try:
-                    if limit is None:
-                        item = await anext(stream)
-                    else:
-                        async with asyncio.timeout(limit):
-                            item = await anext(stream)
-                except StopAsyncIteration:
-                    raise RuntimeError(
-                        f"{provider.name} stream ended without a final response"
-                    ) from None
-                except TimeoutError:
-                    if first and self.settings.request_timeout is not None:
-                        raise TimeoutError(
-                            f"{provider.name} stream for {request.model!r} sent nothing "
-                            f"within request_timeout={self.settings.request_timeout}s"
-                        ) from None
-                    raise StreamStallError(
-                        f"{provider.name} stream for {request.model!r} went silent for more "
-                        f"than stream_idle_timeout={self.settings.stream_idle_timeout}s "
-                        f"(turn {request.turn})"
-                    ) from None
+                item = await self._next_event(provider, request, stream, first=first)
                 first = False
                 if isinstance(item, ModelResponse):
                     return item
@@ -397,3 +383,29 @@ class ModelCalls:
                     await aclose()
                 except Exception:
                     log.debug("stepstone: closing a %s stream failed", provider.name, exc_info=True)
+
+    async def _next_event(
+        self, provider: Provider, request: ModelRequest, stream: AsyncIterator[Any], *, first: bool
+    ) -> Any:
+        """The stream's next event, within the first-event deadline or the idle timeout."""
+        settings = self.settings
+        waiting_first = first and settings.request_timeout is not None
+        limit = settings.request_timeout if waiting_first else settings.stream_idle_timeout
+        try:
+            if limit is None:
+                return await anext(stream)
+            async with asyncio.timeout(limit):
+                return await anext(stream)
+        except StopAsyncIteration:
+            raise RuntimeError(f"{provider.name} stream ended without a final response") from None
+        except TimeoutError:
+            if waiting_first:
+                raise TimeoutError(
+                    f"{provider.name} stream for {request.model!r} sent nothing "
+                    f"within request_timeout={settings.request_timeout}s"
+                ) from None
+            raise StreamStallError(
+                f"{provider.name} stream for {request.model!r} went silent for more "
+                f"than stream_idle_timeout={settings.stream_idle_timeout}s "
+                f"(turn {request.turn})"
+            ) from None

@@ -52,7 +52,9 @@ def test_a_provider_instance_is_kept_by_the_engine_not_the_settings() -> None:
     assert engine.get_provider() is model
 
 
-def test_routing_lives_in_the_provider_registry(routing: type[ProviderRouting]) -> None:
+def test_routing_lives_in_the_provider_registry(
+    routing: type[ProviderRouting],
+) -> None:  # guarantee 84
     before = _registry.routing_table()
     LLMEngine.register_provider_rule("acme-", "openai", kind="startswith")
     LLMEngine.register_provider_alias("Acme-Exact", "google")

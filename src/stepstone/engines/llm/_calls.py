@@ -285,8 +285,7 @@ class ModelCalls:
         exc: Exception,
         attempt: int,
     ) -> float:
-        """Seconds to wait before retrying the failed turn, announced; else raise the
-        error it ends with. Called while ``exc`` is being handled."""
+        """Seconds to wait before retrying the failed turn (announced), or its final error."""
         if isinstance(exc, StreamStallError | TimeoutError):
             info = RetryInfo(True, kind="timeout")
         else:

@@ -138,7 +138,7 @@ def demo(
     debug: DebugOption = False,
 ) -> None:
     """Run the ETL crash/resume story (and the lunar-mission graph story) offline."""
-    from stepstone.cli._demo import run_demo
+    from stepstone.demos import run_demo
 
     run_demo(Console(), db)
 

@@ -1,15 +1,38 @@
-"""Provider factories by name; the built-in adapters import their SDK only when built."""
+"""Provider factories by name, and the routing of model names to providers.
+
+The built-in adapters import their SDK only when built. Routing (exact aliases, prefix and
+substring rules, a default) is one immutable :class:`RoutingTable` that writers replace
+whole under the registry's lock, so a reader never sees a half-written table and two
+threads registering at once never lose an entry.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Literal
 
-from stepstone.exceptions import UserError
+from stepstone.exceptions import ConfigurationError, UserError
 from stepstone.providers._base import Provider
 
-__all__ = ["create_provider", "provider_names", "register_provider"]
+__all__ = [
+    "RoutingTable",
+    "RuleKind",
+    "create_provider",
+    "is_provider_name",
+    "provider_names",
+    "register_model_alias",
+    "register_model_rule",
+    "register_provider",
+    "restore_routing",
+    "route_model",
+    "routing_table",
+    "set_default_provider",
+]
+
+RuleKind = Literal["contains", "startswith"]
 
 ProviderFactory = Callable[..., Provider]
 
@@ -80,3 +103,100 @@ def create_provider(name: str, **kwargs: Any) -> Provider:
             "with stepstone.providers.register_provider(name, factory)"
         )
     return factory(**kwargs)
+
+
+# -- model name -> provider routing ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RoutingTable:
+    """How a model name picks its provider: an exact alias, then rules (newest first), then
+    the default. Immutable: registration builds a new table."""
+
+    # An alias that maps to itself is a bare provider name (rejected as a model id).
+    aliases: Mapping[str, str]
+    rules: tuple[tuple[RuleKind, str, str], ...]
+    default: str | None
+
+    def route(self, model: str) -> str:
+        """The provider for ``model``; ConfigurationError when nothing matches."""
+        key = model.lower()
+        if key in self.aliases:
+            return self.aliases[key]
+        for kind, pattern, provider in self.rules:
+            if (kind == "startswith" and key.startswith(pattern)) or (
+                kind == "contains" and pattern in key
+            ):
+                return provider
+        if self.default is None:
+            raise ConfigurationError(
+                f"no provider rule matches model {model!r} and the default provider is "
+                f"disabled; pass provider='...', or register a rule: "
+                f"LLMEngine.register_provider_rule({model.split('-')[0]!r}, '<provider>', "
+                f"kind='startswith')"
+            )
+        return self.default
+
+
+_routing = RoutingTable(
+    aliases=MappingProxyType({name: name for name in ("anthropic", "openai", "google", "ollama")}),
+    rules=(
+        ("startswith", "claude", "anthropic"),
+        ("startswith", "gpt", "openai"),
+        ("startswith", "chatgpt", "openai"),
+        ("startswith", "o1", "openai"),
+        ("startswith", "o3", "openai"),
+        ("startswith", "o4", "openai"),
+        ("startswith", "gemini", "google"),
+        ("startswith", "models/gemini", "google"),
+    ),
+    default="anthropic",
+)
+
+
+def routing_table() -> RoutingTable:
+    """The current routing table (immutable; later registrations build a new one)."""
+    return _routing
+
+
+def restore_routing(table: RoutingTable) -> None:
+    """Put back a table taken with :func:`routing_table` (e.g. after a test)."""
+    global _routing
+    with _lock:
+        _routing = table
+
+
+def route_model(model: str) -> str:
+    """The provider name a model string routes to."""
+    return _routing.route(model)
+
+
+def is_provider_name(model: str) -> bool:
+    """Whether ``model`` is a bare provider name (an alias that maps to itself)."""
+    key = model.lower()
+    return _routing.aliases.get(key) == key
+
+
+def set_default_provider(provider: str | None) -> None:
+    """Set (or disable with None) the provider used when no alias or rule matches."""
+    global _routing
+    with _lock:
+        _routing = dataclasses.replace(_routing, default=provider)
+
+
+def register_model_alias(alias: str, provider: str) -> None:
+    """Route the exact model string ``alias`` (case-insensitive) to ``provider``."""
+    global _routing
+    with _lock:
+        aliases = MappingProxyType({**_routing.aliases, alias.lower(): provider})
+        _routing = dataclasses.replace(_routing, aliases=aliases)
+
+
+def register_model_rule(pattern: str, provider: str, *, kind: RuleKind = "contains") -> None:
+    """Route model names containing (or starting with) ``pattern``; newer rules win."""
+    if kind not in ("contains", "startswith"):
+        raise ConfigurationError(f"kind must be 'contains' or 'startswith', got {kind!r}")
+    global _routing
+    with _lock:
+        rules = ((kind, pattern.lower(), provider), *_routing.rules)
+        _routing = dataclasses.replace(_routing, rules=rules)

@@ -26,7 +26,7 @@ _VIEWS: dict[str, RunView] = {}
 #: Where the built-in run kinds register their views (imported on first need).
 _BUILTIN_VIEWS: dict[str, str] = {
     "plan": "stepstone.engines.plan",
-    "graph": "stepstone.engines.graph._checkpoint",
+    "graph": "stepstone.engines.graph._fold",
     "replan": "stepstone.engines.replan",
     "agent": "stepstone.engines.llm._durable",
 }

@@ -1,4 +1,4 @@
-"""The lunar story of `stepstone demo` (src/stepstone/cli/_demo_lunar.py), offline."""
+"""The lunar story of `stepstone demo` (src/stepstone/demos/_lunar.py), offline."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from stepstone.cli._demo_lunar import RUN_ID, run_lunar_demo
+from stepstone.demos._lunar import RUN_ID, run_lunar_demo
 from stepstone.graph import CheckpointFilter, SQLiteCheckpointer
 from stepstone.testing import block_model_requests
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from stepstone.engines.llm._routing import ProviderRouting
+from stepstone.providers._registry import restore_routing, routing_table
 from stepstone.testing import block_model_requests
 
 
@@ -18,17 +19,9 @@ def _no_real_requests() -> Iterator[None]:
 
 @pytest.fixture
 def routing() -> Iterator[type[ProviderRouting]]:
-    """Restore the class-level routing tables after a test that changes them."""
-    saved = (
-        ProviderRouting._PROVIDER_ALIASES,
-        list(ProviderRouting._PROVIDER_RULES),
-        ProviderRouting._PROVIDER_DEFAULT,
-    )
+    """Restore the provider registry's routing table after a test that changes it."""
+    saved = routing_table()
     try:
         yield ProviderRouting
     finally:
-        (
-            ProviderRouting._PROVIDER_ALIASES,
-            ProviderRouting._PROVIDER_RULES,
-            ProviderRouting._PROVIDER_DEFAULT,
-        ) = saved
+        restore_routing(saved)

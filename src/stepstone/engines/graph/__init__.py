@@ -5,14 +5,12 @@ Users import it as :mod:`stepstone.graph`.
 
 from stepstone.engines.graph._builder import END, GraphBuilder
 from stepstone.engines.graph._checkpoint import (
-    CheckpointFilter,
-    CheckpointRecord,
     InMemoryCheckpointer,
-    NodePosition,
     SQLiteCheckpointer,
     StoreCheckpointer,
 )
 from stepstone.engines.graph._compiled import CompiledGraph
+from stepstone.engines.graph._records import CheckpointFilter, CheckpointRecord, NodePosition
 from stepstone.engines.graph._state import Reducer, State, append
 
 __all__ = [

@@ -258,103 +258,20 @@ class GraphBuilder(Generic[S]):
                 on a state class without ``schema_version``, or pickle + migrations. The
                 message names the node and the fix.
         """
+        from stepstone.engines.graph import _checks
         from stepstone.engines.graph._compiled import CompiledGraph
 
-        cls = self.state_cls.__name__
-        if not self._nodes:
-            raise GraphCompileError(f"graph of {cls} has no nodes; add one with add_node()")
-        if self._entry is None:
-            first = next(iter(self._nodes))
-            raise GraphCompileError(
-                f"graph of {cls} has no entry node; call set_entry({first!r}) (or the node "
-                "that should run first)"
-            )
-        if self._entry not in self._nodes:
-            raise GraphCompileError(
-                f"entry node {self._entry!r} is not a node of the graph; add it with "
-                f"add_node({self._entry!r}, fn) or fix set_entry() (nodes: {sorted(self._nodes)})"
-            )
-        edges: dict[str, EdgeSpec] = {}
-        for source, specs in self._edges.items():
-            if source == _END_NAME:
-                raise GraphCompileError("END has no outgoing edges; remove add_edge(END, ...)")
-            if source not in self._nodes:
-                raise GraphCompileError(
-                    f"an edge leaves {source!r}, which is not a node; add it with "
-                    f"add_node({source!r}, fn) or fix the edge (nodes: {sorted(self._nodes)})"
-                )
-            if len(specs) > 1:
-                raise GraphCompileError(
-                    f"node {source!r} has {len(specs)} outgoing edges; a node has exactly one "
-                    "(use add_conditional_edge to choose between targets)"
-                )
-            spec = specs[0]
-            named = [spec.target] if spec.target else list((spec.targets or {}).values())
-            for target in named:
-                if target != _END_NAME and target not in self._nodes:
-                    raise GraphCompileError(
-                        f"edge {source!r} -> {target!r}: {target!r} is not a node; add it "
-                        f"with add_node({target!r}, fn), or use END to finish"
-                    )
-            edges[source] = spec
-        for name in self._nodes:
-            if name not in edges:
-                raise GraphCompileError(
-                    f"node {name!r} has no outgoing edge; add add_edge({name!r}, END) or an "
-                    "edge to the next node"
-                )
-        reachable = {self._entry}
-        todo = [self._entry]
-        while todo:
-            spec = edges[todo.pop()]
-            nxt = (
-                [spec.target]
-                if spec.target
-                else (list(spec.targets.values()) if spec.targets else list(self._nodes))
-            )
-            for t in nxt:
-                if t != _END_NAME and t not in reachable:
-                    reachable.add(t)
-                    todo.append(t)
-        unreachable = [n for n in self._nodes if n not in reachable]
-        if unreachable:
-            raise GraphCompileError(
-                f"node {unreachable[0]!r} cannot be reached from entry {self._entry!r}; add "
-                "an edge to it or remove it"
-            )
-        if self._migrations.edges and not self.state_cls.schema_version:
-            raise GraphCompileError(
-                f"{cls} registers state migrations but has no schema_version; declare "
-                f'`schema_version: ClassVar[str] = "v2"` on {cls}'
-            )
-        if (
-            self._migrations.edges
-            and self._checkpointer is not None
-            and self._checkpointer.serialization == "pickle"
-        ):
-            raise GraphCompileError(
-                f"the graph of {cls} registers state migrations but its checkpointer uses "
-                "serialization='pickle', which cannot be migrated; use serialization='json'"
-            )
-        for node in self._nodes.values():
-            if node.subgraph is not None and node.inputs is None:
-                sub_cls = node.subgraph.state_cls
-                missing = [
-                    f
-                    for f, info in sub_cls.model_fields.items()
-                    if info.is_required() and f not in self.state_cls.model_fields
-                ]
-                if missing:
-                    raise GraphCompileError(
-                        f"subgraph node {node.name!r}: {sub_cls.__name__} requires "
-                        f"{missing}, which {cls} does not have; pass inputs=lambda state: "
-                        "{...} to build the subgraph's state"
-                    )
+        entry = _checks.check_entry(self.state_cls.__name__, self._nodes, self._entry)
+        edges = _checks.check_edges(self._nodes, self._edges)
+        _checks.check_every_node_leaves(self._nodes, edges)
+        _checks.check_reachable(self._nodes, edges, entry)
+        _checks.check_migrations(self.state_cls, self._migrations, self._checkpointer)
+        _checks.check_subgraph_inputs(self.state_cls, self._nodes)
         return CompiledGraph(
             state_cls=self.state_cls,
             nodes=dict(self._nodes),
             edges=edges,
-            entry=self._entry,
+            entry=entry,
             checkpointer=self._checkpointer,
             migrations=self._migrations,
         )

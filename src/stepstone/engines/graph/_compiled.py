@@ -13,7 +13,10 @@ from stepstone.core._sync import run_sync
 from stepstone.durable import OwnedRun, blocking_call, claim_run, owner_alive, run_head
 from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
-from stepstone.engines.graph._checkpoint import (
+from stepstone.engines.graph._checkpoint import StoreCheckpointer
+from stepstone.engines.graph._migrate import MigrationRegistry
+from stepstone.engines.graph._nodes import call_node, project_in, project_out
+from stepstone.engines.graph._records import (
     GRAPH_KIND,
     LOCK_KIND,
     RECORD_FORMAT,
@@ -21,10 +24,7 @@ from stepstone.engines.graph._checkpoint import (
     Frame,
     NodePosition,
     RawRecord,
-    StoreCheckpointer,
 )
-from stepstone.engines.graph._migrate import MigrationRegistry
-from stepstone.engines.graph._nodes import call_node, project_in, project_out
 from stepstone.engines.graph._state import (
     Patch,
     State,

@@ -9,6 +9,7 @@ from stepstone.engines.llm._effects import (
 from stepstone.engines.llm._engine import (
     DEFAULT_STREAM_IDLE_TIMEOUT,
     LLMEngine,
+    LLMSettings,
     last_stream_result,
 )
 from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig, UsageLimits
@@ -19,6 +20,7 @@ __all__ = [
     "EffectHandler",
     "EffectKey",
     "LLMEngine",
+    "LLMSettings",
     "NativeTool",
     "PassThroughEffects",
     "ThinkingConfig",

@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from stepstone.core import Envelope
+from stepstone.engines.llm._settings import LLMSettings
 from stepstone.exceptions import (
-    ConfigurationError,
-    ConfigurationTypeError,
     IncompleteStreamError,
     ModelAPIError,
     ModelLengthError,
@@ -30,7 +29,7 @@ from stepstone.exceptions import (
 from stepstone.observability import EventType, Session
 from stepstone.providers._base import Provider, RetryInfo
 from stepstone.providers._pricing import estimate_cost
-from stepstone.providers._types import ModelRequest, ModelResponse, Usage, UsageLimits
+from stepstone.providers._types import ModelRequest, ModelResponse, Usage
 
 __all__ = [
     "CONTINUE_NOTE",
@@ -116,35 +115,19 @@ _FIXES: dict[str, str] = {
 
 
 class ModelCalls:
-    """One model turn with the engine's retry, deadline, streaming and outcome policy."""
+    """One model turn with the engine's retry, deadline, streaming and outcome policy.
 
-    max_retries: int
-    retry_delay: float
-    request_timeout: float | None
-    stream_idle_timeout: float | None
-    max_retry_wait: float
-    usage_limits: UsageLimits | None
-    continue_on_length: int
+    The engine holds one; it reads only the engine's frozen :class:`LLMSettings`.
+    """
 
-    def _set_outcome_policy(
-        self, max_retry_wait: float, usage_limits: UsageLimits | None, continue_on_length: int
-    ) -> None:
-        """Validate and keep the knobs for long waits, budgets and cut-off answers."""
-        if max_retry_wait < 0:
-            raise ConfigurationError(f"max_retry_wait must be >= 0, got {max_retry_wait!r}")
-        if continue_on_length < 0:
-            raise ConfigurationError(f"continue_on_length must be >= 0, got {continue_on_length!r}")
-        if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
-            raise ConfigurationTypeError(
-                f"usage_limits must be a UsageLimits, got {usage_limits!r}"
-            )
-        self.max_retry_wait = max_retry_wait
-        self.usage_limits = usage_limits
-        self.continue_on_length = continue_on_length
+    __slots__ = ("settings",)
+
+    def __init__(self, settings: LLMSettings) -> None:
+        self.settings = settings
 
     # -- outcomes --------------------------------------------------------------------------
 
-    def _outcome(self, provider: Provider, response: ModelResponse, state: RunState) -> Outcome:
+    def outcome(self, provider: Provider, response: ModelResponse, state: RunState) -> Outcome:
         """What the loop does with ``response``; refusals and truncations raise."""
         state.stop_reason = response.stop_reason
         state.raw_stop_reason = response.raw_stop_reason
@@ -168,7 +151,7 @@ class ModelCalls:
         if reason == "malformed_tool_call":
             return "malformed"
         if reason == "length":
-            if not response.tool_calls and state.continuations < self.continue_on_length:
+            if not response.tool_calls and state.continuations < self.settings.continue_on_length:
                 state.continuations += 1
                 return "continue"
             raise ModelLengthError(
@@ -186,9 +169,9 @@ class ModelCalls:
 
     # -- budgets ---------------------------------------------------------------------------
 
-    def _check_limits(self, state: RunState, model: str, provider: str) -> None:
+    def check_limits(self, state: RunState, model: str, provider: str) -> None:
         """Stop the run before its next request when a :class:`UsageLimits` cap is reached."""
-        limits = self.usage_limits
+        limits = self.settings.usage_limits
         if limits is None:
             return
         usage = state.usage
@@ -245,7 +228,7 @@ class ModelCalls:
         if info.kind == "timeout" and not isinstance(exc, TimeoutError):
             return TimeoutError(
                 f"{provider.name} request for {request.model!r} exceeded "
-                f"request_timeout={self.request_timeout}s ({type(exc).__name__})"
+                f"request_timeout={self.settings.request_timeout}s ({type(exc).__name__})"
             )
         if isinstance(exc, TimeoutError) or (
             info.kind == "other" and info.status is None and retry_at is None
@@ -255,8 +238,8 @@ class ModelCalls:
         status = f" HTTP {info.status}" if info.status is not None else ""
         when = (
             f"; the server asked to wait {info.retry_after:g}s, more than "
-            f"max_retry_wait={self.max_retry_wait}s, so the step ends now and can be resumed "
-            f"after retry_at={retry_at:.0f} (UTC seconds)"
+            f"max_retry_wait={self.settings.max_retry_wait}s, so the step ends now and can be "
+            f"resumed after retry_at={retry_at:.0f} (UTC seconds)"
             if retry_at is not None and info.retry_after is not None
             else ""
         )
@@ -273,7 +256,7 @@ class ModelCalls:
             retry_at=retry_at,
         )
 
-    async def _with_retries(
+    async def with_retries(
         self,
         provider: Provider,
         request: ModelRequest,
@@ -289,72 +272,82 @@ class ModelCalls:
                 return await self._stream_turn(provider, request, state, sink)
             except UserError:
                 raise
-            except Exception as exc:
-                if isinstance(exc, StreamStallError | TimeoutError):
-                    info = RetryInfo(True, kind="timeout")
-                else:
-                    info = provider.retry_info(exc)
-                # Text already handed to a stream consumer cannot be taken back, so a turn
-                # that failed mid-stream is not retried.
-                if not info.retryable or attempt >= self.max_retries or state.emitted:
-                    final = self._final_error(provider, request, exc, info)
-                    if final is exc:
-                        # The verdict travels with the error: an exhausted transient failure
-                        # is still retryable later (ErrorInfo.retryable), a permanent one not.
-                        with contextlib.suppress(AttributeError, TypeError):
-                            exc.retryable = info.retryable  # type: ignore[attr-defined]
-                        raise
-                    raise final from exc
-                delay = self._backoff(attempt, info.retry_after)
-                if delay > self.max_retry_wait:
-                    # Sleeping this long would hold the run's lease; end the step with the
-                    # time it may be retried at instead.
-                    error = self._final_error(
-                        provider, request, exc, info, retry_at=time.time() + delay
-                    )
-                    raise error from exc
-                log.info(
-                    "stepstone: %s request failed (%s: %s); retry %d/%d in %.2fs",
-                    provider.name,
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                    self.max_retries,
-                    delay,
-                )
-                state.emit(
-                    EventType.MODEL_RESPONSE,
-                    {
-                        "turn": request.turn,
-                        "retry": attempt + 1,
-                        "error": type(exc).__name__,
-                        "message": str(exc),
-                        "delay": delay,
-                    },
-                )
+            except Exception as exc:  # noqa: BLE001 - _retry_delay raises what is final
+                delay = self._retry_delay(provider, request, state, exc, attempt)
                 await asyncio.sleep(delay)
                 attempt += 1
+
+    def _retry_delay(
+        self,
+        provider: Provider,
+        request: ModelRequest,
+        state: RunState,
+        exc: Exception,
+        attempt: int,
+    ) -> float:
+        """Seconds to wait before retrying the failed turn (announced), or its final error."""
+        if isinstance(exc, StreamStallError | TimeoutError):
+            info = RetryInfo(True, kind="timeout")
+        else:
+            info = provider.retry_info(exc)
+        # Text already handed to a stream consumer cannot be taken back, so a turn
+        # that failed mid-stream is not retried.
+        if not info.retryable or attempt >= self.settings.max_retries or state.emitted:
+            final = self._final_error(provider, request, exc, info)
+            if final is exc:
+                # The verdict travels with the error: an exhausted transient failure
+                # is still retryable later (ErrorInfo.retryable), a permanent one not.
+                with contextlib.suppress(AttributeError, TypeError):
+                    exc.retryable = info.retryable  # type: ignore[attr-defined]
+                raise exc
+            raise final from exc
+        delay = self._backoff(attempt, info.retry_after)
+        if delay > self.settings.max_retry_wait:
+            # Sleeping this long would hold the run's lease; end the step with the
+            # time it may be retried at instead.
+            error = self._final_error(provider, request, exc, info, retry_at=time.time() + delay)
+            raise error from exc
+        log.info(
+            "stepstone: %s request failed (%s: %s); retry %d/%d in %.2fs",
+            provider.name,
+            type(exc).__name__,
+            exc,
+            attempt + 1,
+            self.settings.max_retries,
+            delay,
+        )
+        state.emit(
+            EventType.MODEL_RESPONSE,
+            {
+                "turn": request.turn,
+                "retry": attempt + 1,
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "delay": delay,
+            },
+        )
+        return delay
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return retry_after
-        return float(self.retry_delay * (2.0**attempt) * random.uniform(0.9, 1.1))
+        return float(self.settings.retry_delay * (2.0**attempt) * random.uniform(0.9, 1.1))
 
     async def _complete(self, provider: Provider, request: ModelRequest) -> ModelResponse:
-        if self.request_timeout is None:
+        if self.settings.request_timeout is None:
             return await provider.complete(request)
-        request = dataclasses.replace(request, timeout=self.request_timeout)
+        request = dataclasses.replace(request, timeout=self.settings.request_timeout)
         if provider.sdk_timeout:
             # The SDK applies it to each network operation, which also suits an adapter that
             # streams a long completion (a total deadline would cut it off mid-answer).
             return await provider.complete(request)
         try:
-            async with asyncio.timeout(self.request_timeout):
+            async with asyncio.timeout(self.settings.request_timeout):
                 return await provider.complete(request)
         except TimeoutError:
             raise TimeoutError(
                 f"{provider.name} request for {request.model!r} exceeded "
-                f"request_timeout={self.request_timeout}s"
+                f"request_timeout={self.settings.request_timeout}s"
             ) from None
 
     async def _stream_turn(
@@ -364,7 +357,10 @@ class ModelCalls:
         state: RunState,
         sink: asyncio.Queue[str | None],
     ) -> ModelResponse:
-        limits = [t for t in (self.request_timeout, self.stream_idle_timeout) if t is not None]
+        settings = self.settings
+        limits = [
+            t for t in (settings.request_timeout, settings.stream_idle_timeout) if t is not None
+        ]
         if limits:
             # The SDK's read timeout must not cut a stream the idle watchdog still allows.
             request = dataclasses.replace(request, timeout=max(limits))
@@ -372,32 +368,7 @@ class ModelCalls:
         first = True
         try:
             while True:
-                limit = (
-                    self.request_timeout
-                    if first and self.request_timeout is not None
-                    else self.stream_idle_timeout
-                )
-                try:
-                    if limit is None:
-                        item = await anext(stream)
-                    else:
-                        async with asyncio.timeout(limit):
-                            item = await anext(stream)
-                except StopAsyncIteration:
-                    raise RuntimeError(
-                        f"{provider.name} stream ended without a final response"
-                    ) from None
-                except TimeoutError:
-                    if first and self.request_timeout is not None:
-                        raise TimeoutError(
-                            f"{provider.name} stream for {request.model!r} sent nothing "
-                            f"within request_timeout={self.request_timeout}s"
-                        ) from None
-                    raise StreamStallError(
-                        f"{provider.name} stream for {request.model!r} went silent for more "
-                        f"than stream_idle_timeout={self.stream_idle_timeout}s "
-                        f"(turn {request.turn})"
-                    ) from None
+                item = await self._next_event(provider, request, stream, first=first)
                 first = False
                 if isinstance(item, ModelResponse):
                     return item
@@ -411,3 +382,29 @@ class ModelCalls:
                     await aclose()
                 except Exception:
                     log.debug("stepstone: closing a %s stream failed", provider.name, exc_info=True)
+
+    async def _next_event(
+        self, provider: Provider, request: ModelRequest, stream: AsyncIterator[Any], *, first: bool
+    ) -> Any:
+        """The stream's next event, within the first-event deadline or the idle timeout."""
+        settings = self.settings
+        waiting_first = first and settings.request_timeout is not None
+        limit = settings.request_timeout if waiting_first else settings.stream_idle_timeout
+        try:
+            if limit is None:
+                return await anext(stream)
+            async with asyncio.timeout(limit):
+                return await anext(stream)
+        except StopAsyncIteration:
+            raise RuntimeError(f"{provider.name} stream ended without a final response") from None
+        except TimeoutError:
+            if waiting_first:
+                raise TimeoutError(
+                    f"{provider.name} stream for {request.model!r} sent nothing "
+                    f"within request_timeout={settings.request_timeout}s"
+                ) from None
+            raise StreamStallError(
+                f"{provider.name} stream for {request.model!r} went silent for more "
+                f"than stream_idle_timeout={settings.stream_idle_timeout}s "
+                f"(turn {request.turn})"
+            ) from None

@@ -7,9 +7,8 @@ import dataclasses
 import logging
 import time
 import uuid
-import warnings
 from collections.abc import AsyncGenerator
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast, overload
 
 from stepstone.core import Envelope, Tool, payload_text
 from stepstone.core._context import current_agent_name
@@ -26,10 +25,14 @@ from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThrough
 from stepstone.engines.llm._hooks import LoopHooks
 from stepstone.engines.llm._output import output_schema, parse_output, wants_structured
 from stepstone.engines.llm._routing import ProviderRouting
+from stepstone.engines.llm._settings import (
+    DEFAULT_STREAM_IDLE_TIMEOUT,
+    UNSET,
+    LLMSettings,
+    Unset,
+)
 from stepstone.engines.llm._tools import ToolBatch
 from stepstone.exceptions import (
-    ConfigurationError,
-    ConfigurationTypeError,
     MaxTurnsExceeded,
     UserError,
 )
@@ -48,35 +51,36 @@ from stepstone.providers._types import (
     UsageLimits,
 )
 
-__all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine", "last_stream_result"]
+__all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "LLMEngine", "LLMSettings", "last_stream_result"]
 
 log = logging.getLogger("stepstone")
 
-DEFAULT_STREAM_IDLE_TIMEOUT: Final = 90.0
-"""Seconds of silence between stream chunks before :class:`StreamStallError`."""
+T = TypeVar("T")
 
 
-class _Unset:
-    """Marks "argument not given" where ``None`` has a meaning of its own."""
+class _Setting(Generic[T]):
+    """An engine attribute that shows one field of its frozen settings."""
 
-    _instance: _Unset | None = None
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-    def __new__(cls) -> _Unset:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    @overload
+    def __get__(self, engine: None, owner: type) -> _Setting[T]: ...
+    @overload
+    def __get__(self, engine: LLMEngine, owner: type) -> T: ...
+    def __get__(self, engine: LLMEngine | None, owner: type) -> _Setting[T] | T:
+        if engine is None:
+            return self
+        return cast(T, getattr(engine.settings, self.name))
 
-    def __repr__(self) -> str:
-        return "UNSET"
+    def __set__(self, engine: LLMEngine, value: object) -> NoReturn:
+        raise dataclasses.FrozenInstanceError(
+            f"LLMEngine.{self.name} is read-only: an engine's settings are frozen when it is "
+            f"built. Build a new engine with LLMEngine(..., {self.name}={value!r})"
+        )
 
 
-_USE_DEFAULT_STREAM_IDLE: Final = _Unset()
-
-
-_DANGEROUS: Final = frozenset({NativeTool.CODE_EXECUTION, NativeTool.COMPUTER_USE})
-
-
-class LLMEngine(ModelCalls, ProviderRouting):
+class LLMEngine(ProviderRouting):
     """Drives the LLM ↔ tool-call loop for one agent invocation.
 
     Args:
@@ -154,125 +158,72 @@ class LLMEngine(ModelCalls, ProviderRouting):
         max_parallel_tools: int | None = 8,
         max_tool_calls_per_turn: int | None = None,
         tool_timeout: float | None = None,
-        stream_idle_timeout: float | _Unset | None = _USE_DEFAULT_STREAM_IDLE,
+        stream_idle_timeout: float | Unset | None = UNSET,
         stream_buffer: int = 64,
         cache: bool | CacheConfig = False,
         strict_multimodal: bool = False,
     ) -> None:
-        if max_turns < 1:
-            raise ConfigurationError(f"max_turns must be >= 1, got {max_turns!r}")
-        if max_retries < 0:
-            raise ConfigurationError(f"max_retries must be >= 0, got {max_retries!r}")
-        self._set_outcome_policy(max_retry_wait, usage_limits, continue_on_length)
-        if max_parallel_tools is not None and max_parallel_tools < 1:
-            raise ConfigurationError(
-                f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}"
-            )
-        if max_tool_calls_per_turn is not None and max_tool_calls_per_turn < 1:
-            raise ConfigurationError(
-                f"max_tool_calls_per_turn must be >= 1 or None, got {max_tool_calls_per_turn!r}"
-            )
-        if tool_timeout is not None and tool_timeout <= 0:
-            raise ConfigurationError(f"tool_timeout must be > 0 or None, got {tool_timeout!r}")
-        if request_timeout is not None and request_timeout <= 0:
-            raise ConfigurationError(
-                f"request_timeout must be > 0 or None, got {request_timeout!r}"
-            )
-        idle: float | None
-        if isinstance(stream_idle_timeout, _Unset):
-            idle = DEFAULT_STREAM_IDLE_TIMEOUT
-        elif stream_idle_timeout is None:
-            warnings.warn(
-                "LLMEngine(stream_idle_timeout=None) disables stream stall detection. A "
-                "half-open provider stream (a TCP reset never delivered, a dropped HTTP/2 "
-                "PING) will then pin a worker indefinitely. The safe default is "
-                f"{DEFAULT_STREAM_IDLE_TIMEOUT}s; pass a positive float to tune it instead "
-                "of disabling it.",
-                UserWarning,
-                stacklevel=2,
-            )
-            idle = None
-        elif stream_idle_timeout <= 0:
-            raise ConfigurationError(
-                f"stream_idle_timeout must be > 0 or None, got {stream_idle_timeout!r}"
-            )
-        else:
-            idle = float(stream_idle_timeout)
-        if stream_buffer < 1:
-            raise ConfigurationError(f"stream_buffer must be >= 1, got {stream_buffer!r}")
-        if cast(Any, tool_choice) == "parallel":
-            raise ConfigurationError(
-                "LLMEngine(tool_choice='parallel') was removed. Concurrent tool execution is "
-                "the default and cannot be disabled; drop the argument (or use 'auto' / "
-                "'any')."
-            )
-        if tool_choice not in ("auto", "any"):
-            raise ConfigurationError(f"tool_choice must be 'auto' or 'any', got {tool_choice!r}")
-        resolved_native = [NativeTool(t) for t in (native_tools or [])]
-        if not allow_dangerous_native_tools:
-            found = [t for t in resolved_native if t in _DANGEROUS]
-            if found:
-                raise ConfigurationError(
-                    f"Native tools {[t.value for t in found]!r} require explicit opt-in "
-                    "because they grant the model code-execution or computer-control "
-                    "capabilities. Pass allow_dangerous_native_tools=True to confirm."
-                )
-        if cache is True:
-            self.cache: CacheConfig | None = CacheConfig(enabled=True)
-        elif cache is False or cache is None:
-            self.cache = None
-        elif isinstance(cache, CacheConfig):
-            self.cache = cache
-        else:
-            raise ConfigurationTypeError(f"cache must be a bool or a CacheConfig, got {cache!r}")
-
+        #: The engine's configuration, checked and frozen (see :class:`LLMSettings`).
+        self.settings: Final = LLMSettings.from_arguments(
+            model,
+            provider=provider,
+            thinking=thinking,
+            max_turns=max_turns,
+            tool_choice=tool_choice,
+            temperature=temperature,
+            system=system,
+            native_tools=native_tools,
+            allow_dangerous_native_tools=allow_dangerous_native_tools,
+            max_retries=max_retries,
+            retry_delay=retry_delay,
+            request_timeout=request_timeout,
+            max_retry_wait=max_retry_wait,
+            usage_limits=usage_limits,
+            continue_on_length=continue_on_length,
+            max_parallel_tools=max_parallel_tools,
+            max_tool_calls_per_turn=max_tool_calls_per_turn,
+            tool_timeout=tool_timeout,
+            stream_idle_timeout=stream_idle_timeout,
+            stream_buffer=stream_buffer,
+            cache=cache,
+            strict_multimodal=strict_multimodal,
+            stacklevel=2,
+        )
         self._provider_obj: Provider | None = None
         if isinstance(model, Provider):
             self._provider_obj = model
-            model_name = model.model or model.name
-            provider_name: str = model.name
         elif isinstance(provider, Provider):
             self._provider_obj = provider
-            model_name = model
-            provider_name = provider.name
-        elif isinstance(model, str):
-            model_name = model
-            provider_name = provider or self._infer_provider(model)
-            aliases = self._PROVIDER_ALIASES
-            if provider is None and aliases.get(model.lower()) == model.lower():
-                raise ConfigurationError(
-                    f"LLMEngine({model!r}) is ambiguous: {model!r} is a provider name, not a "
-                    f"model id. At request time the provider would be asked for the literal "
-                    f"model {model!r} and reject it.\n"
-                    f"  Fix (tier alias, tracks the provider's lineup):\n"
-                    f'      Agent.from_provider({model!r}, tier="medium")\n'
-                    f"  Fix (pinned model id):\n"
-                    f'      Agent(engine=LLMEngine("<model-id>"))   # e.g. "claude-sonnet-4-6"'
-                )
-        else:
-            raise ConfigurationTypeError(
-                f"LLMEngine(model=...) takes a str or a Provider, got {model!r}"
-            )
-
-        self.model: str = model_name
-        self.provider: str = provider_name
-        self.thinking = thinking
-        self.max_turns = max_turns
-        self.tool_choice: Literal["auto", "any"] = tool_choice
-        self.temperature = temperature
-        self.system = system
-        self.native_tools: list[NativeTool] = resolved_native
-        self.allow_dangerous_native_tools = allow_dangerous_native_tools
-        self.max_retries = max_retries
-        self.retry_delay = retry_delay
-        self.request_timeout = request_timeout
-        self.max_parallel_tools = max_parallel_tools
-        self.max_tool_calls_per_turn = max_tool_calls_per_turn
-        self.tool_timeout = tool_timeout
-        self.stream_idle_timeout: float | None = idle
-        self.stream_buffer = stream_buffer
-        self.strict_multimodal = strict_multimodal
+        self._calls = ModelCalls(self.settings)
         self.effects = PassThroughEffects()
+
+    # Read-only views of the settings, under the argument names.
+    model = _Setting[str]()
+    provider = _Setting[str]()
+    thinking = _Setting[bool | ThinkingConfig]()
+    max_turns = _Setting[int]()
+    tool_choice = _Setting[Literal["auto", "any"]]()
+    temperature = _Setting[float | None]()
+    system = _Setting[str | None]()
+    allow_dangerous_native_tools = _Setting[bool]()
+    max_retries = _Setting[int]()
+    retry_delay = _Setting[float]()
+    request_timeout = _Setting[float | None]()
+    max_retry_wait = _Setting[float]()
+    usage_limits = _Setting[UsageLimits | None]()
+    continue_on_length = _Setting[int]()
+    max_parallel_tools = _Setting[int | None]()
+    max_tool_calls_per_turn = _Setting[int | None]()
+    tool_timeout = _Setting[float | None]()
+    stream_idle_timeout = _Setting[float | None]()
+    stream_buffer = _Setting[int]()
+    cache = _Setting[CacheConfig | None]()
+    strict_multimodal = _Setting[bool]()
+
+    @property
+    def native_tools(self) -> list[NativeTool]:
+        """The provider-side tools requests carry (a copy)."""
+        return list(self.settings.native_tools)
 
     def __repr__(self) -> str:
         return f"LLMEngine(model={self.model!r}, provider={self.provider!r})"
@@ -381,7 +332,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             {"task": env.task, "model": self.model, "provider": self.provider},
         )
         started = time.perf_counter()
-        sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.stream_buffer)
+        sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self.settings.stream_buffer)
 
         async def run_loop() -> Any:
             try:
@@ -447,7 +398,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             "usage": state.usage.to_dict(),
             "input_tokens": state.usage.input_tokens,
             "output_tokens": state.usage.output_tokens,
-            "cost_usd": estimate_cost(model, state.usage, self.provider),
+            "cost_usd": estimate_cost(model, state.usage, self.settings.provider),
             "stop_reason": state.stop_reason,
             "raw_stop_reason": state.raw_stop_reason,
             "latency_ms": round((time.perf_counter() - started) * 1000, 3),
@@ -457,13 +408,8 @@ class LLMEngine(ModelCalls, ProviderRouting):
         }
 
     def _system(self, env: Envelope[Any]) -> str | None:
-        parts = [p for p in (self.system, env.context) if p]
+        parts = [p for p in (self.settings.system, env.context) if p]
         return "\n\n".join(parts) if parts else None
-
-    def _thinking(self) -> ThinkingConfig | None:
-        if isinstance(self.thinking, ThinkingConfig):
-            return self.thinking
-        return ThinkingConfig() if self.thinking else None
 
     async def _loop(
         self,
@@ -477,7 +423,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
     ) -> Any:
         provider = self.get_provider()
         effects = hooks.effects if hooks is not None else self.effects
-        wire_model = provider.resolve_model(self.model)
+        wire_model = provider.resolve_model(self.settings.model)
         state.model = wire_model
         tool_map = {t.name: t for t in tools}
         definitions = [
@@ -493,26 +439,26 @@ class LLMEngine(ModelCalls, ProviderRouting):
             effects=effects,
             emit=state.emit,
             run_id=state.run_id,
-            max_parallel_tools=self.max_parallel_tools,
-            max_tool_calls_per_turn=self.max_tool_calls_per_turn,
-            tool_timeout=self.tool_timeout,
+            max_parallel_tools=self.settings.max_parallel_tools,
+            max_tool_calls_per_turn=self.settings.max_tool_calls_per_turn,
+            tool_timeout=self.settings.tool_timeout,
         )
         system = self._system(env)
-        thinking = self._thinking()
+        thinking = self.settings.thinking_config
         pending = ""  # text of paused or length-continued turns, joined to the final answer
-        for turn in range(self.max_turns):
-            self._check_limits(state, wire_model, provider.name)
-            force = self.tool_choice == "any" and turn == 0 and bool(definitions)
+        for turn in range(self.settings.max_turns):
+            self._calls.check_limits(state, wire_model, provider.name)
+            force = self.settings.tool_choice == "any" and turn == 0 and bool(definitions)
             request = ModelRequest(
                 model=wire_model,
                 messages=list(messages),
                 system=system,
                 tools=definitions,
                 tool_choice="required" if force else "auto",
-                temperature=self.temperature,
+                temperature=self.settings.temperature,
                 thinking=thinking,
-                cache=self.cache,
-                native_tools=self.native_tools,
+                cache=self.settings.cache,
+                native_tools=list(self.settings.native_tools),
                 output_schema=schema,
                 output_name=getattr(output_type, "__name__", None) if structured else None,
                 turn=turn,
@@ -527,7 +473,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
             state.usage.add(dataclasses.replace(response.usage, requests=1))
             if hooks is not None:
                 hooks.model_done(request, response, state)
-            outcome = self._outcome(provider, response, state)
+            outcome = self._calls.outcome(provider, response, state)
             messages.append(
                 Message(
                     role="assistant",
@@ -575,7 +521,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
                 await sink.put(text)
             return value
         raise MaxTurnsExceeded(
-            f"the model was still working after max_turns={self.max_turns} turns "
+            f"the model was still working after max_turns={self.settings.max_turns} turns "
             f"(model {wire_model!r}, {state.tool_calls} tool call(s)); raise "
             f"LLMEngine(max_turns=...) or simplify the task"
         )
@@ -598,7 +544,7 @@ class LLMEngine(ModelCalls, ProviderRouting):
         )
 
         async def invoke() -> ModelResponse:
-            return await self._with_retries(provider, request, state, sink)
+            return await self._calls.with_retries(provider, request, state, sink)
 
         state.emit(
             EventType.MODEL_REQUEST,

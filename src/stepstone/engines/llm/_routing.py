@@ -1,44 +1,39 @@
-"""Model string → provider routing: aliases, rules, a default, and the registry lock."""
+"""LLMEngine's routing methods: thin delegations to the provider registry's routing table.
+
+The table itself (aliases, rules, default, and the lock that guards registration) lives in
+:mod:`stepstone.providers._registry`; nothing here holds state.
+"""
 
 from __future__ import annotations
 
-import threading
-from typing import ClassVar, Literal
+from stepstone.providers import _registry
+from stepstone.providers._registry import RuleKind
 
-from stepstone.exceptions import ConfigurationError
-
-__all__ = ["ProviderRouting"]
-
-RuleKind = Literal["contains", "startswith"]
+__all__ = ["ProviderRouting", "RuleKind"]
 
 
-class ProviderRouting:
-    """Class-level routing tables shared by every :class:`LLMEngine`.
+class _TableViews(type):
+    """Read-only class attributes showing the registry's current routing table."""
+
+    @property
+    def _PROVIDER_ALIASES(cls) -> dict[str, str]:  # noqa: N802 - kept name, read-only view
+        return dict(_registry.routing_table().aliases)
+
+    @property
+    def _PROVIDER_RULES(cls) -> list[tuple[RuleKind, str, str]]:  # noqa: N802
+        return list(_registry.routing_table().rules)
+
+    @property
+    def _PROVIDER_DEFAULT(cls) -> str | None:  # noqa: N802
+        return _registry.routing_table().default
+
+
+class ProviderRouting(metaclass=_TableViews):
+    """Model string → provider routing as :class:`LLMEngine` class methods.
 
     Lookup order: an exact alias, then rules (newest first), then the default provider.
-    Writers swap whole new tables in under a lock, so readers never see a half-written one
-    and two threads registering at once never lose an entry.
+    Registration is thread-safe: the registry swaps in a whole new table under its lock.
     """
-
-    _PROVIDER_REGISTRY_LOCK: ClassVar[threading.Lock] = threading.Lock()
-    # An alias that maps to itself is a bare provider name (guarded at construction).
-    _PROVIDER_ALIASES: ClassVar[dict[str, str]] = {
-        "anthropic": "anthropic",
-        "openai": "openai",
-        "google": "google",
-        "ollama": "ollama",
-    }
-    _PROVIDER_RULES: ClassVar[list[tuple[RuleKind, str, str]]] = [
-        ("startswith", "claude", "anthropic"),
-        ("startswith", "gpt", "openai"),
-        ("startswith", "chatgpt", "openai"),
-        ("startswith", "o1", "openai"),
-        ("startswith", "o3", "openai"),
-        ("startswith", "o4", "openai"),
-        ("startswith", "gemini", "google"),
-        ("startswith", "models/gemini", "google"),
-    ]
-    _PROVIDER_DEFAULT: ClassVar[str | None] = "anthropic"
 
     @classmethod
     def set_default_provider(cls, provider: str | None) -> None:
@@ -53,13 +48,12 @@ class ProviderRouting:
             # Send unknown models to another built-in instead:
             LLMEngine.set_default_provider("openai")
         """
-        with cls._PROVIDER_REGISTRY_LOCK:
-            ProviderRouting._PROVIDER_DEFAULT = provider
+        _registry.set_default_provider(provider)
 
     @classmethod
     def provider_aliases(cls) -> dict[str, str]:
         """A copy of the exact-match alias map (mutating it changes nothing)."""
-        return dict(ProviderRouting._PROVIDER_ALIASES)
+        return dict(_registry.routing_table().aliases)
 
     @classmethod
     def register_provider_alias(cls, alias: str, provider: str) -> None:
@@ -69,11 +63,7 @@ class ProviderRouting:
 
             LLMEngine.register_provider_alias("mistral", "mistral")
         """
-        with cls._PROVIDER_REGISTRY_LOCK:
-            ProviderRouting._PROVIDER_ALIASES = {
-                **ProviderRouting._PROVIDER_ALIASES,
-                alias.lower(): provider,
-            }
+        _registry.register_model_alias(alias, provider)
 
     @classmethod
     def register_provider_rule(
@@ -86,33 +76,6 @@ class ProviderRouting:
             LLMEngine.register_provider_rule("claude-opus-5", "anthropic")
             Agent("claude-opus-5-20260701")   # routed to anthropic
 
-        Thread-safe: the rule list is replaced under a lock, never edited in place.
+        Thread-safe: the registry replaces its whole table under a lock.
         """
-        if kind not in ("contains", "startswith"):
-            raise ConfigurationError(f"kind must be 'contains' or 'startswith', got {kind!r}")
-        with cls._PROVIDER_REGISTRY_LOCK:
-            ProviderRouting._PROVIDER_RULES = [
-                (kind, pattern.lower(), provider),
-                *ProviderRouting._PROVIDER_RULES,
-            ]
-
-    @classmethod
-    def _infer_provider(cls, model: str) -> str:
-        key = model.lower()
-        aliases = ProviderRouting._PROVIDER_ALIASES
-        if key in aliases:
-            return aliases[key]
-        for kind, pattern, provider in ProviderRouting._PROVIDER_RULES:
-            if (kind == "startswith" and key.startswith(pattern)) or (
-                kind == "contains" and pattern in key
-            ):
-                return provider
-        default = ProviderRouting._PROVIDER_DEFAULT
-        if default is None:
-            raise ConfigurationError(
-                f"no provider rule matches model {model!r} and the default provider is "
-                f"disabled; pass provider='...', or register a rule: "
-                f"LLMEngine.register_provider_rule({model.split('-')[0]!r}, '<provider>', "
-                f"kind='startswith')"
-            )
-        return default
+        _registry.register_model_rule(pattern, provider, kind=kind)

@@ -147,46 +147,58 @@ def run_lunar_demo(console: Console, workdir: Path) -> None:
     try:
         for old in cp.list(CheckpointFilter(correlation_id=RUN_ID)):  # an earlier demo's
             cp.delete(old.invocation_id)
-        console.print()
-        console.print(Rule("Graph story, phase 1: size_crew crashes; resume picks up"))
-        console.print(f"  a typed-state graph, checkpointed to {db} after every node")
-        v1 = _build(cp, nodes, v2=False)
-        try:
-            v1.invoke(MissionPlanState(destination="Lunar South Pole"), correlation_id=RUN_ID)
-        except NodeException as exc:
-            console.print(
-                f"  [red]NodeException[/] at node {exc.node_name!r}: {exc.__cause__}"
-                "  — the record of the nodes before it is already on disk:"
-            )
-        (saved,) = cp.list(CheckpointFilter(correlation_id=RUN_ID))
-        console.print(
-            f"  saved invocation_id {saved.invocation_id}: completed "
-            f"{[p.node_name for p in saved.completed_positions]}"
-        )
-        console.print("  resume_invocation=<that id>: define_objective is skipped by position")
-        result = v1.invoke(resume_invocation=saved.invocation_id)
-        resumed = cp.list(CheckpointFilter(correlation_id=RUN_ID))[-1]
-        console.print(f"  [green]done[/]: crew_size={result.crew_size}, trace={result.trace}")
-        console.print(
-            f"  the resume minted a new invocation_id {resumed.invocation_id}; "
-            f"correlation_id {RUN_ID!r} joins the attempts"
-        )
-
-        console.print(Rule("Graph story, phase 2: a v2 schema lands; v1 record migrates on load"))
-        console.print(
-            "  v2 adds risk_assessment + an assess_risks node; migration v1→v2 "
-            "backfills risk_assessment=''"
-        )
-        v2 = _build(cp, nodes, v2=True)
-        final = v2.invoke(resume_invocation=resumed.invocation_id)
-        console.print(
-            f"  [green]done[/]: trace={final.trace}  (only assess_risks ran; the v1 nodes "
-            "were skipped by their completed positions)"
-        )
-        console.print(
-            _record_table(
-                "  every attempt of " + RUN_ID, cp.list(CheckpointFilter(correlation_id=RUN_ID))
-            )
-        )
+        resumed = _crash_and_resume(console, cp, nodes, db)
+        _migrate_and_resume(console, cp, nodes, resumed)
     finally:
         cp.close()
+
+
+def _crash_and_resume(console: Console, cp: SQLiteCheckpointer, nodes: _Nodes, db: Path) -> str:
+    """Phase 1: a node crashes, the resume skips what was saved; the resumed invocation id."""
+    console.print()
+    console.print(Rule("Graph story, phase 1: size_crew crashes; resume picks up"))
+    console.print(f"  a typed-state graph, checkpointed to {db} after every node")
+    v1 = _build(cp, nodes, v2=False)
+    try:
+        v1.invoke(MissionPlanState(destination="Lunar South Pole"), correlation_id=RUN_ID)
+    except NodeException as exc:
+        console.print(
+            f"  [red]NodeException[/] at node {exc.node_name!r}: {exc.__cause__}"
+            "  — the record of the nodes before it is already on disk:"
+        )
+    (saved,) = cp.list(CheckpointFilter(correlation_id=RUN_ID))
+    console.print(
+        f"  saved invocation_id {saved.invocation_id}: completed "
+        f"{[p.node_name for p in saved.completed_positions]}"
+    )
+    console.print("  resume_invocation=<that id>: define_objective is skipped by position")
+    result = v1.invoke(resume_invocation=saved.invocation_id)
+    resumed = cp.list(CheckpointFilter(correlation_id=RUN_ID))[-1]
+    console.print(f"  [green]done[/]: crew_size={result.crew_size}, trace={result.trace}")
+    console.print(
+        f"  the resume minted a new invocation_id {resumed.invocation_id}; "
+        f"correlation_id {RUN_ID!r} joins the attempts"
+    )
+    return resumed.invocation_id
+
+
+def _migrate_and_resume(
+    console: Console, cp: SQLiteCheckpointer, nodes: _Nodes, resumed: str
+) -> None:
+    """Phase 2: a v2 schema resumes the v1 record, migrated on load."""
+    console.print(Rule("Graph story, phase 2: a v2 schema lands; v1 record migrates on load"))
+    console.print(
+        "  v2 adds risk_assessment + an assess_risks node; migration v1→v2 "
+        "backfills risk_assessment=''"
+    )
+    v2 = _build(cp, nodes, v2=True)
+    final = v2.invoke(resume_invocation=resumed)
+    console.print(
+        f"  [green]done[/]: trace={final.trace}  (only assess_risks ran; the v1 nodes "
+        "were skipped by their completed positions)"
+    )
+    console.print(
+        _record_table(
+            "  every attempt of " + RUN_ID, cp.list(CheckpointFilter(correlation_id=RUN_ID))
+        )
+    )

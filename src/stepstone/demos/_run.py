@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from stepstone.cli._demo_etl import run_etl_demo
-from stepstone.cli._demo_lunar import run_lunar_demo
+from stepstone.demos._etl import run_etl_demo
+from stepstone.demos._lunar import run_lunar_demo
 from stepstone.exceptions import UserError
 
 __all__ = ["command_name", "run_demo"]

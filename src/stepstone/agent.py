@@ -81,7 +81,7 @@ class Agent:
                 f"Agent() got unexpected keyword arguments {sorted(engine_options)}; engine "
                 "options belong to the engine (e.g. LLMEngine(model, temperature=...))"
             )
-        if not hasattr(engine, "run"):
+        if not isinstance(engine, Engine):
             raise TypeError(f"Agent(engine=...) needs an engine with .run(), got {engine!r}")
         self.engine: Engine = engine
         self.name = name or "agent"

@@ -10,9 +10,17 @@ from stepstone.core._sentinels import (
     from_step,
 )
 from stepstone.core._serialization import SignedPickle
-from stepstone.core._tool import Tool, ToolContext, build_tool_map, call_maybe_async, tool
+from stepstone.core._tool import (
+    AgentLike,
+    Tool,
+    ToolContext,
+    build_tool_map,
+    call_maybe_async,
+    tool,
+)
 
 __all__ = [
+    "AgentLike",
     "Envelope",
     "ErrorInfo",
     "Sentinel",

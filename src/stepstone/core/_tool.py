@@ -10,13 +10,44 @@ import re
 import typing
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-__all__ = ["Tool", "ToolContext", "build_tool_map", "call_maybe_async", "tool"]
+if TYPE_CHECKING:
+    from stepstone.core._envelope import Envelope
+
+__all__ = ["AgentLike", "Tool", "ToolContext", "build_tool_map", "call_maybe_async", "tool"]
 
 InDoubt = Literal["rerun", "fail", "ask"]
+
+
+@runtime_checkable
+class AgentLike(Protocol):
+    """What the framework treats as an Agent: a named thing with an engine that runs an
+    envelope and can turn itself into a tool.
+
+    Layers below the agent layer (core, engines) may not import ``Agent``; they check
+    ``isinstance(x, AgentLike)`` instead.
+    """
+
+    name: str
+    engine: Any
+
+    def as_tool(self, name: str | None = None) -> Tool:
+        """This agent as a tool another agent can call."""
+        ...
+
+    async def run(
+        self,
+        task: Any,
+        *,
+        context: str | None = None,
+        output: type | None = None,
+        session: Any = None,
+    ) -> Envelope[Any]:
+        """Run once and return the result envelope."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -365,7 +396,7 @@ def build_tool_map(tools: Any) -> dict[str, Tool]:
     for item in tools:
         if isinstance(item, Tool):
             t = item
-        elif hasattr(item, "as_tool") and hasattr(item, "engine"):
+        elif isinstance(item, AgentLike):
             t = item.as_tool()
         elif callable(item):
             t = Tool.from_function(item)

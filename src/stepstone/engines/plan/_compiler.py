@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from stepstone.core import Sentinel, Tool
-from stepstone.engines.plan._step import Step, is_agent
+from stepstone.core import AgentLike, Sentinel, Tool
+from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError
 
 __all__ = ["CompiledPlan", "Unit", "check_tools", "compile_plan", "literal_values"]
@@ -150,7 +150,7 @@ def _check_target(step: Step, tools: Mapping[str, Tool] | None) -> None:
                 f"Agent's tools (known: {known}); add it to tools=[...] or fix the name"
             )
         return
-    if isinstance(target, Tool) or is_agent(target) or callable(target):
+    if isinstance(target, (Tool, AgentLike)) or callable(target):
         return
     raise PlanCompileError(
         f"step {step.step_name!r}: target must be a tool name, a callable or an Agent, "

@@ -12,13 +12,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from stepstone.core import Envelope, Sentinel, Tool, call_maybe_async
+from stepstone.core import AgentLike, Envelope, Sentinel, Tool, call_maybe_async
 from stepstone.core._sync import may_block_loop
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.plan._checkpoint import band_row, row_write_value, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
-from stepstone.engines.plan._step import Step, is_agent
+from stepstone.engines.plan._step import Step
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
     PlanPaused,
@@ -421,7 +421,7 @@ class PlanRun:
         try:
             if step.input is not Any:
                 env.payload = _adapter(step.input).validate_python(env.payload)
-            if is_agent(target):
+            if isinstance(target, AgentLike):
                 wanted = None if step.output is str else step.output
                 with bind_scope(self._scope(env)):
                     out = await target.run(env, output=wanted)

@@ -10,8 +10,8 @@ import pkgutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepstone.core import Sentinel
-from stepstone.engines.plan._step import Step, is_agent, target_name
+from stepstone.core import AgentLike, Sentinel
+from stepstone.engines.plan._step import Step, target_name
 
 __all__ = ["FORMAT_VERSION", "steps_from_dict", "steps_to_dict"]
 
@@ -84,7 +84,7 @@ def _step_to_dict(step: Step) -> dict[str, Any]:
     t = step.target
     if isinstance(t, str):
         target = {"tool": t}
-    elif is_agent(t):
+    elif isinstance(t, AgentLike):
         target = {"agent": str(t.name)}
     else:
         target = {"callable": target_name(t) or step.step_name}

@@ -6,17 +6,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from stepstone.core import Sentinel, Tool, from_prev
+from stepstone.core import AgentLike, Sentinel, Tool, from_prev
 
-__all__ = ["Step", "is_agent", "target_name"]
+__all__ = ["Step", "target_name"]
 
 TaskSpec = Sentinel | str
 ContextSpec = Sentinel | str | list[Sentinel | str] | None
-
-
-def is_agent(obj: object) -> bool:
-    """Duck-typed Agent check (engines may not import the agent layer)."""
-    return hasattr(obj, "engine") and hasattr(obj, "as_tool") and hasattr(obj, "run")
 
 
 def target_name(target: Any) -> str | None:
@@ -25,7 +20,7 @@ def target_name(target: Any) -> str | None:
         return target
     if isinstance(target, Tool):
         return target.name
-    if is_agent(target):
+    if isinstance(target, AgentLike):
         return str(target.name)
     name = getattr(target, "__name__", None)
     if isinstance(name, str) and name != "<lambda>":

@@ -293,6 +293,15 @@ class ClaimResult:
     previous: RunHead | None
 
 
+@dataclasses.dataclass(slots=True)
+class _Decision:
+    """What :func:`claim_run`'s transaction callback decided (it may run more than once;
+    the last call wins)."""
+
+    previous: RunHead | None = None
+    outcome: Outcome = "fresh"
+
+
 def claim_run(
     store: Store,
     key: str,
@@ -332,8 +341,7 @@ def claim_run(
     me = host_id()
     pid = os.getpid()
     pid_start = process_start_time(pid)
-    found: list[RunHead | None] = [None]
-    outcome: list[Outcome] = ["fresh"]
+    decision = _Decision()
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
         now = store.backend.clock()  # leases are judged by the database's clock
@@ -349,7 +357,7 @@ def claim_run(
                 )
             head, imported = legacy
             drop_kv = True
-        found[0] = head
+        decision.previous = head
         if head is not None and head.kind != kind:
             raise StoreKeyConflictError(
                 f"checkpoint_key {key!r} holds a {head.kind} run, not a {kind} run; use "
@@ -374,16 +382,16 @@ def claim_run(
         verdict = check_resume(head) if head is not None and resume and check_resume else None
         if head is not None and resume and verdict != "fresh":
             if head.status == "done" and not drop_kv:
-                outcome[0] = "done"
+                decision.outcome = "done"
                 return None
             if head.status == "done":
-                outcome[0] = "done"
+                decision.outcome = "done"
                 return Claim(head=head, rows=imported, drop_kv=True)
-            outcome[0] = "resumed"
+            decision.outcome = "resumed"
             merged = {**head.meta, **(meta or {})}
             new = head.replace(version=head.version + 1, meta=merged, **base)
             return Claim(head=new, rows=imported, drop_kv=drop_kv)
-        outcome[0] = "fresh"
+        decision.outcome = "fresh"
         new = RunHead(
             key=key,
             kind=kind,
@@ -399,11 +407,11 @@ def claim_run(
 
     head = store.backend.run_transact(key, decide)
     assert head is not None  # decide either wrote a head or found a done one
-    if outcome[0] == "done":
-        return ClaimResult("done", head, None, found[0])
+    if decision.outcome == "done":
+        return ClaimResult("done", head, None, decision.previous)
     run = OwnedRun(store, head)
     keeper.add(run)
-    return ClaimResult(outcome[0], head, run, found[0])
+    return ClaimResult(decision.outcome, head, run, decision.previous)
 
 
 async def aclaim_run(store: Store, key: str, **options: Any) -> ClaimResult:

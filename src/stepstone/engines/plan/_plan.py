@@ -182,7 +182,7 @@ class Plan:
         tool_map = build_tool_map(tools or [])
         check_tools(self._compiled, tool_map)
         first = self._compiled.units[0].entry
-        runner = PlanRun(
+        settings: dict[str, Any] = dict(
             plan=self._compiled,
             start=env,
             tools=tool_map,
@@ -190,19 +190,17 @@ class Plan:
             session=session,
             strict=self.strict,
             approvals=self.approvals,
-            meta={
-                "checkpoint_version": CHECKPOINT_VERSION,
-                "fingerprint": self._compiled.fingerprint,
-            },
         )
+        meta = {"checkpoint_version": CHECKPOINT_VERSION, "fingerprint": self._compiled.fingerprint}
         store, key = self.store, self.checkpoint_key
         if store is None or key is None:
-            return await runner.execute(first)
+            return await PlanRun.fresh(**settings, meta=meta).execute(first)
         uid: str | None = None
+        writes_prefix = ""
         if self.on_concurrent == "fork":
             uid = new_uid()
             key = f"{key}:{uid}"
-            runner.writes_prefix = f"{key}:"
+            writes_prefix = f"{key}:"
         # Read and validate the checkpoint before claiming it: a resume that fails on a
         # corrupt record must leave every byte as it was.
         found = (
@@ -219,7 +217,7 @@ class Plan:
             kind="plan",
             resume=self.resume,
             first_step=first,
-            meta=runner.meta,
+            meta=meta,
             legacy_import=legacy_import,
             check_resume=lambda head: self._check_resume(head, old_shape),
             run_uid=uid,
@@ -237,20 +235,28 @@ class Plan:
                     "cached": True,
                 },
             )
-        runner.run = claim.run
-        next_step: str | None = first
-        if claim.outcome == "fresh":
-            runner.start_rows = [("plan", "shape", {"steps": self._shape()})]
-            runner.meta["shape_rows"] = 1
-        if claim.outcome == "resumed":
-            try:
-                assert claim.previous is not None
-                self._restore(runner, await self._replay_of(store, key, claim.previous, found))
-            except BaseException:
-                claim.run.release()  # a corrupt journal: leave the key to a later resume
-                raise
-            next_step = claim.head.next_step
-        return await runner.execute(next_step)
+        if claim.outcome != "resumed":
+            runner = PlanRun.fresh(
+                **settings,
+                meta=meta,
+                run=claim.run,
+                writes_prefix=writes_prefix,
+                shape=self._shape(),
+            )
+            return await runner.execute(first)
+        try:
+            assert claim.previous is not None
+            runner = PlanRun.resumed(
+                **settings,
+                meta=meta,
+                run=claim.run,
+                writes_prefix=writes_prefix,
+                replay=await self._replay_of(store, key, claim.previous, found),
+            )
+        except BaseException:
+            claim.run.release()  # a corrupt journal: leave the key to a later resume
+            raise
+        return await runner.execute(claim.head.next_step)
 
     @staticmethod
     async def _replay_of(
@@ -269,34 +275,6 @@ class Plan:
 
     def _shape(self) -> list[list[Any]]:
         return [[s.step_name, s.parallel, s.writes] for s in self.steps]
-
-    def _restore(self, runner: PlanRun, rep: Replay) -> None:
-        """Rebuild a resumed run's memory from its journal (guarantee 13): outputs for the
-        sentinels, pending band branches, the max_iterations counter (routed re-visits,
-        counted from the journal) and the previous output."""
-        assert runner.run is not None
-        head = runner.run.head
-        if rep.shape is not None:
-            runner.meta["shape_rows"] = 1
-        runner.outputs = rep.envelopes()
-        runner.pending = rep.pending
-        runs: dict[str, int] = {}
-        for name, _ in rep.applied:
-            if name in self._compiled.unit_of:
-                entry = self._compiled.band_of(name).entry
-                if self._compiled.band_of(name).steps[0].step_name == name:
-                    runs[entry] = runs.get(entry, 0) + 1
-        runner.visited = set(runs)
-        runner.iteration = sum(n - 1 for n in runs.values())
-        runner.position = int(head.meta.get("position") or 0)
-        runner.rejoin = head.meta.get("rejoin")
-        if rep.applied:
-            last = rep.applied[-1][0]
-            unit = self._compiled.band_of(last) if last in self._compiled.unit_of else None
-            if unit is not None and unit.is_band:
-                runner.prev = runner._aggregate(unit)
-            else:
-                runner.prev = runner.outputs.get(last)
 
     def _check_resume(self, head: RunHead, old_shape: list[Any] | None) -> Literal["fresh"] | None:
         """Decide, inside the claim transaction, whether ``head`` may be resumed by this

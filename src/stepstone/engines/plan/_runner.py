@@ -16,7 +16,7 @@ from stepstone.core import AgentLike, Envelope, Sentinel, Tool, call_maybe_async
 from stepstone.core._sync import may_block_loop
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
-from stepstone.engines.plan._checkpoint import band_row, row_write_value, step_row
+from stepstone.engines.plan._checkpoint import Replay, band_row, row_write_value, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import (
@@ -27,13 +27,28 @@ from stepstone.exceptions import (
 )
 from stepstone.observability import EventType, Session
 
-__all__ = ["PlanRun"]
+__all__ = ["Advance", "PlanRun", "Stop"]
 
 _TERMINAL = ("done", "failed", "paused")
 
 
 class MaxIterationsExceeded(Exception):
     """Internal: the Plan hit ``max_iterations`` (surfaces as an error envelope)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Advance:
+    """A unit completed: its output and the index of the unit to run next."""
+
+    output: Envelope[Any]
+    next_idx: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stop:
+    """The run stopped (failed or paused), already committed: the envelope to return."""
+
+    envelope: Envelope[Any]
 
 
 @dataclasses.dataclass
@@ -63,6 +78,98 @@ class PlanRun:
     approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _current: str | None = None
+
+    @classmethod
+    def fresh(
+        cls,
+        *,
+        plan: CompiledPlan,
+        start: Envelope[Any],
+        tools: Mapping[str, Tool],
+        max_iterations: int,
+        session: Session | None,
+        strict: bool,
+        approvals: dict[str, bool | str],
+        meta: dict[str, Any],
+        run: OwnedRun | None = None,
+        writes_prefix: str = "",
+        shape: list[list[Any]] | None = None,
+    ) -> PlanRun:
+        """A run from the first step; ``run`` is None without a store. With a store, the
+        first commit also journals ``shape`` (the plan's steps) and later heads say so."""
+        start_rows: list[tuple[str, str | None, Any]] = []
+        if run is not None and shape is not None:
+            start_rows = [("plan", "shape", {"steps": shape})]
+            meta = {**meta, "shape_rows": 1}
+        return cls(
+            plan=plan,
+            start=start,
+            tools=tools,
+            max_iterations=max_iterations,
+            run=run,
+            session=session,
+            strict=strict,
+            writes_prefix=writes_prefix,
+            meta=meta,
+            start_rows=start_rows,
+            approvals=approvals,
+        )
+
+    @classmethod
+    def resumed(
+        cls,
+        *,
+        plan: CompiledPlan,
+        start: Envelope[Any],
+        tools: Mapping[str, Tool],
+        max_iterations: int,
+        session: Session | None,
+        strict: bool,
+        approvals: dict[str, bool | str],
+        meta: dict[str, Any],
+        run: OwnedRun,
+        writes_prefix: str,
+        replay: Replay,
+    ) -> PlanRun:
+        """A run taken over where it stopped, its memory rebuilt from its journal
+        (guarantee 13): outputs for the sentinels, pending band branches, the
+        max_iterations counter (routed re-visits, counted from the journal) and the
+        previous output."""
+        head = run.head
+        if replay.shape is not None:
+            meta = {**meta, "shape_rows": 1}
+        runs: dict[str, int] = {}
+        for name, _ in replay.applied:
+            if name in plan.unit_of:
+                band = plan.band_of(name)
+                if band.steps[0].step_name == name:
+                    runs[band.entry] = runs.get(band.entry, 0) + 1
+        out = cls(
+            plan=plan,
+            start=start,
+            tools=tools,
+            max_iterations=max_iterations,
+            run=run,
+            session=session,
+            strict=strict,
+            writes_prefix=writes_prefix,
+            iteration=sum(n - 1 for n in runs.values()),
+            position=int(head.meta.get("position") or 0),
+            visited=set(runs),
+            rejoin=head.meta.get("rejoin"),
+            outputs=replay.envelopes(),
+            pending=replay.pending,
+            meta=meta,
+            approvals=approvals,
+        )
+        if replay.applied:
+            last = replay.applied[-1][0]
+            unit = plan.band_of(last) if last in plan.unit_of else None
+            if unit is not None and unit.is_band:
+                out.prev = out._aggregate(unit)
+            else:
+                out.prev = out.outputs.get(last)
+        return out
 
     @property
     def run_id(self) -> str | None:
@@ -184,9 +291,9 @@ class PlanRun:
                 outcome = await self._run_band(unit, idx)
             else:
                 outcome = await self._run_step(unit.steps[0], idx)
-            if isinstance(outcome, Envelope):
-                return outcome  # failed or paused, already committed
-            last, idx = outcome
+            if isinstance(outcome, Stop):
+                return outcome.envelope  # failed or paused, already committed
+            last, idx = outcome.output, outcome.next_idx
         self._current = None
         return self._stamp(last)
 
@@ -200,16 +307,16 @@ class PlanRun:
     def _next_entry(self, idx: int) -> str | None:
         return self.plan.units[idx].entry if idx < len(self.plan.units) else None
 
-    async def _run_step(self, step: Step, idx: int) -> Envelope[Any] | tuple[Envelope[Any], int]:
+    async def _run_step(self, step: Step, idx: int) -> Advance | Stop:
         name = step.step_name
         env_in = self._input(step)
         self._emit(EventType.STEP_START, step=name, iteration=self.position + 1)
         try:
             out = await self._invoke(step, env_in)
         except PlanPaused as exc:
-            return await self._pause(name, name, exc)
+            return Stop(await self._pause(name, name, exc))
         if not out.ok:
-            return await self._fail(name, out, name)
+            return Stop(await self._fail(name, out, name))
         try:
             next_idx = self._route(step, out, idx)
         except PlanRuntimeError as exc:
@@ -227,7 +334,9 @@ class PlanRun:
                     strict=self.strict,
                 )
             except SerializationError as exc:
-                return await self._fail(name, Envelope.error_envelope(exc, task=out.task), name)
+                return Stop(
+                    await self._fail(name, Envelope.error_envelope(exc, task=out.task), name)
+                )
             writes = [(step.writes, value)] if step.writes else None
             self._completed(step.step_name)
             await self._commit(
@@ -238,9 +347,9 @@ class PlanRun:
         self._emit(EventType.STEP_FINISH, step=name, iteration=self.position)
         self.outputs[name] = out
         self.prev = out
-        return out, next_idx
+        return Advance(out, next_idx)
 
-    async def _run_band(self, unit: Unit, idx: int) -> Envelope[Any] | tuple[Envelope[Any], int]:
+    async def _run_band(self, unit: Unit, idx: int) -> Advance | Stop:
         done: dict[str, Envelope[Any]] = {}
         values: dict[str, Any] = {}
         for name, data in self.pending.pop(unit.entry, {}).items():
@@ -286,10 +395,10 @@ class PlanRun:
         await asyncio.gather(*(branch(s) for s in todo))
         if failed:
             name, env = failed[0]
-            return await self._fail(unit.entry, env, name)
+            return Stop(await self._fail(unit.entry, env, name))
         if paused:
             name, exc = paused[0]
-            return await self._pause(unit.entry, name, exc)
+            return Stop(await self._pause(unit.entry, name, exc))
         for step in unit.steps:
             self.outputs[step.step_name] = done[step.step_name]
         aggregate = self._aggregate(unit)
@@ -305,7 +414,7 @@ class PlanRun:
             writes=writes,
         )
         self.prev = aggregate
-        return aggregate, next_idx
+        return Advance(aggregate, next_idx)
 
     # -- routing -------------------------------------------------------------------------
     def _route(self, step: Step, out: Envelope[Any], idx: int) -> int:

@@ -157,11 +157,12 @@ def test_agents_run_concurrently_from_threads() -> None:
 def test_agent_like_recognises_agents_and_nothing_else() -> None:
     """Layers below the agent layer recognise an Agent through the AgentLike protocol: a Plan
     step, a tool list and the plan serializer all treat it as an agent, not as a callable."""
-    from stepstone.core import AgentLike, build_tool_map
+    from stepstone.core import AgentLike, build_tool_map, is_agent_like
 
     agent = Agent(engine=Plan(Step(shout)), name="shouter")
-    assert isinstance(agent, AgentLike)
+    assert isinstance(agent, AgentLike) and is_agent_like(agent)
     for other in (shout, Tool.from_function(shout), Plan(Step(shout)), "shouter", object()):
         assert not isinstance(other, AgentLike), other
+        assert not is_agent_like(other), other
     assert list(build_tool_map([agent])) == ["shouter"]
     assert Plan(Step(agent)).to_dict()["steps"][0]["target"] == {"agent": "shouter"}

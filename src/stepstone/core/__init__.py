@@ -16,6 +16,7 @@ from stepstone.core._tool import (
     ToolContext,
     build_tool_map,
     call_maybe_async,
+    is_agent_like,
     tool,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "from_prev",
     "from_start",
     "from_step",
+    "is_agent_like",
     "payload_text",
     "tool",
 ]

@@ -10,14 +10,22 @@ import re
 import typing
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, create_model
 
 if TYPE_CHECKING:
     from stepstone.core._envelope import Envelope
 
-__all__ = ["AgentLike", "Tool", "ToolContext", "build_tool_map", "call_maybe_async", "tool"]
+__all__ = [
+    "AgentLike",
+    "Tool",
+    "ToolContext",
+    "build_tool_map",
+    "call_maybe_async",
+    "is_agent_like",
+    "tool",
+]
 
 InDoubt = Literal["rerun", "fail", "ask"]
 
@@ -48,6 +56,14 @@ class AgentLike(Protocol):
     ) -> Envelope[Any]:
         """Run once and return the result envelope."""
         ...
+
+
+def is_agent_like(obj: object) -> TypeGuard[AgentLike]:
+    """``isinstance(obj, AgentLike)``, answered at once for the usual non-agent (a function).
+
+    A runtime Protocol check costs ~8 us on Python 3.11 (it walks every member), and a Plan
+    makes it once per step: that doubled the per-step cost of a Plan without a store."""
+    return hasattr(obj, "as_tool") and isinstance(obj, AgentLike)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from stepstone.core import AgentLike, Envelope, Sentinel, Tool, call_maybe_async
+from stepstone.core import Envelope, Sentinel, Tool, call_maybe_async, is_agent_like
 from stepstone.core._sync import may_block_loop
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
@@ -530,7 +530,7 @@ class PlanRun:
         try:
             if step.input is not Any:
                 env.payload = _adapter(step.input).validate_python(env.payload)
-            if isinstance(target, AgentLike):
+            if is_agent_like(target):
                 wanted = None if step.output is str else step.output
                 with bind_scope(self._scope(env)):
                     out = await target.run(env, output=wanted)

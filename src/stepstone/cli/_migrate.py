@@ -22,7 +22,15 @@ from rich.console import Console
 from rich.table import Table
 
 from stepstone.agent import Agent
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, OpsError, UrlOption, open_store
+from stepstone.cli._ops import (
+    DbOption,
+    DebugOption,
+    JsonOption,
+    OpsError,
+    UrlOption,
+    no_run,
+    open_store,
+)
 from stepstone.durable import list_runs, run_head
 from stepstone.engines.graph import CompiledGraph
 from stepstone.engines.plan import Plan
@@ -151,9 +159,7 @@ def resume_cmd(
     with open_store(db, url, debug=debug) as store:
         head = run_head(store, key)
         if head is None:
-            raise OpsError(
-                f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
-            )
+            raise no_run(key, store)
         obj = load_object(target)
         engine = obj.engine if isinstance(obj, Agent) else obj
         if isinstance(engine, CompiledGraph):

@@ -88,6 +88,11 @@ def open_store(
             store.close()
 
 
+def no_run(key: str, store: Store) -> OpsError:
+    """The one-line error for a key that holds no run."""
+    return OpsError(f"no run under key {key!r} in {store!r}; list them with `stepstone runs`")
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str, ensure_ascii=False) + "\n")
 
@@ -233,9 +238,7 @@ def show_cmd(
     with open_store(db, url, debug=debug, read_only=True) as store:
         detail = run_detail(store, key)
         if detail is None:
-            raise OpsError(
-                f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
-            )
+            raise no_run(key, store)
         entry = store.read_entry(key)
         detail["record"] = entry.value if entry is not None else None
         if as_json:
@@ -321,9 +324,7 @@ def history_cmd(
     with open_store(db, url, debug=debug, read_only=True) as store:
         found = read_run(store, key)
         if found is None:
-            raise OpsError(
-                f"no run under key {key!r} in {store!r}; list them with `stepstone runs`"
-            )
+            raise no_run(key, store)
         entries = timeline(found[1])
         if as_json:
             if not payloads:

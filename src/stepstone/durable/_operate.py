@@ -22,6 +22,10 @@ from stepstone.store._store import Store
 __all__ = ["cancel_error", "cancel_run", "fork_run", "retry_run"]
 
 
+def _missing(key: str) -> KeyError:
+    return KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+
+
 def cancel_error(head: RunHead, reason: str) -> dict[str, Any]:
     """The ``meta["error"]`` a cancelled run records (the shape Plan errors have)."""
     return {
@@ -47,7 +51,7 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
 
     def decide(head: RunHead | None, _kv: str | None) -> Claim | None:
         if head is None:
-            raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+            raise _missing(key)
         if head.status == "done":
             raise ValueError(f"run {key!r} is already done; there is nothing to cancel")
         now = time.time()
@@ -88,7 +92,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     """
     head = store.backend.run_get(key)
     if head is None:
-        raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+        raise _missing(key)
     rows = store.backend.run_journal(key)
     cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
     if not cut:
@@ -150,7 +154,7 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
     """
     head = store.backend.run_get(key)
     if head is None:
-        raise KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+        raise _missing(key)
     rows = store.backend.run_journal(key)
     cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
     if cut:

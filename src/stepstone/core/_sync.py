@@ -11,8 +11,6 @@ __all__ = ["may_block_loop", "run_sync"]
 
 T = TypeVar("T")
 
-_PRIVATE_LOOP: ContextVar[bool] = ContextVar("stepstone_private_loop", default=False)
-
 
 def run_sync(coro: Coroutine[Any, Any, T], *, sync_name: str, async_name: str) -> T:
     """Run ``coro`` to completion on a fresh event loop.
@@ -32,8 +30,33 @@ def run_sync(coro: Coroutine[Any, Any, T], *, sync_name: str, async_name: str) -
     )
 
 
+class _TaskCount:
+    """Counts the live tasks of a private loop (its task factory), so that
+    ``may_block_loop`` answers in O(1): ``asyncio.all_tasks()`` walks every task of the
+    process and cost more than a whole step once ``run_many`` had hundreds of them."""
+
+    def __init__(self) -> None:
+        self.live = 1  # the task running the sync call's coroutine
+
+    def factory(
+        self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        self.live += 1
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, _task: asyncio.Task[Any]) -> None:
+        self.live -= 1
+
+
+_PRIVATE_TASKS: ContextVar[_TaskCount | None] = ContextVar("stepstone_private_tasks", default=None)
+
+
 async def _on_private_loop(coro: Coroutine[Any, Any, T]) -> T:
-    _PRIVATE_LOOP.set(True)
+    count = _TaskCount()
+    asyncio.get_running_loop().set_task_factory(count.factory)
+    _PRIVATE_TASKS.set(count)
     return await coro
 
 
@@ -45,4 +68,5 @@ def may_block_loop() -> bool:
     (~40 us) per step. Bands, ``run_many`` and any loop of the user's own (a web server...)
     have other tasks or are not private, so sync functions go to a worker thread there.
     """
-    return _PRIVATE_LOOP.get() and len(asyncio.all_tasks()) <= 1
+    count = _PRIVATE_TASKS.get()
+    return count is not None and count.live <= 1

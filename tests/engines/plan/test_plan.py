@@ -444,3 +444,14 @@ def test_sync_steps_inline_on_private_loop_offloaded_on_a_shared_one() -> None:
 
     assert asyncio.run(app()) >= 5
     assert threads[-1] != threading.main_thread().name
+
+    # run_many shares its private loop among runs: their sync steps go to worker threads,
+    # and once those runs are done a later sync call runs inline again.
+    threads.clear()
+    fast = Agent(
+        engine=Plan(Step(lambda p: threads.append(threading.current_thread().name), name="w"))
+    )
+    assert all(env.ok for env in fast.engine.run_many(["a", "b", "c"], concurrency=3))
+    assert threading.main_thread().name not in threads
+    threads.clear()
+    assert fast("t").ok and threads == [threading.main_thread().name]

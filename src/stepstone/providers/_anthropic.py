@@ -342,6 +342,11 @@ class AnthropicProvider(SDKClientMixin, Provider):
                 yield item
 
     async def _stream(self, client: Any, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        # Not the SDK's ``messages.stream()`` helper, on purpose: its accumulator re-parses a
+        # tool call's whole input buffer on every ``input_json_delta`` (quadratic in the
+        # argument size) and raises ``ValueError`` on malformed argument JSON, which would
+        # fail the turn; here the raw text goes to the engine, which hands the model a tool
+        # error it can correct. The events are read as plain dicts (``model_dump``).
         stream = await client.messages.create(**self._params(request), stream=True)
         finished = False
         blocks: dict[int, dict[str, Any]] = {}

@@ -309,6 +309,11 @@ class OpenAIProvider(SDKClientMixin, Provider):
                 yield item
 
     async def _stream(self, client: Any, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        # Not the SDK's ``chat.completions.stream()`` helper, on purpose: with a response
+        # format or strict tools it raises on ``finish_reason`` "length" or
+        # "content_filter" instead of reporting them, while the engine maps them to stop
+        # reasons and acts on them (continue, fall back, or a clear error). Each chunk is
+        # read as a plain dict, which also keeps compatible servers' extra fields.
         stream = await client.chat.completions.create(
             **self._params(request), stream=True, stream_options={"include_usage": True}
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
@@ -348,76 +348,28 @@ class AnthropicProvider(SDKClientMixin, Provider):
         # fail the turn; here the raw text goes to the engine, which hands the model a tool
         # error it can correct. The events are read as plain dicts (``model_dump``).
         stream = await client.messages.create(**self._params(request), stream=True)
-        finished = False
-        blocks: dict[int, dict[str, Any]] = {}
-        partial_json: dict[int, list[str]] = {}
-        usage = Usage()
-        stop: str | None = None
-        model: str | None = None
+        events = _Events(self._usage)
         try:
             async for event in stream:
-                data = event.model_dump(exclude_none=True, warnings=False)
-                kind = data.get("type")
-                piece = ""
-                if kind == "message_start":
-                    message = data.get("message") or {}
-                    model = message.get("model")
-                    usage = self._usage(message.get("usage"))
-                elif kind == "content_block_start":
-                    blocks[int(data["index"])] = dict(data.get("content_block") or {})
-                elif kind == "content_block_delta":
-                    index = int(data["index"])
-                    block = blocks.setdefault(index, {"type": "text", "text": ""})
-                    delta = data.get("delta") or {}
-                    dtype = delta.get("type")
-                    if dtype == "text_delta":
-                        piece = delta.get("text") or ""
-                        block["text"] = block.get("text", "") + piece
-                    elif dtype == "input_json_delta":
-                        partial_json.setdefault(index, []).append(delta.get("partial_json") or "")
-                    elif dtype == "thinking_delta":
-                        block["thinking"] = block.get("thinking", "") + (
-                            delta.get("thinking") or ""
-                        )
-                    elif dtype == "signature_delta":
-                        block["signature"] = delta.get("signature") or ""
-                elif kind == "message_delta":
-                    stop = (data.get("delta") or {}).get("stop_reason") or stop
-                    delta_usage = data.get("usage") or {}
-                    if delta_usage.get("input_tokens") is not None:
-                        usage = self._usage({**delta_usage})
-                    elif delta_usage.get("output_tokens") is not None:
-                        usage.output_tokens = int(delta_usage["output_tokens"])
-                elif kind == "message_stop":
-                    finished = True
-                yield piece
+                yield events.feed(event.model_dump(exclude_none=True, warnings=False))
         finally:
             await stream.close()
-        if not finished:
+        if not events.finished:
             raise IncompleteStream(
                 f"anthropic stream for {request.model!r} ended without message_stop "
-                f"(stop_reason={stop!r}); the partial answer was dropped"
+                f"(stop_reason={events.stop!r}); the partial answer was dropped"
             )
-        ordered = []
-        for index in sorted(blocks):
-            block = blocks[index]
-            if block.get("type") in ("tool_use", "server_tool_use") and index in partial_json:
-                raw = "".join(partial_json[index])
-                try:
-                    block["input"] = json.loads(raw) if raw.strip() else {}
-                except ValueError:
-                    block["input"] = raw
-            ordered.append(block)
-        text, calls, thinking = self._calls_and_text(ordered)
+        blocks = events.blocks_in_order()
+        text, calls, thinking = self._calls_and_text(blocks)
         yield ModelResponse(
             text=text,
             tool_calls=calls,
-            usage=usage,
-            stop_reason=_normal_stop(stop),
-            raw_stop_reason=stop,
-            model=model,
+            usage=events.usage,
+            stop_reason=_normal_stop(events.stop),
+            raw_stop_reason=events.stop,
+            model=events.model,
             thinking=thinking,
-            raw=ordered,
+            raw=blocks,
         )
 
     def retry_info(self, exc: BaseException) -> RetryInfo:
@@ -438,6 +390,70 @@ class AnthropicProvider(SDKClientMixin, Provider):
         if isinstance(exc, anthropic.APIConnectionError):
             return RetryInfo(True, kind="connection")
         return transport_info(exc) or super().retry_info(exc)
+
+
+class _Events:
+    """The state of one Messages stream, fed one event (as a dict) at a time."""
+
+    def __init__(self, usage: Callable[[dict[str, Any] | None], Usage]) -> None:
+        self._to_usage = usage
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial_json: dict[int, list[str]] = {}
+        self.usage = Usage()
+        self.stop: str | None = None
+        self.model: str | None = None
+        self.finished = False
+
+    def feed(self, data: dict[str, Any]) -> str:
+        """Take one event in; return the answer text it adds ("" for most events)."""
+        kind = data.get("type")
+        if kind == "message_start":
+            message = data.get("message") or {}
+            self.model = message.get("model")
+            self.usage = self._to_usage(message.get("usage"))
+        elif kind == "content_block_start":
+            self.blocks[int(data["index"])] = dict(data.get("content_block") or {})
+        elif kind == "content_block_delta":
+            return self._delta(int(data["index"]), data.get("delta") or {})
+        elif kind == "message_delta":
+            self.stop = (data.get("delta") or {}).get("stop_reason") or self.stop
+            delta_usage = data.get("usage") or {}
+            if delta_usage.get("input_tokens") is not None:
+                self.usage = self._to_usage({**delta_usage})
+            elif delta_usage.get("output_tokens") is not None:
+                self.usage.output_tokens = int(delta_usage["output_tokens"])
+        elif kind == "message_stop":
+            self.finished = True
+        return ""
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> str:
+        block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            piece: str = delta.get("text") or ""
+            block["text"] = block.get("text", "") + piece
+            return piece
+        if dtype == "input_json_delta":
+            self.partial_json.setdefault(index, []).append(delta.get("partial_json") or "")
+        elif dtype == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + (delta.get("thinking") or "")
+        elif dtype == "signature_delta":
+            block["signature"] = delta.get("signature") or ""
+        return ""
+
+    def blocks_in_order(self) -> list[dict[str, Any]]:
+        """The content blocks, tool inputs decoded (kept as text when not valid JSON)."""
+        ordered = []
+        for index in sorted(self.blocks):
+            block = self.blocks[index]
+            if block.get("type") in ("tool_use", "server_tool_use") and index in self.partial_json:
+                raw = "".join(self.partial_json[index])
+                try:
+                    block["input"] = json.loads(raw) if raw.strip() else {}
+                except ValueError:
+                    block["input"] = raw
+            ordered.append(block)
+        return ordered
 
 
 def _with_cache(message: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
@@ -317,68 +317,27 @@ class OpenAIProvider(SDKClientMixin, Provider):
         stream = await client.chat.completions.create(
             **self._params(request), stream=True, stream_options={"include_usage": True}
         )
-        text: list[str] = []
-        thinking: list[str] = []
-        refusal: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
-        usage = Usage()
-        finish: str | None = None
-        model: str | None = None
+        chunks = _Chunks(self._usage)
         try:
             async for chunk in stream:
-                data = chunk.model_dump(warnings=False)
-                model = data.get("model") or model
-                if data.get("usage"):
-                    usage = self._usage(data["usage"])
-                piece = ""
-                for choice in data.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        piece += delta["content"]
-                    if delta.get("reasoning_content"):
-                        thinking.append(delta["reasoning_content"])
-                    if delta.get("refusal"):
-                        refusal.append(delta["refusal"])
-                    for tc in delta.get("tool_calls") or []:
-                        slot = calls.setdefault(
-                            int(tc.get("index") or 0), {"id": None, "name": "", "arguments": ""}
-                        )
-                        if tc.get("id"):
-                            slot["id"] = tc["id"]
-                        fn = tc.get("function") or {}
-                        slot["name"] += fn.get("name") or ""
-                        slot["arguments"] += fn.get("arguments") or ""
-                    finish = choice.get("finish_reason") or finish
-                text.append(piece)
-                yield piece
+                yield chunks.feed(chunk.model_dump(warnings=False))
         finally:
             await stream.close()
-        if finish is None:
+        if chunks.finish is None:
             raise IncompleteStream(
                 f"{self.name} stream for {request.model!r} ended without a finish_reason; "
                 "the partial answer was dropped"
             )
-        tool_calls = []
-        for index in sorted(calls):
-            slot = calls[index]
-            args, raw = parse_arguments(slot["arguments"])
-            tool_calls.append(
-                ToolCall(
-                    id=slot["id"] or f"call_{index}",
-                    name=slot["name"],
-                    arguments=args,
-                    raw_arguments=raw,
-                )
-            )
+        refusal = "".join(chunks.refusal)
         yield ModelResponse(
-            text=_answer("".join(text), request),
-            tool_calls=tool_calls,
-            usage=usage,
-            stop_reason=_normal_stop(finish, "".join(refusal)),
-            raw_stop_reason=finish,
-            refusal="".join(refusal),
-            model=model,
-            thinking="".join(thinking),
+            text=_answer("".join(chunks.text), request),
+            tool_calls=chunks.tool_calls(),
+            usage=chunks.usage,
+            stop_reason=_normal_stop(chunks.finish, refusal),
+            raw_stop_reason=chunks.finish,
+            refusal=refusal,
+            model=chunks.model,
+            thinking="".join(chunks.thinking),
         )
 
     def resolve_model(self, model: str) -> str:
@@ -414,3 +373,61 @@ class OpenAIProvider(SDKClientMixin, Provider):
                 headers=getattr(response, "headers", None),
             )
         return transport_info(exc) or super().retry_info(exc)
+
+
+class _Chunks:
+    """The state of one Chat Completions stream, fed one chunk (as a dict) at a time."""
+
+    def __init__(self, usage: Callable[[dict[str, Any] | None], Usage]) -> None:
+        self._to_usage = usage
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.usage = Usage()
+        self.finish: str | None = None
+        self.model: str | None = None
+
+    def feed(self, data: dict[str, Any]) -> str:
+        """Take one chunk in; return the answer text it adds."""
+        self.model = data.get("model") or self.model
+        if data.get("usage"):
+            self.usage = self._to_usage(data["usage"])
+        piece = ""
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            piece += delta.get("content") or ""
+            if delta.get("reasoning_content"):
+                self.thinking.append(delta["reasoning_content"])
+            if delta.get("refusal"):
+                self.refusal.append(delta["refusal"])
+            for tc in delta.get("tool_calls") or []:
+                self._call_delta(tc)
+            self.finish = choice.get("finish_reason") or self.finish
+        self.text.append(piece)
+        return piece
+
+    def _call_delta(self, tc: dict[str, Any]) -> None:
+        slot = self.calls.setdefault(
+            int(tc.get("index") or 0), {"id": None, "name": "", "arguments": ""}
+        )
+        if tc.get("id"):
+            slot["id"] = tc["id"]
+        fn = tc.get("function") or {}
+        slot["name"] += fn.get("name") or ""
+        slot["arguments"] += fn.get("arguments") or ""
+
+    def tool_calls(self) -> list[ToolCall]:
+        out = []
+        for index in sorted(self.calls):
+            slot = self.calls[index]
+            args, raw = parse_arguments(slot["arguments"])
+            out.append(
+                ToolCall(
+                    id=slot["id"] or f"call_{index}",
+                    name=slot["name"],
+                    arguments=args,
+                    raw_arguments=raw,
+                )
+            )
+        return out

@@ -49,6 +49,7 @@ import pickle
 import pkgutil
 import uuid
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -158,6 +159,17 @@ def _where_text(where: _Where) -> str:
     return f"{base}[{key!r}]"
 
 
+#: Values stored as one tagged string, in the order they are tried (a datetime is a date).
+_AS_TEXT: tuple[tuple[type, str, Callable[[Any], str]], ...] = (
+    (datetime.datetime, "datetime", datetime.datetime.isoformat),
+    (datetime.date, "date", datetime.date.isoformat),
+    (datetime.time, "time", datetime.time.isoformat),
+    (decimal.Decimal, "decimal", str),
+    (uuid.UUID, "uuid", str),
+    (pathlib.PurePath, "path", str),
+)
+
+
 class _Encoder:
     __slots__ = ("strict", "typed", "warn")
 
@@ -212,25 +224,16 @@ class _Encoder:
             ordered = sorted(value, key=repr)
             items = [self.convert(v, (where, "[", i)) for i, v in enumerate(ordered)]
             return self.tag("frozenset" if isinstance(value, frozenset) else "set", items)
-        if isinstance(value, datetime.datetime):
-            return self.tag("datetime", value.isoformat())
-        if isinstance(value, datetime.date):
-            return self.tag("date", value.isoformat())
-        if isinstance(value, datetime.time):
-            return self.tag("time", value.isoformat())
+        for cls, name, to_json in _AS_TEXT:
+            if isinstance(value, cls):
+                return self.tag(name, to_json(value))
         if isinstance(value, datetime.timedelta):
             if self.typed:
                 return self.tag("timedelta", [value.days, value.seconds, value.microseconds])
             return value.total_seconds()
-        if isinstance(value, decimal.Decimal):
-            return self.tag("decimal", str(value))
-        if isinstance(value, uuid.UUID):
-            return self.tag("uuid", str(value))
         if isinstance(value, (bytes, bytearray)):
             text = base64.b64encode(bytes(value)).decode("ascii")
             return self.tag("bytearray" if isinstance(value, bytearray) else "bytes", text)
-        if isinstance(value, pathlib.PurePath):
-            return self.tag("path", str(value))
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {
                 f.name: self.convert(getattr(value, f.name), (where, ".", f.name))
@@ -316,37 +319,35 @@ def _decode(value: Any) -> Any:
     return value
 
 
+def _timedelta(v: Any) -> datetime.timedelta:
+    days, seconds, micro = v
+    return datetime.timedelta(days=days, seconds=seconds, microseconds=micro)
+
+
+#: How each tag's value is read back (classes: ``_decode_class``).
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    "datetime": datetime.datetime.fromisoformat,
+    "date": datetime.date.fromisoformat,
+    "time": datetime.time.fromisoformat,
+    "timedelta": _timedelta,
+    "decimal": decimal.Decimal,
+    "uuid": uuid.UUID,
+    "bytes": base64.b64decode,
+    "bytearray": lambda v: bytearray(base64.b64decode(v)),
+    "path": pathlib.Path,
+    "float": float,
+    "tuple": lambda v: tuple(_decode(x) for x in v),
+    "set": lambda v: {_decode(x) for x in v},
+    "frozenset": lambda v: frozenset(_decode(x) for x in v),
+    "dict": lambda v: {_decode(k): _decode(x) for k, x in v},
+}
+
+
 def _decode_tagged(tag: str, cls_path: Any, v: Any) -> Any:
     try:
-        if tag == "datetime":
-            return datetime.datetime.fromisoformat(v)
-        if tag == "date":
-            return datetime.date.fromisoformat(v)
-        if tag == "time":
-            return datetime.time.fromisoformat(v)
-        if tag == "timedelta":
-            days, seconds, micro = v
-            return datetime.timedelta(days=days, seconds=seconds, microseconds=micro)
-        if tag == "decimal":
-            return decimal.Decimal(v)
-        if tag == "uuid":
-            return uuid.UUID(v)
-        if tag == "bytes":
-            return base64.b64decode(v)
-        if tag == "bytearray":
-            return bytearray(base64.b64decode(v))
-        if tag == "path":
-            return pathlib.Path(v)
-        if tag == "float":
-            return float(v)
-        if tag == "tuple":
-            return tuple(_decode(x) for x in v)
-        if tag == "set":
-            return {_decode(x) for x in v}
-        if tag == "frozenset":
-            return frozenset(_decode(x) for x in v)
-        if tag == "dict":
-            return {_decode(k): _decode(x) for k, x in v}
+        decoder = _DECODERS.get(tag)
+        if decoder is not None:
+            return decoder(v)
         if tag in ("model", "enum", "dataclass"):
             return _decode_class(tag, cls_path, v)
     except (TypeError, ValueError, decimal.InvalidOperation, AttributeError):

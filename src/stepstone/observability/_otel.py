@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError
 from stepstone.observability._session import Event, EventType
@@ -220,88 +221,112 @@ class OTelExporter:
 
     def export(self, event: Event) -> None:
         """Open, close or annotate spans for ``event``."""
-        p = event.payload
-        run = event.run_id
+        handler = self._handlers.get(event.type, OTelExporter._other)
         with self._lock:
-            t = event.type
-            if t == EventType.AGENT_START:
-                name = p.get("agent_name", "agent")
-                attrs = {
-                    "gen_ai.operation.name": "invoke_agent",
-                    "gen_ai.agent.name": name,
-                    **self._provider(p),
-                    **self._attributes({"task": p.get("task")}),
-                }
-                if p.get("model"):
-                    attrs["gen_ai.request.model"] = str(p["model"])
-                if run is not None:
-                    attrs["gen_ai.conversation.id"] = run
-                self._start((run, "run", None), f"invoke_agent {name}", event, attrs)
-            elif t == EventType.AGENT_FINISH:
-                attrs = self._attributes(
-                    {k: p.get(k) for k in ("input_tokens", "output_tokens") if k in p}
-                )
-                failed = p.get("ok") is False and not p.get("cancelled")
-                error = str(p.get("error") or "_OTHER") if failed else None
-                self._end((run, "run", None), event, attrs, error)
-            elif t == EventType.MODEL_REQUEST:
-                model = str(p.get("model", ""))
-                attrs = {
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.request.model": model,
-                    **self._provider(p),
-                    **self._attributes(p),
-                }
-                self._start(
-                    (run, "model", p.get("turn")),
-                    f"chat {model}".strip(),
-                    event,
-                    attrs,
-                    kind="CLIENT",
-                )
-            elif t == EventType.MODEL_RESPONSE and "retry" in p:
-                opened = self._spans.get((run, "model", p.get("turn")))
-                if opened is not None:
-                    opened.span.add_event(
-                        "retry",
-                        attributes={
-                            "error.type": str(p.get("error")),
-                            "stepstone.retry": int(p["retry"]),
-                            "stepstone.delay_s": float(p.get("delay") or 0.0),
-                        },
-                        timestamp=int(event.timestamp * 1e9),
-                    )
-            elif t == EventType.MODEL_RESPONSE:
-                self._model_response(event)
-            elif t == EventType.TOOL_CALL:
-                attrs = {
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.type": "function",
-                    **self._attributes(p),
-                }
-                self._start(
-                    (run, "tool", p.get("call_id")), f"execute_tool {p.get('tool')}", event, attrs
-                )
-            elif t in (EventType.TOOL_RESULT, EventType.TOOL_ERROR):
-                key = (run, "tool", p.get("call_id"))
-                error = str(p.get("error") or "_OTHER") if t == EventType.TOOL_ERROR else None
-                if key not in self._spans:  # refused before it ran (max_tool_calls_per_turn)
-                    attrs = {"gen_ai.operation.name": "execute_tool", **self._attributes(p)}
-                    self._start(key, f"execute_tool {p.get('tool')}", event, attrs)
-                self._end(key, event, self._attributes(p), error)
-            elif t == EventType.STEP_START:
-                attrs = {"stepstone.step": str(p.get("step"))}
-                self._start((run, "step", p.get("step")), f"step {p.get('step')}", event, attrs)
-            elif t in (EventType.STEP_FINISH, EventType.STEP_ERROR):
-                error = str(p.get("error") or "_OTHER") if t == EventType.STEP_ERROR else None
-                self._end((run, "step", p.get("step")), event, {}, error)
-            else:
-                opened = self._spans.get((run, "run", None))
-                if opened is not None:
-                    attrs = {k: v for k, v in self._attributes(p).items()}
-                    opened.span.add_event(
-                        t.value, attributes=attrs, timestamp=int(event.timestamp * 1e9)
-                    )
+            handler(self, event)
+
+    def _agent_start(self, event: Event) -> None:
+        p, run = event.payload, event.run_id
+        name = p.get("agent_name", "agent")
+        attrs = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": name,
+            **self._provider(p),
+            **self._attributes({"task": p.get("task")}),
+        }
+        if p.get("model"):
+            attrs["gen_ai.request.model"] = str(p["model"])
+        if run is not None:
+            attrs["gen_ai.conversation.id"] = run
+        self._start((run, "run", None), f"invoke_agent {name}", event, attrs)
+
+    def _agent_finish(self, event: Event) -> None:
+        p = event.payload
+        attrs = self._attributes({k: p.get(k) for k in ("input_tokens", "output_tokens") if k in p})
+        failed = p.get("ok") is False and not p.get("cancelled")
+        error = str(p.get("error") or "_OTHER") if failed else None
+        self._end((event.run_id, "run", None), event, attrs, error)
+
+    def _model_request(self, event: Event) -> None:
+        p = event.payload
+        model = str(p.get("model", ""))
+        attrs = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            **self._provider(p),
+            **self._attributes(p),
+        }
+        key = (event.run_id, "model", p.get("turn"))
+        self._start(key, f"chat {model}".strip(), event, attrs, kind="CLIENT")
+
+    def _model_event(self, event: Event) -> None:
+        p = event.payload
+        if "retry" not in p:
+            self._model_response(event)
+            return
+        opened = self._spans.get((event.run_id, "model", p.get("turn")))
+        if opened is not None:
+            opened.span.add_event(
+                "retry",
+                attributes={
+                    "error.type": str(p.get("error")),
+                    "stepstone.retry": int(p["retry"]),
+                    "stepstone.delay_s": float(p.get("delay") or 0.0),
+                },
+                timestamp=int(event.timestamp * 1e9),
+            )
+
+    def _tool_call(self, event: Event) -> None:
+        p = event.payload
+        attrs = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.type": "function",
+            **self._attributes(p),
+        }
+        key = (event.run_id, "tool", p.get("call_id"))
+        self._start(key, f"execute_tool {p.get('tool')}", event, attrs)
+
+    def _tool_end(self, event: Event) -> None:
+        p = event.payload
+        key = (event.run_id, "tool", p.get("call_id"))
+        failed = event.type == EventType.TOOL_ERROR
+        error = str(p.get("error") or "_OTHER") if failed else None
+        if key not in self._spans:  # refused before it ran (max_tool_calls_per_turn)
+            attrs = {"gen_ai.operation.name": "execute_tool", **self._attributes(p)}
+            self._start(key, f"execute_tool {p.get('tool')}", event, attrs)
+        self._end(key, event, self._attributes(p), error)
+
+    def _step_start(self, event: Event) -> None:
+        step = event.payload.get("step")
+        key = (event.run_id, "step", step)
+        self._start(key, f"step {step}", event, {"stepstone.step": str(step)})
+
+    def _step_end(self, event: Event) -> None:
+        p = event.payload
+        failed = event.type == EventType.STEP_ERROR
+        error = str(p.get("error") or "_OTHER") if failed else None
+        self._end((event.run_id, "step", p.get("step")), event, {}, error)
+
+    def _other(self, event: Event) -> None:
+        """Any other event: an event on the run's span."""
+        opened = self._spans.get((event.run_id, "run", None))
+        if opened is not None:
+            attrs = dict(self._attributes(event.payload))
+            ts = int(event.timestamp * 1e9)
+            opened.span.add_event(event.type.value, attributes=attrs, timestamp=ts)
+
+    _handlers: ClassVar[dict[EventType, Callable[[OTelExporter, Event], None]]] = {
+        EventType.AGENT_START: _agent_start,
+        EventType.AGENT_FINISH: _agent_finish,
+        EventType.MODEL_REQUEST: _model_request,
+        EventType.MODEL_RESPONSE: _model_event,
+        EventType.TOOL_CALL: _tool_call,
+        EventType.TOOL_RESULT: _tool_end,
+        EventType.TOOL_ERROR: _tool_end,
+        EventType.STEP_START: _step_start,
+        EventType.STEP_FINISH: _step_end,
+        EventType.STEP_ERROR: _step_end,
+    }
 
     def _model_response(self, event: Event) -> None:
         p = event.payload

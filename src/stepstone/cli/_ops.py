@@ -26,7 +26,7 @@ from rich.table import Table
 from stepstone.durable import approve_call, read_run
 from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
-from stepstone.durable._retention import parse_age, prune
+from stepstone.durable._retention import PruneReport, parse_age, prune
 from stepstone.exceptions import StepstoneError
 from stepstone.store import Retention, Store, vacuum
 
@@ -164,39 +164,45 @@ def prune_cmd(
 
             report = prune(store, policy, dry_run=dry_run, progress=step)
         if as_json:
-            _print_json(
-                {
-                    "dry_run": report.dry_run,
-                    "deleted": [
-                        {
-                            "key": r.key,
-                            "kind": r.kind,
-                            "status": r.status,
-                            "updated_at": r.updated_at,
-                            "reason": r.reason,
-                            "values": list(r.values),
-                        }
-                        for r in report.deleted
-                    ],
-                    "skipped_live": report.skipped_live,
-                    "skipped_changed": report.skipped_changed,
-                }
-            )
-            return
-        out = Console()
-        verb = "would delete" if dry_run else "deleted"
-        table = Table(title=f"{verb} {len(report.deleted)} run(s)")
-        for col in ("key", "kind", "status", "updated", "reason"):
-            table.add_column(col)
-        for r in report.deleted[:200]:
-            table.add_row(r.key, r.kind, r.status, _when(r.updated_at), r.reason)
-        out.print(table)
-        if len(report.deleted) > 200:
-            out.print(f"... and {len(report.deleted) - 200} more")
-        if report.skipped_live:
-            out.print(f"kept {len(report.skipped_live)} live run(s): {report.skipped_live[:10]}")
-        if report.skipped_changed:
-            out.print(f"left {len(report.skipped_changed)} run(s) that changed meanwhile")
+            _print_json(_prune_json(report))
+        else:
+            _print_prune(report)
+
+
+def _prune_json(report: PruneReport) -> dict[str, Any]:
+    return {
+        "dry_run": report.dry_run,
+        "deleted": [
+            {
+                "key": r.key,
+                "kind": r.kind,
+                "status": r.status,
+                "updated_at": r.updated_at,
+                "reason": r.reason,
+                "values": list(r.values),
+            }
+            for r in report.deleted
+        ],
+        "skipped_live": report.skipped_live,
+        "skipped_changed": report.skipped_changed,
+    }
+
+
+def _print_prune(report: PruneReport) -> None:
+    out = Console()
+    verb = "would delete" if report.dry_run else "deleted"
+    table = Table(title=f"{verb} {len(report.deleted)} run(s)")
+    for col in ("key", "kind", "status", "updated", "reason"):
+        table.add_column(col)
+    for r in report.deleted[:200]:
+        table.add_row(r.key, r.kind, r.status, _when(r.updated_at), r.reason)
+    out.print(table)
+    if len(report.deleted) > 200:
+        out.print(f"... and {len(report.deleted) - 200} more")
+    if report.skipped_live:
+        out.print(f"kept {len(report.skipped_live)} live run(s): {report.skipped_live[:10]}")
+    if report.skipped_changed:
+        out.print(f"left {len(report.skipped_changed)} run(s) that changed meanwhile")
 
 
 def vacuum_cmd(

@@ -16,10 +16,23 @@ from typer.testing import CliRunner
 
 from stepstone import Store, Worker
 from stepstone.cli import app
-from stepstone.durable import LeasePolicy, claim_run, owner_alive, prune_run
+from stepstone.durable import (
+    LeasePolicy,
+    cancel_run,
+    claim_run,
+    owner_alive,
+    prune_run,
+    retry_run,
+)
 from stepstone.durable._queue import queue_backend
-from stepstone.exceptions import ConfigurationError, ConfigurationTypeError, UserError
+from stepstone.exceptions import (
+    ConcurrentRunError,
+    ConfigurationError,
+    ConfigurationTypeError,
+    UserError,
+)
 from stepstone.store import SQLiteBackend
+from stepstone.store._base import Claim, RunHead
 from tests.workers import targets
 from tests.workers.targets import task
 
@@ -148,6 +161,30 @@ def test_claims_stamp_the_lease_by_the_database_clock(behind: Store) -> None:
     head = behind.backend.run_get("job")
     assert head is not None
     assert prune_run(behind, head) == [] and behind.backend.run_get("job") is None
+
+
+def test_operators_judge_an_owner_by_the_database_clock(tmp_path: Path) -> None:
+    # guarantee 242: a run live by the database's clock, whose owner is on another host,
+    # is asked to stop by cancel and refused by retry, though by this host's clock (an
+    # hour ahead of the database's) its lease ran out long ago
+    with Store(backend=_BehindSQLite(tmp_path / "o.sqlite"), lease_seconds=60) as store:
+        claim = claim_run(store, "job", kind=KIND, resume=False, first_step="a")
+        assert claim.run is not None
+        claim.run.commit_sync(status="running", next_step="b", rows=[("step", "a", {})])
+        claim.run.release()
+
+        def elsewhere(head: RunHead | None, _kv: str | None) -> Claim:
+            assert head is not None  # a live owner on another host, by the database's clock
+            until = LeasePolicy(60).until(store.backend.clock())
+            return Claim(head=head.replace(host="another-host", lease_until=until))
+
+        store.backend.run_transact("job", elsewhere)
+        with pytest.raises(ConcurrentRunError, match="is live"):
+            retry_run(store, "job", from_step="a")
+        assert cancel_run(store, "job").startswith("cancel requested")
+        head = store.backend.run_get("job")
+        assert head is not None and head.status == "running"
+        assert head.meta["cancel_requested"]["reason"] == "cancelled"
 
 
 def test_a_worker_hands_back_a_run_still_owned_elsewhere(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import json
 import pkgutil
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from stepstone import Agent, Plan, Step, Store
 from stepstone.durable import claim_run
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.engines._views import BUILTIN_KINDS, register_builtin_views
+from stepstone.engines.graph import END, GraphBuilder, State, StoreCheckpointer
 from stepstone.engines.graph._records import GRAPH_KIND
 from stepstone.engines.replan._engine import KIND as REPLAN_KIND
 from stepstone.exceptions import CheckpointCorruptError, ConfigurationTypeError
@@ -29,6 +29,10 @@ from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._views import generic_view
 
 SRC = Path(stepstone.__file__).parent
+
+
+class _Count(State):
+    n: int = 0
 
 
 def _shout(text: str) -> str:
@@ -48,23 +52,9 @@ def filled(tmp_path: Path) -> Iterator[Path]:
             rows = [("note", "n", {"k": 1})] if kind == "x" else []  # no engine rows
             claim.run.commit_sync(status="failed", next_step="a", rows=rows)
             claim.run.release()
-    script = textwrap.dedent(
-        f"""
-        from stepstone.engines.graph import END, GraphBuilder, SQLiteCheckpointer, State
-
-        class S(State):
-            n: int = 0
-
-        cp = SQLiteCheckpointer({str(path)!r})
-        graph = (
-            GraphBuilder(S).add_node("inc", lambda s: {{"n": s.n + 1}})
-            .add_edge("inc", END).set_entry("inc").with_checkpointer(cp).compile()
-        )
-        graph.invoke(S(), correlation_id="c-1")
-        cp.close()
-        """
-    )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+        builder = GraphBuilder(_Count).add_node("inc", lambda s: {"n": s.n + 1})
+        graph = builder.add_edge("inc", END).set_entry("inc")
+        graph.with_checkpointer(StoreCheckpointer(store)).compile().invoke(_Count())
     yield path
 
 

@@ -106,6 +106,18 @@ def test_the_worker_command_refuses_a_bad_lease(tmp_path: Path) -> None:
         assert "error: lease_seconds must be a finite number of seconds > 0" in result.output
 
 
+def test_store_worker_and_cli_default_to_the_policy_default(tmp_path: Path) -> None:
+    import inspect
+
+    from stepstone.cli._worker import worker as worker_command
+
+    default = LeasePolicy().seconds
+    assert Store().lease_seconds == default
+    for fn in (Store.__init__, Worker.__init__, worker_command):
+        param = inspect.signature(fn).parameters["lease_seconds"]
+        assert param.default == default, fn
+
+
 def test_store_and_worker_carry_their_lease_to_the_kernel(tmp_path: Path) -> None:
     with Store(db=tmp_path / "q.sqlite", lease_seconds=12) as store:
         assert store.lease_seconds == 12.0 and LeasePolicy.of(store) == LeasePolicy(12)

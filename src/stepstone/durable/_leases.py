@@ -29,7 +29,8 @@ log = logging.getLogger("stepstone")
 
 LIVE_STATUSES = ("claimed", "running")
 
-#: The lease of ``Store()`` and ``Worker()`` when none is given.
+#: ``LeasePolicy()``'s lease; ``Store()`` and ``Worker()`` default to the same number (a test
+#: checks they agree: the store layer cannot import this module).
 DEFAULT_LEASE_SECONDS = 30.0
 
 

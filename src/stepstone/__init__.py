@@ -29,6 +29,7 @@ from stepstone.core import (
     tool,
 )
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
@@ -81,6 +82,9 @@ from stepstone.observability import Event, EventType, Session
 from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
 from stepstone.store import Store, StoreEntry
 from stepstone.worker import Worker
+
+# The one place stepstone's run views are registered (see stepstone.engines._views).
+_register_builtin_views()
 
 __version__ = "0.1.0"
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from stepstone.core import Envelope
 from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
+from stepstone.durable._leases import LeasePolicy
 from stepstone.durable._queue import queue_backend, resolve_target
 from stepstone.exceptions import ConcurrentRunError, StoreError, UserError
 from stepstone.store import Store
@@ -47,8 +48,9 @@ class Worker:
         queues: The queues to serve, taken from in turn.
         concurrency: Most runs this worker runs at once.
         lease_seconds: How long a taken run stays this worker's without renewal (judged by
-            the database's clock). A worker renews every third of it; a run whose worker
-            stopped renewing this long is taken over by another worker.
+            the database's clock; a finite number > 0). A worker renews every third of it
+            (the kernel's ``LeasePolicy``); a run whose worker stopped renewing this long is
+            taken over by another worker.
         poll_interval: Seconds between looks at an empty queue.
         registry: Engines by name, looked up before importing a target.
         shutdown_timeout: On SIGTERM/SIGINT or :meth:`stop`, how long running runs may
@@ -79,14 +81,13 @@ class Worker:
             raise UserError(f"queues must be a list of non-empty queue names, got {queues!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UserError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        if lease_seconds <= 0:
-            raise UserError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+        lease = LeasePolicy(lease_seconds)
         if poll_interval <= 0:
             raise UserError(f"poll_interval must be > 0, got {poll_interval!r}")
         self.store = store if isinstance(store, Store) else Store(url=store)
         self.queues = list(queues)
         self.concurrency = concurrency
-        self.lease_seconds = float(lease_seconds)
+        self.lease = lease
         self.poll_interval = float(poll_interval)
         self.registry = dict(registry or {})
         self.shutdown_timeout = float(shutdown_timeout)
@@ -107,6 +108,11 @@ class Worker:
         self._cancel_reason: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a taken run stays this worker's without renewal."""
+        return self.lease.seconds
 
     def __repr__(self) -> str:
         return f"Worker({self.id!r}, queues={self.queues!r}, store={self.store!r})"
@@ -210,7 +216,7 @@ class Worker:
         for _ in range(len(self.queues)):
             queue = self.queues[0]
             self.queues.append(self.queues.pop(0))  # serve the queues in turn
-            entries = self._queue.claim(queue, self.owner, self.lease_seconds, limit)
+            entries = self._queue.claim(queue, self.owner, self.lease.seconds, limit)
             if entries:
                 return entries
         return []
@@ -234,8 +240,7 @@ class Worker:
     def _renew_loop(self) -> None:
         # A thread, not a loop task: a step that blocks the event loop must not let the
         # leases of this worker's runs run out.
-        interval = self.lease_seconds / 3
-        while not self._stopping.wait(interval):
+        while not self._stopping.wait(self.lease.renew_every):
             self._renew_once()
         self._renew_once()
 
@@ -245,7 +250,7 @@ class Worker:
         if not ids:
             return
         try:
-            held = self._queue.renew(ids, self.id, self.lease_seconds)
+            held = self._queue.renew(ids, self.id, self.lease.seconds)
         except Exception:  # a database outage: the next round retries
             log.warning("stepstone: renewing queue leases failed", exc_info=True)
             return
@@ -298,7 +303,7 @@ class Worker:
             # The run's previous owner still holds the checkpoint (its lease, judged on the
             # host that wrote it, has not run out yet): try again a bit later.
             log.info("stepstone: queued run %s is still owned elsewhere (%s)", entry.id, exc)
-            delay = min(5.0, self.store.lease_seconds / 3)
+            delay = LeasePolicy.of(self.store).retry_after
             await asyncio.to_thread(self._queue.hand_back, entry.id, self.id, delay)
             return
         except Exception as exc:  # noqa: BLE001 - recorded on the entry, the worker lives on

@@ -39,9 +39,9 @@ def test_run_leases_are_set_and_judged_by_the_backend_clock(tmp_path: Path) -> N
         assert claimed.run.head.updated_at > time.time() + 3000
         # renewal is due by the database's clock too: a fresh lease is not due, though by
         # this host's clock it would not expire for an hour
-        assert not claimed.run.lease_due(time.time())
+        assert not claimed.run.lease_due()
         claimed.run.head = claimed.run.head.replace(lease_until=time.time() + 3600 + 1)
-        assert claimed.run.lease_due(time.time())
+        assert claimed.run.lease_due()
     finally:
         claimed.run.release()
 

@@ -1,6 +1,6 @@
-"""The durable kernel every engine runs on: ownership, leases, atomic step commits, and
-the only way engines and the CLI read, list and delete run records (``read_run``,
-``run_head``, ``list_runs``, ``delete_run`` and their async forms).
+"""The durable kernel every engine runs on: ownership, leases (one :class:`LeasePolicy`),
+atomic step commits, and the only way engines and the CLI read, list and delete run
+records (``read_run``, ``run_head``, ``list_runs``, ``delete_run`` and their async forms).
 
 Also what operators use on runs from outside their owner: read models (``query_runs``,
 ``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run``,
@@ -30,7 +30,7 @@ from stepstone.durable._kernel import (
     describe_owner,
     ownership_error,
 )
-from stepstone.durable._leases import owner_alive
+from stepstone.durable._leases import LeasePolicy, owner_alive
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._records import (
     adelete_run,
@@ -53,6 +53,7 @@ from stepstone.durable._retention import (
 
 __all__ = [
     "ClaimResult",
+    "LeasePolicy",
     "OwnedRun",
     "PruneReport",
     "PrunedRun",

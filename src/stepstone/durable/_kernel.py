@@ -17,16 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from stepstone.core._ids import host_id, new_uid, process_start_time
+from stepstone.core._ids import new_uid
 from stepstone.core._serialization import dumps
 from stepstone.core._sync import may_block_loop
 from stepstone.durable._group import can_group, group_commit
-from stepstone.durable._leases import LIVE_STATUSES, keeper, mark_released, owner_alive
+from stepstone.durable._leases import (
+    LIVE_STATUSES,
+    LeasePolicy,
+    keeper,
+    mark_released,
+    owner_alive,
+)
 from stepstone.durable._records import blocking_call
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
@@ -70,10 +75,17 @@ def describe_owner(head: RunHead) -> str:
 
 @dataclasses.dataclass(eq=False)
 class OwnedRun:
-    """A run this process owns: commit steps through it, then :meth:`release` it."""
+    """A run this process owns: commit steps through it, then :meth:`release` it.
+
+    Its lease follows the store's :class:`LeasePolicy` (``Store(lease_seconds=...)``).
+    """
 
     store: Store
     head: RunHead
+    lease: LeasePolicy = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lease = LeasePolicy.of(self.store)
 
     @property
     def key(self) -> str:
@@ -101,7 +113,7 @@ class OwnedRun:
             version=self.head.version + 1,
             iteration=self.head.iteration if iteration is None else iteration,
             journal_len=self.head.journal_len + n_rows,
-            lease_until=now + self.store.lease_seconds,
+            lease_until=self.lease.until(now),
             meta=self.head.meta if meta is None else meta,
             updated_at=now,
         )
@@ -227,7 +239,7 @@ class OwnedRun:
         return ownership_error(
             self.head.kind,
             f"run {self.run_uid} lost checkpoint {self.key!r} to {who}: its lease had "
-            f"expired (lease_seconds={self.store.lease_seconds}) or the key was deleted; "
+            f"expired (lease_seconds={self.lease.seconds}) or the key was deleted; "
             "nothing was written. Raise Store(lease_seconds=...) if steps block the process "
             "for longer than that",
         )
@@ -240,15 +252,14 @@ class OwnedRun:
         """Async :meth:`journal`."""
         return await blocking_call(self.store, self.journal, since_seq, bulk=True)
 
-    def lease_due(self, now: float) -> bool:
-        """Whether a third of the lease has passed since it was last extended (judged on
-        the database's clock, which set the lease, whatever ``now`` this host passes)."""
-        now = self.store.backend.clock()
-        return self.head.lease_until - now < self.store.lease_seconds * 2 / 3
+    def lease_due(self) -> bool:
+        """Whether the lease should be renewed now (:meth:`LeasePolicy.due`, judged on the
+        database's clock, which set the lease)."""
+        return self.lease.due(self.head.lease_until, self.store.backend.clock())
 
     def renew(self) -> None:
         """Extend the lease (called by the lease keeper thread)."""
-        until = self.store.backend.clock() + self.store.lease_seconds
+        until = self.lease.until(self.store.backend.clock())
         if self.store.backend.run_renew(self.key, self.run_uid, until):
             self.head = self.head.replace(lease_until=until)
         else:
@@ -338,9 +349,8 @@ def claim_run(
             Plan, whose message also suggests ``on_concurrent='fork'``).
         StoreKeyConflictError: ``key`` holds a plain value or another kind of run.
     """
-    me = host_id()
-    pid = os.getpid()
-    pid_start = process_start_time(pid)
+    lease = LeasePolicy.of(store)
+    uid = run_uid or new_uid()
     decision = _Decision()
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
@@ -370,15 +380,7 @@ def claim_run(
                 f"checkpoint_key {key!r} is owned by live {describe_owner(head)}, status "
                 f"{head.status!r}. Wait for it to finish, or use a distinct key per run{fork}",
             )
-        base = dict(
-            run_uid=run_uid or new_uid(),
-            status="claimed",
-            host=me,
-            pid=pid,
-            pid_start=pid_start,
-            lease_until=now + store.lease_seconds,
-            updated_at=now,
-        )
+        base = lease.claim(now, uid)
         verdict = check_resume(head) if head is not None and resume and check_resume else None
         if head is not None and resume and verdict != "fresh":
             if head.status == "done" and not drop_kv:
@@ -401,7 +403,7 @@ def claim_run(
             journal_len=0,
             meta=dict(meta or {}),
             created_at=now,
-            **base,  # type: ignore[arg-type]
+            **base,
         )
         return Claim(head=new, reset_journal=True, drop_kv=drop_kv)
 

@@ -1,25 +1,119 @@
-"""Ownership liveness: the lease keeper thread and the "is this owner alive?" test."""
+"""Lease policy, in one place: how long an owner's claim holds, when it is renewed, when an
+owner counts as dead, and which head fields a claim writes; plus the lease keeper thread.
+
+The store only stores (``Store(lease_seconds=...)`` carries the number, queue backends take
+it as an argument for their SQL); everything decided about leases is decided here.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from stepstone.core._ids import host_id, process_alive
+from stepstone.core._checks import positive_seconds
+from stepstone.core._ids import host_id, process_alive, process_start_time
 from stepstone.store._base import RunHead
 
 if TYPE_CHECKING:
     from stepstone.durable._kernel import OwnedRun
+    from stepstone.store._store import Store
 
-__all__ = ["LeaseKeeper", "keeper", "owner_alive"]
+__all__ = ["LeaseKeeper", "LeasePolicy", "keeper", "owner_alive"]
 
 log = logging.getLogger("stepstone")
 
 LIVE_STATUSES = ("claimed", "running")
+
+#: ``LeasePolicy()``'s lease; ``Store()`` and ``Worker()`` default to the same number (a test
+#: checks they agree: the store layer cannot import this module).
+DEFAULT_LEASE_SECONDS = 30.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """How long a lease holds and when it is renewed: the kernel's one rule for run leases
+    (``Store(lease_seconds=...)``) and a worker's queue leases (``Worker(lease_seconds=...)``).
+
+    Every ``now`` passed in is the database's clock (``Backend.clock()``), never this
+    host's: hosts whose wall clocks disagree still agree on whether a lease ran out.
+
+    Attributes:
+        seconds: How long a lease holds without renewal; a finite number > 0.
+
+    Raises:
+        ConfigurationError: ``seconds`` is zero, negative, NaN or infinite
+            (``ConfigurationTypeError`` when it is not a number).
+    """
+
+    seconds: float = DEFAULT_LEASE_SECONDS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", positive_seconds("lease_seconds", self.seconds))
+
+    @classmethod
+    def of(cls, store: Store) -> LeasePolicy:
+        """The policy of the runs kept in ``store`` (set by ``Store(lease_seconds=...)``)."""
+        return cls(store.lease_seconds)
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between renewals: a third of the lease, so an owner can miss two
+        renewals (a locked database, a busy host) before its lease runs out."""
+        return self.seconds / 3
+
+    @property
+    def retry_after(self) -> float:
+        """How long to wait before trying again to take a run another owner still holds:
+        one renewal period, at most 5 seconds."""
+        return min(5.0, self.renew_every)
+
+    def until(self, now: float) -> float:
+        """When a lease set or renewed at ``now`` runs out."""
+        return now + self.seconds
+
+    def due(self, lease_until: float, now: float) -> bool:
+        """Whether a lease running to ``lease_until`` should be renewed at ``now``: one
+        renewal period has passed since it was last set."""
+        return lease_until - now < self.seconds - self.renew_every
+
+    @staticmethod
+    def expired(lease_until: float, now: float) -> bool:
+        """Whether a lease running to ``lease_until`` has run out at ``now``."""
+        return lease_until < now
+
+    def claim(self, now: float, run_uid: str) -> dict[str, Any]:
+        """The head fields that make this process the owner of a run from ``now``: a
+        fresh ``run_uid``, this host and process (with its start time, so a recycled pid
+        is not mistaken for it) and a lease until :meth:`until`."""
+        host, pid, pid_start = _this_process()
+        return {
+            "run_uid": run_uid,
+            "status": "claimed",
+            "host": host,
+            "pid": pid,
+            "pid_start": pid_start,
+            "lease_until": self.until(now),
+            "updated_at": now,
+        }
+
+
+_me: tuple[str, int, int | None] | None = None
+
+
+def _this_process() -> tuple[str, int, int | None]:
+    """This host's id, pid and process start time, read once per process (a claim runs
+    inside a write transaction: asking the OS for the start time there would hold the
+    database lock longer). A forked child reads its own."""
+    global _me
+    pid = os.getpid()
+    if _me is None or _me[1] != pid:
+        _me = (host_id(), pid, process_start_time(pid))
+    return _me
 
 
 class LeaseKeeper:
@@ -60,10 +154,11 @@ class LeaseKeeper:
         while True:
             with self._lock:
                 runs = [r for ref in self._runs.values() if (r := ref()) is not None]
-                interval = min((r.store.lease_seconds for r in runs), default=30.0) / 3
-            now = time.time()
+                interval = min(
+                    (r.lease.renew_every for r in runs), default=DEFAULT_LEASE_SECONDS / 3
+                )
             for run in runs:
-                if run.lease_due(now):
+                if run.lease_due():
                     try:
                         run.renew()
                     except Exception:
@@ -90,7 +185,9 @@ def mark_released(run_uid: str) -> None:
 
 
 def owner_alive(head: RunHead, *, now: float | None = None) -> bool:
-    """Whether the run recorded in ``head`` is still being executed by a live owner.
+    """Whether the run recorded in ``head`` is still being executed by a live owner
+    (``now``: the database's clock, as ``store.backend.clock()`` reads it; default: this
+    host's).
 
     Decided from the record alone, never from this process's bookkeeping (which lags the
     database: a run is committed as claimed before its owner registers it anywhere). Dead
@@ -100,7 +197,7 @@ def owner_alive(head: RunHead, *, now: float | None = None) -> bool:
     """
     if head.status not in LIVE_STATUSES:
         return False
-    if head.lease_until < (time.time() if now is None else now):
+    if LeasePolicy.expired(head.lease_until, time.time() if now is None else now):
         return False
     if head.host == host_id():
         if head.pid == os.getpid() and head.run_uid in _released_here:

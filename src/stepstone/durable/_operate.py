@@ -54,7 +54,7 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
             raise _missing(key)
         if head.status == "done":
             raise ValueError(f"run {key!r} is already done; there is nothing to cancel")
-        now = time.time()
+        now = store.backend.clock()  # leases are judged by the database's clock
         request = {"reason": reason, "at": now}
         if owner_alive(head, now=now):
             outcome.append(
@@ -174,13 +174,13 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
                 head.kind,
                 f"run {key!r} changed while it was being rewound; run `stepstone retry` again",
             )
-        if owner_alive(cur):
+        now = store.backend.clock()  # leases are judged by the database's clock
+        if owner_alive(cur, now=now):
             raise ownership_error(
                 cur.kind,
                 f"run {key!r} is live ({describe_owner(cur)}); cancel it first with "
                 f"`stepstone cancel {key}`, then retry",
             )
-        now = time.time()
         new = cur.replace(
             status="paused",
             next_step=from_step,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,8 +17,8 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Literal
 
-from stepstone.core._ids import host_id, new_uid, process_start_time
-from stepstone.durable._leases import keeper, owner_alive
+from stepstone.core._ids import new_uid
+from stepstone.durable._leases import LeasePolicy, keeper, owner_alive
 from stepstone.store._base import Claim, RunHead
 from stepstone.store._retention import Retention
 from stepstone.store._store import Store
@@ -208,30 +207,23 @@ def prune_run(store: Store, head: RunHead) -> list[str] | None:
     """
     from stepstone.durable._kernel import OwnedRun
 
-    pid = os.getpid()
-    me, start, uid = host_id(), process_start_time(pid), new_uid()
+    lease, uid = LeasePolicy.of(store), new_uid()
 
     def decide(cur: RunHead | None, _kv: str | None) -> Claim:
+        now = store.backend.clock()  # leases are judged by the database's clock
         if (
             cur is None
             or cur.version != head.version
             or cur.run_uid != head.run_uid
-            or owner_alive(cur)
+            or owner_alive(cur, now=now)
         ):
             raise _Changed
-        now = time.time()
         # Claimed by this process while the head goes: other processes see a live owner.
         tomb = cur.replace(
-            status="claimed",
-            run_uid=uid,
-            host=me,
-            pid=pid,
-            pid_start=start,
             version=cur.version + 1,
             journal_len=0,
-            lease_until=now + store.lease_seconds,
             meta={**cur.meta, "pruning": True},
-            updated_at=now,
+            **lease.claim(now, uid),
         )
         return Claim(head=tomb, reset_journal=True)
 

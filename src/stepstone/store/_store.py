@@ -11,6 +11,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal, TypeAlias, TypeVar
 
+from stepstone.core._checks import positive_seconds
 from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
 from stepstone.store._base import Backend, checked_text
@@ -64,9 +65,11 @@ class Store:
         durability: SQLite only. ``"full"`` (default) survives power loss; ``"normal"``
             survives a process crash and is faster.
         busy_timeout: Seconds to wait for another writer's lock before failing.
-        lease_seconds: How long a run's ownership holds without renewal. A live run renews
-            it every third of this; a run whose owner stopped renewing for this long (or
-            whose process is gone, on the same host) can be resumed by another process.
+        lease_seconds: How long a run's ownership holds without renewal (a finite number
+            > 0). The store only carries it: the kernel's ``LeasePolicy`` decides with it
+            (a live run renews its lease every third of this; a run whose owner stopped
+            renewing for this long, or whose process is gone on the same host, can be
+            resumed by another process).
         backend: A ready :class:`~stepstone.store.Backend` (for custom backends).
         read_only: Open an existing store for inspection: nothing is ever created, migrated
             or written (a missing file, or a file or database that is not a stepstone store,
@@ -97,8 +100,6 @@ class Store:
         if retention is not None and not isinstance(retention, Retention):
             raise TypeError(f"retention must be a Retention(...), got {retention!r}")
         self.retention = retention
-        if lease_seconds <= 0:
-            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
         given = [name for name, v in (("db", db), ("url", url), ("backend", backend)) if v]
         if len(given) > 1:
             raise ValueError(f"pass only one of db=, url=, backend= (got {', '.join(given)})")
@@ -107,7 +108,7 @@ class Store:
                 "read_only=True opens an existing store: pass db= or url= (an in-memory "
                 "store, or a ready backend, has nothing to open)"
             )
-        self.lease_seconds = float(lease_seconds)
+        self.lease_seconds = positive_seconds("lease_seconds", lease_seconds)
         self.read_only = read_only
         self.backend: Backend
         if backend is not None:

@@ -1,19 +1,20 @@
 """How a durable run looks through ``Store.read``: one view function per run kind.
 
-Engines register the view of their runs (the Plan engine registers its checkpoint dict).
-The built-in kinds are found by name, on first read, in the module that defines their view,
-so what ``Store.read`` returns never depends on what the caller happened to import; other
-kinds get a generic view of head and journal until their engine registers one.
+The store only keeps the table. The views of stepstone's own engines are registered in one
+place above the store (``stepstone.engines._views.register_builtin_views``, called when
+``stepstone`` is imported, which any import of a stepstone module does first), so what
+``Store.read`` returns never depends on what the caller imported. Third-party engines call
+:func:`register_run_view` for their kind; a kind nobody registered gets
+:func:`generic_view` (head fields and the decoded journal).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from typing import Any
 
-from stepstone.exceptions import CheckpointCorruptError
+from stepstone.exceptions import CheckpointCorruptError, ConfigurationTypeError
 from stepstone.store._base import JournalRow, RunHead
 
 __all__ = ["RunView", "generic_view", "register_run_view", "render_run"]
@@ -23,23 +24,31 @@ RunView = Callable[[RunHead, list[JournalRow]], Any]
 
 _VIEWS: dict[str, RunView] = {}
 
-#: Where the built-in run kinds register their views (imported on first need).
-_BUILTIN_VIEWS: dict[str, str] = {
-    "plan": "stepstone.engines.plan",
-    "graph": "stepstone.engines.graph._fold",
-    "replan": "stepstone.engines.replan",
-    "agent": "stepstone.engines.llm._durable",
-}
-
 
 def register_run_view(kind: str, view: RunView) -> None:
-    """Make ``Store.read(key)`` render runs of ``kind`` with ``view(head, journal)``."""
+    """Make ``Store.read(key)`` render runs of ``kind`` with ``view(head, journal)``.
+
+    For third-party engines (stepstone's own kinds are registered when ``stepstone`` is
+    imported): call it once, before runs of ``kind`` are read, e.g. in the module that
+    defines the engine. A later call for the same kind replaces the view.
+
+    Raises:
+        ConfigurationTypeError: ``kind`` is not a non-empty string or ``view`` is not
+            callable.
+    """
+    if not isinstance(kind, str) or not kind:
+        raise ConfigurationTypeError(f"run kind must be a non-empty string, got {kind!r}")
+    if not callable(view):
+        raise ConfigurationTypeError(
+            f"the view of run kind {kind!r} must be a function (head, journal_rows) -> "
+            f"value, got {view!r}"
+        )
     _VIEWS[kind] = view
 
 
 def render_run(head: RunHead, rows: list[JournalRow]) -> Any:
     """Render a run with its kind's view (or the generic one)."""
-    view: RunView = _view_for(head.kind)
+    view: RunView = _VIEWS.get(head.kind, generic_view)
     try:
         return view(head, rows)
     except CheckpointCorruptError:
@@ -50,15 +59,6 @@ def render_run(head: RunHead, rows: list[JournalRow]) -> Any:
             f"inspect it with `stepstone inspect --db ... {head.key}` or remove it with "
             f"store.delete({head.key!r})"
         ) from exc
-
-
-def _view_for(kind: str) -> RunView:
-    view = _VIEWS.get(kind)
-    if view is None and kind in _BUILTIN_VIEWS:
-        # Importing the engine's module registers its view.
-        importlib.import_module(_BUILTIN_VIEWS[kind])
-        view = _VIEWS.get(kind)
-    return view or generic_view
 
 
 def generic_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from stepstone.engines.graph._records import GRAPH_KIND, Frame, NodePosition, Ra
 from stepstone.engines.graph._state import apply_patch
 from stepstone.exceptions import CheckpointRecordInvalid
 from stepstone.store._base import JournalRow, RunHead
-from stepstone.store._views import register_run_view
 
 __all__ = ["fold", "graph_view"]
 
@@ -99,6 +98,3 @@ def graph_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
         "error": head.meta.get("error"),
         "last_saved_at": rec.last_saved_at,
     }
-
-
-register_run_view(GRAPH_KIND, graph_view)

@@ -35,10 +35,10 @@ from stepstone.observability import Session
 from stepstone.providers._pricing import estimate_cost
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._store import Store
-from stepstone.store._views import register_run_view
 
 __all__ = [
     "DurableSettings",
+    "agent_view",
     "latest_record",
     "normalize_record",
     "read_run",
@@ -116,12 +116,10 @@ def latest_record(key: str, rows: list[JournalRow]) -> dict[str, Any] | None:
     return None
 
 
-def _view(head: RunHead, rows: list[JournalRow]) -> Any:
+def agent_view(head: RunHead, rows: list[JournalRow]) -> Any:
+    """How ``Store.read`` shows an agent run: its latest phase record."""
     record = latest_record(head.key, rows)
     return record if record is not None else {"status": head.status, "phase": None}
-
-
-register_run_view(AGENT_KIND, _view)
 
 
 def read_run(store: Store, key: str) -> tuple[RunHead | None, list[JournalRow]]:

@@ -1,12 +1,9 @@
 """The Plan engine: deterministic steps, parallel bands, routing, checkpoint and resume."""
 
-from stepstone.engines.plan._checkpoint import CHECKPOINT_VERSION, plan_view
+from stepstone.engines.plan._checkpoint import CHECKPOINT_VERSION
 from stepstone.engines.plan._plan import Plan
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError, PlanPaused, PlanRuntimeError
-from stepstone.store import register_run_view
-
-register_run_view("plan", plan_view)
 
 __all__ = [
     "CHECKPOINT_VERSION",

@@ -1,0 +1,49 @@
+"""The run views of stepstone's own engines, registered in one place.
+
+``Store.read(key)`` shows a durable run through the view registered for its kind. The
+built-in kinds are registered here, by :func:`register_builtin_views`, which
+``stepstone/__init__.py`` calls: importing any part of stepstone (``stepstone.store``
+included) runs ``stepstone/__init__.py`` first, so every read sees the same views whatever
+the caller imported. No engine module registers anything when it is imported.
+
+Third-party engines register the view of their own kind with
+:func:`stepstone.store.register_run_view`; a kind nobody registered is shown with the
+store's generic view (head fields and the decoded journal).
+
+Why not Python entry points: the built-in views are part of this package and known here,
+so a plain call is simpler, cannot be broken by stale installation metadata, and costs
+nothing at read time; third-party engines are imported by the code that uses them and can
+register their view then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepstone.engines.llm._durable import agent_view
+from stepstone.engines.plan._checkpoint import plan_view
+from stepstone.engines.replan._record import replan_view
+from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._views import register_run_view
+
+__all__ = ["BUILTIN_KINDS", "register_builtin_views"]
+
+#: The run kinds of stepstone's engines (each engine module defines its own constant; a
+#: test checks they agree with these).
+BUILTIN_KINDS = ("plan", "graph", "replan", "agent")
+
+
+def register_builtin_views() -> None:
+    """Register the view of every built-in run kind (idempotent)."""
+    register_run_view("plan", plan_view)
+    register_run_view("graph", _graph_view)
+    register_run_view("replan", replan_view)
+    register_run_view("agent", agent_view)
+
+
+def _graph_view(head: RunHead, rows: list[JournalRow]) -> Any:
+    # `import stepstone` does not load the graph engine (Plans and agents never need it):
+    # its view loads the fold module the first time a graph run is read.
+    from stepstone.engines.graph._fold import graph_view
+
+    return graph_view(head, rows)

@@ -158,6 +158,8 @@ def resolve_run_context(
     Raises:
         TypeError: both a context and keyword arguments were given.
     """
+    if type(ctx) is RunContext and tools is output_type is memory is session is None:
+        return ctx  # the usual call, from an Agent: checked at once
     if ctx is None:
         return RunContext(
             tools=tuple(tools or ()),

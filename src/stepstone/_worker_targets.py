@@ -144,17 +144,7 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
     The task envelope's payload is the initial state (its JSON form); the result's
     payload is the final state's JSON form.
     """
-    own = graph.checkpointer
-    checkpointer = (
-        StoreCheckpointer(
-            store,
-            prefix=own.prefix,
-            serialization=own.serialization,
-            pickle_key=own.codec.signer,  # the same serialization and pickle key
-        )
-        if own is not None
-        else StoreCheckpointer(store)
-    )
+    checkpointer = _checkpointer_in(store, graph.checkpointer)
     durable: CompiledGraph[Any] = CompiledGraph(
         state_cls=graph.state_cls,
         nodes=graph.nodes,
@@ -190,3 +180,12 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
         )
 
     return run
+
+
+def _checkpointer_in(store: Store, own: StoreCheckpointer | None) -> StoreCheckpointer:
+    """A checkpointer in ``store`` with ``own``'s prefix, serialization and pickle key."""
+    if own is None:
+        return StoreCheckpointer(store)
+    return StoreCheckpointer(
+        store, prefix=own.prefix, serialization=own.serialization, pickle_key=own.codec.signer
+    )

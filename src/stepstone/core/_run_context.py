@@ -143,17 +143,17 @@ _POSITIONAL = (
 
 
 def resolve_run_context(
+    where: str,
     ctx: RunContext | None,
-    *,
     tools: Any,
     output_type: type | None,
     memory: Any,
     session: Any,
-    where: str,
 ) -> RunContext:
     """The context a built-in engine's ``run(env, ctx=None, *, tools=None, ...)`` runs
     with: ``ctx`` itself, or one built from the keyword interface's arguments (for code
     that calls the engine the keyword way, e.g. a custom engine wrapping a built-in one).
+    ``where`` names the call in errors (``"Plan.run"``).
 
     Raises:
         TypeError: both a context and keyword arguments were given.

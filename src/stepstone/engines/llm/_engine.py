@@ -271,14 +271,7 @@ class LLMEngine(ProviderRouting):
         price is unknown), ``latency_ms``, ``turns``, ``tool_calls`` and ``run_id``.
         Misuse (:class:`~stepstone.exceptions.UserError`, e.g. a missing SDK extra) raises.
         """
-        ctx = resolve_run_context(
-            ctx,
-            tools=tools,
-            output_type=output_type,
-            memory=memory,
-            session=session,
-            where="LLMEngine.run",
-        )
+        ctx = resolve_run_context("LLMEngine.run", ctx, tools, output_type, memory, session)
         if ctx.location is not None:
             from stepstone.engines.llm._durable import run_at_location
 
@@ -350,14 +343,7 @@ class LLMEngine(ProviderRouting):
         stream is not journaled, so a ``ctx.location`` is refused (``UserError``): run it
         with :meth:`run` instead.
         """
-        ctx = resolve_run_context(
-            ctx,
-            tools=tools,
-            output_type=output_type,
-            memory=memory,
-            session=session,
-            where="LLMEngine.stream",
-        )
+        ctx = resolve_run_context("LLMEngine.stream", ctx, tools, output_type, memory, session)
         if ctx.location is not None:
             raise UserError(
                 f"LLMEngine.stream got RunContext(location=RunLocation(key="

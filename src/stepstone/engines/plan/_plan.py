@@ -63,7 +63,9 @@ class Plan:
             attempts don't count. A resumed run counts from its journal. Hitting it returns
             an error envelope (``MaxIterationsExceeded``).
         store: Where checkpoints live (needs ``checkpoint_key`` too).
-        checkpoint_key: The run's identity in the store.
+        checkpoint_key: The run's identity in the store. A caller that chooses the key
+            itself passes ``agent.run(task, location=RunLocation(store=, key=))`` instead
+            (a worker does, with its queue entry's key).
         resume: Take over a failed, paused or dead run where it stopped (and return the
             cached ``kv`` of a done one). ``False`` starts fresh on any key not owned by a
             live run.
@@ -186,14 +188,7 @@ class Plan:
         raises ``ConcurrentPlanRunError``; a route predicate that raises gives
         ``PlanRuntimeError``.
         """
-        ctx = resolve_run_context(
-            ctx,
-            tools=tools,
-            output_type=output_type,
-            memory=memory,
-            session=session,
-            where="Plan.run",
-        )
+        ctx = resolve_run_context("Plan.run", ctx, tools, output_type, memory, session)
         tool_map = build_tool_map(ctx.tools)
         check_tools(self._compiled, tool_map)
         first = self._compiled.units[0].entry

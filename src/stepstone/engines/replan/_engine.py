@@ -42,7 +42,8 @@ class ReplanEngine:
     Args:
         planner_name: The name of the planner in the Agent's tools.
         store: Where the run's record lives (needs ``checkpoint_key`` too).
-        checkpoint_key: The run's identity in the store.
+        checkpoint_key: The run's identity in the store (or per call:
+            ``agent.run(task, location=RunLocation(store=, key=))``).
         resume: Continue a failed, paused or crashed run where it stopped (and return the
             final answer of a done one). ``False`` starts fresh.
         max_rounds: How many planner rounds a run may take; reaching it is an error
@@ -149,14 +150,7 @@ class ReplanEngine:
         Failures, pauses and ``max_rounds`` come back as error envelopes; a live
         concurrent owner of the checkpoint key raises ``ConcurrentRunError``.
         """
-        ctx = resolve_run_context(
-            ctx,
-            tools=tools,
-            output_type=output_type,
-            memory=memory,
-            session=session,
-            where="ReplanEngine.run",
-        )
+        ctx = resolve_run_context("ReplanEngine.run", ctx, tools, output_type, memory, session)
         tool_map = build_tool_map(ctx.tools)
         self._planner(tool_map)
         task = env.task if env.task is not None else env.text()

@@ -15,8 +15,10 @@ from pydantic import BaseModel
 
 from stepstone import (
     Agent,
+    Engine,
     Envelope,
     EventType,
+    KeywordEngine,
     LLMEngine,
     Plan,
     PlanPaused,
@@ -133,6 +135,7 @@ async def test_an_engine_gets_one_frozen_context_per_call() -> None:
 async def test_an_engine_written_to_the_keyword_interface_keeps_working() -> None:
     # guarantee 301
     engine = KeywordRecorder()
+    assert isinstance(engine, KeywordEngine) and isinstance(Recorder(), Engine)
     session = Session()
     agent = Agent(engine=engine, tools=[shout], output=Verdict, session=session)
     assert (await agent.run("go")).payload == "kw: go"
@@ -241,6 +244,10 @@ def test_a_location_records_a_plan_run_under_the_callers_key(tmp_path: Path) -> 
         RunLocation(store="runs.sqlite", key="k")
     with pytest.raises(ValueError, match="non-empty str"):
         RunLocation(store=store, key="")
+    # a forking plan forks its own key only: the caller's key is used as it is
+    fork = Plan(Step(first), store=own_store, checkpoint_key="own", on_concurrent="fork")
+    assert Agent(engine=fork)("f", location=RunLocation(store=store, key="job-9")).ok
+    assert store.read("job-9")["status"] == "done" and own_store.keys() == []
     clash = Plan(Step(first, writes="job-8"))
     with pytest.raises(PlanCompileError, match=r"RunLocation\.key"):
         Agent(engine=clash)("go", location=RunLocation(store=store, key="job-8"))

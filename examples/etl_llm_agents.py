@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stepstone import Agent, Envelope, LLMEngine, Plan, Step, Store
+from stepstone import Agent, Envelope, LLMEngine, Plan, RunContext, Step, Store
 from stepstone.testing import FakeModel
 
 ROWS = "id,amount\n1,10\n2,-5\n3,7"
@@ -39,11 +39,12 @@ class CrashOnce:
         self.engine = engine
         self.crashed = False
 
-    async def run(self, env: Envelope[Any], **kwargs: Any) -> Envelope[Any]:
+    async def run(self, env: Envelope[Any], ctx: RunContext) -> Envelope[Any]:
+        # ctx: what the Agent gives its engine (its name, tools, output type...), passed on
         if not self.crashed:
             self.crashed = True
             raise KeyboardInterrupt("simulated crash during validate")
-        return await self.engine.run(env, **kwargs)
+        return await self.engine.run(env, ctx)
 
 
 def engine(model: str | None, script: list[Any], system: str) -> LLMEngine:
@@ -64,7 +65,7 @@ def build_agents(model: str | None) -> list[Agent]:
         name="transform",
     )
     validate = Agent(
-        engine=CrashOnce(  # type: ignore[arg-type]
+        engine=CrashOnce(
             engine(
                 model,
                 [{"rejected_rows": [2], "accepted_rows": 2}],

@@ -18,6 +18,8 @@ from stepstone.agent import Agent
 from stepstone.core import (
     Envelope,
     ErrorInfo,
+    RunContext,
+    RunLocation,
     SignedPickle,
     Tool,
     ToolContext,
@@ -29,6 +31,7 @@ from stepstone.core import (
     tool,
 )
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
@@ -118,6 +121,11 @@ __all__ = [
     "NativeTool",
     "ThinkingConfig",
     "UsageLimits",
+    # custom engines
+    "Engine",
+    "KeywordEngine",
+    "RunContext",
+    "RunLocation",
     # durable agent runs
     "AgentResult",
     "Runner",

@@ -4,14 +4,13 @@ Every adapter returns ``run(envelope) -> envelope``; running it again for the sa
 (after a worker died, or handed the run back) resumes the earlier attempt instead of
 starting over:
 
-* a Plan (or an Agent over one): a copy of the Plan in the worker's store under the
-  entry's checkpoint key, ``resume=True``;
+* a Plan (or an Agent over one): the Plan run with a :class:`~stepstone.RunLocation` (the
+  worker's store, the entry's key) in its run context, which resumes like ``resume=True``;
 * a compiled graph: its invocations carry the entry's key as their ``correlation_id``; the
   latest one is resumed (or, when done, its final state returned);
 * an Agent over an ``LLMEngine``: a :class:`~stepstone.Runner` run whose ``run_id`` is the
   entry's key (a crashed run continues, a finished one returns its stored result);
-* an Agent over a ``ReplanEngine``: a copy of the engine under the entry's key,
-  ``resume=True``.
+* an Agent over a ``ReplanEngine``: the agent run with that same location.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stepstone.agent import Agent
-from stepstone.core import Envelope
+from stepstone.core import Envelope, RunContext, RunLocation
 from stepstone.core._envelope import ErrorInfo
 from stepstone.engines.graph import CheckpointFilter, CompiledGraph, StoreCheckpointer
 from stepstone.engines.llm import LLMEngine
@@ -71,38 +70,28 @@ def _task_text(env: Envelope[Any]) -> str:
 
 
 def queued_plan(plan: Plan, agent: Agent | None, store: Store, entry: QueueEntry) -> Run:
-    """A durable copy of ``plan`` (with ``agent``'s tools when it is an Agent's)."""
-    durable = Plan(
-        *plan.steps,
-        max_iterations=plan.max_iterations,
-        store=store,
-        checkpoint_key=entry.run_key,
-        resume=True,
-        strict=plan.strict,
-    )
+    """``plan`` (``agent``'s, with its tools, when it is an Agent's) recorded in ``store``
+    under the entry's key: a :class:`RunLocation` in its run context, so the plan itself
+    runs (its options kept), never a copy of it."""
+    location = RunLocation(store=store, key=entry.run_key)
     if agent is None:
-        return durable.run
-    tools = agent.tools
+        ctx = RunContext(location=location)
 
-    async def run(env: Envelope[Any]) -> Envelope[Any]:
-        return await durable.run(env, tools=tools, output_type=agent.output, session=agent.session)
+        async def run_plan(env: Envelope[Any]) -> Envelope[Any]:
+            return await plan.run(env, ctx)
 
-    return run
+        return run_plan
+    return _agent_at(agent, location)
 
 
 def queued_replan(engine: ReplanEngine, agent: Agent, store: Store, entry: QueueEntry) -> Run:
-    """A durable copy of ``agent``'s ReplanEngine under the entry's key."""
-    durable = ReplanEngine(
-        planner_name=engine.planner_name,
-        store=store,
-        checkpoint_key=entry.run_key,
-        resume=True,
-        max_rounds=engine.max_rounds,
-    )
-    tools = agent.tools
+    """``agent`` (over a ReplanEngine) recorded in ``store`` under the entry's key."""
+    return _agent_at(agent, RunLocation(store=store, key=entry.run_key))
 
+
+def _agent_at(agent: Agent, location: RunLocation) -> Run:
     async def run(env: Envelope[Any]) -> Envelope[Any]:
-        return await durable.run(env, tools=tools, output_type=agent.output, session=agent.session)
+        return await agent.run(env, location=location)
 
     return run
 
@@ -155,10 +144,7 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
     The task envelope's payload is the initial state (its JSON form); the result's
     payload is the final state's JSON form.
     """
-    own = graph.checkpointer
-    checkpointer = StoreCheckpointer(store, prefix=own.prefix if own is not None else "graph:")
-    if own is not None:
-        checkpointer.codec = own.codec  # the same serialization and pickle key
+    checkpointer = _checkpointer_in(store, graph.checkpointer)
     durable: CompiledGraph[Any] = CompiledGraph(
         state_cls=graph.state_cls,
         nodes=graph.nodes,
@@ -194,3 +180,12 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
         )
 
     return run
+
+
+def _checkpointer_in(store: Store, own: StoreCheckpointer | None) -> StoreCheckpointer:
+    """A checkpointer in ``store`` with ``own``'s prefix, serialization and pickle key."""
+    if own is None:
+        return StoreCheckpointer(store)
+    return StoreCheckpointer(
+        store, prefix=own.prefix, serialization=own.serialization, pickle_key=own.codec.signer
+    )

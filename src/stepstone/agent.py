@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from stepstone.core import Envelope, Tool, build_tool_map
-from stepstone.core._context import running_agent
+from stepstone.core import Envelope, RunContext, RunLocation, Tool, build_tool_map
+from stepstone.core._run_context import takes_run_context
 from stepstone.core._sync import run_sync
-from stepstone.engines._protocol import Engine
+from stepstone.engines._protocol import Engine, KeywordEngine
 from stepstone.exceptions import UserError
 from stepstone.observability import Session
 from stepstone.store import Store
@@ -26,9 +26,16 @@ class Agent:
     ``await agent.run("task")`` is the async form. Step failures come back as error
     envelopes (check ``env.ok``); misuse and ownership conflicts raise.
 
+    Every call gives the engine one :class:`~stepstone.RunContext` (this agent's name,
+    tools, output type and session): the engine, which several agents may share, is never
+    written to. An engine written to the keyword interface (``run(env, *, tools,
+    output_type, memory, session)``) is called that way: the agent reads the signature of
+    its ``run`` (and ``stream``) once, here.
+
     Args:
-        engine: What runs: a ``Plan``, an ``LLMEngine``, or a model string (shorthand for
-            ``LLMEngine(model)``).
+        engine: What runs: a ``Plan``, an ``LLMEngine``, a ``ReplanEngine``, an engine of
+            your own (``run(env, ctx)``, see :class:`~stepstone.Engine`), or a model string
+            (shorthand for ``LLMEngine(model)``).
         tools: Functions (become tools named after the function), Agents (become tools
             named after the agent) and :class:`Tool` objects. ``Step("name")`` targets and
             LLM tool calls resolve against them.
@@ -49,7 +56,7 @@ class Agent:
 
     def __init__(
         self,
-        engine: Engine | str | None = None,
+        engine: Engine | KeywordEngine | str | None = None,
         *,
         tools: Iterable[Any] | None = None,
         name: str | None = None,
@@ -81,9 +88,13 @@ class Agent:
                 f"Agent() got unexpected keyword arguments {sorted(engine_options)}; engine "
                 "options belong to the engine (e.g. LLMEngine(model, temperature=...))"
             )
-        if not isinstance(engine, Engine):
+        if not isinstance(engine, Engine | KeywordEngine):
             raise TypeError(f"Agent(engine=...) needs an engine with .run(), got {engine!r}")
-        self.engine: Engine = engine
+        self.engine: Engine | KeywordEngine = engine
+        # How to call the engine, read once: run(env, ctx) or the keyword interface.
+        self._run_takes_context = takes_run_context(engine.run)
+        stream_fn = getattr(engine, "stream", None)
+        self._stream_takes_context = stream_fn is not None and takes_run_context(stream_fn)
         self.name = name or "agent"
         self.description = description or ""
         self.output = output
@@ -158,6 +169,7 @@ class Agent:
         context: str | None = None,
         output: type | None = None,
         session: Session | None = None,
+        location: RunLocation | None = None,
     ) -> Envelope[Any]:
         """Run the engine on ``task`` and return the result envelope.
 
@@ -166,16 +178,45 @@ class Agent:
             context: Extra context for this call, added to the envelope's context.
             output: Override the agent's output type for this call.
             session: Override the agent's session for this call.
+            location: Record this run under ``location.key`` in ``location.store``
+                instead of where the engine would (its ``checkpoint_key=``...), continuing
+                a run already recorded there. For the built-in engines and engines taking
+                ``run(env, ctx)``.
+
+        Raises:
+            UserError: ``location`` for an engine written to the keyword interface, which
+                has no way to receive it.
         """
         env = self._envelope(task, context)
-        with running_agent(self.name):  # the engine is shared, never written to
-            return await self.engine.run(
-                env,
-                tools=self.tools,
-                output_type=output or self.output,
-                memory=None,
-                session=session or self.session,
+        ctx = self.run_context(output=output, session=session, location=location)
+        if self._run_takes_context:
+            return await cast(Engine, self.engine).run(env, ctx)
+        if location is not None:
+            raise UserError(
+                f"{self.name}.run(location=...): engine {type(self.engine).__name__} takes "
+                "the keyword interface run(env, *, tools, output_type, memory, session), "
+                "which cannot receive a location; give it run(env, ctx) and read ctx.location"
             )
+        return await cast(KeywordEngine, self.engine).run(env, **ctx.keywords())
+
+    def run_context(
+        self,
+        *,
+        output: type | None = None,
+        session: Session | None = None,
+        location: RunLocation | None = None,
+    ) -> RunContext:
+        """The :class:`~stepstone.RunContext` a call of this agent gives its engine: its
+        name, tools, output type (``output`` overrides it) and session (``session``
+        overrides it), and ``location``: where a durable engine records the run when the
+        caller decides it (a worker gives its queue entry's key)."""
+        return RunContext(
+            agent_name=self.name,
+            tools=tuple(self.tool_map.values()),
+            output_type=output or self.output,
+            session=session or self.session,
+            location=location,
+        )
 
     def __call__(
         self,
@@ -184,10 +225,11 @@ class Agent:
         context: str | None = None,
         output: type | None = None,
         session: Session | None = None,
+        location: RunLocation | None = None,
     ) -> Envelope[Any]:
         """Synchronous :meth:`run` (not from inside a running event loop)."""
         return run_sync(
-            self.run(task, context=context, output=output, session=session),
+            self.run(task, context=context, output=output, session=session, location=location),
             sync_name=f"{self.name}(...)",
             async_name=f"{self.name}.run(...)",
         )
@@ -205,15 +247,11 @@ class Agent:
                 raise RuntimeError(f"{result.error.type}: {result.error.message}")
             yield result.text()
             return
-        tokens = stream_fn(
-            env, tools=self.tools, output_type=self.output, memory=None, session=self.session
-        )
-        with running_agent(self.name):  # the engine starts its run on the first token
-            try:
-                first = await anext(tokens)
-            except StopAsyncIteration:
-                return
-        yield first
+        ctx = self.run_context()
+        if self._stream_takes_context:
+            tokens: AsyncIterator[str] = stream_fn(env, ctx)
+        else:
+            tokens = stream_fn(env, **ctx.keywords())
         async for token in tokens:
             yield token
 

@@ -516,9 +516,15 @@ class PlanPaused(BaseException):
 
     retryable = True  # a pause waits for something external: resuming may succeed
 
-    def __init__(self, message: str = "Plan paused") -> None:
+    def __init__(
+        self, message: str = "Plan paused", *, pending_approvals: list[Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
+        #: For an LLM step paused on tool calls that need approval: one dict per call
+        #: (``call_id, tool, arguments, turn, index, reason``); the paused envelope's
+        #: ``metadata["pending_approvals"]`` shows them.
+        self.pending_approvals: list[Any] = list(pending_approvals or [])
 
 
 class UnserializableValueWarning(UserWarning):

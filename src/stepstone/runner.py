@@ -25,7 +25,13 @@ from stepstone.core._serialization import to_json_value
 from stepstone.core._sync import run_sync
 from stepstone.durable import list_runs
 from stepstone.engines.llm import LLMEngine
-from stepstone.engines.llm._durable import DurableSettings, latest_record, read_run, run_durable
+from stepstone.engines.llm._durable import (
+    DurableSettings,
+    latest_record,
+    location_key,
+    read_run,
+    run_durable,
+)
 from stepstone.exceptions import AgentCheckpointCorruptionError, UserError
 from stepstone.store import Store
 
@@ -42,7 +48,7 @@ def checkpoint_latest_key(run_id: str) -> str:
     """
     if not isinstance(run_id, str) or not run_id:
         raise UserError(f"run_id must be a non-empty string, got {run_id!r}")
-    return f"agent:{run_id}:checkpoint:latest"
+    return location_key(run_id)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,10 +215,7 @@ class Runner:
             thread_id=thread_id,
             user_message=user_message,
             context=context,
-            tools=agent.tools,
-            output_type=agent.output,
-            agent_name=agent.name,
-            session=agent.session,
+            ctx=agent.run_context(),
             approvals=approvals,
             settings=self._settings(),
             must_exist=must_exist,

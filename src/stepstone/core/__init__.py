@@ -1,6 +1,7 @@
 """Core value types shared by every layer: Envelope, sentinels, tools, serialization."""
 
 from stepstone.core._envelope import Envelope, ErrorInfo, payload_text
+from stepstone.core._run_context import RunContext, RunLocation
 from stepstone.core._sentinels import (
     Sentinel,
     from_parallel,
@@ -24,6 +25,8 @@ __all__ = [
     "AgentLike",
     "Envelope",
     "ErrorInfo",
+    "RunContext",
+    "RunLocation",
     "Sentinel",
     "SignedPickle",
     "Tool",

@@ -1,5 +1,10 @@
 """Engines: Plan (deterministic steps), graph (typed state), LLM loop, replanning."""
 
-from stepstone.engines._protocol import Engine, StreamingEngine
+from stepstone.engines._protocol import (
+    Engine,
+    KeywordEngine,
+    KeywordStreamingEngine,
+    StreamingEngine,
+)
 
-__all__ = ["Engine", "StreamingEngine"]
+__all__ = ["Engine", "KeywordEngine", "KeywordStreamingEngine", "StreamingEngine"]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from stepstone.core import is_agent_like
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._migrate import Migrate, MigrationRegistry
 from stepstone.engines.graph._state import State
@@ -72,10 +72,6 @@ def _target_name(target: Any, where: str) -> str:
     return target
 
 
-def _is_agent(obj: Any) -> bool:
-    return not inspect.isfunction(obj) and inspect.iscoroutinefunction(getattr(obj, "run", None))
-
-
 class GraphBuilder(Generic[S]):
     """Builds a typed-state graph: nodes, edges, a checkpointer, state migrations.
 
@@ -139,7 +135,7 @@ class GraphBuilder(Generic[S]):
                 and its payload (a dict or pydantic model of fields) is the update.
             writes: For an Agent whose answer is text: the field the text goes to.
         """
-        if _is_agent(fn):
+        if is_agent_like(fn):
             return self._add(NodeSpec(name=name, agent=fn, writes=writes))
         if not callable(fn):
             raise GraphCompileError(

@@ -61,6 +61,15 @@ class _Resume:
     last: tuple[str, int] | None = None  # the frame's last completed node, carried over
 
 
+def _state_out(cp: StoreCheckpointer | None, state: State | None) -> Any:
+    """A state as a record holds it: itself for a pickle checkpointer, else its JSON form."""
+    if state is None:
+        return None
+    if cp is not None and cp.serialization == "pickle":
+        return state
+    return dump_state(state)
+
+
 @dataclasses.dataclass(slots=True, kw_only=True)
 class _Run:
     """One invoke: its kernel run (None without a checkpointer) and its positions."""
@@ -77,11 +86,7 @@ class _Run:
         return max(steps) + 1 if steps else 0
 
     def state_out(self, state: State | None) -> Any:
-        if state is None:
-            return None
-        if self.checkpointer is not None and self.checkpointer.serialization == "pickle":
-            return state
-        return dump_state(state)
+        return _state_out(self.checkpointer, state)
 
     def patch(self, new: State, set_fields: list[str], extend: dict[str, list[Any]]) -> Patch:
         if self.checkpointer is not None and self.checkpointer.serialization == "pickle":
@@ -231,24 +236,29 @@ class CompiledGraph(Generic[S]):
                 attempt = 0
                 positions = []
                 meta = dict(metadata or {})
-            run = _Run(
-                checkpointer=cp,
-                owned=None,
-                invocation_id=invocation_id,
-                attempt=attempt,
-                positions=positions,
-            )
-            if cp is not None:
-                run.owned = await blocking_call(
+            owned = (
+                await blocking_call(
                     cp.store,
                     self._start,
                     cp,
-                    run,
+                    invocation_id,
+                    attempt,
+                    positions,
                     resumes,
                     correlation_id,
                     resume_invocation,
                     meta,
                 )
+                if cp is not None
+                else None
+            )
+            run = _Run(
+                checkpointer=cp,
+                owned=owned,
+                invocation_id=invocation_id,
+                attempt=attempt,
+                positions=positions,
+            )
             top = resumes[0]
             try:
                 final: S = await self._execute(
@@ -400,7 +410,9 @@ class CompiledGraph(Generic[S]):
     def _start(
         self,
         cp: StoreCheckpointer,
-        run: _Run,
+        invocation_id: str,
+        attempt: int,
+        positions: list[NodePosition],
         resumes: list[_Resume],
         correlation_id: str,
         resumed_from: str | None,
@@ -409,13 +421,13 @@ class CompiledGraph(Generic[S]):
         """Claim the new invocation's record and commit its start row."""
         claim = claim_run(
             cp.store,
-            cp.key(run.invocation_id),
+            cp.key(invocation_id),
             kind=GRAPH_KIND,
             resume=False,
             first_step=resumes[0].node,
             meta={
                 "format": RECORD_FORMAT,
-                "invocation_id": run.invocation_id,
+                "invocation_id": invocation_id,
                 "correlation_id": correlation_id,
                 "schema_version": self.state_cls.schema_version,
                 "serialization": cp.serialization,
@@ -429,8 +441,8 @@ class CompiledGraph(Generic[S]):
                 node=None if i == 0 else resumes[i - 1].node,
                 step=None if i == 0 else resumes[i - 1].step,
                 ns=r.ns,
-                state=run.state_out(r.state),
-                initial=run.state_out(r.initial),
+                state=_state_out(cp, r.state),
+                initial=_state_out(cp, r.initial),
                 schema_version=r.graph.state_cls.schema_version,
                 last=r.last,
             )
@@ -438,8 +450,8 @@ class CompiledGraph(Generic[S]):
         ]
         plain = {
             "frames": [f.to_plain() for f in frames],
-            "positions": [p.to_json() for p in run.positions],
-            "attempt": run.attempt,
+            "positions": [p.to_json() for p in positions],
+            "attempt": attempt,
             "resumed_from": resumed_from,
             "metadata": metadata,
         }

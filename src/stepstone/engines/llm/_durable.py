@@ -14,8 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from stepstone.core import Envelope, ErrorInfo, Tool, payload_text
-from stepstone.core._context import current_agent_name
+from stepstone.core import Envelope, ErrorInfo, RunContext, RunLocation, payload_text
 from stepstone.core._serialization import to_json_value
 from stepstone.durable._approvals import recorded_approvals
 from stepstone.durable._effects import AGENT_KIND, SCHEMA_VERSION, DurableScope, EffectJournal
@@ -31,7 +30,6 @@ from stepstone.exceptions import (
     PlanPaused,
     UserError,
 )
-from stepstone.observability import Session
 from stepstone.providers._pricing import estimate_cost
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._store import Store
@@ -42,6 +40,8 @@ __all__ = [
     "latest_record",
     "normalize_record",
     "read_run",
+    "location_key",
+    "run_at_location",
     "run_durable",
     "run_in_scope",
 ]
@@ -231,17 +231,15 @@ async def run_durable(
     thread_id: str,
     user_message: str | None,
     context: dict[str, Any] | None,
-    tools: list[Tool],
-    output_type: type,
-    agent_name: str,
-    session: Session | None,
+    ctx: RunContext,
     approvals: dict[str, Any] | None,
     settings: DurableSettings,
     must_exist: bool,
     retry_failed: bool,
     system_context: str | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the durable LLM run under ``key``; returns its terminal result dict.
+    """Run (or resume) the durable LLM run under ``key`` with the agent's tools, output
+    type, name and session from ``ctx``; returns its terminal result dict.
 
     Raises:
         AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a malformed
@@ -291,7 +289,7 @@ async def run_durable(
             kind=AGENT_KIND,
             resume=True,
             first_step="turn:0",
-            meta={"run_id": run_id, "thread_id": thread_id, "agent": agent_name},
+            meta={"run_id": run_id, "thread_id": thread_id, "agent": ctx.agent_name},
             what="agent run",
         )
     )
@@ -313,10 +311,7 @@ async def run_durable(
             thread_id=thread_id,
             user_message=started,
             context=context,
-            tools=tools,
-            output_type=output_type,
-            agent_name=agent_name,
-            session=session,
+            ctx=ctx,
             approvals=approvals or {},
             decisions=decisions,
             settings=settings,
@@ -337,10 +332,7 @@ async def _drive(
     thread_id: str,
     user_message: str,
     context: dict[str, Any] | None,
-    tools: list[Tool],
-    output_type: type,
-    agent_name: str,
-    session: Session | None,
+    ctx: RunContext,
     approvals: dict[str, Any],
     decisions: dict[tuple[int, int], Any],
     settings: DurableSettings,
@@ -357,7 +349,7 @@ async def _drive(
         flush_interval=settings.flush_interval_s,
     )
     prior = journal.snapshot or {}
-    ctx = dict(prior.get("context") or context or {})
+    run_ctx = dict(prior.get("context") or context or {})  # the Runner's JSON context
     scope = DurableScope(store=store, key=owned.key, approvals=approvals)
     effects = JournaledEffects(journal, store_scope=scope, decisions=decisions)
     provider = engine.get_provider()
@@ -366,21 +358,21 @@ async def _drive(
         effects=effects,
         provider=provider.name,
         requested_model=engine.model,
-        context=ctx,
+        context=run_ctx,
         max_turns=engine.max_turns,
         max_tool_calls_per_turn=engine.max_tool_calls_per_turn,
         started_at_s=float(prior.get("started_at_s") or time.time()),
     )
-    journal.phase("run_started", {"agent_name": agent_name, "resumed": bool(owned_rows)})
+    journal.phase("run_started", {"agent_name": ctx.agent_name, "resumed": bool(owned_rows)})
     if not journal.messages:
         journal.message({"role": "user", "text": user_message})
-    state = RunState(run_id=run_id, agent_name=agent_name, session=session)
+    state = RunState(run_id=run_id, agent_name=ctx.agent_name, session=ctx.session)
     env = Envelope.from_task(user_message, context=system_context)
     outcome: dict[str, Any] = {"state": "completed", "error": None, "pending_approvals": []}
     payload: Any = None
     try:
         payload = await engine._loop(
-            env, tools=tools, output_type=output_type, state=state, hooks=hooks
+            env, tools=list(ctx.tools), output_type=ctx.output_type, state=state, hooks=hooks
         )
     except AgentPaused as paused:
         outcome = {"state": "paused", "error": None, "pending_approvals": paused.pending}
@@ -444,31 +436,80 @@ async def _drive(
 
 
 async def run_in_scope(
-    engine: Any,
-    env: Envelope[Any],
-    scope: DurableScope,
-    tools: list[Tool],
-    output_type: type,
-    session: Session | None,
+    engine: Any, env: Envelope[Any], scope: DurableScope, ctx: RunContext
 ) -> Envelope[Any]:
     """The loop inside a durable Plan step, graph node or subagent call: journaled under
     a run key derived from that position, so a crash resumes it at its last committed
-    turn (finished tools replayed, the model not asked again for committed turns)."""
+    turn (finished tools replayed, the model not asked again for committed turns). A pause
+    for approvals pauses the enclosing run (``PlanPaused``)."""
     key = scope.run_key()
-    started = time.perf_counter()
-    result = await run_durable(
+    return await _run_journaled(
         engine,
+        env,
+        ctx,
         store=scope.store,
         key=key,
         run_id=key,
         thread_id=scope.key,
+        approvals=scope.approvals,
+        pause_raises=True,
+    )
+
+
+def location_key(run_id: str) -> str:
+    """The record key of the agent run ``run_id`` (what ``checkpoint_latest_key`` gives)."""
+    return f"agent:{run_id}:checkpoint:latest"
+
+
+async def run_at_location(
+    engine: Any, env: Envelope[Any], location: RunLocation, ctx: RunContext
+) -> Envelope[Any]:
+    """The loop as the durable agent run whose ``run_id`` is ``location.key`` (a
+    :class:`~stepstone.Runner` run: ``Runner(store).resume(agent, run_id=key,
+    thread_id=key)`` continues it and ``runner.snapshot(key)`` shows it). A crashed run
+    continues, a failed one is tried again from where it stopped, a finished one gives
+    its stored result; a pause for approvals is a retryable ``PlanPaused`` error envelope
+    listing the calls in ``metadata["pending_approvals"]``."""
+    if not isinstance(location.store, Store):
+        raise UserError(
+            f"LLMEngine.run: RunLocation(store={location.store!r}) must be a stepstone Store"
+        )
+    return await _run_journaled(
+        engine,
+        env,
+        ctx,
+        store=location.store,
+        key=location_key(location.key),
+        run_id=location.key,
+        thread_id=location.key,
+        approvals=None,
+        pause_raises=False,
+    )
+
+
+async def _run_journaled(
+    engine: Any,
+    env: Envelope[Any],
+    ctx: RunContext,
+    *,
+    store: Store,
+    key: str,
+    run_id: str,
+    thread_id: str,
+    approvals: dict[str, Any] | None,
+    pause_raises: bool,
+) -> Envelope[Any]:
+    started = time.perf_counter()
+    result = await run_durable(
+        engine,
+        store=store,
+        key=key,
+        run_id=run_id,
+        thread_id=thread_id,
         user_message=env.task if env.task else payload_text(env.payload),
         context=None,
-        tools=tools,
-        output_type=output_type,
-        agent_name=current_agent_name() or "agent",
-        session=session,
-        approvals=scope.approvals,
+        ctx=ctx,
+        approvals=approvals,
         settings=DurableSettings(),
         must_exist=False,
         retry_failed=True,
@@ -482,23 +523,30 @@ async def run_in_scope(
         "latency_ms": round((time.perf_counter() - started) * 1000, 3),
         "turns": result["llm_calls"],
         "tool_calls": result["tool_calls"],
-        "run_id": key,
+        "run_id": run_id,
         "replayed_effect_count": result["replayed_effect_count"],
     }
     if result["state"] == "paused":
         pending = result["pending_approvals"]
         ids = ", ".join(str(p["call_id"]) for p in pending)
         paused = PlanPaused(
-            f"LLM run {key!r} waits for approval of tool call(s) {ids}; resume with "
-            "approvals={call_id: True | False | 'reason'}"
+            f"LLM run {run_id!r} waits for approval of tool call(s) {ids}; resume with "
+            "approvals={call_id: True | False | 'reason'}",
+            pending_approvals=pending,
         )
-        paused.pending_approvals = pending  # type: ignore[attr-defined]
-        raise paused
+        if pause_raises:
+            raise paused
+        return Envelope.error_envelope(
+            paused,
+            retryable=True,
+            task=env.task,
+            metadata={**metadata, "pending_approvals": pending},
+        )
     if result["state"] != "completed":
         error = result.get("error") or {"type": "RuntimeError", "message": "failed"}
         info = ErrorInfo(type=error["type"], message=error["message"], retryable=False)
         return Envelope(task=env.task, payload=None, metadata=metadata, error=info)
     payload: Any = result["final_text"]
-    if wants_structured(output_type):
-        payload = TypeAdapter(output_type).validate_python(result["final_structured"])
+    if wants_structured(ctx.output_type):
+        payload = TypeAdapter(ctx.output_type).validate_python(result["final_structured"])
     return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)

@@ -10,8 +10,8 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast, overload
 
-from stepstone.core import Envelope, Tool, payload_text
-from stepstone.core._context import current_agent_name
+from stepstone.core import Envelope, RunContext, Tool, payload_text
+from stepstone.core._run_context import resolve_run_context
 from stepstone.durable._effects import current_scope
 from stepstone.engines.llm._calls import (
     _STREAM_RESULT,
@@ -251,25 +251,37 @@ class LLMEngine(ProviderRouting):
     async def run(
         self,
         env: Envelope[Any],
+        ctx: RunContext | None = None,
         *,
-        tools: list[Tool],
-        output_type: type = str,
+        tools: list[Tool] | None = None,
+        output_type: type | None = None,
         memory: Any = None,
         session: Session | None = None,
     ) -> Envelope[Any]:
         """Run the loop to a final answer; failures come back as error envelopes.
+
+        ``ctx`` is the :class:`~stepstone.RunContext` an Agent gives (or pass ``tools=``,
+        ``session=``... as keywords instead). With ``ctx.location``, the run is the durable
+        agent run whose ``run_id`` is ``ctx.location.key`` (as ``Runner.run`` records it);
+        inside a durable Plan step or graph node it is journaled under a key derived from
+        that position.
 
         The envelope's ``metadata`` has ``model``, ``provider``, ``usage`` (token counts),
         ``input_tokens``, ``output_tokens``, ``cost_usd`` (estimate, None when the model's
         price is unknown), ``latency_ms``, ``turns``, ``tool_calls`` and ``run_id``.
         Misuse (:class:`~stepstone.exceptions.UserError`, e.g. a missing SDK extra) raises.
         """
+        ctx = resolve_run_context("LLMEngine.run", ctx, tools, output_type, memory, session)
+        if ctx.location is not None:
+            from stepstone.engines.llm._durable import run_at_location
+
+            return await run_at_location(self, env, ctx.location, ctx)
         scope = current_scope()
         if scope is not None:
             from stepstone.engines.llm._durable import run_in_scope
 
-            return await run_in_scope(self, env, scope, tools, output_type, session)
-        state = self._new_run(session)
+            return await run_in_scope(self, env, scope, ctx)
+        state = self._new_run(ctx)
         state.emit(
             EventType.AGENT_START,
             {"task": env.task, "model": self.model, "provider": self.provider},
@@ -277,7 +289,9 @@ class LLMEngine(ProviderRouting):
         started = time.perf_counter()
         ok = False
         try:
-            payload = await self._loop(env, tools=tools, output_type=output_type, state=state)
+            payload = await self._loop(
+                env, tools=list(ctx.tools), output_type=ctx.output_type, state=state
+            )
             ok = True
             return Envelope(
                 task=env.task,
@@ -309,9 +323,10 @@ class LLMEngine(ProviderRouting):
     async def stream(
         self,
         env: Envelope[Any],
+        ctx: RunContext | None = None,
         *,
-        tools: list[Tool],
-        output_type: type = str,
+        tools: list[Tool] | None = None,
+        output_type: type | None = None,
         memory: Any = None,
         session: Session | None = None,
     ) -> AsyncGenerator[str, None]:
@@ -324,9 +339,18 @@ class LLMEngine(ProviderRouting):
         (:class:`StreamStallError`, :class:`MaxTurnsExceeded`...) are raised to the consumer.
         With a structured ``output_type`` only the validated JSON answer is sent (a failed
         attempt never reaches the consumer). After the loop, :func:`last_stream_result`
-        gives the final value, usage and stop reason.
+        gives the final value, usage and stop reason. ``ctx`` is as for :meth:`run`; a
+        stream is not journaled, so a ``ctx.location`` is refused (``UserError``): run it
+        with :meth:`run` instead.
         """
-        state = self._new_run(session)
+        ctx = resolve_run_context("LLMEngine.stream", ctx, tools, output_type, memory, session)
+        if ctx.location is not None:
+            raise UserError(
+                f"LLMEngine.stream got RunContext(location=RunLocation(key="
+                f"{ctx.location.key!r})): a stream is not journaled; run it with "
+                "agent.run(..., location=...) instead"
+            )
+        state = self._new_run(ctx)
         state.emit(
             EventType.AGENT_START,
             {"task": env.task, "model": self.model, "provider": self.provider},
@@ -337,7 +361,7 @@ class LLMEngine(ProviderRouting):
         async def run_loop() -> Any:
             try:
                 return await self._loop(
-                    env, tools=tools, output_type=output_type, state=state, sink=sink
+                    env, tools=list(ctx.tools), output_type=ctx.output_type, state=state, sink=sink
                 )
             finally:
                 await sink.put(None)
@@ -383,12 +407,8 @@ class LLMEngine(ProviderRouting):
 
     # -- the loop -------------------------------------------------------------------------
 
-    def _new_run(self, session: Session | None) -> RunState:
-        return RunState(
-            run_id=uuid.uuid4().hex,
-            agent_name=current_agent_name() or "agent",
-            session=session,
-        )
+    def _new_run(self, ctx: RunContext) -> RunState:
+        return RunState(run_id=uuid.uuid4().hex, agent_name=ctx.agent_name, session=ctx.session)
 
     def _metadata(self, state: RunState, started: float) -> dict[str, Any]:
         model = state.model or self.model

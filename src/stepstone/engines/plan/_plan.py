@@ -7,8 +7,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from stepstone.core import Envelope, Tool, build_tool_map
+from stepstone.core import Envelope, RunContext, RunLocation, Tool, build_tool_map
 from stepstone.core._ids import new_uid
+from stepstone.core._run_context import resolve_run_context
 from stepstone.core._sync import run_sync
 from stepstone.durable import (
     aclaim_run,
@@ -62,7 +63,9 @@ class Plan:
             attempts don't count. A resumed run counts from its journal. Hitting it returns
             an error envelope (``MaxIterationsExceeded``).
         store: Where checkpoints live (needs ``checkpoint_key`` too).
-        checkpoint_key: The run's identity in the store.
+        checkpoint_key: The run's identity in the store. A caller that chooses the key
+            itself passes ``agent.run(task, location=RunLocation(store=, key=))`` instead
+            (a worker does, with its queue entry's key).
         resume: Take over a failed, paused or dead run where it stopped (and return the
             cached ``kv`` of a done one). ``False`` starts fresh on any key not owned by a
             live run.
@@ -167,19 +170,26 @@ class Plan:
     async def run(
         self,
         env: Envelope[Any],
+        ctx: RunContext | None = None,
         *,
         tools: list[Any] | None = None,
-        output_type: type = str,
+        output_type: type | None = None,
         memory: Any = None,
         session: Session | None = None,
     ) -> Envelope[Any]:
         """Run the plan once on ``env``; the Engine protocol entry point.
 
+        ``ctx`` is the :class:`~stepstone.RunContext` an Agent gives (or pass ``tools=``,
+        ``session=``... as keywords instead). With ``ctx.location``, the run is recorded
+        under that key in that store (resumed where it stopped, a done one giving its
+        cached ``kv``) instead of under this plan's ``checkpoint_key``.
+
         Step failures and pauses come back as error envelopes; a live concurrent owner
         raises ``ConcurrentPlanRunError``; a route predicate that raises gives
         ``PlanRuntimeError``.
         """
-        tool_map = build_tool_map(tools or [])
+        ctx = resolve_run_context("Plan.run", ctx, tools, output_type, memory, session)
+        tool_map = build_tool_map(ctx.tools)
         check_tools(self._compiled, tool_map)
         first = self._compiled.units[0].entry
         settings: dict[str, Any] = dict(
@@ -187,26 +197,24 @@ class Plan:
             start=env,
             tools=tool_map,
             max_iterations=self.max_iterations,
-            session=session,
+            session=ctx.session,
             strict=self.strict,
             approvals=self.approvals,
         )
         meta = {"checkpoint_version": CHECKPOINT_VERSION, "fingerprint": self._compiled.fingerprint}
-        store, key = self.store, self.checkpoint_key
+        store, key, resume = self._where(ctx.location)
         if store is None or key is None:
             return await PlanRun.fresh(**settings, meta=meta).execute(first)
         uid: str | None = None
         writes_prefix = ""
-        if self.on_concurrent == "fork":
+        if self.on_concurrent == "fork" and ctx.location is None:
             uid = new_uid()
             key = f"{key}:{uid}"
             writes_prefix = f"{key}:"
         # Read and validate the checkpoint before claiming it: a resume that fails on a
         # corrupt record must leave every byte as it was.
         found = (
-            await blocking_call(store, _read_checkpoint, store, key, bulk=True)
-            if self.resume
-            else None
+            await blocking_call(store, _read_checkpoint, store, key, bulk=True) if resume else None
         )
         # The steps of the plan that started the run, for naming what changed (the head
         # carries only their fingerprint: it is rewritten at every step).
@@ -215,7 +223,7 @@ class Plan:
             store,
             key,
             kind="plan",
-            resume=self.resume,
+            resume=resume,
             first_step=first,
             meta=meta,
             legacy_import=legacy_import,
@@ -257,6 +265,23 @@ class Plan:
             claim.run.release()  # a corrupt journal: leave the key to a later resume
             raise
         return await runner.execute(claim.head.next_step)
+
+    def _where(self, location: RunLocation | None) -> tuple[Store | None, str | None, bool]:
+        """Where this run is recorded and whether it resumes: the caller's location (always
+        resumed: the caller gives a key so that a retry continues), else this plan's own."""
+        if location is None:
+            return self.store, self.checkpoint_key, self.resume
+        if not isinstance(location.store, Store):
+            raise PlanCompileError(
+                f"Plan.run: RunLocation(store={location.store!r}) must be a stepstone Store"
+            )
+        for step in self.steps:
+            if step.writes == location.key:
+                raise PlanCompileError(
+                    f"step {step.step_name!r} writes to {step.writes!r}, the key the run is "
+                    "recorded under (RunLocation.key); pick another writes= key or location"
+                )
+        return location.store, location.key, True
 
     @staticmethod
     async def _replay_of(

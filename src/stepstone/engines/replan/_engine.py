@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any
 
-from stepstone.core import Envelope, Tool, build_tool_map
+from stepstone.core import Envelope, RunContext, RunLocation, Tool, build_tool_map
+from stepstone.core._run_context import resolve_run_context
 from stepstone.durable import aclaim_run, aread_run
 from stepstone.engines.replan._prompt import PLANNER_ARGS
 from stepstone.engines.replan._record import RECORD_VERSION, replay
@@ -16,8 +16,6 @@ from stepstone.observability import Session
 from stepstone.store import Store
 
 __all__ = ["ReplanEngine"]
-
-log = logging.getLogger("stepstone")
 
 KIND = "replan"
 
@@ -44,7 +42,8 @@ class ReplanEngine:
     Args:
         planner_name: The name of the planner in the Agent's tools.
         store: Where the run's record lives (needs ``checkpoint_key`` too).
-        checkpoint_key: The run's identity in the store.
+        checkpoint_key: The run's identity in the store (or per call:
+            ``agent.run(task, location=RunLocation(store=, key=))``).
         resume: Continue a failed, paused or crashed run where it stopped (and return the
             final answer of a done one). ``False`` starts fresh.
         max_rounds: How many planner rounds a run may take; reaching it is an error
@@ -134,35 +133,41 @@ class ReplanEngine:
     async def run(
         self,
         env: Envelope[Any],
+        ctx: RunContext | None = None,
         *,
         tools: list[Any] | None = None,
-        output_type: type = str,
+        output_type: type | None = None,
         memory: Any = None,
         session: Session | None = None,
     ) -> Envelope[Any]:
         """Run the replan loop on ``env``'s task; the Engine protocol entry point.
 
+        ``ctx`` is the :class:`~stepstone.RunContext` an Agent gives (or pass ``tools=``,
+        ``session=``... as keywords instead). With ``ctx.location``, the run is recorded
+        under that key in that store (resumed where it stopped, a done one giving its
+        final answer) instead of under this engine's ``checkpoint_key``.
+
         Failures, pauses and ``max_rounds`` come back as error envelopes; a live
         concurrent owner of the checkpoint key raises ``ConcurrentRunError``.
         """
-        tool_map = build_tool_map(tools or [])
+        ctx = resolve_run_context("ReplanEngine.run", ctx, tools, output_type, memory, session)
+        tool_map = build_tool_map(ctx.tools)
         self._planner(tool_map)
         task = env.task if env.task is not None else env.text()
-        runner = ReplanRun(
-            task=task,
+        settings: dict[str, Any] = dict(
             tools=tool_map,
             planner_name=self.planner_name,
             max_rounds=self.max_rounds,
-            session=session,
+            session=ctx.session,
         )
-        store, key = self.store, self.checkpoint_key
+        store, key, resume = self._where(ctx.location)
         if store is None or key is None:
-            return await runner.execute()
+            return await ReplanRun.fresh(task=task, **settings).execute()
         claim = await aclaim_run(
             store,
             key,
             kind=KIND,
-            resume=self.resume,
+            resume=resume,
             first_step="round 1",
             meta={"checkpoint_version": RECORD_VERSION, "planner": self.planner_name},
             what="ReplanEngine",
@@ -181,27 +186,26 @@ class ReplanEngine:
                     "cached": True,
                 },
             )
-        runner.run = claim.run
-        if claim.outcome == "resumed":
-            try:
-                rows = await claim.run.ajournal()
-                rep = replay(key, rows)
-            except BaseException:
-                claim.run.release()  # a corrupt journal: leave the key to a later resume
-                raise
-            runner.rounds = rep.rounds
-            if rep.task is not None:
-                runner.started = True
-                if rep.task != task:
-                    log.warning(
-                        "stepstone: resuming replan run %r with its own task %r, not the "
-                        "task given now (%r)",
-                        key,
-                        rep.task[:80],
-                        task[:80],
-                    )
-                runner.task = rep.task
+        if claim.outcome != "resumed":
+            return await ReplanRun.fresh(task=task, **settings, run=claim.run).execute()
+        try:
+            rep = replay(key, await claim.run.ajournal())
+            runner = ReplanRun.resumed(task=task, **settings, run=claim.run, replay=rep)
+        except BaseException:
+            claim.run.release()  # a corrupt journal: leave the key to a later resume
+            raise
         return await runner.execute()
+
+    def _where(self, location: RunLocation | None) -> tuple[Store | None, str | None, bool]:
+        """Where this run is recorded and whether it resumes: the caller's location (always
+        resumed: the caller gives a key so that a retry continues), else this engine's."""
+        if location is None:
+            return self.store, self.checkpoint_key, self.resume
+        if not isinstance(location.store, Store):
+            raise PlanCompileError(
+                f"ReplanEngine.run: RunLocation(store={location.store!r}) must be a stepstone Store"
+            )
+        return location.store, location.key, True
 
 
 def _required_params(tool: Tool) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from stepstone.durable import OwnedRun
 from stepstone.engines.replan._prompt import planner_kwargs, planner_prompt
 from stepstone.engines.replan._record import (
     RECORD_VERSION,
+    Replay,
     Round,
     Row,
     task_row,
@@ -30,6 +32,8 @@ from stepstone.observability import EventType, Session
 
 __all__ = ["ReplanRun"]
 
+log = logging.getLogger("stepstone")
+
 _TERMINAL = ("done", "failed", "paused")
 
 
@@ -43,7 +47,10 @@ class _Stop(Exception):
 
 @dataclasses.dataclass
 class ReplanRun:
-    """The in-memory state of one run; :meth:`execute` drives it to a terminal status."""
+    """The in-memory state of one run; :meth:`execute` drives it to a terminal status.
+
+    Build one with :meth:`fresh` (from round 1) or :meth:`resumed` (rebuilt from its
+    journal)."""
 
     task: str
     tools: Mapping[str, Tool]
@@ -54,6 +61,61 @@ class ReplanRun:
     session: Session | None = None
     started: bool = False  # the ``start`` row is journaled
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def fresh(
+        cls,
+        *,
+        task: str,
+        tools: Mapping[str, Tool],
+        planner_name: str,
+        max_rounds: int,
+        session: Session | None,
+        run: OwnedRun | None = None,
+    ) -> ReplanRun:
+        """A run from round 1; ``run`` is None without a store."""
+        return cls(
+            task=task,
+            tools=tools,
+            planner_name=planner_name,
+            max_rounds=max_rounds,
+            run=run,
+            session=session,
+        )
+
+    @classmethod
+    def resumed(
+        cls,
+        *,
+        task: str,
+        tools: Mapping[str, Tool],
+        planner_name: str,
+        max_rounds: int,
+        session: Session | None,
+        run: OwnedRun,
+        replay: Replay,
+    ) -> ReplanRun:
+        """A run taken over where it stopped: its rounds (planner answers and task
+        outcomes) from its journal, and the task it started with (``task``, given now, is
+        used only when the journal has none)."""
+        if replay.task is not None and replay.task != task:
+            log.warning(
+                "stepstone: resuming replan run %r with its own task %r, not the task given "
+                "now (%r)",
+                run.key,
+                replay.task[:80],
+                task[:80],
+            )
+        return cls(
+            task=replay.task if replay.task is not None else task,
+            tools=tools,
+            planner_name=planner_name,
+            max_rounds=max_rounds,
+            rounds=replay.rounds,
+            run=run,
+            session=session,
+            started=replay.task is not None,
+        )
 
     @property
     def workers(self) -> list[Tool]:

@@ -165,7 +165,7 @@ def main() -> None:
     fixed = per_step[10] * 10 - marginal * 10
     print(f"schema pages of an empty store: {fixed_bytes} bytes (not counted above)")
     print(
-        f"opening a new store (schema, WAL preallocated to ~4 MB and synced; not counted "
+        f"opening a new store (schema, 512 KB of WAL preallocated and synced; not counted "
         f"above): median {statistics.median(OPEN_MS):.2f} ms"
     )
     print(

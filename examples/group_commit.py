@@ -5,9 +5,9 @@ The same 5-step Plan runs 100 times, first one run after another, then through
 every step commit pays its own fsync; concurrently, the commits (and claims) of runs that
 are ready at the same moment share one transaction and one fsync, written by a writer
 thread while the event loop runs the other runs' steps. Every run's result is checked, and
-the store's WAL file shows the space preallocated when the store was opened (so commits
-never grow it). The rates printed depend on the disk: the dearer its fsync, the more
-sharing it pays.
+the store's WAL file shows the space allocated ahead of the commits when the store was
+opened (so they do not grow it one commit at a time). The rates printed depend on the
+disk: the dearer its fsync, the more sharing it pays.
 
 Usage: python examples/group_commit.py [DB]   (default: a temporary directory)
 """

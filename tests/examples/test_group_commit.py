@@ -18,6 +18,6 @@ def test_group_commit_example(tmp_path: Path) -> None:
         )
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
-        assert lines[0] == "WAL preallocated: 4.1 MB"
+        assert lines[0] == "WAL preallocated: 0.5 MB"
         assert lines[1] == "100 concurrent runs, all done: True"
         assert lines[2].startswith("one after another: ") and " 8 at a time: " in lines[2]

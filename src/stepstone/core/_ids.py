@@ -9,7 +9,7 @@ import uuid
 
 import psutil
 
-__all__ = ["host_id", "new_uid", "process_alive", "process_start_time"]
+__all__ = ["host_id", "new_uid", "own_start_time", "process_alive", "process_start_time"]
 
 
 def new_uid() -> str:
@@ -51,6 +51,18 @@ def process_start_time(pid: int) -> int | None:
         return None
     ticks: int = round((float(created) - _boot_time()) * _CLOCK_TICKS)
     return ticks
+
+
+def own_start_time() -> int | None:
+    """:func:`process_start_time` of this process, read once per process (every claim
+    records it; a fork has a pid and start time of its own)."""
+    pid = os.getpid()
+    if pid not in _OWN_START:
+        _OWN_START[pid] = process_start_time(pid)
+    return _OWN_START[pid]
+
+
+_OWN_START: dict[int, int | None] = {}
 
 
 def process_alive(pid: int, start_time: int | None) -> bool:

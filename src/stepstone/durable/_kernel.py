@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from stepstone.core._ids import host_id, new_uid, process_start_time
+from stepstone.core._ids import host_id, new_uid, own_start_time
 from stepstone.core._serialization import dumps
 from stepstone.core._sync import may_block_loop
 from stepstone.durable._group import (
@@ -377,7 +377,7 @@ def _claimer(
     into the :class:`ClaimResult` (the claim itself may run in a group commit)."""
     me = host_id()
     pid = os.getpid()
-    pid_start = process_start_time(pid)
+    pid_start = own_start_time()
     decision = _Decision()
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:

@@ -40,6 +40,7 @@ from stepstone.store._base import (
     prefix_bounds,
 )
 from stepstone.store._memory import run_key_conflict
+from stepstone.store._sqlite_wal import WalTender
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
 
@@ -132,10 +133,6 @@ _LEGACY_TABLES: dict[int, tuple[str, str, str]] = {1: ("kv", "runs", "journal")}
 
 _HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
-#: Bytes of the WAL file header and of each frame's header (before its page).
-_WAL_HEADER = 32
-_WAL_FRAME_HEADER = 24
-
 
 class SQLiteBackend(Backend):
     """Durable storage in one SQLite file (see module docstring).
@@ -146,11 +143,12 @@ class SQLiteBackend(Backend):
         busy_timeout: Seconds to wait for another writer's lock.
         read_only: Open an existing store for reading only: no file, table, migration or
             WAL switch is ever made, and every write raises :class:`StoreError`.
-        preallocate_wal: With ``durability="full"``, extend the WAL file to the size it
-            reaches between two automatic checkpoints (about 4 MB) when the store is
-            opened, so commits overwrite allocated space instead of growing the file (a
-            growing file makes every fsync write file metadata too: about twice the cost).
-            Costs that disk space while the store is open, and a few milliseconds at open.
+        preallocate_wal: With ``durability="full"``, keep the WAL file allocated ahead of
+            the commits (512 KB at open, doubled whenever the commits outgrow it, up to
+            the size it reaches between two automatic checkpoints, about 4 MB), so commits
+            overwrite allocated space instead of growing the file (a growing file makes
+            every fsync write file metadata too: about twice the cost). Costs that disk
+            space while the store is open.
     """
 
     commit_inline = True
@@ -198,12 +196,12 @@ class SQLiteBackend(Backend):
         self.schema_version = len(MIGRATIONS)
         self._kv, self._runs, self._journal = _TABLES
         self.preallocate_wal = preallocate_wal
+        tend = preallocate_wal and durability == "full" and str(path) != ":memory:"
+        self._wal = WalTender(Path(f"{self.path}-wal")) if tend and not read_only else None
         if read_only:
             self._check_read_only()
         else:
             self._setup()
-            if preallocate_wal and durability == "full" and str(path) != ":memory:":
-                self._preallocate_wal()
 
     # -- connections ---------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -281,6 +279,8 @@ class SQLiteBackend(Backend):
                 f"could not lock {str(self.path)!r} for writing within {self.busy_timeout}s: "
                 f"{exc}; another process holds a long write transaction"
             ) from exc
+        if self._wal is not None and not self._wal.tend(conn):
+            self._wal = None  # the disk is full: commits grow the file as SQLite does
         try:
             yield conn
             conn.execute("COMMIT")
@@ -320,36 +320,6 @@ class SQLiteBackend(Backend):
                     "INSERT INTO stepstone_schema (version, applied_at) VALUES (?, ?)",
                     (version, time.time()),
                 )
-
-    def _preallocate_wal(self) -> None:
-        """Extend the WAL with zeros to the size it reaches between two automatic
-        checkpoints, under the write lock, and sync it once.
-
-        Only bytes past the file's current end are written, never a frame: SQLite reads
-        frames up to the first one whose checksum fails (zeros always fail), writes new
-        frames at offsets it computes itself, and after a checkpoint starts again from the
-        beginning of the file without shrinking it. Nothing else may grow or shrink the
-        WAL meanwhile: the write lock is held, and the file is only deleted when the last
-        connection closes (this store keeps one open)."""
-        wal = Path(f"{self.path}-wal")
-        with self._tx() as conn:
-            page = int(conn.execute("PRAGMA page_size").fetchone()[0])
-            pages = int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
-            target = _WAL_HEADER + max(pages, 0) * (page + _WAL_FRAME_HEADER)
-            try:
-                size = wal.stat().st_size
-            except FileNotFoundError:
-                return  # SQLite creates it with the first read transaction
-            if size >= target or not hasattr(os, "pwrite"):
-                return
-            fd = os.open(wal, os.O_WRONLY)
-            try:
-                zeros = bytes(1 << 20)
-                while size < target:
-                    size += os.pwrite(fd, zeros[: target - size], size)
-                getattr(os, "fdatasync", os.fsync)(fd)
-            finally:
-                os.close(fd)
 
     def _check_read_only(self) -> None:
         """Refuse a file that is not a stepstone store; read an older one as it is."""

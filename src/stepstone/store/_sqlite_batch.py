@@ -87,7 +87,7 @@ def _apply(
             key, decide = item  # type: ignore[misc]
             try:
                 outcomes[i] = backend.transact_in(conn, key, decide)
-            except (StoreError, sqlite3.Error):
+            except sqlite3.Error:
                 raise  # the database failed: the whole batch is retried item by item
             except Exception as exc:  # noqa: BLE001 - decide refused: it wrote nothing
                 outcomes[i] = exc

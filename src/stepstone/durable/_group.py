@@ -126,8 +126,9 @@ class _Group:
         self.pending.append((item, fut))
         if not self.scheduled and self.inflight is None:
             self.scheduled = True
-            # next iteration: runs woken in this one (steps that just finished) join in
-            self.loop.call_soon(self.flush)
+            # two iterations on: runs woken in this one and the next (steps that just
+            # finished, their worker threads' results) join in
+            self.loop.call_soon(self.loop.call_soon, self.flush)
         return fut
 
     def flush(self) -> None:

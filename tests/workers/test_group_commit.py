@@ -4,6 +4,7 @@ transaction, and each run's compare-and-swap is still its own."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,3 +101,78 @@ def test_commit_many_outside_sqlite_commits_one_by_one(n: int) -> None:
     assert commit_many(store.backend, items) == [True] * n
     for run in runs:
         run.release()
+
+
+def _step_item(run, version=None, seq_rows=None, writes=()):  # type: ignore[no-untyped-def]
+    new, rows, _ = run._prepare("running", "b", None, None, [("step", "a", 1)], [])
+    expected = run.head.version if version is None else version
+    return (new, expected, seq_rows if seq_rows is not None else rows, list(writes))
+
+
+def test_sqlite_batches_take_claims_too_and_check_items_in_order(tmp_path: Path) -> None:
+    # guarantee 255
+    from stepstone.durable._kernel import _claimer
+
+    with Store(db=tmp_path / "c.sqlite") as store:
+        store.write("plain", 1)  # a key that holds a plain value: its claim is refused
+        run = _claim(store, "r")
+        first = _step_item(run)
+        twice = (first[0].replace(version=first[0].version + 1), first[0].version, [], [])
+        decide_new, finish_new = _claimer(store, "new", kind="test", resume=False, first_step="a")
+        decide_bad, _ = _claimer(store, "plain", kind="test", resume=False, first_step="a")
+        stale_twin = _step_item(run)  # the same commit again: its version is taken by then
+        out = commit_many(
+            store.backend,
+            [first, ("new", decide_new), ("plain", decide_bad), twice, stale_twin],
+        )
+        assert out[0] is True and out[3] is True and out[4] is False
+        assert isinstance(out[2], StoreKeyConflictError)
+        new_run = finish_new(out[1]).run
+        assert new_run is not None and store.backend.run_get("new") == new_run.head
+        assert store.read("plain") == 1
+        assert store.backend.run_get("r").version == run.head.version + 2  # type: ignore[union-attr]
+        assert store.backend.run_journal("r") == [JournalRow(0, "step", "a", "1")]
+        run.release()
+        new_run.release()
+
+
+def test_a_statement_failing_in_a_sqlite_batch_retries_each_run_on_its_own(
+    tmp_path: Path,
+) -> None:
+    # guarantee 255
+    with Store(db=tmp_path / "f.sqlite") as store:
+        ok, bad = _claim(store, "ok"), _claim(store, "bad")
+        bad.commit_sync(status="running", next_step="b", rows=[("step", "a", 0)])
+        # a journal row whose seq is taken: its INSERT fails and rolls the batch back
+        clash = _step_item(bad, seq_rows=[JournalRow(0, "step", "a", "9")])
+        out = commit_many(store.backend, [_step_item(ok, writes=[("v", '"ok"')]), clash])
+        assert out[0] is True and isinstance(out[1], sqlite3.IntegrityError)
+        assert store.backend.run_journal("ok") == [JournalRow(0, "step", "a", "1")]
+        assert store.read("v") == "ok"
+        assert store.backend.run_journal("bad") == [JournalRow(0, "step", "a", "0")]
+        assert store.backend.run_get("bad").version == bad.head.version  # type: ignore[union-attr]
+        ok.release()
+        bad.release()
+
+
+def test_a_release_lands_after_the_commits_its_loop_still_has_pending(tmp_path: Path) -> None:
+    # guarantee 256
+    from stepstone.durable import aclaim_run
+
+    with Store(db=tmp_path / "d.sqlite") as store:
+
+        async def main() -> None:
+            claimed = await aclaim_run(store, "d", kind="test", resume=False, first_step="a")
+            run = claimed.run
+            assert run is not None
+            commit = asyncio.ensure_future(
+                run.commit(status="running", next_step="b", rows=[("step", "a", 1)])
+            )
+            await asyncio.sleep(0)  # the commit has joined the group, not been written
+            run.release()
+            head = store.backend.run_get("d")
+            assert head is not None and head.version == claimed.head.version + 1
+            assert head.lease_until == 0.0  # released after the commit, not before it
+            await commit
+
+        asyncio.run(main())

@@ -1,29 +1,45 @@
-"""Group commit: step commits of many runs that are ready at the same moment share one
-transaction (and one fsync).
+"""Group commit: step commits (and, on SQLite, claims) of many runs that are ready at the
+same moment share one transaction (and one fsync).
 
-Used when several runs share one event loop (``arun_many``, a worker's runs): each
-commit joins the batch of the current loop iteration; the batch is written at the next
-iteration as one transaction in which every run's commit is a savepoint of its own, so
-each run's compare-and-swap is still checked on its own, and a run whose commit fails
-(lost ownership, a key conflict) has its rows undone without touching the others'. Only
-backends that can nest commits this way group them (SQLite); the others commit each run
-on its own.
+Used when several runs share one event loop (``arun_many``, a worker's runs): each commit
+joins the batch being gathered; a batch is written from a writer thread as one
+transaction, each run's compare-and-swap checked on its own, so a run whose commit fails
+(lost ownership, a key conflict) writes nothing and the others land. While one batch is
+being written (the fsync releases the GIL), the loop keeps running the other runs' steps,
+and the commits that arrive meanwhile form the next batch, written as soon as the current
+one is done. Only backends that can check a whole batch this way group (SQLite,
+PostgreSQL); the others commit each run on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import concurrent.futures
+import os
 import sys
+import threading
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
-from stepstone.store._base import Backend, JournalRow, RunHead
+from stepstone.store._base import Backend, Decide, JournalRow, RunHead
 
-__all__ = ["CommitItem", "can_group", "commit_many", "group_commit", "groups"]
+__all__ = [
+    "CommitItem",
+    "can_group",
+    "can_group_claims",
+    "commit_many",
+    "drain",
+    "group_commit",
+    "group_transact",
+    "groups",
+]
 
 CommitItem = tuple[RunHead, int, Sequence[JournalRow], Sequence[tuple[str, str]]]
-Outcome = bool | BaseException
+ClaimItem = tuple[str, Decide]
+Item = CommitItem | ClaimItem
+Outcome = Any  # bool | RunHead | None | BaseException, per item
 
 
 def can_group(backend: Backend) -> bool:
@@ -36,85 +52,124 @@ def can_group(backend: Backend) -> bool:
     return pg is not None and isinstance(backend, pg.PostgresBackend)
 
 
-def commit_many(backend: Backend, items: Sequence[CommitItem]) -> list[Outcome]:
-    """Commit ``items`` as one transaction, each in a savepoint of its own; per item, the
-    result of ``run_commit`` (True/False) or the exception it raised (its rows undone).
-    If the transaction itself fails, every item gets that exception and nothing lands."""
+def can_group_claims(backend: Backend) -> bool:
+    """Whether claims (``run_transact``) join the batches too (SQLite)."""
     from stepstone.store._sqlite import SQLiteBackend
 
-    if len(items) > 1 and can_group(backend) and not isinstance(backend, SQLiteBackend):
+    return isinstance(backend, SQLiteBackend) and not backend.read_only
+
+
+def commit_many(backend: Backend, items: Sequence[Item]) -> list[Outcome]:
+    """Apply ``items`` (step commits; claims on SQLite) as one transaction; per item, what
+    ``run_commit`` (True/False) or ``run_transact`` returned, or the exception it raised
+    (its rows not written). A failure of the transaction itself never loses or lands a
+    run's rows: the items are then applied one by one."""
+    from stepstone.store._sqlite import SQLiteBackend
+
+    if isinstance(backend, SQLiteBackend):
+        from stepstone.store._sqlite_batch import commit_batch
+
+        return commit_batch(backend, items)
+    if len(items) > 1 and can_group(backend):
         from stepstone.store import _postgres_batch
 
         return list(_postgres_batch.commit_many(backend, items))  # type: ignore[arg-type]
-    if not isinstance(backend, SQLiteBackend) or len(items) == 1:
-        out: list[Outcome] = []
-        for item in items:
-            try:
-                out.append(backend.run_commit(*item))
-            except Exception as exc:  # noqa: BLE001 - handed to the run that sent it
-                out.append(exc)
-        return out
-    results: list[Outcome] = []
-    try:
-        with backend._tx():
-            for item in items:
-                try:
-                    results.append(backend.run_commit(*item))  # a savepoint inside _tx
-                except (Exception, sqlite3.Error) as exc:  # noqa: BLE001 - per run
-                    results.append(exc)
-    except Exception as exc:  # noqa: BLE001 - the whole batch failed: nothing landed
-        return [exc] * len(items)
-    return results
+    out: list[Outcome] = []
+    for item in items:
+        try:
+            out.append(backend.run_commit(*item))
+        except Exception as exc:  # noqa: BLE001 - handed to the run that sent it
+            out.append(exc)
+    return out
+
+
+class _Writers:
+    """The writer threads of each backend in this process (a fork gets new ones). A local
+    file gets one: its batches always go through the same SQLite connection and never
+    overlap. A network backend gets a few, for the batches of several loops at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.by_backend: weakref.WeakKeyDictionary[Backend, ThreadPoolExecutor] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self, backend: Backend) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.pid != os.getpid():
+                self.pid, self.by_backend = os.getpid(), weakref.WeakKeyDictionary()
+            pool = self.by_backend.get(backend)
+            if pool is None:
+                threads = 1 if backend.commit_inline else 4
+                pool = ThreadPoolExecutor(threads, thread_name_prefix="stepstone-group-commit")
+                self.by_backend[backend] = pool
+            return pool
+
+
+_writers = _Writers()
 
 
 class _Group:
-    """The pending commits of one backend on one event loop.
-
-    Local backends (SQLite) write a batch on the loop thread at the next iteration.
-    Network backends write it from a thread; commits that arrive meanwhile form the next
-    batch, written as soon as the current one is done.
-    """
+    """The pending commits of one backend on one event loop: at most one batch is being
+    written at a time; what arrives meanwhile is the next batch."""
 
     def __init__(self, backend: Backend, loop: asyncio.AbstractEventLoop) -> None:
         self.backend = backend
         self.loop = loop
-        self.pending: list[tuple[CommitItem, asyncio.Future[bool]]] = []
+        self.pending: list[tuple[Item, asyncio.Future[Any]]] = []
         self.scheduled = False
-        self.inflight: asyncio.Task[None] | None = None
+        self.inflight: Future[list[Outcome]] | None = None
 
-    def add(self, item: CommitItem) -> asyncio.Future[bool]:
-        fut: asyncio.Future[bool] = self.loop.create_future()
+    def add(self, item: Item) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.loop.create_future()
         self.pending.append((item, fut))
         if not self.scheduled and self.inflight is None:
             self.scheduled = True
-            # next iteration: runs woken in this one (steps that just finished) join in
-            self.loop.call_soon(self.flush)
+            # two iterations on: runs woken in this one and the next (steps that just
+            # finished, their worker threads' results) join in
+            self.loop.call_soon(self.loop.call_soon, self.flush)
         return fut
 
     def flush(self) -> None:
+        # (a commit whose waiter was cancelled is written all the same: its step ran)
         batch, self.pending, self.scheduled = self.pending, [], False
         if not batch:
             return
-        if self.backend.commit_inline:
-            _deliver(batch, commit_many(self.backend, [item for item, _ in batch]))
-        else:
-            self.inflight = self.loop.create_task(self._flush_in_thread(batch))
-
-    async def _flush_in_thread(self, batch: list[tuple[CommitItem, asyncio.Future[bool]]]) -> None:
         items = [item for item, _ in batch]
-        try:
-            outcomes = await asyncio.to_thread(commit_many, self.backend, items)
-        except BaseException as exc:  # noqa: BLE001 - every commit of the batch gets it
-            outcomes = [exc] * len(batch)
-        finally:
-            self.inflight = None
-        _deliver(batch, outcomes)
+        self.inflight = _writers.get(self.backend).submit(commit_many, self.backend, items)
+        done = asyncio.wrap_future(self.inflight, loop=self.loop)
+        done.add_done_callback(lambda f: self._written(batch, f))
+
+    def _written(
+        self, batch: list[tuple[Item, asyncio.Future[Any]]], done: asyncio.Future[list[Outcome]]
+    ) -> None:
+        self.inflight = None
+        _deliver(batch, _outcomes(done, len(batch)))
         if self.pending and not self.scheduled:
             self.scheduled = True
             self.loop.call_soon(self.flush)
 
+    def drain(self) -> None:
+        """Write every pending commit now, blocking the loop: the batch being written
+        first, then the pending ones (their waiters get their outcomes at once)."""
+        if self.inflight is not None:
+            concurrent.futures.wait([self.inflight])
+        batch, self.pending = self.pending, []
+        if batch:
+            items = [item for item, _ in batch]
+            done = _writers.get(self.backend).submit(commit_many, self.backend, items)
+            _deliver(batch, _outcomes(done, len(batch)))
 
-def _deliver(batch: list[tuple[CommitItem, asyncio.Future[bool]]], outcomes: list[Outcome]) -> None:
+
+def _outcomes(done: asyncio.Future[list[Outcome]] | Future[list[Outcome]], n: int) -> list[Outcome]:
+    if done.cancelled():
+        return [asyncio.CancelledError()] * n
+    exc = done.exception()
+    return [exc] * n if exc is not None else done.result()
+
+
+def _deliver(batch: list[tuple[Item, asyncio.Future[Any]]], outcomes: list[Outcome]) -> None:
     for (_, fut), outcome in zip(batch, outcomes, strict=True):
         if fut.cancelled():
             continue
@@ -129,11 +184,35 @@ groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Group]] 
 )
 
 
-async def group_commit(backend: Backend, item: CommitItem) -> bool:
-    """Commit ``item`` in the batch of the running loop's current iteration."""
+def _group(backend: Backend) -> _Group:
     loop = asyncio.get_running_loop()
     per_loop = groups.setdefault(loop, {})
     group = per_loop.get(id(backend))
     if group is None or group.backend is not backend:
         group = per_loop[id(backend)] = _Group(backend, loop)
-    return await group.add(item)
+    return group
+
+
+def drain(backend: Backend) -> None:
+    """Write the running loop's pending commits for ``backend`` now (blocking): called
+    before a write that bypasses the group (a run's release), so it lands after them."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    group = groups.get(loop, {}).get(id(backend))
+    if group is not None and (group.pending or group.inflight is not None):
+        group.drain()
+
+
+async def group_commit(backend: Backend, item: CommitItem) -> bool:
+    """Commit ``item`` in the batch being gathered on the running loop."""
+    ok: bool = await _group(backend).add(item)
+    return ok
+
+
+async def group_transact(backend: Backend, key: str, decide: Decide) -> RunHead | None:
+    """``backend.run_transact(key, decide)`` in the batch being gathered on the running
+    loop (backends where :func:`can_group_claims`); ``decide`` runs on the writer thread."""
+    head: RunHead | None = await _group(backend).add((key, decide))
+    return head

@@ -24,7 +24,13 @@ from typing import Any, Literal
 from stepstone.core._ids import new_uid
 from stepstone.core._serialization import dumps
 from stepstone.core._sync import may_block_loop
-from stepstone.durable._group import can_group, group_commit
+from stepstone.durable._group import (
+    can_group,
+    can_group_claims,
+    drain,
+    group_commit,
+    group_transact,
+)
 from stepstone.durable._leases import (
     LIVE_STATUSES,
     LeasePolicy,
@@ -40,7 +46,7 @@ from stepstone.exceptions import (
     SerializationError,
     StoreKeyConflictError,
 )
-from stepstone.store._base import Claim, JournalRow, RunHead
+from stepstone.store._base import Claim, Decide, JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = [
@@ -273,6 +279,7 @@ class OwnedRun:
         the next ``resume=True`` takes it over at once, from any thread or process.
         """
         keeper.remove(self)
+        drain(self.store.backend)  # commits of this loop still pending land first
         if self.head.status not in LIVE_STATUSES:
             return
         try:
@@ -349,6 +356,36 @@ def claim_run(
             Plan, whose message also suggests ``on_concurrent='fork'``).
         StoreKeyConflictError: ``key`` holds a plain value or another kind of run.
     """
+    decide, finish = _claimer(
+        store,
+        key,
+        kind=kind,
+        resume=resume,
+        first_step=first_step,
+        meta=meta,
+        legacy_import=legacy_import,
+        check_resume=check_resume,
+        run_uid=run_uid,
+        what=what,
+    )
+    return finish(store.backend.run_claim(key, decide))
+
+
+def _claimer(
+    store: Store,
+    key: str,
+    *,
+    kind: str,
+    resume: bool,
+    first_step: str | None,
+    meta: dict[str, Any] | None = None,
+    legacy_import: LegacyImport | None = None,
+    check_resume: Callable[[RunHead], Literal["fresh"] | None] | None = None,
+    run_uid: str | None = None,
+    what: str = "run",
+) -> tuple[Decide, Callable[[RunHead | None], ClaimResult]]:
+    """The transaction callback of :func:`claim_run` and what turns the head it leaves
+    into the :class:`ClaimResult` (the claim itself may run in a group commit)."""
     lease = LeasePolicy.of(store)
     uid = run_uid or new_uid()
     decision = _Decision()
@@ -407,16 +444,22 @@ def claim_run(
         )
         return Claim(head=new, reset_journal=True, drop_kv=drop_kv)
 
-    head = store.backend.run_transact(key, decide)
-    assert head is not None  # decide either wrote a head or found a done one
-    if decision.outcome == "done":
-        return ClaimResult("done", head, None, decision.previous)
-    run = OwnedRun(store, head)
-    keeper.add(run)
-    return ClaimResult(decision.outcome, head, run, decision.previous)
+    def finish(head: RunHead | None) -> ClaimResult:
+        assert head is not None  # decide either wrote a head or found a done one
+        if decision.outcome == "done":
+            return ClaimResult("done", head, None, decision.previous)
+        run = OwnedRun(store, head)
+        keeper.add(run)
+        return ClaimResult(decision.outcome, head, run, decision.previous)
+
+    return decide, finish
 
 
 async def aclaim_run(store: Store, key: str, **options: Any) -> ClaimResult:
     """Async :func:`claim_run` (same arguments), called by the kernel's one rule for
-    backend calls from async code (``blocking_call``)."""
+    backend calls from async code (``blocking_call``); on SQLite, with other tasks on the
+    loop, the claim joins the group commit of the loop's runs."""
+    if can_group_claims(store.backend) and not may_block_loop():
+        decide, finish = _claimer(store, key, **options)
+        return finish(await group_transact(store.backend, key, decide))
     return await blocking_call(store, lambda: claim_run(store, key, **options))

@@ -320,6 +320,12 @@ class Backend(abc.ABC):
         (or the current head when ``decide`` returned None).
         """
 
+    def run_claim(self, key: str, decide: Decide) -> RunHead | None:
+        """:meth:`run_transact` for a run's claim. A backend may skip flushing it to disk
+        on its own when the run's next commit (or release) flushes it with its own data:
+        other writers must see it at once all the same."""
+        return self.run_transact(key, decide)
+
     @abc.abstractmethod
     def run_commit(
         self,

@@ -6,8 +6,8 @@ commit joins the batch of the current loop iteration; the batch is written at th
 iteration as one transaction in which every run's commit is a savepoint of its own, so
 each run's compare-and-swap is still checked on its own, and a run whose commit fails
 (lost ownership, a key conflict) has its rows undone without touching the others'. Only
-backends that can nest commits this way group them (SQLite); the others commit each run
-on its own.
+SQLite groups them (see :func:`can_group` for why PostgreSQL does not); the others commit
+each run on its own.
 """
 
 from __future__ import annotations
@@ -27,13 +27,25 @@ Outcome = bool | BaseException
 
 
 def can_group(backend: Backend) -> bool:
-    """Whether ``backend`` commits a batch as one transaction (SQLite, PostgreSQL)."""
+    """Whether the async step commits of runs sharing a loop join a batch (SQLite).
+
+    Not on PostgreSQL: the server already shares one WAL flush among the commits that
+    arrive together on separate connections, so runs committing at once gain nothing from
+    a batch, while a batch costs its own round trips (``BEGIN``, the locks, one statement
+    per run, ``COMMIT``) and makes every commit that arrives meanwhile wait for it. Measured
+    with 200 queued 10-step runs on a worker at concurrency 4: 31 runs/s grouped against
+    50 runs/s with each commit sent on its own, and less CPU per run in the worker and the
+    server. :func:`commit_many` still writes a PostgreSQL batch as one transaction.
+    """
     from stepstone.store._sqlite import SQLiteBackend
 
-    if isinstance(backend, SQLiteBackend):
-        return True
+    return isinstance(backend, SQLiteBackend)
+
+
+def _batches(backend: Backend) -> bool:
+    """Whether ``backend`` commits a batch as one transaction (SQLite, PostgreSQL)."""
     pg = sys.modules.get("stepstone.store._postgres")
-    return pg is not None and isinstance(backend, pg.PostgresBackend)
+    return can_group(backend) or (pg is not None and isinstance(backend, pg.PostgresBackend))
 
 
 def commit_many(backend: Backend, items: Sequence[CommitItem]) -> list[Outcome]:
@@ -42,7 +54,7 @@ def commit_many(backend: Backend, items: Sequence[CommitItem]) -> list[Outcome]:
     If the transaction itself fails, every item gets that exception and nothing lands."""
     from stepstone.store._sqlite import SQLiteBackend
 
-    if len(items) > 1 and can_group(backend) and not isinstance(backend, SQLiteBackend):
+    if len(items) > 1 and _batches(backend) and not isinstance(backend, SQLiteBackend):
         from stepstone.store import _postgres_batch
 
         return list(_postgres_batch.commit_many(backend, items))  # type: ignore[arg-type]

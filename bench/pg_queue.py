@@ -17,6 +17,7 @@ one run:
   and 2,000 other graph records in the store.
 
     python bench/pg_queue.py [--runs 200] [--workers 1 2 4] [--concurrency 4 8]
+        [--baseline-src OLD_CHECKOUT/src]
 """
 
 from __future__ import annotations
@@ -63,7 +64,14 @@ plan = Plan(*[Step(trivial, name=f"s{i}") for i in range(10)])
 long_plan = Plan(*[Step(_logged(i)) for i in range(100)], max_iterations=101)
 
 
-def spawn(url: str, *args: str, stderr: bool = False) -> subprocess.Popen[bytes]:
+def spawn(
+    url: str, *args: str, stderr: bool = False, src: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``stepstone worker`` process; ``src``: import stepstone from that folder instead
+    (an older checkout's ``src``, to compare code in one run)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     return subprocess.Popen(
         [
             sys.executable,
@@ -80,6 +88,7 @@ def spawn(url: str, *args: str, stderr: bool = False) -> subprocess.Popen[bytes]
         ],
         stderr=subprocess.PIPE if stderr else subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
+        env=env,
     )
 
 
@@ -114,7 +123,7 @@ def _spent(before: dict[int, float], after: dict[int, float]) -> float:
 
 
 def fan_out(
-    url: str, server: Any, workers: int, runs: int, concurrency: int
+    url: str, server: Any, workers: int, runs: int, concurrency: int, src: str | None = None
 ) -> tuple[float, float, float]:
     """Runs per second, and the workers' and the server's CPU seconds per run.
 
@@ -134,7 +143,7 @@ def fan_out(
             submit(store, "pg_queue:plan", "go", queue="bench", not_before=far) for _ in range(runs)
         ]
         procs = [
-            spawn(url, "--queue", "bench", "--concurrency", str(concurrency), stderr=True)
+            spawn(url, "--queue", "bench", "--concurrency", str(concurrency), stderr=True, src=src)
             for _ in range(workers)
         ]
         try:
@@ -271,6 +280,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--graph-records", type=int, nargs="+", default=[0, 2000])
     parser.add_argument("--skip", nargs="*", default=[], choices=["fanout", "recovery", "graph"])
+    parser.add_argument(
+        "--baseline-src",
+        help="also run the fan-out with workers importing stepstone from this folder (an "
+        "older checkout's src/), interleaved with this code's, to compare in one run",
+    )
     args = parser.parse_args()
 
     import tempfile
@@ -291,25 +305,35 @@ def main() -> None:
         )
         if "fanout" not in args.skip:
             print(f"{args.runs} runs x 10 steps through the queue")
-            sizes = [(c, w) for c in args.concurrency for w in args.workers]
-            got: dict[tuple[int, int], list[tuple[float, float, float]]] = {k: [] for k in sizes}
+            codes: list[str | None] = (
+                [None]
+                if args.baseline_src is None
+                else [
+                    args.baseline_src,
+                    None,
+                ]
+            )
+            sizes = [(src, c, w) for src in codes for c in args.concurrency for w in args.workers]
+            got: dict[Any, list[tuple[float, float, float]]] = {k: [] for k in sizes}
             for _ in range(args.repeat):  # interleaved, so drift hits every size alike
-                for c, w in sizes:
-                    got[(c, w)].append(fan_out(url, server, w, args.runs, c))
+                for src, c, w in sizes:
+                    got[(src, c, w)].append(fan_out(url, server, w, args.runs, c, src))
             print(
-                f"{'concurrency':>11} {'workers':>7} {'runs/s':>8} {'x 1 worker':>10} "
+                f"{'code':>8} {'concurrency':>11} {'workers':>7} {'runs/s':>8} {'x 1 worker':>10} "
                 f"{'worker cpu ms/run':>17} {'server cpu ms/run':>17}   (medians of {args.repeat})"
             )
-            for c in args.concurrency:
-                base = statistics.median(r for r, _, _ in got[(c, args.workers[0])])
-                for w in args.workers:
-                    rate = statistics.median(r for r, _, _ in got[(c, w)])
-                    wcpu = statistics.median(x for _, x, _ in got[(c, w)]) * 1000
-                    scpu = statistics.median(x for _, _, x in got[(c, w)]) * 1000
-                    print(
-                        f"{c:>11} {w:>7} {rate:>8.1f} {rate / base:>10.2f} "
-                        f"{wcpu:>17.2f} {scpu:>17.2f}"
-                    )
+            for src in codes:
+                for c in args.concurrency:
+                    base = statistics.median(r for r, _, _ in got[(src, c, args.workers[0])])
+                    for w in args.workers:
+                        runs = got[(src, c, w)]
+                        rate = statistics.median(r for r, _, _ in runs)
+                        wcpu = statistics.median(x for _, x, _ in runs) * 1000
+                        scpu = statistics.median(x for _, _, x in runs) * 1000
+                        print(
+                            f"{'baseline' if src else 'this':>8} {c:>11} {w:>7} {rate:>8.1f} "
+                            f"{rate / base:>10.2f} {wcpu:>17.2f} {scpu:>17.2f}"
+                        )
         if "recovery" not in args.skip:
             took, reran, executed = recovery(url, Path(tmp) / "steps.log")
             print()

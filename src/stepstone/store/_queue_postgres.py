@@ -196,6 +196,7 @@ class PostgresQueue(QueueBackend):
 
         def take(deadline: float) -> list[tuple[Any, ...]] | None:
             with self.backend._connection(deadline - time.monotonic()) as conn:
+                session = conn.info.backend_pid
                 try:
                     rows = conn.execute(_CLAIM_SQL, params).fetchall()
                 except psycopg.Error as exc:
@@ -207,8 +208,10 @@ class PostgresQueue(QueueBackend):
                         return None  # the queue has limits: take under the queue's lock
                     rows.sort(key=lambda r: int(r[-2]))
                     return [r[:-2] for r in rows]
-            # The statement may have committed without our hearing of it. This worker
-            # claims one batch at a time, so what it holds beyond ``held`` is that batch.
+            # The statement may have committed without our hearing of it: once its server
+            # session is gone it has committed or never will. This worker claims one
+            # batch at a time, so what it holds beyond ``held`` is that batch.
+            self._wait_gone(session, deadline)
             mine = self.backend._read(
                 "look up a claim whose answer was lost",
                 lambda cur: cur.execute(
@@ -225,6 +228,19 @@ class PostgresQueue(QueueBackend):
         if rows is None:
             return self._claim_limited(queue, owner, lease_seconds, limit)
         return [entry_from_row(r) for r in rows]
+
+    def _wait_gone(self, session: int, deadline: float) -> None:
+        """Wait (until ``deadline``) for the server session ``session`` to end."""
+        while time.monotonic() < deadline:
+            alive = self.backend._read(
+                "wait for a lost session to end",
+                lambda cur: _one(
+                    cur, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (session,)
+                ),
+            )
+            if not alive:
+                return
+            time.sleep(0.05)
 
     def _claim_limited(
         self, queue: str, owner: Owner, lease_seconds: float, limit: int

@@ -6,8 +6,9 @@ starting over:
 
 * a Plan (or an Agent over one): the Plan run with a :class:`~stepstone.RunLocation` (the
   worker's store, the entry's key) in its run context, which resumes like ``resume=True``;
-* a compiled graph: its invocations carry the entry's key as their ``correlation_id``; the
-  latest one is resumed (or, when done, its final state returned);
+* a compiled graph: its invocations carry the entry's key as their ``correlation_id``, and
+  their ids are noted under the entry's key (found by key, not by a scan of every graph
+  record); the latest one is resumed (or, when done, its final state returned);
 * an Agent over an ``LLMEngine``: a :class:`~stepstone.Runner` run whose ``run_id`` is the
   entry's key (a crashed run continues, a finished one returns its stored result);
 * an Agent over a ``ReplanEngine``: the agent run with that same location.
@@ -21,7 +22,9 @@ from typing import Any
 from stepstone.agent import Agent
 from stepstone.core import Envelope, RunContext, RunLocation
 from stepstone.core._envelope import ErrorInfo
-from stepstone.engines.graph import CheckpointFilter, CompiledGraph, StoreCheckpointer
+from stepstone.durable import blocking_call, run_head
+from stepstone.engines.graph import CheckpointRecord, CompiledGraph, StoreCheckpointer
+from stepstone.engines.graph._records import GRAPH_KIND
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.plan import Plan
 from stepstone.engines.replan import ReplanEngine
@@ -137,6 +140,51 @@ def queued_agent(agent: Agent, store: Store, entry: QueueEntry) -> Run:
     return run
 
 
+class _EntryCheckpointer(StoreCheckpointer):
+    """A graph checkpointer for one queue entry: it notes each new invocation's id under
+    the entry's checkpoint key (a plain value, ``{"graph_invocations": [ids]}``) before
+    that invocation's record is claimed, so the entry's latest attempt is found by key,
+    however many graph records the store holds."""
+
+    def __init__(self, store: Store, pointer: str, own: StoreCheckpointer | None) -> None:
+        # the graph's own prefix, serialization and pickle key, in the worker's store
+        if own is None:
+            super().__init__(store)
+        else:
+            super().__init__(
+                store,
+                prefix=own.prefix,
+                serialization=own.serialization,
+                pickle_key=own.codec.signer,
+            )
+        self.pointer = pointer
+        self.noted: list[str] = []
+
+    def invocations(self) -> list[str]:
+        """The ids noted so far, oldest first."""
+        value = self.store.read(self.pointer)
+        ids = value.get("graph_invocations") if isinstance(value, dict) else None
+        self.noted = [str(i) for i in ids] if isinstance(ids, list) else []
+        return list(self.noted)
+
+    def key(self, invocation_id: str) -> str:
+        # The engine asks for a new invocation's key right before it claims the record.
+        if invocation_id not in self.noted:
+            self.noted.append(invocation_id)
+            self.store.write(self.pointer, {"graph_invocations": self.noted})
+        return super().key(invocation_id)
+
+    def latest(self) -> CheckpointRecord | None:
+        """The newest noted invocation that saved a record (one killed before its first
+        save left none worth resuming), or None."""
+        for invocation_id in reversed(self.invocations()):
+            head = run_head(self.store, super().key(invocation_id))
+            if head is None or head.kind != GRAPH_KIND or head.journal_len == 0:
+                continue
+            return self.load(invocation_id)
+        return None
+
+
 def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> Run:
     """``graph`` with a checkpointer in ``store`` (the graph's own prefix and codec); its
     invocations carry the entry's key as ``correlation_id``.
@@ -144,7 +192,7 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
     The task envelope's payload is the initial state (its JSON form); the result's
     payload is the final state's JSON form.
     """
-    checkpointer = _checkpointer_in(store, graph.checkpointer)
+    checkpointer = _EntryCheckpointer(store, entry.run_key, graph.checkpointer)
     durable: CompiledGraph[Any] = CompiledGraph(
         state_cls=graph.state_cls,
         nodes=graph.nodes,
@@ -155,8 +203,7 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
     )
 
     async def run(env: Envelope[Any]) -> Envelope[Any]:
-        attempts = await checkpointer.alist(CheckpointFilter(correlation_id=entry.run_key))
-        latest = attempts[-1] if attempts else None
+        latest = await blocking_call(store, checkpointer.latest, bulk=True)
         if latest is not None and latest.status == "done":
             final = durable.load_record(latest.invocation_id).state  # an earlier attempt's
         elif latest is not None:
@@ -180,12 +227,3 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
         )
 
     return run
-
-
-def _checkpointer_in(store: Store, own: StoreCheckpointer | None) -> StoreCheckpointer:
-    """A checkpointer in ``store`` with ``own``'s prefix, serialization and pickle key."""
-    if own is None:
-        return StoreCheckpointer(store)
-    return StoreCheckpointer(
-        store, prefix=own.prefix, serialization=own.serialization, pickle_key=own.codec.signer
-    )

@@ -213,10 +213,12 @@ class Worker:
     def _claim_next(self, limit: int) -> list[QueueEntry]:
         """Up to ``limit`` runs in one transaction, from the first queue (in turn) that
         has any."""
+        with self._held_lock:
+            held = frozenset(self._held)
         for _ in range(len(self.queues)):
             queue = self.queues[0]
             self.queues.append(self.queues.pop(0))  # serve the queues in turn
-            entries = self._queue.claim(queue, self.owner, self.lease.seconds, limit)
+            entries = self._queue.claim(queue, self.owner, self.lease.seconds, limit, held)
             if entries:
                 return entries
         return []

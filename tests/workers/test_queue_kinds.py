@@ -104,3 +104,52 @@ def test_an_llm_agent_is_queued_and_run_as_the_runner_runs_it(
         )
         assert len(srv.requests) == 2  # guarantee 249
     json.dumps(env.payload)
+
+
+def test_a_queued_graph_run_finds_its_attempts_by_key_not_by_a_scan(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """guarantee 295: the ids of a queued graph run's invocations are noted under its key
+    before each is claimed; a worker taking it again finds the latest by that key, without
+    listing the store's other graph records."""
+    log = str(tmp_path / "log")
+    for i in range(5):  # other graph records in the same store and prefix
+        targets.graph.submit(Tally(log=log, name=f"other{i}"), store=store)
+    assert _worker(store).run(until_idle=True) == 5
+    h = targets.graph.submit(Tally(log=log, name="keyed"), store=store)
+    entry = h.entry()
+    assert _worker(store).run(until_idle=True) == 1
+    noted = store.read(h.key)["graph_invocations"]
+    assert len(noted) == 1
+    record = StoreCheckpointer(store).load(noted[0])
+    assert record.correlation_id == h.key and record.status == "done"
+    listed: list[str | None] = []
+    real_list = type(store.backend).run_list
+
+    def spy(backend: object, prefix: str | None) -> object:
+        listed.append(prefix)
+        return real_list(backend, prefix)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(store.backend), "run_list", spy)
+    again = asyncio.run(
+        queued_graph(targets.graph, store, entry)(Envelope(task="Tally", payload={}))
+    )
+    assert again.payload == {"log": log, "name": "keyed", "total": 3}
+    assert listed == []  # found by key: no listing of graph records
+    assert store.read(h.key)["graph_invocations"] == noted  # nothing new was started
+
+
+def test_a_noted_invocation_that_never_saved_is_skipped(store: Store, tmp_path: Path) -> None:
+    """guarantee 295: an invocation noted under the key but killed before its record was
+    saved is passed over; the latest one that saved is resumed (here: returned, done)."""
+    log = str(tmp_path / "log")
+    h = targets.graph.submit(Tally(log=log, name="skip"), store=store)
+    entry = h.entry()
+    assert _worker(store).run(until_idle=True) == 1
+    noted = store.read(h.key)["graph_invocations"]
+    store.write(h.key, {"graph_invocations": [*noted, "never-claimed"]})
+    again = asyncio.run(
+        queued_graph(targets.graph, store, entry)(Envelope(task="Tally", payload={}))
+    )
+    assert again.payload["total"] == 3
+    assert all(len(p) == 1 for p in executions(log).values())

@@ -7,8 +7,8 @@ transaction, each run's compare-and-swap checked on its own, so a run whose comm
 (lost ownership, a key conflict) writes nothing and the others land. While one batch is
 being written (the fsync releases the GIL), the loop keeps running the other runs' steps,
 and the commits that arrive meanwhile form the next batch, written as soon as the current
-one is done. Only backends that can check a whole batch this way group (SQLite,
-PostgreSQL); the others commit each run on its own.
+one is done. Only SQLite groups them (see :func:`can_group` for why PostgreSQL does
+not); the others commit each run on its own.
 """
 
 from __future__ import annotations
@@ -43,13 +43,25 @@ Outcome = Any  # bool | RunHead | None | BaseException, per item
 
 
 def can_group(backend: Backend) -> bool:
-    """Whether ``backend`` commits a batch as one transaction (SQLite, PostgreSQL)."""
+    """Whether the async step commits of runs sharing a loop join a batch (SQLite).
+
+    Not on PostgreSQL: the server already shares one WAL flush among the commits that
+    arrive together on separate connections, so runs committing at once gain nothing from
+    a batch, while a batch costs its own round trips (``BEGIN``, the locks, one statement
+    per run, ``COMMIT``) and makes every commit that arrives meanwhile wait for it. Measured
+    with 200 queued 10-step runs on a worker at concurrency 4: 31 runs/s grouped against
+    50 runs/s with each commit sent on its own, and less CPU per run in the worker and the
+    server. :func:`commit_many` still writes a PostgreSQL batch as one transaction.
+    """
     from stepstone.store._sqlite import SQLiteBackend
 
-    if isinstance(backend, SQLiteBackend):
-        return True
+    return isinstance(backend, SQLiteBackend)
+
+
+def _batches(backend: Backend) -> bool:
+    """Whether ``backend`` commits a batch as one transaction (SQLite, PostgreSQL)."""
     pg = sys.modules.get("stepstone.store._postgres")
-    return pg is not None and isinstance(backend, pg.PostgresBackend)
+    return can_group(backend) or (pg is not None and isinstance(backend, pg.PostgresBackend))
 
 
 def can_group_claims(backend: Backend) -> bool:
@@ -70,7 +82,7 @@ def commit_many(backend: Backend, items: Sequence[Item]) -> list[Outcome]:
         from stepstone.store._sqlite_batch import commit_batch
 
         return commit_batch(backend, items)
-    if len(items) > 1 and can_group(backend):
+    if len(items) > 1 and _batches(backend):
         from stepstone.store import _postgres_batch
 
         return list(_postgres_batch.commit_many(backend, items))  # type: ignore[arg-type]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Collection, Sequence
 from typing import Any
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "QueueBackend",
     "QueueEntry",
     "entry_from_row",
+    "free_slots",
 ]
 
 #: Statuses after which an entry never changes again.
@@ -99,6 +101,20 @@ def entry_from_row(row: Sequence[Any]) -> QueueEntry:
     return QueueEntry(**v)
 
 
+def free_slots(
+    limit: int, concurrency: int | None, running: int, rate: float | None, started: int
+) -> int:
+    """How many entries a claim of up to ``limit`` may take under a queue's limits:
+    ``running`` of at most ``concurrency`` entries run now, and ``started`` entries
+    started in the last second of at most ``rate`` per second (None: no such limit)."""
+    free = limit
+    if concurrency is not None:
+        free = min(free, int(concurrency) - running)
+    if rate is not None:
+        free = min(free, math.ceil(float(rate) - started))
+    return free
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Owner:
     """Who claims: a worker's id and its process."""
@@ -137,10 +153,19 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     def claim(
-        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+        self,
+        queue: str,
+        owner: Owner,
+        lease_seconds: float,
+        limit: int = 1,
+        held: Collection[str] = (),
     ) -> list[QueueEntry]:
         """Take up to ``limit`` runnable entries of ``queue`` for ``owner``, in one
         transaction (possibly none).
+
+        ``held`` are the ids of the entries ``owner`` runs now: a backend whose answer
+        can be lost (a network) finds what a claim took, if it committed unheard, as
+        ``owner``'s running entries outside ``held``. One owner claims one batch at a time.
 
         Runnable: running with an expired lease (its worker died; taken first), or queued
         and due (highest priority first, then oldest). Expired entries that used up

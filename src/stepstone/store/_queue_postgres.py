@@ -14,17 +14,20 @@ Every primitive goes through the store backend's retry helpers: after a lost con
 from __future__ import annotations
 
 import hashlib
-import math
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from stepstone.store._postgres import Cursor, PostgresBackend
+import psycopg
+
+from stepstone.store._postgres import Cursor, PostgresBackend, _connection_lost, _Lost
 from stepstone.store._queue_base import (
     ENTRY_COLUMNS,
     Owner,
     QueueBackend,
     QueueEntry,
     entry_from_row,
+    free_slots,
 )
 
 __all__ = ["PostgresQueue"]
@@ -33,11 +36,15 @@ NOW = "extract(epoch FROM clock_timestamp())::float8"
 COLS = ", ".join(ENTRY_COLUMNS)
 QCOLS = ", ".join(f"q.{c}" for c in ENTRY_COLUMNS)
 
-_POISON_SQL = f"""
-UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, updated_at = {NOW},
+_POISON_SET = f"""
+status = 'failed', lease_until = NULL, updated_at = {NOW},
     error = 'its worker died or lost its lease on each of its ' || attempts
         || ' attempts (max_attempts=' || max_attempts || '); last worker ' || coalesce(worker, '?')
         || ' (pid ' || coalesce(pid::text, '?') || ' on host ' || coalesce(host, '?') || ')'
+"""
+
+_POISON_SQL = f"""
+UPDATE stepstone_queue SET {_POISON_SET}
 WHERE queue = %s AND status = 'running' AND lease_until < {NOW} AND attempts >= max_attempts
 """
 
@@ -57,11 +64,61 @@ ORDER BY priority DESC, not_before, seq
 LIMIT %s FOR UPDATE SKIP LOCKED
 """
 
+_TAKE_SET = f"""
+status = 'running', attempts = q.attempts + 1, worker = %(worker)s, host = %(host)s,
+    pid = %(pid)s, pid_start = %(pid_start)s, lease_until = {NOW} + %(lease)s,
+    started_at = {NOW}, updated_at = {NOW}
+"""
+
 _TAKE_SQL = f"""
-UPDATE stepstone_queue q SET status = 'running', attempts = attempts + 1, worker = %s,
-    host = %s, pid = %s, pid_start = %s, lease_until = {NOW} + %s, started_at = {NOW},
-    updated_at = {NOW}
-WHERE id = ANY(%s) RETURNING {QCOLS}
+UPDATE stepstone_queue q SET {_TAKE_SET}
+WHERE id = ANY(%(ids)s) RETURNING {QCOLS}
+"""
+
+# The whole claim of a queue without limits as one autocommit statement (one round trip,
+# no BEGIN/COMMIT): the poison sweep, the pick of expired then queued entries (each with
+# SKIP LOCKED, so concurrent claims never wait on each other), and the take. A queue that
+# has limits takes nothing here and answers one row whose ``limited`` is true; the claim
+# then goes through the serialized path (:meth:`PostgresQueue._claim_limited`).
+_CLAIM_SQL = f"""
+WITH poison AS (
+    UPDATE stepstone_queue SET {_POISON_SET}
+    WHERE id IN (
+        SELECT id FROM stepstone_queue
+        WHERE queue = %(queue)s AND status = 'running' AND lease_until < {NOW}
+            AND attempts >= max_attempts
+        FOR UPDATE SKIP LOCKED)
+    RETURNING id
+), limited AS (
+    SELECT 1 FROM stepstone_queue_limits
+    WHERE queue = %(queue)s AND (concurrency IS NOT NULL OR rate IS NOT NULL)
+), expired AS (
+    SELECT id, priority, lease_until FROM stepstone_queue
+    WHERE queue = %(queue)s AND status = 'running' AND lease_until < {NOW}
+        AND attempts < max_attempts
+    ORDER BY priority DESC, lease_until
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), queued AS (
+    SELECT id, priority, not_before, seq FROM stepstone_queue
+    WHERE queue = %(queue)s AND status = 'queued' AND not_before <= {NOW}
+    ORDER BY priority DESC, not_before, seq
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id, row_number() OVER () AS ord FROM (
+        (SELECT id FROM expired ORDER BY priority DESC, lease_until)
+        UNION ALL
+        (SELECT id FROM queued ORDER BY priority DESC, not_before, seq)
+    ) AS both_kinds
+    WHERE NOT EXISTS (SELECT 1 FROM limited)
+    LIMIT %(limit)s
+), took AS (
+    UPDATE stepstone_queue q SET {_TAKE_SET}
+    FROM picked WHERE q.id = picked.id
+    RETURNING {QCOLS}, picked.ord
+)
+SELECT {COLS}, ord, false FROM took
+UNION ALL
+SELECT {", ".join("NULL" for _ in ENTRY_COLUMNS)}, NULL, true FROM limited
 """
 
 
@@ -128,33 +185,85 @@ class PostgresQueue(QueueBackend):
         return self.backend._read("submit a run", insert)
 
     def claim(
-        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+        self,
+        queue: str,
+        owner: Owner,
+        lease_seconds: float,
+        limit: int = 1,
+        held: Collection[str] = (),
     ) -> list[QueueEntry]:
+        params = {"queue": queue, "limit": limit, **params_of(owner, lease_seconds)}
+
+        def take(deadline: float) -> list[tuple[Any, ...]] | None:
+            with self.backend._connection(deadline - time.monotonic()) as conn:
+                session = conn.info.backend_pid
+                try:
+                    rows = conn.execute(_CLAIM_SQL, params).fetchall()
+                except psycopg.Error as exc:
+                    if not _connection_lost(conn, exc):
+                        raise
+                    lost = exc
+                else:
+                    if any(r[-1] for r in rows):
+                        return None  # the queue has limits: take under the queue's lock
+                    rows.sort(key=lambda r: int(r[-2]))
+                    return [r[:-2] for r in rows]
+            # The statement may have committed without our hearing of it: once its server
+            # session is gone it has committed or never will. This worker claims one
+            # batch at a time, so what it holds beyond ``held`` is that batch.
+            self._wait_gone(session, deadline)
+            mine = self.backend._read(
+                "look up a claim whose answer was lost",
+                lambda cur: cur.execute(
+                    f"SELECT {COLS} FROM stepstone_queue WHERE worker = %s AND queue = %s "
+                    "AND status = 'running' AND NOT (id = ANY(%s)) ORDER BY started_at, seq",
+                    (owner.worker, queue, sorted(held)),
+                ).fetchall(),
+            )
+            if mine:
+                return list(mine)
+            raise _Lost(lost) from lost  # nothing was taken: claim again
+
+        rows = self.backend._retry("take queued runs", take)
+        if rows is None:
+            return self._claim_limited(queue, owner, lease_seconds, limit)
+        return [entry_from_row(r) for r in rows]
+
+    def _wait_gone(self, session: int, deadline: float) -> None:
+        """Wait (until ``deadline``) for the server session ``session`` to end."""
+        while time.monotonic() < deadline:
+            alive = self.backend._read(
+                "wait for a lost session to end",
+                lambda cur: _one(
+                    cur, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (session,)
+                ),
+            )
+            if not alive:
+                return
+            time.sleep(0.05)
+
+    def _claim_limited(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int
+    ) -> list[QueueEntry]:
+        """The claim of a queue with limits: serialized on the queue's advisory lock, so
+        its count of running entries and its rate window cannot be overshot."""
+
         def take(cur: Cursor) -> list[QueueEntry]:
             cur.execute(_POISON_SQL, (queue,))
-            free = limit
             limits = cur.execute(
                 "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = %s", (queue,)
             ).fetchone()
-            if limits is not None and (limits[0] is not None or limits[1] is not None):
+            concurrency, rate = limits if limits is not None else (None, None)
+            running = started = 0
+            if concurrency is not None or rate is not None:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (_limit_lock(queue),))
-                concurrency, rate = limits
-                if concurrency is not None:
-                    running = _one(
-                        cur,
-                        "SELECT count(*) FROM stepstone_queue WHERE queue = %s AND "
-                        f"status = 'running' AND lease_until >= {NOW}",
-                        (queue,),
-                    )
-                    free = min(free, int(concurrency) - int(running))
-                if rate is not None:
-                    started = _one(
-                        cur,
-                        "SELECT count(*) FROM stepstone_queue WHERE queue = %s AND "
-                        f"started_at > {NOW} - 1.0",
-                        (queue,),
-                    )
-                    free = min(free, math.ceil(float(rate) - int(started)))
+                running, started = cur.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'running' AND lease_until >= "
+                    f"{NOW}), count(*) FILTER (WHERE started_at > {NOW} - 1.0) "
+                    "FROM stepstone_queue WHERE queue = %s",
+                    (queue,),
+                ).fetchone() or (0, 0)
+            free = free_slots(limit, concurrency, int(running), rate, int(started))
             if free <= 0:
                 return []
             ids = [r[0] for r in cur.execute(_PICK_EXPIRED_SQL, (queue, free)).fetchall()]
@@ -163,10 +272,7 @@ class PostgresQueue(QueueBackend):
                 ids += [r[0] for r in picked]
             if not ids:
                 return []
-            rows = cur.execute(
-                _TAKE_SQL,
-                (owner.worker, owner.host, owner.pid, owner.pid_start, lease_seconds, ids),
-            ).fetchall()
+            rows = cur.execute(_TAKE_SQL, {**params_of(owner, lease_seconds), "ids": ids})
             order = {entry_id: i for i, entry_id in enumerate(ids)}
             return sorted((entry_from_row(r) for r in rows), key=lambda e: order[e.id])
 
@@ -299,6 +405,17 @@ class PostgresQueue(QueueBackend):
 
         # idempotent: a retry after a lost answer deletes what is left to delete
         return int(self.backend._read("prune finished queue entries", prune))
+
+
+def params_of(owner: Owner, lease_seconds: float) -> dict[str, Any]:
+    """The take's parameters: who takes, for how long."""
+    return {
+        "worker": owner.worker,
+        "host": owner.host,
+        "pid": owner.pid,
+        "pid_start": owner.pid_start,
+        "lease": lease_seconds,
+    }
 
 
 def _one(cur: Cursor, sql: str, params: Any = ()) -> Any:

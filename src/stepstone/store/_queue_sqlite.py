@@ -9,12 +9,11 @@ the one clock.
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -26,6 +25,7 @@ from stepstone.store._queue_base import (
     QueueBackend,
     QueueEntry,
     entry_from_row,
+    free_slots,
 )
 
 __all__ = ["SQLiteQueue"]
@@ -170,7 +170,12 @@ class SQLiteQueue(QueueBackend):
         return self._write(insert)
 
     def claim(
-        self, queue: str, owner: Owner, lease_seconds: float, limit: int = 1
+        self,
+        queue: str,
+        owner: Owner,
+        lease_seconds: float,
+        limit: int = 1,
+        held: Collection[str] = (),
     ) -> list[QueueEntry]:
         def take(conn: sqlite3.Connection) -> list[QueueEntry]:
             now = time.time()
@@ -183,25 +188,19 @@ class SQLiteQueue(QueueBackend):
                 "AND lease_until < ? AND attempts >= max_attempts",
                 (now, queue, now),
             )
-            free = limit
+            concurrency = rate = None
+            running = started = 0
             limits = conn.execute(
                 "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = ?", (queue,)
             ).fetchone()
             if limits is not None:
                 concurrency, rate = limits
-                if concurrency is not None:
-                    (running,) = conn.execute(
-                        "SELECT count(*) FROM stepstone_queue WHERE queue = ? AND "
-                        "status = 'running' AND lease_until >= ?",
-                        (queue, now),
-                    ).fetchone()
-                    free = min(free, concurrency - running)
-                if rate is not None:
-                    (started,) = conn.execute(
-                        "SELECT count(*) FROM stepstone_queue WHERE queue = ? AND started_at > ?",
-                        (queue, now - 1.0),
-                    ).fetchone()
-                    free = min(free, math.ceil(rate - started))
+                running, started = conn.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'running' AND lease_until >= ?), "
+                    "count(*) FILTER (WHERE started_at > ?) FROM stepstone_queue WHERE queue = ?",
+                    (now, now - 1.0, queue),
+                ).fetchone()
+            free = free_slots(limit, concurrency, running, rate, started)
             if free <= 0:
                 return []
             ids = [

@@ -8,7 +8,9 @@ this one run:
 * a durable Plan of N trivial steps, each returning a 1 KB payload stored with ``writes=``
   (N = 10 and 100), run the way a script runs it (``Agent(engine=plan)(task)``): wall time
   per step, everything included (step call, engine, commit), on a warm store;
-* the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode).
+* the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode);
+* for reference, the parts: one step commit through the kernel alone (``OwnedRun.commit_sync``
+  of a 1 KB journal row and a 1 KB ``writes=`` value, no engine), and one claim of a new run.
 
 Targets: 100-step runs <= 1.5x the raw upsert per step, 10-step runs <= 2x.
 
@@ -65,6 +67,29 @@ def plan_ms_per_step(store: Any, n_steps: int, key: str) -> float:
     return elapsed * 1000 / n_steps
 
 
+def kernel_ms(store: Any, n: int, key: str) -> tuple[float, float]:
+    """Milliseconds per claim of a new run, and per step commit through the kernel alone."""
+    from stepstone.durable import claim_run
+
+    t0 = time.perf_counter()
+    run = claim_run(store, key, kind="bench", resume=False, first_step="s0").run
+    claim = time.perf_counter() - t0
+    assert run is not None
+    data = {"payload": PAYLOAD}
+    t0 = time.perf_counter()
+    for i in range(n):
+        run.commit_sync(
+            status="running",
+            next_step=f"s{i + 1}",
+            rows=[("step", f"s{i}", data)],
+            writes=[(f"{key}:w{i % 10}", PAYLOAD)],
+        )
+    commit = time.perf_counter() - t0
+    run.commit_sync(status="done", next_step=None)
+    run.release()
+    return claim * 1000, commit * 1000 / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=7)
@@ -92,13 +117,18 @@ def main() -> None:
             plan_ms_per_step(store, 20, f"warm-{id(store)}")
         raws: list[float] = []
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        parts: dict[str, list[tuple[float, float]]] = {}
         for r in range(args.repeat):  # interleaved, each run paired with a raw measurement
             for name, store in stores.items():
                 for n in (10, 100):
-                    raw_ms = raw_upsert_ms(url, 2 * n)
+                    raw_ms = raw_upsert_ms(url, 200)
                     raws.append(raw_ms)
                     ms = plan_ms_per_step(store, n, f"{name}-{n}-{r}")
                     results.setdefault((name, n), []).append((ms, ms / raw_ms))
+            raw_ms = raw_upsert_ms(url, 200)
+            claim, commit = kernel_ms(stores["prepared"], 100, f"kernel-{r}")
+            parts.setdefault("claim of a new run", []).append((claim, claim / raw_ms))
+            parts.setdefault("kernel step commit", []).append((commit, commit / raw_ms))
         print(
             f"raw 1 KB upsert (autocommit, prepared, one client): {statistics.median(raws):.3f} ms"
         )
@@ -110,6 +140,11 @@ def main() -> None:
             ratio = statistics.median(v[1] for v in values)
             target = 1.5 if n == 100 else 2.0
             print(f"{name:>14} {n:>6} {ms:>8.3f} {ratio:>6.2f} {target:>6.1f}x")
+        print()
+        for what, values in parts.items():
+            ms = statistics.median(v[0] for v in values)
+            ratio = statistics.median(v[1] for v in values)
+            print(f"{what:>21}: {ms:.3f} ms ({ratio:.2f}x raw)")
         for store in stores.values():
             store.close()
 

@@ -26,14 +26,13 @@ committed twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from stepstone.exceptions import MissingExtraError, StoreError
@@ -57,16 +56,16 @@ try:
 except ImportError as exc:  # tested in a subprocess that blocks the import
     raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
 
+from stepstone.store._postgres_commit import WHY_SQL, commit_statement
 from stepstone.store._postgres_schema import (
-    COMMIT_FN_SQL,
     HEAD_COLS,
     KEY_LOCK_CLASS,
-    LOCK_SQL,
     LOCK_XID_SQL,
     MIGRATIONS,
     PUT_SQL,
     UPSERT_KV_SQL,
     check_schema,
+    lock_id,
     lock_ids,
     migrate,
     prefix_where,
@@ -372,6 +371,23 @@ class PostgresBackend(Backend):
         After a lost connection the transaction is retried (``fn`` runs again) unless its
         COMMIT was sent and the server says it committed: then ``fn``'s result stands.
         """
+
+        def body(conn: Connection) -> T:
+            with conn.cursor() as cur:
+                return fn(cur)
+
+        return self._in_transaction(what, lock_keys, body, pipeline=False)
+
+    def _pipelined(self, what: str, lock_keys: Sequence[str], fn: Callable[[Connection], T]) -> T:
+        """:meth:`_transaction` in pipeline mode: ``fn`` queues statements with
+        ``conn.execute`` and the server gets them only when ``fn`` fetches a result (or at
+        COMMIT), so BEGIN, the lock and ``fn``'s reads cost one round trip, and its writes
+        with the COMMIT another."""
+        return self._in_transaction(what, lock_keys, fn, pipeline=True)
+
+    def _in_transaction(
+        self, what: str, lock_keys: Sequence[str], fn: Callable[[Connection], T], pipeline: bool
+    ) -> T:
         ids = lock_ids(lock_keys)
 
         def attempt(deadline: float) -> T:
@@ -379,14 +395,15 @@ class PostgresBackend(Backend):
             committing = False
             with self._connection(deadline - time.monotonic()) as conn:
                 try:
-                    with conn.transaction(), conn.cursor() as cur:
-                        row = cur.execute(LOCK_XID_SQL, (KEY_LOCK_CLASS, ids)).fetchone()
+                    with conn.pipeline() if pipeline else nullcontext(), conn.transaction():
+                        lock = conn.execute(LOCK_XID_SQL, (KEY_LOCK_CLASS, ids))
+                        result = fn(conn)
+                        row = lock.fetchone()
                         xid = int(row[0]) if row else None
-                        result = fn(cur)
                         committing = True
                     return result
                 except psycopg.Error as exc:
-                    if isinstance(exc, pg_errors.DeadlockDetected) and not committing:
+                    if isinstance(exc, pg_errors.DeadlockDetected):
                         raise _Lost(exc) from exc  # rolled back by the server: retry
                     if not _connection_lost(conn, exc):
                         raise
@@ -416,33 +433,7 @@ class PostgresBackend(Backend):
                 )
             time.sleep(0.05)  # "in progress": the old session is still finishing it
 
-    def _pipelined(
-        self, deadline: float, lock_keys: Sequence[str], sql: str, params: Any
-    ) -> tuple[Any, ...] | None:
-        """Run ``sql`` (first row returned) in one transaction, after taking the advisory
-        locks of ``lock_keys`` in a statement of its own, so that ``sql``'s snapshot sees
-        everything committed under those locks. Pipelined, with no BEGIN/COMMIT: the
-        statements before the pipeline's Sync form one implicit transaction, committed
-        at the Sync. One round trip.
-
-        Raises:
-            _Unknown: the connection broke after sending; it may have committed.
-        """
-        ids = lock_ids(lock_keys)
-        with self._connection(deadline - time.monotonic()) as conn:
-            try:
-                if not ids:
-                    return conn.execute(sql.encode(), params).fetchone()
-                with conn.pipeline():
-                    conn.execute(LOCK_SQL, (KEY_LOCK_CLASS, ids))
-                    cur = conn.execute(sql.encode(), params)
-                return cur.fetchone()
-            except psycopg.Error as exc:
-                if _connection_lost(conn, exc):
-                    raise _Unknown(exc) from exc
-                raise
-
-    def _one_statement(self, deadline: float, sql: str, params: Any) -> tuple[Any, ...] | None:
+    def _one_statement(self, deadline: float, sql: bytes, params: Any) -> tuple[Any, ...] | None:
         """Run ``sql`` (first row returned) as its own autocommit transaction: one round
         trip.
 
@@ -451,7 +442,7 @@ class PostgresBackend(Backend):
         """
         with self._connection(deadline - time.monotonic()) as conn:
             try:
-                return conn.execute(sql.encode(), params).fetchone()
+                return conn.execute(sql, params).fetchone()
             except psycopg.Error as exc:
                 if _connection_lost(conn, exc):
                     raise _Unknown(exc) from exc
@@ -477,8 +468,9 @@ class PostgresBackend(Backend):
 
         # Idempotent: after a lost answer it is simply sent again.
         def attempt(deadline: float) -> None:
+            params = (key, text, time.time(), lock_id(key), key)
             try:
-                row = self._pipelined(deadline, [key], PUT_SQL, (key, text, time.time(), key))
+                row = self._one_statement(deadline, PUT_SQL.encode(), params)
             except _Unknown as unknown:
                 raise _Lost(unknown.cause) from unknown.cause
             if row is None:
@@ -489,13 +481,10 @@ class PostgresBackend(Backend):
     def kv_delete(self, key: str) -> bool:
         self._refuse_if_read_only()
 
-        def delete(cur: Cursor) -> bool:
-            n = cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,)).rowcount
-            n += cur.execute("DELETE FROM stepstone_runs WHERE key = %s", (key,)).rowcount
-            cur.execute("DELETE FROM stepstone_journal WHERE run_key = %s", (key,))
-            return n > 0
+        def delete(conn: Connection) -> bool:
+            return bool(_one(conn.execute(_DELETE_SQL, (key, key, key))))
 
-        return self._transaction("delete a key", [key], delete)
+        return self._pipelined("delete a key", [key], delete)
 
     def kv_keys(self, prefix: str | None) -> list[str]:
         where, args = prefix_where("key", prefix)
@@ -519,19 +508,21 @@ class PostgresBackend(Backend):
     ) -> bool:
         self._refuse_if_read_only()
 
-        def cas(cur: Cursor) -> bool:
-            if cur.execute("SELECT 1 FROM stepstone_runs WHERE key = %s", (key,)).fetchone():
+        def cas(conn: Connection) -> bool:
+            row = conn.execute(_KEY_STATE_SQL, (key, key)).fetchone()
+            assert row is not None
+            is_run, current = row
+            if is_run:
                 raise run_key_conflict(key)
-            current = _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,)))
             if expected is None:
                 if current is not None:
                     return False
             elif current is None or not equal(str(current), expected):
                 return False
-            cur.execute(UPSERT_KV_SQL, (key, new_text, time.time()))
+            conn.execute(UPSERT_KV_SQL, (key, new_text, time.time()))
             return True
 
-        return self._transaction("compare-and-swap a value", [key], cas)
+        return self._pipelined("compare-and-swap a value", [key], cas)
 
     # -- runs ------------------------------------------------------------------------------
     def run_get(self, key: str) -> RunHead | None:
@@ -546,35 +537,31 @@ class PostgresBackend(Backend):
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
         self._refuse_if_read_only()
 
-        def transact(cur: Cursor) -> RunHead | None:
-            row = cur.execute(
-                f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,)
-            ).fetchone()
+        # Pipelined: BEGIN, the key's lock and both reads go in one round trip; decide runs
+        # while the transaction holds the lock and the head's row lock; the writes go with
+        # the COMMIT in a second round trip.
+        def transact(conn: Connection) -> RunHead | None:
+            head_cur = conn.execute(_HEAD_FOR_UPDATE_SQL, (key,))
+            kv_cur = conn.execute(_KV_VALUE_SQL, (key,))
+            row = head_cur.fetchone()
             head = None if row is None else head_from_row(row)
-            kv_text = _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,)))
+            kv_text = _one(kv_cur)
             claim = decide(head, None if kv_text is None else str(kv_text))
             if claim is None:
                 return head
             if claim.reset_journal:
-                cur.execute("DELETE FROM stepstone_journal WHERE run_key = %s", (key,))
+                conn.execute(_DELETE_JOURNAL_SQL, (key,))
             if claim.drop_kv:
-                cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,))
-            cur.execute(
-                f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (key) DO UPDATE SET "
-                + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:]),
-                head_to_row(claim.head),
-            )
+                conn.execute(_DELETE_KV_SQL, (key,))
+            conn.execute(_PUT_HEAD_SQL, head_to_row(claim.head))
             if claim.rows:
-                cur.executemany(
-                    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) "
-                    "VALUES (%s, %s, %s, %s, %s)",
+                conn.cursor().executemany(
+                    _INSERT_JOURNAL_SQL,
                     [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
                 )
             return claim.head
 
-        return self._transaction("claim a run", [key], transact)
+        return self._pipelined("claim a run", [key], transact)
 
     def run_commit(
         self,
@@ -584,35 +571,52 @@ class PostgresBackend(Backend):
         writes: Sequence[tuple[str, str]],
     ) -> bool:
         self._refuse_if_read_only()
-        args = commit_args(head, expected_version, rows, writes)
-
-        def send(deadline: float) -> tuple[int, int, str | None]:
-            row = self._one_statement(deadline, COMMIT_FN_SQL, args)
-            assert row is not None
-            return int(row[0]), int(row[1]), row[2]
+        sql, params, keys = commit_statement(head, expected_version, rows, writes)
 
         def attempt(deadline: float) -> bool:
-            try:
-                applied, matched, conflict = send(deadline)
-            except _Unknown as unknown:
-                # The statement may have committed: the stored head tells. Our run_uid
-                # with our new version means it did (only this owner moves the head under
-                # this run_uid); the expected version means it did not, so send it again.
-                current = self.run_get(head.key)
-                if current is None or current.run_uid != head.run_uid:
-                    return False
-                if current.version == head.version:
+            while True:
+                try:
+                    row = self._one_statement(deadline, sql, params)
+                except _Unknown as unknown:
+                    return self._commit_outcome(head, expected_version, unknown)
+                if row is not None and row[0]:
                     return True
-                if current.version == expected_version:
-                    raise _Lost(unknown.cause) from unknown.cause
-                return False
-            if applied:
-                return True
-            if matched and conflict is not None:
-                raise run_key_conflict(str(conflict))
-            return False
+                verdict = self._why_not(head, expected_version, keys)
+                if verdict is not None:
+                    return verdict
 
         return self._retry("commit a step", attempt)
+
+    def _commit_outcome(self, head: RunHead, expected_version: int, unknown: _Unknown) -> bool:
+        """Whether a commit whose answer was lost applied; _Lost when it surely did not."""
+        # The statement may have committed: the stored head tells. Our run_uid with our
+        # new version means it did (only this owner moves the head under this run_uid);
+        # the expected version means it did not, so send it again.
+        current = self.run_get(head.key)
+        if current is None or current.run_uid != head.run_uid:
+            return False
+        if current.version == head.version:
+            return True
+        if current.version == expected_version:
+            raise _Lost(unknown.cause) from unknown.cause
+        return False
+
+    def _why_not(self, head: RunHead, expected_version: int, keys: list[str]) -> bool | None:
+        """After a commit that changed nothing: False when the head no longer matched;
+        StoreKeyConflictError when it did but a write key holds a run; None (send it
+        again) when that run was deleted in between."""
+        row = self._read(
+            "check why a commit did not apply",
+            lambda cur: cur.execute(
+                WHY_SQL, (head.key, expected_version, head.run_uid, keys)
+            ).fetchone(),
+        )
+        matched, conflict = (False, None) if row is None else row
+        if not matched:
+            return False
+        if conflict is not None:
+            raise run_key_conflict(str(conflict))
+        return None
 
     def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
         self._refuse_if_read_only()
@@ -645,64 +649,29 @@ class PostgresBackend(Backend):
         return heads_for_listing(rows)
 
 
-def commit_params(
-    head: RunHead,
-    expected_version: int,
-    rows: Sequence[JournalRow],
-    writes: Sequence[tuple[str, str]],
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """The writes to upsert (the last write of a key wins) and COMMIT_SQL's parameters."""
-    latest = dict(writes)
-    return latest, {
-        "status": head.status,
-        "next_step": head.next_step,
-        "version": head.version,
-        "iteration": head.iteration,
-        "journal_len": head.journal_len,
-        "lease_until": head.lease_until,
-        "meta": json.dumps(head.meta, separators=(",", ":")),
-        "updated_at": head.updated_at,
-        "key": head.key,
-        "expected": expected_version,
-        "run_uid": head.run_uid,
-        "seqs": [r.seq for r in rows],
-        "kinds": [r.kind for r in rows],
-        "names": [r.name for r in rows],
-        "datas": [r.data for r in rows],
-        "wkeys": list(latest),
-        "wvals": list(latest.values()),
-    }
-
-
-def commit_args(
-    head: RunHead,
-    expected_version: int,
-    rows: Sequence[JournalRow],
-    writes: Sequence[tuple[str, str]],
-) -> tuple[Any, ...]:
-    """COMMIT_FN_SQL's positional parameters (the last write of a key wins)."""
-    latest = dict(writes)
-    return (
-        KEY_LOCK_CLASS,
-        lock_ids(list(latest)),
-        head.status,
-        head.next_step,
-        head.version,
-        head.iteration,
-        head.journal_len,
-        head.lease_until,
-        json.dumps(head.meta, separators=(",", ":")),
-        head.updated_at,
-        head.key,
-        expected_version,
-        head.run_uid,
-        [r.seq for r in rows],
-        [r.kind for r in rows],
-        [r.name for r in rows],
-        [r.data for r in rows],
-        list(latest),
-        list(latest.values()),
-    )
+_HEAD_FOR_UPDATE_SQL = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE"
+_KV_VALUE_SQL = "SELECT value FROM stepstone_kv WHERE key = %s"
+_KEY_STATE_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s), "
+    "(SELECT value FROM stepstone_kv WHERE key = %s)"
+)
+_DELETE_JOURNAL_SQL = "DELETE FROM stepstone_journal WHERE run_key = %s"
+_DELETE_KV_SQL = "DELETE FROM stepstone_kv WHERE key = %s"
+_DELETE_SQL = (
+    "WITH v AS (DELETE FROM stepstone_kv WHERE key = %s RETURNING 1), "
+    "r AS (DELETE FROM stepstone_runs WHERE key = %s RETURNING 1), "
+    "j AS (DELETE FROM stepstone_journal WHERE run_key = %s) "
+    "SELECT (SELECT count(*) FROM v) + (SELECT count(*) FROM r)"
+)
+_PUT_HEAD_SQL = (
+    f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (key) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:])
+)
+_INSERT_JOURNAL_SQL = (
+    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) VALUES (%s, %s, %s, %s, %s)"
+)
 
 
 def _one(cur: Cursor) -> Any:

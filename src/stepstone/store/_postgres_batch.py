@@ -18,8 +18,8 @@ import psycopg
 
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._memory import run_key_conflict
-from stepstone.store._postgres import Cursor, PostgresBackend, commit_params
-from stepstone.store._postgres_schema import COMMIT_SQL
+from stepstone.store._postgres import Cursor, PostgresBackend
+from stepstone.store._postgres_commit import WHY_SQL, commit_statement
 
 __all__ = ["commit_many"]
 
@@ -29,26 +29,24 @@ Outcome = bool | Exception
 
 def commit_many(backend: PostgresBackend, items: Sequence[Item]) -> list[Outcome]:
     """Per item, what ``run_commit`` would have returned (or raised)."""
-    prepared = [commit_params(*item) for item in items]
-    keys = sorted({k for latest, _ in prepared for k in latest})
-    sql = COMMIT_SQL.encode()
+    statements = [commit_statement(*item) for item in items]
+    locked = sorted({k for _, _, keys in statements for k in keys})
 
     def batch(cur: Cursor) -> list[Outcome]:
         out: list[Outcome] = []
-        for _, params in prepared:
+        for (head, expected, _, _), (sql, params, keys) in zip(items, statements, strict=True):
             row = cur.execute(sql, params).fetchone()
-            assert row is not None
-            applied, matched, conflict = int(row[0]), int(row[1]), row[2]
-            if applied:
+            if row is not None and row[0]:
                 out.append(True)
-            elif matched and conflict is not None:
-                out.append(run_key_conflict(str(conflict)))
-            else:
-                out.append(False)
+                continue
+            # Under the batch's locks, nothing changes the answer in between.
+            why = cur.execute(WHY_SQL, (head.key, expected, head.run_uid, keys)).fetchone()
+            matched, conflict = (False, None) if why is None else why
+            out.append(run_key_conflict(str(conflict)) if matched and conflict else False)
         return out
 
     try:
-        return backend._transaction("commit the steps of several runs", keys, batch)
+        return backend._transaction("commit the steps of several runs", locked, batch)
     except psycopg.Error:
         pass  # one statement failed and the batch rolled back: commit each on its own
     results: list[Outcome] = []

@@ -17,16 +17,14 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
-    "COMMIT_FN_SQL",
-    "COMMIT_SQL",
     "HEAD_COLS",
     "KEY_LOCK_CLASS",
-    "LOCK_SQL",
     "LOCK_XID_SQL",
     "MIGRATIONS",
     "PUT_SQL",
     "UPSERT_KV_SQL",
     "check_schema",
+    "lock_id",
     "lock_ids",
     "migrate",
     "prefix_where",
@@ -153,6 +151,28 @@ MIGRATIONS: list[str] = [
     END
     $fn$;
     """,
+    # A step commit is now one plain statement per shape (see _postgres_commit): these
+    # take the advisory locks of its writes= keys and then, in a snapshot of their own
+    # (VOLATILE), check that none of those keys holds a run. stepstone_commit is gone.
+    """
+    CREATE FUNCTION stepstone_key_free(p_lock_class INT4, p_lock_id INT4, p_key TEXT)
+    RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock_class, p_lock_id);
+        RETURN NOT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = p_key);
+    END
+    $fn$;
+    CREATE FUNCTION stepstone_keys_free(p_lock_class INT4, p_lock_ids INT4[], p_keys TEXT[])
+    RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock_class, id)
+            FROM (SELECT DISTINCT id FROM unnest(p_lock_ids) AS u(id) ORDER BY id) AS ids;
+        RETURN NOT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = ANY(p_keys));
+    END
+    $fn$;
+    DROP FUNCTION stepstone_commit(INT4, INT4[], TEXT, TEXT, INT8, INT8, INT8, FLOAT8, TEXT,
+        FLOAT8, TEXT, INT8, TEXT, INT8[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[]);
+    """,
 ]
 
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
@@ -164,9 +184,8 @@ SCHEMA_LOCK = int.from_bytes(
 
 HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
-# Take the per-key locks in the order of the (sorted) array. The first form also returns
-# the transaction id, by which a COMMIT whose answer was lost is looked up later.
-LOCK_SQL = "SELECT count(pg_advisory_xact_lock(%s, id)) FROM unnest(%s::int4[]) AS id"
+# Take the per-key locks in the order of the (sorted) array, and return the transaction
+# id, by which a COMMIT whose answer was lost is looked up later.
 LOCK_XID_SQL = (
     "SELECT txid_current(), count(pg_advisory_xact_lock(%s, id)) FROM unnest(%s::int4[]) AS id"
 )
@@ -176,52 +195,18 @@ UPSERT_KV_SQL = (
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at"
 )
 
-# A plain write, unless the key holds a run (then no row comes back).
+# A plain write, unless the key holds a run (then no row comes back): stepstone_key_free
+# takes the key's advisory lock, then checks for a run in a snapshot of its own.
 PUT_SQL = (
     "INSERT INTO stepstone_kv (key, value, updated_at) "
-    "SELECT %s, %s, %s WHERE NOT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s) "
+    f"SELECT %s, %s, %s WHERE stepstone_key_free({KEY_LOCK_CLASS}, %s::int4, %s) "
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING 1"
 )
 
-# One step's commit in one statement: the journal rows and the writes are inserted only
-# when the head update matched (they select from its RETURNING). The last SELECT reports
-# whether it applied, whether the head matched before, and a write key that is a run.
-#: One step's commit (locks, compare-and-swap, journal, writes) as one statement with
-#: positional parameters: ``(applied, matched, conflict)``.
-COMMIT_FN_SQL = (
-    "SELECT * FROM stepstone_commit(%s::int4, %s::int4[], %s::text, %s::text, %s::int8, "
-    "%s::int8, %s::int8, %s::float8, %s::text, %s::float8, %s::text, %s::int8, %s::text, "
-    "%s::int8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
-)
-
-COMMIT_SQL = """
-WITH upd AS (
-    UPDATE stepstone_runs SET status = %(status)s, next_step = %(next_step)s,
-        version = %(version)s, iteration = %(iteration)s, journal_len = %(journal_len)s,
-        lease_until = %(lease_until)s, meta = %(meta)s, updated_at = %(updated_at)s
-    WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s
-      AND NOT EXISTS (SELECT 1 FROM stepstone_runs r WHERE r.key = ANY(%(wkeys)s::text[]))
-    RETURNING key
-), j AS (
-    INSERT INTO stepstone_journal (run_key, seq, kind, name, data)
-    SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd,
-        unnest(%(seqs)s::int8[], %(kinds)s::text[], %(names)s::text[], %(datas)s::text[])
-        AS r(seq, kind, name, data)
-), w AS (
-    INSERT INTO stepstone_kv (key, value, updated_at)
-    SELECT w.key, w.value, %(updated_at)s FROM upd,
-        unnest(%(wkeys)s::text[], %(wvals)s::text[]) AS w(key, value)
-    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
-)
-SELECT (SELECT count(*) FROM upd),
-    (SELECT count(*) FROM stepstone_runs
-        WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s),
-    (SELECT min(key) FROM stepstone_runs WHERE key = ANY(%(wkeys)s::text[]))
-"""
-
 
 def lock_id(key: str) -> int:
+    """The advisory lock id of ``key`` (with KEY_LOCK_CLASS)."""
     return int.from_bytes(
         hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).digest(),
         "big",

@@ -292,3 +292,40 @@ def test_a_store_of_the_previous_schema_upgrades_and_its_runs_go_on(pg_server: P
         assert gone == (None,)
     finally:
         pg_server.drop_database("t_commit_upgrade")
+
+
+def test_a_group_commit_with_a_failing_statement_lands_the_others(store: Store) -> None:
+    """guarantee 250: in a group commit (several runs' commits in one pipelined
+    transaction), a commit whose statement fails outright (here a journal row whose seq is
+    already taken) rolls the batch back; each commit is then sent on its own, so the
+    failing run gets the error and the others land."""
+    from stepstone.durable._group import commit_many
+    from stepstone.store._base import JournalRow
+
+    runs = [
+        claim_run(store, f"g{i}", kind="test", resume=False, first_step="a").run for i in range(3)
+    ]
+    assert all(r is not None for r in runs)
+    try:
+        bad = runs[1]
+        assert bad is not None
+        bad.commit_sync(status="running", next_step="b", rows=[("step", "a", 1)])
+        items = []
+        for i, run in enumerate(runs):
+            assert run is not None
+            new, rows, _ = run._prepare("running", "c", None, None, [("step", "b", i)], [])
+            if run is bad:  # seq 0 is already in its journal
+                rows = [JournalRow(0, "step", "b", "1")]
+            items.append((new, run.head.version, rows, [(f"g{i}-value", str(i))]))
+        outcomes = commit_many(store.backend, items)
+        assert outcomes[0] is True and outcomes[2] is True
+        assert isinstance(outcomes[1], psycopg.errors.UniqueViolation)
+        assert store.read("g0-value") == 0 and store.read("g2-value") == 2
+        assert store.read("g1-value") is None
+        assert [r.seq for r in store.backend.run_journal("g1")] == [0]
+        head = store.backend.run_get("g1")
+        assert head is not None and head.version == bad.head.version
+    finally:
+        for run in runs:
+            assert run is not None
+            run.release()

@@ -372,7 +372,7 @@ class PostgresBackend(Backend):
         COMMIT was sent and the server says it committed: then ``fn``'s result stands.
         """
 
-        def body(conn: Connection) -> T:
+        def body(conn: Connection, _xids: list[int]) -> T:
             with conn.cursor() as cur:
                 return fn(cur)
 
@@ -383,23 +383,35 @@ class PostgresBackend(Backend):
         ``conn.execute`` and the server gets them only when ``fn`` fetches a result (or at
         COMMIT), so BEGIN, the lock and ``fn``'s reads cost one round trip, and its writes
         with the COMMIT another."""
-        return self._in_transaction(what, lock_keys, fn, pipeline=True)
+        return self._in_transaction(what, lock_keys, lambda conn, _xids: fn(conn), pipeline=True)
 
     def _in_transaction(
-        self, what: str, lock_keys: Sequence[str], fn: Callable[[Connection], T], pipeline: bool
+        self,
+        what: str,
+        lock_keys: Sequence[str] | None,
+        fn: Callable[[Connection, list[int]], T],
+        pipeline: bool,
     ) -> T:
-        ids = lock_ids(lock_keys)
+        """The transaction of :meth:`_transaction` and :meth:`_pipelined`. With
+        ``lock_keys`` None, ``fn`` takes the locks itself and appends the transaction id
+        to the list it is given."""
+        ids = None if lock_keys is None else lock_ids(lock_keys)
 
         def attempt(deadline: float) -> T:
-            xid: int | None = None
+            xids: list[int] = []
             committing = False
             with self._connection(deadline - time.monotonic()) as conn:
                 try:
                     with conn.pipeline() if pipeline else nullcontext(), conn.transaction():
-                        lock = conn.execute(LOCK_XID_SQL, (KEY_LOCK_CLASS, ids))
-                        result = fn(conn)
-                        row = lock.fetchone()
-                        xid = int(row[0]) if row else None
+                        lock = (
+                            None
+                            if ids is None
+                            else conn.execute(LOCK_XID_SQL, (KEY_LOCK_CLASS, ids))
+                        )
+                        result = fn(conn, xids)
+                        row = None if lock is None else lock.fetchone()
+                        if row:
+                            xids.append(int(row[0]))
                         committing = True
                     return result
                 except psycopg.Error as exc:
@@ -408,7 +420,7 @@ class PostgresBackend(Backend):
                     if not _connection_lost(conn, exc):
                         raise
                     lost: psycopg.Error = exc
-            if committing and xid is not None and self._committed(xid, what, deadline):
+            if committing and xids and self._committed(xids[-1], what, deadline):
                 return result
             raise _Lost(lost) from lost
 
@@ -537,23 +549,22 @@ class PostgresBackend(Backend):
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
         self._refuse_if_read_only()
 
-        # Pipelined: BEGIN, the key's lock and both reads go in one round trip; decide runs
-        # while the transaction holds the lock and the head's row lock; the writes go with
-        # the COMMIT in a second round trip.
-        def transact(conn: Connection) -> RunHead | None:
-            head_cur = conn.execute(_HEAD_FOR_UPDATE_SQL, (key,))
-            kv_cur = conn.execute(_KV_VALUE_SQL, (key,))
-            row = head_cur.fetchone()
-            head = None if row is None else head_from_row(row)
-            kv_text = _one(kv_cur)
+        # Pipelined: BEGIN and stepstone_claim_read (the key's lock, then the value and the
+        # head FOR UPDATE) go in one round trip; decide runs while the transaction holds
+        # both locks; the writes go with the COMMIT in a second round trip.
+        def transact(conn: Connection, xids: list[int]) -> RunHead | None:
+            row = conn.execute(_CLAIM_READ_SQL, (lock_id(key), key)).fetchone()
+            assert row is not None
+            xids.append(int(row[0]))
+            head = None if row[2] is None else head_from_row(row[2:])
+            kv_text = row[1]
             claim = decide(head, None if kv_text is None else str(kv_text))
             if claim is None:
                 return head
-            if claim.reset_journal:
-                conn.execute(_DELETE_JOURNAL_SQL, (key,))
-            if claim.drop_kv:
-                conn.execute(_DELETE_KV_SQL, (key,))
-            conn.execute(_PUT_HEAD_SQL, head_to_row(claim.head))
+            conn.execute(
+                _PUT_HEAD_SQL,
+                (key, claim.reset_journal, key, claim.drop_kv, *head_to_row(claim.head)),
+            )
             if claim.rows:
                 conn.cursor().executemany(
                     _INSERT_JOURNAL_SQL,
@@ -561,7 +572,7 @@ class PostgresBackend(Backend):
                 )
             return claim.head
 
-        return self._pipelined("claim a run", [key], transact)
+        return self._in_transaction("claim a run", None, transact, pipeline=True)
 
     def run_commit(
         self,
@@ -649,21 +660,21 @@ class PostgresBackend(Backend):
         return heads_for_listing(rows)
 
 
-_HEAD_FOR_UPDATE_SQL = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE"
-_KV_VALUE_SQL = "SELECT value FROM stepstone_kv WHERE key = %s"
+_CLAIM_READ_SQL = f"SELECT * FROM stepstone_claim_read({KEY_LOCK_CLASS}, %s::int4, %s)"
 _KEY_STATE_SQL = (
     "SELECT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s), "
     "(SELECT value FROM stepstone_kv WHERE key = %s)"
 )
-_DELETE_JOURNAL_SQL = "DELETE FROM stepstone_journal WHERE run_key = %s"
-_DELETE_KV_SQL = "DELETE FROM stepstone_kv WHERE key = %s"
 _DELETE_SQL = (
     "WITH v AS (DELETE FROM stepstone_kv WHERE key = %s RETURNING 1), "
     "r AS (DELETE FROM stepstone_runs WHERE key = %s RETURNING 1), "
     "j AS (DELETE FROM stepstone_journal WHERE run_key = %s) "
     "SELECT (SELECT count(*) FROM v) + (SELECT count(*) FROM r)"
 )
+# A claim's writes: reset the journal and drop the plain value when asked, put the head.
 _PUT_HEAD_SQL = (
+    "WITH j AS (DELETE FROM stepstone_journal WHERE run_key = %s AND %s::bool), "
+    "v AS (DELETE FROM stepstone_kv WHERE key = %s AND %s::bool) "
     f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
     "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (key) DO UPDATE SET "

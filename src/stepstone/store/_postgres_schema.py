@@ -151,9 +151,10 @@ MIGRATIONS: list[str] = [
     END
     $fn$;
     """,
-    # A step commit is now one plain statement per shape (see _postgres_commit): these
-    # take the advisory locks of its writes= keys and then, in a snapshot of their own
-    # (VOLATILE), check that none of those keys holds a run. stepstone_commit is gone.
+    # A step commit is now one plain statement per shape (see _postgres_commit): the
+    # key_free functions take the advisory locks of its writes= keys and then, in a
+    # snapshot of their own (VOLATILE), check that none of those keys holds a run.
+    # stepstone_commit is gone. stepstone_claim_read does a claim's reads in one call.
     """
     CREATE FUNCTION stepstone_key_free(p_lock_class INT4, p_lock_id INT4, p_key TEXT)
     RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $fn$
@@ -172,6 +173,32 @@ MIGRATIONS: list[str] = [
     $fn$;
     DROP FUNCTION stepstone_commit(INT4, INT4[], TEXT, TEXT, INT8, INT8, INT8, FLOAT8, TEXT,
         FLOAT8, TEXT, INT8, TEXT, INT8[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[]);
+    -- A claim's reads in one call: the key's advisory lock, the transaction id, the key's
+    -- plain value and its run head FOR UPDATE, each read in a snapshot taken after the lock.
+    CREATE FUNCTION stepstone_claim_read(p_lock_class INT4, p_lock_id INT4, p_key TEXT)
+    RETURNS TABLE (o_xid INT8, o_value TEXT, o_key TEXT, o_kind TEXT, o_status TEXT,
+        o_next_step TEXT, o_run_uid TEXT, o_version INT8, o_iteration INT8,
+        o_journal_len INT8, o_host TEXT, o_pid INT8, o_pid_start INT8,
+        o_lease_until FLOAT8, o_meta TEXT, o_created_at FLOAT8, o_updated_at FLOAT8)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        v_xid INT8;
+        v_value TEXT;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock_class, p_lock_id);
+        v_xid := txid_current();
+        SELECT kv.value INTO v_value FROM stepstone_kv kv WHERE kv.key = p_key;
+        RETURN QUERY SELECT v_xid, v_value, r.key::TEXT, r.kind, r.status, r.next_step,
+            r.run_uid, r.version, r.iteration, r.journal_len, r.host, r.pid, r.pid_start,
+            r.lease_until, r.meta, r.created_at, r.updated_at
+            FROM stepstone_runs r WHERE r.key = p_key FOR UPDATE;
+        IF NOT FOUND THEN
+            o_xid := v_xid;
+            o_value := v_value;
+            RETURN NEXT;
+        END IF;
+    END
+    $fn$;
     """,
 ]
 

@@ -14,7 +14,7 @@ this one run:
 
 Targets: 100-step runs <= 1.5x the raw upsert per step, 10-step runs <= 2x.
 
-    python bench/pg_commit.py [--repeat 5]
+    python bench/pg_commit.py [--repeat 15]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def kernel_ms(store: Any, n: int, key: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
 
     import psycopg
@@ -121,18 +121,25 @@ def main() -> None:
         for r in range(args.repeat):  # interleaved, each run paired with a raw measurement
             for name, store in stores.items():
                 for n in (10, 100):
-                    raw_ms = raw_upsert_ms(url, 200)
-                    raws.append(raw_ms)
+                    # the raw upsert measured just before and just after the run, as many
+                    # times as the run has steps, so both see the same machine
+                    before = raw_upsert_ms(url, n)
                     ms = plan_ms_per_step(store, n, f"{name}-{n}-{r}")
+                    raw_ms = (before + raw_upsert_ms(url, n)) / 2
+                    raws.append(raw_ms)
                     results.setdefault((name, n), []).append((ms, ms / raw_ms))
-            raw_ms = raw_upsert_ms(url, 200)
+            before = raw_upsert_ms(url, 100)
             claim, commit = kernel_ms(stores["prepared"], 100, f"kernel-{r}")
+            raw_ms = (before + raw_upsert_ms(url, 100)) / 2
             parts.setdefault("claim of a new run", []).append((claim, claim / raw_ms))
             parts.setdefault("kernel step commit", []).append((commit, commit / raw_ms))
         print(
             f"raw 1 KB upsert (autocommit, prepared, one client): {statistics.median(raws):.3f} ms"
         )
-        print("ratios: median over the repeats of (run / raw upsert measured just before it)")
+        print(
+            "ratios: median over the repeats of (run / raw upsert measured around it, as many "
+            "upserts as the run has steps)"
+        )
         print()
         print(f"{'store':>14} {'steps':>6} {'ms/step':>8} {'x raw':>6} {'target':>7}")
         for (name, n), values in results.items():

@@ -402,7 +402,14 @@ class PostgresBackend(Backend):
             committing = False
             with self._connection(deadline - time.monotonic()) as conn:
                 try:
-                    with conn.pipeline() if pipeline else nullcontext(), conn.transaction():
+                    # In pipeline mode BEGIN and COMMIT are sent as plain statements: psycopg's
+                    # transaction block would add syncs (round trips) of its own.
+                    with (
+                        conn.pipeline() if pipeline else nullcontext(),
+                        nullcontext() if pipeline else conn.transaction(),
+                    ):
+                        if pipeline:
+                            conn.execute(b"BEGIN")
                         lock = (
                             None
                             if ids is None
@@ -413,6 +420,8 @@ class PostgresBackend(Backend):
                         if row:
                             xids.append(int(row[0]))
                         committing = True
+                        if pipeline:
+                            conn.execute(b"COMMIT")
                     return result
                 except psycopg.Error as exc:
                     if isinstance(exc, pg_errors.DeadlockDetected):
@@ -420,6 +429,9 @@ class PostgresBackend(Backend):
                     if not _connection_lost(conn, exc):
                         raise
                     lost: psycopg.Error = exc
+                finally:
+                    if pipeline:
+                        _abandon(conn)
             if committing and xids and self._committed(xids[-1], what, deadline):
                 return result
             raise _Lost(lost) from lost
@@ -683,6 +695,16 @@ _PUT_HEAD_SQL = (
 _INSERT_JOURNAL_SQL = (
     "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) VALUES (%s, %s, %s, %s, %s)"
 )
+
+
+def _abandon(conn: Connection) -> None:
+    """Roll back what a pipelined transaction left open (after its error or a failed
+    decision), outside the pipeline; a broken connection is left to the pool."""
+    try:
+        if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.execute(b"ROLLBACK")
+    except psycopg.Error:
+        log.debug("stepstone: rollback after a failed transaction failed", exc_info=True)
 
 
 def _one(cur: Cursor) -> Any:

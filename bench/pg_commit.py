@@ -34,19 +34,28 @@ if str(ROOT) not in sys.path:  # for tests.pgserver when run as a script
 PAYLOAD = "x" * 1000
 
 
-def raw_upsert_ms(url: str, n: int = 2000) -> float:
-    """Milliseconds per single-row 1 KB autocommit upsert, one client."""
+_RAW_SQL = "INSERT INTO bench_raw VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+
+
+def raw_connection(url: str) -> Any:
+    """One warm autocommit connection for the raw upserts, kept for the whole benchmark (a
+    connection opened per measurement would have its server process start and exit right
+    next to the runs measured)."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-        sql = "INSERT INTO bench_raw VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-        for i in range(10):  # warm up (and let psycopg prepare the statement)
-            conn.execute(sql, (f"w{i}", PAYLOAD))
-        t0 = time.perf_counter()
-        for i in range(n):
-            conn.execute(sql, (f"k{i % 500}", PAYLOAD))
-        return (time.perf_counter() - t0) * 1000 / n
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+    for i in range(10):  # warm up (and let psycopg prepare the statement)
+        conn.execute(_RAW_SQL, (f"w{i}", PAYLOAD))
+    return conn
+
+
+def raw_upsert_ms(conn: Any, n: int = 2000) -> float:
+    """Milliseconds per single-row 1 KB autocommit upsert on ``conn``, one client."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        conn.execute(_RAW_SQL, (f"k{i % 500}", PAYLOAD))
+    return (time.perf_counter() - t0) * 1000 / n
 
 
 def trivial(payload: Any) -> str:
@@ -115,6 +124,7 @@ def main() -> None:
         for store in stores.values():
             store.setup()
             plan_ms_per_step(store, 20, f"warm-{id(store)}")
+        raw = raw_connection(url)
         raws: list[float] = []
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
         parts: dict[str, list[tuple[float, float]]] = {}
@@ -123,14 +133,14 @@ def main() -> None:
                 for n in (10, 100):
                     # the raw upsert measured just before and just after the run, as many
                     # times as the run has steps, so both see the same machine
-                    before = raw_upsert_ms(url, n)
+                    before = raw_upsert_ms(raw, n)
                     ms = plan_ms_per_step(store, n, f"{name}-{n}-{r}")
-                    raw_ms = (before + raw_upsert_ms(url, n)) / 2
+                    raw_ms = (before + raw_upsert_ms(raw, n)) / 2
                     raws.append(raw_ms)
                     results.setdefault((name, n), []).append((ms, ms / raw_ms))
-            before = raw_upsert_ms(url, 100)
+            before = raw_upsert_ms(raw, 100)
             claim, commit = kernel_ms(stores["prepared"], 100, f"kernel-{r}")
-            raw_ms = (before + raw_upsert_ms(url, 100)) / 2
+            raw_ms = (before + raw_upsert_ms(raw, 100)) / 2
             parts.setdefault("claim of a new run", []).append((claim, claim / raw_ms))
             parts.setdefault("kernel step commit", []).append((commit, commit / raw_ms))
         print(
@@ -154,6 +164,7 @@ def main() -> None:
             print(f"{what:>21}: {ms:.3f} ms ({ratio:.2f}x raw)")
         for store in stores.values():
             store.close()
+        raw.close()
 
 
 if __name__ == "__main__":

@@ -57,11 +57,26 @@ except ImportError as exc:  # tested in a subprocess that blocks the import
     raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
 
 from stepstone.store._postgres_commit import WHY_SQL, commit_statement
+from stepstone.store._postgres_conn import (
+    Connection,
+    Cursor,
+    Lost,
+    Unknown,
+    abandon,
+    close_pool,
+    connection_lost,
+    one,
+)
 from stepstone.store._postgres_schema import (
+    CLAIM_READ_SQL,
+    DELETE_SQL,
     HEAD_COLS,
+    INSERT_JOURNAL_SQL,
     KEY_LOCK_CLASS,
+    KEY_STATE_SQL,
     LOCK_XID_SQL,
     MIGRATIONS,
+    PUT_HEAD_SQL,
     PUT_SQL,
     UPSERT_KV_SQL,
     check_schema,
@@ -71,49 +86,11 @@ from stepstone.store._postgres_schema import (
     prefix_where,
 )
 
-__all__ = ["MIGRATIONS", "PostgresBackend", "migrate"]
+__all__ = ["MIGRATIONS", "Connection", "Cursor", "PostgresBackend", "migrate"]
 
 log = logging.getLogger("stepstone")
 
 T = TypeVar("T")
-Cursor = psycopg.Cursor[Any]
-Connection = psycopg.Connection[Any]
-
-# Connection failures: class 08 (connection exception), and the server shutting down
-# (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
-_LOST_STATES = ("57P01", "57P02", "57P03")
-
-
-class _Lost(Exception):
-    """The connection broke and the attempt left nothing behind: safe to retry."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class _Unknown(Exception):
-    """The connection broke after a statement was sent: it may or may not have committed."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _connection_lost(conn: Connection | None, exc: BaseException) -> bool:
-    if isinstance(exc, PoolTimeout):
-        return True
-    if conn is not None and (conn.broken or conn.closed):
-        return True
-    state = getattr(exc, "sqlstate", None) or ""
-    return state.startswith("08") or state in _LOST_STATES
-
-
-def _close_pool(pool: ConnectionPool[Any], pid: int) -> None:
-    # A forked child must not close its parent's connections (that would end their
-    # sessions on the server too).
-    if os.getpid() == pid:
-        pool.close()
 
 
 class PostgresBackend(Backend):
@@ -253,14 +230,14 @@ class PostgresBackend(Backend):
             with self._connection(2.0) as conn, conn.cursor() as cur:
                 for _ in range(3):  # keep the sample with the shortest round trip
                     before = time.time()
-                    server = _one(
+                    server = one(
                         cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
                     )
                     after = time.time()
                     sample = (float(server) - (before + after) / 2, after - before)
                     if best is None or sample[1] < best[1]:
                         best = sample
-        except (psycopg.Error, _Lost) as exc:
+        except (psycopg.Error, Lost) as exc:
             raise StoreError(f"cannot read the clock of {self.describe()}: {exc}") from exc
         assert best is not None
         self._offset, self._offset_at = best[0], time.time()
@@ -292,7 +269,7 @@ class PostgresBackend(Backend):
                 reconnect_timeout=2.0,
             )
             self._pool, self._pool_pid = pool, os.getpid()
-            weakref.finalize(self, _close_pool, pool, os.getpid())
+            weakref.finalize(self, close_pool, pool, os.getpid())
             return pool
 
     @contextmanager
@@ -301,7 +278,7 @@ class PostgresBackend(Backend):
         try:
             conn = pool.getconn(timeout=max(0.1, timeout))
         except PoolTimeout as exc:
-            raise _Lost(exc) from exc
+            raise Lost(exc) from exc
         except PoolClosed as exc:
             raise StoreError(f"store {self.describe()} is closed") from exc
         try:
@@ -310,14 +287,14 @@ class PostgresBackend(Backend):
             pool.putconn(conn)
 
     def _retry(self, what: str, attempt: Callable[[float], T]) -> T:
-        """Call ``attempt(deadline)`` until it does not raise _Lost, for at most
+        """Call ``attempt(deadline)`` until it does not raise Lost, for at most
         ``reconnect_timeout`` seconds."""
         deadline = time.monotonic() + self.reconnect_timeout
         delay = 0.05
         while True:
             try:
                 return attempt(deadline)
-            except _Lost as lost:
+            except Lost as lost:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StoreError(
@@ -359,8 +336,8 @@ class PostgresBackend(Backend):
                     with conn.cursor() as cur:
                         return fn(cur)
                 except psycopg.Error as exc:
-                    if _connection_lost(conn, exc):
-                        raise _Lost(exc) from exc
+                    if connection_lost(conn, exc):
+                        raise Lost(exc) from exc
                     raise
 
         return self._retry(what, attempt)
@@ -425,16 +402,16 @@ class PostgresBackend(Backend):
                     return result
                 except psycopg.Error as exc:
                     if isinstance(exc, pg_errors.DeadlockDetected):
-                        raise _Lost(exc) from exc  # rolled back by the server: retry
-                    if not _connection_lost(conn, exc):
+                        raise Lost(exc) from exc  # rolled back by the server: retry
+                    if not connection_lost(conn, exc):
                         raise
                     lost: psycopg.Error = exc
                 finally:
                     if pipeline:
-                        _abandon(conn)
+                        abandon(conn)
             if committing and xids and self._committed(xids[-1], what, deadline):
                 return result
-            raise _Lost(lost) from lost
+            raise Lost(lost) from lost
 
         return self._retry(what, attempt)
 
@@ -443,7 +420,7 @@ class PostgresBackend(Backend):
         while True:
             status = self._read(
                 "look up a transaction's outcome",
-                lambda cur: _one(cur.execute("SELECT txid_status(%s)", (xid,))),
+                lambda cur: one(cur.execute("SELECT txid_status(%s)", (xid,))),
             )
             if status == "committed":
                 return True
@@ -462,14 +439,14 @@ class PostgresBackend(Backend):
         trip.
 
         Raises:
-            _Unknown: the connection broke after sending; it may have committed.
+            Unknown: the connection broke after sending; it may have committed.
         """
         with self._connection(deadline - time.monotonic()) as conn:
             try:
                 return conn.execute(sql, params).fetchone()
             except psycopg.Error as exc:
-                if _connection_lost(conn, exc):
-                    raise _Unknown(exc) from exc
+                if connection_lost(conn, exc):
+                    raise Unknown(exc) from exc
                 raise
 
     def close(self) -> None:
@@ -483,7 +460,7 @@ class PostgresBackend(Backend):
     def kv_get(self, key: str) -> str | None:
         value = self._read(
             "read a value",
-            lambda cur: _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,))),
+            lambda cur: one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,))),
         )
         return None if value is None else str(value)
 
@@ -495,8 +472,8 @@ class PostgresBackend(Backend):
             params = (key, text, time.time(), lock_id(key), key)
             try:
                 row = self._one_statement(deadline, PUT_SQL.encode(), params)
-            except _Unknown as unknown:
-                raise _Lost(unknown.cause) from unknown.cause
+            except Unknown as unknown:
+                raise Lost(unknown.cause) from unknown.cause
             if row is None:
                 raise run_key_conflict(key)
 
@@ -506,7 +483,7 @@ class PostgresBackend(Backend):
         self._refuse_if_read_only()
 
         def delete(conn: Connection) -> bool:
-            return bool(_one(conn.execute(_DELETE_SQL, (key, key, key))))
+            return bool(one(conn.execute(DELETE_SQL, (key, key, key))))
 
         return self._pipelined("delete a key", [key], delete)
 
@@ -533,7 +510,7 @@ class PostgresBackend(Backend):
         self._refuse_if_read_only()
 
         def cas(conn: Connection) -> bool:
-            row = conn.execute(_KEY_STATE_SQL, (key, key)).fetchone()
+            row = conn.execute(KEY_STATE_SQL, (key, key)).fetchone()
             assert row is not None
             is_run, current = row
             if is_run:
@@ -565,7 +542,7 @@ class PostgresBackend(Backend):
         # head FOR UPDATE) go in one round trip; decide runs while the transaction holds
         # both locks; the writes go with the COMMIT in a second round trip.
         def transact(conn: Connection, xids: list[int]) -> RunHead | None:
-            row = conn.execute(_CLAIM_READ_SQL, (lock_id(key), key)).fetchone()
+            row = conn.execute(CLAIM_READ_SQL, (lock_id(key), key)).fetchone()
             assert row is not None
             xids.append(int(row[0]))
             head = None if row[2] is None else head_from_row(row[2:])
@@ -574,12 +551,12 @@ class PostgresBackend(Backend):
             if claim is None:
                 return head
             conn.execute(
-                _PUT_HEAD_SQL,
+                PUT_HEAD_SQL,
                 (key, claim.reset_journal, key, claim.drop_kv, *head_to_row(claim.head)),
             )
             if claim.rows:
                 conn.cursor().executemany(
-                    _INSERT_JOURNAL_SQL,
+                    INSERT_JOURNAL_SQL,
                     [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
                 )
             return claim.head
@@ -600,7 +577,7 @@ class PostgresBackend(Backend):
             while True:
                 try:
                     row = self._one_statement(deadline, sql, params)
-                except _Unknown as unknown:
+                except Unknown as unknown:
                     return self._commit_outcome(head, expected_version, unknown)
                 if row is not None and row[0]:
                     return True
@@ -610,8 +587,8 @@ class PostgresBackend(Backend):
 
         return self._retry("commit a step", attempt)
 
-    def _commit_outcome(self, head: RunHead, expected_version: int, unknown: _Unknown) -> bool:
-        """Whether a commit whose answer was lost applied; _Lost when it surely did not."""
+    def _commit_outcome(self, head: RunHead, expected_version: int, unknown: Unknown) -> bool:
+        """Whether a commit whose answer was lost applied; Lost when it surely did not."""
         # The statement may have committed: the stored head tells. Our run_uid with our
         # new version means it did (only this owner moves the head under this run_uid);
         # the expected version means it did not, so send it again.
@@ -621,7 +598,7 @@ class PostgresBackend(Backend):
         if current.version == head.version:
             return True
         if current.version == expected_version:
-            raise _Lost(unknown.cause) from unknown.cause
+            raise Lost(unknown.cause) from unknown.cause
         return False
 
     def _why_not(self, head: RunHead, expected_version: int, keys: list[str]) -> bool | None:
@@ -670,43 +647,3 @@ class PostgresBackend(Backend):
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
         return heads_for_listing(rows)
-
-
-_CLAIM_READ_SQL = f"SELECT * FROM stepstone_claim_read({KEY_LOCK_CLASS}, %s::int4, %s)"
-_KEY_STATE_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s), "
-    "(SELECT value FROM stepstone_kv WHERE key = %s)"
-)
-_DELETE_SQL = (
-    "WITH v AS (DELETE FROM stepstone_kv WHERE key = %s RETURNING 1), "
-    "r AS (DELETE FROM stepstone_runs WHERE key = %s RETURNING 1), "
-    "j AS (DELETE FROM stepstone_journal WHERE run_key = %s) "
-    "SELECT (SELECT count(*) FROM v) + (SELECT count(*) FROM r)"
-)
-# A claim's writes: reset the journal and drop the plain value when asked, put the head.
-_PUT_HEAD_SQL = (
-    "WITH j AS (DELETE FROM stepstone_journal WHERE run_key = %s AND %s::bool), "
-    "v AS (DELETE FROM stepstone_kv WHERE key = %s AND %s::bool) "
-    f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
-    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-    "ON CONFLICT (key) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:])
-)
-_INSERT_JOURNAL_SQL = (
-    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) VALUES (%s, %s, %s, %s, %s)"
-)
-
-
-def _abandon(conn: Connection) -> None:
-    """Roll back what a pipelined transaction left open (after its error or a failed
-    decision), outside the pipeline; a broken connection is left to the pool."""
-    try:
-        if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.execute(b"ROLLBACK")
-    except psycopg.Error:
-        log.debug("stepstone: rollback after a failed transaction failed", exc_info=True)
-
-
-def _one(cur: Cursor) -> Any:
-    row = cur.fetchone()
-    return None if row is None else row[0]

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "CLAIM_READ_SQL",
+    "DELETE_SQL",
+    "INSERT_JOURNAL_SQL",
+    "KEY_STATE_SQL",
+    "PUT_HEAD_SQL",
     "HEAD_COLS",
     "KEY_LOCK_CLASS",
     "LOCK_XID_SQL",
@@ -229,6 +234,32 @@ PUT_SQL = (
     f"SELECT %s, %s, %s WHERE stepstone_key_free({KEY_LOCK_CLASS}, %s::int4, %s) "
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING 1"
+)
+
+
+# The claim's reads in one call (see stepstone_claim_read).
+CLAIM_READ_SQL = f"SELECT * FROM stepstone_claim_read({KEY_LOCK_CLASS}, %s::int4, %s)"
+KEY_STATE_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s), "
+    "(SELECT value FROM stepstone_kv WHERE key = %s)"
+)
+DELETE_SQL = (
+    "WITH v AS (DELETE FROM stepstone_kv WHERE key = %s RETURNING 1), "
+    "r AS (DELETE FROM stepstone_runs WHERE key = %s RETURNING 1), "
+    "j AS (DELETE FROM stepstone_journal WHERE run_key = %s) "
+    "SELECT (SELECT count(*) FROM v) + (SELECT count(*) FROM r)"
+)
+# A claim's writes: reset the journal and drop the plain value when asked, put the head.
+PUT_HEAD_SQL = (
+    "WITH j AS (DELETE FROM stepstone_journal WHERE run_key = %s AND %s::bool), "
+    "v AS (DELETE FROM stepstone_kv WHERE key = %s AND %s::bool) "
+    f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (key) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:])
+)
+INSERT_JOURNAL_SQL = (
+    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) VALUES (%s, %s, %s, %s, %s)"
 )
 
 

@@ -8,11 +8,13 @@ this one run:
 * a durable Plan of N trivial steps, each returning a 1 KB payload stored with ``writes=``
   (N = 10 and 100), run the way a script runs it (``Agent(engine=plan)(task)``): wall time
   per step, everything included (step call, engine, commit), on a warm store;
-* the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode).
+* the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode);
+* for reference, the parts: one step commit through the kernel alone (``OwnedRun.commit_sync``
+  of a 1 KB journal row and a 1 KB ``writes=`` value, no engine), and one claim of a new run.
 
 Targets: 100-step runs <= 1.5x the raw upsert per step, 10-step runs <= 2x.
 
-    python bench/pg_commit.py [--repeat 5]
+    python bench/pg_commit.py [--repeat 15]
 """
 
 from __future__ import annotations
@@ -32,19 +34,28 @@ if str(ROOT) not in sys.path:  # for tests.pgserver when run as a script
 PAYLOAD = "x" * 1000
 
 
-def raw_upsert_ms(url: str, n: int = 2000) -> float:
-    """Milliseconds per single-row 1 KB autocommit upsert, one client."""
+_RAW_SQL = "INSERT INTO bench_raw VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+
+
+def raw_connection(url: str) -> Any:
+    """One warm autocommit connection for the raw upserts, kept for the whole benchmark (a
+    connection opened per measurement would have its server process start and exit right
+    next to the runs measured)."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-        sql = "INSERT INTO bench_raw VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-        for i in range(10):  # warm up (and let psycopg prepare the statement)
-            conn.execute(sql, (f"w{i}", PAYLOAD))
-        t0 = time.perf_counter()
-        for i in range(n):
-            conn.execute(sql, (f"k{i % 500}", PAYLOAD))
-        return (time.perf_counter() - t0) * 1000 / n
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+    for i in range(10):  # warm up (and let psycopg prepare the statement)
+        conn.execute(_RAW_SQL, (f"w{i}", PAYLOAD))
+    return conn
+
+
+def raw_upsert_ms(conn: Any, n: int = 2000) -> float:
+    """Milliseconds per single-row 1 KB autocommit upsert on ``conn``, one client."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        conn.execute(_RAW_SQL, (f"k{i % 500}", PAYLOAD))
+    return (time.perf_counter() - t0) * 1000 / n
 
 
 def trivial(payload: Any) -> str:
@@ -65,9 +76,32 @@ def plan_ms_per_step(store: Any, n_steps: int, key: str) -> float:
     return elapsed * 1000 / n_steps
 
 
+def kernel_ms(store: Any, n: int, key: str) -> tuple[float, float]:
+    """Milliseconds per claim of a new run, and per step commit through the kernel alone."""
+    from stepstone.durable import claim_run
+
+    t0 = time.perf_counter()
+    run = claim_run(store, key, kind="bench", resume=False, first_step="s0").run
+    claim = time.perf_counter() - t0
+    assert run is not None
+    data = {"payload": PAYLOAD}
+    t0 = time.perf_counter()
+    for i in range(n):
+        run.commit_sync(
+            status="running",
+            next_step=f"s{i + 1}",
+            rows=[("step", f"s{i}", data)],
+            writes=[(f"{key}:w{i % 10}", PAYLOAD)],
+        )
+    commit = time.perf_counter() - t0
+    run.commit_sync(status="done", next_step=None)
+    run.release()
+    return claim * 1000, commit * 1000 / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
 
     import psycopg
@@ -90,19 +124,32 @@ def main() -> None:
         for store in stores.values():
             store.setup()
             plan_ms_per_step(store, 20, f"warm-{id(store)}")
+        raw = raw_connection(url)
         raws: list[float] = []
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        parts: dict[str, list[tuple[float, float]]] = {}
         for r in range(args.repeat):  # interleaved, each run paired with a raw measurement
             for name, store in stores.items():
                 for n in (10, 100):
-                    raw_ms = raw_upsert_ms(url, 2 * n)
-                    raws.append(raw_ms)
+                    # the raw upsert measured just before and just after the run, as many
+                    # times as the run has steps, so both see the same machine
+                    before = raw_upsert_ms(raw, n)
                     ms = plan_ms_per_step(store, n, f"{name}-{n}-{r}")
+                    raw_ms = (before + raw_upsert_ms(raw, n)) / 2
+                    raws.append(raw_ms)
                     results.setdefault((name, n), []).append((ms, ms / raw_ms))
+            before = raw_upsert_ms(raw, 100)
+            claim, commit = kernel_ms(stores["prepared"], 100, f"kernel-{r}")
+            raw_ms = (before + raw_upsert_ms(raw, 100)) / 2
+            parts.setdefault("claim of a new run", []).append((claim, claim / raw_ms))
+            parts.setdefault("kernel step commit", []).append((commit, commit / raw_ms))
         print(
             f"raw 1 KB upsert (autocommit, prepared, one client): {statistics.median(raws):.3f} ms"
         )
-        print("ratios: median over the repeats of (run / raw upsert measured just before it)")
+        print(
+            "ratios: median over the repeats of (run / raw upsert measured around it, as many "
+            "upserts as the run has steps)"
+        )
         print()
         print(f"{'store':>14} {'steps':>6} {'ms/step':>8} {'x raw':>6} {'target':>7}")
         for (name, n), values in results.items():
@@ -110,8 +157,14 @@ def main() -> None:
             ratio = statistics.median(v[1] for v in values)
             target = 1.5 if n == 100 else 2.0
             print(f"{name:>14} {n:>6} {ms:>8.3f} {ratio:>6.2f} {target:>6.1f}x")
+        print()
+        for what, values in parts.items():
+            ms = statistics.median(v[0] for v in values)
+            ratio = statistics.median(v[1] for v in values)
+            print(f"{what:>21}: {ms:.3f} ms ({ratio:.2f}x raw)")
         for store in stores.values():
             store.close()
+        raw.close()
 
 
 if __name__ == "__main__":

@@ -26,14 +26,13 @@ committed twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from stepstone.exceptions import MissingExtraError, StoreError
@@ -57,64 +56,41 @@ try:
 except ImportError as exc:  # tested in a subprocess that blocks the import
     raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
 
+from stepstone.store._postgres_commit import WHY_SQL, commit_statement
+from stepstone.store._postgres_conn import (
+    Connection,
+    Cursor,
+    Lost,
+    Unknown,
+    abandon,
+    close_pool,
+    connection_lost,
+    one,
+)
 from stepstone.store._postgres_schema import (
-    COMMIT_FN_SQL,
+    CLAIM_READ_SQL,
+    DELETE_SQL,
     HEAD_COLS,
+    INSERT_JOURNAL_SQL,
     KEY_LOCK_CLASS,
-    LOCK_SQL,
+    KEY_STATE_SQL,
     LOCK_XID_SQL,
     MIGRATIONS,
+    PUT_HEAD_SQL,
     PUT_SQL,
     UPSERT_KV_SQL,
     check_schema,
+    lock_id,
     lock_ids,
     migrate,
     prefix_where,
 )
 
-__all__ = ["MIGRATIONS", "PostgresBackend", "migrate"]
+__all__ = ["MIGRATIONS", "Connection", "Cursor", "PostgresBackend", "migrate"]
 
 log = logging.getLogger("stepstone")
 
 T = TypeVar("T")
-Cursor = psycopg.Cursor[Any]
-Connection = psycopg.Connection[Any]
-
-# Connection failures: class 08 (connection exception), and the server shutting down
-# (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
-_LOST_STATES = ("57P01", "57P02", "57P03")
-
-
-class _Lost(Exception):
-    """The connection broke and the attempt left nothing behind: safe to retry."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class _Unknown(Exception):
-    """The connection broke after a statement was sent: it may or may not have committed."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _connection_lost(conn: Connection | None, exc: BaseException) -> bool:
-    if isinstance(exc, PoolTimeout):
-        return True
-    if conn is not None and (conn.broken or conn.closed):
-        return True
-    state = getattr(exc, "sqlstate", None) or ""
-    return state.startswith("08") or state in _LOST_STATES
-
-
-def _close_pool(pool: ConnectionPool[Any], pid: int) -> None:
-    # A forked child must not close its parent's connections (that would end their
-    # sessions on the server too).
-    if os.getpid() == pid:
-        pool.close()
 
 
 class PostgresBackend(Backend):
@@ -254,14 +230,14 @@ class PostgresBackend(Backend):
             with self._connection(2.0) as conn, conn.cursor() as cur:
                 for _ in range(3):  # keep the sample with the shortest round trip
                     before = time.time()
-                    server = _one(
+                    server = one(
                         cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
                     )
                     after = time.time()
                     sample = (float(server) - (before + after) / 2, after - before)
                     if best is None or sample[1] < best[1]:
                         best = sample
-        except (psycopg.Error, _Lost) as exc:
+        except (psycopg.Error, Lost) as exc:
             raise StoreError(f"cannot read the clock of {self.describe()}: {exc}") from exc
         assert best is not None
         self._offset, self._offset_at = best[0], time.time()
@@ -293,7 +269,7 @@ class PostgresBackend(Backend):
                 reconnect_timeout=2.0,
             )
             self._pool, self._pool_pid = pool, os.getpid()
-            weakref.finalize(self, _close_pool, pool, os.getpid())
+            weakref.finalize(self, close_pool, pool, os.getpid())
             return pool
 
     @contextmanager
@@ -302,7 +278,7 @@ class PostgresBackend(Backend):
         try:
             conn = pool.getconn(timeout=max(0.1, timeout))
         except PoolTimeout as exc:
-            raise _Lost(exc) from exc
+            raise Lost(exc) from exc
         except PoolClosed as exc:
             raise StoreError(f"store {self.describe()} is closed") from exc
         try:
@@ -311,14 +287,14 @@ class PostgresBackend(Backend):
             pool.putconn(conn)
 
     def _retry(self, what: str, attempt: Callable[[float], T]) -> T:
-        """Call ``attempt(deadline)`` until it does not raise _Lost, for at most
+        """Call ``attempt(deadline)`` until it does not raise Lost, for at most
         ``reconnect_timeout`` seconds."""
         deadline = time.monotonic() + self.reconnect_timeout
         delay = 0.05
         while True:
             try:
                 return attempt(deadline)
-            except _Lost as lost:
+            except Lost as lost:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StoreError(
@@ -360,8 +336,8 @@ class PostgresBackend(Backend):
                     with conn.cursor() as cur:
                         return fn(cur)
                 except psycopg.Error as exc:
-                    if _connection_lost(conn, exc):
-                        raise _Lost(exc) from exc
+                    if connection_lost(conn, exc):
+                        raise Lost(exc) from exc
                     raise
 
         return self._retry(what, attempt)
@@ -372,28 +348,70 @@ class PostgresBackend(Backend):
         After a lost connection the transaction is retried (``fn`` runs again) unless its
         COMMIT was sent and the server says it committed: then ``fn``'s result stands.
         """
-        ids = lock_ids(lock_keys)
+
+        def body(conn: Connection, _xids: list[int]) -> T:
+            with conn.cursor() as cur:
+                return fn(cur)
+
+        return self._in_transaction(what, lock_keys, body, pipeline=False)
+
+    def _pipelined(self, what: str, lock_keys: Sequence[str], fn: Callable[[Connection], T]) -> T:
+        """:meth:`_transaction` in pipeline mode: ``fn`` queues statements with
+        ``conn.execute`` and the server gets them only when ``fn`` fetches a result (or at
+        COMMIT), so BEGIN, the lock and ``fn``'s reads cost one round trip, and its writes
+        with the COMMIT another."""
+        return self._in_transaction(what, lock_keys, lambda conn, _xids: fn(conn), pipeline=True)
+
+    def _in_transaction(
+        self,
+        what: str,
+        lock_keys: Sequence[str] | None,
+        fn: Callable[[Connection, list[int]], T],
+        pipeline: bool,
+    ) -> T:
+        """The transaction of :meth:`_transaction` and :meth:`_pipelined`. With
+        ``lock_keys`` None, ``fn`` takes the locks itself and appends the transaction id
+        to the list it is given."""
+        ids = None if lock_keys is None else lock_ids(lock_keys)
 
         def attempt(deadline: float) -> T:
-            xid: int | None = None
+            xids: list[int] = []
             committing = False
             with self._connection(deadline - time.monotonic()) as conn:
                 try:
-                    with conn.transaction(), conn.cursor() as cur:
-                        row = cur.execute(LOCK_XID_SQL, (KEY_LOCK_CLASS, ids)).fetchone()
-                        xid = int(row[0]) if row else None
-                        result = fn(cur)
+                    # In pipeline mode BEGIN and COMMIT are sent as plain statements: psycopg's
+                    # transaction block would add syncs (round trips) of its own.
+                    with (
+                        conn.pipeline() if pipeline else nullcontext(),
+                        nullcontext() if pipeline else conn.transaction(),
+                    ):
+                        if pipeline:
+                            conn.execute(b"BEGIN")
+                        lock = (
+                            None
+                            if ids is None
+                            else conn.execute(LOCK_XID_SQL, (KEY_LOCK_CLASS, ids))
+                        )
+                        result = fn(conn, xids)
+                        row = None if lock is None else lock.fetchone()
+                        if row:
+                            xids.append(int(row[0]))
                         committing = True
+                        if pipeline:
+                            conn.execute(b"COMMIT")
                     return result
                 except psycopg.Error as exc:
-                    if isinstance(exc, pg_errors.DeadlockDetected) and not committing:
-                        raise _Lost(exc) from exc  # rolled back by the server: retry
-                    if not _connection_lost(conn, exc):
+                    if isinstance(exc, pg_errors.DeadlockDetected):
+                        raise Lost(exc) from exc  # rolled back by the server: retry
+                    if not connection_lost(conn, exc):
                         raise
                     lost: psycopg.Error = exc
-            if committing and xid is not None and self._committed(xid, what, deadline):
+                finally:
+                    if pipeline:
+                        abandon(conn)
+            if committing and xids and self._committed(xids[-1], what, deadline):
                 return result
-            raise _Lost(lost) from lost
+            raise Lost(lost) from lost
 
         return self._retry(what, attempt)
 
@@ -402,7 +420,7 @@ class PostgresBackend(Backend):
         while True:
             status = self._read(
                 "look up a transaction's outcome",
-                lambda cur: _one(cur.execute("SELECT txid_status(%s)", (xid,))),
+                lambda cur: one(cur.execute("SELECT txid_status(%s)", (xid,))),
             )
             if status == "committed":
                 return True
@@ -416,45 +434,19 @@ class PostgresBackend(Backend):
                 )
             time.sleep(0.05)  # "in progress": the old session is still finishing it
 
-    def _pipelined(
-        self, deadline: float, lock_keys: Sequence[str], sql: str, params: Any
-    ) -> tuple[Any, ...] | None:
-        """Run ``sql`` (first row returned) in one transaction, after taking the advisory
-        locks of ``lock_keys`` in a statement of its own, so that ``sql``'s snapshot sees
-        everything committed under those locks. Pipelined, with no BEGIN/COMMIT: the
-        statements before the pipeline's Sync form one implicit transaction, committed
-        at the Sync. One round trip.
-
-        Raises:
-            _Unknown: the connection broke after sending; it may have committed.
-        """
-        ids = lock_ids(lock_keys)
-        with self._connection(deadline - time.monotonic()) as conn:
-            try:
-                if not ids:
-                    return conn.execute(sql.encode(), params).fetchone()
-                with conn.pipeline():
-                    conn.execute(LOCK_SQL, (KEY_LOCK_CLASS, ids))
-                    cur = conn.execute(sql.encode(), params)
-                return cur.fetchone()
-            except psycopg.Error as exc:
-                if _connection_lost(conn, exc):
-                    raise _Unknown(exc) from exc
-                raise
-
-    def _one_statement(self, deadline: float, sql: str, params: Any) -> tuple[Any, ...] | None:
+    def _one_statement(self, deadline: float, sql: bytes, params: Any) -> tuple[Any, ...] | None:
         """Run ``sql`` (first row returned) as its own autocommit transaction: one round
         trip.
 
         Raises:
-            _Unknown: the connection broke after sending; it may have committed.
+            Unknown: the connection broke after sending; it may have committed.
         """
         with self._connection(deadline - time.monotonic()) as conn:
             try:
-                return conn.execute(sql.encode(), params).fetchone()
+                return conn.execute(sql, params).fetchone()
             except psycopg.Error as exc:
-                if _connection_lost(conn, exc):
-                    raise _Unknown(exc) from exc
+                if connection_lost(conn, exc):
+                    raise Unknown(exc) from exc
                 raise
 
     def close(self) -> None:
@@ -468,7 +460,7 @@ class PostgresBackend(Backend):
     def kv_get(self, key: str) -> str | None:
         value = self._read(
             "read a value",
-            lambda cur: _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,))),
+            lambda cur: one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,))),
         )
         return None if value is None else str(value)
 
@@ -477,10 +469,11 @@ class PostgresBackend(Backend):
 
         # Idempotent: after a lost answer it is simply sent again.
         def attempt(deadline: float) -> None:
+            params = (key, text, time.time(), lock_id(key), key)
             try:
-                row = self._pipelined(deadline, [key], PUT_SQL, (key, text, time.time(), key))
-            except _Unknown as unknown:
-                raise _Lost(unknown.cause) from unknown.cause
+                row = self._one_statement(deadline, PUT_SQL.encode(), params)
+            except Unknown as unknown:
+                raise Lost(unknown.cause) from unknown.cause
             if row is None:
                 raise run_key_conflict(key)
 
@@ -489,13 +482,10 @@ class PostgresBackend(Backend):
     def kv_delete(self, key: str) -> bool:
         self._refuse_if_read_only()
 
-        def delete(cur: Cursor) -> bool:
-            n = cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,)).rowcount
-            n += cur.execute("DELETE FROM stepstone_runs WHERE key = %s", (key,)).rowcount
-            cur.execute("DELETE FROM stepstone_journal WHERE run_key = %s", (key,))
-            return n > 0
+        def delete(conn: Connection) -> bool:
+            return bool(one(conn.execute(DELETE_SQL, (key, key, key))))
 
-        return self._transaction("delete a key", [key], delete)
+        return self._pipelined("delete a key", [key], delete)
 
     def kv_keys(self, prefix: str | None) -> list[str]:
         where, args = prefix_where("key", prefix)
@@ -519,19 +509,21 @@ class PostgresBackend(Backend):
     ) -> bool:
         self._refuse_if_read_only()
 
-        def cas(cur: Cursor) -> bool:
-            if cur.execute("SELECT 1 FROM stepstone_runs WHERE key = %s", (key,)).fetchone():
+        def cas(conn: Connection) -> bool:
+            row = conn.execute(KEY_STATE_SQL, (key, key)).fetchone()
+            assert row is not None
+            is_run, current = row
+            if is_run:
                 raise run_key_conflict(key)
-            current = _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,)))
             if expected is None:
                 if current is not None:
                     return False
             elif current is None or not equal(str(current), expected):
                 return False
-            cur.execute(UPSERT_KV_SQL, (key, new_text, time.time()))
+            conn.execute(UPSERT_KV_SQL, (key, new_text, time.time()))
             return True
 
-        return self._transaction("compare-and-swap a value", [key], cas)
+        return self._pipelined("compare-and-swap a value", [key], cas)
 
     # -- runs ------------------------------------------------------------------------------
     def run_get(self, key: str) -> RunHead | None:
@@ -546,35 +538,30 @@ class PostgresBackend(Backend):
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
         self._refuse_if_read_only()
 
-        def transact(cur: Cursor) -> RunHead | None:
-            row = cur.execute(
-                f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,)
-            ).fetchone()
-            head = None if row is None else head_from_row(row)
-            kv_text = _one(cur.execute("SELECT value FROM stepstone_kv WHERE key = %s", (key,)))
+        # Pipelined: BEGIN and stepstone_claim_read (the key's lock, then the value and the
+        # head FOR UPDATE) go in one round trip; decide runs while the transaction holds
+        # both locks; the writes go with the COMMIT in a second round trip.
+        def transact(conn: Connection, xids: list[int]) -> RunHead | None:
+            row = conn.execute(CLAIM_READ_SQL, (lock_id(key), key)).fetchone()
+            assert row is not None
+            xids.append(int(row[0]))
+            head = None if row[2] is None else head_from_row(row[2:])
+            kv_text = row[1]
             claim = decide(head, None if kv_text is None else str(kv_text))
             if claim is None:
                 return head
-            if claim.reset_journal:
-                cur.execute("DELETE FROM stepstone_journal WHERE run_key = %s", (key,))
-            if claim.drop_kv:
-                cur.execute("DELETE FROM stepstone_kv WHERE key = %s", (key,))
-            cur.execute(
-                f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (key) DO UPDATE SET "
-                + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:]),
-                head_to_row(claim.head),
+            conn.execute(
+                PUT_HEAD_SQL,
+                (key, claim.reset_journal, key, claim.drop_kv, *head_to_row(claim.head)),
             )
             if claim.rows:
-                cur.executemany(
-                    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) "
-                    "VALUES (%s, %s, %s, %s, %s)",
+                conn.cursor().executemany(
+                    INSERT_JOURNAL_SQL,
                     [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
                 )
             return claim.head
 
-        return self._transaction("claim a run", [key], transact)
+        return self._in_transaction("claim a run", None, transact, pipeline=True)
 
     def run_commit(
         self,
@@ -584,35 +571,52 @@ class PostgresBackend(Backend):
         writes: Sequence[tuple[str, str]],
     ) -> bool:
         self._refuse_if_read_only()
-        args = commit_args(head, expected_version, rows, writes)
-
-        def send(deadline: float) -> tuple[int, int, str | None]:
-            row = self._one_statement(deadline, COMMIT_FN_SQL, args)
-            assert row is not None
-            return int(row[0]), int(row[1]), row[2]
+        sql, params, keys = commit_statement(head, expected_version, rows, writes)
 
         def attempt(deadline: float) -> bool:
-            try:
-                applied, matched, conflict = send(deadline)
-            except _Unknown as unknown:
-                # The statement may have committed: the stored head tells. Our run_uid
-                # with our new version means it did (only this owner moves the head under
-                # this run_uid); the expected version means it did not, so send it again.
-                current = self.run_get(head.key)
-                if current is None or current.run_uid != head.run_uid:
-                    return False
-                if current.version == head.version:
+            while True:
+                try:
+                    row = self._one_statement(deadline, sql, params)
+                except Unknown as unknown:
+                    return self._commit_outcome(head, expected_version, unknown)
+                if row is not None and row[0]:
                     return True
-                if current.version == expected_version:
-                    raise _Lost(unknown.cause) from unknown.cause
-                return False
-            if applied:
-                return True
-            if matched and conflict is not None:
-                raise run_key_conflict(str(conflict))
-            return False
+                verdict = self._why_not(head, expected_version, keys)
+                if verdict is not None:
+                    return verdict
 
         return self._retry("commit a step", attempt)
+
+    def _commit_outcome(self, head: RunHead, expected_version: int, unknown: Unknown) -> bool:
+        """Whether a commit whose answer was lost applied; Lost when it surely did not."""
+        # The statement may have committed: the stored head tells. Our run_uid with our
+        # new version means it did (only this owner moves the head under this run_uid);
+        # the expected version means it did not, so send it again.
+        current = self.run_get(head.key)
+        if current is None or current.run_uid != head.run_uid:
+            return False
+        if current.version == head.version:
+            return True
+        if current.version == expected_version:
+            raise Lost(unknown.cause) from unknown.cause
+        return False
+
+    def _why_not(self, head: RunHead, expected_version: int, keys: list[str]) -> bool | None:
+        """After a commit that changed nothing: False when the head no longer matched;
+        StoreKeyConflictError when it did but a write key holds a run; None (send it
+        again) when that run was deleted in between."""
+        row = self._read(
+            "check why a commit did not apply",
+            lambda cur: cur.execute(
+                WHY_SQL, (head.key, expected_version, head.run_uid, keys)
+            ).fetchone(),
+        )
+        matched, conflict = (False, None) if row is None else row
+        if not matched:
+            return False
+        if conflict is not None:
+            raise run_key_conflict(str(conflict))
+        return None
 
     def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
         self._refuse_if_read_only()
@@ -643,68 +647,3 @@ class PostgresBackend(Backend):
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
         return heads_for_listing(rows)
-
-
-def commit_params(
-    head: RunHead,
-    expected_version: int,
-    rows: Sequence[JournalRow],
-    writes: Sequence[tuple[str, str]],
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """The writes to upsert (the last write of a key wins) and COMMIT_SQL's parameters."""
-    latest = dict(writes)
-    return latest, {
-        "status": head.status,
-        "next_step": head.next_step,
-        "version": head.version,
-        "iteration": head.iteration,
-        "journal_len": head.journal_len,
-        "lease_until": head.lease_until,
-        "meta": json.dumps(head.meta, separators=(",", ":")),
-        "updated_at": head.updated_at,
-        "key": head.key,
-        "expected": expected_version,
-        "run_uid": head.run_uid,
-        "seqs": [r.seq for r in rows],
-        "kinds": [r.kind for r in rows],
-        "names": [r.name for r in rows],
-        "datas": [r.data for r in rows],
-        "wkeys": list(latest),
-        "wvals": list(latest.values()),
-    }
-
-
-def commit_args(
-    head: RunHead,
-    expected_version: int,
-    rows: Sequence[JournalRow],
-    writes: Sequence[tuple[str, str]],
-) -> tuple[Any, ...]:
-    """COMMIT_FN_SQL's positional parameters (the last write of a key wins)."""
-    latest = dict(writes)
-    return (
-        KEY_LOCK_CLASS,
-        lock_ids(list(latest)),
-        head.status,
-        head.next_step,
-        head.version,
-        head.iteration,
-        head.journal_len,
-        head.lease_until,
-        json.dumps(head.meta, separators=(",", ":")),
-        head.updated_at,
-        head.key,
-        expected_version,
-        head.run_uid,
-        [r.seq for r in rows],
-        [r.kind for r in rows],
-        [r.name for r in rows],
-        [r.data for r in rows],
-        list(latest),
-        list(latest.values()),
-    )
-
-
-def _one(cur: Cursor) -> Any:
-    row = cur.fetchone()
-    return None if row is None else row[0]

@@ -17,16 +17,19 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
-    "COMMIT_FN_SQL",
-    "COMMIT_SQL",
+    "CLAIM_READ_SQL",
+    "DELETE_SQL",
+    "INSERT_JOURNAL_SQL",
+    "KEY_STATE_SQL",
+    "PUT_HEAD_SQL",
     "HEAD_COLS",
     "KEY_LOCK_CLASS",
-    "LOCK_SQL",
     "LOCK_XID_SQL",
     "MIGRATIONS",
     "PUT_SQL",
     "UPSERT_KV_SQL",
     "check_schema",
+    "lock_id",
     "lock_ids",
     "migrate",
     "prefix_where",
@@ -153,6 +156,55 @@ MIGRATIONS: list[str] = [
     END
     $fn$;
     """,
+    # A step commit is now one plain statement per shape (see _postgres_commit): the
+    # key_free functions take the advisory locks of its writes= keys and then, in a
+    # snapshot of their own (VOLATILE), check that none of those keys holds a run.
+    # stepstone_commit is gone. stepstone_claim_read does a claim's reads in one call.
+    """
+    CREATE FUNCTION stepstone_key_free(p_lock_class INT4, p_lock_id INT4, p_key TEXT)
+    RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock_class, p_lock_id);
+        RETURN NOT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = p_key);
+    END
+    $fn$;
+    CREATE FUNCTION stepstone_keys_free(p_lock_class INT4, p_lock_ids INT4[], p_keys TEXT[])
+    RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock_class, id)
+            FROM (SELECT DISTINCT id FROM unnest(p_lock_ids) AS u(id) ORDER BY id) AS ids;
+        RETURN NOT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = ANY(p_keys));
+    END
+    $fn$;
+    DROP FUNCTION stepstone_commit(INT4, INT4[], TEXT, TEXT, INT8, INT8, INT8, FLOAT8, TEXT,
+        FLOAT8, TEXT, INT8, TEXT, INT8[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[]);
+    -- A claim's reads in one call: the key's advisory lock, the transaction id, the key's
+    -- plain value and its run head FOR UPDATE, each read in a snapshot taken after the lock.
+    CREATE FUNCTION stepstone_claim_read(p_lock_class INT4, p_lock_id INT4, p_key TEXT)
+    RETURNS TABLE (o_xid INT8, o_value TEXT, o_key TEXT, o_kind TEXT, o_status TEXT,
+        o_next_step TEXT, o_run_uid TEXT, o_version INT8, o_iteration INT8,
+        o_journal_len INT8, o_host TEXT, o_pid INT8, o_pid_start INT8,
+        o_lease_until FLOAT8, o_meta TEXT, o_created_at FLOAT8, o_updated_at FLOAT8)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        v_xid INT8;
+        v_value TEXT;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock_class, p_lock_id);
+        v_xid := txid_current();
+        SELECT kv.value INTO v_value FROM stepstone_kv kv WHERE kv.key = p_key;
+        RETURN QUERY SELECT v_xid, v_value, r.key::TEXT, r.kind, r.status, r.next_step,
+            r.run_uid, r.version, r.iteration, r.journal_len, r.host, r.pid, r.pid_start,
+            r.lease_until, r.meta, r.created_at, r.updated_at
+            FROM stepstone_runs r WHERE r.key = p_key FOR UPDATE;
+        IF NOT FOUND THEN
+            o_xid := v_xid;
+            o_value := v_value;
+            RETURN NEXT;
+        END IF;
+    END
+    $fn$;
+    """,
 ]
 
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
@@ -164,9 +216,8 @@ SCHEMA_LOCK = int.from_bytes(
 
 HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
-# Take the per-key locks in the order of the (sorted) array. The first form also returns
-# the transaction id, by which a COMMIT whose answer was lost is looked up later.
-LOCK_SQL = "SELECT count(pg_advisory_xact_lock(%s, id)) FROM unnest(%s::int4[]) AS id"
+# Take the per-key locks in the order of the (sorted) array, and return the transaction
+# id, by which a COMMIT whose answer was lost is looked up later.
 LOCK_XID_SQL = (
     "SELECT txid_current(), count(pg_advisory_xact_lock(%s, id)) FROM unnest(%s::int4[]) AS id"
 )
@@ -176,52 +227,44 @@ UPSERT_KV_SQL = (
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at"
 )
 
-# A plain write, unless the key holds a run (then no row comes back).
+# A plain write, unless the key holds a run (then no row comes back): stepstone_key_free
+# takes the key's advisory lock, then checks for a run in a snapshot of its own.
 PUT_SQL = (
     "INSERT INTO stepstone_kv (key, value, updated_at) "
-    "SELECT %s, %s, %s WHERE NOT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s) "
+    f"SELECT %s, %s, %s WHERE stepstone_key_free({KEY_LOCK_CLASS}, %s::int4, %s) "
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING 1"
 )
 
-# One step's commit in one statement: the journal rows and the writes are inserted only
-# when the head update matched (they select from its RETURNING). The last SELECT reports
-# whether it applied, whether the head matched before, and a write key that is a run.
-#: One step's commit (locks, compare-and-swap, journal, writes) as one statement with
-#: positional parameters: ``(applied, matched, conflict)``.
-COMMIT_FN_SQL = (
-    "SELECT * FROM stepstone_commit(%s::int4, %s::int4[], %s::text, %s::text, %s::int8, "
-    "%s::int8, %s::int8, %s::float8, %s::text, %s::float8, %s::text, %s::int8, %s::text, "
-    "%s::int8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
-)
 
-COMMIT_SQL = """
-WITH upd AS (
-    UPDATE stepstone_runs SET status = %(status)s, next_step = %(next_step)s,
-        version = %(version)s, iteration = %(iteration)s, journal_len = %(journal_len)s,
-        lease_until = %(lease_until)s, meta = %(meta)s, updated_at = %(updated_at)s
-    WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s
-      AND NOT EXISTS (SELECT 1 FROM stepstone_runs r WHERE r.key = ANY(%(wkeys)s::text[]))
-    RETURNING key
-), j AS (
-    INSERT INTO stepstone_journal (run_key, seq, kind, name, data)
-    SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd,
-        unnest(%(seqs)s::int8[], %(kinds)s::text[], %(names)s::text[], %(datas)s::text[])
-        AS r(seq, kind, name, data)
-), w AS (
-    INSERT INTO stepstone_kv (key, value, updated_at)
-    SELECT w.key, w.value, %(updated_at)s FROM upd,
-        unnest(%(wkeys)s::text[], %(wvals)s::text[]) AS w(key, value)
-    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+# The claim's reads in one call (see stepstone_claim_read).
+CLAIM_READ_SQL = f"SELECT * FROM stepstone_claim_read({KEY_LOCK_CLASS}, %s::int4, %s)"
+KEY_STATE_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s), "
+    "(SELECT value FROM stepstone_kv WHERE key = %s)"
 )
-SELECT (SELECT count(*) FROM upd),
-    (SELECT count(*) FROM stepstone_runs
-        WHERE key = %(key)s AND version = %(expected)s AND run_uid = %(run_uid)s),
-    (SELECT min(key) FROM stepstone_runs WHERE key = ANY(%(wkeys)s::text[]))
-"""
+DELETE_SQL = (
+    "WITH v AS (DELETE FROM stepstone_kv WHERE key = %s RETURNING 1), "
+    "r AS (DELETE FROM stepstone_runs WHERE key = %s RETURNING 1), "
+    "j AS (DELETE FROM stepstone_journal WHERE run_key = %s) "
+    "SELECT (SELECT count(*) FROM v) + (SELECT count(*) FROM r)"
+)
+# A claim's writes: reset the journal and drop the plain value when asked, put the head.
+PUT_HEAD_SQL = (
+    "WITH j AS (DELETE FROM stepstone_journal WHERE run_key = %s AND %s::bool), "
+    "v AS (DELETE FROM stepstone_kv WHERE key = %s AND %s::bool) "
+    f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (key) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:])
+)
+INSERT_JOURNAL_SQL = (
+    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) VALUES (%s, %s, %s, %s, %s)"
+)
 
 
 def lock_id(key: str) -> int:
+    """The advisory lock id of ``key`` (with KEY_LOCK_CLASS)."""
     return int.from_bytes(
         hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).digest(),
         "big",

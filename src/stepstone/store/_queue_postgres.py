@@ -20,7 +20,8 @@ from typing import Any
 
 import psycopg
 
-from stepstone.store._postgres import Cursor, PostgresBackend, _connection_lost, _Lost
+from stepstone.store._postgres import Cursor, PostgresBackend
+from stepstone.store._postgres_conn import Lost, connection_lost
 from stepstone.store._queue_base import (
     ENTRY_COLUMNS,
     Owner,
@@ -200,7 +201,7 @@ class PostgresQueue(QueueBackend):
                 try:
                     rows = conn.execute(_CLAIM_SQL, params).fetchall()
                 except psycopg.Error as exc:
-                    if not _connection_lost(conn, exc):
+                    if not connection_lost(conn, exc):
                         raise
                     lost = exc
                 else:
@@ -222,7 +223,7 @@ class PostgresQueue(QueueBackend):
             )
             if mine:
                 return list(mine)
-            raise _Lost(lost) from lost  # nothing was taken: claim again
+            raise Lost(lost) from lost  # nothing was taken: claim again
 
         rows = self.backend._retry("take queued runs", take)
         if rows is None:

@@ -1,0 +1,149 @@
+"""One step's commit on PostgreSQL as one statement, its text generated per shape.
+
+A step commit moves the run head (compare-and-swap on version and run_uid), appends its
+journal rows and upserts its ``writes=`` values. It is sent as one statement: a ``WITH``
+whose head ``UPDATE`` returns the key, and whose ``INSERT``\\ s select from that
+``RETURNING``, so rows and values exist exactly when the head moved.
+
+The statement's text depends on the commit's shape (how many journal rows, how many
+writes): up to :data:`SCALAR_LIMIT` of each are sent as plain positional parameters
+(``VALUES`` lists), which the server binds without parsing arrays and the client dumps
+without escaping them; larger commits send arrays. Each text is built once per process,
+and a connection prepares each text it runs often once (``prepare=False`` sends them
+unprepared, the same statements).
+
+A key holds a run or a value, never both. Writers of a key take its transaction-level
+advisory lock; a commit with ``writes=`` takes them inside ``stepstone_key_free`` (or
+``stepstone_keys_free``), a VOLATILE function in the head update's condition: the check
+that no run lives under a written key runs in that function after the lock is granted,
+with a snapshot of its own, so it sees a run that a claim committed while the commit
+waited for the lock (a check in the statement itself would use the statement's older
+snapshot and miss it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._postgres_schema import KEY_LOCK_CLASS, lock_id, lock_ids
+
+__all__ = ["SCALAR_LIMIT", "WHY_SQL", "commit_sql", "commit_statement"]
+
+#: Journal rows (and, separately, writes) sent as scalar parameters up to this many per
+#: commit; larger commits send arrays. Bounds the distinct texts (and so the statements a
+#: connection prepares) to (SCALAR_LIMIT + 2) ** 2.
+SCALAR_LIMIT = 4
+
+_HEAD_UPDATE = (
+    "UPDATE stepstone_runs SET status = %s, next_step = %s, version = %s::int8, "
+    "iteration = %s::int8, journal_len = %s::int8, lease_until = %s::float8, meta = %s, "
+    "updated_at = %s::float8 "
+    "WHERE key = %s AND version = %s::int8 AND run_uid = %s"
+)
+
+#: Why a commit did not apply: whether the head still matched, and the least write key
+#: that holds a run. Read only after a commit statement that changed nothing.
+WHY_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s AND version = %s::int8 "
+    "AND run_uid = %s), (SELECT min(key) FROM stepstone_runs WHERE key = ANY(%s::text[]))"
+)
+
+
+def _shape(n: int) -> int:
+    """The text variant for ``n`` items: ``n`` itself, or -1 for arrays."""
+    return n if n <= SCALAR_LIMIT else -1
+
+
+@functools.cache
+def commit_sql(rows: int, writes: int) -> bytes:
+    """The commit statement for ``rows`` journal rows and ``writes`` distinct write keys
+    (each a count up to SCALAR_LIMIT, or -1 for arrays). It returns one row: how many
+    heads it moved (1 or 0)."""
+    check = ""
+    if writes == 1:
+        check = f" AND stepstone_key_free({KEY_LOCK_CLASS}, %s::int4, %s)"
+    elif writes:
+        check = f" AND stepstone_keys_free({KEY_LOCK_CLASS}, %s::int4[], %s::text[])"
+    parts = [f"WITH upd AS ({_HEAD_UPDATE}{check} RETURNING key, updated_at)"]
+    if rows == 1:
+        parts.append(
+            "j AS (INSERT INTO stepstone_journal (run_key, seq, kind, name, data) "
+            "SELECT upd.key, %s::int8, %s, %s, %s FROM upd)"
+        )
+    elif rows:
+        source = (
+            "unnest(%s::int8[], %s::text[], %s::text[], %s::text[])"
+            if rows < 0
+            else "(VALUES " + ", ".join(["(%s::int8, %s, %s, %s)"] * rows) + ")"
+        )
+        parts.append(
+            "j AS (INSERT INTO stepstone_journal (run_key, seq, kind, name, data) "
+            f"SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd, {source} "
+            "AS r(seq, kind, name, data))"
+        )
+    if writes:
+        if writes == 1:
+            select = "SELECT %s, %s, upd.updated_at FROM upd"
+        else:
+            source = (
+                "unnest(%s::text[], %s::text[])"
+                if writes < 0
+                else "(VALUES " + ", ".join(["(%s, %s)"] * writes) + ")"
+            )
+            select = f"SELECT w.key, w.value, upd.updated_at FROM upd, {source} AS w(key, value)"
+        parts.append(
+            f"w AS (INSERT INTO stepstone_kv (key, value, updated_at) {select} "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
+            "updated_at = EXCLUDED.updated_at)"
+        )
+    return (", ".join(parts) + " SELECT count(*) FROM upd").encode()
+
+
+def commit_statement(
+    head: RunHead,
+    expected_version: int,
+    rows: Sequence[JournalRow],
+    writes: Sequence[tuple[str, str]],
+) -> tuple[bytes, list[Any], list[str]]:
+    """The commit's statement, its parameters, and its distinct write keys (the last write
+    of a key wins)."""
+    latest = dict(writes)
+    keys = list(latest)
+    n_rows, n_writes = _shape(len(rows)), _shape(len(keys))
+    params: list[Any] = [
+        head.status,
+        head.next_step,
+        head.version,
+        head.iteration,
+        head.journal_len,
+        head.lease_until,
+        json.dumps(head.meta, separators=(",", ":")),
+        head.updated_at,
+        head.key,
+        expected_version,
+        head.run_uid,
+    ]
+    if n_writes == 1:
+        params += (lock_id(keys[0]), keys[0])
+    elif n_writes:
+        params += (lock_ids(keys), keys)
+    if n_rows < 0:
+        params += (
+            [r.seq for r in rows],
+            [r.kind for r in rows],
+            [r.name for r in rows],
+            [r.data for r in rows],
+        )
+    else:
+        for r in rows:
+            params += (r.seq, r.kind, r.name, r.data)
+    if n_writes < 0:
+        params += (keys, list(latest.values()))
+    else:
+        for item in latest.items():
+            params += item
+    return commit_sql(n_rows, n_writes), params, keys

@@ -1,0 +1,331 @@
+"""The PostgreSQL commit path: a step commit as one statement per shape (scalar parameters
+for small commits, arrays for large ones), the run-or-value rule of a key when a commit
+and a claim race for it, the pipelined claim, and the upgrade of an older schema."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from stepstone.durable import claim_run
+from stepstone.exceptions import StoreKeyConflictError
+from stepstone.store import Store
+from stepstone.store._postgres import MIGRATIONS, PostgresBackend, migrate
+from stepstone.store._postgres_commit import SCALAR_LIMIT
+from stepstone.store._postgres_schema import KEY_LOCK_CLASS, lock_id
+from tests.pgserver import CutProxy, PgServer
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(params=[True, False], ids=["prepared", "unprepared"])
+def store(pg_url: str, request: pytest.FixtureRequest) -> Iterator[Store]:
+    with Store(backend=PostgresBackend(pg_url, prepare=request.param)) as s:
+        for key in s.keys():
+            s.delete(key)
+        yield s
+
+
+# -- shapes ---------------------------------------------------------------------------------
+def test_every_commit_shape_lands_exactly(store: Store) -> None:
+    """guarantee 250: commits with 0 to SCALAR_LIMIT + 2 journal rows and as many writes
+    (scalar parameters up to the limit, arrays above it), repeated write keys (the last one
+    wins), NULL names and non-ASCII text all land exactly, prepared or not."""
+    sizes = range(SCALAR_LIMIT + 3)
+    claimed = claim_run(store, "shapes", kind="test", resume=False, first_step="a")
+    run = claimed.run
+    assert run is not None
+    expected_rows: list[tuple[int, str, str | None, Any]] = []
+    expected_values: dict[str, Any] = {}
+    try:
+        for n_rows in sizes:
+            for n_writes in sizes:
+                tag = f"{n_rows}-{n_writes}"
+                rows = [
+                    (
+                        "step",
+                        None if i % 2 else f"s{tag}-{i} é",
+                        {"n": i, "tag": tag, "t": "ü\n'\""},
+                    )
+                    for i in range(n_rows)
+                ]
+                writes: list[tuple[str, Any]] = [
+                    (f"w{tag}-{i % max(1, n_writes - 1)} ✓", {"i": i, "tag": tag})
+                    for i in range(n_writes)
+                ]
+                for i, (kind, name, data) in enumerate(rows):
+                    expected_rows.append((run.head.journal_len + i, kind, name, data))
+                expected_values.update(dict(writes))
+                version = run.head.version
+                run.commit_sync(status="running", next_step=tag, rows=rows, writes=writes)
+                head = store.backend.run_get("shapes")
+                assert head is not None and head.version == version + 1
+                assert head.next_step == tag and head.journal_len == len(expected_rows)
+    finally:
+        run.release()
+    journal = store.backend.run_journal("shapes")
+    assert [(r.seq, r.kind, r.name) for r in journal] == [r[:3] for r in expected_rows]
+    assert [json.loads(r.data) for r in journal] == [r[3] for r in expected_rows]
+    for key, value in expected_values.items():
+        assert store.read(key) == value, key
+
+
+@pytest.mark.parametrize("n_writes", [1, 2, SCALAR_LIMIT + 1])
+def test_a_write_key_holding_a_run_fails_the_commit_and_writes_nothing(
+    store: Store, n_writes: int
+) -> None:
+    """guarantee 250: in every shape, a write key that holds a run fails the step's commit
+    with StoreKeyConflictError naming it, and nothing of the commit is written."""
+    other = claim_run(store, "taken", kind="test", resume=False, first_step="a").run
+    run = claim_run(store, "writer", kind="test", resume=False, first_step="a").run
+    assert other is not None and run is not None
+    try:
+        writes = [(f"free{i}", i) for i in range(n_writes - 1)] + [("taken", "x")]
+        with pytest.raises(StoreKeyConflictError, match="'taken'"):
+            run.commit_sync(status="running", next_step="b", rows=[("step", "a", 1)], writes=writes)
+        head = store.backend.run_get("writer")
+        assert head is not None and head.version == run.head.version and head.journal_len == 0
+        assert store.backend.run_journal("writer") == []
+        assert all(store.read(f"free{i}") is None for i in range(n_writes - 1))
+    finally:
+        run.release()
+        other.release()
+
+
+# -- a key holds a run or a value, never both, when a claim and a write race ---------------
+def _hold_lock_then(
+    url: str, key: str, sql: str, params: tuple[Any, ...]
+) -> psycopg.Connection[Any]:
+    """An open transaction that holds ``key``'s advisory lock (as a claim or a write of it
+    would) and has run ``sql``, not yet committed."""
+    conn = psycopg.connect(url)
+    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (KEY_LOCK_CLASS, lock_id(key)))
+    conn.execute(sql.encode(), params)
+    return conn
+
+
+def _race(url: str, holder: psycopg.Connection[Any], call: Callable[[], Any]) -> Any:
+    """Start ``call`` in a thread, wait until it waits for the holder's advisory lock,
+    commit the holder, and return what ``call`` returned or raised."""
+    out: list[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # noqa: BLE001 - handed back to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    with psycopg.connect(url, autocommit=True) as watcher:
+        deadline = time.monotonic() + 60
+        while True:
+            row = watcher.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
+            if row and row[0] >= 1:
+                break
+            assert thread.is_alive(), out
+            assert time.monotonic() < deadline, "the call never waited for the key's lock"
+            time.sleep(0.01)
+    holder.commit()
+    holder.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    return out[0]
+
+
+_INSERT_RUN = (
+    "INSERT INTO stepstone_runs VALUES (%s, 'test', 'running', 'a', 'u', 1, 0, 0, 'h', 1, "
+    "NULL, 1e12, '{}', 0, 0)"
+)
+_INSERT_VALUE = "INSERT INTO stepstone_kv VALUES (%s, '1', 0)"
+
+
+def test_a_commit_waiting_on_a_claim_of_its_write_key_sees_the_run(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 251: a step commit whose writes= key is being claimed as a run at that
+    moment waits for the claim, then fails with StoreKeyConflictError and writes nothing:
+    the check runs after the lock is granted, not on a snapshot taken before it."""
+    run = claim_run(store, "committer", kind="test", resume=False, first_step="a").run
+    assert run is not None
+    try:
+        holder = _hold_lock_then(pg_url, "contested", _INSERT_RUN, ("contested",))
+        result = _race(
+            pg_url,
+            holder,
+            lambda: run.commit_sync(
+                status="running", next_step="b", rows=[("step", "a", 1)], writes=[("contested", 1)]
+            ),
+        )
+        assert isinstance(result, StoreKeyConflictError), result
+        assert store.backend.kv_get("contested") is None
+        assert store.backend.run_get("contested") is not None
+        head = store.backend.run_get("committer")
+        assert head is not None and head.version == run.head.version
+        assert store.backend.run_journal("committer") == []
+    finally:
+        run.release()
+
+
+def test_a_plain_write_waiting_on_a_claim_of_its_key_sees_the_run(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 252: a plain write racing a claim of its key sees the run."""
+    holder = _hold_lock_then(pg_url, "contested", _INSERT_RUN, ("contested",))
+    result = _race(pg_url, holder, lambda: store.write("contested", 1))
+    assert isinstance(result, StoreKeyConflictError), result
+    assert store.backend.kv_get("contested") is None
+
+
+@pytest.mark.parametrize("how", ["claim", "cas"])
+def test_a_claim_or_cas_waiting_on_a_write_of_its_key_sees_the_value(
+    store: Store, pg_url: str, how: str
+) -> None:
+    """guarantee 252: a claim (and a compare-and-swap) racing a plain write of its key sees
+    the value once the write commits: the claim refuses to overwrite it."""
+    holder = _hold_lock_then(pg_url, "contested", _INSERT_VALUE, ("contested",))
+    if how == "claim":
+        result = _race(
+            pg_url,
+            holder,
+            lambda: claim_run(store, "contested", kind="test", resume=False, first_step="a"),
+        )
+        assert isinstance(result, StoreKeyConflictError), result
+        assert store.backend.run_get("contested") is None
+    else:
+        assert _race(pg_url, holder, lambda: store.compare_and_swap("contested", None, 2)) is False
+    assert store.read("contested") == 1
+
+
+def test_a_commit_never_writes_a_value_under_a_key_claimed_after_it(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 251: the other order: a claim of a key waits for a step commit that writes
+    that key, then refuses (the key now holds a value)."""
+    run = claim_run(store, "committer", kind="test", resume=False, first_step="a").run
+    assert run is not None
+    try:
+        with psycopg.connect(pg_url) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (KEY_LOCK_CLASS, lock_id("v")))
+            result = _race(
+                pg_url,
+                conn,
+                lambda: run.commit_sync(
+                    status="running", next_step="b", rows=[("step", "a", 1)], writes=[("v", 1)]
+                ),
+            )
+        assert result is None  # committed once the lock was free
+        with pytest.raises(StoreKeyConflictError):
+            claim_run(store, "v", kind="test", resume=False, first_step="a")
+        assert store.read("v") == 1
+    finally:
+        run.release()
+
+
+# -- lost connections around the pipelined claim ------------------------------------------
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_a_claim_whose_commit_answer_is_lost_is_applied_once(
+    pg_server: PgServer, pg_url: str, mode: str
+) -> None:
+    """guarantee 254: the claim's COMMIT is cut off before the server gets it, or after it
+    ran (no answer): the claim learns the truth (txid_status) or runs again, and the run is
+    claimed exactly once, by this call."""
+    proxy = CutProxy(pg_server.port)
+    via_url = pg_url.replace(f"127.0.0.1:{pg_server.port}/", f"127.0.0.1:{proxy.port}/")
+    key = f"cut-claim-{mode}"
+    try:
+        with Store(url=via_url) as via:
+            via.read("warm")
+            proxy.arm(b"COMMIT", mode)
+            claimed = claim_run(via, key, kind="test", resume=False, first_step="a")
+            assert proxy.cuts == 1
+            assert claimed.outcome == "fresh" and claimed.run is not None
+            claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
+            claimed.run.release()
+    finally:
+        proxy.close()
+    with Store(url=pg_url) as store:
+        head = store.backend.run_get(key)
+        assert head is not None and head.run_uid == claimed.head.run_uid
+        assert head.status == "done" and head.version == claimed.head.version + 1
+        store.delete(key)
+
+
+# -- upgrade ------------------------------------------------------------------------------
+def test_a_store_of_the_previous_schema_upgrades_and_its_runs_go_on(pg_server: PgServer) -> None:
+    """guarantee 253: a database at the previous schema version, with a run half done,
+    is upgraded by setup(); the run then commits its next steps (with writes=) under the
+    new commit statements, and the old commit function is gone."""
+    url = pg_server.create_database("t_commit_upgrade")
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn, MIGRATIONS[:3])
+            conn.execute(
+                "INSERT INTO stepstone_runs VALUES ('old', 'test', 'paused', 'b', 'u0', 2, 1, 1, "
+                "'h', 1, NULL, 0, '{}', 0, 0)"
+            )
+            conn.execute(
+                "INSERT INTO stepstone_journal VALUES ('old', 0, 'step', 'a', '{\"x\":1}')"
+            )
+        with Store(url=url) as store:
+            claimed = claim_run(store, "old", kind="test", resume=True, first_step="a")
+            assert claimed.outcome == "resumed" and claimed.run is not None
+            claimed.run.commit_sync(
+                status="done", next_step=None, rows=[("step", "b", 2)], writes=[("out", 3)]
+            )
+            claimed.run.release()
+            assert [r.name for r in store.backend.run_journal("old")] == ["a", "b"]
+            assert store.read("out") == 3
+        with psycopg.connect(url) as conn:
+            versions = [r[0] for r in conn.execute("SELECT version FROM stepstone_schema")]
+            gone = conn.execute("SELECT to_regproc('stepstone_commit')").fetchone()
+        assert versions == list(range(1, len(MIGRATIONS) + 1))
+        assert gone == (None,)
+    finally:
+        pg_server.drop_database("t_commit_upgrade")
+
+
+def test_a_group_commit_with_a_failing_statement_lands_the_others(store: Store) -> None:
+    """guarantee 250: in a group commit (several runs' commits in one pipelined
+    transaction), a commit whose statement fails outright (here a journal row whose seq is
+    already taken) rolls the batch back; each commit is then sent on its own, so the
+    failing run gets the error and the others land."""
+    from stepstone.durable._group import commit_many
+    from stepstone.store._base import JournalRow
+
+    runs = [
+        claim_run(store, f"g{i}", kind="test", resume=False, first_step="a").run for i in range(3)
+    ]
+    assert all(r is not None for r in runs)
+    try:
+        bad = runs[1]
+        assert bad is not None
+        bad.commit_sync(status="running", next_step="b", rows=[("step", "a", 1)])
+        items = []
+        for i, run in enumerate(runs):
+            assert run is not None
+            new, rows, _ = run._prepare("running", "c", None, None, [("step", "b", i)], [])
+            if run is bad:  # seq 0 is already in its journal
+                rows = [JournalRow(0, "step", "b", "1")]
+            items.append((new, run.head.version, rows, [(f"g{i}-value", str(i))]))
+        outcomes = commit_many(store.backend, items)
+        assert outcomes[0] is True and outcomes[2] is True
+        assert isinstance(outcomes[1], psycopg.errors.UniqueViolation)
+        assert store.read("g0-value") == 0 and store.read("g2-value") == 2
+        assert store.read("g1-value") is None
+        assert [r.seq for r in store.backend.run_journal("g1")] == [0]
+        head = store.backend.run_get("g1")
+        assert head is not None and head.version == bad.head.version
+    finally:
+        for run in runs:
+            assert run is not None
+            run.release()

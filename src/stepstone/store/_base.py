@@ -27,6 +27,7 @@ __all__ = [
     "corrupt_error",
     "head_from_row",
     "head_to_row",
+    "head_update_params",
     "heads_for_listing",
     "journal_row",
     "lenient_text",
@@ -90,6 +91,25 @@ def head_to_row(head: RunHead) -> tuple[Any, ...]:
     return tuple(
         json.dumps(head.meta, separators=(",", ":")) if name == "meta" else getattr(head, name)
         for name in HEAD_COLUMNS
+    )
+
+
+def head_update_params(head: RunHead, expected_version: int) -> tuple[Any, ...]:
+    """A step commit's head update as SQL parameters: the new status, next_step, version,
+    iteration, journal_len, lease_until, meta (JSON text) and updated_at, then the
+    compare-and-swap's key, expected version and run_uid."""
+    return (
+        head.status,
+        head.next_step,
+        head.version,
+        head.iteration,
+        head.journal_len,
+        head.lease_until,
+        json.dumps(head.meta, separators=(",", ":")),
+        head.updated_at,
+        head.key,
+        expected_version,
+        head.run_uid,
     )
 
 

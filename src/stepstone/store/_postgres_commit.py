@@ -24,11 +24,10 @@ snapshot and miss it).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import JournalRow, RunHead, head_update_params
 from stepstone.store._postgres_schema import KEY_LOCK_CLASS, lock_id, lock_ids
 
 __all__ = ["SCALAR_LIMIT", "WHY_SQL", "commit_sql", "commit_statement"]
@@ -114,19 +113,7 @@ def commit_statement(
     latest = dict(writes)
     keys = list(latest)
     n_rows, n_writes = _shape(len(rows)), _shape(len(keys))
-    params: list[Any] = [
-        head.status,
-        head.next_step,
-        head.version,
-        head.iteration,
-        head.journal_len,
-        head.lease_until,
-        json.dumps(head.meta, separators=(",", ":")),
-        head.updated_at,
-        head.key,
-        expected_version,
-        head.run_uid,
-    ]
+    params: list[Any] = list(head_update_params(head, expected_version))
     if n_writes == 1:
         params += (lock_id(keys[0]), keys[0])
     elif n_writes:

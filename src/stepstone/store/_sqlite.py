@@ -15,7 +15,6 @@ checkpoints, not on every commit).
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -34,6 +33,7 @@ from stepstone.store._base import (
     RunHead,
     head_from_row,
     head_to_row,
+    head_update_params,
     heads_for_listing,
     journal_row,
     lenient_text,
@@ -490,19 +490,7 @@ class SQLiteBackend(Backend):
                 f"UPDATE {self._runs} SET status = ?, next_step = ?, version = ?, iteration = ?, "
                 "journal_len = ?, lease_until = ?, meta = ?, updated_at = ? "
                 "WHERE key = ? AND version = ? AND run_uid = ?",
-                (
-                    head.status,
-                    head.next_step,
-                    head.version,
-                    head.iteration,
-                    head.journal_len,
-                    head.lease_until,
-                    json.dumps(head.meta, separators=(",", ":")),
-                    head.updated_at,
-                    head.key,
-                    expected_version,
-                    head.run_uid,
-                ),
+                head_update_params(head, expected_version),
             )
             if cur.rowcount != 1:
                 return False

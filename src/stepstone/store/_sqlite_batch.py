@@ -14,13 +14,12 @@ its own, so one run's error never loses or lands another run's rows. One COMMIT,
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from stepstone.exceptions import StoreError
-from stepstone.store._base import Decide, JournalRow, RunHead
+from stepstone.store._base import Decide, JournalRow, RunHead, head_update_params
 from stepstone.store._memory import run_key_conflict
 
 if TYPE_CHECKING:
@@ -111,7 +110,7 @@ def _apply(
             outcomes[i] = run_key_conflict(clash)
             continue
         state[head.key] = (head.version, head.run_uid)
-        heads.append(_head_params(head, expected))
+        heads.append(head_update_params(head, expected))
         rows.extend((head.key, r.seq, r.kind, r.name, r.data) for r in jrows)
         values.extend((k, text, head.updated_at) for k, text in writes)
         outcomes[i] = True
@@ -151,19 +150,3 @@ def _heads(
             f"SELECT key, version, run_uid FROM {runs} WHERE key IN ({marks})", chunk
         ):
             yield str(key), (int(version), str(run_uid))
-
-
-def _head_params(head: RunHead, expected: int) -> tuple[object, ...]:
-    return (
-        head.status,
-        head.next_step,
-        head.version,
-        head.iteration,
-        head.journal_len,
-        head.lease_until,
-        json.dumps(head.meta, separators=(",", ":")),
-        head.updated_at,
-        head.key,
-        expected,
-        head.run_uid,
-    )

@@ -24,6 +24,7 @@ from stepstone.durable import (
     prune_run,
     retry_run,
 )
+from stepstone.durable._inspect import query_runs, run_detail, stranded_runs
 from stepstone.durable._queue import queue_backend
 from stepstone.exceptions import (
     ConcurrentRunError,
@@ -197,6 +198,33 @@ def test_operators_judge_an_owner_by_the_database_clock(tmp_path: Path) -> None:
         head = store.backend.run_get("job")
         assert head is not None and head.status == "running"
         assert head.meta["cancel_requested"]["reason"] == "cancelled"
+
+
+def test_read_models_judge_an_owner_by_the_database_clock(tmp_path: Path) -> None:
+    # guarantee 242: what the operator sees (runs, show, stranded) agrees with what cancel
+    # and retry do: a run live by the database's clock is live, though by this host's clock
+    # (an hour ahead of the database's) its lease ran out long ago
+    path = tmp_path / "r.sqlite"
+    with Store(backend=_BehindSQLite(path), lease_seconds=60) as store:
+        claim = claim_run(store, "job", kind=KIND, resume=False, first_step="a")
+        assert claim.run is not None
+        claim.run.commit_sync(status="running", next_step="b", rows=[("step", "a", {})])
+        claim.run.release()
+
+        def elsewhere(head: RunHead | None, _kv: str | None) -> Claim:
+            assert head is not None
+            until = LeasePolicy(60).until(store.backend.clock())
+            return Claim(head=head.replace(host="another-host", lease_until=until))
+
+        store.backend.run_transact("job", elsewhere)
+        detail = run_detail(store, "job")
+        assert detail is not None and detail["owner"] == "live"
+        assert 0 < detail["lease_expires_in"] <= 60
+        assert stranded_runs(store) == []
+        total, page = query_runs(store)
+        assert total == 1 and page[0]["owner"] == "live"
+        # the same record judged by this host's clock would read as stranded
+        assert stranded_runs(store, now=time.time())[0]["key"] == "job"
 
 
 def test_a_worker_hands_back_a_run_still_owned_elsewhere(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -22,6 +21,7 @@ from stepstone.cli import _migrate, _ops, _ui
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import select_runs
 from stepstone.cli._worker import worker
+from stepstone.durable import database_now
 from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
 
@@ -215,9 +215,9 @@ def runs(
     debug: DebugOption = False,
 ) -> None:
     """List the durable runs in a store, with their owner's state (live or dead)."""
-    now = time.time()
     older, newer = _age(older_than, "--older-than"), _age(newer_than, "--newer-than")
     with _open_store(db, url) as store:
+        now = database_now(store)  # owners are judged by the database's clock
         total, lines = select_runs(
             store,
             prefix,

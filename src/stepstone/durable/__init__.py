@@ -30,7 +30,7 @@ from stepstone.durable._kernel import (
     describe_owner,
     ownership_error,
 )
-from stepstone.durable._leases import LeasePolicy, owner_alive
+from stepstone.durable._leases import LeasePolicy, database_now, owner_alive
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._records import (
     adelete_run,
@@ -67,6 +67,7 @@ __all__ = [
     "blocking_call",
     "cancel_run",
     "claim_run",
+    "database_now",
     "delete_run",
     "describe_owner",
     "diff_runs",

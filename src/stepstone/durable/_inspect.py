@@ -13,7 +13,7 @@ from typing import Any
 
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
-from stepstone.durable._leases import LIVE_STATUSES, owner_alive
+from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._store import Store
 
@@ -129,7 +129,7 @@ def query_runs(
 
     ``older_than``/``newer_than`` are ages in seconds since the last commit.
     """
-    now = time.time() if now is None else now
+    now = database_now(store) if now is None else now
     out = filter_heads(
         store.backend.run_list(prefix or None),
         statuses=statuses,
@@ -206,6 +206,7 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
                 "error": err,
             }
         )
+    now = database_now(store) if now is None else now
     detail = {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
     # Tool calls it waits on (its own, or those of a paused Plan's LLM steps).
     detail["pending_approvals"] = waiting_calls(store, head, rows)
@@ -217,7 +218,7 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
 def stranded_runs(store: Store, *, now: float | None = None) -> list[dict[str, Any]]:
     """Runs left ``claimed``/``running`` by an owner that died and nobody resumed, oldest
     first (resume them with ``resume=True``, or delete them)."""
-    now = time.time() if now is None else now
+    now = database_now(store) if now is None else now
     out = [
         run_summary(h, now=now)
         for h in store.backend.run_list(None)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from stepstone.durable._kernel import OwnedRun
     from stepstone.store._store import Store
 
-__all__ = ["LeaseKeeper", "LeasePolicy", "keeper", "owner_alive"]
+__all__ = ["LeaseKeeper", "LeasePolicy", "database_now", "keeper", "owner_alive"]
 
 log = logging.getLogger("stepstone")
 
@@ -182,6 +182,13 @@ _released_here: set[str] = set()
 def mark_released(run_uid: str) -> None:
     """Record that this process stopped executing ``run_uid`` (see :func:`owner_alive`)."""
     _released_here.add(run_uid)
+
+
+def database_now(store: Store) -> float:
+    """The database's clock (unix seconds), by which every lease is set and judged: the
+    PostgreSQL server's time, this machine's for SQLite. Read models and engines that
+    decide whether an owner is alive pass it to :func:`owner_alive` as ``now``."""
+    return store.backend.clock()
 
 
 def owner_alive(head: RunHead, *, now: float | None = None) -> bool:

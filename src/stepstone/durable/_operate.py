@@ -10,7 +10,6 @@ lost and no step runs after the cancel is seen.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from stepstone.durable._kernel import describe_owner, ownership_error
@@ -106,7 +105,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     units = sum(1 for r in kept if r.kind == "band") + sum(
         1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
     )
-    now = time.time()
+    now = store.backend.clock()
     new = head.replace(
         key=to,
         status="paused" if next_step is not None else "done",

@@ -156,6 +156,7 @@ def prune(
         )
     groups = policy.prefixes
     heads = store.backend.run_list(groups[0] or None if len(groups) == 1 else None)
+    now = store.backend.clock() if now is None else now
     chosen, live = plan_prune(heads, policy, now=now)
     if dry_run:
         deleted = [

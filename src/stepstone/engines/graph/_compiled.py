@@ -10,7 +10,14 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from stepstone.core._sync import run_sync
-from stepstone.durable import OwnedRun, blocking_call, claim_run, owner_alive, run_head
+from stepstone.durable import (
+    OwnedRun,
+    blocking_call,
+    claim_run,
+    database_now,
+    owner_alive,
+    run_head,
+)
 from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
@@ -333,7 +340,7 @@ class CompiledGraph(Generic[S]):
             ) from exc
         assert claim.run is not None
         head = run_head(cp.store, cp.key(source))
-        if head is not None and owner_alive(head):
+        if head is not None and owner_alive(head, now=database_now(cp.store)):
             _release_lock(claim.run)
             raise ConcurrentGraphResumeError(
                 f"invocation {source!r} is still running (pid {head.pid} on host "

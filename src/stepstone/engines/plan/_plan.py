@@ -14,6 +14,7 @@ from stepstone.core._sync import run_sync
 from stepstone.durable import (
     aclaim_run,
     blocking_call,
+    database_now,
     delete_run,
     list_runs,
     owner_alive,
@@ -483,8 +484,9 @@ class Plan:
                 "prune_forks() needs a Plan with store=, checkpoint_key= and on_concurrent='fork'"
             )
         removed = 0
+        now = database_now(self.store)
         for head in list_runs(self.store, f"{self.checkpoint_key}:"):
-            if head.status in statuses and not owner_alive(head):
+            if head.status in statuses and not owner_alive(head, now=now):
                 for k in self.store.keys(prefix=f"{head.key}:"):
                     self.store.delete(k)
                 delete_run(self.store, head.key)

@@ -96,9 +96,9 @@ def commit_many(backend: Backend, items: Sequence[Item]) -> list[Outcome]:
 
 
 class _Writers:
-    """The writer threads of each backend in this process (a fork gets new ones). A local
-    file gets one: its batches always go through the same SQLite connection and never
-    overlap. A network backend gets a few, for the batches of several loops at once."""
+    """The writer thread of each grouping backend in this process (a fork gets new ones):
+    one per backend, so its batches go through the same SQLite connection and never
+    overlap."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -113,8 +113,7 @@ class _Writers:
                 self.pid, self.by_backend = os.getpid(), weakref.WeakKeyDictionary()
             pool = self.by_backend.get(backend)
             if pool is None:
-                threads = 1 if backend.commit_inline else 4
-                pool = ThreadPoolExecutor(threads, thread_name_prefix="stepstone-group-commit")
+                pool = ThreadPoolExecutor(1, thread_name_prefix="stepstone-group-commit")
                 self.by_backend[backend] = pool
             return pool
 

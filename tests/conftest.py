@@ -7,6 +7,7 @@ tests skip locally, but fail when ``CI=true``: CI must never silently skip them.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from collections.abc import Iterator
@@ -51,3 +52,13 @@ def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]
         yield url
     finally:
         pg_server.drop_database(name)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Run the finalizers of the session's garbage (stores, pools) before the terminal
+    summary. The hypothesis plugin imports its modules only then, when no test imported
+    them, and pytest rewrites them with ``ast``; on Python 3.11 before 3.11.8 a garbage
+    collection that runs finalizers in the middle of that fails the whole run with
+    "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905)."""
+    gc.collect()
+

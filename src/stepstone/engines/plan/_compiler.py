@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from stepstone.core import AgentLike, Sentinel, Tool
+from stepstone.core import Sentinel, Tool
+from stepstone.core._tool import is_agent_like
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError
 
@@ -150,7 +151,7 @@ def _check_target(step: Step, tools: Mapping[str, Tool] | None) -> None:
                 f"Agent's tools (known: {known}); add it to tools=[...] or fix the name"
             )
         return
-    if isinstance(target, (Tool, AgentLike)) or callable(target):
+    if callable(target) or isinstance(target, Tool) or is_agent_like(target):
         return
     raise PlanCompileError(
         f"step {step.step_name!r}: target must be a tool name, a callable or an Agent, "

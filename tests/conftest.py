@@ -61,4 +61,3 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     collection that runs finalizers in the middle of that fails the whole run with
     "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905)."""
     gc.collect()
-

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from stepstone.store._base import Backend, Decide, JournalRow, RunHead
+from stepstone.store._base import Backend, Decide, JournalRow, RunHead, commit_each
 
 __all__ = [
     "CommitItem",
@@ -58,12 +58,6 @@ def can_group(backend: Backend) -> bool:
     return isinstance(backend, SQLiteBackend)
 
 
-def _batches(backend: Backend) -> bool:
-    """Whether ``backend`` commits a batch as one transaction (SQLite, PostgreSQL)."""
-    pg = sys.modules.get("stepstone.store._postgres")
-    return can_group(backend) or (pg is not None and isinstance(backend, pg.PostgresBackend))
-
-
 def can_group_claims(backend: Backend) -> bool:
     """Whether claims (``run_transact``) join the batches too (SQLite)."""
     from stepstone.store._sqlite import SQLiteBackend
@@ -82,17 +76,12 @@ def commit_many(backend: Backend, items: Sequence[Item]) -> list[Outcome]:
         from stepstone.store._sqlite_batch import commit_batch
 
         return commit_batch(backend, items)
-    if len(items) > 1 and _batches(backend):
+    pg = sys.modules.get("stepstone.store._postgres")
+    if len(items) > 1 and pg is not None and isinstance(backend, pg.PostgresBackend):
         from stepstone.store import _postgres_batch
 
         return list(_postgres_batch.commit_many(backend, items))  # type: ignore[arg-type]
-    out: list[Outcome] = []
-    for item in items:
-        try:
-            out.append(backend.run_commit(*item))
-        except Exception as exc:  # noqa: BLE001 - handed to the run that sent it
-            out.append(exc)
-    return out
+    return list(commit_each(backend, items))  # type: ignore[arg-type]
 
 
 class _Writers:

@@ -24,6 +24,7 @@ __all__ = [
     "JournalRow",
     "RunHead",
     "checked_text",
+    "commit_each",
     "corrupt_error",
     "head_from_row",
     "head_to_row",
@@ -389,6 +390,21 @@ class Backend(abc.ABC):
     def describe(self) -> str:
         """Short human description (``"sqlite:/path/db.sqlite"``)."""
         return type(self).__name__
+
+
+def commit_each(
+    backend: Backend,
+    items: Sequence[tuple[RunHead, int, Sequence[JournalRow], Sequence[tuple[str, str]]]],
+) -> list[bool | Exception]:
+    """``backend.run_commit`` of each item on its own (a batch that could not be written as
+    one transaction): per item, its result or the exception it raised."""
+    out: list[bool | Exception] = []
+    for item in items:
+        try:
+            out.append(backend.run_commit(*item))
+        except Exception as exc:  # noqa: BLE001 - handed to the run that sent it
+            out.append(exc)
+    return out
 
 
 def prefix_bounds(prefix: str) -> tuple[str, str | None]:

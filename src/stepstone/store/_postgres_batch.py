@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import JournalRow, RunHead, commit_each
 from stepstone.store._memory import run_key_conflict
 from stepstone.store._postgres import Connection, PostgresBackend
 from stepstone.store._postgres_commit import WHY_SQL, commit_statement
@@ -53,11 +53,5 @@ def commit_many(backend: PostgresBackend, items: Sequence[Item]) -> list[Outcome
     try:
         return backend._pipelined("commit the steps of several runs", locked, batch)
     except psycopg.Error:
-        pass  # one statement failed and the batch rolled back: commit each on its own
-    results: list[Outcome] = []
-    for item in items:
-        try:
-            results.append(backend.run_commit(*item))
-        except Exception as exc:  # noqa: BLE001 - handed to the run that sent it
-            results.append(exc)
-    return results
+        # one statement failed and the batch rolled back: commit each on its own
+        return commit_each(backend, items)

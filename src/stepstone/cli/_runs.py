@@ -119,12 +119,13 @@ def owner_state(head: RunHead, now: float | None = None) -> tuple[str, str]:
         return "-", "-"
     where = f"pid {head.pid} on {head.host.split('/')[0] or '?'}"
     left = head.lease_until - now
+    if owner_alive(head, now=now):
+        return "live", f"{where}, lease expires in {_secs(left)}"
+    # why it is dead
     if left < 0:
         return "dead", f"{where}, lease expired {_secs(-left)} ago"
     if head.host == host_id() and not process_alive(head.pid, head.pid_start):
         return "dead", f"{where}, process gone"
-    if owner_alive(head, now=now):
-        return "live", f"{where}, lease expires in {_secs(left)}"
     return "dead", f"{where}, no longer renewing"
 
 

@@ -1,9 +1,40 @@
-"""The sync bridge: every sync API is a thin layer over its async twin."""
+"""The sync bridge: every sync API is a thin layer over its async twin.
+
+A sync call (``agent("task")``, ``plan.run_many(...)``, ``graph.invoke(...)``, the Runner's
+``run_sync``) runs its coroutine on a private event loop of the calling thread. Each thread
+keeps that loop, and its default executor, for all its sync calls: ``asyncio.run`` would
+build a loop and its self-pipe per call and join the executor's threads at the end, which
+was about a quarter of a short durable run. Apart from that reuse, a call behaves as under
+``asyncio.run``:
+
+* it is refused inside a running loop (blocking it would deadlock);
+* the coroutine runs in a copy of the caller's context;
+* when the coroutine ends, the tasks it left pending are cancelled and awaited, its
+  async generators closed and its executor jobs waited for, so the next call starts on an
+  empty loop (an interrupted clean-up is finished at the start of the thread's next call);
+* SIGINT on the main thread cancels the call and raises ``KeyboardInterrupt``;
+* the loop comes from the event-loop policy in force (checked per call) and is the
+  thread's current loop during the call only.
+
+A thread's loop and executor are closed when the thread ends, the main thread's at
+interpreter exit. A forked child never uses (or closes) a loop inherited from its parent:
+the epoll instance and self-pipe are shared with the parent, so even closing them the
+usual way would unregister the parent's self-pipe and leave its loop deaf to wake-ups from
+other threads.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextvars
+import os
+import signal
+import sys
+import threading
+import weakref
+from asyncio import selector_events
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -13,51 +44,75 @@ T = TypeVar("T")
 
 
 def run_sync(coro: Coroutine[Any, Any, T], *, sync_name: str, async_name: str) -> T:
-    """Run ``coro`` to completion on a fresh event loop.
+    """Run ``coro`` to completion on this thread's private event loop.
 
     Raises:
         RuntimeError: when called from a thread whose event loop is running (blocking it
             would deadlock); the message names the async twin to await instead.
     """
+    if asyncio._get_running_loop() is not None:
+        coro.close()
+        raise RuntimeError(
+            f"{sync_name} was called from inside a running event loop, where it would block "
+            f"the loop; use `await {async_name}` instead"
+        )
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_on_private_loop(coro))
-    coro.close()
-    raise RuntimeError(
-        f"{sync_name} was called from inside a running event loop, where it would block "
-        f"the loop; use `await {async_name}` instead"
-    )
+        bridge = _thread_bridge()
+    except BaseException:
+        coro.close()
+        raise
+    return bridge.run(coro, sync_name)
 
 
-class _TaskCount:
-    """Counts the live tasks of a private loop (its task factory), so that
-    ``may_block_loop`` answers in O(1): ``asyncio.all_tasks()`` walks every task of the
-    process and cost more than a whole step once ``run_many`` had hundreds of them."""
+class _Call:
+    """One sync call: its live tasks (through the loop's task factory) and the async
+    generators it started (through the thread's asyncgen hook).
+
+    Counting tasks here lets ``may_block_loop`` answer in O(1): ``asyncio.all_tasks()``
+    walks every task of the process and cost more than a whole step once ``run_many`` had
+    hundreds of them. Each call has its own ``_Call``, so the done callbacks of a previous
+    call's tasks (run late, on this loop) never touch this call's count.
+    """
+
+    __slots__ = ("agens", "loop_firstiter", "tasks")
 
     def __init__(self) -> None:
-        self.live = 1  # the task running the sync call's coroutine
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.agens: weakref.WeakSet[AsyncGenerator[Any, Any]] | None = None
+        self.loop_firstiter: Callable[[AsyncGenerator[Any, Any]], object] | None = None
 
     def factory(
         self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
     ) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
-        self.live += 1
-        task.add_done_callback(self._done)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
         return task
 
-    def _done(self, _task: asyncio.Task[Any]) -> None:
-        self.live -= 1
+    def track_asyncgens(self) -> None:
+        """Note every async generator first iterated from here on (on the running loop,
+        whose ``run_forever`` restores its own hooks when it stops)."""
+        firstiter, finalizer = sys.get_asyncgen_hooks()
+        self.loop_firstiter = firstiter
+        sys.set_asyncgen_hooks(firstiter=self._firstiter, finalizer=finalizer)
+
+    def _firstiter(self, agen: AsyncGenerator[Any, Any]) -> None:
+        if self.agens is None:
+            self.agens = weakref.WeakSet()
+        self.agens.add(agen)
+        if self.loop_firstiter is not None:
+            self.loop_firstiter(agen)
+
+    def unfinished(self, executor: _Executor) -> bool:
+        """Whether anything of the call is still running or open."""
+        return (
+            any(not task.done() for task in self.tasks)
+            or bool(self.agens)
+            or bool(executor.running)
+        )
 
 
-_PRIVATE_TASKS: ContextVar[_TaskCount | None] = ContextVar("stepstone_private_tasks", default=None)
-
-
-async def _on_private_loop(coro: Coroutine[Any, Any, T]) -> T:
-    count = _TaskCount()
-    asyncio.get_running_loop().set_task_factory(count.factory)
-    _PRIVATE_TASKS.set(count)
-    return await coro
+_PRIVATE_TASKS: ContextVar[_Call | None] = ContextVar("stepstone_private_tasks", default=None)
 
 
 def may_block_loop() -> bool:
@@ -68,5 +123,224 @@ def may_block_loop() -> bool:
     (~40 us) per step. Bands, ``run_many`` and any loop of the user's own (a web server...)
     have other tasks or are not private, so sync functions go to a worker thread there.
     """
-    count = _PRIVATE_TASKS.get()
-    return count is not None and count.live <= 1
+    call = _PRIVATE_TASKS.get()
+    return call is not None and len(call.tasks) <= 1
+
+
+class _Executor(ThreadPoolExecutor):
+    """The private loop's default executor, which knows its unfinished jobs, so a call can
+    wait for the ones it started (``asyncio.run`` joined the executor's threads)."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="asyncio")
+        self.running: set[Future[Any]] = set()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future = super().submit(fn, *args, **kwargs)
+        self.running.add(future)
+        future.add_done_callback(self.running.discard)
+        return future
+
+
+async def _main(coro: Coroutine[Any, Any, T], call: _Call) -> T:
+    _PRIVATE_TASKS.set(call)
+    call.track_asyncgens()
+    return await coro
+
+
+# The C module under ``signal``: ``signal.signal`` and ``getsignal`` map every handler to
+# an enum member, failing (and formatting the handler's repr) for a callable, which cost
+# ~14 us per main-thread call, half of a trivial one.
+_signals: Any = getattr(signal, "_signal", signal)
+_SIGINT = int(signal.SIGINT)
+
+
+class _Interrupt:
+    """A main-thread call's SIGINT handler, as under ``asyncio.run``: the first Ctrl-C
+    cancels the call (which then raises ``KeyboardInterrupt``), a second one raises
+    ``KeyboardInterrupt`` wherever the thread is."""
+
+    __slots__ = ("count", "loop", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        self.loop = loop
+        self.task = task
+        self.count = 0
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1 and not self.task.done():
+            self.task.cancel()
+            self.loop.call_soon_threadsafe(_wake_up)  # select() may wait long otherwise
+            return
+        raise KeyboardInterrupt()
+
+
+def _wake_up() -> None:
+    pass
+
+
+class _Bridge:
+    """One thread's private event loop and its default executor."""
+
+    def __init__(self) -> None:
+        self.policy = asyncio.get_event_loop_policy()
+        self.loop = self.policy.new_event_loop()
+        self.executor = _Executor()
+        self.loop.set_default_executor(self.executor)
+        #: a call whose clean-up was interrupted (KeyboardInterrupt), finished first next time
+        self.unfinished: _Call | None = None
+        main = threading.current_thread() is threading.main_thread()
+        self.finalizer = weakref.finalize(self, _close, self.loop, self.executor, os.getpid())
+        self.finalizer.atexit = main
+
+    def usable(self) -> bool:
+        return not self.loop.is_closed() and asyncio.get_event_loop_policy() is self.policy
+
+    def run(self, coro: Coroutine[Any, Any, T], sync_name: str) -> T:
+        loop = self.loop
+        if self.unfinished is not None:
+            try:
+                self._finish(self.unfinished, sync_name)
+            except BaseException:
+                coro.close()
+                raise
+        call = _Call()
+        loop.set_task_factory(call.factory)
+        asyncio.set_event_loop(loop)
+        try:
+            return self._run_main(_main(coro, call))
+        finally:
+            try:
+                if call.unfinished(self.executor):
+                    self.unfinished = call
+                    self._finish(call, sync_name)
+            finally:
+                asyncio.set_event_loop(None)
+
+    def _run_main(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``asyncio.Runner.run``: the coroutine in a copy of the caller's context, SIGINT
+        turned into a cancellation on the main thread."""
+        loop = self.loop
+        task = loop.create_task(coro, context=contextvars.copy_context())
+        interrupt: _Interrupt | None = None
+        if (
+            threading.current_thread() is threading.main_thread()
+            and _signals.getsignal(_SIGINT) is signal.default_int_handler
+        ):
+            interrupt = _Interrupt(loop, task)
+            try:
+                _signals.signal(_SIGINT, interrupt)
+            except ValueError:  # an embedded interpreter without signals
+                interrupt = None
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if interrupt is not None and interrupt.count > 0 and task.uncancel() == 0:
+                raise KeyboardInterrupt() from None
+            raise
+        finally:
+            if interrupt is not None and _signals.getsignal(_SIGINT) is interrupt:
+                _signals.signal(_SIGINT, signal.default_int_handler)
+
+    def _finish(self, call: _Call, sync_name: str) -> None:
+        self.loop.run_until_complete(self._clean_up(call, sync_name))
+        self.unfinished = None
+
+    async def _clean_up(self, call: _Call, sync_name: str) -> None:
+        """What ``asyncio.run`` does after its coroutine: cancel and await the tasks left
+        pending, close the async generators, wait for the executor's jobs."""
+        loop = asyncio.get_running_loop()
+        call.track_asyncgens()
+        me = asyncio.current_task()
+        while tasks := [t for t in call.tasks if t is not me and not t.done()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for task in tasks:
+                if not task.cancelled() and task.exception() is not None:
+                    loop.call_exception_handler(
+                        {
+                            "message": f"unhandled exception in a task left running by {sync_name}",
+                            "exception": task.exception(),
+                            "task": task,
+                        }
+                    )
+        while call.agens:
+            agens = list(call.agens)
+            call.agens.clear()
+            results = await asyncio.gather(*(a.aclose() for a in agens), return_exceptions=True)
+            for result, agen in zip(results, agens, strict=True):
+                if isinstance(result, Exception):
+                    loop.call_exception_handler(
+                        {
+                            "message": "an error occurred during closing of asynchronous "
+                            f"generator {agen!r}",
+                            "exception": result,
+                            "asyncgen": agen,
+                        }
+                    )
+        while self.executor.running:
+            await asyncio.wait([asyncio.wrap_future(f) for f in list(self.executor.running)])
+
+
+_local = threading.local()
+
+
+def _thread_bridge() -> _Bridge:
+    bridge: _Bridge | None = getattr(_local, "bridge", None)
+    if bridge is not None and bridge.usable():
+        return bridge
+    if bridge is not None:  # the policy changed, or someone closed the loop
+        _local.bridge = None
+        bridge.finalizer()
+    bridge = _local.bridge = _Bridge()
+    return bridge
+
+
+def _close(loop: asyncio.AbstractEventLoop, executor: _Executor, pid: int) -> None:
+    """Close a bridge's loop and executor: when its thread ends (the thread-local holding it
+    is dropped), at interpreter exit (the main thread's), or when it is replaced.
+
+    Every call left the loop empty, so this needs no loop run (it may run while the thread's
+    state is being torn down, where starting a thread or a loop is not possible)."""
+    if os.getpid() != pid:
+        _forget(loop)
+        return
+    if loop.is_running():  # a daemon thread still inside a call at interpreter exit
+        return
+    executor.shutdown(wait=True)
+    loop.close()
+
+
+_inherited: list[asyncio.AbstractEventLoop] = []
+
+
+def _forget(loop: asyncio.AbstractEventLoop) -> None:
+    """Release a forked child's copy of its parent's loop without touching the parent's.
+
+    The epoll instance and the self-pipe are shared with the parent: ``loop.close()`` would
+    unregister the self-pipe from that epoll instance, for the parent too. Closing this
+    process's descriptors only leaves the parent's registrations alone. A loop of another
+    kind is kept referenced, so that collecting it never closes it.
+    """
+    if loop.is_closed():
+        return
+    if isinstance(loop, selector_events.BaseSelectorEventLoop):
+        parts: Any = loop
+        parts._selector.close()  # the epoll descriptor: closing it unregisters nothing
+        parts._ssock.close()
+        parts._csock.close()
+        parts._closed = True  # so that collecting the loop does not close it again
+    else:
+        _inherited.append(loop)
+
+
+def _after_fork_in_child() -> None:
+    bridge: _Bridge | None = getattr(_local, "bridge", None)
+    if bridge is not None:
+        _local.bridge = None
+        bridge.finalizer()  # the pid differs: forgets the loop, never closes it
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -21,16 +21,19 @@ Targets: per-step <= 1.5x raw FULL commit; cost ratio 1000/10 <= 1.2; bytes <= 3
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from stepstone import Agent, Plan, Step, Store
+from stepstone import Agent, Envelope, Plan, RunContext, Step, Store
+from stepstone.core._sync import _PRIVATE_TASKS, _Call
 
 PAYLOAD = "x" * 1000
 
@@ -96,6 +99,44 @@ def memory_run_ms(n_steps: int) -> float:
     t0 = time.perf_counter()
     agent("go")
     return (time.perf_counter() - t0) * 1000 / n_steps
+
+
+class Echo:
+    """An engine that does nothing: what is left is the sync call itself."""
+
+    async def run(self, env: Envelope[Any], ctx: RunContext) -> Envelope[Any]:
+        return env
+
+
+async def on_new_loop(coro: Coroutine[Any, Any, Envelope[Any]]) -> Envelope[Any]:
+    """A sync call's coroutine as it ran before sync calls reused their thread's loop:
+    under ``asyncio.run`` (a new loop per call), marked as a sync call's private loop so
+    that sync steps still run inline."""
+    call = _Call()
+    asyncio.get_running_loop().set_task_factory(call.factory)
+    call.tasks.add(asyncio.current_task())  # type: ignore[arg-type]
+    _PRIVATE_TASKS.set(call)
+    return await coro
+
+
+def sync_call_us(calls: int) -> dict[str, tuple[float, float]]:
+    """Median microseconds per sync call, (reused loop, new loop per call), of a 10-step
+    durable Plan on an in-memory store and of an engine that does nothing; the two ways
+    alternate call by call."""
+    store = Store()
+    times: dict[str, tuple[list[float], list[float]]] = {"plan": ([], []), "echo": ([], [])}
+    echo = Agent(engine=Echo())
+    for i in range(calls):
+        for way in (0, 1):
+            key = f"sync-{way}-{i}"
+            steps = [Step(trivial, name=f"s{n}", writes=f"{key}:w{n}") for n in range(10)]
+            plan = Agent(engine=Plan(*steps, store=store, checkpoint_key=key, max_iterations=11))
+            for name, agent in (("plan", plan), ("echo", echo)):
+                t0 = time.perf_counter()
+                env = agent("go") if way == 0 else asyncio.run(on_new_loop(agent.run("go")))
+                times[name][way].append((time.perf_counter() - t0) * 1e6)
+                assert env.ok, env.error
+    return {k: (statistics.median(r), statistics.median(n)) for k, (r, n) in times.items()}
 
 
 def main() -> None:
@@ -182,6 +223,13 @@ def main() -> None:
             f"open store {warm_step[n] / raw_full:.2f}x (target <= 1.5); vs the raw commit on "
             f"a WAL that no longer grows: {ms / raw_warm:.2f}x, {warm_step[n] / raw_warm:.2f}x"
         )
+    (plan, plan_new), (echo, echo_new) = sync_call_us(300 * args.repeat).values()
+    print(
+        f"sync call (agent(task)) on the thread's reused loop vs a new loop per call "
+        f"(asyncio.run): 10-step in-memory Plan {plan:.0f} vs {plan_new:.0f} us "
+        f"({plan / plan_new:.2f}x); engine doing nothing {echo:.0f} vs {echo_new:.0f} us "
+        f"({echo / echo_new:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -200,6 +200,25 @@ def test_executor_jobs_started_by_a_call_finish_before_it_returns() -> None:
     assert finished.is_set()
 
 
+def test_timers_and_signal_handlers_a_call_left_never_fire_later() -> None:
+    # guarantee 320
+    fired: list[str] = []
+
+    async def body() -> str:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, fired.append, "timer")
+        loop.add_signal_handler(signal.SIGUSR1, fired.append, "signal")
+        return "ok"
+
+    async def later() -> list[str]:
+        await asyncio.sleep(0.2)
+        return fired
+
+    assert call(body) == "ok"
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # removed with the call
+    assert call(later) == []
+
+
 def test_an_exception_in_a_left_task_is_reported_on_the_loop(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

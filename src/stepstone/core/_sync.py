@@ -216,6 +216,7 @@ class _Bridge:
                     self.unfinished = call
                     self._finish(call, sync_name)
             finally:
+                _drop_callbacks(loop)
                 asyncio.set_event_loop(None)
 
     def _run_main(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -282,6 +283,21 @@ class _Bridge:
                     )
         while self.executor.running:
             await asyncio.wait([asyncio.wrap_future(f) for f in list(self.executor.running)])
+
+
+def _drop_callbacks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the timers (``loop.call_later``) and remove the signal handlers
+    (``loop.add_signal_handler``) a call left: closing the loop dropped them under
+    ``asyncio.run``; kept, they would fire during a later call. (The standard loops list
+    them in private attributes; loops of other kinds keep theirs.)"""
+    timers: Any = getattr(loop, "_scheduled", None)
+    if timers:
+        for timer in timers:
+            timer.cancel()
+    signals: Any = getattr(loop, "_signal_handlers", None)
+    if signals:
+        for signum in list(signals):
+            loop.remove_signal_handler(signum)
 
 
 _local = threading.local()

@@ -166,9 +166,9 @@ class Provider(abc.ABC):
 def shared_ssl_context() -> Any:
     """One TLS context for every SDK client of the process.
 
-    Each sync ``agent(...)`` call runs on a fresh event loop and so builds a fresh SDK
-    client; building a TLS context (loading the CA bundle) is most of that cost, and a
-    context is safe to share between threads and loops.
+    Each sync ``agent(...)`` call closes the SDK clients it opened when it ends, so the
+    next call builds a fresh one; building a TLS context (loading the CA bundle) is most
+    of that cost, and a context is safe to share between threads and loops.
     """
     import httpx2
 
@@ -189,12 +189,13 @@ class _LoopClient:
 class SDKClientMixin:
     """One SDK client per event loop, never closed under a live request.
 
-    An async HTTP pool cannot outlive the loop it was opened on, and each sync
-    ``agent(...)`` call runs on a fresh loop, so several threads calling one agent each get
-    their own client (a lock-guarded map from loop to client, never one shared slot). Each
-    client is tied to a small async generator whose ``finally`` closes it: ``asyncio.run``
-    (and ``asyncio.Runner``) close live async generators before closing the loop, so the
-    pool's sockets are released there even when nobody calls :meth:`aclose`. An
+    An async HTTP pool cannot outlive the loop it was opened on, and each thread's sync
+    ``agent(...)`` calls run on that thread's loop, so several threads calling one agent
+    each get their own client (a lock-guarded map from loop to client, never one shared
+    slot). Each client is tied to a small async generator whose ``finally`` closes it:
+    ``asyncio.run`` (and ``asyncio.Runner``) close live async generators before closing
+    the loop, and a sync call closes the ones it started when it ends, so the pool's
+    sockets are released there even when nobody calls :meth:`aclose`. An
     :meth:`aclose` while requests are in flight on that loop defers the close to the last
     of them.
     """

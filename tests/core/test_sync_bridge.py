@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from stepstone import Agent, Envelope, Plan, RunContext, Step
-from stepstone.core._sync import may_block_loop
+from stepstone.core._sync import _policy, may_block_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ BODY = """
 def test_calls_of_one_thread_share_one_loop_current_only_during_the_call() -> None:
     # guarantee 320
     async def current() -> bool:
-        policy = asyncio.get_event_loop_policy()
+        policy = _policy()
         return policy.get_event_loop() is asyncio.get_running_loop()
 
     loop, worker = call(here)
@@ -95,13 +95,25 @@ def test_calls_of_one_thread_share_one_loop_current_only_during_the_call() -> No
     assert call(current) is True
     # as after asyncio.run: the thread has no current loop between calls
     with pytest.raises(RuntimeError, match="no current event loop"):
-        asyncio.get_event_loop_policy().get_event_loop()
+        _policy().get_event_loop()
 
     seen: list[asyncio.AbstractEventLoop] = []
     thread = threading.Thread(target=lambda: seen.append(call(here)[0]))
     thread.start()
     thread.join()
     assert seen[0] is not loop  # every thread has its own
+
+
+def test_a_loop_whose_executor_was_shut_down_is_replaced() -> None:
+    # guarantee 323
+    async def shut_down() -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        await loop.shutdown_default_executor()  # code that treats the loop as its own
+        return loop
+
+    loop = call(shut_down)
+    assert call(here)[0] is not loop  # a working loop, with a working executor
+    assert loop.is_closed()
 
 
 def test_a_sync_call_inside_a_running_loop_is_refused() -> None:

@@ -148,6 +148,11 @@ async def _main(coro: Coroutine[Any, Any, T], call: _Call) -> T:
     return await coro
 
 
+# Python 3.14 deprecates asyncio.get_event_loop_policy() and reads the policy with this.
+_policy: Callable[[], asyncio.AbstractEventLoopPolicy] = getattr(
+    asyncio.events, "_get_event_loop_policy", asyncio.get_event_loop_policy
+)
+
 # The C module under ``signal``: ``signal.signal`` and ``getsignal`` map every handler to
 # an enum member, failing (and formatting the handler's repr) for a callable, which cost
 # ~14 us per main-thread call, half of a trivial one.
@@ -184,7 +189,7 @@ class _Bridge:
     """One thread's private event loop and its default executor."""
 
     def __init__(self) -> None:
-        self.policy = asyncio.get_event_loop_policy()
+        self.policy = _policy()
         self.loop = self.policy.new_event_loop()
         self.executor = _Executor()
         self.loop.set_default_executor(self.executor)
@@ -195,7 +200,14 @@ class _Bridge:
         self.finalizer.atexit = main
 
     def usable(self) -> bool:
-        return not self.loop.is_closed() and asyncio.get_event_loop_policy() is self.policy
+        """False once the loop was closed or its executor shut down (by code that got hold
+        of them), or the event-loop policy changed: the next call then takes a new loop."""
+        loop = self.loop
+        return (
+            not loop.is_closed()
+            and not getattr(loop, "_executor_shutdown_called", False)
+            and _policy() is self.policy
+        )
 
     def run(self, coro: Coroutine[Any, Any, T], sync_name: str) -> T:
         loop = self.loop

@@ -562,6 +562,7 @@ def test_a_forked_child_never_uses_its_parents_loop() -> None:
     assert result.stderr == ""
     assert result.stdout.splitlines() == [
         "fork child: fresh loop True, inherited loop closed here True, parent pid False",
+        "child forked inside a call: fresh loop True, exit 0",
         "os.fork child: fresh loop True, exit 0",
         "parent: loop unchanged True, 40 calls after the children",
     ]
@@ -606,6 +607,18 @@ FORK = """
         f"parent pid {pid == os.getpid()}",
         flush=True,
     )
+
+    # a child forked from inside a sync call (a step starting a process)
+    async def start_child():
+        reader, writer = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=child, args=(writer,))
+        process.start()
+        got = await asyncio.to_thread(reader.recv)
+        await asyncio.to_thread(process.join, 60)
+        return got, process.exitcode
+
+    (fresh, _, pid), exitcode = call(start_child)
+    print(f"child forked inside a call: fresh loop {fresh}, exit {exitcode}", flush=True)
 
     # a child that exits normally: atexit handlers and the collection of every object run
     pid = os.fork()

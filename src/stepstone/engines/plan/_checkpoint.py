@@ -16,6 +16,7 @@ from typing import Any
 
 from stepstone.core import Envelope
 from stepstone.core._serialization import dumps, untag
+from stepstone.durable._kernel import Encoded
 from stepstone.exceptions import CheckpointCorruptError
 from stepstone.store._base import JournalRow, RunHead
 
@@ -49,17 +50,38 @@ def step_row(
     Only the step's output is journaled (payload, metadata, error): its task and context
     were inputs, already journaled as earlier outputs, and storing them again would double
     the bytes of every step.
+
+    Both come back already encoded (:class:`Encoded`, the very text the kernel would
+    make of them), so the payload, the bulk of a step's bytes, is encoded once: the row's
+    text is that of ``{"iteration", "envelope": {"payload", ...}, "band"?, "writes"?}``
+    with the payload's text spliced in, and the value reuses it when untagging left the
+    payload as it was (it held no value JSON cannot hold).
     """
     where = f"step {name!r} writes[{writes!r}]" if writes else f"step {name!r} output"
     env_data = env.to_dict(where=where, strict=strict)
     env_data.pop("task", None)
     env_data.pop("context", None)
-    data: dict[str, Any] = {"iteration": iteration, "envelope": env_data}
+    payload = env_data.pop("payload")  # the rest: encoding, metadata?, error?
+    value = untag(payload) if writes else None
+    rest: dict[str, Any] = {"iteration": iteration, "envelope": env_data}
     if band is not None:
-        data["band"] = band
+        rest["band"] = band
     if writes is not None:
-        data["writes"] = writes
-    return ("step", name, data), (untag(env_data["payload"]) if writes else None)
+        rest["writes"] = writes
+    try:
+        if "encoding" not in env_data:
+            raise ValueError("an envelope without its encoding")  # never: to_dict sets it
+        text = dumps(payload)
+        rest_text = dumps(rest)
+        plain = text if value is payload or value == payload else dumps(value)
+    except (TypeError, ValueError):  # not JSON-ready after all: the kernel names it
+        rest["envelope"] = {"payload": payload, **env_data}
+        return ("step", name, rest), value
+    # ``rest_text`` opens with ``{"iteration":N,"envelope":{`` and the envelope goes on
+    # with ``"encoding"``: the payload goes first, where ``dumps`` of the row puts it.
+    cut = rest_text.index('"envelope":{') + len('"envelope":{')
+    row = Encoded(f'{rest_text[:cut]}"payload":{text},{rest_text[cut:]}')
+    return ("step", name, row), (Encoded(plain) if writes else None)
 
 
 def row_write_value(data: dict[str, Any]) -> Any:

@@ -20,7 +20,7 @@ alternately on this tree and on that one, each round in fresh subprocesses, and 
 shows both with their ratio: a before/after comparison within one run, so the machine's
 load cancels out in the ratios.
 
-    python bench/plan_step_cost.py [--rounds 5] [--compare /tmp/old-checkout]
+    python bench/plan_step_cost.py [--rounds 5] [--cpu] [--compare /tmp/old-checkout]
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def trivial(payload: Any) -> str:
     return PAYLOAD
 
 
-def measure() -> dict[str, float]:
-    """One round of every measurement (milliseconds), in this process."""
+def measure(clock: Any = time.perf_counter) -> dict[str, float]:
+    """One round of every measurement (milliseconds by ``clock``), in this process."""
     from stepstone import Agent, Envelope, Plan, Step, Store
 
     store = Store()
@@ -60,9 +60,9 @@ def measure() -> dict[str, float]:
         agents = [agent_of(n) for _ in range(runs)]
         times = []
         for agent in agents:
-            t0 = time.perf_counter()
+            t0 = clock()
             env = agent("go")
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
             assert env.ok and env.payload == PAYLOAD, env
         return statistics.median(times) * 1000
 
@@ -72,9 +72,9 @@ def measure() -> dict[str, float]:
         async def main() -> float:
             times = []
             for agent in agents:
-                t0 = time.perf_counter()
+                t0 = clock()
                 env = await agent.run(Envelope.from_task("go"))
-                times.append(time.perf_counter() - t0)
+                times.append(clock() - t0)
                 assert env.ok and env.payload == PAYLOAD, env
             return statistics.median(times) * 1000
 
@@ -82,10 +82,10 @@ def measure() -> dict[str, float]:
 
     def build_ms(n: int, runs: int) -> float:
         steps = [Step(trivial, name=f"s{i}", writes=f"b:w{i}") for i in range(n)]
-        t0 = time.perf_counter()
+        t0 = clock()
         for r in range(runs):
             Agent(engine=Plan(*steps, store=store, checkpoint_key=f"b{r}", max_iterations=n + 1))
-        return (time.perf_counter() - t0) * 1000 / runs
+        return (clock() - t0) * 1000 / runs
 
     def add_one(x: int) -> int:
         return x + 1
@@ -94,9 +94,9 @@ def measure() -> dict[str, float]:
         steps = [Step(add_one, name=f"s{i}") for i in range(steps_per_run)]
         plan = Plan(*steps, store=Store(), checkpoint_key="m", on_concurrent="fork")
         tasks: list[str | Envelope[Any]] = [Envelope(task="t", payload=i) for i in range(runs)]
-        t0 = time.perf_counter()
+        t0 = clock()
         envs = plan.run_many(tasks, concurrency=concurrency)
-        elapsed = time.perf_counter() - t0
+        elapsed = clock() - t0
         assert [e.payload for e in envs] == [i + steps_per_run for i in range(runs)]
         return elapsed * 1000 / (runs * steps_per_run)
 
@@ -113,7 +113,7 @@ def measure() -> dict[str, float]:
     }
 
 
-def one_round(src: Path | None) -> dict[str, float]:
+def one_round(src: Path | None, cpu: bool) -> dict[str, float]:
     """One round in a fresh subprocess (on the tree ``src``, or this one)."""
     env = dict(os.environ)
     if src is not None:
@@ -121,7 +121,7 @@ def one_round(src: Path | None) -> dict[str, float]:
     else:
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "src")
     out = subprocess.run(
-        [sys.executable, __file__, "--worker"],
+        [sys.executable, __file__, "--worker", *(["--cpu"] if cpu else [])],
         env=env,
         check=True,
         capture_output=True,
@@ -135,23 +135,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds per tree (median)")
     parser.add_argument("--compare", type=Path, help="another source tree to measure alongside")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="time by this process's CPU time instead of the wall clock (steadier on a "
+        "loaded machine; for many@8 it counts the worker threads' CPU too)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(measure()))
+        print(json.dumps(measure(time.process_time if args.cpu else time.perf_counter)))
         return
     if args.compare is not None and not (args.compare / "src" / "stepstone").is_dir():
         parser.error(f"--compare {args.compare}: no src/stepstone there (a stepstone checkout?)")
     here: list[dict[str, float]] = []
     there: list[dict[str, float]] = []
     for _ in range(args.rounds):
-        here.append(one_round(None))
+        here.append(one_round(None, args.cpu))
         if args.compare is not None:
-            there.append(one_round(args.compare))
+            there.append(one_round(args.compare, args.cpu))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"python {sys.version.split()[0]}, in-memory store, {args.rounds} rounds (medians), "
-        f"{os.cpu_count()} cpus, load average {load:.1f}"
+        f"{'CPU time' if args.cpu else 'wall clock'}, {os.cpu_count()} cpus, "
+        f"load average {load:.1f}"
     )
     print()
     names = list(here[0])

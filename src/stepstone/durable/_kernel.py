@@ -98,13 +98,15 @@ class OwnedRun:
 
     store: Store
     head: RunHead
+    #: The store's lease policy, when the caller has it at hand (a claim does).
+    policy: dataclasses.InitVar[LeasePolicy | None] = None
     lease: LeasePolicy = dataclasses.field(init=False)
     #: Whether async commits join the loop's group commit (decided once: a store keeps
     #: its backend).
     _grouped: bool = dataclasses.field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.lease = LeasePolicy.of(self.store)
+    def __post_init__(self, policy: LeasePolicy | None) -> None:
+        self.lease = policy if policy is not None else LeasePolicy.of(self.store)
         self._grouped = can_group(self.store.backend)
 
     @property
@@ -478,7 +480,7 @@ def _claimer(
         assert head is not None  # decide either wrote a head or found a done one
         if decision.outcome == "done":
             return ClaimResult("done", head, None, decision.previous)
-        run = OwnedRun(store, head)
+        run = OwnedRun(store, head, lease)
         keeper.add(run)
         return ClaimResult(decision.outcome, head, run, decision.previous)
 

@@ -17,6 +17,7 @@ from stepstone.core._sync import may_block_loop
 from stepstone.core._threads import to_thread
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
+from stepstone.durable._kernel import Encoded
 from stepstone.engines.plan._checkpoint import Replay, band_row, row_write_value, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
 from stepstone.engines.plan._step import Step
@@ -94,13 +95,14 @@ class PlanRun:
         meta: dict[str, Any],
         run: OwnedRun | None = None,
         writes_prefix: str = "",
-        shape: list[list[Any]] | None = None,
+        shape: Encoded | None = None,
     ) -> PlanRun:
         """A run from the first step; ``run`` is None without a store. With a store, the
-        first commit also journals ``shape`` (the plan's steps) and later heads say so."""
+        first commit also journals ``shape`` (the data of the row naming the plan's steps,
+        ``{"steps": [[name, parallel, writes], ...]}``) and later heads say so."""
         start_rows: list[tuple[str, str | None, Any]] = []
         if run is not None and shape is not None:
-            start_rows = [("plan", "shape", {"steps": shape})]
+            start_rows = [("plan", "shape", shape)]
             meta = {**meta, "shape_rows": 1}
         return cls(
             plan=plan,

@@ -17,9 +17,11 @@ import pytest
 from pydantic import BaseModel
 
 from stepstone import Agent, Envelope, Plan, Step, Store
+from stepstone.core._envelope import ErrorInfo
 from stepstone.core._serialization import dumps, to_json_value
 from stepstone.durable import read_run
 from stepstone.durable._kernel import Encoded, claim_run
+from stepstone.engines.plan._checkpoint import step_row
 from stepstone.exceptions import SerializationError
 
 
@@ -161,3 +163,37 @@ def test_the_kernel_commits_encoded_text_as_it_is(store: Store) -> None:
         assert len(claim.run.journal()) == 2  # nothing of the refused commits was written
     finally:
         claim.run.release()
+
+
+@pytest.mark.parametrize("payload", PAYLOADS[:12] + PAYLOADS[-3:], ids=lambda p: type(p).__name__)
+def test_every_shape_of_step_row_is_the_compact_json_of_its_dict(payload: Any) -> None:
+    # guarantees 39, 125: with or without metadata, an error, a band or writes=
+    error = ErrorInfo(type="ValueError", message="bad é", retryable=True)
+    for metadata in (
+        {},
+        {"step": "s", "idempotency_key": "k:s:3", "when": datetime.date(2020, 1, 1)},
+    ):
+        for err in (None, error):
+            env = Envelope(
+                task="t", context="c", payload=payload, metadata=dict(metadata), error=err
+            )
+            for band in (None, "b1"):
+                for writes in (None, "k:w"):
+                    for iteration in (1, 12345):
+                        row, value = step_row(
+                            "s", env, iteration=iteration, band=band, writes=writes, strict=False
+                        )
+                        data = env.to_dict()
+                        del data["task"], data["context"]
+                        expected: dict[str, Any] = {"iteration": iteration, "envelope": data}
+                        if band is not None:
+                            expected["band"] = band
+                        if writes is not None:
+                            expected["writes"] = writes
+                        assert row[:2] == ("step", "s")
+                        assert isinstance(row[2], Encoded) and row[2].text == dumps(expected)
+                        if writes is None:
+                            assert value is None
+                        else:
+                            assert isinstance(value, Encoded)
+                            assert value.text == dumps(to_json_value(payload, warn=False))

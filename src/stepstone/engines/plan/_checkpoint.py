@@ -63,25 +63,41 @@ def step_row(
     env_data.pop("context", None)
     payload = env_data.pop("payload")  # the rest: encoding, metadata?, error?
     value = untag(payload) if writes else None
-    rest: dict[str, Any] = {"iteration": iteration, "envelope": env_data}
-    if band is not None:
-        rest["band"] = band
-    if writes is not None:
-        rest["writes"] = writes
     try:
-        if "encoding" not in env_data:
-            raise ValueError("an envelope without its encoding")  # never: to_dict sets it
         text = dumps(payload)
-        rest_text = dumps(rest)
         plain = text if value is payload or value == payload else dumps(value)
+        row = Encoded(_row_text(iteration, text, env_data, band, writes))
     except (TypeError, ValueError):  # not JSON-ready after all: the kernel names it
-        rest["envelope"] = {"payload": payload, **env_data}
-        return ("step", name, rest), value
-    # ``rest_text`` opens with ``{"iteration":N,"envelope":{`` and the envelope goes on
-    # with ``"encoding"``: the payload goes first, where ``dumps`` of the row puts it.
-    cut = rest_text.index('"envelope":{') + len('"envelope":{')
-    row = Encoded(f'{rest_text[:cut]}"payload":{text},{rest_text[cut:]}')
+        data: dict[str, Any] = {"iteration": iteration, "envelope": {"payload": payload}}
+        data["envelope"].update(env_data)
+        if band is not None:
+            data["band"] = band
+        if writes is not None:
+            data["writes"] = writes
+        return ("step", name, data), value
     return ("step", name, row), (Encoded(plain) if writes else None)
+
+
+def _row_text(
+    iteration: int, payload: str, env: dict[str, Any], band: str | None, writes: str | None
+) -> str:
+    """``dumps({"iteration": iteration, "envelope": {"payload": ..., **env}, "band"?:
+    band, "writes"?: writes})``, the payload given as its JSON text: built from its parts
+    (the envelope's other keys, as ``dumps`` writes them, after the payload)."""
+    if len(env) == 1 and type(env.get("encoding")) is int:
+        rest = f'"encoding":{env["encoding"]}'  # the usual output: no metadata, no error
+    elif "encoding" in env:
+        rest = dumps(env)[1:-1]  # an object's members, without its braces
+    else:
+        raise ValueError("an envelope without its encoding")  # never: to_dict sets it
+    number = str(iteration) if type(iteration) is int else dumps(iteration)
+    parts = [f'{{"iteration":{number},"envelope":{{"payload":{payload},{rest}}}']
+    if band is not None:
+        parts.append(f',"band":{dumps(band)}')
+    if writes is not None:
+        parts.append(f',"writes":{dumps(writes)}')
+    parts.append("}")
+    return "".join(parts)
 
 
 def row_write_value(data: dict[str, Any]) -> Any:

@@ -41,6 +41,7 @@ test: lint typecheck
 
 bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
+	$(PY) bench/plan_step_cost.py --cpu --rounds 7
 	$(PY) bench/pg_fanout.py
 	$(PY) bench/pg_commit.py
 	$(PY) bench/pg_queue.py

@@ -75,9 +75,13 @@ _TAG = "$stepstone"
 _V1_MODEL_TAG = "$stepstone_model"
 
 
+#: One encoder for :func:`dumps` (``json.dumps`` with options builds a new one per call).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text of an already JSON-ready value."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODE(value)
 
 
 def loads(text: str | bytes) -> Any:

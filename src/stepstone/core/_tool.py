@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import inspect
@@ -13,6 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, create_model
+
+from stepstone.core._threads import to_thread
 
 if TYPE_CHECKING:
     from stepstone.core._envelope import Envelope
@@ -283,7 +284,7 @@ async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any)
         getattr(fn, "__call__", None)  # noqa: B004
     ):
         return await fn(*args, **kwargs)
-    result = await asyncio.to_thread(fn, *args, **kwargs)
+    result = await to_thread(fn, *args, **kwargs)
     if inspect.isawaitable(result):
         return await result
     return result

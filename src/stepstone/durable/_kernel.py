@@ -51,6 +51,7 @@ from stepstone.store._store import Store
 
 __all__ = [
     "ClaimResult",
+    "Encoded",
     "OwnedRun",
     "aclaim_run",
     "claim_run",
@@ -79,6 +80,15 @@ def describe_owner(head: RunHead) -> str:
     return f"run {head.run_uid} (pid {head.pid} on host {head.host}, lease until {until})"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Encoded:
+    """A journal row's data or a ``writes=`` value an engine has already encoded as JSON
+    text (``dumps`` of a JSON-ready value), committed as it is: an engine that journals a
+    value and also writes it (a Plan step's payload) encodes it once, not twice."""
+
+    text: str
+
+
 @dataclasses.dataclass(eq=False)
 class OwnedRun:
     """A run this process owns: commit steps through it, then :meth:`release` it.
@@ -88,10 +98,16 @@ class OwnedRun:
 
     store: Store
     head: RunHead
+    #: The store's lease policy, when the caller has it at hand (a claim does).
+    policy: dataclasses.InitVar[LeasePolicy | None] = None
     lease: LeasePolicy = dataclasses.field(init=False)
+    #: Whether async commits join the loop's group commit (decided once: a store keeps
+    #: its backend).
+    _grouped: bool = dataclasses.field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.lease = LeasePolicy.of(self.store)
+    def __post_init__(self, policy: LeasePolicy | None) -> None:
+        self.lease = policy if policy is not None else LeasePolicy.of(self.store)
+        self._grouped = can_group(self.store.backend)
 
     @property
     def key(self) -> str:
@@ -113,30 +129,45 @@ class OwnedRun:
         n_rows: int,
     ) -> RunHead:
         now = self.store.backend.clock()
-        return self.head.replace(
+        head = self.head
+        # Built field by field: ``dataclasses.replace`` costs twice as much, on every step.
+        return RunHead(
+            key=head.key,
+            kind=head.kind,
             status=status,
             next_step=next_step,
-            version=self.head.version + 1,
-            iteration=self.head.iteration if iteration is None else iteration,
-            journal_len=self.head.journal_len + n_rows,
+            run_uid=head.run_uid,
+            version=head.version + 1,
+            iteration=head.iteration if iteration is None else iteration,
+            journal_len=head.journal_len + n_rows,
+            host=head.host,
+            pid=head.pid,
+            pid_start=head.pid_start,
             lease_until=self.lease.until(now),
-            meta=self.head.meta if meta is None else meta,
+            meta=head.meta if meta is None else meta,
+            created_at=head.created_at,
             updated_at=now,
         )
 
     def _rows(self, rows: Sequence[tuple[str, str | None, Any]]) -> list[JournalRow]:
-        base = self.head.journal_len
-        return [
-            JournalRow(base + i, kind, name, self._encode(data, f"journal row {kind} {name!r}"))
-            for i, (kind, name, data) in enumerate(rows)
-        ]
+        seq = self.head.journal_len
+        out: list[JournalRow] = []
+        for kind, name, data in rows:
+            out.append(JournalRow(seq, kind, name, self._encode(data, kind, name)))
+            seq += 1
+        return out
 
-    def _encode(self, value: Any, what: str) -> str:
-        """JSON text of an engine's already JSON-ready value; a value that is not one is an
-        engine bug, reported naming the run and the value instead of a bare TypeError."""
+    def _encode(self, value: Any, kind: str | None, name: Any) -> str:
+        """JSON text of an engine's already JSON-ready value (a journal row of ``kind`` and
+        ``name``, or with ``kind`` None the ``writes=`` value of key ``name``); a value that
+        is not one is an engine bug, reported naming the run and the value instead of a bare
+        TypeError."""
+        if type(value) is Encoded:
+            return value.text
         try:
             return dumps(value)
         except (TypeError, ValueError) as exc:
+            what = f"writes[{name!r}]" if kind is None else f"journal row {kind} {name!r}"
             raise SerializationError(
                 f"run {self.key!r}: {what} is not JSON-ready ({exc}); nothing was written. "
                 "Engines convert values with to_json_value()/to_typed_json() before committing"
@@ -154,7 +185,7 @@ class OwnedRun:
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
-        encoded = [(k, self._encode(v, f"writes[{k!r}]")) for k, v in writes]
+        encoded = [(k, self._encode(v, None, k)) for k, v in writes]
         return new, self._rows(rows), encoded
 
     def commit_sync(
@@ -168,7 +199,8 @@ class OwnedRun:
         writes: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """Commit one step: new head, journal rows (``(kind, name, json_data)``) and
-        ``writes`` (``(key, json_value)``), in one transaction.
+        ``writes`` (``(key, json_value)``), in one transaction. A row's data or a value
+        may be :class:`Encoded` (already JSON text).
 
         Raises:
             ConcurrentRunError: another run took the key over (this run's lease had
@@ -195,7 +227,7 @@ class OwnedRun:
         one fsync; each run's compare-and-swap still checked on its own)."""
         new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
         backend = self.store.backend
-        if can_group(backend) and not may_block_loop():
+        if self._grouped and not may_block_loop():
             ok = await group_commit(backend, (new, self.head.version, journal, encoded))
         else:
             ok = await blocking_call(
@@ -448,7 +480,7 @@ def _claimer(
         assert head is not None  # decide either wrote a head or found a done one
         if decision.outcome == "done":
             return ClaimResult("done", head, None, decision.previous)
-        run = OwnedRun(store, head)
+        run = OwnedRun(store, head, lease)
         keeper.add(run)
         return ClaimResult(decision.outcome, head, run, decision.previous)
 

@@ -129,6 +129,8 @@ class LeaseKeeper:
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        #: How long the keeper thread is sleeping for, while it sleeps (None otherwise).
+        self._sleeping: float | None = None
 
     def add(self, run: OwnedRun) -> None:
         """Start renewing ``run``'s lease."""
@@ -136,6 +138,7 @@ class LeaseKeeper:
             if self._pid != os.getpid():  # forked child: the parent's thread is not ours
                 self._runs.clear()
                 self._thread = None
+                self._sleeping = None
                 self._pid = os.getpid()
             self._runs[id(run)] = weakref.ref(run)
             if self._thread is None or not self._thread.is_alive():
@@ -143,20 +146,24 @@ class LeaseKeeper:
                     target=self._loop, name="stepstone-lease-keeper", daemon=True
                 )
                 self._thread.start()
-            self._wake.notify()
+            elif self._sleeping is not None and _pause(run.lease.renew_every) < self._sleeping:
+                # Wake the thread only when it would sleep past this run's first renewal:
+                # waking it for every claim cost a thread switch per run. (A thread that
+                # is not sleeping sees the run when it next computes its pause.)
+                self._wake.notify()
 
     def remove(self, run: OwnedRun) -> None:
         """Stop renewing ``run``'s lease (it finished or was released)."""
         with self._lock:
             self._runs.pop(id(run), None)
 
+    def _live(self) -> list[OwnedRun]:
+        return [r for ref in self._runs.values() if (r := ref()) is not None]
+
     def _loop(self) -> None:
         while True:
             with self._lock:
-                runs = [r for ref in self._runs.values() if (r := ref()) is not None]
-                interval = min(
-                    (r.lease.renew_every for r in runs), default=DEFAULT_LEASE_SECONDS / 3
-                )
+                runs = self._live()
             for run in runs:
                 if run.lease_due():
                     try:
@@ -166,7 +173,21 @@ class LeaseKeeper:
                             "stepstone: renewing the lease of %r failed", run.key, exc_info=True
                         )
             with self._lock:
-                self._wake.wait(timeout=max(0.05, interval / 2))
+                # The pause is computed under the lock it sleeps on: a run added from now
+                # on either counts here or finds ``_sleeping`` set and wakes the thread.
+                interval = min(
+                    (r.lease.renew_every for r in self._live()),
+                    default=DEFAULT_LEASE_SECONDS / 3,
+                )
+                self._sleeping = _pause(interval)
+                self._wake.wait(timeout=self._sleeping)
+                self._sleeping = None
+
+
+def _pause(renew_every: float) -> float:
+    """How long the keeper sleeps between passes, given the shortest renewal period:
+    half of it (a renewal is at most that late), at least 50 ms."""
+    return max(0.05, renew_every / 2)
 
 
 keeper = LeaseKeeper()

@@ -25,11 +25,11 @@ call runs inline.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from stepstone.core._sync import may_block_loop
+from stepstone.core._threads import to_thread
 from stepstone.exceptions import StoreError
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._store import Store
@@ -60,7 +60,7 @@ async def blocking_call(store: Store, fn: Callable[..., R], *args: Any, bulk: bo
     if not backend.blocking or (backend.commit_inline and not bulk) or may_block_loop():
         # may_block_loop: a sync caller's private loop, with no other task to starve.
         return fn(*args)
-    return await asyncio.to_thread(fn, *args)
+    return await to_thread(fn, *args)
 
 
 def run_head(store: Store, key: str) -> RunHead | None:

@@ -83,6 +83,10 @@ class RunHead:
 #: Column order of a run head in the SQL backends (the order of RunHead's fields).
 HEAD_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunHead))
 
+#: A head's meta as the SQL backends store it: ``json.dumps(meta, separators=(",", ":"))``
+#: with one encoder (``json.dumps`` with options builds a new one per call, per commit).
+_meta_text = json.JSONEncoder(separators=(",", ":")).encode
+
 _INT_COLUMNS = frozenset({"version", "iteration", "journal_len", "pid"})
 _FLOAT_COLUMNS = frozenset({"lease_until", "created_at", "updated_at"})
 
@@ -90,8 +94,7 @@ _FLOAT_COLUMNS = frozenset({"lease_until", "created_at", "updated_at"})
 def head_to_row(head: RunHead) -> tuple[Any, ...]:
     """A head as SQL parameters in :data:`HEAD_COLUMNS` order (meta as JSON text)."""
     return tuple(
-        json.dumps(head.meta, separators=(",", ":")) if name == "meta" else getattr(head, name)
-        for name in HEAD_COLUMNS
+        _meta_text(head.meta) if name == "meta" else getattr(head, name) for name in HEAD_COLUMNS
     )
 
 
@@ -106,7 +109,7 @@ def head_update_params(head: RunHead, expected_version: int) -> tuple[Any, ...]:
         head.iteration,
         head.journal_len,
         head.lease_until,
-        json.dumps(head.meta, separators=(",", ":")),
+        _meta_text(head.meta),
         head.updated_at,
         head.key,
         expected_version,

@@ -16,6 +16,7 @@ from typing import Any
 
 from stepstone.core import Envelope
 from stepstone.core._serialization import dumps, untag
+from stepstone.durable._kernel import Encoded
 from stepstone.exceptions import CheckpointCorruptError
 from stepstone.store._base import JournalRow, RunHead
 
@@ -49,17 +50,54 @@ def step_row(
     Only the step's output is journaled (payload, metadata, error): its task and context
     were inputs, already journaled as earlier outputs, and storing them again would double
     the bytes of every step.
+
+    Both come back already encoded (:class:`Encoded`, the very text the kernel would
+    make of them), so the payload, the bulk of a step's bytes, is encoded once: the row's
+    text is that of ``{"iteration", "envelope": {"payload", ...}, "band"?, "writes"?}``
+    with the payload's text spliced in, and the value reuses it when untagging left the
+    payload as it was (it held no value JSON cannot hold).
     """
     where = f"step {name!r} writes[{writes!r}]" if writes else f"step {name!r} output"
     env_data = env.to_dict(where=where, strict=strict)
     env_data.pop("task", None)
     env_data.pop("context", None)
-    data: dict[str, Any] = {"iteration": iteration, "envelope": env_data}
+    payload = env_data.pop("payload")  # the rest: encoding, metadata?, error?
+    value = untag(payload) if writes else None
+    try:
+        text = dumps(payload)
+        plain = text if value is payload or value == payload else dumps(value)
+        row = Encoded(_row_text(iteration, text, env_data, band, writes))
+    except (TypeError, ValueError):  # not JSON-ready after all: the kernel names it
+        data: dict[str, Any] = {"iteration": iteration, "envelope": {"payload": payload}}
+        data["envelope"].update(env_data)
+        if band is not None:
+            data["band"] = band
+        if writes is not None:
+            data["writes"] = writes
+        return ("step", name, data), value
+    return ("step", name, row), (Encoded(plain) if writes else None)
+
+
+def _row_text(
+    iteration: int, payload: str, env: dict[str, Any], band: str | None, writes: str | None
+) -> str:
+    """``dumps({"iteration": iteration, "envelope": {"payload": ..., **env}, "band"?:
+    band, "writes"?: writes})``, the payload given as its JSON text: built from its parts
+    (the envelope's other keys, as ``dumps`` writes them, after the payload)."""
+    if len(env) == 1 and type(env.get("encoding")) is int:
+        rest = f'"encoding":{env["encoding"]}'  # the usual output: no metadata, no error
+    elif "encoding" in env:
+        rest = dumps(env)[1:-1]  # an object's members, without its braces
+    else:
+        raise ValueError("an envelope without its encoding")  # never: to_dict sets it
+    number = str(iteration) if type(iteration) is int else dumps(iteration)
+    parts = [f'{{"iteration":{number},"envelope":{{"payload":{payload},{rest}}}']
     if band is not None:
-        data["band"] = band
+        parts.append(f',"band":{dumps(band)}')
     if writes is not None:
-        data["writes"] = writes
-    return ("step", name, data), (untag(env_data["payload"]) if writes else None)
+        parts.append(f',"writes":{dumps(writes)}')
+    parts.append("}")
+    return "".join(parts)
 
 
 def row_write_value(data: dict[str, Any]) -> Any:

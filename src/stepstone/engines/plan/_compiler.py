@@ -22,20 +22,24 @@ __all__ = ["CompiledPlan", "Unit", "check_tools", "compile_plan", "literal_value
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Unit:
-    """What runs at one position: a single step, or a parallel band of steps."""
+    """What runs at one position: a single step, or a parallel band of steps.
+
+    Attributes:
+        index: The position.
+        steps: Its step, or the steps of its band.
+        entry: The name checkpoints use for this position (a band's first step).
+        is_band: True for a parallel band (even a band of one).
+    """
 
     index: int
     steps: tuple[Step, ...]
+    # Set once here, read on every step (they were properties).
+    entry: str = dataclasses.field(init=False)
+    is_band: bool = dataclasses.field(init=False)
 
-    @property
-    def entry(self) -> str:
-        """The name checkpoints use for this position (a band's first step)."""
-        return self.steps[0].step_name
-
-    @property
-    def is_band(self) -> bool:
-        """True for a parallel band (even a band of one)."""
-        return self.steps[0].parallel
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entry", self.steps[0].step_name)
+        object.__setattr__(self, "is_band", bool(self.steps[0].parallel))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

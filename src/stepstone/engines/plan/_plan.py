@@ -10,6 +10,7 @@ from typing import Any, Literal
 from stepstone.core import Envelope, RunContext, RunLocation, Tool, build_tool_map
 from stepstone.core._ids import new_uid
 from stepstone.core._run_context import resolve_run_context
+from stepstone.core._serialization import dumps
 from stepstone.core._sync import run_sync
 from stepstone.durable import (
     aclaim_run,
@@ -20,6 +21,7 @@ from stepstone.durable import (
     owner_alive,
     read_run,
 )
+from stepstone.durable._kernel import Encoded
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
     CHECKPOINT_VERSION,
@@ -152,6 +154,7 @@ class Plan:
         self.strict = strict
         self.on_plan_change: PlanChangePolicy = on_plan_change
         self._compiled: CompiledPlan = compile_plan(tuple(steps), max_iterations=max_iterations)
+        self._shape_text: Encoded | None = None
         for step in self.steps:
             if checkpoint_key is not None and step.writes == checkpoint_key:
                 raise PlanCompileError(
@@ -250,7 +253,7 @@ class Plan:
                 meta=meta,
                 run=claim.run,
                 writes_prefix=writes_prefix,
-                shape=self._shape(),
+                shape=self._shape_row(),
             )
             return await runner.execute(first)
         try:
@@ -301,6 +304,13 @@ class Plan:
 
     def _shape(self) -> list[list[Any]]:
         return [[s.step_name, s.parallel, s.writes] for s in self.steps]
+
+    def _shape_row(self) -> Encoded:
+        """The data of the journal row a fresh run starts with (its steps), encoded once
+        per plan."""
+        if self._shape_text is None:
+            self._shape_text = Encoded(dumps({"steps": self._shape()}))
+        return self._shape_text
 
     def _check_resume(self, head: RunHead, old_shape: list[Any] | None) -> Literal["fresh"] | None:
         """Decide, inside the claim transaction, whether ``head`` may be resumed by this

@@ -12,10 +12,12 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from stepstone.core import Envelope, Sentinel, Tool, call_maybe_async, is_agent_like
+from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
 from stepstone.core._sync import may_block_loop
+from stepstone.core._threads import to_thread
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
+from stepstone.durable._kernel import Encoded
 from stepstone.engines.plan._checkpoint import Replay, band_row, row_write_value, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit
 from stepstone.engines.plan._step import Step
@@ -93,13 +95,14 @@ class PlanRun:
         meta: dict[str, Any],
         run: OwnedRun | None = None,
         writes_prefix: str = "",
-        shape: list[list[Any]] | None = None,
+        shape: Encoded | None = None,
     ) -> PlanRun:
         """A run from the first step; ``run`` is None without a store. With a store, the
-        first commit also journals ``shape`` (the plan's steps) and later heads say so."""
+        first commit also journals ``shape`` (the data of the row naming the plan's steps,
+        ``{"steps": [[name, parallel, writes], ...]}``) and later heads say so."""
         start_rows: list[tuple[str, str | None, Any]] = []
         if run is not None and shape is not None:
-            start_rows = [("plan", "shape", {"steps": shape})]
+            start_rows = [("plan", "shape", shape)]
             meta = {**meta, "shape_rows": 1}
         return cls(
             plan=plan,
@@ -202,7 +205,8 @@ class PlanRun:
                 rows=start + (rows or []),
                 writes=[(self.writes_prefix + k, v) for k, v in writes or []],
             )
-        self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, next_step=next_step)
+        if self.session is not None:
+            self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, next_step=next_step)
 
     def _meta(self, error: dict[str, Any] | None) -> dict[str, Any]:
         return {**self.meta, "rejoin": self.rejoin, "position": self.position, "error": error}
@@ -310,7 +314,8 @@ class PlanRun:
     async def _run_step(self, step: Step, idx: int) -> Advance | Stop:
         name = step.step_name
         env_in = self._input(step)
-        self._emit(EventType.STEP_START, step=name, iteration=self.position + 1)
+        if self.session is not None:
+            self._emit(EventType.STEP_START, step=name, iteration=self.position + 1)
         try:
             out = await self._invoke(step, env_in)
         except PlanPaused as exc:
@@ -344,7 +349,8 @@ class PlanRun:
             )
         else:
             self._completed(step.step_name)
-        self._emit(EventType.STEP_FINISH, step=name, iteration=self.position)
+        if self.session is not None:
+            self._emit(EventType.STEP_FINISH, step=name, iteration=self.position)
         self.outputs[name] = out
         self.prev = out
         return Advance(out, next_idx)
@@ -564,8 +570,18 @@ def _adapter(tp: Any) -> TypeAdapter[Any]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _convention(fn: Any) -> tuple[str, bool]:
-    """How to call a plain function: ``("none"|"payload"|"envelope", wants_context)``."""
+def _convention(fn: Any) -> tuple[str, bool, bool]:
+    """How to call a plain function: ``("none"|"payload"|"envelope", wants_context,
+    is_async)`` (``is_async``: a coroutine function, or an object whose ``__call__`` is
+    one, as ``call_maybe_async`` tells them apart)."""
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
+    mode, wants_context = _parameters(fn)
+    return mode, wants_context, is_async
+
+
+def _parameters(fn: Any) -> tuple[str, bool]:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -590,10 +606,13 @@ def _convention(fn: Any) -> tuple[str, bool]:
 
 
 async def _call_target(fn: Any, env: Envelope[Any]) -> Any:
-    mode, wants_context = _convention(fn)
+    mode, wants_context, is_async = _convention(fn)
     kwargs = {"context": env.context} if wants_context else {}
     args = () if mode == "none" else (env if mode == "envelope" else env.payload,)
-    if may_block_loop() and not inspect.iscoroutinefunction(fn):
+    if is_async:
+        return await fn(*args, **kwargs)
+    if may_block_loop():
         result = fn(*args, **kwargs)  # a sequential step on a private loop: nothing to starve
-        return await result if inspect.isawaitable(result) else result
-    return await call_maybe_async(fn, *args, **kwargs)
+    else:
+        result = await to_thread(fn, *args, **kwargs)  # what call_maybe_async does
+    return await result if inspect.isawaitable(result) else result

@@ -46,7 +46,9 @@ __all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
 
 #: Schema changes in order; the list index + 1 is the schema version recorded in
 #: ``stepstone_schema``. Never edit an entry, append a new one (and update
-#: :data:`SCHEMA`, which a new file gets at once; a test checks that both agree). A
+#: :data:`SCHEMA`, which a new file gets at once; a test checks that both agree). Before
+#: changing the layout, freeze a store of the current one as
+#: ``tests/store/fixtures/store_v<N>.sqlite``: every frozen store must keep opening. A
 #: migration that renames kv, runs or journal also records the old names in
 #: :data:`_LEGACY_TABLES`, so read-only opening can still read older stores.
 #: Version 1 (stores written before the ``stepstone_`` prefix) used bare table names.

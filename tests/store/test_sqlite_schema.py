@@ -5,6 +5,15 @@ prefix (schema version 1: tables ``kv``, ``runs``, ``journal``) and holds three 
 (``greeting``, ``fan:1``, ``fan:2``), a done Plan run ``etl-done`` (steps ``shout``, ``bang``
 on input ``"hi"``) and a failed one ``etl-failed`` (``extract`` done, ``broken`` raised
 ``ValueError: bad row 7``). Never rewrite it; tests work on copies.
+
+``fixtures/store_v2.sqlite`` is frozen too: schema version 2 (the ``stepstone_`` tables, as a
+new store got them from that version on), written through the public API and then switched
+to ``journal_mode=DELETE`` so that it is one self-contained file. It holds the same three
+plain values, the same two Plan runs (now with their ``plan shape`` journal rows and
+``encoding`` envelopes: ``etl-done``, steps ``shout`` and ``bang`` with ``writes="loud"`` and
+``"final"``; ``etl-failed``, ``extract`` done with ``writes="raw"`` and ``broken`` raising
+``ValueError: bad row 7``), and one finished graph run under ``graph:<uuid>`` (one node
+``inc`` adding 1 to ``n=41``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,9 @@ from stepstone.exceptions import StoreError
 from stepstone.store._sqlite import MIGRATIONS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store_v1.sqlite"
+FIXTURE_V2 = Path(__file__).parent / "fixtures" / "store_v2.sqlite"
+#: Every frozen store, one per on-disk format an older stepstone wrote.
+FROZEN = sorted((Path(__file__).parent / "fixtures").glob("store_v*.sqlite"))
 
 
 def _tables(path: Path) -> set[str]:
@@ -43,6 +55,34 @@ def _columns(path: Path) -> dict[str, list[tuple[object, ...]]]:
             )
         ]
         return {n: conn.execute(f"PRAGMA table_info({n})").fetchall() for n in sorted(names)}
+    finally:
+        conn.close()
+
+
+def _layout(path: Path) -> dict[str, object]:
+    """Per stepstone table: its columns, whether it is ``WITHOUT ROWID``, and its indexes
+    (uniqueness, origin, columns; not names, which a renamed table keeps from its old name)."""
+    conn = sqlite3.connect(path)
+    try:
+        tables = conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name LIKE 'stepstone%'"
+        ).fetchall()
+        out: dict[str, object] = {}
+        for name, sql in sorted(tables):
+            indexes = sorted(
+                (
+                    unique,
+                    origin,
+                    tuple(c[2] for c in conn.execute(f"PRAGMA index_info('{index}')")),
+                )
+                for _, index, unique, origin, _ in conn.execute(f"PRAGMA index_list('{name}')")
+            )
+            out[name] = (
+                conn.execute(f"PRAGMA table_info('{name}')").fetchall(),
+                "WITHOUT ROWID" in " ".join(str(sql).upper().split()),
+                indexes,
+            )
+        return out
     finally:
         conn.close()
 
@@ -245,3 +285,75 @@ def test_several_processes_opening_a_v1_store_migrate_it_once(tmp_path: Path) ->
     versions = [v for (v,) in conn.execute("SELECT version FROM stepstone_schema ORDER BY 1")]
     conn.close()
     assert versions == list(range(1, len(MIGRATIONS) + 1))  # every migration ran once
+
+
+def _v2_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "v2.sqlite"
+    shutil.copyfile(FIXTURE_V2, path)
+    return path
+
+
+def test_v2_store_opens_and_keeps_every_record(tmp_path: Path) -> None:
+    # guarantee 141
+    path = _v2_copy(tmp_path)
+    with Store(db=path) as store:
+        assert store.read("greeting") == {"text": "hello"}
+        assert dict(store.items(prefix="fan:")) == {"fan:1": 1, "fan:2": 2}
+        done = store.read("etl-done")
+        assert done["status"] == "done" and done["completed_steps"] == ["shout", "bang"]
+        assert done["kv"] == {"loud": "HI", "final": "HI!"}
+        (graph_key,) = store.keys(prefix="graph:")
+        graph = store.read(graph_key)
+        assert graph["status"] == "done" and graph["state"] == {"n": 42}
+        failed = store.read("etl-failed")
+        assert failed["status"] == "failed" and failed["error"]["message"] == "bad row 7"
+        plan = Plan(
+            Step(lambda t: "rows", name="extract", writes="raw"),
+            Step(lambda rows: f"fixed {rows}", name="broken"),  # the fixture's plan, fixed
+            store=store,
+            checkpoint_key="etl-failed",
+            resume=True,
+        )
+        env = Agent(engine=plan)("go")
+        assert env.ok and env.payload == "fixed rows"
+        assert store.read("etl-failed")["completed_steps"] == ["extract", "broken"]
+    conn = sqlite3.connect(path)
+    versions = [v for (v,) in conn.execute("SELECT version FROM stepstone_schema ORDER BY 1")]
+    conn.close()
+    assert versions == list(range(2, len(MIGRATIONS) + 1))  # each later migration ran once
+
+
+@pytest.mark.parametrize("fixture", FROZEN, ids=lambda p: p.stem)
+def test_read_only_open_of_every_frozen_store_changes_no_byte(
+    tmp_path: Path, fixture: Path
+) -> None:
+    # guarantee 142
+    path = tmp_path / fixture.name
+    shutil.copyfile(fixture, path)
+    before = _digest(path)
+    with Store(db=path, read_only=True) as store:
+        assert store.read("greeting") == {"text": "hello"}
+        assert store.read("etl-done")["kv"] == {"loud": "HI", "final": "HI!"}
+        assert store.read("etl-failed")["next_step"] == "broken"
+    assert _digest(path) == before
+
+
+@pytest.mark.parametrize("fixture", FROZEN, ids=lambda p: p.stem)
+def test_every_frozen_store_upgrades_to_exactly_a_new_stores_layout(
+    tmp_path: Path, fixture: Path
+) -> None:
+    # guarantee 351
+    assert len(FROZEN) >= 2  # store_v1 and store_v2 at least
+    path = tmp_path / fixture.name
+    shutil.copyfile(fixture, path)
+    Store(db=path).close()
+    fresh = tmp_path / "fresh.sqlite"
+    Store(db=fresh).close()
+    layout = _layout(path)
+    assert layout == _layout(fresh)
+    assert set(layout) == {
+        "stepstone_kv",
+        "stepstone_runs",
+        "stepstone_journal",
+        "stepstone_schema",
+    }

@@ -3,10 +3,12 @@ with the run's first commit instead of paying an fsync of their own."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,39 @@ def test_a_claim_is_seen_at_once_survives_a_kill_and_leaves_full_sync_on(
         taken = claim_run(store, "job", kind="test", resume=True, first_step="a")
         assert taken.outcome == "resumed" and taken.run is not None  # its owner is gone
         taken.run.release()
+
+
+def test_checkpoint_pages_sets_how_long_the_wal_runs_between_checkpoints(tmp_path: Path) -> None:
+    # guarantee 352
+    value = "v" * 20_000  # about 7 pages a commit: the value's leaf, index and overflow pages
+    wal_bytes = {}
+    for pages in (1000, 4000):
+        path = tmp_path / f"c{pages}.sqlite"
+        backend = SQLiteBackend(path, checkpoint_pages=pages)
+        with Store(backend=backend) as store:
+            seen: list[int] = []
+            reader = threading.Thread(target=_autocheckpoint_of, args=(backend, seen))
+            reader.start()
+            reader.join()
+            assert seen == [pages]  # every connection of the store, in every thread
+            for i in range(250):
+                store.write(f"k{i}", value)
+            assert all(store.read(f"k{i}") == value for i in range(250))
+            wal_bytes[pages] = _wal(path)
+    assert wal_bytes[1000] < 5_000_000  # checkpointed at ~1,000 pages and reused from the start
+    assert wal_bytes[4000] > 6_000_000  # ~1,750 pages and no checkpoint yet
+
+
+def _autocheckpoint_of(backend: SQLiteBackend, out: list[int]) -> None:
+    """The setting on ``backend``'s connection of the calling thread (a new one)."""
+    out.append(int(backend._conn().execute("PRAGMA wal_autocheckpoint").fetchone()[0]))
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, 2.5, "4000"])
+def test_checkpoint_pages_must_be_a_whole_number_of_pages(tmp_path: Path, bad: object) -> None:
+    # guarantee 352
+    with pytest.raises(
+        ValueError, match=rf"checkpoint_pages must be .* got {re.escape(repr(bad))}"
+    ):
+        SQLiteBackend(tmp_path / "x.sqlite", checkpoint_pages=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "x.sqlite").exists()

@@ -46,7 +46,9 @@ __all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
 
 #: Schema changes in order; the list index + 1 is the schema version recorded in
 #: ``stepstone_schema``. Never edit an entry, append a new one (and update
-#: :data:`SCHEMA`, which a new file gets at once; a test checks that both agree). A
+#: :data:`SCHEMA`, which a new file gets at once; a test checks that both agree). Before
+#: changing the layout, freeze a store of the current one as
+#: ``tests/store/fixtures/store_v<N>.sqlite``: every frozen store must keep opening. A
 #: migration that renames kv, runs or journal also records the old names in
 #: :data:`_LEGACY_TABLES`, so read-only opening can still read older stores.
 #: Version 1 (stores written before the ``stepstone_`` prefix) used bare table names.
@@ -149,6 +151,10 @@ class SQLiteBackend(Backend):
             overwrite allocated space instead of growing the file (a growing file makes
             every fsync write file metadata too: about twice the cost). Costs that disk
             space while the store is open.
+        checkpoint_pages: WAL pages after which a commit copies them into the database
+            file (SQLite's automatic checkpoint; 1000 by default, as SQLite's). More
+            makes checkpoints rarer, which pays with large step outputs, at the cost of
+            a WAL (and its preallocation) of about that many 4 KB pages.
     """
 
     commit_inline = True
@@ -161,7 +167,17 @@ class SQLiteBackend(Backend):
         busy_timeout: float = 30.0,
         read_only: bool = False,
         preallocate_wal: bool = True,
+        checkpoint_pages: int = 1000,
     ) -> None:
+        if (
+            isinstance(checkpoint_pages, bool)
+            or not isinstance(checkpoint_pages, int)
+            or checkpoint_pages < 1
+        ):
+            raise ValueError(
+                f"checkpoint_pages must be a whole number of WAL pages >= 1 (SQLite's default "
+                f"is 1000), got {checkpoint_pages!r}"
+            )
         if durability not in ("full", "normal"):
             raise ValueError(
                 f"durability must be 'full' (survives power loss) or 'normal' (survives a "
@@ -196,6 +212,7 @@ class SQLiteBackend(Backend):
         self.schema_version = len(MIGRATIONS)
         self._kv, self._runs, self._journal = _TABLES
         self.preallocate_wal = preallocate_wal
+        self.checkpoint_pages = checkpoint_pages
         tend = preallocate_wal and durability == "full" and str(path) != ":memory:"
         self._wal = WalTender(Path(f"{self.path}-wal")) if tend and not read_only else None
         if read_only:
@@ -236,6 +253,7 @@ class SQLiteBackend(Backend):
             raise StoreError(f"could not switch {str(self.path)!r} to WAL mode (got {mode!r})")
         conn.execute(f"PRAGMA synchronous={'FULL' if self.durability == 'full' else 'NORMAL'}")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        conn.execute(f"PRAGMA wal_autocheckpoint={self.checkpoint_pages}")
         return conn
 
     def _conn(self) -> sqlite3.Connection:

@@ -68,6 +68,7 @@ from stepstone.store._postgres_conn import (
     one,
 )
 from stepstone.store._postgres_schema import (
+    ASYNC_COMMIT_SQL,
     CLAIM_READ_SQL,
     DELETE_SQL,
     HEAD_COLS,
@@ -418,10 +419,15 @@ class PostgresBackend(Backend):
     def _committed(self, xid: int, what: str, deadline: float) -> bool:
         """Whether transaction ``xid``, whose COMMIT got no answer, committed."""
         while True:
-            status = self._read(
-                "look up a transaction's outcome",
-                lambda cur: one(cur.execute("SELECT txid_status(%s)", (xid,))),
-            )
+            try:
+                status = self._read(
+                    "look up a transaction's outcome",
+                    lambda cur: one(cur.execute("SELECT txid_status(%s)", (xid,))),
+                )
+            except pg_errors.InvalidParameterValue:
+                # "transaction ID is in the future": a server crash lost the end of its WAL
+                # (an unflushed claim) and with it every trace of the transaction.
+                return False
             if status == "committed":
                 return True
             if status == "aborted":
@@ -536,12 +542,27 @@ class PostgresBackend(Backend):
         return None if row is None else head_from_row(row)
 
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
+        return self._transact(key, decide, flush=True)
+
+    def run_claim(self, key: str, decide: Decide) -> RunHead | None:
+        """A claim commits with ``synchronous_commit`` off: it returns once its commit record
+        is in the server's WAL buffers, without waiting for the WAL flush. Every session sees
+        it at once; any later synchronous commit (the run's first step, its release, or any
+        other writer's commit, which lie after it in the WAL) flushes it too. A server crash
+        before that may lose the claim, whole: the key is then as it was before the claim,
+        as if the claiming process had died before its first step, and the claimer's first
+        commit finds the run gone and raises the ownership error (nothing was committed)."""
+        return self._transact(key, decide, flush=False)
+
+    def _transact(self, key: str, decide: Decide, *, flush: bool) -> RunHead | None:
         self._refuse_if_read_only()
 
         # Pipelined: BEGIN and stepstone_claim_read (the key's lock, then the value and the
         # head FOR UPDATE) go in one round trip; decide runs while the transaction holds
         # both locks; the writes go with the COMMIT in a second round trip.
         def transact(conn: Connection, xids: list[int]) -> RunHead | None:
+            if not flush:
+                conn.execute(ASYNC_COMMIT_SQL)  # local to this transaction; no round trip
             row = conn.execute(CLAIM_READ_SQL, (lock_id(key), key)).fetchone()
             assert row is not None
             xids.append(int(row[0]))
@@ -561,7 +582,8 @@ class PostgresBackend(Backend):
                 )
             return claim.head
 
-        return self._in_transaction("claim a run", None, transact, pipeline=True)
+        what = "update a run" if flush else "claim a run"
+        return self._in_transaction(what, None, transact, pipeline=True)
 
     def run_commit(
         self,

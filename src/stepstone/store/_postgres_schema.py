@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "ASYNC_COMMIT_SQL",
     "CLAIM_READ_SQL",
     "DELETE_SQL",
     "INSERT_JOURNAL_SQL",
@@ -236,6 +237,11 @@ PUT_SQL = (
     "RETURNING 1"
 )
 
+
+# Commit the current transaction without waiting for its WAL flush (a claim: see
+# PostgresBackend.run_claim). Local to the transaction, so a pooled connection keeps
+# synchronous commits for everything else.
+ASYNC_COMMIT_SQL = b"SELECT set_config('synchronous_commit', 'off', true)"
 
 # The claim's reads in one call (see stepstone_claim_read).
 CLAIM_READ_SQL = f"SELECT * FROM stepstone_claim_read({KEY_LOCK_CLASS}, %s::int4, %s)"

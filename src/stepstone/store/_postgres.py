@@ -93,6 +93,8 @@ log = logging.getLogger("stepstone")
 
 T = TypeVar("T")
 
+_CURSOR = "_stepstone_cursor"  # the cursor _one_statement keeps on each pooled connection
+
 
 class PostgresBackend(Backend):
     """Durable storage in a PostgreSQL database (see module docstring).
@@ -273,15 +275,19 @@ class PostgresBackend(Backend):
             weakref.finalize(self, close_pool, pool, os.getpid())
             return pool
 
-    @contextmanager
-    def _connection(self, timeout: float) -> Iterator[Connection]:
-        pool = self._pool_here()
+    def _getconn(self, pool: ConnectionPool[Any], timeout: float) -> Connection:
         try:
-            conn = pool.getconn(timeout=max(0.1, timeout))
+            conn: Connection = pool.getconn(timeout=max(0.1, timeout))
         except PoolTimeout as exc:
             raise Lost(exc) from exc
         except PoolClosed as exc:
             raise StoreError(f"store {self.describe()} is closed") from exc
+        return conn
+
+    @contextmanager
+    def _connection(self, timeout: float) -> Iterator[Connection]:
+        pool = self._pool_here()
+        conn = self._getconn(pool, timeout)
         try:
             yield conn
         finally:
@@ -447,13 +453,22 @@ class PostgresBackend(Backend):
         Raises:
             Unknown: the connection broke after sending; it may have committed.
         """
-        with self._connection(deadline - time.monotonic()) as conn:
-            try:
-                return conn.execute(sql, params).fetchone()
-            except psycopg.Error as exc:
-                if connection_lost(conn, exc):
-                    raise Unknown(exc) from exc
-                raise
+        # The hot path of every step commit: no context manager, and one cursor kept per
+        # connection (on the connection, so it goes when the pool discards the connection).
+        pool = self._pool_here()
+        conn = self._getconn(pool, deadline - time.monotonic())
+        try:
+            cur: Cursor | None = getattr(conn, _CURSOR, None)
+            if cur is None:
+                cur = conn.cursor()
+                setattr(conn, _CURSOR, cur)
+            return cur.execute(sql, params).fetchone()
+        except psycopg.Error as exc:
+            if connection_lost(conn, exc):
+                raise Unknown(exc) from exc
+            raise
+        finally:
+            pool.putconn(conn)
 
     def close(self) -> None:
         self._closed = True

@@ -10,7 +10,9 @@ this one run:
   per step, everything included (step call, engine, commit), on a warm store;
 * the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode);
 * for reference, the parts: one step commit through the kernel alone (``OwnedRun.commit_sync``
-  of a 1 KB journal row and a 1 KB ``writes=`` value, no engine), and one claim of a new run.
+  of a 1 KB journal row and a 1 KB ``writes=`` value, no engine), and one claim of a new run
+  (two round trips; it commits without waiting for its WAL flush, which the run's first step
+  commit does for it).
 
 Targets: 100-step runs <= 1.5x the raw upsert per step, 10-step runs <= 2x.
 

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from stepstone import Agent, Plan, Step, Store
+from stepstone import Agent, Plan, Step, Store, submit
 from stepstone.durable import claim_run
 from stepstone.exceptions import ConcurrentRunError
 from stepstone.store import PostgresBackend
 from tests.conftest import pg_server_or_skip
 from tests.pgserver import PgServer
+from tests.workers.targets import executions, task
+from tests.workers.test_pg_processes import T, finish, spawn, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -180,3 +183,33 @@ def test_a_commit_the_server_lost_entirely_counts_as_not_committed(url: str) -> 
         assert row is not None
         future = int(row[0]) + 1_000_000
         assert backend._committed(future, "test", time.monotonic() + 5) is False
+
+
+def test_workers_ride_out_a_server_crash(server: PgServer, tmp_path: Path) -> None:
+    # guarantee 243, with the server crashing (immediate stop: unflushed claims are lost)
+    # rather than restarting cleanly: a worker whose claim was lost hands its run back and
+    # the run is taken again; every run finishes and no committed step runs again
+    url = server.create_database("c_workers_crash")
+    log = str(tmp_path / "log")
+    try:
+        with Store(url=url) as store:
+            handles = [submit(store, T + "plan", task(log, f"r{i}", sleep=0.03)) for i in range(8)]
+            procs = [spawn(url, "--concurrency", "2", "--max-runs", "8") for _ in range(2)]
+            try:
+                wait_for(lambda: len(executions(log)) >= 10, what="10 steps")
+                server.stop("immediate")
+                time.sleep(0.5)
+                server.start()
+                for h in handles:
+                    assert h.result(timeout=120).ok
+                runs = executions(log)
+                assert len(runs) == 80
+                # a step in flight during the crash (at most one per running run) may run
+                # again; no committed one does
+                assert sum(len(p) - 1 for p in runs.values()) <= 4
+            finally:
+                for p in procs:
+                    p.terminate()
+                    finish(p)
+    finally:
+        server.drop_database("c_workers_crash")

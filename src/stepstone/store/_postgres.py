@@ -68,7 +68,8 @@ from stepstone.store._postgres_conn import (
     one,
 )
 from stepstone.store._postgres_schema import (
-    ASYNC_COMMIT_SQL,
+    CLAIM_HEAD,
+    CLAIM_READ_ASYNC_SQL,
     CLAIM_READ_SQL,
     DELETE_SQL,
     HEAD_COLS,
@@ -576,12 +577,11 @@ class PostgresBackend(Backend):
         # head FOR UPDATE) go in one round trip; decide runs while the transaction holds
         # both locks; the writes go with the COMMIT in a second round trip.
         def transact(conn: Connection, xids: list[int]) -> RunHead | None:
-            if not flush:
-                conn.execute(ASYNC_COMMIT_SQL)  # local to this transaction; no round trip
-            row = conn.execute(CLAIM_READ_SQL, (lock_id(key), key)).fetchone()
+            read = CLAIM_READ_SQL if flush else CLAIM_READ_ASYNC_SQL
+            row = conn.execute(read, (lock_id(key), key)).fetchone()
             assert row is not None
             xids.append(int(row[0]))
-            head = None if row[2] is None else head_from_row(row[2:])
+            head = None if row[2] is None else head_from_row(row[CLAIM_HEAD])
             kv_text = row[1]
             claim = decide(head, None if kv_text is None else str(kv_text))
             if claim is None:

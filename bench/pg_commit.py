@@ -9,8 +9,12 @@ this one run:
   (N = 10 and 100), run the way a script runs it (``Agent(engine=plan)(task)``): wall time
   per step, everything included (step call, engine, commit), on a warm store;
 * the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode);
+* WAL flushes per 10-step run, counted by the server (``pg_stat_wal``): a figure the
+  machine's load does not move;
 * for reference, the parts: one step commit through the kernel alone (``OwnedRun.commit_sync``
-  of a 1 KB journal row and a 1 KB ``writes=`` value, no engine), and one claim of a new run.
+  of a 1 KB journal row and a 1 KB ``writes=`` value, no engine), and one claim of a new run
+  (two round trips; it commits without waiting for its WAL flush, which the run's first step
+  commit does for it).
 
 Targets: 100-step runs <= 1.5x the raw upsert per step, 10-step runs <= 2x.
 
@@ -162,9 +166,38 @@ def main() -> None:
             ms = statistics.median(v[0] for v in values)
             ratio = statistics.median(v[1] for v in values)
             print(f"{what:>21}: {ms:.3f} ms ({ratio:.2f}x raw)")
+        print()
+        print_wal_flushes(url)
         for store in stores.values():
             store.close()
         raw.close()
+
+
+def print_wal_flushes(url: str) -> None:
+    """A figure a loaded machine does not disturb: WAL flushes per 10-step run
+    (``pg_stat_wal``; each step commit waits for one, a claim for none)."""
+    import psycopg
+
+    from stepstone import Store
+    from stepstone.store import PostgresBackend
+
+    with psycopg.connect(url, autocommit=True) as conn:
+
+        def syncs() -> int:
+            time.sleep(1.5)  # let the server's statistics settle
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+            return int(row[0]) if row else 0
+
+        before = syncs()
+        # a store of its own, closed before the count is read: a server process reports
+        # its WAL statistics when it ends (pooled ones only now and then)
+        counted = Store(backend=PostgresBackend(url))
+        for i in range(10):
+            plan_ms_per_step(counted, 10, f"flushes-{i}")
+        counted.close()
+        flushes = (syncs() - before) / 10
+    print(f"WAL flushes per 10-step run: {flushes:.1f} (one per step commit)")
 
 
 if __name__ == "__main__":

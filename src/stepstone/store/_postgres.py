@@ -68,6 +68,8 @@ from stepstone.store._postgres_conn import (
     one,
 )
 from stepstone.store._postgres_schema import (
+    CLAIM_HEAD,
+    CLAIM_READ_ASYNC_SQL,
     CLAIM_READ_SQL,
     DELETE_SQL,
     HEAD_COLS,
@@ -91,6 +93,8 @@ __all__ = ["MIGRATIONS", "Connection", "Cursor", "PostgresBackend", "migrate"]
 log = logging.getLogger("stepstone")
 
 T = TypeVar("T")
+
+_CURSOR = "_stepstone_cursor"  # the cursor _one_statement keeps on each pooled connection
 
 
 class PostgresBackend(Backend):
@@ -272,15 +276,19 @@ class PostgresBackend(Backend):
             weakref.finalize(self, close_pool, pool, os.getpid())
             return pool
 
-    @contextmanager
-    def _connection(self, timeout: float) -> Iterator[Connection]:
-        pool = self._pool_here()
+    def _getconn(self, pool: ConnectionPool[Any], timeout: float) -> Connection:
         try:
-            conn = pool.getconn(timeout=max(0.1, timeout))
+            conn: Connection = pool.getconn(timeout=max(0.1, timeout))
         except PoolTimeout as exc:
             raise Lost(exc) from exc
         except PoolClosed as exc:
             raise StoreError(f"store {self.describe()} is closed") from exc
+        return conn
+
+    @contextmanager
+    def _connection(self, timeout: float) -> Iterator[Connection]:
+        pool = self._pool_here()
+        conn = self._getconn(pool, timeout)
         try:
             yield conn
         finally:
@@ -418,10 +426,15 @@ class PostgresBackend(Backend):
     def _committed(self, xid: int, what: str, deadline: float) -> bool:
         """Whether transaction ``xid``, whose COMMIT got no answer, committed."""
         while True:
-            status = self._read(
-                "look up a transaction's outcome",
-                lambda cur: one(cur.execute("SELECT txid_status(%s)", (xid,))),
-            )
+            try:
+                status = self._read(
+                    "look up a transaction's outcome",
+                    lambda cur: one(cur.execute("SELECT txid_status(%s)", (xid,))),
+                )
+            except pg_errors.InvalidParameterValue:
+                # "transaction ID is in the future": a server crash lost the end of its WAL
+                # (an unflushed claim) and with it every trace of the transaction.
+                return False
             if status == "committed":
                 return True
             if status == "aborted":
@@ -441,13 +454,22 @@ class PostgresBackend(Backend):
         Raises:
             Unknown: the connection broke after sending; it may have committed.
         """
-        with self._connection(deadline - time.monotonic()) as conn:
-            try:
-                return conn.execute(sql, params).fetchone()
-            except psycopg.Error as exc:
-                if connection_lost(conn, exc):
-                    raise Unknown(exc) from exc
-                raise
+        # The hot path of every step commit: no context manager, and one cursor kept per
+        # connection (on the connection, so it goes when the pool discards the connection).
+        pool = self._pool_here()
+        conn = self._getconn(pool, deadline - time.monotonic())
+        try:
+            cur: Cursor | None = getattr(conn, _CURSOR, None)
+            if cur is None:
+                cur = conn.cursor()
+                setattr(conn, _CURSOR, cur)
+            return cur.execute(sql, params).fetchone()
+        except psycopg.Error as exc:
+            if connection_lost(conn, exc):
+                raise Unknown(exc) from exc
+            raise
+        finally:
+            pool.putconn(conn)
 
     def close(self) -> None:
         self._closed = True
@@ -536,16 +558,30 @@ class PostgresBackend(Backend):
         return None if row is None else head_from_row(row)
 
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
+        return self._transact(key, decide, flush=True)
+
+    def run_claim(self, key: str, decide: Decide) -> RunHead | None:
+        """A claim commits with ``synchronous_commit`` off: it returns once its commit record
+        is in the server's WAL buffers, without waiting for the WAL flush. Every session sees
+        it at once; any later synchronous commit (the run's first step, its release, or any
+        other writer's commit, which lie after it in the WAL) flushes it too. A server crash
+        before that may lose the claim, whole: the key is then as it was before the claim,
+        as if the claiming process had died before its first step, and the claimer's first
+        commit finds the run gone and raises the ownership error (nothing was committed)."""
+        return self._transact(key, decide, flush=False)
+
+    def _transact(self, key: str, decide: Decide, *, flush: bool) -> RunHead | None:
         self._refuse_if_read_only()
 
         # Pipelined: BEGIN and stepstone_claim_read (the key's lock, then the value and the
         # head FOR UPDATE) go in one round trip; decide runs while the transaction holds
         # both locks; the writes go with the COMMIT in a second round trip.
         def transact(conn: Connection, xids: list[int]) -> RunHead | None:
-            row = conn.execute(CLAIM_READ_SQL, (lock_id(key), key)).fetchone()
+            read = CLAIM_READ_SQL if flush else CLAIM_READ_ASYNC_SQL
+            row = conn.execute(read, (lock_id(key), key)).fetchone()
             assert row is not None
             xids.append(int(row[0]))
-            head = None if row[2] is None else head_from_row(row[2:])
+            head = None if row[2] is None else head_from_row(row[CLAIM_HEAD])
             kv_text = row[1]
             claim = decide(head, None if kv_text is None else str(kv_text))
             if claim is None:
@@ -561,7 +597,8 @@ class PostgresBackend(Backend):
                 )
             return claim.head
 
-        return self._in_transaction("claim a run", None, transact, pipeline=True)
+        what = "update a run" if flush else "claim a run"
+        return self._in_transaction(what, None, transact, pipeline=True)
 
     def run_commit(
         self,

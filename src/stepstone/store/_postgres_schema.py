@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "CLAIM_HEAD",
+    "CLAIM_READ_ASYNC_SQL",
     "CLAIM_READ_SQL",
     "DELETE_SQL",
     "INSERT_JOURNAL_SQL",
@@ -237,8 +239,18 @@ PUT_SQL = (
 )
 
 
-# The claim's reads in one call (see stepstone_claim_read).
+# The claim's reads in one call (see stepstone_claim_read): the transaction id, the key's
+# value, then the head's columns (CLAIM_HEAD: None when the key holds no run).
 CLAIM_READ_SQL = f"SELECT * FROM stepstone_claim_read({KEY_LOCK_CLASS}, %s::int4, %s)"
+CLAIM_HEAD = slice(2, 2 + len(HEAD_COLUMNS))
+# The same for a run's claim, which also sets its transaction to commit without waiting
+# for the WAL flush (see PostgresBackend.run_claim): local to the transaction, so a pooled
+# connection keeps synchronous commits for everything else. The function always returns
+# one row, so set_config always runs.
+CLAIM_READ_ASYNC_SQL = (
+    "SELECT c.*, set_config('synchronous_commit', 'off', true) "
+    f"FROM stepstone_claim_read({KEY_LOCK_CLASS}, %s::int4, %s) AS c"
+)
 KEY_STATE_SQL = (
     "SELECT EXISTS (SELECT 1 FROM stepstone_runs WHERE key = %s), "
     "(SELECT value FROM stepstone_kv WHERE key = %s)"

@@ -3,7 +3,10 @@
 Everything is measured in this one run, so machine noise cancels in the ratios:
 
 * raw commit: one ``BEGIN IMMEDIATE; INSERT ~1 KB row; COMMIT`` on a WAL database, with
-  ``synchronous=FULL`` and ``NORMAL``;
+  ``synchronous=FULL`` and ``NORMAL``; for the FULL ratios, measured on new files just
+  before and just after each durable run (at least 50 commits each), so that a run and
+  its raw commit see the same machine (the fsync cost of this VM drifts by 30% within a
+  minute);
 * a durable Plan of N trivial steps (each returns a ~1 KB payload stored with ``writes=``),
   for N = 10, 100, 1000: wall time per step (everything: the step call, the engine and the
   atomic commit of head + journal row + writes value), on a new database file and on a
@@ -17,7 +20,7 @@ Everything is measured in this one run, so machine noise cancels in the ratios:
 
 Targets: per-step <= 1.5x raw FULL commit; cost ratio 1000/10 <= 1.2; bytes <= 3x payload.
 
-    python bench/plan_overhead.py [--repeat 3]
+    python bench/plan_overhead.py [--repeat 7]
 """
 
 from __future__ import annotations
@@ -149,6 +152,17 @@ def plan_run(path: Path, n_steps: int, durability: str = "full") -> tuple[float,
     return ms, path.stat().st_size
 
 
+def paired_ratio(tmp: Path, n_steps: int, run: Any) -> tuple[float, float]:
+    """(ms per step, ratio to the raw FULL commit) of ``run()``, whose raw commit is
+    measured on new files right before and right after it."""
+    raw_n = max(n_steps, 50)
+    tag = len(list(tmp.glob("paired-*")))
+    before = raw_commit_ms(tmp / f"paired-{tag}-a.sqlite", "FULL", n=raw_n)
+    ms = run()
+    after = raw_commit_ms(tmp / f"paired-{tag}-b.sqlite", "FULL", n=raw_n)
+    return ms, ms / ((before + after) / 2)
+
+
 def memory_run_ms(n_steps: int) -> float:
     """ms per step of the same plan without a store (engine + step call only)."""
     steps = [Step(trivial, name=f"s{i}", writes=f"w{i}") for i in range(n_steps)]
@@ -198,10 +212,14 @@ def sync_call_us(calls: int) -> dict[str, tuple[float, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument("--repeat", type=int, default=7, help="runs per measurement (median)")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="stepstone-bench-"))
+    with tempfile.TemporaryDirectory(prefix="stepstone-bench-") as tmp:
+        measure(Path(tmp), args.repeat)
 
+
+def measure(tmp: Path, repeat: int) -> None:
+    """Every measurement, printed; files go under ``tmp``."""
     plan_run(tmp / "warm-up.sqlite", 10)  # the process's first-run costs (threads, caches)
     # A long-lived store that already holds runs, as a pipeline process keeps it: its WAL
     # has stopped growing (a fresh file's WAL grows on every commit, and each growth makes
@@ -209,13 +227,13 @@ def main() -> None:
     warm = Store(db=tmp / "warm.sqlite")
     timed_run(warm, 1000, "history")
     raw_full = statistics.median(
-        raw_commit_ms(tmp / f"raw-full-{r}.sqlite", "FULL") for r in range(args.repeat)
+        raw_commit_ms(tmp / f"raw-full-{r}.sqlite", "FULL") for r in range(repeat)
     )
     raw_normal = statistics.median(
-        raw_commit_ms(tmp / f"raw-normal-{r}.sqlite", "NORMAL") for r in range(args.repeat)
+        raw_commit_ms(tmp / f"raw-normal-{r}.sqlite", "NORMAL") for r in range(repeat)
     )
     raw_warm = statistics.median(
-        raw_commit_ms(tmp / f"raw-warm-{r}.sqlite", "FULL", warm=True) for r in range(args.repeat)
+        raw_commit_ms(tmp / f"raw-warm-{r}.sqlite", "FULL", warm=True) for r in range(repeat)
     )
     print(
         f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} cpus, "
@@ -238,23 +256,33 @@ def main() -> None:
     )
     per_step: dict[int, float] = {}
     warm_step: dict[int, float] = {}
+    ratio: dict[int, float] = {}
+    warm_ratio: dict[int, float] = {}
     for n in (10, 100, 1000):
-        full_runs = [plan_run(tmp / f"plan-{n}-{r}.sqlite", n) for r in range(args.repeat)]
-        warm_full = statistics.median(
-            timed_run(warm, n, f"warm-{n}-{r}") for r in range(args.repeat)
-        )
-        normal_runs = [
-            plan_run(tmp / f"plan-n-{n}-{r}.sqlite", n, "normal") for r in range(args.repeat)
+        sizes: list[int] = []
+
+        def new_file(n: int = n, sizes: list[int] = sizes) -> float:
+            ms, size = plan_run(tmp / f"plan-{n}-{len(sizes)}.sqlite", n)
+            sizes.append(size)
+            return ms
+
+        full = [paired_ratio(tmp, n, new_file) for _ in range(repeat)]
+        warm_runs = [
+            paired_ratio(tmp, n, lambda n=n, r=r: timed_run(warm, n, f"warm-{n}-{r}"))
+            for r in range(repeat)
         ]
-        ms_full = statistics.median(ms for ms, _ in full_runs)
+        normal_runs = [plan_run(tmp / f"plan-n-{n}-{r}.sqlite", n, "normal") for r in range(repeat)]
+        ms_full = statistics.median(ms for ms, _ in full)
+        warm_full = statistics.median(ms for ms, _ in warm_runs)
         ms_normal = statistics.median(ms for ms, _ in normal_runs)
-        mem = statistics.median(memory_run_ms(n) for _ in range(args.repeat))
-        step_bytes = (full_runs[0][1] - fixed_bytes) / n
-        per_step[n] = ms_full
-        warm_step[n] = warm_full
+        mem = statistics.median(memory_run_ms(n) for _ in range(repeat))
+        step_bytes = (sizes[0] - fixed_bytes) / n
+        per_step[n], warm_step[n] = ms_full, warm_full
+        ratio[n] = statistics.median(r for _, r in full)
+        warm_ratio[n] = statistics.median(r for _, r in warm_runs)
         print(
-            f"{n:>6} {ms_full:>11.3f} {ms_full / raw_full:>6.2f} {warm_full:>10.3f} "
-            f"{warm_full / raw_full:>6.2f} {ms_normal:>7.3f} {ms_normal / raw_normal:>6.2f} "
+            f"{n:>6} {ms_full:>11.3f} {ratio[n]:>6.2f} {warm_full:>10.3f} "
+            f"{warm_ratio[n]:>6.2f} {ms_normal:>7.3f} {ms_normal / raw_normal:>6.2f} "
             f"{mem:>9.3f} {step_bytes:>11.0f} {step_bytes / len(PAYLOAD):>10.2f}"
         )
     print()
@@ -276,11 +304,12 @@ def main() -> None:
     )
     for n, ms in per_step.items():
         print(
-            f"per-step cost at {n:>4} steps vs raw FULL commit: new file {ms / raw_full:.2f}x, "
-            f"open store {warm_step[n] / raw_full:.2f}x (target <= 1.5); vs the raw commit on "
-            f"a WAL that no longer grows: {ms / raw_warm:.2f}x, {warm_step[n] / raw_warm:.2f}x"
+            f"per-step cost at {n:>4} steps vs the raw FULL commit measured around each run "
+            f"(median of {repeat}): new file {ratio[n]:.2f}x, open store {warm_ratio[n]:.2f}x "
+            f"(target <= 1.5); vs the raw commit on a WAL that no longer grows: "
+            f"{ms / raw_warm:.2f}x, {warm_step[n] / raw_warm:.2f}x"
         )
-    (plan, plan_new), (echo, echo_new) = sync_call_us(300 * args.repeat).values()
+    (plan, plan_new), (echo, echo_new) = sync_call_us(300 * repeat).values()
     print(
         f"sync call (agent(task)) on the thread's reused loop vs a new loop per call "
         f"(asyncio.run): 10-step in-memory Plan {plan:.0f} vs {plan_new:.0f} us "

@@ -44,6 +44,26 @@ def pg_server() -> Iterator[PgServer]:
 
 
 @pytest.fixture(scope="module")
+def own_pg_server() -> Iterator[PgServer]:
+    """A PostgreSQL server of this test module's own, for tests that stop, crash or restart
+    it (doing that to the session's server would disturb other modules)."""
+    server = pg_server_or_skip()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def own_pg_url(own_pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A ``postgresql://`` URL of a fresh database for this test on the module's own server."""
+    name = "o_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
+    url = own_pg_server.create_database(name)
+    yield url
+    own_pg_server.drop_database(name)
+
+
+@pytest.fixture(scope="module")
 def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """A ``postgresql://`` URL of a fresh database for this test module."""
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.module.__name__.lower())[-50:]

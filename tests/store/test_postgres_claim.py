@@ -5,7 +5,6 @@ commit flushes it. These tests own their server (they crash it with an immediate
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -15,28 +14,11 @@ from stepstone import Agent, Plan, Step, Store, submit
 from stepstone.durable import claim_run
 from stepstone.exceptions import ConcurrentRunError
 from stepstone.store import PostgresBackend
-from tests.conftest import pg_server_or_skip
 from tests.pgserver import PgServer
 from tests.workers.targets import executions, task
 from tests.workers.test_pg_processes import T, finish, spawn, wait_for
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    srv = pg_server_or_skip()
-    try:
-        yield srv
-    finally:
-        srv.close()
-
-
-@pytest.fixture
-def url(server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = "c_" + request.node.name.lower().replace("[", "_").replace("]", "")[:40]
-    yield server.create_database(name)
-    server.drop_database(name)
 
 
 def _lsns(observer: psycopg.Connection[object]) -> tuple[int, int]:
@@ -50,20 +32,20 @@ def _lsns(observer: psycopg.Connection[object]) -> tuple[int, int]:
 
 
 def test_a_claim_does_not_wait_for_its_wal_flush_and_its_first_step_flushes_it(
-    server: PgServer, url: str
+    own_pg_server: PgServer, own_pg_url: str
 ) -> None:
     # guarantee 330: the claim's transaction commits with synchronous_commit off (it returns
     # before the server flushed its WAL), the step commits on the same pooled connection
     # do not, and the first step commit flushes the WAL through the claim.
     # The WAL writer flushes asynchronous commits in the background every
     # wal_writer_delay: make that 10 s so it does not race the readings below.
-    server.admin("ALTER SYSTEM SET wal_writer_delay = '10s'")
-    server.admin("SELECT pg_reload_conf()")
+    own_pg_server.admin("ALTER SYSTEM SET wal_writer_delay = '10s'")
+    own_pg_server.admin("SELECT pg_reload_conf()")
     time.sleep(0.5)
-    backend = PostgresBackend(url, min_size=1, max_size=1)  # one connection for everything
+    backend = PostgresBackend(own_pg_url, min_size=1, max_size=1)  # one connection for everything
     with (
         Store(backend=backend) as store,
-        psycopg.connect(url, autocommit=True) as observer,
+        psycopg.connect(own_pg_url, autocommit=True) as observer,
     ):
         store.write("warm", 1)
         unflushed = 0
@@ -93,15 +75,17 @@ def test_a_claim_does_not_wait_for_its_wal_flush_and_its_first_step_flushes_it(
         assert _lsns(observer)[1] > inserted_before
 
 
-def test_a_claim_and_its_first_step_survive_a_server_crash(server: PgServer, url: str) -> None:
+def test_a_claim_and_its_first_step_survive_a_server_crash(
+    own_pg_server: PgServer, own_pg_url: str
+) -> None:
     # guarantee 331: the server is killed (immediate stop: no shutdown checkpoint, WAL
     # buffers lost) right after a run's first step commit: claim and step are both there
-    with Store(url=url) as store:
+    with Store(url=own_pg_url) as store:
         run = claim_run(store, "job", kind="test", resume=False, first_step="a").run
         assert run is not None
         run.commit_sync(status="running", next_step="b", rows=[("step", "a", 1)], writes=[("w", 1)])
-        server.stop("immediate")
-        server.start()
+        own_pg_server.stop("immediate")
+        own_pg_server.start()
         head = store.backend.run_get("job")
         assert head is not None
         assert (head.run_uid, head.version, head.next_step) == (run.run_uid, 2, "b")
@@ -112,10 +96,12 @@ def test_a_claim_and_its_first_step_survive_a_server_crash(server: PgServer, url
         assert [r.name for r in store.backend.run_journal("job")] == ["a", "b"]
 
 
-def test_a_plan_that_finished_survives_a_server_crash(server: PgServer, url: str) -> None:
+def test_a_plan_that_finished_survives_a_server_crash(
+    own_pg_server: PgServer, own_pg_url: str
+) -> None:
     # guarantee 331: every step of a finished Plan, and the values it wrote, outlive a
     # server crash right after the run returned
-    with Store(url=url) as store:
+    with Store(url=own_pg_url) as store:
         plan = Plan(
             Step(lambda x: f"{x}+a", name="a", writes="va"),
             Step(lambda x: f"{x}+b", name="b", writes="vb"),
@@ -124,8 +110,8 @@ def test_a_plan_that_finished_survives_a_server_crash(server: PgServer, url: str
         )
         env = Agent(engine=plan)("go")
         assert env.ok, env.error
-        server.stop("immediate")
-        server.start()
+        own_pg_server.stop("immediate")
+        own_pg_server.start()
         state = store.read("plan")
         assert state["status"] == "done"
         assert state["completed_steps"] == ["a", "b"]
@@ -133,16 +119,16 @@ def test_a_plan_that_finished_survives_a_server_crash(server: PgServer, url: str
 
 
 def test_a_claim_a_crash_takes_is_lost_whole_and_the_run_resumes(
-    server: PgServer, url: str
+    own_pg_server: PgServer, own_pg_url: str
 ) -> None:
     # guarantee 332: a server crash right after a claim (before any step commit) leaves the
     # key either with the whole claim or as it was before it; a claimer whose claim was
     # lost gets the ownership error from its first commit, with nothing written, and a
     # resume starts the run again
-    server.admin("ALTER SYSTEM SET wal_writer_delay = '10s'")
-    server.admin("SELECT pg_reload_conf()")
+    own_pg_server.admin("ALTER SYSTEM SET wal_writer_delay = '10s'")
+    own_pg_server.admin("SELECT pg_reload_conf()")
     time.sleep(0.5)
-    with Store(url=url) as store:
+    with Store(url=own_pg_url) as store:
         store.write("warm", 1)
         old = claim_run(store, "job", kind="test", resume=False, first_step="a").run
         assert old is not None
@@ -150,8 +136,8 @@ def test_a_claim_a_crash_takes_is_lost_whole_and_the_run_resumes(
         old.release()
         run = claim_run(store, "job", kind="test", resume=False, first_step="a").run
         assert run is not None
-        server.stop("immediate")
-        server.start()
+        own_pg_server.stop("immediate")
+        own_pg_server.start()
         head = store.backend.run_get("job")
         assert head is not None
         rows = [(r.name, r.data) for r in store.backend.run_journal("job")]
@@ -172,24 +158,24 @@ def test_a_claim_a_crash_takes_is_lost_whole_and_the_run_resumes(
         assert [r.data for r in store.backend.run_journal("job")] == ['"new"']
 
 
-def test_a_commit_the_server_lost_entirely_counts_as_not_committed(url: str) -> None:
+def test_a_commit_the_server_lost_entirely_counts_as_not_committed(own_pg_url: str) -> None:
     # guarantee 333: the outcome lookup of a COMMIT that got no answer: a transaction id the
     # server does not know yet (a crash lost the end of its WAL) means it did not commit
-    backend = PostgresBackend(url)
+    backend = PostgresBackend(own_pg_url)
     with Store(backend=backend) as store:
         store.write("warm", 1)
-        with psycopg.connect(url, autocommit=True) as conn:
+        with psycopg.connect(own_pg_url, autocommit=True) as conn:
             row = conn.execute("SELECT txid_current()").fetchone()
         assert row is not None
         future = int(row[0]) + 1_000_000
         assert backend._committed(future, "test", time.monotonic() + 5) is False
 
 
-def test_workers_ride_out_a_server_crash(server: PgServer, tmp_path: Path) -> None:
+def test_workers_ride_out_a_server_crash(own_pg_server: PgServer, tmp_path: Path) -> None:
     # guarantee 243, with the server crashing (immediate stop: unflushed claims are lost)
     # rather than restarting cleanly: a worker whose claim was lost hands its run back and
     # the run is taken again; every run finishes and no committed step runs again
-    url = server.create_database("c_workers_crash")
+    url = own_pg_server.create_database("c_workers_crash")
     log = str(tmp_path / "log")
     try:
         with Store(url=url) as store:
@@ -197,9 +183,9 @@ def test_workers_ride_out_a_server_crash(server: PgServer, tmp_path: Path) -> No
             procs = [spawn(url, "--concurrency", "2", "--max-runs", "8") for _ in range(2)]
             try:
                 wait_for(lambda: len(executions(log)) >= 10, what="10 steps")
-                server.stop("immediate")
+                own_pg_server.stop("immediate")
                 time.sleep(0.5)
-                server.start()
+                own_pg_server.start()
                 for h in handles:
                     assert h.result(timeout=120).ok
                 runs = executions(log)
@@ -212,4 +198,4 @@ def test_workers_ride_out_a_server_crash(server: PgServer, tmp_path: Path) -> No
                     p.terminate()
                     finish(p)
     finally:
-        server.drop_database("c_workers_crash")
+        own_pg_server.drop_database("c_workers_crash")

@@ -7,47 +7,31 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from stepstone import Agent, Plan, Step, Store
 from stepstone.durable import claim_run
-from tests.conftest import pg_server_or_skip
 from tests.pgserver import PgServer
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    srv = pg_server_or_skip()
-    try:
-        yield srv
-    finally:
-        srv.close()
-
-
-@pytest.fixture
-def url(server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = "r_" + request.node.name.lower().replace("[", "_").replace("]", "")[:40]
-    yield server.create_database(name)
-    server.drop_database(name)
-
-
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
-def test_restart_during_a_long_step_then_commit(server: PgServer, url: str, mode: str) -> None:
+def test_restart_during_a_long_step_then_commit(
+    own_pg_server: PgServer, own_pg_url: str, mode: str
+) -> None:
     """guarantee 39/40: the server restarts (cleanly, or crashing: ``immediate``) while a step
     runs; the step's commit reconnects and lands, exactly once, with its writes."""
-    with Store(url=url) as store:
+    with Store(url=own_pg_url) as store:
         claimed = claim_run(store, "long", kind="test", resume=False, first_step="a")
         run = claimed.run
         assert run is not None
         try:
             run.commit_sync(status="running", next_step="b", rows=[("step", "a", 1)])
             # the "long step": the server goes down and comes back while it runs
-            server.restart(down_for=1.0, mode=mode)
+            own_pg_server.restart(down_for=1.0, mode=mode)
             run.commit_sync(
                 status="running", next_step="c", rows=[("step", "b", 2)], writes=[("wb", "B")]
             )
@@ -60,15 +44,17 @@ def test_restart_during_a_long_step_then_commit(server: PgServer, url: str, mode
         assert store.read("wb") == "B"
 
 
-def test_commits_keep_landing_while_the_server_is_down(server: PgServer, url: str) -> None:
+def test_commits_keep_landing_while_the_server_is_down(
+    own_pg_server: PgServer, own_pg_url: str
+) -> None:
     """Steps commit back to back while the server stops for 1.5 s: the commits that hit
     the outage wait, reconnect and land. Journal seqs stay contiguous (no step lost or
     written twice) and each step's write is there."""
-    with Store(url=url) as store:
+    with Store(url=own_pg_url) as store:
         claimed = claim_run(store, "busy", kind="test", resume=False, first_step="s0")
         run = claimed.run
         assert run is not None
-        restarter = threading.Thread(target=server.restart, kwargs={"down_for": 1.5})
+        restarter = threading.Thread(target=own_pg_server.restart, kwargs={"down_for": 1.5})
         n = 0
         try:
             started = time.monotonic()
@@ -93,7 +79,7 @@ def test_commits_keep_landing_while_the_server_is_down(server: PgServer, url: st
         assert head is not None and head.version == n + 1
 
 
-def test_plan_survives_a_server_restart_mid_run(server: PgServer, url: str) -> None:
+def test_plan_survives_a_server_restart_mid_run(own_pg_server: PgServer, own_pg_url: str) -> None:
     """A Plan on PostgreSQL: a step restarts the server under it; the Plan commits that
     step after the restart and finishes, every step run exactly once."""
     calls: dict[str, int] = {}
@@ -102,13 +88,13 @@ def test_plan_survives_a_server_restart_mid_run(server: PgServer, url: str) -> N
         def fn(payload: Any) -> str:
             calls[name] = calls.get(name, 0) + 1
             if restart:
-                server.restart(down_for=1.0)
+                own_pg_server.restart(down_for=1.0)
             return f"{name}({payload})"
 
         fn.__name__ = name
         return fn
 
-    with Store(url=url) as store:
+    with Store(url=own_pg_url) as store:
         plan = Plan(
             Step(step("extract"), writes="raw"),
             Step(step("transform", restart=True), writes="clean"),

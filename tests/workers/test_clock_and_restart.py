@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -14,7 +13,6 @@ from stepstone.durable import claim_run
 from stepstone.durable._queue import queue_backend
 from stepstone.store import SQLiteBackend
 from stepstone.store._postgres import PostgresBackend
-from tests.conftest import pg_server_or_skip
 from tests.pgserver import PgServer
 from tests.workers.targets import executions, task
 from tests.workers.test_pg_processes import T, finish, spawn, wait_for
@@ -60,25 +58,15 @@ def test_postgres_clock_is_the_servers(pg_url: str) -> None:
         backend.close()
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    # its own server: restarting the session's would disturb other modules
-    srv = pg_server_or_skip()
-    try:
-        yield srv
-    finally:
-        srv.close()
-
-
 @pytest.mark.postgres
-def test_workers_ride_out_a_database_restart(server: PgServer, tmp_path: Path) -> None:
-    url = server.create_database("w_restart")
+def test_workers_ride_out_a_database_restart(own_pg_server: PgServer, tmp_path: Path) -> None:
+    url = own_pg_server.create_database("w_restart")
     log = str(tmp_path / "log")
     with Store(url=url) as store:
         handles = [submit(store, T + "plan", task(log, f"r{i}", sleep=0.03)) for i in range(8)]
         procs = [spawn(url, "--concurrency", "2", "--max-runs", "8") for _ in range(2)]
         wait_for(lambda: len(executions(log)) >= 10, what="10 steps")
-        server.restart(down_for=1.0)  # guarantee 243
+        own_pg_server.restart(down_for=1.0)  # guarantee 243
         for h in handles:
             assert h.result(timeout=120).ok
         runs = executions(log)

@@ -639,3 +639,67 @@ FORK = """
     assert not other.is_alive()
     print(f"parent: loop unchanged {loop is main_loop}, 40 calls after the children", flush=True)
 """
+
+
+NESTED: contextvars.ContextVar[str] = contextvars.ContextVar("nested", default="unset")
+
+
+def test_a_sync_step_may_call_an_agent_synchronously(tmp_path: Path) -> None:
+    # guarantee 329: inline (agent("go"), nothing else on the loop) and in worker threads
+    # (run_many), with the step's context seen by the nested call
+    from stepstone import Store
+
+    inner = Agent(engine=Plan(Step(lambda x: x + 1, name="inc")))
+    seen: list[tuple[str, bool]] = []
+
+    def uses_inner(x: int) -> int:
+        def probe(y: int) -> int:
+            seen.append((NESTED.get(), threading.current_thread() is threading.main_thread()))
+            return y
+
+        env = Agent(engine=Plan(Step(probe, name="probe")))(Envelope(task="t", payload=x))
+        return int(inner(Envelope(task="t", payload=env.payload)).payload) * 10
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+        outer = Agent(engine=Plan(Step(uses_inner, name="outer"), store=store, checkpoint_key="o"))
+        NESTED.set("from the caller")
+        env = outer(Envelope(task="t", payload=1))
+        assert env.ok, env.error
+        assert env.payload == 20
+        assert seen == [("from the caller", False)]  # ran on a thread of its own
+        plan = Plan(
+            Step(uses_inner, name="outer"), store=store, checkpoint_key="m", on_concurrent="fork"
+        )
+        envs = plan.run_many([Envelope(task="t", payload=i) for i in range(4)], concurrency=2)
+        assert [e.payload for e in envs] == [10, 20, 30, 40]
+
+
+def test_a_nested_sync_call_hands_its_exception_to_the_step() -> None:
+    # guarantee 329
+    def boom(_x: Any) -> Any:
+        raise ValueError("inner failure")
+
+    inner = Agent(engine=Plan(Step(boom, name="boom")))
+    caught: list[str] = []
+
+    def calls_inner(x: Any) -> str:
+        env = inner(Envelope(task="t", payload=x))
+        assert env.error is not None
+        caught.append(env.error.message)
+        raise KeyError("outer failure")
+
+    env = Agent(engine=Plan(Step(calls_inner, name="outer")))(Envelope(task="t", payload=0))
+    assert caught == ["inner failure"]
+    assert env.error is not None and "outer failure" in env.error.message
+
+
+def test_async_code_calling_a_sync_agent_is_still_refused() -> None:
+    # guarantee 329 (and 322): only sync code running inline may nest a sync call
+    inner = Agent(engine=Plan(Step(lambda x: x, name="same")))
+
+    async def async_step(x: Any) -> Any:
+        return inner(Envelope(task="t", payload=x)).payload
+
+    env = Agent(engine=Plan(Step(async_step, name="a")))(Envelope(task="t", payload=1))
+    assert env.error is not None and env.error.type == "RuntimeError"
+    assert "await agent.run(...)" in env.error.message

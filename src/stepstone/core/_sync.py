@@ -38,7 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-__all__ = ["may_block_loop", "run_sync"]
+__all__ = ["call_inline", "may_block_loop", "run_sync"]
 
 T = TypeVar("T")
 
@@ -46,11 +46,17 @@ T = TypeVar("T")
 def run_sync(coro: Coroutine[Any, Any, T], *, sync_name: str, async_name: str) -> T:
     """Run ``coro`` to completion on this thread's private event loop.
 
+    A sync call made by sync code that a sync call runs inline on its private loop (a
+    plain-function step calling an agent, see :func:`call_inline`) runs on a thread of its
+    own, as it would had that code been sent to a worker thread.
+
     Raises:
         RuntimeError: when called from a thread whose event loop is running (blocking it
             would deadlock); the message names the async twin to await instead.
     """
     if asyncio._get_running_loop() is not None:
+        if _INLINE.get():
+            return _on_own_thread(coro, sync_name=sync_name, async_name=async_name)
         coro.close()
         raise RuntimeError(
             f"{sync_name} was called from inside a running event loop, where it would block "
@@ -62,6 +68,49 @@ def run_sync(coro: Coroutine[Any, Any, T], *, sync_name: str, async_name: str) -
         coro.close()
         raise
     return bridge.run(coro, sync_name)
+
+
+#: True while sync code runs inline on a sync call's private loop (:func:`call_inline`).
+_INLINE: ContextVar[bool] = ContextVar("stepstone_inline_sync", default=False)
+
+
+def call_inline(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Call the sync ``fn`` right on the running loop's thread, for callers that checked
+    :func:`may_block_loop` (nothing else runs on the loop). A sync call ``fn`` makes (a
+    plain-function step calling an agent) is then run on a thread of its own instead of
+    being refused as a call from inside a running loop: the loop it would block has
+    nothing else to run, exactly as when ``fn`` runs in a worker thread."""
+    token = _INLINE.set(True)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _INLINE.reset(token)
+
+
+def _on_own_thread(coro: Coroutine[Any, Any, T], *, sync_name: str, async_name: str) -> T:
+    """``run_sync(coro)`` on a new thread (with its own private loop, closed when it
+    ends), in a copy of the caller's context; blocks until it is done."""
+    context = contextvars.copy_context()
+    outcome: list[Any] = []
+
+    def call() -> T:
+        _INLINE.set(False)  # async code the nested call runs is not inline sync code
+        return run_sync(coro, sync_name=sync_name, async_name=async_name)
+
+    def target() -> None:
+        try:
+            outcome.append((True, context.run(call)))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=target, name=f"stepstone-nested {sync_name}")
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    result: T = value
+    return result
 
 
 class _Call:

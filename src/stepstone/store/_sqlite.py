@@ -136,6 +136,50 @@ _LEGACY_TABLES: dict[int, tuple[str, str, str]] = {1: ("kv", "runs", "journal")}
 _HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
 
+def _check_options(
+    path: str | os.PathLike[str],
+    durability: str,
+    busy_timeout: float,
+    read_only: bool,
+    checkpoint_pages: int,
+) -> None:
+    """Refuse bad ``SQLiteBackend`` arguments before anything is opened, naming the value
+    and the fix."""
+    if (
+        isinstance(checkpoint_pages, bool)
+        or not isinstance(checkpoint_pages, int)
+        or checkpoint_pages < 1
+    ):
+        raise ValueError(
+            f"checkpoint_pages must be a whole number of WAL pages >= 1 (SQLite's default "
+            f"is 1000), got {checkpoint_pages!r}"
+        )
+    if durability not in ("full", "normal"):
+        raise ValueError(
+            f"durability must be 'full' (survives power loss) or 'normal' (survives a "
+            f"process crash), got {durability!r}"
+        )
+    if busy_timeout <= 0:
+        raise ValueError(f"busy_timeout must be > 0 seconds, got {busy_timeout!r}")
+    file = Path(path)
+    if str(path) != ":memory:" and not file.parent.exists():
+        raise StoreError(
+            f"cannot open SQLite store {str(path)!r}: directory {str(file.parent)!r} "
+            "does not exist; create it first"
+        )
+    if read_only:
+        if str(path) == ":memory:":
+            raise ValueError("read_only=True needs a file; ':memory:' is always empty")
+        if file.is_dir():
+            raise StoreError(
+                f"{str(path)!r} is a directory, not a SQLite store file; pass the file"
+            )
+        if not file.exists():
+            raise StoreError(f"no store file at {str(path)!r}; check the path")
+    elif file.is_dir():
+        raise StoreError(f"{str(path)!r} is a directory; pass a file path for the store")
+
+
 class SQLiteBackend(Backend):
     """Durable storage in one SQLite file (see module docstring).
 
@@ -169,40 +213,9 @@ class SQLiteBackend(Backend):
         preallocate_wal: bool = True,
         checkpoint_pages: int = 1000,
     ) -> None:
-        if (
-            isinstance(checkpoint_pages, bool)
-            or not isinstance(checkpoint_pages, int)
-            or checkpoint_pages < 1
-        ):
-            raise ValueError(
-                f"checkpoint_pages must be a whole number of WAL pages >= 1 (SQLite's default "
-                f"is 1000), got {checkpoint_pages!r}"
-            )
-        if durability not in ("full", "normal"):
-            raise ValueError(
-                f"durability must be 'full' (survives power loss) or 'normal' (survives a "
-                f"process crash), got {durability!r}"
-            )
-        if busy_timeout <= 0:
-            raise ValueError(f"busy_timeout must be > 0 seconds, got {busy_timeout!r}")
+        _check_options(path, durability, busy_timeout, read_only, checkpoint_pages)
         self.path = Path(path)
         self.read_only = read_only
-        if str(path) != ":memory:" and not self.path.parent.exists():
-            raise StoreError(
-                f"cannot open SQLite store {str(path)!r}: directory {str(self.path.parent)!r} "
-                "does not exist; create it first"
-            )
-        if read_only:
-            if str(path) == ":memory:":
-                raise ValueError("read_only=True needs a file; ':memory:' is always empty")
-            if self.path.is_dir():
-                raise StoreError(
-                    f"{str(path)!r} is a directory, not a SQLite store file; pass the file"
-                )
-            if not self.path.exists():
-                raise StoreError(f"no store file at {str(path)!r}; check the path")
-        elif self.path.is_dir():
-            raise StoreError(f"{str(path)!r} is a directory; pass a file path for the store")
         self.durability = durability
         self.busy_timeout = busy_timeout
         self._local = threading.local()

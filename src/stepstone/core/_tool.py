@@ -25,6 +25,7 @@ __all__ = [
     "build_tool_map",
     "call_maybe_async",
     "is_agent_like",
+    "is_async_callable",
     "tool",
 ]
 
@@ -195,10 +196,7 @@ class Tool:
     @property
     def is_async(self) -> bool:
         """True when calling the function returns an awaitable."""
-        return self.fn is not None and (
-            inspect.iscoroutinefunction(self.fn)
-            or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))  # noqa: B004
-        )
+        return self.fn is not None and is_async_callable(self.fn)
 
     def definition(self) -> dict[str, Any]:
         """Provider-neutral definition: name, description, JSON schema of parameters."""
@@ -278,11 +276,17 @@ def tool(
     return wrap(fn) if fn is not None else wrap
 
 
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` returns a coroutine: a coroutine function, or an object whose
+    ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
+
+
 async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """Await ``fn`` when it is async; run it in a worker thread when it is sync."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004
-    ):
+    if is_async_callable(fn):
         return await fn(*args, **kwargs)
     result = await to_thread(fn, *args, **kwargs)
     if inspect.isawaitable(result):

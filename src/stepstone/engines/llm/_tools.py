@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -43,11 +42,7 @@ _FATAL = (
 
 def _runs_in_thread(tool: Tool) -> bool:
     """Whether the tool is a sync function (run in a worker thread that cannot be stopped)."""
-    fn = tool.fn
-    if fn is None:
-        return False
-    call = getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
-    return not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call))
+    return tool.fn is not None and not tool.is_async
 
 
 def _preview(text: str) -> str:

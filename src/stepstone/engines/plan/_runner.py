@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
 from stepstone.core._sync import call_inline, may_block_loop
 from stepstone.core._threads import to_thread
+from stepstone.core._tool import is_async_callable
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.durable._kernel import Encoded
@@ -572,13 +573,9 @@ def _adapter(tp: Any) -> TypeAdapter[Any]:
 @functools.lru_cache(maxsize=1024)
 def _convention(fn: Any) -> tuple[str, bool, bool]:
     """How to call a plain function: ``("none"|"payload"|"envelope", wants_context,
-    is_async)`` (``is_async``: a coroutine function, or an object whose ``__call__`` is
-    one, as ``call_maybe_async`` tells them apart)."""
-    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004
-    )
+    is_async)``."""
     mode, wants_context = _parameters(fn)
-    return mode, wants_context, is_async
+    return mode, wants_context, is_async_callable(fn)
 
 
 def _parameters(fn: Any) -> tuple[str, bool]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.pgserver import PgServer, unavailable_reason
+from tests.pgserver import CutProxy, PgServer, unavailable_reason
 
 
 def pg_server_or_skip() -> PgServer:
@@ -41,6 +41,16 @@ def pg_server() -> Iterator[PgServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def cut_proxy(pg_server: PgServer) -> Iterator[CutProxy]:
+    """A proxy in front of the session's server that cuts a connection on cue."""
+    proxy = CutProxy(pg_server.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
 
 
 @pytest.fixture(scope="module")

@@ -269,6 +269,10 @@ class CutProxy:
         self.forwarded: list[bytes] = []
         threading.Thread(target=self._accept, name="cut-proxy", daemon=True).start()
 
+    def url_for(self, url: str) -> str:
+        """``url`` (a database of the proxied server) through this proxy."""
+        return url.replace(f"127.0.0.1:{self.target_port}/", f"127.0.0.1:{self.port}/")
+
     def arm(self, marker: bytes, mode: str) -> None:
         """Cut the connection carrying the next client message that contains ``marker``."""
         if mode not in ("before", "after"):

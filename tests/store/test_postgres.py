@@ -272,45 +272,34 @@ def test_a_key_is_never_both_a_value_and_a_run_across_processes(store: Store, pg
 
 
 # -- exactly once after a lost connection (guarantee 39, 40) ------------------------------------
-@pytest.fixture
-def proxy(pg_server: PgServer) -> Iterator[CutProxy]:
-    p = CutProxy(pg_server.port)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
-def _via(proxy: CutProxy, url: str) -> str:
-    return url.replace(f"127.0.0.1:{proxy.target_port}/", f"127.0.0.1:{proxy.port}/")
 
 
 @pytest.mark.parametrize("mode", ["before", "after"])
 @pytest.mark.parametrize("with_writes", [False, True])
 def test_commit_whose_answer_is_lost_is_applied_exactly_once(
-    store: Store, pg_url: str, proxy: CutProxy, mode: str, with_writes: bool
+    store: Store, pg_url: str, cut_proxy: CutProxy, mode: str, with_writes: bool
 ) -> None:
     """guarantee 39/40: the connection is cut just before the server gets a step's commit, or
     just after it ran it (the answer never comes back). The commit reconnects, reads the
     head to learn what happened, and the step is in the store exactly once."""
-    with Store(url=_via(proxy, pg_url)) as via:
+    with Store(url=cut_proxy.url_for(pg_url)) as via:
         claimed = claim_run(via, "cut", kind="test", resume=False, first_step="a")
         run = claimed.run
         assert run is not None
         try:
             run.commit_sync(status="running", next_step="b", rows=[("step", "a", {})])
             marker = f"MARK-{mode}-{with_writes}"
-            proxy.arm(marker.encode(), mode)
+            cut_proxy.arm(marker.encode(), mode)
             run.commit_sync(
                 status="running",
                 next_step="c",
                 rows=[("step", "b", {"m": marker})],
                 writes=[("w", marker)] if with_writes else [],
             )
-            assert proxy.cuts == 1
+            assert cut_proxy.cuts == 1
             # "after": it had committed and the head said so, so it was not sent again.
             # "before": the server never committed it, so it was sent (once) again.
-            assert proxy.seen(marker.encode()) == 1
+            assert cut_proxy.seen(marker.encode()) == 1
             run.commit_sync(status="done", next_step=None, rows=[("step", "c", {})])
         finally:
             run.release()
@@ -326,38 +315,38 @@ def test_commit_whose_answer_is_lost_is_applied_exactly_once(
 
 @pytest.mark.parametrize("mode", ["before", "after"])
 def test_cas_whose_commit_answer_is_lost_reports_the_truth(
-    store: Store, pg_url: str, proxy: CutProxy, mode: str
+    store: Store, pg_url: str, cut_proxy: CutProxy, mode: str
 ) -> None:
     """A CAS whose COMMIT got no answer asks the server (txid_status) whether it
     committed: a blind retry would see its own write and wrongly report a lost race."""
     store.write("n", 0)
-    with Store(url=_via(proxy, pg_url)) as via:
+    with Store(url=cut_proxy.url_for(pg_url)) as via:
         via.read("n")  # warm the pool: the cut hits the CAS's own COMMIT
-        proxy.arm(b"COMMIT", mode)
+        cut_proxy.arm(b"COMMIT", mode)
         assert via.compare_and_swap("n", 0, 1) is True
-        assert proxy.cuts == 1
+        assert cut_proxy.cuts == 1
     assert store.read("n") == 1
 
 
 def test_delete_whose_commit_answer_is_lost_reports_the_truth(
-    store: Store, pg_url: str, proxy: CutProxy
+    store: Store, pg_url: str, cut_proxy: CutProxy
 ) -> None:
     store.write("gone", 1)
-    with Store(url=_via(proxy, pg_url)) as via:
+    with Store(url=cut_proxy.url_for(pg_url)) as via:
         via.read("gone")
-        proxy.arm(b"COMMIT", "after")
+        cut_proxy.arm(b"COMMIT", "after")
         assert via.delete("gone") is True
-        assert proxy.cuts == 1
+        assert cut_proxy.cuts == 1
     assert store.read("gone") is None
 
 
 def test_gives_up_after_reconnect_timeout_with_a_clear_error(
-    store: Store, pg_url: str, proxy: CutProxy
+    store: Store, pg_url: str, cut_proxy: CutProxy
 ) -> None:
-    backend = PostgresBackend(_via(proxy, pg_url), reconnect_timeout=1.0)
+    backend = PostgresBackend(cut_proxy.url_for(pg_url), reconnect_timeout=1.0)
     try:
         backend.kv_put("r", "1")
-        proxy.close()  # the "server" is gone for good
+        cut_proxy.close()  # the "server" is gone for good
         started = time.monotonic()
         with pytest.raises(StoreError, match=r"reconnect_timeout=1.0s") as info:
             backend.kv_get("r")

@@ -234,25 +234,20 @@ def test_a_commit_never_writes_a_value_under_a_key_claimed_after_it(
 # -- lost connections around the pipelined claim ------------------------------------------
 @pytest.mark.parametrize("mode", ["before", "after"])
 def test_a_claim_whose_commit_answer_is_lost_is_applied_once(
-    pg_server: PgServer, pg_url: str, mode: str
+    cut_proxy: CutProxy, pg_url: str, mode: str
 ) -> None:
     """guarantee 254: the claim's COMMIT is cut off before the server gets it, or after it
     ran (no answer): the claim learns the truth (txid_status) or runs again, and the run is
     claimed exactly once, by this call."""
-    proxy = CutProxy(pg_server.port)
-    via_url = pg_url.replace(f"127.0.0.1:{pg_server.port}/", f"127.0.0.1:{proxy.port}/")
     key = f"cut-claim-{mode}"
-    try:
-        with Store(url=via_url) as via:
-            via.read("warm")
-            proxy.arm(b"COMMIT", mode)
-            claimed = claim_run(via, key, kind="test", resume=False, first_step="a")
-            assert proxy.cuts == 1
-            assert claimed.outcome == "fresh" and claimed.run is not None
-            claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
-            claimed.run.release()
-    finally:
-        proxy.close()
+    with Store(url=cut_proxy.url_for(pg_url)) as via:
+        via.read("warm")
+        cut_proxy.arm(b"COMMIT", mode)
+        claimed = claim_run(via, key, kind="test", resume=False, first_step="a")
+        assert cut_proxy.cuts == 1
+        assert claimed.outcome == "fresh" and claimed.run is not None
+        claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
+        claimed.run.release()
     with Store(url=pg_url) as store:
         head = store.backend.run_get(key)
         assert head is not None and head.run_uid == claimed.head.run_uid

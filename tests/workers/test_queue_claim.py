@@ -12,7 +12,7 @@ import pytest
 from stepstone import Store, submit
 from stepstone.durable._queue import queue_backend
 from stepstone.store._queue_base import Owner
-from tests.pgserver import CutProxy, PgServer
+from tests.pgserver import CutProxy
 
 pytestmark = pytest.mark.postgres
 
@@ -29,19 +29,6 @@ def store(pg_url: str) -> Iterator[Store]:
         s.close()
 
 
-@pytest.fixture
-def proxy(pg_server: PgServer) -> Iterator[CutProxy]:
-    p = CutProxy(pg_server.port)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
-def _via(proxy: CutProxy, url: str) -> str:
-    return url.replace(f"127.0.0.1:{proxy.target_port}/", f"127.0.0.1:{proxy.port}/")
-
-
 def _owner(name: str) -> Owner:
     return Owner(worker=name, host="test-host", pid=os.getpid(), pid_start=None)
 
@@ -56,23 +43,23 @@ def _running(pg_url: str) -> dict[str, tuple[str, int]]:
 
 @pytest.mark.parametrize("mode", ["before", "after"])
 def test_a_claim_whose_answer_is_lost_hands_each_entry_out_once(
-    store: Store, pg_url: str, proxy: CutProxy, mode: str
+    store: Store, pg_url: str, cut_proxy: CutProxy, mode: str
 ) -> None:
     """guarantee 294: the connection is cut just before the server gets a claim, or just
     after it ran it (the answer never comes back). The claim reconnects and returns exactly
     the entries it holds in the database (taken once, one attempt each), never the entries
     the worker already ran before, and strands nothing."""
     handles = [submit(store, "tests.workers.targets:plan", "x", queue="cut") for _ in range(5)]
-    with Store(url=_via(proxy, pg_url)) as via:
+    with Store(url=cut_proxy.url_for(pg_url)) as via:
         queue = queue_backend(via)
         before = queue.claim("cut", _owner(f"w-held-{mode}"), 30.0, 2)
         assert [e.id for e in before] == [h.id for h in handles[:2]]
         me = _owner(f"w-cut-{mode}")
         held = queue.claim("cut", me, 30.0, 1)
         assert [e.id for e in held] == [handles[2].id]
-        proxy.arm(b"stepstone_queue_limits", mode)  # only the claim statement names it
+        cut_proxy.arm(b"stepstone_queue_limits", mode)  # only the claim statement names it
         got = queue.claim("cut", me, 30.0, 2, held={e.id for e in held})
-        assert proxy.cuts == 1
+        assert cut_proxy.cuts == 1
     assert [e.id for e in got] == [h.id for h in handles[3:5]]
     assert all(e.worker == me.worker and e.attempts == 1 for e in got)
     running = _running(pg_url)

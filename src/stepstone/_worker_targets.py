@@ -23,7 +23,12 @@ from stepstone.agent import Agent
 from stepstone.core import Envelope, RunContext, RunLocation
 from stepstone.core._envelope import ErrorInfo
 from stepstone.durable import blocking_call, run_head
-from stepstone.engines.graph import CheckpointRecord, CompiledGraph, StoreCheckpointer
+from stepstone.engines.graph import (
+    CheckpointFilter,
+    CheckpointRecord,
+    CompiledGraph,
+    StoreCheckpointer,
+)
 from stepstone.engines.graph._records import GRAPH_KIND
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.plan import Plan
@@ -174,14 +179,22 @@ class _EntryCheckpointer(StoreCheckpointer):
             self.store.write(self.pointer, {"graph_invocations": self.noted})
         return super().key(invocation_id)
 
-    def latest(self) -> CheckpointRecord | None:
+    def latest(self, taken_before: bool) -> CheckpointRecord | None:
         """The newest noted invocation that saved a record (one killed before its first
-        save left none worth resuming), or None."""
+        save left none worth resuming), or None.
+
+        An entry that a worker took before (``taken_before``) but that has no note was
+        taken by a stepstone that did not note invocations yet: its invocations are then
+        found by their ``correlation_id`` (a scan of the graph records, once per such
+        entry), so it resumes rather than starts over."""
         for invocation_id in reversed(self.invocations()):
             head = run_head(self.store, super().key(invocation_id))
             if head is None or head.kind != GRAPH_KIND or head.journal_len == 0:
                 continue
             return self.load(invocation_id)
+        if taken_before and self.store.read(self.pointer) is None:
+            attempts = self.list(CheckpointFilter(correlation_id=self.pointer))
+            return attempts[-1] if attempts else None
         return None
 
 
@@ -203,7 +216,7 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
     )
 
     async def run(env: Envelope[Any]) -> Envelope[Any]:
-        latest = await blocking_call(store, checkpointer.latest, bulk=True)
+        latest = await blocking_call(store, checkpointer.latest, entry.attempts > 1, bulk=True)
         if latest is not None and latest.status == "done":
             final = durable.load_record(latest.invocation_id).state  # an earlier attempt's
         elif latest is not None:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from stepstone.durable import claim_run
-from stepstone.exceptions import StoreKeyConflictError
+from stepstone.exceptions import ConcurrentRunError, StoreKeyConflictError
 from stepstone.store import Store
 from stepstone.store._postgres import MIGRATIONS, PostgresBackend, migrate
 from stepstone.store._postgres_commit import SCALAR_LIMIT
@@ -233,16 +233,23 @@ def test_a_commit_never_writes_a_value_under_a_key_claimed_after_it(
 
 # -- lost connections around the pipelined claim ------------------------------------------
 @pytest.mark.parametrize("mode", ["before", "after"])
+@pytest.mark.parametrize("taken", ["empty key", "over a done run"])
 def test_a_claim_whose_commit_answer_is_lost_is_applied_once(
-    cut_proxy: CutProxy, pg_url: str, mode: str
+    cut_proxy: CutProxy, pg_url: str, mode: str, taken: str
 ) -> None:
-    """guarantee 254: the claim's COMMIT is cut off before the server gets it, or after it
-    ran (no answer): the claim learns the truth (txid_status) or runs again, and the run is
-    claimed exactly once, by this call."""
-    key = f"cut-claim-{mode}"
+    """guarantee 254: the claim's commit is cut off before the server gets it, or after it
+    ran (no answer): the claim learns the truth (its own run stamp under the key, or
+    txid_status) or runs again, and the run is claimed exactly once, by this call. A claim
+    of an empty key is one statement; one over an existing run is a transaction."""
+    key = f"cut-claim-{mode}-{taken.replace(' ', '-')}"
     with Store(url=cut_proxy.url_for(pg_url)) as via:
         via.read("warm")
-        cut_proxy.arm(b"COMMIT", mode)
+        if taken == "over a done run":
+            old = claim_run(via, key, kind="test", resume=False, first_step="a").run
+            assert old is not None
+            old.commit_sync(status="done", next_step=None)
+            old.release()
+        cut_proxy.arm(b"COMMIT" if taken == "over a done run" else b"claim_fresh", mode)
         claimed = claim_run(via, key, kind="test", resume=False, first_step="a")
         assert cut_proxy.cuts == 1
         assert claimed.outcome == "fresh" and claimed.run is not None
@@ -252,18 +259,82 @@ def test_a_claim_whose_commit_answer_is_lost_is_applied_once(
         head = store.backend.run_get(key)
         assert head is not None and head.run_uid == claimed.head.run_uid
         assert head.status == "done" and head.version == claimed.head.version + 1
+        assert [r.name for r in store.backend.run_journal(key)] == ["a"]
         store.delete(key)
 
 
+def test_a_claim_of_an_empty_key_is_one_statement(cut_proxy: CutProxy, pg_url: str) -> None:
+    """guarantee 340: a claim of a key that holds nothing sends one statement, no
+    transaction; a claim over an existing run (resumed, or started over) is a transaction;
+    a done run found by a resume is answered from the one statement."""
+
+    def sent() -> tuple[int, int, int]:
+        return tuple(cut_proxy.seen(m) for m in (b"claim_fresh", b"BEGIN", b"COMMIT"))  # type: ignore[return-value]
+
+    with Store(url=cut_proxy.url_for(pg_url)) as via:
+        via.read("warm")
+        claims, begins, commits = sent()
+        run = claim_run(via, "one-trip", kind="test", resume=False, first_step="a").run
+        assert run is not None
+        assert sent() == (claims + 1, begins, commits)  # one statement, no transaction
+        run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
+        run.release()
+        claims, begins, commits = sent()
+        done = claim_run(via, "one-trip", kind="test", resume=True, first_step="a")
+        assert done.outcome == "done" and done.run is None
+        assert sent() == (claims + 1, begins, commits)
+        again = claim_run(via, "one-trip", kind="test", resume=False, first_step="a")
+        assert again.outcome == "fresh" and again.run is not None
+        assert sent()[2] == commits + 1  # over an existing run: a transaction
+        assert via.backend.run_journal("one-trip") == []  # started over
+        again.run.release()
+        via.delete("one-trip")
+
+
+def test_claims_of_one_empty_key_from_many_threads_have_one_winner(store: Store) -> None:
+    """guarantee 340: claims of one empty key sent at the same moment from many threads
+    (each one statement, on its own connection): exactly one gets the run, every other one
+    is refused as a live run's, and the head is the winner's."""
+    threads = 6
+    for round_ in range(5):
+        key = f"contested-claim-{round_}"
+        barrier = threading.Barrier(threads)
+        won: list[Any] = []
+        refused: list[BaseException] = []
+
+        def claim(key: str, barrier: threading.Barrier, won: list[Any], refused: list[Any]) -> None:
+            barrier.wait(timeout=60)
+            try:
+                won.append(claim_run(store, key, kind="test", resume=False, first_step="a").run)
+            except ConcurrentRunError as exc:
+                refused.append(exc)
+
+        workers = [
+            threading.Thread(target=claim, args=(key, barrier, won, refused))
+            for _ in range(threads)
+        ]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(timeout=120)
+        assert len(won) == 1 and len(refused) == threads - 1
+        assert store.backend.run_get(key) == won[0].head
+        won[0].release()
+
+
 # -- upgrade ------------------------------------------------------------------------------
-def test_a_store_of_the_previous_schema_upgrades_and_its_runs_go_on(pg_server: PgServer) -> None:
-    """guarantee 253: a database at the previous schema version, with a run half done,
-    is upgraded by setup(); the run then commits its next steps (with writes=) under the
-    new commit statements, and the old commit function is gone."""
+@pytest.mark.parametrize("previous", [3, 4])
+def test_a_store_of_the_previous_schema_upgrades_and_its_runs_go_on(
+    pg_server: PgServer, previous: int
+) -> None:
+    """guarantee 253: a database at an earlier schema version, with a run half done, is
+    upgraded by setup(); the run then commits its next steps (with writes=) under the new
+    commit statements, a new run's key is claimed in one statement, and the old commit
+    function is gone."""
     url = pg_server.create_database("t_commit_upgrade")
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            migrate(conn, MIGRATIONS[:3])
+            migrate(conn, MIGRATIONS[:previous])
             conn.execute(
                 "INSERT INTO stepstone_runs VALUES ('old', 'test', 'paused', 'b', 'u0', 2, 1, 1, "
                 "'h', 1, NULL, 0, '{}', 0, 0)"
@@ -280,6 +351,9 @@ def test_a_store_of_the_previous_schema_upgrades_and_its_runs_go_on(pg_server: P
             claimed.run.release()
             assert [r.name for r in store.backend.run_journal("old")] == ["a", "b"]
             assert store.read("out") == 3
+            new = claim_run(store, "new", kind="test", resume=False, first_step="a").run
+            assert new is not None and store.backend.run_get("new") == new.head
+            new.release()
         with psycopg.connect(url) as conn:
             versions = [r[0] for r in conn.execute("SELECT version FROM stepstone_schema")]
             gone = conn.execute("SELECT to_regproc('stepstone_commit')").fetchone()

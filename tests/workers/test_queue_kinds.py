@@ -5,6 +5,7 @@ durably under its entry's key and resumed, not restarted, when a worker takes it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,3 +154,39 @@ def test_a_noted_invocation_that_never_saved_is_skipped(store: Store, tmp_path: 
     )
     assert again.payload["total"] == 3
     assert all(len(p) == 1 for p in executions(log).values())
+
+
+def test_a_graph_run_taken_before_invocations_were_noted_resumes(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """guarantee 296: a queued graph run that a worker of an earlier stepstone took (its
+    invocation carries the run's key as correlation_id, but no id was noted under the key)
+    is found by that correlation_id when a worker takes it again: it is resumed (here:
+    returned, done), not started over; a first take never scans."""
+    log = str(tmp_path / "log")
+    h = targets.graph.submit(Tally(log=log, name="legacy"), store=store)
+    assert _worker(store).run(until_idle=True) == 1
+    store.delete(h.key)  # the note an earlier stepstone did not write
+    entry = h.entry()
+    assert entry is not None and entry.attempts == 1
+    listed: list[str | None] = []
+    real_list = type(store.backend).run_list
+
+    def spy(backend: object, prefix: str | None) -> object:
+        listed.append(prefix)
+        return real_list(backend, prefix)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(store.backend), "run_list", spy)
+    again = asyncio.run(
+        queued_graph(targets.graph, store, dataclasses.replace(entry, attempts=2))(
+            Envelope(task="Tally", payload={})
+        )
+    )
+    assert again.payload == {"log": log, "name": "legacy", "total": 3}
+    assert all(len(p) == 1 for p in executions(log).values())  # no node ran again
+    assert listed  # found by a scan
+    listed.clear()
+    fresh = targets.graph.submit(Tally(log=log, name="first"), store=store)
+    assert _worker(store).run(until_idle=True) == 1
+    assert fresh.result(timeout=10).payload["total"] == 3
+    assert listed == []  # a first take finds nothing to resume, without a scan

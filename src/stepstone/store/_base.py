@@ -347,7 +347,9 @@ class Backend(abc.ABC):
     def run_claim(self, key: str, decide: Decide) -> RunHead | None:
         """:meth:`run_transact` for a run's claim. A backend may skip flushing it to disk
         on its own when the run's next commit (or release) flushes it with its own data:
-        other writers must see it at once all the same."""
+        other writers must see it at once all the same. ``decide`` depends only on its
+        arguments, so a backend may also call it ahead (with what an empty key holds) to
+        claim an empty key in fewer round trips."""
         return self.run_transact(key, decide)
 
     @abc.abstractmethod

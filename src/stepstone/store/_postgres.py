@@ -33,11 +33,12 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from stepstone.exceptions import MissingExtraError, StoreError
 from stepstone.store._base import (
     Backend,
+    Claim,
     Decide,
     JournalRow,
     RunHead,
@@ -68,6 +69,7 @@ from stepstone.store._postgres_conn import (
     one,
 )
 from stepstone.store._postgres_schema import (
+    CLAIM_FRESH_SQL,
     CLAIM_HEAD,
     CLAIM_READ_ASYNC_SQL,
     CLAIM_READ_SQL,
@@ -567,8 +569,51 @@ class PostgresBackend(Backend):
         other writer's commit, which lie after it in the WAL) flushes it too. A server crash
         before that may lose the claim, whole: the key is then as it was before the claim,
         as if the claiming process had died before its first step, and the claimer's first
-        commit finds the run gone and raises the ownership error (nothing was committed)."""
+        commit finds the run gone and raises the ownership error (nothing was committed).
+
+        A claim of a key that holds nothing is one round trip instead of two: ``decide``
+        is asked first what it would write under an empty key, and one statement inserts
+        that head only if the key's locked reads find neither a run nor a value. When they
+        find one, ``decide`` gets what they found: a decision that writes nothing (a done
+        run) stands as it is; one that writes goes through the two-round-trip transaction,
+        which reads and decides again under the lock."""
+        self._refuse_if_read_only()
+        try:
+            guess = decide(None, None)
+        except Exception:  # noqa: BLE001 - this decide never starts a run under an empty key
+            guess = None
+        if guess is None or guess.rows or guess.drop_kv:
+            return self._transact(key, decide, flush=False)
+        claim = guess
+        found = self._retry("claim a run", lambda deadline: self._claim_fresh(deadline, claim))
+        if found is True:
+            return claim.head
+        head, kv_text = found
+        if decide(head, kv_text) is None:
+            return head
         return self._transact(key, decide, flush=False)
+
+    def _claim_fresh(
+        self, deadline: float, claim: Claim
+    ) -> Literal[True] | tuple[RunHead | None, str | None]:
+        """Put ``claim``'s head under its key if the key holds nothing: True when it went
+        in, else the head and value the locked reads found (the statement wrote nothing)."""
+        new = claim.head
+        params = (lock_id(new.key), *head_to_row(new))  # the row begins with the key
+        try:
+            row = self._one_statement(deadline, CLAIM_FRESH_SQL, params)
+        except Unknown as unknown:
+            # Our run_uid is new: a head holding it means the statement went in.
+            current = self.run_get(new.key)
+            if current is not None and current.run_uid == new.run_uid:
+                return True
+            raise Lost(unknown.cause) from unknown.cause
+        assert row is not None  # the claim read always returns one row
+        inserted, read = row[0], row[1:]
+        if inserted:
+            return True
+        head = None if read[2] is None else head_from_row(read[CLAIM_HEAD])
+        return head, None if read[1] is None else str(read[1])
 
     def _transact(self, key: str, decide: Decide, *, flush: bool) -> RunHead | None:
         self._refuse_if_read_only()

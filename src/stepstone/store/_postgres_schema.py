@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIM_HEAD",
+    "CLAIM_FRESH_SQL",
     "CLAIM_READ_ASYNC_SQL",
     "CLAIM_READ_SQL",
     "DELETE_SQL",
@@ -207,6 +208,41 @@ MIGRATIONS: list[str] = [
     END
     $fn$;
     """,
+    # A new run's claim as one call (one round trip): the key's lock and reads as in
+    # stepstone_claim_read; the new head goes in only when the key holds neither a value
+    # nor a run, and journal rows left under the key, if any, are dropped (as a fresh
+    # claim's reset does). Returns whether the head went in, then what the reads found.
+    # Its transaction commits without waiting for the WAL flush (for it alone).
+    """
+    CREATE FUNCTION stepstone_claim_fresh(p_lock_class INT4, p_lock_id INT4, p_key TEXT,
+        p_kind TEXT, p_status TEXT, p_next_step TEXT, p_run_uid TEXT, p_version INT8,
+        p_iteration INT8, p_journal_len INT8, p_host TEXT, p_pid INT8, p_pid_start INT8,
+        p_lease_until FLOAT8, p_meta TEXT, p_created_at FLOAT8, p_updated_at FLOAT8)
+    RETURNS TABLE (o_inserted BOOLEAN, o_xid INT8, o_value TEXT, o_key TEXT, o_kind TEXT,
+        o_status TEXT, o_next_step TEXT, o_run_uid TEXT, o_version INT8, o_iteration INT8,
+        o_journal_len INT8, o_host TEXT, o_pid INT8, o_pid_start INT8,
+        o_lease_until FLOAT8, o_meta TEXT, o_created_at FLOAT8, o_updated_at FLOAT8)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        v_inserted BOOLEAN := FALSE;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        IF NOT EXISTS (SELECT 1 FROM stepstone_claim_read(p_lock_class, p_lock_id, p_key) c
+                WHERE c.o_value IS NOT NULL OR c.o_key IS NOT NULL) THEN
+            INSERT INTO stepstone_runs VALUES (p_key, p_kind, p_status, p_next_step,
+                p_run_uid, p_version, p_iteration, p_journal_len, p_host, p_pid,
+                p_pid_start, p_lease_until, p_meta, p_created_at, p_updated_at)
+                ON CONFLICT (key) DO NOTHING;
+            v_inserted := FOUND;
+            IF v_inserted THEN
+                DELETE FROM stepstone_journal WHERE run_key = p_key;
+            END IF;
+        END IF;
+        RETURN QUERY SELECT v_inserted, c.*
+            FROM stepstone_claim_read(p_lock_class, p_lock_id, p_key) c;
+    END
+    $fn$;
+    """,
 ]
 
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
@@ -270,6 +306,13 @@ PUT_HEAD_SQL = (
     "ON CONFLICT (key) DO UPDATE SET "
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in HEAD_COLS.split(", ")[1:])
 )
+# A claim of a key that holds nothing yet (see stepstone_claim_fresh): one round trip. Its
+# row is whether the head went in, then the claim read's row (CLAIM_HEAD as there, one on).
+CLAIM_FRESH_SQL = (
+    f"SELECT * FROM stepstone_claim_fresh({KEY_LOCK_CLASS}, %s::int4, %s, %s, %s, %s, %s, "
+    "%s::int8, %s::int8, %s::int8, %s, %s::int8, %s::int8, %s::float8, %s, %s::float8, "
+    "%s::float8)"
+).encode()
 INSERT_JOURNAL_SQL = (
     "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) VALUES (%s, %s, %s, %s, %s)"
 )

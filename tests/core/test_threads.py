@@ -8,10 +8,11 @@ import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
-from stepstone.core._threads import to_thread
+from stepstone.core._threads import STALL, call_sync, to_thread
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var", default="unset")
 
@@ -85,3 +86,107 @@ async def test_a_call_cancelled_before_a_thread_took_it_never_runs() -> None:
     finally:
         gate.set()
         single.shutdown(wait=True)
+
+
+# -- call_sync: worker thread, or the loop's thread for functions proven quick -------------
+def _until_on_loop_thread(fn: Any, calls: int = 200) -> list[bool]:
+    """Call ``fn`` through call_sync from a loop shared with another task until a call runs
+    on the loop's thread; per call, whether it did."""
+
+    async def main() -> list[bool]:
+        other = asyncio.ensure_future(asyncio.sleep(30))  # the loop is shared
+        loop_thread = threading.get_ident()
+        seen: list[bool] = []
+        try:
+            for _ in range(calls):
+                seen.append(await call_sync(fn) == loop_thread)
+                if seen[-1]:
+                    break
+        finally:
+            other.cancel()
+        return seen
+
+    return asyncio.run(main())
+
+
+def test_a_quick_sync_function_moves_to_the_loops_thread_after_three_quick_calls() -> None:
+    """guarantee 341: on a loop shared with other tasks, a sync function runs in worker
+    threads until its last three calls each returned within QUICK_CALL; then on the loop's
+    thread. A callable that cannot be weakly referenced always runs in a worker thread."""
+
+    def quick() -> int:
+        return threading.get_ident()
+
+    seen = _until_on_loop_thread(quick)
+    assert seen[-1] and len(seen) >= 4 and not any(seen[:3])
+
+    class Slotted:  # a callable no record can be kept of: always in a worker thread
+        __slots__ = ()
+
+        def __call__(self) -> int:
+            return threading.get_ident()
+
+    assert _until_on_loop_thread(Slotted(), calls=20) == [False] * 20
+
+
+def test_a_slow_call_on_the_loops_thread_sends_the_next_calls_to_worker_threads() -> None:
+    """guarantee 342: a call on the loop's thread that takes longer than QUICK_CALL sends
+    the next call back to a worker thread; one longer than STALL keeps the function in
+    worker threads for good, however quick its later calls."""
+    slow = threading.Event()
+
+    def sometimes_slow() -> int:
+        if slow.is_set():
+            time.sleep(STALL * 3)
+        return threading.get_ident()
+
+    assert _until_on_loop_thread(sometimes_slow)[-1]
+
+    async def after_a_stall() -> list[bool]:
+        other = asyncio.ensure_future(asyncio.sleep(30))
+        loop_thread = threading.get_ident()
+        try:
+            slow.set()
+            await call_sync(sometimes_slow)  # on the loop's thread: it stalls the loop
+            slow.clear()
+            return [await call_sync(sometimes_slow) == loop_thread for _ in range(30)]
+        finally:
+            other.cancel()
+
+    assert asyncio.run(after_a_stall()) == [False] * 30
+
+
+def test_a_call_on_the_loops_thread_keeps_its_context_changes_and_may_call_sync() -> None:
+    """guarantee 343: a sync function run on the loop's thread runs in a copy of the
+    caller's context, as in a worker thread (its changes to context variables stay there),
+    and a sync call it makes (an agent called synchronously) runs and returns."""
+    from stepstone import Agent, Plan, Step
+
+    nested = Agent(engine=Plan(Step(lambda p: f"nested {p}", name="inner")))
+    call_agent = threading.Event()
+
+    def step() -> tuple[int, str]:
+        _var.set("changed")
+        answer = nested("x").payload if call_agent.is_set() else ""
+        return threading.get_ident(), answer
+
+    async def main() -> tuple[bool, str, str]:
+        other = asyncio.ensure_future(asyncio.sleep(30))
+        _var.set("caller")
+        loop_thread = threading.get_ident()
+        try:
+            for _ in range(200):
+                ident, _ = await call_sync(step)
+                if ident == loop_thread:
+                    break
+            else:
+                pytest.fail("a quick function never ran on the loop's thread")
+            assert _var.get() == "caller"
+            call_agent.set()
+            ident, answer = await call_sync(step)
+            return ident == loop_thread, answer, _var.get()
+        finally:
+            other.cancel()
+
+    on_loop, answer, value = asyncio.run(main())
+    assert on_loop and answer == "nested x" and value == "caller"

@@ -1,15 +1,20 @@
-"""Calling a blocking function from async code in a worker thread, as cheaply as possible."""
+"""Calling a blocking function from async code: in a worker thread, as cheaply as
+possible, or right on the loop's thread when that starves nothing (:func:`call_sync`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import functools
+import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-__all__ = ["to_thread"]
+from stepstone.core._sync import call_inline, may_block_loop
+
+__all__ = ["QUICK_CALL", "STALL", "call_sync", "to_thread"]
 
 R = TypeVar("R")
 
@@ -67,3 +72,83 @@ def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
         fut.set_result(value)
     else:
         fut.set_exception(value)
+
+
+#: A sync function whose calls return within this many seconds costs less than the hop to
+#: a worker thread and back (70-120 us of CPU, about as much in latency).
+QUICK_CALL = 100e-6
+#: Quick calls in a row, in worker threads, before a function runs on the loop's thread.
+_STREAK = 3
+#: A call on the loop's thread that took longer than this held up every other task of the
+#: loop: that function never runs there again (in this process).
+STALL = 2e-3
+
+
+class _Pace:
+    """What is known of one sync function's calls (updated without a lock: a lost update
+    only delays or repeats a decision)."""
+
+    __slots__ = ("quick", "stalled")
+
+    def __init__(self) -> None:
+        self.quick = 0  # calls in a row that returned within QUICK_CALL
+        self.stalled = False
+
+    def note(self, seconds: float) -> None:
+        self.quick = self.quick + 1 if seconds <= QUICK_CALL else 0
+
+
+_paces: weakref.WeakKeyDictionary[Any, _Pace] = weakref.WeakKeyDictionary()
+
+
+def _pace(fn: Any) -> _Pace | None:
+    """``fn``'s record, or None for a callable that cannot be weakly referenced (an instance
+    of a class with ``__slots__`` and no ``__weakref__``: it always goes to a worker
+    thread)."""
+    try:
+        pace = _paces.get(fn)
+        if pace is None:
+            pace = _paces[fn] = _Pace()
+    except TypeError:
+        return None
+    return pace
+
+
+def _timed(pace: _Pace, fn: Callable[..., R], args: Any, kwargs: Any) -> R:
+    start = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        pace.note(time.perf_counter() - start)
+
+
+async def call_sync(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+    """Call the sync function ``fn`` from async code (a Plan step's or a graph node's).
+
+    * When nothing else can run on the loop meanwhile (:func:`may_block_loop`: a sync
+      call's private loop with one task), on the loop's thread, as is.
+    * Otherwise in a worker thread (:func:`to_thread`), so other tasks run on, until ``fn``
+      has returned within :data:`QUICK_CALL` on each of its last three calls: then on the
+      loop's thread, in a copy of the caller's context (as in a worker thread), because
+      handing it to a thread would cost more than it does. A call there that takes longer
+      sends the next ones back to worker threads (until it proves quick again); one that
+      takes longer than :data:`STALL` keeps ``fn`` in worker threads for good.
+
+    Either way a sync call ``fn`` makes itself (a step calling ``agent(task)``) runs, as
+    :func:`call_inline` arranges.
+    """
+    if may_block_loop():
+        return call_inline(fn, *args, **kwargs)
+    pace = _pace(fn)
+    if pace is None:
+        return await to_thread(fn, *args, **kwargs)
+    if pace.quick < _STREAK or pace.stalled:
+        return await to_thread(_timed, pace, fn, args, kwargs)
+    start = time.perf_counter()
+    try:
+        return contextvars.copy_context().run(call_inline, fn, *args, **kwargs)
+    finally:
+        took = time.perf_counter() - start
+        pace.note(took)
+        if took > STALL:
+            pace.stalled = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from typing import Annotated, Any
 
 import pytest
@@ -245,3 +246,27 @@ def test_agent_node_failure_is_a_node_exception() -> None:
     assert "model exploded" in str(info.value)
     with pytest.raises(GraphCompileError, match="writes= is for Agent nodes"):
         GraphBuilder(S).add_node("f", lambda s: None, writes="text")
+
+
+async def test_a_quick_sync_node_of_concurrent_invocations_moves_to_the_loops_thread() -> None:
+    """guarantee 341: graph invocations sharing one loop send a sync node to worker threads
+    until it has proven quick, then run it on the loop's thread; results are the same."""
+    seen: list[int] = []
+
+    def tick(s: S) -> dict[str, Any]:
+        seen.append(threading.get_ident())
+        return {"total": 1}
+
+    g = (
+        GraphBuilder(S)
+        .add_node("tick", tick)
+        .add_node("tock", tick)
+        .add_edge("tick", "tock")
+        .add_edge("tock", END)
+        .set_entry("tick")
+        .compile()
+    )
+    finals = await asyncio.gather(*(g.ainvoke(S()) for _ in range(12)))
+    assert [f.total for f in finals] == [2] * 12
+    loop_thread = threading.get_ident()
+    assert loop_thread not in seen[:3] and loop_thread in seen

@@ -414,6 +414,29 @@ def test_functions_in_tools_become_named_tools() -> None:
     assert as_tool.name == "researcher" and as_tool.agent is not None
 
 
+def test_quick_sync_steps_of_concurrent_runs_move_to_the_loops_thread() -> None:
+    """guarantee 341: runs sharing one loop (run_many) send a sync step to worker threads
+    until it has proven quick, then run it on the loop's thread; a step that takes longer
+    than a thread hop costs stays in worker threads. Every result is the same."""
+    seen: dict[str, list[str]] = {"quick": [], "slow": []}
+
+    def quick(payload: int) -> int:
+        seen["quick"].append(threading.current_thread().name)
+        return payload + 1
+
+    def slow(payload: int) -> int:
+        seen["slow"].append(threading.current_thread().name)
+        time.sleep(0.002)
+        return payload * 2
+
+    plan = Plan(Step(quick), Step(slow), Step(quick, name="quick_again"))
+    envs = plan.run_many([Envelope(task="t", payload=i) for i in range(20)], concurrency=4)
+    assert [e.payload for e in envs] == [(i + 1) * 2 + 1 for i in range(20)]
+    main = threading.main_thread().name
+    assert main not in seen["quick"][:3] and main in seen["quick"]
+    assert main not in seen["slow"]
+
+
 def test_sync_steps_inline_on_private_loop_offloaded_on_a_shared_one() -> None:
     # A sync call's private loop runs nothing else: sync steps run inline (no thread hop).
     # On the caller's own loop, other tasks must keep running while a sync step blocks.
@@ -445,13 +468,17 @@ def test_sync_steps_inline_on_private_loop_offloaded_on_a_shared_one() -> None:
     assert asyncio.run(app()) >= 5
     assert threads[-1] != threading.main_thread().name
 
-    # run_many shares its private loop among runs: their sync steps go to worker threads,
-    # and once those runs are done a later sync call runs inline again.
+    # run_many shares its private loop among runs: their sync steps go to worker threads
+    # (these take a millisecond: more than a thread hop costs), and once those runs are
+    # done a later sync call runs inline again.
     threads.clear()
-    fast = Agent(
-        engine=Plan(Step(lambda p: threads.append(threading.current_thread().name), name="w"))
-    )
-    assert all(env.ok for env in fast.engine.run_many(["a", "b", "c"], concurrency=3))
+
+    def slowish(payload: Any) -> None:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.001)
+
+    fast = Agent(engine=Plan(Step(slowish, name="w")))
+    assert all(env.ok for env in fast.engine.run_many(list("abcdef"), concurrency=3))
     assert threading.main_thread().name not in threads
     threads.clear()
     assert fast("t").ok and threads == [threading.main_thread().name]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from stepstone.core._envelope import Envelope
-from stepstone.core._tool import call_maybe_async
+from stepstone.core._threads import call_sync
+from stepstone.core._tool import is_async_callable
 from stepstone.engines.graph._builder import NodeSpec
 from stepstone.engines.graph._state import State
 
@@ -36,7 +38,10 @@ async def call_node(spec: NodeSpec, state: State) -> Any:
             f"agent node {spec.name!r} answered {type(payload).__name__}; give the Agent "
             f"output=<a pydantic model of state fields>, or add_node(..., writes='field')"
         )
-    return await call_maybe_async(spec.fn, state)
+    fn = spec.fn
+    # a sync node: in a worker thread, or on the loop's thread when that starves nothing
+    result = await fn(state) if is_async_callable(fn) else await call_sync(fn, state)
+    return await result if inspect.isawaitable(result) else result
 
 
 def project_in(spec: NodeSpec, sub: CompiledGraph[Any], state: State) -> State:

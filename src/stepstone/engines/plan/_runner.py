@@ -13,8 +13,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
-from stepstone.core._sync import call_inline, may_block_loop
-from stepstone.core._threads import to_thread
+from stepstone.core._threads import call_sync
 from stepstone.core._tool import is_async_callable
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
@@ -608,9 +607,5 @@ async def _call_target(fn: Any, env: Envelope[Any]) -> Any:
     args = () if mode == "none" else (env if mode == "envelope" else env.payload,)
     if is_async:
         return await fn(*args, **kwargs)
-    if may_block_loop():
-        # a sequential step on a private loop: nothing to starve
-        result = call_inline(fn, *args, **kwargs)
-    else:
-        result = await to_thread(fn, *args, **kwargs)  # what call_maybe_async does
+    result = await call_sync(fn, *args, **kwargs)
     return await result if inspect.isawaitable(result) else result

@@ -31,7 +31,7 @@ from stepstone.durable import (
     read_run,
     run_head,
 )
-from stepstone.exceptions import StoreError
+from stepstone.exceptions import ConcurrentRunError, StoreError
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._sqlite import SQLiteBackend
 
@@ -248,21 +248,55 @@ def test_a_run_claimed_again_on_every_read_is_an_error_naming_it(
 def test_on_a_local_file_journals_are_read_off_the_loop_and_commits_go_to_the_writer(
     racing: tuple[Store, _BetweenReads, Store],
 ) -> None:
+    """guarantee 256: a commit that another run of the loop's group does not wait for is
+    written by the writer thread (that run's steps go on during the fsync); one that every
+    run of the group waits for is written on the loop's thread."""
     reader, backend, _ = racing
     threads: list[int] = []
     backend.between = lambda: threads.append(threading.get_ident())
 
     async def main() -> int:
         claim = await aclaim_run(reader, "job", kind=KIND, resume=False, first_step="s0")
-        assert claim.run is not None
+        other = await aclaim_run(reader, "other", kind=KIND, resume=False, first_step="s0")
+        assert claim.run is not None and other.run is not None
         await claim.run.commit(status="running", next_step="s1", rows=[("step", None, 0)])
-        # committed by the group-commit writer thread: the loop runs on during the fsync
+        # "other" waits for nothing: the writer thread, and the loop runs on meanwhile
         assert backend.commit_thread not in (None, threading.get_ident())
-        assert threads == []  # claim and commit read no journal
+        other.run.release()  # now "job" is the group's only run: nothing else to run
+        await claim.run.commit(status="running", next_step="s2", rows=[("step", None, 1)])
+        assert backend.commit_thread == threading.get_ident()
+        assert threads == []  # claims and commits read no journal
         assert (await aread_run(reader, "job")) is not None
-        assert _data(await claim.run.ajournal()) == ["0"]
+        assert _data(await claim.run.ajournal()) == ["0", "1"]
         claim.run.release()
         return threading.get_ident()
 
     loop_thread = asyncio.run(main())
     assert len(threads) == 2 and loop_thread not in threads
+
+
+def test_a_claim_that_starts_no_run_leaves_no_member_in_the_group(
+    racing: tuple[Store, _BetweenReads, Store],
+) -> None:
+    """guarantee 256: a claim that finds its run done, or is refused, does not count as a
+    run of the loop's group: a lone run's commits are then still written on the loop's
+    thread."""
+    reader, backend, writer = racing
+    done = _run(writer, "done", 1)
+    done.commit_sync(status="done", next_step=None)
+    done.release()
+    live = _run(writer, "live", 0)  # owned by this process, alive: a claim is refused
+
+    async def main() -> None:
+        found = await aclaim_run(reader, "done", kind=KIND, resume=True, first_step="s0")
+        assert found.outcome == "done" and found.run is None
+        with pytest.raises(ConcurrentRunError):
+            await aclaim_run(reader, "live", kind=KIND, resume=True, first_step="s0")
+        claim = await aclaim_run(reader, "job", kind=KIND, resume=False, first_step="s0")
+        assert claim.run is not None
+        await claim.run.commit(status="running", next_step="s1", rows=[("step", None, 0)])
+        assert backend.commit_thread == threading.get_ident()
+        claim.run.release()
+
+    asyncio.run(main())
+    live.release()

@@ -7,7 +7,11 @@ transaction, each run's compare-and-swap checked on its own, so a run whose comm
 (lost ownership, a key conflict) writes nothing and the others land. While one batch is
 being written (the fsync releases the GIL), the loop keeps running the other runs' steps,
 and the commits that arrive meanwhile form the next batch, written as soon as the current
-one is done. Only SQLite groups them (see :func:`can_group` for why PostgreSQL does
+one is done. A batch that every run of the group is waiting for (none has a step to run
+meanwhile) is written by the loop's thread itself: the switches to the writer thread and
+back (tens of microseconds each, in latency and CPU) would only delay every run. A run
+belongs to its loop's group from its first claim or commit through it until its release
+(:func:`leave`). Only SQLite groups them (see :func:`can_group` for why PostgreSQL does
 not); the others commit each run on its own.
 """
 
@@ -34,6 +38,7 @@ __all__ = [
     "group_commit",
     "group_transact",
     "groups",
+    "leave",
 ]
 
 CommitItem = tuple[RunHead, int, Sequence[JournalRow], Sequence[tuple[str, str]]]
@@ -120,10 +125,13 @@ class _Group:
         self.pending: list[tuple[Item, asyncio.Future[Any]]] = []
         self.scheduled = False
         self.inflight: Future[list[Outcome]] | None = None
+        self.members: set[str] = set()  # keys of the runs committing through this group
 
     def add(self, item: Item) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
         self.pending.append((item, fut))
+        first = item[0]
+        self.members.add(first.key if isinstance(first, RunHead) else first)
         if not self.scheduled and self.inflight is None:
             self.scheduled = True
             # two iterations on: runs woken in this one and the next (steps that just
@@ -137,6 +145,12 @@ class _Group:
         if not batch:
             return
         items = [item for item, _ in batch]
+        if len(batch) >= len(self.members):
+            # Every run of the group waits for this batch: none has a step to run
+            # meanwhile, so the loop thread writes it itself and saves the two thread
+            # switches (to the writer and back).
+            _deliver(batch, commit_many(self.backend, items))
+            return
         self.inflight = _writers.get(self.backend).submit(commit_many, self.backend, items)
         done = asyncio.wrap_future(self.inflight, loop=self.loop)
         done.add_done_callback(lambda f: self._written(batch, f))
@@ -193,16 +207,28 @@ def _group(backend: Backend) -> _Group:
     return group
 
 
-def drain(backend: Backend) -> None:
-    """Write the running loop's pending commits for ``backend`` now (blocking): called
-    before a write that bypasses the group (a run's release), so it lands after them."""
+def _running_group(backend: Backend) -> _Group | None:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        return
-    group = groups.get(loop, {}).get(id(backend))
+        return None
+    return groups.get(loop, {}).get(id(backend))
+
+
+def drain(backend: Backend) -> None:
+    """Write the running loop's pending commits for ``backend`` now (blocking): called
+    before a write that bypasses the group (a run's release), so it lands after them."""
+    group = _running_group(backend)
     if group is not None and (group.pending or group.inflight is not None):
         group.drain()
+
+
+def leave(backend: Backend, key: str) -> None:
+    """The run under ``key`` commits no more through the running loop's group (it was
+    released, or its claim did not start a run)."""
+    group = _running_group(backend)
+    if group is not None:
+        group.members.discard(key)
 
 
 async def group_commit(backend: Backend, item: CommitItem) -> bool:

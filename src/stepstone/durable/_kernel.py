@@ -30,6 +30,7 @@ from stepstone.durable._group import (
     drain,
     group_commit,
     group_transact,
+    leave,
 )
 from stepstone.durable._leases import (
     LIVE_STATUSES,
@@ -312,6 +313,7 @@ class OwnedRun:
         """
         keeper.remove(self)
         drain(self.store.backend)  # commits of this loop still pending land first
+        leave(self.store.backend, self.key)
         if self.head.status not in LIVE_STATUSES:
             return
         try:
@@ -493,5 +495,12 @@ async def aclaim_run(store: Store, key: str, **options: Any) -> ClaimResult:
     loop, the claim joins the group commit of the loop's runs."""
     if can_group_claims(store.backend) and not may_block_loop():
         decide, finish = _claimer(store, key, **options)
-        return finish(await group_transact(store.backend, key, decide))
+        try:
+            claimed = finish(await group_transact(store.backend, key, decide))
+        except BaseException:
+            leave(store.backend, key)
+            raise
+        if claimed.run is None:
+            leave(store.backend, key)
+        return claimed
     return await blocking_call(store, lambda: claim_run(store, key, **options))

@@ -8,7 +8,9 @@ medians reported, the machine's noise cancels in the ratios of one round):
 * concurrent: the same 200 runs through ``plan.run_many(..., concurrency=8)`` with
   ``on_concurrent="fork"``: commits and claims of runs that are ready at the same moment
   share one transaction and one fsync (group commit), written by a writer thread while the
-  loop runs the other runs' steps;
+  loop runs the other runs' steps (or by the loop's thread when every run waits for the
+  batch); the trivial steps themselves run on the loop's thread once they have proven
+  quicker than a thread hop;
 * the ceiling: the same ``run_many`` on an in-memory store (no SQL, no fsync). Concurrent
   runs cannot beat it even if every fsync were hidden, so sequential / in-memory is the
   highest ratio the Python work allows on this machine;

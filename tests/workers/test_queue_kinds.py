@@ -107,6 +107,19 @@ def test_an_llm_agent_is_queued_and_run_as_the_runner_runs_it(
     json.dumps(env.payload)
 
 
+def _listings(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """The prefixes of every listing of runs the store's backend makes from now on."""
+    listed: list[str | None] = []
+    real_list = type(store.backend).run_list
+
+    def spy(backend: object, prefix: str | None) -> object:
+        listed.append(prefix)
+        return real_list(backend, prefix)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(store.backend), "run_list", spy)
+    return listed
+
+
 def test_a_queued_graph_run_finds_its_attempts_by_key_not_by_a_scan(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,14 +137,7 @@ def test_a_queued_graph_run_finds_its_attempts_by_key_not_by_a_scan(
     assert len(noted) == 1
     record = StoreCheckpointer(store).load(noted[0])
     assert record.correlation_id == h.key and record.status == "done"
-    listed: list[str | None] = []
-    real_list = type(store.backend).run_list
-
-    def spy(backend: object, prefix: str | None) -> object:
-        listed.append(prefix)
-        return real_list(backend, prefix)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(type(store.backend), "run_list", spy)
+    listed = _listings(store, monkeypatch)
     again = asyncio.run(
         queued_graph(targets.graph, store, entry)(Envelope(task="Tally", payload={}))
     )
@@ -169,14 +175,7 @@ def test_a_graph_run_taken_before_invocations_were_noted_resumes(
     store.delete(h.key)  # the note an earlier stepstone did not write
     entry = h.entry()
     assert entry is not None and entry.attempts == 1
-    listed: list[str | None] = []
-    real_list = type(store.backend).run_list
-
-    def spy(backend: object, prefix: str | None) -> object:
-        listed.append(prefix)
-        return real_list(backend, prefix)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(type(store.backend), "run_list", spy)
+    listed = _listings(store, monkeypatch)
     again = asyncio.run(
         queued_graph(targets.graph, store, dataclasses.replace(entry, attempts=2))(
             Envelope(task="Tally", payload={})

@@ -188,36 +188,41 @@ def sync_provider(
             assert agent("hi").payload == "pong"
             provider.close()
 
-        def sync_ms(fn: Callable[[], None]) -> tuple[float, float]:
-            fn()  # warm-up
-            before = server.connections
+        def sync_ms(fn: Callable[[], None], calls: int) -> float:
             start = time.perf_counter()
-            for _ in range(n):
+            for _ in range(calls):
                 fn()
-            elapsed = (time.perf_counter() - start) * 1000 / n
-            return elapsed, (server.connections - before) * 100 / n
+            return (time.perf_counter() - start) * 1000 / calls
 
-        async def awaited_ms() -> tuple[float, float]:
-            await agent.run("hi")
-            before = server.connections
+        async def awaited_ms(calls: int) -> float:
             start = time.perf_counter()
-            for _ in range(n):
+            for _ in range(calls):
                 assert (await agent.run("hi")).payload == "pong"
-            elapsed = (time.perf_counter() - start) * 1000 / n
-            return elapsed, (server.connections - before) * 100 / n
+            return (time.perf_counter() - start) * 1000 / calls
 
-        results: dict[str, list[tuple[float, float]]] = {"kept": [], "closed": [], "awaited": []}
+        def opened(run: Callable[[], object]) -> int:
+            """Connections the server accepted during ``run()``, from a fresh client."""
+            provider.close()
+            before = server.connections
+            run()
+            return server.connections - before
+
+        conns = {
+            "kept": opened(lambda: sync_ms(kept, 100)),
+            "closed": opened(lambda: sync_ms(closed, 100)),
+            "awaited": opened(lambda: asyncio.run(awaited_ms(100))),
+        }
+        results: dict[str, list[float]] = {"kept": [], "closed": [], "awaited": []}
         for _ in range(rounds):  # interleaved: drift hits every mode alike
-            results["kept"].append(sync_ms(kept))
-            results["closed"].append(sync_ms(closed))
-            results["awaited"].append(asyncio.run(awaited_ms()))
+            results["kept"].append(sync_ms(kept, n))
+            results["closed"].append(sync_ms(closed, n))
+            results["awaited"].append(asyncio.run(awaited_ms(n)))
         provider.close()
-    ms = {k: statistics.median(r[0] for r in v) for k, v in results.items()}
-    conns = {k: statistics.median(r[1] for r in v) for k, v in results.items()}
+    ms = {k: statistics.median(v) for k, v in results.items()}
     print(
-        f"{name:9} kept {ms['kept']:5.2f} ms ({conns['kept']:g} conn/100 calls) | "
-        f"closed per call {ms['closed']:5.2f} ms ({conns['closed']:g}/100) | "
-        f"awaited {ms['awaited']:5.2f} ms ({conns['awaited']:g}/100) | "
+        f"{name:9} kept {ms['kept']:5.2f} ms ({conns['kept']} conn/100 calls) | "
+        f"closed per call {ms['closed']:5.2f} ms ({conns['closed']}/100) | "
+        f"awaited {ms['awaited']:5.2f} ms ({conns['awaited']}/100) | "
         f"closed/kept {ms['closed'] / ms['kept']:4.2f}x, "
         f"kept/awaited {ms['kept'] / ms['awaited']:4.2f}x"
     )

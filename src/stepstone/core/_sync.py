@@ -505,6 +505,7 @@ def _close(
 
 
 def _shut(loop: asyncio.AbstractEventLoop, executor: _Executor, kept: _Kept) -> None:
+    """Close what the loop kept (when the loop can run here), its executor, the loop."""
     try:
         if kept.live and not loop.is_closed() and asyncio._get_running_loop() is None:
             loop.run_until_complete(kept.close(everything=True))

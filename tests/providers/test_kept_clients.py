@@ -270,8 +270,9 @@ def ping(what):
 def run_script(case: Case, server: LoopbackServer, code: str) -> subprocess.CompletedProcess[str]:
     cls = type(case.provider(server.base_url)).__name__
     script = SCRIPT.format(cls=cls, model=case.model) + textwrap.dedent(code)
+    flags = ["-W", "error", "-W", "ignore::DeprecationWarning"]
     return subprocess.run(
-        [sys.executable, "-W", "error", "-c", script, server.base_url],
+        [sys.executable, *flags, "-c", script, server.base_url],
         capture_output=True,
         text=True,
         timeout=120,
@@ -301,6 +302,30 @@ def test_the_main_threads_client_is_closed_at_interpreter_exit(case: Case) -> No
         assert result.stderr == "" and result.returncode == 0, result.stderr
         assert result.stdout.splitlines() == ["clients left at exit: 0"]
         assert srv.connections == 1 and len(srv.requests) == 3
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_replaced_loop_closes_its_client(case: Case) -> None:
+    # guarantee 335, guarantee 326: a new event-loop policy replaces the thread's loop
+    with LoopbackServer(case.dialect(), model=case.model, default="pong") as srv:
+        result = run_script(
+            case,
+            srv,
+            """
+            import asyncio
+
+            class Policy(asyncio.DefaultEventLoopPolicy):
+                pass
+
+            ping("one"); ping("two")
+            asyncio.set_event_loop_policy(Policy())
+            ping("three")  # closes the old loop, and the client it kept, first
+            print("clients", len(provider._clients), flush=True)
+            """,
+        )
+        assert result.stderr == "" and result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["clients 1"]
+        assert srv.connections == 2 and len(srv.requests) == 3
 
 
 FORK = """

@@ -245,7 +245,9 @@ class _Kept:
         closed); an error is reported to the loop's exception handler."""
         chosen = list(self.live)
         if not everything:
-            orphans, self.orphaned[:] = self.orphaned[:], []
+            orphans = []
+            while self.orphaned:  # one pop at a time: other threads may append meanwhile
+                orphans.append(self.orphaned.pop())
             chosen = [r for r in orphans if r in self.live]
         for resource in chosen:
             resource.release()

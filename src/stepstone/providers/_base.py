@@ -315,7 +315,9 @@ class SDKClientMixin:
                 return entry
             entry = _LoopClient(self._build_client(), self._close_client, weakref.ref(self), loop)
             self._clients[loop] = entry
-        # Only this loop's tasks see ``entry``; the generator's first step does not suspend.
+        # Only this loop's tasks see ``entry``. A thread's private sync-call loop keeps it
+        # until that loop closes; on any other loop a guard generator ties it to the loop's
+        # shutdown (its first step does not suspend).
         entry.kept = keep_open(self, entry.close)
         if entry.kept is None:
             entry.guard = _guard(entry)

@@ -21,7 +21,7 @@ from stepstone.providers import OpenAIProvider
 from stepstone.testing import LoopbackServer, OpenAIDialect
 
 
-def ask(agent: Agent[str], n: int) -> None:
+def ask(agent: Agent, n: int) -> None:
     """``n`` sync calls, each one model request."""
     for i in range(n):
         env = agent(f"ping {i}")
@@ -31,7 +31,7 @@ def ask(agent: Agent[str], n: int) -> None:
 def main() -> None:
     with LoopbackServer(OpenAIDialect(), default="pong", latency=0.001) as server:
         provider = OpenAIProvider(base_url=server.base_url, api_key="test")
-        agent: Agent[str] = Agent(engine=LLMEngine("gpt-4o", provider=provider))
+        agent: Agent = Agent(engine=LLMEngine("gpt-4o", provider=provider))
 
         ask(agent, 50)
         print(f"main thread: 50 calls over {server.connections} connection")

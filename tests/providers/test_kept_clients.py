@@ -17,6 +17,7 @@ import textwrap
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def on_thread(fn: Callable[[], Any]) -> Any:
     return value
 
 
-def agent_for(case: Case, server: LoopbackServer) -> tuple[Agent[Any], Provider]:
+def agent_for(case: Case, server: LoopbackServer) -> tuple[Agent, Provider]:
     provider = case.provider(server.base_url)
     # no retries: a call that fails on a stale connection fails the test
     return Agent(engine=LLMEngine(case.model, provider=provider, max_retries=0)), provider
@@ -82,7 +83,7 @@ def clients(provider: Provider) -> int:
     return len(provider._clients)  # type: ignore[attr-defined]
 
 
-def answers(agent: Agent[Any], n: int) -> list[Any]:
+def answers(agent: Agent, n: int) -> list[Any]:
     return [agent(f"ping {i}").payload for i in range(n)]
 
 
@@ -124,6 +125,7 @@ def test_threads_that_end_leave_no_clients_or_sockets(case: Case) -> None:
         eventually(lambda: srv.open_connections == 0, "closed")
         gc.collect()
         baseline = sockets()
+        finalizers = len(weakref.finalize._registry)  # type: ignore[attr-defined]
         loops: list[asyncio.AbstractEventLoop] = []
 
         def worker() -> None:
@@ -146,6 +148,8 @@ def test_threads_that_end_leave_no_clients_or_sockets(case: Case) -> None:
             eventually(lambda: srv.open_connections == 0, "closed")
             eventually(lambda: sockets() <= baseline, "back to the sockets before")
         assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+        # nothing still watches a thread's loop or a kept client (each would hold it)
+        assert len(weakref.finalize._registry) <= finalizers  # type: ignore[attr-defined]
         assert srv.connections == 1 + 30  # one per thread, not one per call
         assert len(srv.requests) == 2 + 90
 

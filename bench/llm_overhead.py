@@ -13,7 +13,17 @@ answers in the provider's wire format after a simulated model latency, in the sa
 Target: engine/SDK <= 1.2x per turn at 50 ms simulated latency. Absolute milliseconds are
 printed too (the overhead in ms is what a 0 ms server shows most clearly).
 
-    python bench/llm_overhead.py [--turns 30] [--latency 0.05]
+Then sync calls (``agent("hi")``, one turn, 0 ms server) on the main thread, per provider
+(OpenAI, Anthropic, Google), rounds interleaved, medians of the rounds:
+
+* kept: the thread's sync calls share the SDK client and its connection (today);
+* closed: ``agent("hi")`` then ``provider.close()``, the client closed after every call as
+  sync calls did before (the close itself is a second, tiny sync call);
+* awaited: ``await agent.run("hi")`` repeatedly in one loop, the floor;
+
+with the connections the loopback server accepted per 100 calls in each mode.
+
+    python bench/llm_overhead.py [--turns 30] [--latency 0.05] [--sync-calls 200]
 """
 
 from __future__ import annotations
@@ -26,8 +36,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stepstone import Agent, LLMEngine
-from stepstone.providers import AnthropicProvider, OpenAIProvider, Provider
-from stepstone.testing import AnthropicDialect, Dialect, LoopbackServer, OpenAIDialect, call
+from stepstone.providers import AnthropicProvider, GoogleProvider, OpenAIProvider, Provider
+from stepstone.testing import (
+    AnthropicDialect,
+    Dialect,
+    GoogleDialect,
+    LoopbackServer,
+    OpenAIDialect,
+    call,
+)
 
 
 def add(a: int, b: int) -> int:
@@ -139,11 +156,86 @@ async def bench_provider(name: str, dialect: Dialect, latency: float, turns: int
     )
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=30, help="samples per measurement")
-    parser.add_argument("--latency", type=float, default=0.05, help="simulated latency (s)")
-    args = parser.parse_args()
+SYNC_CASES: list[tuple[str, Callable[[], Dialect], Callable[[str], Provider], str]] = [
+    ("openai", OpenAIDialect, lambda url: OpenAIProvider(base_url=url, api_key="k"), "gpt-4o"),
+    (
+        "anthropic",
+        AnthropicDialect,
+        lambda url: AnthropicProvider(base_url=url, api_key="k"),
+        "claude-sonnet-4-6",
+    ),
+    (
+        "google",
+        GoogleDialect,
+        lambda url: GoogleProvider(base_url=url, api_key="k"),
+        "gemini-2.5-flash",
+    ),
+]
+
+
+def sync_provider(
+    name: str, dialect: Dialect, make: Callable[[str], Provider], model: str, n: int, rounds: int
+) -> None:
+    """One provider's sync calls: client kept vs closed after every call vs awaited."""
+    with LoopbackServer(dialect, default="pong") as server:
+        provider = make(server.base_url)
+        agent = Agent(engine=LLMEngine(model, provider=provider, max_retries=0))
+
+        def kept() -> None:
+            assert agent("hi").payload == "pong"
+
+        def closed() -> None:
+            assert agent("hi").payload == "pong"
+            provider.close()
+
+        def sync_ms(fn: Callable[[], None], calls: int) -> float:
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - start) * 1000 / calls
+
+        async def awaited_ms(calls: int) -> float:
+            start = time.perf_counter()
+            for _ in range(calls):
+                assert (await agent.run("hi")).payload == "pong"
+            return (time.perf_counter() - start) * 1000 / calls
+
+        def opened(run: Callable[[], object]) -> int:
+            """Connections the server accepted during ``run()``, from a fresh client."""
+            provider.close()
+            before = server.connections
+            run()
+            return server.connections - before
+
+        conns = {
+            "kept": opened(lambda: sync_ms(kept, 100)),
+            "closed": opened(lambda: sync_ms(closed, 100)),
+            "awaited": opened(lambda: asyncio.run(awaited_ms(100))),
+        }
+        results: dict[str, list[float]] = {"kept": [], "closed": [], "awaited": []}
+        for _ in range(rounds):  # interleaved: drift hits every mode alike
+            results["kept"].append(sync_ms(kept, n))
+            results["closed"].append(sync_ms(closed, n))
+            results["awaited"].append(asyncio.run(awaited_ms(n)))
+        provider.close()
+    ms = {k: statistics.median(v) for k, v in results.items()}
+    print(
+        f"{name:9} kept {ms['kept']:5.2f} ms ({conns['kept']} conn/100 calls) | "
+        f"closed per call {ms['closed']:5.2f} ms ({conns['closed']}/100) | "
+        f"awaited {ms['awaited']:5.2f} ms ({conns['awaited']}/100) | "
+        f"closed/kept {ms['closed'] / ms['kept']:4.2f}x, "
+        f"kept/awaited {ms['kept'] / ms['awaited']:4.2f}x"
+    )
+
+
+def sync_modes(n: int, rounds: int) -> None:
+    """Sync ``agent("hi")`` per call on every provider."""
+    print(f"sync agent('hi'), 0 ms server, median of {rounds} rounds of {n} calls:")
+    for name, dialect, make, model in SYNC_CASES:
+        sync_provider(name, dialect(), make, model, n, rounds)
+
+
+async def main(args: argparse.Namespace) -> None:
     for latency in (args.latency, 0.0):
         for name, dialect in (("openai", OpenAIDialect()), ("anthropic", AnthropicDialect())):
             await bench_provider(name, dialect, latency, args.turns)
@@ -151,4 +243,13 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=30, help="samples per measurement")
+    parser.add_argument("--latency", type=float, default=0.05, help="simulated latency (s)")
+    parser.add_argument("--sync-calls", type=int, default=200, help="sync calls per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of sync calls")
+    parser.add_argument("--sync-only", action="store_true", help="only the sync calls")
+    arguments = parser.parse_args()
+    if not arguments.sync_only:
+        asyncio.run(main(arguments))
+    sync_modes(arguments.sync_calls, arguments.rounds)

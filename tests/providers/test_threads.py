@@ -42,7 +42,7 @@ def test_one_agent_many_threads_no_failures(case: Case) -> None:  # guarantee 21
         failures = [r for r in results if r != "ok"]
         assert failures == [], failures[:3]
         assert len(srv.requests) == THREADS * CALLS
-        # every sync call's loop closed its client and left the map: nothing accumulates
+        # each pool thread's loop closed its client as the thread ended: nothing accumulates
         assert len(engine.get_provider()._clients) == 0  # type: ignore[attr-defined]
 
 

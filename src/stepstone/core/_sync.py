@@ -16,15 +16,22 @@ was about a quarter of a short durable run. Apart from that reuse, a call behave
 * the loop comes from the event-loop policy in force (checked per call) and is the
   thread's current loop during the call only.
 
+Only what :func:`keep_open` registers outlives a call: an SDK client and its open
+connections, so that a thread's sync calls to one model share them as awaited calls in one
+loop do. It is closed, on its loop, when the loop is closed, or at the end of the next call
+after its owner was garbage-collected.
+
 A thread's loop and executor are closed when the thread ends, the main thread's at
-interpreter exit. A forked child never uses (or closes) a loop inherited from its parent:
-the epoll instance and self-pipe are shared with the parent, so even closing them the
-usual way would unregister the parent's self-pipe and leave its loop deaf to wake-ups from
-other threads.
+interpreter exit. A forked child never uses (or closes) a loop inherited from its parent,
+nor the connections opened on it: the epoll instance, the self-pipe and the sockets are
+shared with the parent, so even closing them the usual way would unregister the parent's
+self-pipe (leaving its loop deaf to wake-ups from other threads) or shut its connections
+down.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextvars
 import os
@@ -33,12 +40,12 @@ import sys
 import threading
 import weakref
 from asyncio import selector_events
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-__all__ = ["call_inline", "may_block_loop", "run_sync"]
+__all__ = ["LoopResource", "call_inline", "keep_open", "may_block_loop", "run_sync"]
 
 T = TypeVar("T")
 
@@ -191,6 +198,95 @@ class _Executor(ThreadPoolExecutor):
         return future
 
 
+#: How long closing what a loop kept open (SDK clients) may take before it is given up.
+_CLOSE_TIMEOUT = 10.0
+
+
+class LoopResource:
+    """Something :func:`keep_open` keeps open on a thread's private loop."""
+
+    __slots__ = ("_kept", "_watch", "aclose")
+
+    def __init__(self, kept: _Kept, owner: object, aclose: Callable[[], Awaitable[object]]) -> None:
+        self.aclose = aclose
+        self._kept = kept
+        self._watch = weakref.finalize(owner, kept.orphaned.append, self)
+        self._watch.atexit = False
+
+    def release(self) -> None:
+        """Stop keeping it (its owner closed it itself)."""
+        self._watch.detach()
+        self._kept.live.pop(self, None)
+
+
+class _Kept:
+    """What a thread's private loop keeps open across its sync calls."""
+
+    __slots__ = ("live", "orphaned")
+
+    def __init__(self) -> None:
+        self.live: dict[LoopResource, None] = {}
+        #: kept resources whose owner was collected (appended from any thread)
+        self.orphaned: list[LoopResource] = []
+
+    def keep(self, owner: object, aclose: Callable[[], Awaitable[object]]) -> LoopResource:
+        resource = LoopResource(self, owner, aclose)
+        self.live[resource] = None
+        return resource
+
+    def abandon(self) -> None:
+        """Forget every resource without closing it."""
+        for resource in list(self.live):
+            resource.release()
+        self.orphaned.clear()
+
+    async def close(self, *, everything: bool) -> None:
+        """Close the resources whose owner was collected, or every one (the loop is being
+        closed); an error is reported to the loop's exception handler."""
+        chosen = list(self.live)
+        if not everything:
+            orphans = []
+            while self.orphaned:  # one pop at a time: other threads may append meanwhile
+                orphans.append(self.orphaned.pop())
+            chosen = [r for r in orphans if r in self.live]
+        for resource in chosen:
+            resource.release()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT):
+                results = await asyncio.gather(
+                    *(r.aclose() for r in chosen), return_exceptions=True
+                )
+        except TimeoutError:
+            results = [TimeoutError(f"not closed within {_CLOSE_TIMEOUT} s")] * len(chosen)
+        for result, resource in zip(results, chosen, strict=True):
+            if isinstance(result, BaseException):
+                loop.call_exception_handler(
+                    {
+                        "message": f"error closing {resource.aclose!r}, kept open across "
+                        "sync calls",
+                        "exception": result,
+                    }
+                )
+
+
+def keep_open(owner: object, aclose: Callable[[], Awaitable[object]]) -> LoopResource | None:
+    """Keep a resource (an SDK client and its connections) open across this thread's sync
+    calls, when the running loop is a sync call's private loop.
+
+    ``aclose`` is awaited on that loop when the loop is closed (when the thread ends; the
+    main thread's at interpreter exit), or at the end of the thread's next sync call once
+    ``owner`` has been garbage-collected (so ``aclose`` must not refer to ``owner``).
+    :meth:`LoopResource.release` forgets it (its owner closed it itself). On any other loop
+    this keeps nothing and returns None: the caller ties the resource to that loop's own
+    shutdown (``asyncio.run`` closes async generators).
+    """
+    bridge: _Bridge | None = getattr(_local, "bridge", None)
+    if bridge is None or asyncio._get_running_loop() is not bridge.loop:
+        return None
+    return bridge.kept.keep(owner, aclose)
+
+
 async def _main(coro: Coroutine[Any, Any, T], call: _Call) -> T:
     _PRIVATE_TASKS.set(call)
     call.track_asyncgens()
@@ -244,8 +340,17 @@ class _Bridge:
         self.loop.set_default_executor(self.executor)
         #: a call whose clean-up was interrupted (KeyboardInterrupt), finished first next time
         self.unfinished: _Call | None = None
+        self.kept = _Kept()
         main = threading.current_thread() is threading.main_thread()
-        self.finalizer = weakref.finalize(self, _close, self.loop, self.executor, os.getpid())
+        self.finalizer = weakref.finalize(
+            self,
+            _close,
+            self.loop,
+            self.executor,
+            self.kept,
+            os.getpid(),
+            threading.get_ident(),
+        )
         self.finalizer.atexit = main
 
     def usable(self) -> bool:
@@ -276,6 +381,8 @@ class _Bridge:
                 if call.unfinished(self.executor):
                     self.unfinished = call
                     self._finish(call, sync_name)
+                if self.kept.orphaned:
+                    loop.run_until_complete(self.kept.close(everything=False))
             finally:
                 _drop_callbacks(loop)
                 asyncio.set_event_loop(None)
@@ -375,42 +482,69 @@ def _thread_bridge() -> _Bridge:
     return bridge
 
 
-def _close(loop: asyncio.AbstractEventLoop, executor: _Executor, pid: int) -> None:
-    """Close a bridge's loop and executor: when its thread ends (the thread-local holding it
-    is dropped), at interpreter exit (the main thread's), or when it is replaced.
+def _close(
+    loop: asyncio.AbstractEventLoop, executor: _Executor, kept: _Kept, pid: int, ident: int
+) -> None:
+    """Close a bridge's loop, what it kept open, and its executor: when its thread ends
+    (the thread-local holding it is dropped, on that thread as its state is torn down), at
+    interpreter exit (the main thread's), or when it is replaced.
 
-    Every call left the loop empty, so this needs no loop run (it may run while the thread's
-    state is being torn down, where starting a thread or a loop is not possible)."""
+    Every call left the loop empty; only what it kept open needs the loop run. Collected on
+    another thread (by the garbage collector, when a reference cycle held the bridge), which
+    may be running a loop of its own, the closing runs on a new thread instead."""
     if os.getpid() != pid:
-        _forget(loop)
+        _forget(loop, kept)
         return
     if loop.is_running():  # a daemon thread still inside a call at interpreter exit
         return
-    executor.shutdown(wait=True)
-    loop.close()
+    if kept.live and (threading.get_ident() != ident or asyncio._get_running_loop() is not None):
+        try:  # the low-level call: threading's locks may be held where the collector ran
+            _thread.start_new_thread(_shut, (loop, executor, kept))
+            return
+        except RuntimeError:  # interpreter shutdown: the kept resources are dropped
+            pass
+    _shut(loop, executor, kept)
 
 
-_inherited: list[asyncio.AbstractEventLoop] = []
+def _shut(loop: asyncio.AbstractEventLoop, executor: _Executor, kept: _Kept) -> None:
+    """Close what the loop kept (when the loop can run here), its executor, the loop."""
+    try:
+        if kept.live and not loop.is_closed() and asyncio._get_running_loop() is None:
+            loop.run_until_complete(kept.close(everything=True))
+    finally:
+        kept.abandon()
+        executor.shutdown(wait=True)
+        loop.close()
 
 
-def _forget(loop: asyncio.AbstractEventLoop) -> None:
-    """Release a forked child's copy of its parent's loop without touching the parent's.
+_inherited: list[tuple[asyncio.AbstractEventLoop, list[LoopResource]]] = []
 
-    The epoll instance and the self-pipe are shared with the parent: ``loop.close()`` would
-    unregister the self-pipe from that epoll instance, for the parent too. Closing this
-    process's descriptors only leaves the parent's registrations alone. A loop of another
-    kind is kept referenced, so that collecting it never closes it.
+
+def _forget(loop: asyncio.AbstractEventLoop, kept: _Kept) -> None:
+    """Release a forked child's copy of its parent's loop, and of the connections kept open
+    on it, without touching the parent's.
+
+    The epoll instance, the self-pipe and the sockets are shared with the parent:
+    ``loop.close()`` would unregister the self-pipe from that epoll instance, for the parent
+    too, and closing an SDK client would shut its connections down. Closing this process's
+    descriptors only leaves the parent's registrations and connections alone. A loop of
+    another kind is kept referenced with what it kept, so that collecting them closes
+    nothing.
     """
-    if loop.is_closed():
-        return
-    if isinstance(loop, selector_events.BaseSelectorEventLoop):
+    if not loop.is_closed() and isinstance(loop, selector_events.BaseSelectorEventLoop):
         parts: Any = loop
+        for transport in list(parts._transports.values()):
+            sock = getattr(transport, "_sock", None)
+            if sock is not None:  # this process's descriptor only: no shutdown, no FIN
+                transport._sock = None
+                os.close(sock.detach())
         parts._selector.close()  # the epoll descriptor: closing it unregisters nothing
         parts._ssock.close()
         parts._csock.close()
         parts._closed = True  # so that collecting the loop does not close it again
-    else:
-        _inherited.append(loop)
+    elif not loop.is_closed():
+        _inherited.append((loop, list(kept.live)))
+    kept.abandon()
 
 
 def _after_fork_in_child() -> None:

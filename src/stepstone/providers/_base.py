@@ -13,10 +13,11 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from stepstone.core._sync import LoopResource, keep_open, run_sync
 from stepstone.exceptions import ModelAPIError, ModelRequestsBlockedError, UserError
 from stepstone.providers._types import ModelRequest, ModelResponse, NativeTool
 
@@ -153,6 +154,17 @@ class Provider(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Close network resources (SDK clients); the provider can still be used after."""
 
+    def close(self) -> None:
+        """:meth:`aclose` for sync code: close the SDK client (and its connections) this
+        thread's sync calls keep open; the next call opens a new one.
+
+        Raises:
+            RuntimeError: when called from a thread whose event loop is running; await
+                :meth:`aclose` there.
+        """
+        name = type(self).__name__
+        run_sync(self.aclose(), sync_name=f"{name}.close()", async_name=f"{name}.aclose()")
+
     def resolve_model(self, model: str) -> str:
         """Map a tier alias (``"medium"``) to a model id; other strings pass through."""
         return self.tiers.get(model, model)
@@ -166,9 +178,9 @@ class Provider(abc.ABC):
 def shared_ssl_context() -> Any:
     """One TLS context for every SDK client of the process.
 
-    Each sync ``agent(...)`` call closes the SDK clients it opened when it ends, so the
-    next call builds a fresh one; building a TLS context (loading the CA bundle) is most
-    of that cost, and a context is safe to share between threads and loops.
+    Each thread, and each loop of the user's own (``asyncio.run`` per call), opens its own
+    SDK client; building a TLS context (loading the CA bundle) is most of that cost, and a
+    context is safe to share between threads and loops.
     """
     import httpx2
 
@@ -177,13 +189,41 @@ def shared_ssl_context() -> Any:
 
 @dataclasses.dataclass(eq=False)
 class _LoopClient:
-    """One event loop's SDK client and the requests it is serving."""
+    """One event loop's SDK client and the requests it is serving.
+
+    It refers to its provider weakly, so that a client kept open across a thread's sync
+    calls never keeps a dropped provider alive."""
 
     client: Any
+    closer: Callable[[Any], Awaitable[None]]
+    owner: weakref.ref[SDKClientMixin]
+    loop: asyncio.AbstractEventLoop
     guard: AsyncGenerator[None, None] | None = None
+    kept: LoopResource | None = None
     active: int = 0
     closing: bool = False
     closed: bool = False
+
+    async def close(self) -> None:
+        """Close the client once, dropping it from its provider's map first (its sockets
+        refer to the loop, which must not stay pinned in the map)."""
+        if self.closed:
+            return
+        self.closed = True
+        owner = self.owner()
+        if owner is not None:
+            with owner._clients_lock:
+                if owner._clients.get(self.loop) is self:
+                    del owner._clients[self.loop]
+        await self.closer(self.client)
+
+
+async def _guard(entry: _LoopClient) -> AsyncGenerator[None, None]:
+    """Closes ``entry`` when the loop's shutdown closes its async generators."""
+    try:
+        yield
+    finally:
+        await entry.close()
 
 
 class SDKClientMixin:
@@ -192,12 +232,14 @@ class SDKClientMixin:
     An async HTTP pool cannot outlive the loop it was opened on, and each thread's sync
     ``agent(...)`` calls run on that thread's loop, so several threads calling one agent
     each get their own client (a lock-guarded map from loop to client, never one shared
-    slot). Each client is tied to a small async generator whose ``finally`` closes it:
-    ``asyncio.run`` (and ``asyncio.Runner``) close live async generators before closing
-    the loop, and a sync call closes the ones it started when it ends, so the pool's
-    sockets are released there even when nobody calls :meth:`aclose`. An
-    :meth:`aclose` while requests are in flight on that loop defers the close to the last
-    of them.
+    slot). On a thread's private sync-call loop the client, and its open connections, are
+    kept across the thread's sync calls and closed when that loop is closed (the thread
+    ends; the main thread's at interpreter exit), or at the end of a later sync call once
+    the provider was garbage-collected. On any other loop the client is tied to a small
+    async generator whose ``finally`` closes it: ``asyncio.run`` (and ``asyncio.Runner``)
+    close live async generators before closing the loop, so the pool's sockets are released
+    there even when nobody calls :meth:`aclose`. An :meth:`aclose` while requests are in
+    flight on that loop defers the close to the last of them.
     """
 
     name: str
@@ -228,7 +270,9 @@ class SDKClientMixin:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
             weakref.WeakKeyDictionary()
         )
-        self._clients_lock = threading.Lock()
+        # Re-entrant: a kept client's close, run where the garbage collector collected a
+        # dead thread's loop, may land on a thread that holds it.
+        self._clients_lock = threading.RLock()
 
     def _resolve_api_key(self) -> str:
         """The key given, else the first of ``api_key_envs`` that is set."""
@@ -258,20 +302,10 @@ class SDKClientMixin:
     def _build_client(self) -> Any:
         raise NotImplementedError
 
-    async def _close_client(self, client: Any) -> None:
+    @staticmethod
+    async def _close_client(client: Any) -> None:
+        """Close an SDK client (a static method: a kept client must not hold its provider)."""
         await client.close()
-
-    async def _guard(
-        self, loop: asyncio.AbstractEventLoop, entry: _LoopClient
-    ) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            entry.closed = True
-            with self._clients_lock:  # a closed loop's entry must not pin it in the map
-                if self._clients.get(loop) is entry:
-                    del self._clients[loop]
-            await self._close_client(entry.client)
 
     async def _loop_entry(self) -> _LoopClient:
         loop = asyncio.get_running_loop()
@@ -279,17 +313,24 @@ class SDKClientMixin:
             entry = self._clients.get(loop)
             if entry is not None and not entry.closing:
                 return entry
-            entry = _LoopClient(self._build_client())
+            entry = _LoopClient(self._build_client(), self._close_client, weakref.ref(self), loop)
             self._clients[loop] = entry
-        # Only this loop's tasks see ``entry``; the generator's first step does not suspend.
-        entry.guard = self._guard(loop, entry)
-        await anext(entry.guard)  # registers the generator with this loop's shutdown hooks
+        # Only this loop's tasks see ``entry``. A thread's private sync-call loop keeps it
+        # until that loop closes; on any other loop a guard generator ties it to the loop's
+        # shutdown (its first step does not suspend).
+        entry.kept = keep_open(self, entry.close)
+        if entry.kept is None:
+            entry.guard = _guard(entry)
+            await anext(entry.guard)  # registers the generator with this loop's shutdown hooks
         return entry
 
     async def _finish(self, entry: _LoopClient) -> None:
         guard, entry.guard = entry.guard, None
+        if entry.kept is not None:
+            entry.kept.release()
         if guard is not None and not entry.closed:
             await guard.aclose()
+        await entry.close()
 
     async def aclose(self) -> None:
         """Close the SDK client of the running loop (after its in-flight requests end)."""

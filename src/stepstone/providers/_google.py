@@ -166,7 +166,8 @@ class GoogleProvider(SDKClientMixin, Provider):
         )
         return self._genai.Client(api_key=api_key, http_options=options)
 
-    async def _close_client(self, client: Any) -> None:
+    @staticmethod
+    async def _close_client(client: Any) -> None:
         await client.aio.aclose()
 
     # -- request ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ tests can both use it::
         provider = OpenAIProvider(base_url=server.base_url, api_key="test")
         Agent(engine=LLMEngine("gpt-4o", provider=provider), tools=[add])("1+2?")
         server.requests[0].json()["tools"]                 # what the SDK sent
+        server.connections                                 # TCP connections accepted: 1
 
 Script items are :class:`FakeModel` items (rendered as JSON or SSE depending on whether
 the request asked to stream) or raw actions: :class:`Respond`, :class:`SSE`,
@@ -75,7 +76,11 @@ class LoopbackServer:
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._idle: set[asyncio.StreamWriter] = set()
         self.port = 0
+        #: TCP connections accepted so far (a client that keeps its connections open
+        #: between requests opens one, not one per request).
+        self.connections = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -126,6 +131,29 @@ class LoopbackServer:
         loop.close()
         self._loop = None
 
+    @property
+    def open_connections(self) -> int:
+        """Connections the server has not seen closed yet."""
+        with self._lock:
+            return len(self._tasks)
+
+    def close_idle(self) -> int:
+        """Close every keep-alive connection waiting for its next request, as a server does
+        when its idle timeout expires; returns how many were closed (their sockets are
+        closed when this returns)."""
+        loop = self._loop
+        if loop is None:
+            return 0
+
+        async def _close() -> int:
+            idle = list(self._idle)
+            for writer in idle:
+                writer.close()
+            await asyncio.gather(*(w.wait_closed() for w in idle), return_exceptions=True)
+            return len(idle)
+
+        return asyncio.run_coroutine_threadsafe(_close(), loop).result(10)
+
     def __enter__(self) -> LoopbackServer:
         return self.start()
 
@@ -168,10 +196,16 @@ class LoopbackServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)
+        with self._lock:
+            self._tasks.add(task)
+            self.connections += 1
         try:
             while True:
-                request = await self._read_request(reader)
+                self._idle.add(writer)
+                try:
+                    request = await self._read_request(reader)
+                finally:
+                    self._idle.discard(writer)
                 if request is None:
                     break
                 action = self._next(request)
@@ -182,7 +216,8 @@ class LoopbackServer:
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
-            self._tasks.discard(task)
+            with self._lock:
+                self._tasks.discard(task)
             try:
                 writer.close()
             except Exception:  # noqa: BLE001 - the peer may be gone already

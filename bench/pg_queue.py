@@ -272,6 +272,25 @@ def graph_lookup(url: str, sizes: list[int], samples: int = 5) -> dict[int, floa
     return out
 
 
+def _same_schema(src: str) -> None:
+    """Refuse a baseline whose PostgreSQL schema differs from this code's: its workers and
+    this code's cannot share the benchmark's database (opening it migrates it, and a worker
+    of the other version then refuses it)."""
+    from stepstone.store._postgres_schema import MIGRATIONS
+
+    env = {**os.environ, "PYTHONPATH": src}
+    probe = "from stepstone.store._postgres_schema import MIGRATIONS; print(len(MIGRATIONS))"
+    theirs = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if theirs != str(len(MIGRATIONS)):
+        raise SystemExit(
+            f"--baseline-src {src}: its PostgreSQL schema is version {theirs}, this code's "
+            f"{len(MIGRATIONS)}; their workers cannot share one database. Run that "
+            "checkout's own bench/pg_queue.py (PYTHONPATH=its src) right before or after this one"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -286,6 +305,8 @@ def main() -> None:
         "older checkout's src/), interleaved with this code's, to compare in one run",
     )
     args = parser.parse_args()
+    if args.baseline_src is not None:
+        _same_schema(args.baseline_src)
 
     import tempfile
 

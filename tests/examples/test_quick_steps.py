@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quick_steps.py"
+from tests.examples._run import example_lines
 
 
 def test_quick_steps_example(tmp_path: Path) -> None:
     # guarantee 341
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", str(EXAMPLE)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+    lines = example_lines("quick_steps.py", tmp_path)
     assert lines[0] == "300 runs, first: Customer 0 (US): 0.6"
     counts = {}
     for line in lines[1:5]:

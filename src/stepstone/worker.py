@@ -29,6 +29,7 @@ from typing import Any
 
 from stepstone.core import Envelope
 from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
+from stepstone.core._threads import to_thread
 from stepstone.durable._leases import LeasePolicy
 from stepstone.durable._queue import queue_backend, resolve_target
 from stepstone.exceptions import ConcurrentRunError, StoreError, UserError
@@ -147,12 +148,12 @@ class Worker:
         renewer.start()
         taken = 0
         try:
-            await asyncio.to_thread(self._expire_dead)
+            await to_thread(self._expire_dead)
             sweep_at = self._loop.time() + 1.0
             while not self._stopping.is_set():
                 if self._loop.time() >= sweep_at:
                     with contextlib.suppress(StoreError):  # an outage: the next sweep retries
-                        await asyncio.to_thread(self._expire_dead)
+                        await to_thread(self._expire_dead)
                     sweep_at = self._loop.time() + 1.0
                 if max_runs is not None and taken >= max_runs:
                     if not self._tasks:
@@ -166,7 +167,7 @@ class Worker:
                     free = min(free, max_runs - taken)
                 if free > 0:
                     try:
-                        entries = await asyncio.to_thread(self._claim_next, free)
+                        entries = await to_thread(self._claim_next, free)
                     except StoreError as exc:
                         # The database stayed away longer than the store's reconnect
                         # timeout: keep the worker (and its running runs) alive and retry.
@@ -299,14 +300,14 @@ class Worker:
             if reason == "cancel":
                 await self._finish(entry, "cancelled", None, "cancelled while running")
             elif reason == "shutdown":
-                await asyncio.to_thread(self._queue.hand_back, entry.id, self.id, 0.0)
+                await to_thread(self._queue.hand_back, entry.id, self.id, 0.0)
             return  # "lost": another worker holds it now; nothing of ours to record
         except ConcurrentRunError as exc:
             # The run's previous owner still holds the checkpoint (its lease, judged on the
             # host that wrote it, has not run out yet): try again a bit later.
             log.info("stepstone: queued run %s is still owned elsewhere (%s)", entry.id, exc)
             delay = LeasePolicy.of(self.store).retry_after
-            await asyncio.to_thread(self._queue.hand_back, entry.id, self.id, delay)
+            await to_thread(self._queue.hand_back, entry.id, self.id, delay)
             return
         except Exception as exc:  # noqa: BLE001 - recorded on the entry, the worker lives on
             log.warning("stepstone: queued run %s failed: %s", entry.id, exc)
@@ -324,9 +325,7 @@ class Worker:
     async def _finish(
         self, entry: QueueEntry, status: str, result: str | None, error: str | None
     ) -> None:
-        if not await asyncio.to_thread(
-            self._queue.finish, entry.id, self.id, status, result, error
-        ):
+        if not await to_thread(self._queue.finish, entry.id, self.id, status, result, error):
             log.warning(
                 "stepstone: queued run %s was no longer held by worker %s when it ended %s "
                 "(its lease ran out and another worker took it over)",

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from stepstone.core import Envelope
 from stepstone.core._ids import new_uid
+from stepstone.core._threads import to_thread
 from stepstone.exceptions import QueuedRunError, UserError
 from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
 from stepstone.store._store import Store
@@ -332,7 +333,7 @@ class RunHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = poll
         while True:
-            entry = await asyncio.to_thread(self.entry)
+            entry = await to_thread(self.entry)
             if entry.status in FINAL_STATUSES:
                 return _outcome(entry)
             if deadline is not None and time.monotonic() >= deadline:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import importlib
@@ -13,6 +12,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 from stepstone.core._checks import positive_seconds
 from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
+from stepstone.core._threads import to_thread
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
 from stepstone.store._base import Backend, checked_text
 from stepstone.store._memory import MemoryBackend
@@ -231,7 +231,7 @@ class Store:
     # -- async twins ---------------------------------------------------------------------
     async def _offload(self, fn: Callable[..., R], *args: Any) -> R:
         if self.backend.blocking:
-            return await asyncio.to_thread(fn, *args)
+            return await to_thread(fn, *args)
         return fn(*args)
 
     async def aread(self, key: str, default: Any = None) -> Any:

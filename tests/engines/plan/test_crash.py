@@ -24,6 +24,7 @@ import pytest
 from stepstone import Store
 
 WORKER = Path(__file__).with_name("crash_worker.py")
+MANY_WORKER = Path(__file__).with_name("crash_many_worker.py")
 N_STEPS = 24
 
 
@@ -122,3 +123,50 @@ def s00(payload):
 store = Store(db=sys.argv[1])
 Agent(engine=Plan(Step(s00, writes="w00"), store=store, checkpoint_key="crash-run"))("go")
 """
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("seed", [4, 5])
+def test_concurrent_runs_sigkilled_during_group_commits_then_resumed(
+    tmp_path: Path, seed: int
+) -> None:
+    """guarantee 39, 43, 255, 256, 341: eight runs share one loop (their commits grouped,
+    their quick steps on the loop's thread) in a subprocess SIGKILLed at random points and
+    started again: every run finishes, a committed step never runs again, and only the
+    step each run had in flight at a kill may run twice."""
+    rng = random.Random(int(os.environ.get("CRASH_SEED", seed)))
+    db, log = tmp_path / "many.sqlite", tmp_path / "effects.log"
+    runs, steps, kills = 8, 150, 0  # 15 slow steps of 40 ms a run: killed a few times
+    for _attempt in range(80):
+        with subprocess.Popen(
+            [sys.executable, str(MANY_WORKER), str(db), str(log), str(runs), str(steps)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as proc:
+            assert proc.stdout is not None
+            ready = proc.stdout.readline().strip()
+            try:
+                _, err = proc.communicate(timeout=rng.uniform(0.05, 0.2))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.communicate()
+                kills += 1
+            else:
+                assert proc.returncode == 0, (ready, err)
+                break
+    else:
+        pytest.fail("the runs never finished")
+    assert kills >= 2, "the test did not crash the runs often enough to mean anything"
+    per_run: dict[int, list[int]] = {r: [] for r in range(runs)}
+    for line in log.read_text().splitlines():
+        run, index = map(int, line.split())
+        per_run[run].append(index)
+    with Store(db=db) as store:
+        for run, indices in per_run.items():
+            assert indices == sorted(indices), f"run {run}: a committed step ran again"
+            assert set(indices) == set(range(steps)), f"run {run}: a step never ran"
+            assert len(indices) - steps <= kills, f"run {run}: more re-runs than kills"
+            state = store.read(f"run-{run}")
+            assert state["status"] == "done"
+            assert len(state["completed_steps"]) == steps

@@ -190,3 +190,34 @@ def test_a_call_on_the_loops_thread_keeps_its_context_changes_and_may_call_sync(
 
     on_loop, answer, value = asyncio.run(main())
     assert on_loop and answer == "nested x" and value == "caller"
+
+
+def test_a_function_on_the_loops_thread_sees_no_running_loop() -> None:
+    """guarantee 344: a quick function run on the loop's thread may call asyncio.run, as in
+    a worker thread; the loop is running again once it returns."""
+    use_asyncio_run = threading.Event()
+
+    async def answer() -> str:
+        await asyncio.sleep(0)
+        return "answered"
+
+    def step() -> tuple[int, str]:
+        said = asyncio.run(answer()) if use_asyncio_run.is_set() else ""
+        return threading.get_ident(), said
+
+    async def main() -> tuple[bool, str, bool]:
+        other = asyncio.ensure_future(asyncio.sleep(30))
+        loop_thread = threading.get_ident()
+        try:
+            for _ in range(200):
+                if (await call_sync(step))[0] == loop_thread:
+                    break
+            else:
+                pytest.fail("a quick function never ran on the loop's thread")
+            use_asyncio_run.set()
+            ident, said = await call_sync(step)
+            return ident == loop_thread, said, asyncio.get_running_loop() is not None
+        finally:
+            other.cancel()
+
+    assert asyncio.run(main()) == (True, "answered", True)

@@ -61,9 +61,9 @@ def run_sync(coro: Coroutine[Any, Any, T], *, sync_name: str, async_name: str) -
         RuntimeError: when called from a thread whose event loop is running (blocking it
             would deadlock); the message names the async twin to await instead.
     """
+    if _INLINE.get():  # (the loop it runs inline on may have been hidden from it)
+        return _on_own_thread(coro, sync_name=sync_name, async_name=async_name)
     if asyncio._get_running_loop() is not None:
-        if _INLINE.get():
-            return _on_own_thread(coro, sync_name=sync_name, async_name=async_name)
         coro.close()
         raise RuntimeError(
             f"{sync_name} was called from inside a running event loop, where it would block "
@@ -83,14 +83,21 @@ _INLINE: ContextVar[bool] = ContextVar("stepstone_inline_sync", default=False)
 
 def call_inline(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Call the sync ``fn`` right on the running loop's thread, for callers that checked
-    :func:`may_block_loop` (nothing else runs on the loop). A sync call ``fn`` makes (a
-    plain-function step calling an agent) is then run on a thread of its own instead of
-    being refused as a call from inside a running loop: the loop it would block has
-    nothing else to run, exactly as when ``fn`` runs in a worker thread."""
+    it starves nothing (:func:`may_block_loop`, or a function proven quick), as a worker
+    thread would run it:
+
+    * the running loop is hidden from ``fn`` while it runs, so ``asyncio.run(...)`` works
+      in it and ``asyncio.get_running_loop()`` raises, as in a worker thread;
+    * a sync call ``fn`` makes (a plain-function step calling an agent) runs on a thread of
+      its own instead of being refused as a call from inside a running loop.
+    """
     token = _INLINE.set(True)
+    loop = asyncio._get_running_loop()
+    asyncio._set_running_loop(None)
     try:
         return fn(*args, **kwargs)
     finally:
+        asyncio._set_running_loop(loop)
         _INLINE.reset(token)
 
 

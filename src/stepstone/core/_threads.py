@@ -134,8 +134,9 @@ async def call_sync(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
       sends the next ones back to worker threads (until it proves quick again); one that
       takes longer than :data:`STALL` keeps ``fn`` in worker threads for good.
 
-    Either way a sync call ``fn`` makes itself (a step calling ``agent(task)``) runs, as
-    :func:`call_inline` arranges.
+    On the loop's thread, :func:`call_inline` runs ``fn`` as a worker thread would: with no
+    running loop in sight (``asyncio.run`` works in it), and a sync call it makes itself (a
+    step calling ``agent(task)``) runs.
     """
     if may_block_loop():
         return call_inline(fn, *args, **kwargs)

@@ -482,3 +482,44 @@ def test_sync_steps_inline_on_private_loop_offloaded_on_a_shared_one() -> None:
     assert threading.main_thread().name not in threads
     threads.clear()
     assert fast("t").ok and threads == [threading.main_thread().name]
+
+
+def test_a_sync_step_on_the_loops_thread_may_call_asyncio_run() -> None:
+    """guarantee 344: a sync step running on the loop's thread (a sync call's only task, or
+    a step of concurrent runs proven quick) sees no running loop, as in a worker thread:
+    asyncio.run inside it works and asyncio.get_running_loop() raises; the steps after it,
+    and the thread's next sync calls, run on the thread's loop as before."""
+
+    async def fetch(x: Any) -> str:
+        await asyncio.sleep(0)
+        return f"fetched {x}"
+
+    def wrapped(payload: Any) -> str:
+        return asyncio.run(fetch(payload))
+
+    def no_loop(payload: Any) -> str:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return f"{payload}, no running loop"
+        return "a running loop was visible"
+
+    async def then_async(payload: str) -> tuple[str, bool]:
+        await asyncio.sleep(0)
+        return payload, asyncio.get_running_loop() is loops[0]
+
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def remember(payload: Any) -> Any:
+        loops.append(asyncio.get_running_loop())
+        return payload
+
+    plan = Plan(Step(remember), Step(wrapped), Step(no_loop), Step(then_async))
+    agent = Agent(engine=plan)
+    assert agent("a").payload == ("fetched a, no running loop", True)  # inline: only task
+    assert agent("b").payload == ("fetched b, no running loop", True)
+    assert loops[0] is loops[1]  # the thread's loop, reused
+    # concurrent runs: the steps go inline once proven quick (asyncio.run is ~0.1 ms, so
+    # it may or may not); every run works either way
+    envs = plan.run_many([f"r{i}" for i in range(12)], concurrency=4)
+    assert [e.payload[0] for e in envs] == [f"fetched r{i}, no running loop" for i in range(12)]

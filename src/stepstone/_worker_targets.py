@@ -187,12 +187,13 @@ class _EntryCheckpointer(StoreCheckpointer):
         taken by a stepstone that did not note invocations yet: its invocations are then
         found by their ``correlation_id`` (a scan of the graph records, once per such
         entry), so it resumes rather than starts over."""
-        for invocation_id in reversed(self.invocations()):
+        noted = self.invocations()  # (a note is written with its first id: never empty)
+        for invocation_id in reversed(noted):
             head = run_head(self.store, super().key(invocation_id))
             if head is None or head.kind != GRAPH_KIND or head.journal_len == 0:
                 continue
             return self.load(invocation_id)
-        if taken_before and self.store.read(self.pointer) is None:
+        if taken_before and not noted:
             attempts = self.list(CheckpointFilter(correlation_id=self.pointer))
             return attempts[-1] if attempts else None
         return None

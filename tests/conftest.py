@@ -33,14 +33,18 @@ def pg_server_or_skip() -> PgServer:
     return server
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    """One PostgreSQL server for the whole session."""
+def _served() -> Iterator[PgServer]:
     server = pg_server_or_skip()
     try:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One PostgreSQL server for the whole session."""
+    yield from _served()
 
 
 @pytest.fixture
@@ -57,11 +61,7 @@ def cut_proxy(pg_server: PgServer) -> Iterator[CutProxy]:
 def own_pg_server() -> Iterator[PgServer]:
     """A PostgreSQL server of this test module's own, for tests that stop, crash or restart
     it (doing that to the session's server would disturb other modules)."""
-    server = pg_server_or_skip()
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _served()
 
 
 @pytest.fixture

@@ -119,16 +119,21 @@ def test_new_store_uses_prefixed_tables_next_to_a_users_kv_table(tmp_path: Path)
     conn.close()
 
 
+def _assert_records_of_every_version(store: Store) -> None:
+    """The records every frozen store holds: a value, a fan-out's values, a finished Plan."""
+    assert store.read("greeting") == {"text": "hello"}
+    assert dict(store.items(prefix="fan:")) == {"fan:1": 1, "fan:2": 2}
+    done = store.read("etl-done")
+    assert done["status"] == "done" and done["completed_steps"] == ["shout", "bang"]
+    assert done["kv"] == {"loud": "HI", "final": "HI!"}
+
+
 def test_v1_store_is_migrated_on_open_and_keeps_every_record(tmp_path: Path) -> None:
     # guarantee 141
     path = _v1_copy(tmp_path)
     assert {"kv", "runs", "journal"} <= _tables(path)
     with Store(db=path) as store:
-        assert store.read("greeting") == {"text": "hello"}
-        assert dict(store.items(prefix="fan:")) == {"fan:1": 1, "fan:2": 2}
-        done = store.read("etl-done")
-        assert done["status"] == "done" and done["completed_steps"] == ["shout", "bang"]
-        assert done["kv"] == {"loud": "HI", "final": "HI!"}
+        _assert_records_of_every_version(store)
         failed = store.read("etl-failed")
         assert failed["status"] == "failed" and failed["next_step"] == "broken"
         assert failed["error"]["message"] == "bad row 7"
@@ -297,11 +302,7 @@ def test_v2_store_opens_and_keeps_every_record(tmp_path: Path) -> None:
     # guarantee 141
     path = _v2_copy(tmp_path)
     with Store(db=path) as store:
-        assert store.read("greeting") == {"text": "hello"}
-        assert dict(store.items(prefix="fan:")) == {"fan:1": 1, "fan:2": 2}
-        done = store.read("etl-done")
-        assert done["status"] == "done" and done["completed_steps"] == ["shout", "bang"]
-        assert done["kv"] == {"loud": "HI", "final": "HI!"}
+        _assert_records_of_every_version(store)
         (graph_key,) = store.keys(prefix="graph:")
         graph = store.read(graph_key)
         assert graph["status"] == "done" and graph["state"] == {"n": 42}

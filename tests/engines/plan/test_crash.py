@@ -42,6 +42,26 @@ def _check_consistent(db: Path, last_done: list[str]) -> list[str]:
         return list(done)
 
 
+def _killed(worker: list[str], delay: float) -> bool:
+    """Run a crash worker (its script and arguments) and SIGKILL it ``delay`` seconds after
+    it says it is ready, unless it finished (with exit code 0) by then; whether it was
+    killed. The delay counts from ready: imports take seconds on a loaded machine, and
+    every attempt should get to run some steps."""
+    with subprocess.Popen(
+        [sys.executable, *worker], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline().strip()
+        try:
+            _, err = proc.communicate(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            return True
+        assert proc.returncode == 0, (ready, err)
+        return False
+
+
 @pytest.mark.crash
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sigkill_at_random_points_then_resume(tmp_path: Path, seed: int) -> None:
@@ -51,25 +71,10 @@ def test_sigkill_at_random_points_then_resume(tmp_path: Path, seed: int) -> None
     kills = 0
     done: list[str] = []
     for _attempt in range(60):
-        with subprocess.Popen(
-            [sys.executable, str(WORKER), str(db), str(log), str(N_STEPS)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as proc:
-            assert proc.stdout is not None
-            # The kill delay counts from the worker being ready (imports take seconds on a
-            # loaded machine), so every attempt gets to run some steps.
-            ready = proc.stdout.readline().strip()
-            try:
-                _, err = proc.communicate(timeout=rng.uniform(0.15, 0.35))
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                proc.communicate()
-                kills += 1
-            else:
-                assert proc.returncode == 0, (ready, err)
-                break
+        cmd = [str(WORKER), str(db), str(log), str(N_STEPS)]
+        if not _killed(cmd, rng.uniform(0.15, 0.35)):
+            break
+        kills += 1
         done = _check_consistent(db, done)
     else:
         pytest.fail("the run never finished")
@@ -138,23 +143,10 @@ def test_concurrent_runs_sigkilled_during_group_commits_then_resumed(
     db, log = tmp_path / "many.sqlite", tmp_path / "effects.log"
     runs, steps, kills = 8, 150, 0  # 15 slow steps of 40 ms a run: killed a few times
     for _attempt in range(80):
-        with subprocess.Popen(
-            [sys.executable, str(MANY_WORKER), str(db), str(log), str(runs), str(steps)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as proc:
-            assert proc.stdout is not None
-            ready = proc.stdout.readline().strip()
-            try:
-                _, err = proc.communicate(timeout=rng.uniform(0.05, 0.2))
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                proc.communicate()
-                kills += 1
-            else:
-                assert proc.returncode == 0, (ready, err)
-                break
+        cmd = [str(MANY_WORKER), str(db), str(log), str(runs), str(steps)]
+        if not _killed(cmd, rng.uniform(0.05, 0.2)):
+            break
+        kills += 1
     else:
         pytest.fail("the runs never finished")
     assert kills >= 2, "the test did not crash the runs often enough to mean anything"

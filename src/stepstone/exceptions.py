@@ -19,6 +19,8 @@ The tree::
         │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
         │   └── ConcurrentGraphResumeError  another live invocation resumes (or runs) a record
         ├── StoreError                  the store could not do what was asked
+        │   ├── StoreDamagedError       the store's file is damaged (SQLite: malformed pages)
+        │   ├── StoreFullError          the disk holding the store's file is full
         │   └── CorruptRecordError      a stored run record cannot be decoded or used
         │       ├── CheckpointCorruptError          a Plan checkpoint
         │       ├── CheckpointRecordInvalid         a graph record (also a CheckpointError)
@@ -117,7 +119,9 @@ __all__ = [
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
+    "StoreDamagedError",
     "StoreError",
+    "StoreFullError",
     "StoreKeyConflictError",
     "StreamStallError",
     "ToolTimeoutError",
@@ -170,6 +174,18 @@ class StoreKeyConflictError(UserError):
 
 class StoreError(StepstoneError):
     """The store could not complete an operation."""
+
+
+class StoreDamagedError(StoreError):
+    """The store's file is damaged (SQLite reports malformed pages, or a header that is not
+    a database's any more); the message names the file and how to check and recover it.
+    The operation that met the damage wrote nothing."""
+
+
+class StoreFullError(StoreError):
+    """The disk holding the store's file is full; nothing of the operation was written. A
+    run stopped by it continues after its last committed step once there is space again
+    (``resume=True``)."""
 
 
 class CorruptRecordError(StoreError):

@@ -32,7 +32,13 @@ from stepstone.core._ids import host_id, new_uid, process_alive, process_start_t
 from stepstone.core._threads import to_thread
 from stepstone.durable._leases import LeasePolicy
 from stepstone.durable._queue import queue_backend, resolve_target
-from stepstone.exceptions import ConcurrentRunError, StoreError, UserError
+from stepstone.exceptions import (
+    ConcurrentRunError,
+    CorruptRecordError,
+    StoreDamagedError,
+    StoreError,
+    UserError,
+)
 from stepstone.store import Store
 from stepstone.store._queue_base import Owner, QueueEntry
 
@@ -107,6 +113,8 @@ class Worker:
         self._held: set[str] = set()  # the entry ids of _tasks, for the lease thread
         self._held_lock = threading.Lock()
         self._cancel_reason: dict[str, str] = {}
+        # entry id -> how many times in a row the store failed under that run (backoff)
+        self._store_failures: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
 
@@ -310,6 +318,10 @@ class Worker:
             await to_thread(self._queue.hand_back, entry.id, self.id, delay)
             return
         except Exception as exc:  # noqa: BLE001 - recorded on the entry, the worker lives on
+            if _store_failed(exc):
+                await self._hand_back_later(entry, exc)
+                return
+            self._store_failures.pop(entry.id, None)
             log.warning("stepstone: queued run %s failed: %s", entry.id, exc)
             await self._finish(entry, "failed", None, f"{type(exc).__name__}: {exc}")
             return
@@ -319,8 +331,27 @@ class Worker:
             error = f"the final envelope cannot be stored ({type(exc).__name__}: {exc})"
             await self._finish(entry, "failed", None, error)
             return
+        self._store_failures.pop(entry.id, None)
         await self._finish(entry, "done" if out.ok else "failed", text, _error_text(out))
         self.completed += 1
+
+    async def _hand_back_later(self, entry: QueueEntry, exc: Exception) -> None:
+        """The store failed under the run (``_store_failed``). What it committed is kept:
+        hand it back, to resume once the store works again (a full disk freed, a database
+        back after its restart). Each try runs the uncommitted step again, so the tries
+        back off, up to ``_STORE_BACKOFF_MAX`` apart."""
+        failures = self._store_failures.get(entry.id, 0)
+        self._store_failures[entry.id] = failures + 1
+        delay = min(_STORE_BACKOFF_MAX, LeasePolicy.of(self.store).retry_after * 2**failures)
+        log.warning(
+            "stepstone: queued run %s stopped because the store failed (%s); handed back, "
+            "to be resumed in %.0f s",
+            entry.id,
+            exc,
+            delay,
+        )
+        with contextlib.suppress(StoreError):  # then its lease runs out instead
+            await to_thread(self._queue.hand_back, entry.id, self.id, delay)
 
     async def _finish(
         self, entry: QueueEntry, status: str, result: str | None, error: str | None
@@ -340,6 +371,19 @@ class Worker:
         from stepstone._worker_targets import queued_run  # imports the graph engine
 
         return queued_run(resolve_target(entry.target, self.registry), self.store, entry)
+
+
+#: The longest wait before a run the store failed under is tried again (seconds).
+_STORE_BACKOFF_MAX = 60.0
+
+
+def _store_failed(exc: BaseException) -> bool:
+    """Whether a run stopped because the store failed under it (a full disk, a database
+    unreachable for longer than the store retries) rather than because of its records: a
+    damaged file or a record that cannot be decoded will not get better by waiting."""
+    return isinstance(exc, StoreError) and not isinstance(
+        exc, (CorruptRecordError, StoreDamagedError)
+    )
 
 
 def _error_text(env: Envelope[Any]) -> str | None:

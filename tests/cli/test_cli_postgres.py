@@ -85,3 +85,22 @@ def test_runs_and_inspect_on_postgres(pg_url: str) -> None:
             ro.write("raw", 1)
         with pytest.raises(StoreError, match="read-only"):
             ro.compare_and_swap("raw", "rows", 1)
+
+
+def test_check_on_postgres_reads_every_record(pg_url: str) -> None:
+    # guarantee 157: PostgreSQL checks its own pages; every record is read
+    with Store(url=pg_url) as store:
+        for key in store.keys():
+            store.delete(key)
+        plan = Plan(Step(lambda p: "rows", name="extract"), store=store, checkpoint_key="pg-c")
+        assert Agent(engine=plan)("go").ok
+        store.write("pg-v", [1])
+    proc = _stepstone("check", "--url", pg_url, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] and not report["file_checked"]
+    assert (report["runs"], report["values"]) == (1, 1)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE stepstone_runs SET meta = '[[[' WHERE key = 'pg-c'")
+    proc = _stepstone("check", "--url", pg_url)
+    assert proc.returncode == 1 and "record 'pg-c'" in proc.stdout, proc.stdout

@@ -47,7 +47,19 @@ def _die(payload: Any) -> dict[str, Any]:
     raise AssertionError("unreachable")
 
 
+def _padded(i: int) -> Any:
+    """A logged step whose output carries 64 KB, so a run's commits grow the store file."""
+    logged = _logged(i)
+
+    def step(payload: Any) -> dict[str, Any]:
+        return {**logged(payload), "pad": "x" * 65536}
+
+    step.__name__ = f"s{i:02d}"
+    return step
+
+
 plan = Plan(*[Step(_logged(i)) for i in range(STEPS)], max_iterations=STEPS + 1)
+big_plan = Plan(*[Step(_padded(i)) for i in range(STEPS)], max_iterations=STEPS + 1)
 long_plan = Plan(*[Step(_logged(i)) for i in range(40)], max_iterations=41)
 failing_plan = Plan(Step(_logged(0)), Step(_boom, name="boom"), Step(_logged(2)))
 poison_plan = Plan(Step(_die, name="die"), Step(_logged(1)))

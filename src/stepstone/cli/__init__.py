@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from stepstone.cli import _migrate, _ops, _ui
+from stepstone.cli import _check, _migrate, _ops, _ui
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import select_runs
 from stepstone.cli._worker import worker
@@ -242,6 +242,7 @@ def runs(
 _ops.register(app)
 _ui.register(app)
 _migrate.register(app)
+_check.register(app)
 
 
 def main() -> None:

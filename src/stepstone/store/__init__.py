@@ -1,6 +1,7 @@
 """Storage: the Store facade and its backends (memory, SQLite, PostgreSQL)."""
 
 from stepstone.store._base import Backend, Claim, JournalRow, RunHead
+from stepstone.store._check import CheckProblem, CheckReport, check_store
 from stepstone.store._memory import MemoryBackend
 from stepstone.store._retention import Retention, VacuumReport, vacuum
 from stepstone.store._store import Store, StoreEntry
@@ -8,6 +9,8 @@ from stepstone.store._views import register_run_view
 
 __all__ = [
     "Backend",
+    "CheckProblem",
+    "CheckReport",
     "PostgresBackend",
     "Claim",
     "JournalRow",
@@ -18,6 +21,7 @@ __all__ = [
     "Store",
     "StoreEntry",
     "VacuumReport",
+    "check_store",
     "register_run_view",
     "vacuum",
 ]

@@ -392,6 +392,12 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Idempotent."""
 
+    def integrity(self, *, quick: bool = False) -> list[str] | None:
+        """What is wrong with the storage's own pages (an empty list when nothing is), or
+        None when the backend has none to check (memory; PostgreSQL checksums its own).
+        ``quick`` trades completeness for speed where the backend can."""
+        return None
+
     def describe(self) -> str:
         """Short human description (``"sqlite:/path/db.sqlite"``)."""
         return type(self).__name__

@@ -27,6 +27,7 @@ from stepstone.store._queue_base import (
     entry_from_row,
     free_slots,
 )
+from stepstone.store._sqlite_errors import file_errors
 
 __all__ = ["SQLiteQueue"]
 
@@ -76,6 +77,10 @@ class SQLiteQueue(QueueBackend):
         self.path = Path(path)
         self.busy_timeout = busy_timeout
         self._local = threading.local()
+        self._create()
+
+    @file_errors
+    def _create(self) -> None:
         with self._tx() as conn:
             for statement in SCHEMA.split(";"):
                 if statement.strip():
@@ -125,6 +130,7 @@ class SQLiteQueue(QueueBackend):
     def now(self) -> float:
         return time.time()
 
+    @file_errors
     def enqueue(
         self,
         *,
@@ -169,6 +175,7 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(insert)
 
+    @file_errors
     def claim(
         self,
         queue: str,
@@ -245,6 +252,7 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(take)
 
+    @file_errors
     def renew(self, ids: Sequence[str], worker: str, lease_seconds: float) -> dict[str, bool]:
         if not ids:
             return {}
@@ -265,6 +273,7 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(renew)
 
+    @file_errors
     def finish(
         self, id: str, worker: str, status: str, result: str | None, error: str | None
     ) -> bool:
@@ -279,6 +288,7 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(finish)
 
+    @file_errors
     def hand_back(self, id: str, worker: str, delay: float) -> bool:
         def back(conn: sqlite3.Connection) -> bool:
             now = time.time()
@@ -293,11 +303,13 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(back)
 
+    @file_errors
     def get(self, id: str) -> QueueEntry | None:
         row = self._conn().execute(f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (id,))
         got = row.fetchone()
         return None if got is None else entry_from_row(got)
 
+    @file_errors
     def cancel(self, id: str) -> str | None:
         def cancel(conn: sqlite3.Connection) -> str | None:
             conn.execute(
@@ -314,12 +326,14 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(cancel)
 
+    @file_errors
     def running_on(self, host: str) -> list[QueueEntry]:
         rows = self._conn().execute(
             f"SELECT {COLS} FROM stepstone_queue WHERE status = 'running' AND host = ?", (host,)
         )
         return [entry_from_row(r) for r in rows.fetchall()]
 
+    @file_errors
     def expire(self, id: str, worker: str) -> bool:
         def expire(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
@@ -331,6 +345,7 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(expire)
 
+    @file_errors
     def set_limits(self, queue: str, *, concurrency: int | None, rate: float | None) -> None:
         self._write(
             lambda conn: conn.execute(
@@ -341,6 +356,7 @@ class SQLiteQueue(QueueBackend):
             )
         )
 
+    @file_errors
     def entries(self, queue: str | None, status: str | None) -> list[QueueEntry]:
         rows = self._conn().execute(
             f"SELECT {COLS} FROM stepstone_queue WHERE (? IS NULL OR queue = ?) "
@@ -349,6 +365,7 @@ class SQLiteQueue(QueueBackend):
         )
         return [entry_from_row(r) for r in rows.fetchall()]
 
+    @file_errors
     def prune(self, older_than: float, queue: str | None) -> int:
         def prune(conn: sqlite3.Connection) -> int:
             cur = conn.execute(

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from stepstone.exceptions import StoreError
+from stepstone.exceptions import StoreDamagedError, StoreError
 from stepstone.store._base import (
     HEAD_COLUMNS,
     Backend,
@@ -40,6 +40,7 @@ from stepstone.store._base import (
     prefix_bounds,
 )
 from stepstone.store._memory import run_key_conflict
+from stepstone.store._sqlite_errors import file_error, file_errors, is_foreign
 from stepstone.store._sqlite_wal import WalTender
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
@@ -180,6 +181,16 @@ def _check_options(
         raise StoreError(f"{str(path)!r} is a directory; pass a file path for the store")
 
 
+def _not_a_store(path: Path, exc: sqlite3.DatabaseError, fix: str) -> StoreError:
+    """Opening ``path`` failed with ``exc``: a damaged store, or no SQLite file at all."""
+    error = file_error(path, exc)
+    if isinstance(error, StoreDamagedError) and not is_foreign(exc):
+        return error
+    return StoreError(
+        f"{str(path)!r} is not a SQLite database, or its first page is damaged ({exc}); {fix}"
+    )
+
+
 class SQLiteBackend(Backend):
     """Durable storage in one SQLite file (see module docstring).
 
@@ -257,9 +268,8 @@ class SQLiteBackend(Backend):
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise StoreError(
-                f"{str(self.path)!r} is not a SQLite database ({exc}); pass a stepstone "
-                "store file, or a new path to create one"
+            raise _not_a_store(
+                self.path, exc, "pass a stepstone store file, or a new path to create one"
             ) from exc
         if str(mode).lower() != "wal" and str(self.path) != ":memory:":
             conn.close()
@@ -320,6 +330,7 @@ class SQLiteBackend(Backend):
                 conn.execute("ROLLBACK")
             raise
 
+    @file_errors
     def _setup(self) -> None:
         with self._tx() as conn:
             fresh = not _has_table(conn, "stepstone_schema")
@@ -361,9 +372,7 @@ class SQLiteBackend(Backend):
             version = _schema_version(conn) if has_schema else 0
         except sqlite3.DatabaseError as exc:
             self.close()
-            raise StoreError(
-                f"{where} is not a SQLite database ({exc}); pass a stepstone store file"
-            ) from exc
+            raise _not_a_store(self.path, exc, "pass a stepstone store file") from exc
         if not has_schema or version == 0:
             self.close()
             raise StoreError(
@@ -393,11 +402,30 @@ class SQLiteBackend(Backend):
     def describe(self) -> str:
         return f"sqlite:{self.path}"
 
+    def integrity(self, *, quick: bool = False) -> list[str] | None:
+        """SQLite's ``integrity_check`` (or ``quick_check``) of the file, at most 100 lines,
+        on a read-only connection of its own (the file is read as the last commit left it,
+        WAL included)."""
+        if str(self.path) == ":memory:":
+            return None
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, isolation_level=None)
+        try:
+            pragma = "quick_check" if quick else "integrity_check"
+            lines = [str(row[0]) for row in conn.execute(f"PRAGMA {pragma}(100)")]
+        except sqlite3.DatabaseError as exc:
+            return [f"{exc} ({getattr(exc, 'sqlite_errorname', 'error')})"]
+        finally:
+            conn.close()
+        return [] if lines == ["ok"] else lines
+
     # -- key/value -----------------------------------------------------------------------
+    @file_errors
     def kv_get(self, key: str) -> str | None:
         row = self._conn().execute(f"SELECT value FROM {self._kv} WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
+    @file_errors
     def kv_put(self, key: str, text: str) -> None:
         with self._tx() as conn:
             if conn.execute(f"SELECT 1 FROM {self._runs} WHERE key = ?", (key,)).fetchone():
@@ -409,6 +437,7 @@ class SQLiteBackend(Backend):
                 (key, text, time.time()),
             )
 
+    @file_errors
     def kv_delete(self, key: str) -> bool:
         with self._tx() as conn:
             n = conn.execute(f"DELETE FROM {self._kv} WHERE key = ?", (key,)).rowcount
@@ -416,6 +445,7 @@ class SQLiteBackend(Backend):
             conn.execute(f"DELETE FROM {self._journal} WHERE run_key = ?", (key,))
             return n > 0
 
+    @file_errors
     def kv_keys(self, prefix: str | None) -> list[str]:
         conn = self._conn()
         if prefix is None:
@@ -431,6 +461,7 @@ class SQLiteBackend(Backend):
             )
         return [str(r[0]) for r in rows]
 
+    @file_errors
     def kv_items(self, prefix: str | None) -> list[tuple[str, str]]:
         conn = self._conn()
         if prefix is None:
@@ -442,6 +473,7 @@ class SQLiteBackend(Backend):
             )
         return [(str(k), str(v)) for k, v in rows]
 
+    @file_errors
     def kv_cas(
         self, key: str, expected: Any, new_text: str, equal: Callable[[str, Any], bool]
     ) -> bool:
@@ -463,6 +495,7 @@ class SQLiteBackend(Backend):
             return True
 
     # -- runs ----------------------------------------------------------------------------
+    @file_errors
     def run_get(self, key: str) -> RunHead | None:
         row = (
             self._conn()
@@ -471,10 +504,12 @@ class SQLiteBackend(Backend):
         )
         return None if row is None else head_from_row(row)
 
+    @file_errors
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
         with self._tx() as conn:
             return self.transact_in(conn, key, decide)
 
+    @file_errors
     def run_claim(self, key: str, decide: Decide) -> RunHead | None:
         """A claim commits without its own fsync: other processes see it at once, and the
         run's first step commit (or its release) syncs the WAL with it. A power loss
@@ -509,6 +544,7 @@ class SQLiteBackend(Backend):
             )
         return claim.head
 
+    @file_errors
     def run_commit(
         self,
         head: RunHead,
@@ -546,6 +582,7 @@ class SQLiteBackend(Backend):
                 )
             return True
 
+    @file_errors
     def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
         with self._tx() as conn:
             cur = conn.execute(
@@ -554,6 +591,7 @@ class SQLiteBackend(Backend):
             )
             return cur.rowcount == 1
 
+    @file_errors
     def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
         rows = self._conn().execute(
             f"SELECT seq, kind, name, data FROM {self._journal} "
@@ -562,6 +600,7 @@ class SQLiteBackend(Backend):
         )
         return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
 
+    @file_errors
     def run_list(self, prefix: str | None) -> list[RunHead]:
         conn = self._conn()
         if prefix is None:

@@ -1,0 +1,121 @@
+"""``stepstone check``: is the store damaged, and what is still readable?
+
+Exit status 0 when nothing is wrong, 1 when something is (each problem printed with the
+key it concerns), 2 for a bad command line. A file too damaged to open is reported as a
+problem of the file, not as an error of the command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption
+from stepstone.exceptions import StoreError
+from stepstone.store import CheckProblem, CheckReport, Store, check_store
+from stepstone.store._check import problem_text
+
+__all__ = ["register"]
+
+
+def check_cmd(
+    db: DbOption = None,
+    url: UrlOption = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="SQLite's quick_check: much faster on a large file, skips index checks.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Check a store: its file's pages, then every run and value in it (read only)."""
+    if (db is None) == (url is None):
+        raise typer.BadParameter("pass exactly one of --db FILE or --url URL")
+    if db is not None and not db.exists():
+        raise typer.BadParameter(f"no store file at {str(db)!r}; check the path")
+    try:
+        store = Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
+    except StoreError as exc:
+        if debug:
+            raise
+        _report(_unopenable(db, url, exc), as_json)
+        raise typer.Exit(1) from None
+    err = Console(stderr=True)
+    try:
+        with Progress(
+            TextColumn("checking"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+            disable=as_json or not err.is_terminal,
+        ) as bar:
+            task = bar.add_task("check", total=None)
+            report = check_store(
+                store,
+                quick=quick,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    finally:
+        store.close()
+    _report(report, as_json)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _unopenable(db: Path | None, url: str | None, exc: StoreError) -> CheckReport:
+    where = f"sqlite:{db}" if db is not None else str(url)
+    detail = problem_text(exc)
+    return CheckReport(
+        store=where,
+        file_checked=False,
+        quick=False,
+        runs=0,
+        values=0,
+        journal_rows=0,
+        problems=(CheckProblem("file", None, detail),),
+    )
+
+
+def _report(report: CheckReport, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(report.to_json()))
+        return
+    console = Console(highlight=False)
+    pages = "not checked"
+    if report.file_checked:
+        pages = "quick_check" if report.quick else "integrity_check"
+    console.print(
+        f"{escape(report.store)}: {report.runs} runs ({report.journal_rows} journal rows) "
+        f"and {report.values} values read; file pages: {pages}"
+    )
+    if report.ok:
+        console.print("[green]ok[/]: nothing is damaged")
+        return
+    console.print(f"[red]{len(report.problems)} problem(s)[/]:")
+    for problem in report.problems:
+        what = problem.where if problem.key is None else f"{problem.where} {problem.key!r}"
+        console.print(f"  [bold]{escape(what)}[/]: {escape(problem.detail)}")
+    if report.store.startswith("sqlite:") and any(
+        p.where != "record" or p.detail.startswith("damaged:") for p in report.problems
+    ):
+        path = report.store.removeprefix("sqlite:")
+        console.print(
+            "The file is damaged. Restore it from a backup, or copy what is still readable "
+            f"into a new file with the sqlite3 shell: sqlite3 {escape(path)} .recover | "
+            "sqlite3 recovered.sqlite"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``check`` to ``app``."""
+    app.command("check")(check_cmd)

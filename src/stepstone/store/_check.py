@@ -1,0 +1,177 @@
+"""Checking a whole store: its file's pages, then every record, one key at a time.
+
+``stepstone check`` and :func:`check_store` answer "what is damaged, and what is still
+readable?" after a crash of the disk or a file copied half-way. The file is checked first
+(SQLite's ``integrity_check``: a backend without pages of its own to check skips it), then
+every key is read as :meth:`Store.read_entry <stepstone.store.Store.read_entry>` reads it
+(a run through its kind's view), so a record an engine could not resume from is reported
+with the reason that engine would give. One bad record never stops the check of the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from stepstone.exceptions import CorruptRecordError, StoreDamagedError
+from stepstone.store._views import render_run
+
+if TYPE_CHECKING:
+    from stepstone.store._base import Backend
+    from stepstone.store._store import Store
+
+__all__ = ["CheckProblem", "CheckReport", "check_store", "problem_text"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckProblem:
+    """One thing found wrong: ``where`` is ``"file"`` (the store's pages), ``"keys"`` (the
+    key listing itself) or ``"record"`` (the value or run under ``key``)."""
+
+    where: str
+    key: str | None
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CheckReport:
+    """What :func:`check_store` read and found.
+
+    Attributes:
+        store: The store's description (``sqlite:/path/runs.sqlite``).
+        file_checked: Whether the file's pages were checked (SQLite; PostgreSQL keeps its
+            own pages' checksums).
+        quick: Whether the file check was SQLite's faster ``quick_check`` (it skips
+            checking that indexes match their tables).
+        runs: Runs read.
+        values: Plain values read.
+        journal_rows: Journal rows read, over all runs.
+        problems: Everything found wrong, file first, then by key.
+    """
+
+    store: str
+    file_checked: bool
+    quick: bool
+    runs: int
+    values: int
+    journal_rows: int
+    problems: tuple[CheckProblem, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing was found wrong."""
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as a JSON object (``stepstone check --json``)."""
+        return {
+            "store": self.store,
+            "ok": self.ok,
+            "file_checked": self.file_checked,
+            "quick": self.quick,
+            "runs": self.runs,
+            "values": self.values,
+            "journal_rows": self.journal_rows,
+            "problems": [dataclasses.asdict(p) for p in self.problems],
+        }
+
+
+def check_store(
+    store: Store,
+    *,
+    quick: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CheckReport:
+    """Check ``store``'s file and read every record in it; nothing is written.
+
+    Args:
+        store: The store (open it with ``read_only=True`` to be sure nothing changes).
+        quick: Use SQLite's ``quick_check`` instead of ``integrity_check`` (much faster on
+            a large file; it does not check that indexes match their tables).
+        progress: Called as ``progress(done, total)`` after each key is read.
+
+    Example::
+
+        report = check_store(Store(db="runs.sqlite", read_only=True))
+        for problem in report.problems:
+            print(problem.where, problem.key, problem.detail)
+    """
+    backend = store.backend
+    problems: list[CheckProblem] = []
+    try:
+        found = backend.integrity(quick=quick)
+    except Exception as exc:  # noqa: BLE001 - reported: the records are still read below
+        found = [problem_text(exc)]
+    problems += [CheckProblem("file", None, line) for line in found or ()]
+    keys = _keys(backend, problems)
+    runs = values = rows = 0
+    for done, key in enumerate(keys, 1):
+        try:
+            n = _read(store, key)
+        except Exception as exc:  # noqa: BLE001 - one bad record never stops the check
+            problems.append(CheckProblem("record", key, problem_text(exc)))
+        else:
+            if n is None:
+                values += 1
+            else:
+                runs, rows = runs + 1, rows + n
+        if progress is not None:
+            progress(done, len(keys))
+    return CheckReport(
+        store=backend.describe(),
+        file_checked=found is not None,
+        quick=quick,
+        runs=runs,
+        values=values,
+        journal_rows=rows,
+        problems=tuple(problems),
+    )
+
+
+def _keys(backend: Backend, problems: list[CheckProblem]) -> list[str]:
+    """Every key; when the listing fails, the runs' and the values' keys each listed on its
+    own, so damage to one table still lets the other be read."""
+    try:
+        return backend.kv_keys(None)
+    except Exception as exc:  # noqa: BLE001 - reported, then each table on its own
+        problems.append(CheckProblem("keys", None, problem_text(exc)))
+    keys: list[str] = []
+    try:
+        keys += [head.key for head in backend.run_list(None)]
+    except Exception as exc:  # noqa: BLE001 - no run can be listed
+        problems.append(CheckProblem("keys", None, f"cannot list the runs: {problem_text(exc)}"))
+    try:
+        keys += [key for key, _ in backend.kv_items(None)]
+    except Exception as exc:  # noqa: BLE001 - no value can be listed
+        problems.append(CheckProblem("keys", None, f"cannot list the values: {problem_text(exc)}"))
+    return sorted(keys)
+
+
+def _read(store: Store, key: str) -> int | None:
+    """Read the record under ``key`` as an engine would: None for a plain value, else the
+    run's journal rows (a key deleted meanwhile counts as a value)."""
+    backend = store.backend
+    head = backend.run_get(key)
+    if head is None:
+        store.read_entry(key)
+        return None
+    # only the rows this head counts: an owner that commits meanwhile only appends after them
+    journal = [r for r in backend.run_journal(key) if r.seq < head.journal_len]
+    if [r.seq for r in journal] != list(range(head.journal_len)):
+        missing = sorted(set(range(head.journal_len)) - {r.seq for r in journal})
+        raise CorruptRecordError(
+            f"run {key!r}: its head counts {head.journal_len} journal rows, but rows "
+            f"{missing[:10]}{' ...' if len(missing) > 10 else ''} are missing"
+        )
+    render_run(head, journal)
+    return len(journal)
+
+
+def problem_text(exc: BaseException) -> str:
+    """``exc`` as one line of a report (a damaged file: what SQLite said)."""
+    if isinstance(exc, StoreDamagedError) and exc.__cause__ is not None:
+        # the full message names the fix; the report says it once, not on every line
+        cause = exc.__cause__
+        return f"damaged: {cause} ({getattr(cause, 'sqlite_errorname', type(cause).__name__)})"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

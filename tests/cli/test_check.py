@@ -1,0 +1,107 @@
+"""`stepstone check`: the file's pages, then every record; exit 1 names what is wrong
+(guarantee 157)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from stepstone import Agent, Plan, Step, Store
+from stepstone.cli import app
+from stepstone.store import check_store
+from tests.store.damage import damage_page, damage_table
+
+runner = CliRunner()
+
+
+def _check(*args: str) -> Any:
+    return runner.invoke(app, ["check", *args], env={"COLUMNS": "300"})
+
+
+def _store(db: Path) -> Path:
+    """Three finished two-step runs and two plain values."""
+    with Store(db=db) as store:
+        for key in ("r1", "r2", "r3"):
+            plan = Plan(
+                Step(lambda p: {"rows": 3}, name="extract"),
+                Step(lambda p: "ok", name="load"),
+                store=store,
+                checkpoint_key=key,
+            )
+            assert Agent(engine=plan)("go").ok
+        store.write("v1", 1)
+        store.write("v2", {"a": [1, 2]})
+    return db
+
+
+def test_a_sound_store_is_ok_and_counted(tmp_path: Path) -> None:
+    db = _store(tmp_path / "s.sqlite")
+    before = db.read_bytes()
+    result = _check("--db", str(db))
+    assert result.exit_code == 0, result.output
+    assert "3 runs" in result.output and "2 values" in result.output
+    assert "integrity_check" in result.output and "ok: nothing is damaged" in result.output
+    report = json.loads(_check("--db", str(db), "--json", "--quick").output)
+    assert report["ok"] and report["quick"] and report["file_checked"]
+    assert (report["runs"], report["values"], report["problems"]) == (3, 2, [])
+    assert report["journal_rows"] > 0
+    assert db.read_bytes() == before  # read only
+
+
+def test_bad_records_are_named_by_key_and_the_others_still_read(tmp_path: Path) -> None:
+    db = _store(tmp_path / "s.sqlite")
+    con = sqlite3.connect(db)
+    con.execute("UPDATE stepstone_runs SET meta = '[[[' WHERE key = 'r1'")
+    con.execute("DELETE FROM stepstone_journal WHERE run_key = 'r2' AND seq = 0")
+    con.execute("UPDATE stepstone_kv SET value = '{\"cut' WHERE key = 'v2'")
+    con.commit()
+    con.close()
+    result = _check("--db", str(db), "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    problems = {p["key"]: p for p in report["problems"]}
+    assert sorted(problems) == ["r1", "r2", "v2"]
+    assert all(p["where"] == "record" for p in problems.values())
+    assert "meta" in problems["r1"]["detail"]
+    assert "rows [0] are missing" in problems["r2"]["detail"]
+    assert "'v2'" in problems["v2"]["detail"]
+    assert (report["runs"], report["values"], report["file_checked"]) == (1, 1, True)
+    text = _check("--db", str(db)).output
+    assert "3 problem(s)" in text and "record 'r2'" in text
+    assert ".recover" not in text  # the pages are sound: nothing to recover
+
+
+def test_damaged_pages_are_reported_with_what_still_reads(tmp_path: Path) -> None:
+    db = _store(tmp_path / "s.sqlite")
+    damage_table(db, "stepstone_journal")
+    result = _check("--db", str(db))
+    assert result.exit_code == 1, result.output
+    assert "file: " in result.output and ".recover" in result.output
+    report = check_store(Store(db=db, read_only=True))
+    assert report.problems[0].where == "file"
+    assert {p.key for p in report.problems if p.where == "record"} == {"r1", "r2", "r3"}
+    assert all("damaged: " in p.detail for p in report.problems[1:])
+    assert report.values == 2  # the values' table is sound
+
+
+def test_a_file_too_damaged_to_open_is_a_problem_of_the_file(tmp_path: Path) -> None:
+    db = _store(tmp_path / "s.sqlite")
+    damage_page(db, 1, offset=100)  # the table list, after the file's 100-byte header
+    result = _check("--db", str(db), "--json")
+    assert result.exit_code == 1, result.output
+    (problem,) = json.loads(result.output)["problems"]
+    assert problem["where"] == "file" and problem["detail"].startswith("damaged: ")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a store\n" * 100)
+    result = _check("--db", str(notes))
+    assert result.exit_code == 1 and "is not a SQLite database" in result.output
+
+
+def test_check_needs_exactly_one_store(tmp_path: Path) -> None:
+    assert _check().exit_code == 2
+    result = _check("--db", str(tmp_path / "missing.sqlite"))
+    assert result.exit_code == 2 and "no store file" in result.output

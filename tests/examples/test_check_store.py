@@ -1,0 +1,25 @@
+"""examples/check_store.py: a damaged copy of a store fails by name and checks unclean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.examples._run import example_lines
+
+DAMAGED = "damaged: database disk image is malformed (SQLITE_CORRUPT)"
+
+
+def test_check_store_example(tmp_path: Path) -> None:
+    # guarantees 154, 157
+    lines = example_lines("check_store.py", tmp_path)
+    assert lines == [
+        "original: ok=True, 5 runs, 1 value",
+        "resume on the copy: StoreDamagedError: 'copy.sqlite' is damaged: SQLite says "
+        "database disk image is malformed (SQLITE_CORRUPT)",
+        "steps run by that resume: 0",
+        "the setting still reads: {'retries': 3}",
+        "copy: ok=False, 6 problems",
+        "  file: database disk image is malformed (SQLITE_CORRUPT)",
+        *[f"  record nightly-11-{day}: {DAMAGED}" for day in range(19, 24)],
+        "stepstone check --db copy.sqlite: exit status 1",
+    ]

@@ -27,7 +27,7 @@ from stepstone.store._queue_base import (
     entry_from_row,
     free_slots,
 )
-from stepstone.store._sqlite_errors import file_errors
+from stepstone.store._sqlite_errors import file_error, file_errors
 
 __all__ = ["SQLiteQueue"]
 
@@ -105,7 +105,7 @@ class SQLiteQueue(QueueBackend):
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise StoreError(
+            raise file_error(self.path, exc) or StoreError(
                 f"could not lock {str(self.path)!r} for the work queue within "
                 f"{self.busy_timeout}s: {exc}; another process holds a long write transaction"
             ) from exc

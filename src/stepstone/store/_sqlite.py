@@ -316,7 +316,7 @@ class SQLiteBackend(Backend):
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise StoreError(
+            raise file_error(self.path, exc) or StoreError(
                 f"could not lock {str(self.path)!r} for writing within {self.busy_timeout}s: "
                 f"{exc}; another process holds a long write transaction"
             ) from exc

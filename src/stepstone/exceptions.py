@@ -19,8 +19,8 @@ The tree::
         │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
         │   └── ConcurrentGraphResumeError  another live invocation resumes (or runs) a record
         ├── StoreError                  the store could not do what was asked
-        │   ├── StoreDamagedError       the store's file is damaged (SQLite: malformed pages)
-        │   ├── StoreFullError          the disk holding the store's file is full
+        │   ├── StoreDamagedError       the store's data is damaged (malformed pages...)
+        │   ├── StoreFullError          the disk holding the store is full
         │   └── CorruptRecordError      a stored run record cannot be decoded or used
         │       ├── CheckpointCorruptError          a Plan checkpoint
         │       ├── CheckpointRecordInvalid         a graph record (also a CheckpointError)
@@ -177,15 +177,15 @@ class StoreError(StepstoneError):
 
 
 class StoreDamagedError(StoreError):
-    """The store's file is damaged (SQLite reports malformed pages, or a header that is not
-    a database's any more); the message names the file and how to check and recover it.
+    """The store's data is damaged (SQLite reports malformed pages; PostgreSQL, damaged
+    data or a damaged index); the message names the store and how to check and recover it.
     The operation that met the damage wrote nothing."""
 
 
 class StoreFullError(StoreError):
-    """The disk holding the store's file is full; nothing of the operation was written. A
-    run stopped by it continues after its last committed step once there is space again
-    (``resume=True``)."""
+    """The disk holding the store (its SQLite file, or the PostgreSQL server's data) is
+    full; nothing of the operation was written. A run stopped by it continues after its
+    last committed step once there is space again (``resume=True``)."""
 
 
 class CorruptRecordError(StoreError):

@@ -68,6 +68,7 @@ from stepstone.store._postgres_conn import (
     connection_lost,
     one,
 )
+from stepstone.store._postgres_errors import server_error
 from stepstone.store._postgres_schema import (
     CLAIM_FRESH_SQL,
     CLAIM_HEAD,
@@ -207,8 +208,13 @@ class PostgresBackend(Backend):
                     check_schema(conn, self.describe())
                 else:
                     migrate(conn)
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             what = "read" if self.read_only else "set up the stepstone schema in"
+            mapped = server_error(self.describe(), f"{what} it", exc)
+            if mapped is not None:
+                raise mapped from exc
+            if not isinstance(exc, psycopg.OperationalError):
+                raise
             raise StoreError(
                 f"cannot {what} {self.describe()}: {exc}; check the URL (host, port, "
                 "database, user, password) and that the server accepts connections"
@@ -304,6 +310,11 @@ class PostgresBackend(Backend):
         while True:
             try:
                 return attempt(deadline)
+            except psycopg.Error as exc:
+                mapped = server_error(self.describe(), what, exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
             except Lost as lost:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -10,7 +10,11 @@ from __future__ import annotations
 import gc
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +86,38 @@ def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]
         yield url
     finally:
         pg_server.drop_database(name)
+
+
+class SmallDisk:
+    """A tmpfs of its own: a disk that really fills (``ENOSPC``), and grows on request."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def resize(self, size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True)
+
+
+@pytest.fixture
+def small_disk() -> Iterator[SmallDisk]:
+    """A 2 MB tmpfs, removed afterwards; skipped where mounting one is not allowed (it
+    needs root and mount(8))."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a tmpfs needs root and mount(8)")
+    where = Path(tempfile.mkdtemp(prefix="stepstone-small-", dir="/tmp"))
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        where.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield SmallDisk(where)
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=False)
+        where.rmdir()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

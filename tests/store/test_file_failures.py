@@ -21,6 +21,7 @@ from stepstone import (
     StoreError,
     StoreFullError,
 )
+from tests.conftest import SmallDisk
 from tests.store.damage import damage_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +109,22 @@ def test_a_full_store_stops_the_run_and_its_resume_continues_after_the_last_comm
         assert Agent(engine=_plan(store, "run", calls, steps=8, pad=40_000))("go").ok
     # the step whose commit failed runs again, the ones committed before it do not
     assert calls == [f"s{i}" for i in range(stopped - 1, 8)]
+
+
+def test_a_really_full_disk_is_a_store_full_error_and_the_run_resumes(
+    small_disk: SmallDisk,
+) -> None:
+    db = small_disk.path / "full.sqlite"
+    calls: list[str] = []
+    with Store(db=db) as store:
+        with pytest.raises(StoreFullError, match="the disk is full"):
+            Agent(engine=_plan(store, "run", calls, steps=60, pad=100_000))("go")
+        stopped = len(calls)
+        assert 1 < stopped < 60, calls
+        small_disk.resize("64m")
+        calls.clear()
+        assert Agent(engine=_plan(store, "run", calls, steps=60, pad=100_000))("go").ok
+    assert calls == [f"s{i}" for i in range(stopped - 1, 60)]
 
 
 LIMITED = """

@@ -12,16 +12,14 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from stepstone import Agent, Plan, Step, Store, StoreDamagedError, StoreError, StoreFullError
+from tests.conftest import SmallDisk
 from tests.pgserver import PgServer
 
 pytestmark = pytest.mark.postgres
@@ -87,36 +85,23 @@ def test_damaged_data_is_a_store_damaged_error(own_pg_server: PgServer, own_pg_u
 
 # -- a real full disk ----------------------------------------------------------------------
 @pytest.fixture
-def small_tablespace(pg_server: PgServer) -> Iterator[tuple[str, Path]]:
-    """A database whose tables go to a 2 MB tmpfs: ``(url, mount point)``."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a tmpfs needs root and mount(8)")
-    where = Path(tempfile.mkdtemp(prefix="stepstone-small-", dir="/tmp"))
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        where.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+def small_tablespace(pg_server: PgServer, small_disk: SmallDisk) -> Iterator[str]:
+    """A database whose tables go to a 2 MB tmpfs."""
+    shutil.chown(small_disk.path, "postgres", "postgres")
+    pg_server.admin(f"CREATE TABLESPACE t_small LOCATION '{small_disk.path}'")
     try:
-        shutil.chown(where, "postgres", "postgres")
-        pg_server.admin(f"CREATE TABLESPACE t_small LOCATION '{where}'")
         url = pg_server.create_database("t_small_disk")
         pg_server.admin('ALTER DATABASE "t_small_disk" SET default_tablespace = t_small')
-        yield url, where
+        yield url
     finally:
         pg_server.drop_database("t_small_disk")
         pg_server.admin("DROP TABLESPACE IF EXISTS t_small")
-        subprocess.run(["umount", str(where)], check=False)
-        where.rmdir()
 
 
 def test_a_full_disk_stops_the_run_and_its_resume_continues_after_the_last_commit(
-    small_tablespace: tuple[str, Path],
+    small_tablespace: str, small_disk: SmallDisk
 ) -> None:
-    url, where = small_tablespace
+    url = small_tablespace
     calls: list[str] = []
     with Store(url=url) as store:
         store.setup()
@@ -132,7 +117,7 @@ def test_a_full_disk_stops_the_run_and_its_resume_continues_after_the_last_commi
         assert "out of disk space" in message and "resume=True" in message
         stopped = len(calls)
         assert 1 < stopped < 40, calls
-        subprocess.run(["mount", "-o", "remount,size=64m", str(where)], check=True)
+        small_disk.resize("64m")
         calls.clear()
         assert Agent(engine=_plan(store, "run", calls, steps=40, size=100_000))("go").ok
     # the step whose commit failed runs again; the ones committed before it do not

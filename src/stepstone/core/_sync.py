@@ -178,6 +178,17 @@ class _Call:
 _PRIVATE_TASKS: ContextVar[_Call | None] = ContextVar("stepstone_private_tasks", default=None)
 
 
+async def cancel_point() -> None:
+    """Let a cancellation requested while the current task ran without suspending take
+    effect here. Called by the engines between two steps: a sync call's steps and commits
+    may run inline on the loop's thread without one await that suspends, so a Ctrl-C (which
+    cancels the call's task) would otherwise be seen only when the whole run returned. A
+    task with no cancellation pending goes straight on (no trip through the loop)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        await asyncio.sleep(0)
+
+
 def may_block_loop() -> bool:
     """Whether a blocking call on the running loop would starve nothing.
 

@@ -9,7 +9,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from stepstone.core._sync import run_sync
+from stepstone.core._sync import cancel_point, run_sync
 from stepstone.durable import (
     OwnedRun,
     blocking_call,
@@ -535,6 +535,7 @@ class CompiledGraph(Generic[S]):
         inner: list[_Resume],
     ) -> Any:
         while node != _END_NAME:
+            await cancel_point()  # a Ctrl-C during the last node stops the run here
             spec = graph.nodes[node]
             pop = 0
             try:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
+from stepstone.core._sync import cancel_point
 from stepstone.core._threads import call_sync
 from stepstone.core._tool import is_async_callable
 from stepstone.durable import OwnedRun
@@ -282,6 +283,7 @@ class PlanRun:
         while idx < len(units):
             unit = units[idx]
             self._current = unit.entry
+            await cancel_point()  # a Ctrl-C during the last step stops the run here
             if unit.entry in self.visited and self.iteration >= self.max_iterations:
                 exc = MaxIterationsExceeded(
                     f"Plan hit max_iterations={self.max_iterations}: routes sent the run back "

@@ -95,8 +95,9 @@ def _report(report: CheckReport, as_json: bool) -> None:
     if report.file_checked:
         pages = "quick_check" if report.quick else "integrity_check"
     console.print(
-        f"{escape(report.store)}: {report.runs} runs ({report.journal_rows} journal rows) "
-        f"and {report.values} values read; file pages: {pages}"
+        f"{escape(report.store)}: {_count(report.runs, 'run')} "
+        f"({_count(report.journal_rows, 'journal row')}) and {_count(report.values, 'value')} "
+        f"read; file pages: {pages}"
     )
     if report.ok:
         console.print("[green]ok[/]: nothing is damaged")
@@ -114,6 +115,10 @@ def _report(report: CheckReport, as_json: bool) -> None:
             f"into a new file with the sqlite3 shell: sqlite3 {escape(path)} .recover | "
             "sqlite3 recovered.sqlite"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def register(app: typer.Typer) -> None:

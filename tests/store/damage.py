@@ -1,10 +1,40 @@
-"""Damaging a closed SQLite store the way a failing disk does: a page overwritten with
-bytes that are no b-tree page."""
+"""For the tests of stores that fail: damaging a closed SQLite store the way a failing disk
+does (a page overwritten with bytes that are no b-tree page), and a Plan that counts its
+step calls."""
 
 from __future__ import annotations
 
+import base64
+import os
 import sqlite3
 from pathlib import Path
+from typing import Any
+
+from stepstone import Plan, Step, Store
+
+
+def counted_plan(
+    store: Store, key: str, calls: list[str], *, steps: int = 2, size: int = 100
+) -> Plan:
+    """A resumable Plan of ``steps`` steps ``s0``, ``s1``..., each appending its name to
+    ``calls`` and returning ``size`` random bytes in base64 (no store can compress them to
+    nothing)."""
+
+    def step(name: str) -> Any:
+        def run(payload: Any) -> str:
+            calls.append(name)
+            return base64.b64encode(os.urandom(size)).decode()
+
+        run.__name__ = name
+        return run
+
+    return Plan(
+        *[Step(step(f"s{i}")) for i in range(steps)],
+        store=store,
+        checkpoint_key=key,
+        resume=True,
+        max_iterations=steps + 1,
+    )
 
 
 def damage_page(db: Path, page: int, offset: int = 0) -> None:

@@ -8,41 +8,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from stepstone import (
     Agent,
-    Plan,
-    Step,
     Store,
     StoreDamagedError,
     StoreError,
     StoreFullError,
 )
 from tests.conftest import SmallDisk
-from tests.store.damage import damage_table
+from tests.store.damage import counted_plan, damage_table
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _plan(store: Store, key: str, calls: list[str], *, steps: int = 2, pad: int = 3000) -> Plan:
-    def step(name: str) -> Any:
-        def run(payload: Any) -> str:
-            calls.append(name)
-            return "x" * pad
-
-        run.__name__ = name
-        return run
-
-    return Plan(
-        *[Step(step(f"s{i}")) for i in range(steps)],
-        store=store,
-        checkpoint_key=key,
-        resume=True,
-        max_iterations=steps + 1,
-    )
 
 
 @pytest.fixture
@@ -51,7 +30,7 @@ def damaged(tmp_path: Path) -> Path:
     db = tmp_path / "damaged.sqlite"
     with Store(db=db) as store:
         for key in ("a", "b"):
-            assert Agent(engine=_plan(store, key, []))("go").ok
+            assert Agent(engine=counted_plan(store, key, []))("go").ok
         store.write("setting", {"retries": 3})
     damage_table(db, "stepstone_journal")
     return db
@@ -73,7 +52,7 @@ def test_damaged_pages_are_a_store_damaged_error_naming_the_file_and_the_fix(
 def test_resuming_a_run_in_a_damaged_file_raises_it_and_runs_no_step(damaged: Path) -> None:
     calls: list[str] = []
     with Store(db=damaged) as store, pytest.raises(StoreDamagedError, match="is damaged"):
-        Agent(engine=_plan(store, "a", calls))("go")
+        Agent(engine=counted_plan(store, "a", calls))("go")
     assert calls == []
 
 
@@ -98,7 +77,7 @@ def test_a_full_store_stops_the_run_and_its_resume_continues_after_the_last_comm
         pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
         conn.execute(f"PRAGMA max_page_count = {pages + 40}")  # room for a few 40 KB steps
         with pytest.raises(StoreFullError) as info:
-            Agent(engine=_plan(store, "run", calls, steps=8, pad=40_000))("go")
+            Agent(engine=counted_plan(store, "run", calls, steps=8, size=30_000))("go")
         message = str(info.value)
         assert repr(str(db)) in message and "disk is full" in message
         assert "resume=True" in message
@@ -106,7 +85,7 @@ def test_a_full_store_stops_the_run_and_its_resume_continues_after_the_last_comm
         assert 1 < stopped < 8, calls
         conn.execute("PRAGMA max_page_count = 1073741823")  # room again
         calls.clear()
-        assert Agent(engine=_plan(store, "run", calls, steps=8, pad=40_000))("go").ok
+        assert Agent(engine=counted_plan(store, "run", calls, steps=8, size=30_000))("go").ok
     # the step whose commit failed runs again, the ones committed before it do not
     assert calls == [f"s{i}" for i in range(stopped - 1, 8)]
 
@@ -118,12 +97,12 @@ def test_a_really_full_disk_is_a_store_full_error_and_the_run_resumes(
     calls: list[str] = []
     with Store(db=db) as store:
         with pytest.raises(StoreFullError, match="the disk is full"):
-            Agent(engine=_plan(store, "run", calls, steps=60, pad=100_000))("go")
+            Agent(engine=counted_plan(store, "run", calls, steps=60, size=75_000))("go")
         stopped = len(calls)
         assert 1 < stopped < 60, calls
         small_disk.resize("64m")
         calls.clear()
-        assert Agent(engine=_plan(store, "run", calls, steps=60, pad=100_000))("go").ok
+        assert Agent(engine=counted_plan(store, "run", calls, steps=60, size=75_000))("go").ok
     assert calls == [f"s{i}" for i in range(stopped - 1, 60)]
 
 

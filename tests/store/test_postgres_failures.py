@@ -9,52 +9,31 @@ too: a table's first page overwritten in its file while the server is stopped.
 
 from __future__ import annotations
 
-import base64
-import os
 import shutil
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
 
-from stepstone import Agent, Plan, Step, Store, StoreDamagedError, StoreError, StoreFullError
+from stepstone import Agent, Store, StoreDamagedError, StoreError, StoreFullError
 from tests.conftest import SmallDisk
 from tests.pgserver import PgServer
+from tests.store.damage import counted_plan
 
 pytestmark = pytest.mark.postgres
-
-
-def _plan(store: Store, key: str, calls: list[str], *, steps: int = 2, size: int = 100) -> Plan:
-    def step(name: str) -> Any:
-        def run(payload: Any) -> str:
-            calls.append(name)
-            # random bytes: PostgreSQL cannot compress them to nothing
-            return base64.b64encode(os.urandom(size)).decode()
-
-        run.__name__ = name
-        return run
-
-    return Plan(
-        *[Step(step(f"s{i}")) for i in range(steps)],
-        store=store,
-        checkpoint_key=key,
-        resume=True,
-        max_iterations=steps + 1,
-    )
 
 
 def test_a_read_only_database_is_a_store_error_saying_so(pg_server: PgServer) -> None:
     url = pg_server.create_database("t_read_only_db")
     try:
         with Store(url=url) as store:
-            assert Agent(engine=_plan(store, "before", []))("go").ok
+            assert Agent(engine=counted_plan(store, "before", []))("go").ok
         pg_server.admin('ALTER DATABASE "t_read_only_db" SET default_transaction_read_only = on')
         calls: list[str] = []
         with Store(url=url) as store:
             assert store.read("before")["status"] == "done"  # reads still work
             with pytest.raises(StoreError, match="is read-only") as info:
-                Agent(engine=_plan(store, "after", calls))("go")
+                Agent(engine=counted_plan(store, "after", calls))("go")
             with pytest.raises(StoreError, match="is read-only"):
                 store.write("setting", 1)
         assert "primary" in str(info.value) and "read_only=True" in str(info.value)
@@ -66,7 +45,7 @@ def test_a_read_only_database_is_a_store_error_saying_so(pg_server: PgServer) ->
 
 def test_damaged_data_is_a_store_damaged_error(own_pg_server: PgServer, own_pg_url: str) -> None:
     with Store(url=own_pg_url) as store:
-        assert Agent(engine=_plan(store, "run", []))("go").ok
+        assert Agent(engine=counted_plan(store, "run", []))("go").ok
         store.write("setting", {"retries": 3})
     with psycopg.connect(own_pg_url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_relation_filepath('stepstone_journal')").fetchone()
@@ -112,13 +91,13 @@ def test_a_full_disk_stops_the_run_and_its_resume_continues_after_the_last_commi
             ).fetchone()
         assert row == ("t_small",)
         with pytest.raises(StoreFullError) as info:
-            Agent(engine=_plan(store, "run", calls, steps=40, size=100_000))("go")
+            Agent(engine=counted_plan(store, "run", calls, steps=40, size=100_000))("go")
         message = str(info.value)
         assert "out of disk space" in message and "resume=True" in message
         stopped = len(calls)
         assert 1 < stopped < 40, calls
         small_disk.resize("64m")
         calls.clear()
-        assert Agent(engine=_plan(store, "run", calls, steps=40, size=100_000))("go").ok
+        assert Agent(engine=counted_plan(store, "run", calls, steps=40, size=100_000))("go").ok
     # the step whose commit failed runs again; the ones committed before it do not
     assert calls == [f"s{i}" for i in range(stopped - 1, 40)]

@@ -7,10 +7,13 @@ from __future__ import annotations
 import base64
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stepstone import Plan, Step, Store
+import pytest
+
+from stepstone import Agent, Plan, Step, Store, StoreFullError
 
 
 def counted_plan(
@@ -35,6 +38,24 @@ def counted_plan(
         resume=True,
         max_iterations=steps + 1,
     )
+
+
+def fill_then_resume(
+    store: Store, make_room: Callable[[], None], *, steps: int, size: int
+) -> StoreFullError:
+    """Run a counted plan until the full ``store`` stops it, ``make_room()``, then resume
+    it, checking that the resume runs the step whose commit failed and the ones after it,
+    none committed before it. Returns the error that stopped the run."""
+    calls: list[str] = []
+    with pytest.raises(StoreFullError) as info:
+        Agent(engine=counted_plan(store, "run", calls, steps=steps, size=size))("go")
+    stopped = len(calls)
+    assert 1 < stopped < steps, calls
+    make_room()
+    calls.clear()
+    assert Agent(engine=counted_plan(store, "run", calls, steps=steps, size=size))("go").ok
+    assert calls == [f"s{i}" for i in range(stopped - 1, steps)]
+    return info.value
 
 
 def damage_page(db: Path, page: int, offset: int = 0) -> None:

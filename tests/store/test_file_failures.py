@@ -16,10 +16,9 @@ from stepstone import (
     Store,
     StoreDamagedError,
     StoreError,
-    StoreFullError,
 )
 from tests.conftest import SmallDisk
-from tests.store.damage import counted_plan, damage_table
+from tests.store.damage import counted_plan, damage_table, fill_then_resume
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,41 +68,29 @@ def test_a_full_store_stops_the_run_and_its_resume_continues_after_the_last_comm
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "full.sqlite"
-    calls: list[str] = []
     with Store(db=db) as store:
         # SQLite's own size cap on this thread's connection (the one a sync run commits
         # on): growing the database past it fails exactly as a full disk does
         conn = store.backend._conn()  # type: ignore[attr-defined]
         pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
         conn.execute(f"PRAGMA max_page_count = {pages + 40}")  # room for a few 40 KB steps
-        with pytest.raises(StoreFullError) as info:
-            Agent(engine=counted_plan(store, "run", calls, steps=8, size=30_000))("go")
-        message = str(info.value)
-        assert repr(str(db)) in message and "disk is full" in message
-        assert "resume=True" in message
-        stopped = len(calls)
-        assert 1 < stopped < 8, calls
-        conn.execute("PRAGMA max_page_count = 1073741823")  # room again
-        calls.clear()
-        assert Agent(engine=counted_plan(store, "run", calls, steps=8, size=30_000))("go").ok
-    # the step whose commit failed runs again, the ones committed before it do not
-    assert calls == [f"s{i}" for i in range(stopped - 1, 8)]
+        error = fill_then_resume(
+            store,
+            lambda: conn.execute("PRAGMA max_page_count = 1073741823"),  # room again
+            steps=8,
+            size=30_000,
+        )
+    message = str(error)
+    assert repr(str(db)) in message and "disk is full" in message
+    assert "resume=True" in message
 
 
 def test_a_really_full_disk_is_a_store_full_error_and_the_run_resumes(
     small_disk: SmallDisk,
 ) -> None:
-    db = small_disk.path / "full.sqlite"
-    calls: list[str] = []
-    with Store(db=db) as store:
-        with pytest.raises(StoreFullError, match="the disk is full"):
-            Agent(engine=counted_plan(store, "run", calls, steps=60, size=75_000))("go")
-        stopped = len(calls)
-        assert 1 < stopped < 60, calls
-        small_disk.resize("64m")
-        calls.clear()
-        assert Agent(engine=counted_plan(store, "run", calls, steps=60, size=75_000))("go").ok
-    assert calls == [f"s{i}" for i in range(stopped - 1, 60)]
+    with Store(db=small_disk.path / "full.sqlite") as store:
+        error = fill_then_resume(store, lambda: small_disk.resize("64m"), steps=60, size=75_000)
+    assert "the disk is full" in str(error)
 
 
 LIMITED = """

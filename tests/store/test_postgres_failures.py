@@ -18,7 +18,7 @@ import pytest
 from stepstone import Agent, Store, StoreDamagedError, StoreError, StoreFullError
 from tests.conftest import SmallDisk
 from tests.pgserver import PgServer
-from tests.store.damage import counted_plan
+from tests.store.damage import counted_plan, fill_then_resume
 
 pytestmark = pytest.mark.postgres
 
@@ -81,7 +81,6 @@ def test_a_full_disk_stops_the_run_and_its_resume_continues_after_the_last_commi
     small_tablespace: str, small_disk: SmallDisk
 ) -> None:
     url = small_tablespace
-    calls: list[str] = []
     with Store(url=url) as store:
         store.setup()
         with psycopg.connect(url) as conn:
@@ -90,14 +89,6 @@ def test_a_full_disk_stops_the_run_and_its_resume_continues_after_the_last_commi
                 "(SELECT reltablespace FROM pg_class WHERE relname = 'stepstone_journal')"
             ).fetchone()
         assert row == ("t_small",)
-        with pytest.raises(StoreFullError) as info:
-            Agent(engine=counted_plan(store, "run", calls, steps=40, size=100_000))("go")
-        message = str(info.value)
-        assert "out of disk space" in message and "resume=True" in message
-        stopped = len(calls)
-        assert 1 < stopped < 40, calls
-        small_disk.resize("64m")
-        calls.clear()
-        assert Agent(engine=counted_plan(store, "run", calls, steps=40, size=100_000))("go").ok
-    # the step whose commit failed runs again; the ones committed before it do not
-    assert calls == [f"s{i}" for i in range(stopped - 1, 40)]
+        error = fill_then_resume(store, lambda: small_disk.resize("64m"), steps=40, size=100_000)
+    message = str(error)
+    assert "out of disk space" in message and "resume=True" in message

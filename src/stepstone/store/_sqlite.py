@@ -245,18 +245,20 @@ class SQLiteBackend(Backend):
             self._setup()
 
     # -- connections ---------------------------------------------------------------------
+    def _connect_read_only(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            f"{self.path.resolve().as_uri()}?mode=ro",
+            uri=True,
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        return conn
+
     def _connect(self) -> sqlite3.Connection:
         if self.read_only:
-            uri = f"{self.path.resolve().as_uri()}?mode=ro"
-            conn = sqlite3.connect(
-                uri,
-                uri=True,
-                timeout=self.busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-            return conn
+            return self._connect_read_only()
         conn = sqlite3.connect(
             str(self.path),
             timeout=self.busy_timeout,
@@ -408,8 +410,7 @@ class SQLiteBackend(Backend):
         WAL included)."""
         if str(self.path) == ":memory:":
             return None
-        uri = f"{self.path.resolve().as_uri()}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, isolation_level=None)
+        conn = self._connect_read_only()
         try:
             pragma = "quick_check" if quick else "integrity_check"
             lines = [str(row[0]) for row in conn.execute(f"PRAGMA {pragma}(100)")]

@@ -39,7 +39,7 @@ _READONLY, _IOERR, _CORRUPT, _CANTOPEN, _FULL, _NOTADB = 8, 10, 11, 14, 13, 26
 def file_error(path: Path, exc: sqlite3.Error) -> StoreError | None:
     """The store error ``exc`` means for the store file at ``path``, or None when it is no
     failure of the file itself."""
-    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    code = _primary_code(exc)
     name = getattr(exc, "sqlite_errorname", None) or "an error"
     where = repr(str(path))
     if code in (_CORRUPT, _NOTADB):
@@ -75,7 +75,11 @@ def file_error(path: Path, exc: sqlite3.Error) -> StoreError | None:
 def is_foreign(exc: sqlite3.Error) -> bool:
     """Whether SQLite found no database header at all (``SQLITE_NOTADB``: another kind of
     file, or a store whose first page was overwritten)."""
-    return (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == _NOTADB
+    return _primary_code(exc) == _NOTADB
+
+
+def _primary_code(exc: sqlite3.Error) -> int:
+    return (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
 
 
 def file_errors(method: F) -> F:

@@ -9,6 +9,8 @@ this one run:
   (N = 10 and 100), run the way a script runs it (``Agent(engine=plan)(task)``): wall time
   per step, everything included (step call, engine, commit), on a warm store;
 * the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode);
+* the same awaited on an event loop (``await agent.run(task)``, as async code and workers
+  run it), whose step commits go on async connections awaited on the loop;
 * WAL flushes per 10-step run, counted by the server (``pg_stat_wal``): a figure the
   machine's load does not move;
 * for reference, the parts: one step commit through the kernel alone (``OwnedRun.commit_sync``
@@ -24,6 +26,7 @@ Targets: 100-step runs <= 1.5x the raw upsert per step, 10-step runs <= 2x.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
@@ -66,14 +69,16 @@ def trivial(payload: Any) -> str:
     return PAYLOAD
 
 
-def plan_ms_per_step(store: Any, n_steps: int, key: str) -> float:
+def plan_ms_per_step(store: Any, n_steps: int, key: str, loop: Any = None) -> float:
+    """ms per step of one run: ``agent(task)``, or awaited on ``loop`` (an event loop kept
+    for the whole benchmark) as async code runs it."""
     from stepstone import Agent, Plan, Step
 
     steps = [Step(trivial, name=f"s{i}", writes=f"{key}:w{i}") for i in range(n_steps)]
     plan = Plan(*steps, store=store, checkpoint_key=key, max_iterations=n_steps + 1)
     agent = Agent(engine=plan)
     t0 = time.perf_counter()
-    env = agent("go")
+    env = agent("go") if loop is None else loop.run_until_complete(agent.run("go"))
     elapsed = time.perf_counter() - t0
     if not env.ok:
         raise SystemExit(f"run {key} failed: {env.error}")
@@ -133,23 +138,27 @@ def main() -> None:
             "prepared": Store(backend=PostgresBackend(url)),
             "prepare=False": Store(backend=PostgresBackend(url, prepare=False)),
         }
-        for store in stores.values():
-            store.setup()
-            plan_ms_per_step(store, 20, f"warm-{id(store)}")
+        loop = asyncio.new_event_loop()
+        # how each is run: agent(task), or awaited on a loop (commits on async connections)
+        modes = [("prepared", None), ("prepare=False", None), ("prepared", loop)]
+        for name, mode in modes:
+            stores[name].setup()
+            plan_ms_per_step(stores[name], 20, f"warm-{name}-{mode is None}", mode)
         raw = raw_connection(url)
         raws: list[float] = []
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
         parts: dict[str, list[tuple[float, float]]] = {}
         for r in range(args.repeat):  # interleaved, each run paired with a raw measurement
-            for name, store in stores.items():
+            for name, mode in modes:
+                label = name if mode is None else f"{name}, awaited"
                 for n in (10, 100):
                     # the raw upsert measured just before and just after the run, as many
                     # times as the run has steps, so both see the same machine
                     before = raw_upsert_ms(raw, n)
-                    ms = plan_ms_per_step(store, n, f"{name}-{n}-{r}")
+                    ms = plan_ms_per_step(stores[name], n, f"{label}-{n}-{r}", mode)
                     raw_ms = (before + raw_upsert_ms(raw, n)) / 2
                     raws.append(raw_ms)
-                    results.setdefault((name, n), []).append((ms, ms / raw_ms))
+                    results.setdefault((label, n), []).append((ms, ms / raw_ms))
             before = raw_upsert_ms(raw, 100)
             claim, commit = kernel_ms(stores["prepared"], 100, f"kernel-{r}")
             raw_ms = (before + raw_upsert_ms(raw, 100)) / 2
@@ -163,12 +172,12 @@ def main() -> None:
             "upserts as the run has steps)"
         )
         print()
-        print(f"{'store':>14} {'steps':>6} {'ms/step':>8} {'x raw':>6} {'target':>7}")
+        print(f"{'store':>23} {'steps':>6} {'ms/step':>8} {'x raw':>6} {'target':>7}")
         for (name, n), values in results.items():
             ms = statistics.median(v[0] for v in values)
             ratio = statistics.median(v[1] for v in values)
             target = 1.5 if n == 100 else 2.0
-            print(f"{name:>14} {n:>6} {ms:>8.3f} {ratio:>6.2f} {target:>6.1f}x")
+            print(f"{name:>23} {n:>6} {ms:>8.3f} {ratio:>6.2f} {target:>6.1f}x")
         print()
         for what, values in parts.items():
             ms = statistics.median(v[0] for v in values)
@@ -178,6 +187,7 @@ def main() -> None:
         print_wal_flushes(url)
         for store in stores.values():
             store.close()
+        loop.close()
         raw.close()
 
 

@@ -222,14 +222,19 @@ class OwnedRun:
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        """Async :meth:`commit_sync`; network backends commit from a worker thread, local
-        ones (``Backend.commit_inline``) on the loop thread, grouped with the commits of
-        other runs on the same loop that are ready at the same moment (one transaction,
-        one fsync; each run's compare-and-swap still checked on its own)."""
+        """Async :meth:`commit_sync`. Local files (``Backend.commit_inline``) commit on the
+        loop thread, grouped with the commits of other runs on the same loop that are ready
+        at the same moment (one transaction, one fsync; each run's compare-and-swap still
+        checked on its own); PostgreSQL on an async connection awaited on the loop
+        (``Backend.async_commit``); other network backends from a worker thread."""
         new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
         backend = self.store.backend
-        if self._grouped and not may_block_loop():
+        if may_block_loop():  # a sync call's private loop: nothing else to run meanwhile
+            ok = backend.run_commit(new, self.head.version, journal, encoded)
+        elif self._grouped:
             ok = await group_commit(backend, (new, self.head.version, journal, encoded))
+        elif backend.async_commit:
+            ok = await backend.arun_commit(new, self.head.version, journal, encoded)
         else:
             ok = await blocking_call(
                 self.store, backend.run_commit, new, self.head.version, journal, encoded

@@ -18,7 +18,9 @@ loop thread; a local file (``Backend.commit_inline``, SQLite) is called on the l
 for a call of bounded size (a commit, a claim, a head: cheaper than the ~40 us thread round
 trip, and writers of one file serialize anyway) and from a worker thread for a ``bulk``
 call, whose cost grows with the data (a whole journal, a listing); a network backend
-(PostgreSQL) is called from a worker thread, so a slow server never stalls the loop. On a
+(PostgreSQL) is called from a worker thread, so a slow server never stalls the loop (its
+step commits, which the kernel sends itself, are awaited on the loop over async
+connections instead: ``Backend.async_commit``). On a
 sync call's private event loop (``may_block_loop``), with no other task to starve, every
 call runs inline.
 """

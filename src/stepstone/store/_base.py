@@ -299,6 +299,10 @@ class Backend(abc.ABC):
     #: backends keep it False so a slow server never stalls the loop.
     commit_inline: bool = False
 
+    #: True when :meth:`arun_commit` commits from async code without a thread hop (on the
+    #: event loop); the kernel then calls it for the step commits of runs on a loop.
+    async_commit: bool = False
+
     # -- key/value ---------------------------------------------------------------------
     @abc.abstractmethod
     def kv_get(self, key: str) -> str | None:
@@ -367,6 +371,16 @@ class Backend(abc.ABC):
         the KV space, all in one transaction, and return True. Otherwise write nothing and
         return False.
         """
+
+    async def arun_commit(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+    ) -> bool:
+        """:meth:`run_commit` awaited on the event loop (only when ``async_commit``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no async commit")
 
     @abc.abstractmethod
     def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:

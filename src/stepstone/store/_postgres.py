@@ -6,6 +6,9 @@ Same records as SQLite (plain values, run heads, append-only journals) in tables
 * ``run_commit`` is one conditional ``UPDATE`` of the head (version and run_uid must
   match) whose journal rows and ``writes=`` values are inserted by the same statement, so
   they exist exactly when the head moved.
+* A run awaited on an event loop (a worker's runs, ``agent.arun``) sends its step commits
+  on psycopg async connections, awaited on the loop, with no hop to a thread
+  (``_postgres_async``); everything else goes through the pool from the caller's thread.
 * Every write of a key first takes a transaction-level advisory lock per key (in a fixed
   order, so two writers never deadlock): this keeps a key from becoming a plain value
   and a run at once. ``run_transact`` also reads the head ``FOR UPDATE``, so no commit
@@ -57,6 +60,7 @@ try:
 except ImportError as exc:  # tested in a subprocess that blocks the import
     raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
 
+from stepstone.store._postgres_async import AsyncCommits
 from stepstone.store._postgres_commit import WHY_SQL, commit_statement
 from stepstone.store._postgres_conn import (
     Connection,
@@ -123,6 +127,8 @@ class PostgresBackend(Backend):
     The schema is created (or upgraded) by :meth:`setup`, which also runs on first use.
     """
 
+    async_commit = True  # step commits from async code go on async connections
+
     def __init__(
         self,
         url: str,
@@ -177,6 +183,9 @@ class PostgresBackend(Backend):
         self._closed = False
         self._offset = 0.0  # server clock minus this host's clock, seconds
         self._offset_at = float("-inf")
+        # step commits of runs on an event loop (see _postgres_async)
+        self._async = AsyncCommits(url, self._kwargs, max_size)
+        weakref.finalize(self, self._async.close)
 
     # -- connections -----------------------------------------------------------------------
     def describe(self) -> str:
@@ -486,6 +495,7 @@ class PostgresBackend(Backend):
 
     def close(self) -> None:
         self._closed = True
+        self._async.close()
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None and self._pool_pid == os.getpid():
@@ -679,6 +689,38 @@ class PostgresBackend(Backend):
                     return verdict
 
         return self._retry("commit a step", attempt)
+
+    async def arun_commit(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+    ) -> bool:
+        self._refuse_if_read_only()
+        if not self._ready:
+            self.setup()  # once per backend; every run claims (on the pool) before it commits
+        return await self._async.commit(self, head, expected_version, rows, writes)
+
+    def settle_commit(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+        exc: psycopg.Error,
+        lost: bool,
+    ) -> bool:
+        """What ``run_commit`` returns for a commit sent on an async connection that
+        failed with ``exc``: ``lost``, the connection broke after sending, so the stored
+        head tells whether it landed; otherwise (a server error) it changed nothing and
+        is sent again here, where errors are reported as the store's."""
+        if lost:
+            try:
+                return self._commit_outcome(head, expected_version, Unknown(exc))
+            except Lost:
+                pass  # it surely did not land
+        return self.run_commit(head, expected_version, rows, writes)
 
     def _commit_outcome(self, head: RunHead, expected_version: int, unknown: Unknown) -> bool:
         """Whether a commit whose answer was lost applied; Lost when it surely did not."""

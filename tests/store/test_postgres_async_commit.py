@@ -206,3 +206,22 @@ def test_closing_the_store_closes_its_async_connections(pg_url: str) -> None:
             break
         threading.Event().wait(0.05)
     assert sessions() == before
+
+
+def test_async_commits_follow_prepare_false(pg_url: str) -> None:
+    """guarantee 346: behind a pooler without prepared statements
+    (``PostgresBackend(prepare=False)``), the async connections never prepare either."""
+    with Store(backend=PostgresBackend(pg_url, prepare=False)) as store:
+        plan = counted_plan(store, "unprepared", 12, [])  # past psycopg's threshold of 5
+        assert asyncio.run(Agent(engine=plan).run("go")).ok
+        assert journal_names(store, "unprepared") == [f"s{i}" for i in range(12)]
+        conns = async_conns(store)._idle
+        assert len(conns) == 1 and conns[0].prepare_threshold is None
+        # the server side: the connection holds no prepared statement
+        assert asyncio.run(_prepared_count(conns[0])) == 0
+
+
+async def _prepared_count(conn: Any) -> int:
+    cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+    row = await cur.fetchone()
+    return int(row[0])

@@ -6,9 +6,10 @@ Same records as SQLite (plain values, run heads, append-only journals) in tables
 * ``run_commit`` is one conditional ``UPDATE`` of the head (version and run_uid must
   match) whose journal rows and ``writes=`` values are inserted by the same statement, so
   they exist exactly when the head moved.
-* A run awaited on an event loop (a worker's runs, ``agent.arun``) sends its step commits
-  on psycopg async connections, awaited on the loop, with no hop to a thread
-  (``_postgres_async``); everything else goes through the pool from the caller's thread.
+* A run awaited on an event loop (a worker's runs, ``await agent.run(...)``) sends its
+  step commits on psycopg async connections, awaited on the loop, with no hop to a
+  thread (``_postgres_async``); everything else goes through the pool from the caller's
+  thread.
 * Every write of a key first takes a transaction-level advisory lock per key (in a fixed
   order, so two writers never deadlock): this keeps a key from becoming a plain value
   and a run at once. ``run_transact`` also reads the head ``FOR UPDATE``, so no commit

@@ -1,6 +1,6 @@
 """Step commits on PostgreSQL from async code, on the event loop, without a thread.
 
-A run awaited on an event loop (a worker's runs, ``await agent.arun(...)``,
+A run awaited on an event loop (a worker's runs, ``await agent.run(...)``,
 ``arun_many``) commits each step as one statement (``_postgres_commit``). Sent through the
 blocking backend, every commit would cost a hop to a worker thread and back (tens of
 microseconds of latency and CPU each, and the GIL shared with the loop). Here it is sent on

@@ -107,7 +107,7 @@ class AsyncCommits:
             await cur.execute(sql, params)
             row = await cur.fetchone()
         except psycopg.Error as exc:
-            lost = conn.broken or connection_lost(None, exc)
+            lost = connection_lost(conn, exc)
             self._discard(conn)
             raise _Failed(exc, lost) from exc
         except BaseException:

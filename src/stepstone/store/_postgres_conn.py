@@ -48,7 +48,9 @@ class Unknown(Exception):
         self.cause = cause
 
 
-def connection_lost(conn: Connection | None, exc: BaseException) -> bool:
+def connection_lost(
+    conn: Connection | psycopg.AsyncConnection[Any] | None, exc: BaseException
+) -> bool:
     if isinstance(exc, PoolTimeout):
         return True
     if conn is not None and (conn.broken or conn.closed):

@@ -1,5 +1,7 @@
 """``core._threads.to_thread``: the cheaper hop to a worker thread behaves as
-``asyncio.to_thread`` does (same executor, context, outcome and cancellation)."""
+``asyncio.to_thread`` does (same executor, context, outcome and cancellation).
+``call_sync``: the loop's thread for functions proven quick; a cancellation while a
+worker thread runs the function waits for its outcome (guarantee 347)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from stepstone.core._sync import cancel_point
 from stepstone.core._threads import STALL, call_sync, to_thread
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var", default="unset")
@@ -221,3 +224,94 @@ def test_a_function_on_the_loops_thread_sees_no_running_loop() -> None:
             other.cancel()
 
     assert asyncio.run(main()) == (True, "answered", True)
+
+
+# -- call_sync and cancellation: a running call's outcome is kept (guarantee 347) --------
+def _slow(started: threading.Event, release: threading.Event, ran: list[str]) -> str:
+    started.set()
+    release.wait(30)
+    ran.append("finished")
+    return "result"
+
+
+async def _cancelled_while_running(
+    release_after: float, second_cancel: bool = False
+) -> tuple[list[str], list[str]]:
+    """Cancel a task while its call_sync runs in a worker thread; what the task saw
+    (the call's result, then its cancel_point) and what the thread did."""
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+    seen: list[str] = []
+
+    async def step() -> None:
+        seen.append(await call_sync(_slow, started, release, ran))
+        try:
+            await cancel_point()
+        except asyncio.CancelledError:
+            seen.append("cancelled at the cancel point")
+            raise
+
+    task = asyncio.ensure_future(step())
+    while not started.is_set():  # polled: a hop to a thread would make a default executor
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done() or second_cancel  # still waiting for the thread
+    if second_cancel:
+        task.cancel()
+        await asyncio.sleep(0.05)
+    threading.Timer(release_after, release.set).start()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(release.wait, 30)
+    await asyncio.sleep(0.05)  # the thread has appended by now
+    return seen, ran
+
+
+async def test_a_cancelled_call_sync_returns_what_its_running_thread_returned() -> None:
+    seen, ran = await _cancelled_while_running(0.1)
+    assert ran == ["finished"]
+    assert seen == ["result", "cancelled at the cancel point"]
+
+
+async def test_a_second_cancellation_stops_waiting_for_the_thread() -> None:
+    seen, ran = await _cancelled_while_running(0.1, second_cancel=True)
+    assert seen == []  # the task ended at the second cancellation
+    assert ran == ["finished"]  # the thread ran to its end all the same
+
+
+async def test_a_cancelled_call_sync_no_thread_started_never_runs() -> None:
+    loop = asyncio.get_running_loop()
+    single = ThreadPoolExecutor(1)
+    loop.set_default_executor(single)
+    gate = threading.Event()
+    ran: list[str] = []
+    try:
+        busy = asyncio.ensure_future(to_thread(gate.wait, 30))  # occupies the only thread
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(call_sync(ran.append, "queued"))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(queued, 1)  # at once, not after the busy thread
+        gate.set()
+        assert await busy is True
+        await to_thread(time.sleep, 0)
+        assert ran == []
+    finally:
+        gate.set()
+        single.shutdown(wait=True)
+
+
+def test_a_cancelled_call_sync_waits_on_a_loop_without_a_default_executor() -> None:
+    async def main() -> tuple[list[str], list[str]]:
+        assert getattr(asyncio.get_running_loop(), "_default_executor", None) is None
+        return await _cancelled_while_running(0.1)
+
+    loop = asyncio.new_event_loop()  # its default executor is made by the first hop
+    try:
+        seen, ran = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert ran == ["finished"]
+    assert seen == ["result", "cancelled at the cancel point"]

@@ -45,7 +45,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-__all__ = ["LoopResource", "call_inline", "keep_open", "may_block_loop", "run_sync"]
+__all__ = [
+    "LoopResource",
+    "call_inline",
+    "cancel_point",
+    "defer_cancellation",
+    "keep_open",
+    "may_block_loop",
+    "run_sync",
+]
 
 T = TypeVar("T")
 
@@ -178,14 +186,35 @@ class _Call:
 _PRIVATE_TASKS: ContextVar[_Call | None] = ContextVar("stepstone_private_tasks", default=None)
 
 
+#: Tasks cancelled while a sync function of theirs ran in a worker thread, which waited
+#: for it to return instead (:func:`stepstone.core._threads.call_sync`): the cancellation
+#: takes effect at their next :func:`cancel_point`, once the engine committed that result.
+_DEFERRED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def defer_cancellation() -> None:
+    """Note that the current task caught a cancellation to keep a step's result: its next
+    :func:`cancel_point` raises it."""
+    task = asyncio.current_task()
+    if task is not None:
+        _DEFERRED.add(task)
+
+
 async def cancel_point() -> None:
     """Let a cancellation requested while the current task ran without suspending take
     effect here. Called by the engines between two steps: a sync call's steps and commits
     may run inline on the loop's thread without one await that suspends, so a Ctrl-C (which
     cancels the call's task) would otherwise be seen only when the whole run returned. A
-    task with no cancellation pending goes straight on (no trip through the loop)."""
+    cancellation held back while a step's thread finished (:func:`defer_cancellation`) is
+    raised here. A task with no cancellation pending goes straight on (no trip through the
+    loop)."""
     task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    if task is None:
+        return
+    if task in _DEFERRED:
+        _DEFERRED.discard(task)
+        raise asyncio.CancelledError()
+    if task.cancelling():
         await asyncio.sleep(0)
 
 

@@ -9,10 +9,10 @@ import functools
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-from stepstone.core._sync import call_inline, may_block_loop
+from stepstone.core._sync import call_inline, defer_cancellation, may_block_loop
 
 __all__ = ["QUICK_CALL", "STALL", "call_sync", "to_thread"]
 
@@ -33,10 +33,21 @@ async def to_thread(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     on every sync step of a concurrent run). Loops without a default executor of their own
     yet (or not asyncio's own loops) go through ``asyncio.to_thread``.
     """
+    return await _in_thread(fn, args, kwargs, to_the_end=False)
+
+
+async def _in_thread(fn: Callable[..., R], args: Any, kwargs: Any, *, to_the_end: bool) -> R:
+    """:func:`to_thread`; with ``to_the_end``, a cancellation that arrives once a thread
+    runs ``fn`` waits for ``fn`` to return and hands back its outcome all the same (the
+    thread cannot be stopped, and dropping what it did would make a resume do it again):
+    the task's next :func:`cancel_point` raises the cancellation. A second cancellation
+    while it waits stops the waiting."""
     loop = asyncio.get_running_loop()
     executor: Executor | None = getattr(loop, "_default_executor", None)
     if executor is None or getattr(loop, "_executor_shutdown_called", True):
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        if not to_the_end:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return await _to_the_end(asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs)))
     fut: asyncio.Future[R] = loop.create_future()
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
 
@@ -49,11 +60,26 @@ async def to_thread(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
             _hand_back(loop, fut, True, result)
 
     job = executor.submit(work)
+    if to_the_end:
+        return await _to_the_end(fut, job)
     try:
         return await fut
     except asyncio.CancelledError:
         job.cancel()  # not started yet: it never runs (a running call runs to its end)
         raise
+
+
+async def _to_the_end(fut: asyncio.Future[R], job: Future[None] | None = None) -> R:
+    """``await fut``, which a thread settles; a cancellation meanwhile drops the call if no
+    thread has started ``job`` yet, else waits for its outcome (see :func:`_in_thread`)."""
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        if job is not None and job.cancel():
+            fut.cancel()  # never started: it never runs
+            raise
+        defer_cancellation()
+        return await fut
 
 
 def _hand_back(
@@ -134,6 +160,11 @@ async def call_sync(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
       sends the next ones back to worker threads (until it proves quick again); one that
       takes longer than :data:`STALL` keeps ``fn`` in worker threads for good.
 
+    A cancellation of the calling task while ``fn`` runs in a worker thread waits for
+    ``fn`` to return and returns its result (or raises its exception), so the engine
+    commits the step; the engine's next :func:`~stepstone.core._sync.cancel_point` raises
+    the cancellation. A call that no thread had started yet is dropped at once.
+
     On the loop's thread, :func:`call_inline` runs ``fn`` as a worker thread would: with no
     running loop in sight (``asyncio.run`` works in it), and a sync call it makes itself (a
     step calling ``agent(task)``) runs.
@@ -142,9 +173,9 @@ async def call_sync(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         return call_inline(fn, *args, **kwargs)
     pace = _pace(fn)
     if pace is None:
-        return await to_thread(fn, *args, **kwargs)
+        return await _in_thread(fn, args, kwargs, to_the_end=True)
     if pace.quick < _STREAK or pace.stalled:
-        return await to_thread(_timed, pace, fn, args, kwargs)
+        return await _in_thread(_timed, (pace, fn, args, kwargs), {}, to_the_end=True)
     start = time.perf_counter()
     try:
         return contextvars.copy_context().run(call_inline, fn, *args, **kwargs)

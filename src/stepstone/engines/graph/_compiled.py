@@ -279,6 +279,7 @@ class CompiledGraph(Generic[S]):
                 await self._finish(run, "failed", exc)
                 raise
             await self._finish(run, "done", None)
+            await cancel_point()  # one held back while the last node's thread finished
             return final
         finally:
             if lock is not None:

@@ -243,7 +243,9 @@ class PlanRun:
     async def execute(self, next_step: str | None) -> Envelope[Any]:
         """Run from ``next_step`` to a terminal status; returns the final envelope."""
         try:
-            return await self._loop(next_step)
+            env = await self._loop(next_step)
+            await cancel_point()  # one held back while the last step's thread finished
+            return env
         except ConcurrentPlanRunError:
             raise  # we lost ownership: nothing of ours may be written
         except BaseException as exc:

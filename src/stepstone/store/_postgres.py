@@ -73,7 +73,7 @@ from stepstone.store._postgres_conn import (
     connection_lost,
     one,
 )
-from stepstone.store._postgres_errors import server_error
+from stepstone.store._postgres_errors import refused_connection, server_error
 from stepstone.store._postgres_schema import (
     CLAIM_FRESH_SQL,
     CLAIM_HEAD,
@@ -225,6 +225,9 @@ class PostgresBackend(Backend):
                 raise mapped from exc
             if not isinstance(exc, psycopg.OperationalError):
                 raise
+            refused = refused_connection(self.describe(), exc)
+            if refused is not None:
+                raise refused from exc
             raise StoreError(
                 f"cannot {what} {self.describe()}: {exc}; check the URL (host, port, "
                 "database, user, password) and that the server accepts connections"
@@ -327,25 +330,48 @@ class PostgresBackend(Backend):
                 raise mapped from exc
             except Lost as lost:
                 left = deadline - time.monotonic()
+                first = delay == 0.05
+                why = self._why_no_connection(lost.cause) if first or left <= 0 else None
                 if left <= 0:
+                    if isinstance(why, StoreError):
+                        raise why from lost.cause
                     raise StoreError(
                         f"lost the connection to {self.describe()} while trying to {what}, "
                         f"and could not reconnect within reconnect_timeout="
-                        f"{self.reconnect_timeout}s: {lost.cause}"
+                        f"{self.reconnect_timeout}s: {why or lost.cause}"
                     ) from lost.cause
                 # once per operation: a long outage must not flood the log
                 log.log(
-                    logging.WARNING if delay == 0.05 else logging.DEBUG,
+                    logging.WARNING if first else logging.DEBUG,
                     "stepstone: connection to %s lost while trying to %s (%s); retrying "
                     "for up to %ss",
                     self.describe(),
                     what,
-                    lost.cause,
+                    why or lost.cause,
                     self.reconnect_timeout,
                 )
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, 0.5)
                 self._drop_stale()
+
+    def _why_no_connection(self, cause: BaseException) -> str | StoreError | None:
+        """When the pool timed out getting a connection (it keeps its connect errors to
+        itself), what a new connection meets now: the store error of a server with no
+        connection slot left, the server's refusal, or that one connects (so this store's
+        own connections were all busy). None for any other lost connection."""
+        if not isinstance(cause, PoolTimeout):
+            return None
+        try:
+            kwargs = {"connect_timeout": 5, **self._kwargs}  # never wait on it for long
+            psycopg.connect(self.url, **kwargs).close()
+        except psycopg.Error as exc:
+            refused = refused_connection(self.describe(), exc)
+            return refused if refused is not None else f"{cause}; a new connection fails: {exc}"
+        return (
+            f"{cause}, while a new connection succeeds: all max_size={self.max_size} of this "
+            "store's pooled connections were in use; raise max_size or run fewer operations "
+            "at once"
+        )
 
     def _drop_stale(self) -> None:
         """Test the idle pooled connections and replace the broken ones (after a restart

@@ -11,6 +11,8 @@ this one run:
 * the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode);
 * the same awaited on an event loop (``await agent.run(task)``, as async code and workers
   run it), whose step commits go on async connections awaited on the loop;
+* the same steps without ``writes=``: each step's 1 KB output is journaled only (one
+  1 KB row per step, as the raw upsert writes, instead of two);
 * WAL flushes per 10-step run, counted by the server (``pg_stat_wal``): a figure the
   machine's load does not move;
 * for reference, the parts: one step commit through the kernel alone (``OwnedRun.commit_sync``
@@ -69,12 +71,18 @@ def trivial(payload: Any) -> str:
     return PAYLOAD
 
 
-def plan_ms_per_step(store: Any, n_steps: int, key: str, loop: Any = None) -> float:
+def plan_ms_per_step(
+    store: Any, n_steps: int, key: str, loop: Any = None, writes: bool = True
+) -> float:
     """ms per step of one run: ``agent(task)``, or awaited on ``loop`` (an event loop kept
-    for the whole benchmark) as async code runs it."""
+    for the whole benchmark) as async code runs it; each step's output also stored under a
+    ``writes=`` key, or (``writes=False``) only journaled."""
     from stepstone import Agent, Plan, Step
 
-    steps = [Step(trivial, name=f"s{i}", writes=f"{key}:w{i}") for i in range(n_steps)]
+    steps = [
+        Step(trivial, name=f"s{i}", writes=f"{key}:w{i}" if writes else None)
+        for i in range(n_steps)
+    ]
     plan = Plan(*steps, store=store, checkpoint_key=key, max_iterations=n_steps + 1)
     agent = Agent(engine=plan)
     t0 = time.perf_counter()
@@ -139,23 +147,27 @@ def main() -> None:
             "prepare=False": Store(backend=PostgresBackend(url, prepare=False)),
         }
         loop = asyncio.new_event_loop()
-        # how each is run: agent(task), or awaited on a loop (commits on async connections)
-        modes = [("prepared", None), ("prepare=False", None), ("prepared", loop)]
-        for name, mode in modes:
+        # (label, store, how each is run: agent(task) or awaited on a loop, with writes=)
+        modes = [
+            ("prepared", "prepared", None, True),
+            ("prepare=False", "prepare=False", None, True),
+            ("prepared, awaited", "prepared", loop, True),
+            ("prepared, no writes=", "prepared", None, False),
+        ]
+        for label, name, mode, writes in modes:
             stores[name].setup()
-            plan_ms_per_step(stores[name], 20, f"warm-{name}-{mode is None}", mode)
+            plan_ms_per_step(stores[name], 20, f"warm-{label}", mode, writes)
         raw = raw_connection(url)
         raws: list[float] = []
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
         parts: dict[str, list[tuple[float, float]]] = {}
         for r in range(args.repeat):  # interleaved, each run paired with a raw measurement
-            for name, mode in modes:
-                label = name if mode is None else f"{name}, awaited"
+            for label, name, mode, writes in modes:
                 for n in (10, 100):
                     # the raw upsert measured just before and just after the run, as many
                     # times as the run has steps, so both see the same machine
                     before = raw_upsert_ms(raw, n)
-                    ms = plan_ms_per_step(stores[name], n, f"{label}-{n}-{r}", mode)
+                    ms = plan_ms_per_step(stores[name], n, f"{label}-{n}-{r}", mode, writes)
                     raw_ms = (before + raw_upsert_ms(raw, n)) / 2
                     raws.append(raw_ms)
                     results.setdefault((label, n), []).append((ms, ms / raw_ms))

@@ -11,6 +11,7 @@ Everything is measured in this one run, so machine noise cancels in the ratios:
   for N = 10, 100, 1000: wall time per step (everything: the step call, the engine and the
   atomic commit of head + journal row + writes value), on a new database file and on a
   long-lived open store that already holds runs;
+* the same 10- and 100-step runs without ``writes=`` (each output journaled only);
 * the ratio of per-step cost at 1000 and at 10 steps (does a step get dearer as the run
   grows?);
 * database bytes per step after a WAL checkpoint (minus the empty schema), as a multiple
@@ -125,9 +126,13 @@ def trivial(payload: Any) -> str:
     return PAYLOAD
 
 
-def timed_run(store: Store, n_steps: int, key: str) -> float:
-    """ms per step of one durable run of ``n_steps`` trivial steps on ``store``."""
-    steps = [Step(trivial, name=f"s{i}", writes=f"{key}:w{i}") for i in range(n_steps)]
+def timed_run(store: Store, n_steps: int, key: str, writes: bool = True) -> float:
+    """ms per step of one durable run of ``n_steps`` trivial steps on ``store``, each
+    output also stored under a ``writes=`` key (or, ``writes=False``, only journaled)."""
+    steps = [
+        Step(trivial, name=f"s{i}", writes=f"{key}:w{i}" if writes else None)
+        for i in range(n_steps)
+    ]
     agent = Agent(engine=Plan(*steps, store=store, checkpoint_key=key, max_iterations=n_steps + 1))
     t0 = time.perf_counter()
     env = agent("go")
@@ -139,13 +144,15 @@ def timed_run(store: Store, n_steps: int, key: str) -> float:
 OPEN_MS: list[float] = []
 
 
-def plan_run(path: Path, n_steps: int, durability: str = "full") -> tuple[float, int]:
+def plan_run(
+    path: Path, n_steps: int, durability: str = "full", writes: bool = True
+) -> tuple[float, int]:
     """(ms per step, database bytes) of one run on a new database file."""
     t0 = time.perf_counter()
     store = Store(db=path, durability=durability)  # type: ignore[arg-type]
-    if durability == "full":
+    if durability == "full" and writes:
         OPEN_MS.append((time.perf_counter() - t0) * 1000)
-    ms = timed_run(store, n_steps, "bench")
+    ms = timed_run(store, n_steps, "bench", writes)
     store.close()
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -309,6 +316,28 @@ def measure(tmp: Path, repeat: int) -> None:
             f"(target <= 1.5); vs the raw commit on a WAL that no longer grows: "
             f"{ms / raw_warm:.2f}x, {warm_step[n] / raw_warm:.2f}x"
         )
+    # The same steps without writes=: each 1 KB output is journaled only (one 1 KB row
+    # per step, as the raw commit writes, where writes= adds a second).
+    plain = {
+        n: statistics.median(
+            r
+            for _, r in (
+                paired_ratio(
+                    tmp,
+                    n,
+                    lambda n=n, r=r: plan_run(tmp / f"plain-{n}-{r}.sqlite", n, writes=False)[0],
+                )
+                for r in range(repeat)
+            )
+        )
+        for n in (10, 100)
+    }
+    print(
+        "without writes= (each output journaled only), FULL, new file, vs the raw commit "
+        "measured around each run: "
+        + ", ".join(f"{n} steps {v:.2f}x" for n, v in plain.items())
+        + " (target <= 1.5)"
+    )
     (plan, plan_new), (echo, echo_new) = sync_call_us(300 * repeat).values()
     print(
         f"sync call (agent(task)) on the thread's reused loop vs a new loop per call "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -134,8 +135,8 @@ def test_a_commit_in_flight_when_its_run_is_cancelled_still_lands(pg_url: str) -
             threading.Timer(0.3, blocker.commit).start()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            for _ in range(200):
-                if journal_names(store, key) == ["lock_head"]:
+            for _ in range(200):  # the commit landed, and its sending task is done
+                if journal_names(store, key) == ["lock_head"] and len(asyncio.all_tasks()) == 1:
                     break
                 await asyncio.sleep(0.02)
 
@@ -225,3 +226,53 @@ async def _prepared_count(conn: Any) -> int:
     cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
     row = await cur.fetchone()
     return int(row[0])
+
+
+def test_a_commit_cancelled_while_its_connection_opens_frees_that_slot() -> None:
+    """guarantee 346: a run cancelled while the first async connection is still being
+    opened (here a server that accepts and never answers) leaves no slot counted as open,
+    so later commits are not sent through the pool for want of one."""
+    from stepstone.store._base import RunHead
+    from stepstone.store._postgres_async import AsyncCommits
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    port = silent.getsockname()[1]
+    commits = AsyncCommits(
+        f"postgresql://nobody@127.0.0.1:{port}/none", {"autocommit": True}, max_size=1
+    )
+    backend = PostgresBackend(f"postgresql://nobody@127.0.0.1:{port}/none")
+    head = RunHead(
+        key="k",
+        kind="plan",
+        status="running",
+        next_step=None,
+        run_uid="uid",
+        version=2,
+        iteration=0,
+        journal_len=0,
+        host="h",
+        pid=1,
+        pid_start=None,
+        lease_until=0.0,
+        meta={},
+        created_at=0.0,
+        updated_at=0.0,
+    )
+
+    async def main() -> None:
+        task = asyncio.ensure_future(commits.commit(backend, head, 1, [], []))
+        await asyncio.sleep(0.3)  # connecting: the server never answers
+        assert commits.open_connections == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(main())
+        assert commits.open_connections == 0
+    finally:
+        commits.close()
+        backend.close()
+        silent.close()

@@ -30,6 +30,7 @@ committed twice.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -357,8 +358,8 @@ class PostgresBackend(Backend):
     def _why_no_connection(self, cause: BaseException) -> str | StoreError | None:
         """When the pool timed out getting a connection (it keeps its connect errors to
         itself), what a new connection meets now: the store error of a server with no
-        connection slot left, the server's refusal, or that one connects (so this store's
-        own connections were all busy). None for any other lost connection."""
+        connection slot left, the server's refusal, or that one connects. None for any other
+        lost connection."""
         if not isinstance(cause, PoolTimeout):
             return None
         try:
@@ -368,9 +369,10 @@ class PostgresBackend(Backend):
             refused = refused_connection(self.describe(), exc)
             return refused if refused is not None else f"{cause}; a new connection fails: {exc}"
         return (
-            f"{cause}, while a new connection succeeds: all max_size={self.max_size} of this "
-            "store's pooled connections were in use; raise max_size or run fewer operations "
-            "at once"
+            f"{cause}, while a new connection succeeds now: either all max_size="
+            f"{self.max_size} of this store's pooled connections were in use (raise max_size "
+            "or run fewer operations at once), or the server accepts connections again only "
+            "since just now"
         )
 
     def _drop_stale(self) -> None:
@@ -725,8 +727,8 @@ class PostgresBackend(Backend):
         writes: Sequence[tuple[str, str]],
     ) -> bool:
         self._refuse_if_read_only()
-        if not self._ready:
-            self.setup()  # once per backend; every run claims (on the pool) before it commits
+        if not self._ready:  # never in practice: a run's claim (on the pool) sets it up
+            await asyncio.to_thread(self.setup)
         return await self._async.commit(self, head, expected_version, rows, writes)
 
     def settle_commit(

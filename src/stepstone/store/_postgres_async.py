@@ -137,6 +137,10 @@ class AsyncCommits:
             with self._lock:
                 self._open -= 1
             return None  # the blocking backend retries and reconnects as it does
+        except BaseException:  # cancelled while connecting: that slot was never filled
+            with self._lock:
+                self._open -= 1
+            raise
 
     def _release(self, conn: AsyncConnection) -> None:
         with self._lock:

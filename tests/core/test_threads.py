@@ -68,7 +68,10 @@ async def test_exceptions_come_back_as_raised() -> None:
         await to_thread(boom)
 
 
-async def test_a_call_cancelled_before_a_thread_took_it_never_runs() -> None:
+@pytest.mark.parametrize("hop", [to_thread, call_sync])
+async def test_a_call_cancelled_before_a_thread_took_it_never_runs(hop: Any) -> None:
+    """Also through call_sync, which otherwise waits for a cancelled call (guarantee 347):
+    one no thread had started is dropped at once."""
     loop = asyncio.get_running_loop()
     single = ThreadPoolExecutor(1)
     loop.set_default_executor(single)
@@ -77,11 +80,11 @@ async def test_a_call_cancelled_before_a_thread_took_it_never_runs() -> None:
     try:
         busy = asyncio.ensure_future(to_thread(gate.wait, 30))  # occupies the only thread
         await asyncio.sleep(0.05)
-        queued = asyncio.ensure_future(to_thread(ran.append, "queued"))
+        queued = asyncio.ensure_future(hop(ran.append, "queued"))
         await asyncio.sleep(0.05)
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await queued
+            await asyncio.wait_for(queued, 1)  # at once, not after the busy thread
         gate.set()
         assert await busy is True
         await to_thread(time.sleep, 0)  # the queue is drained past the cancelled call
@@ -278,29 +281,6 @@ async def test_a_second_cancellation_stops_waiting_for_the_thread() -> None:
     seen, ran = await _cancelled_while_running(0.1, second_cancel=True)
     assert seen == []  # the task ended at the second cancellation
     assert ran == ["finished"]  # the thread ran to its end all the same
-
-
-async def test_a_cancelled_call_sync_no_thread_started_never_runs() -> None:
-    loop = asyncio.get_running_loop()
-    single = ThreadPoolExecutor(1)
-    loop.set_default_executor(single)
-    gate = threading.Event()
-    ran: list[str] = []
-    try:
-        busy = asyncio.ensure_future(to_thread(gate.wait, 30))  # occupies the only thread
-        await asyncio.sleep(0.05)
-        queued = asyncio.ensure_future(call_sync(ran.append, "queued"))
-        await asyncio.sleep(0.05)
-        queued.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(queued, 1)  # at once, not after the busy thread
-        gate.set()
-        assert await busy is True
-        await to_thread(time.sleep, 0)
-        assert ran == []
-    finally:
-        gate.set()
-        single.shutdown(wait=True)
 
 
 def test_a_cancelled_call_sync_waits_on_a_loop_without_a_default_executor() -> None:

@@ -240,7 +240,7 @@ def test_a_commit_cancelled_while_its_connection_opens_frees_that_slot() -> None
     silent.listen(4)
     port = silent.getsockname()[1]
     commits = AsyncCommits(
-        f"postgresql://nobody@127.0.0.1:{port}/none", {"autocommit": True}, max_size=1
+        f"postgresql://nobody@127.0.0.1:{port}/none", {"autocommit": True}, max_size=1, prepare=True
     )
     backend = PostgresBackend(f"postgresql://nobody@127.0.0.1:{port}/none")
     head = RunHead(

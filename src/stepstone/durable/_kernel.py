@@ -48,7 +48,7 @@ from stepstone.exceptions import (
     StoreKeyConflictError,
 )
 from stepstone.store._base import Claim, Decide, JournalRow, RunHead
-from stepstone.store._store import Store
+from stepstone.store._store import Store, check_key
 
 __all__ = [
     "ClaimResult",
@@ -186,7 +186,7 @@ class OwnedRun:
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
-        encoded = [(k, self._encode(v, None, k)) for k, v in writes]
+        encoded = [(check_key(k, "writes= key"), self._encode(v, None, k)) for k, v in writes]
         return new, self._rows(rows), encoded
 
     def commit_sync(
@@ -425,6 +425,7 @@ def _claimer(
 ) -> tuple[Decide, Callable[[RunHead | None], ClaimResult]]:
     """The transaction callback of :func:`claim_run` and what turns the head it leaves
     into the :class:`ClaimResult` (the claim itself may run in a group commit)."""
+    check_key(key, f"{what} key")
     lease = LeasePolicy.of(store)
     uid = run_uid or new_uid()
     decision = _Decision()

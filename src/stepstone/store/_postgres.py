@@ -96,6 +96,7 @@ from stepstone.store._postgres_schema import (
     migrate,
     prefix_where,
 )
+from stepstone.store._postgres_wire import send_commit
 
 __all__ = ["MIGRATIONS", "Connection", "Cursor", "PostgresBackend", "migrate"]
 
@@ -186,7 +187,7 @@ class PostgresBackend(Backend):
         self._offset = 0.0  # server clock minus this host's clock, seconds
         self._offset_at = float("-inf")
         # step commits of runs on an event loop (see _postgres_async)
-        self._async = AsyncCommits(url, self._kwargs, max_size)
+        self._async = AsyncCommits(url, self._kwargs, max_size, prepare)
         weakref.finalize(self, self._async.close)
 
     # -- connections -----------------------------------------------------------------------
@@ -498,9 +499,12 @@ class PostgresBackend(Backend):
                 )
             time.sleep(0.05)  # "in progress": the old session is still finishing it
 
-    def _one_statement(self, deadline: float, sql: bytes, params: Any) -> tuple[Any, ...] | None:
+    def _one_statement(
+        self, deadline: float, sql: bytes, params: Any, *, commit: bool = False
+    ) -> tuple[Any, ...] | None:
         """Run ``sql`` (first row returned) as its own autocommit transaction: one round
-        trip.
+        trip. ``commit``: ``sql`` is a step commit, sent past psycopg's cursor when it can
+        be (see ``_postgres_wire``); its row is then ``(moved,)``.
 
         Raises:
             Unknown: the connection broke after sending; it may have committed.
@@ -510,6 +514,10 @@ class PostgresBackend(Backend):
         pool = self._pool_here()
         conn = self._getconn(pool, deadline - time.monotonic())
         try:
+            if commit:
+                moved = send_commit(conn, sql, params, self.prepare)
+                if moved is not None:
+                    return (moved,)
             cur: Cursor | None = getattr(conn, _CURSOR, None)
             if cur is None:
                 cur = conn.cursor()
@@ -708,7 +716,7 @@ class PostgresBackend(Backend):
         def attempt(deadline: float) -> bool:
             while True:
                 try:
-                    row = self._one_statement(deadline, sql, params)
+                    row = self._one_statement(deadline, sql, params, commit=True)
                 except Unknown as unknown:
                     return self._commit_outcome(head, expected_version, unknown)
                 if row is not None and row[0]:

@@ -37,6 +37,7 @@ from stepstone.core._threads import to_thread
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._postgres_commit import commit_statement
 from stepstone.store._postgres_conn import connection_lost
+from stepstone.store._postgres_wire import asend_commit
 
 if TYPE_CHECKING:
     from stepstone.store._postgres import PostgresBackend
@@ -49,8 +50,9 @@ AsyncConnection = psycopg.AsyncConnection[Any]
 class AsyncCommits:
     """A backend's async connections, and its commits through them."""
 
-    def __init__(self, url: str, kwargs: dict[str, Any], max_size: int) -> None:
+    def __init__(self, url: str, kwargs: dict[str, Any], max_size: int, prepare: bool) -> None:
         self._url = url
+        self._prepare = prepare
         self._kwargs = kwargs
         self._max = max_size
         self._lock = threading.Lock()
@@ -103,9 +105,12 @@ class AsyncCommits:
         """Run the statement; True when it moved the head. The connection goes back to
         the idle ones, or is closed after an error."""
         try:
-            cur = conn.cursor()
-            await cur.execute(sql, params)
-            row = await cur.fetchone()
+            moved = await asend_commit(conn, sql, params, self._prepare)
+            if moved is None:  # not plain values: through a cursor
+                cur = conn.cursor()
+                await cur.execute(sql, params)
+                row = await cur.fetchone()
+                moved = row is not None and bool(row[0])
         except psycopg.Error as exc:
             lost = connection_lost(conn, exc)
             self._discard(conn)
@@ -114,7 +119,7 @@ class AsyncCommits:
             self._discard(conn)
             raise
         self._release(conn)
-        return row is not None and bool(row[0])
+        return moved
 
     async def _acquire(self) -> AsyncConnection | None:
         with self._lock:

@@ -141,7 +141,7 @@ class Store:
 
     def read_entry(self, key: str) -> StoreEntry | None:
         """The value under ``key`` with its kind and version, or None."""
-        text = self.backend.kv_get(key)
+        text = self.backend.kv_get(check_key(key))
         if text is not None:
             return StoreEntry(key=key, value=_decode(key, text), kind="value")
         head = self.backend.run_get(key)
@@ -159,11 +159,11 @@ class Store:
 
     def write(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` (replacing a plain value; a checkpoint key refuses)."""
-        self.backend.kv_put(_check_key(key), dumps(to_json_value(value, where=f"store[{key!r}]")))
+        self.backend.kv_put(check_key(key), dumps(to_json_value(value, where=f"store[{key!r}]")))
 
     def delete(self, key: str) -> bool:
         """Delete the value or checkpoint (with its journal) under ``key``. True if found."""
-        return self.backend.kv_delete(_check_key(key))
+        return self.backend.kv_delete(check_key(key))
 
     def keys(self, prefix: str | None = None) -> list[str]:
         """Sorted keys of values and checkpoints, optionally only those with ``prefix``."""
@@ -201,7 +201,7 @@ class Store:
         """
         new_text = dumps(to_json_value(new, where=f"store[{key!r}]"))
         expected_json = None if expected is None else to_json_value(expected, warn=False)
-        return self.backend.kv_cas(_check_key(key), expected_json, new_text, _text_equals)
+        return self.backend.kv_cas(check_key(key), expected_json, new_text, _text_equals)
 
     def setup(self) -> None:
         """Create or upgrade the backend's schema; idempotent and safe to run from several
@@ -245,7 +245,7 @@ class Store:
     async def awrite(self, key: str, value: Any) -> None:
         """Async :meth:`write`."""
         text = dumps(to_json_value(value, where=f"store[{key!r}]"))
-        await self._offload(self.backend.kv_put, _check_key(key), text)
+        await self._offload(self.backend.kv_put, check_key(key), text)
 
     async def adelete(self, key: str) -> bool:
         """Async :meth:`delete`."""
@@ -289,9 +289,16 @@ def _decode(key: str, text: str) -> Any:
         ) from exc
 
 
-def _check_key(key: Any) -> str:
+def check_key(key: Any, what: str = "store key") -> str:
+    """``key`` if it can be a key in every store: a non-empty string without NUL characters
+    (PostgreSQL cannot keep one in text, SQLite's C API cuts text at it)."""
     if not isinstance(key, str) or not key:
-        raise TypeError(f"store keys are non-empty strings, got {key!r}")
+        raise TypeError(f"a {what} is a non-empty string, got {key!r}")
+    if "\0" in key:
+        raise ValueError(
+            f"{what} {key!r} contains a NUL character ('\\x00'), which no store can keep in "
+            "a key; remove it"
+        )
     return key
 
 

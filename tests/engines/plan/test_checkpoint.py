@@ -94,6 +94,15 @@ def test_signature_defaults_and_store_and_key_both_needed(store: Store) -> None:
         Plan(Step(lambda p: p, name="a"), checkpoint_key="k")
 
 
+def test_a_key_with_a_nul_character_is_a_compile_error(store: Store) -> None:
+    """guarantee 349: caught when the Plan is built, naming the key, before any run."""
+    with pytest.raises(PlanCompileError, match=r"checkpoint_key 'k\\x00' contains a NUL"):
+        Plan(Step(lambda p: p, name="a"), store=store, checkpoint_key="k\0")
+    with pytest.raises(PlanCompileError, match=r"step 'a': writes='w\\x00' contains a NUL"):
+        Plan(Step(lambda p: p, name="a", writes="w\0"), store=store, checkpoint_key="k")
+    assert store.keys() == []
+
+
 def test_fork_with_resume_is_a_compile_error(store: Store) -> None:
     # guarantee 29 (and the known fault: PlanCompileError, not ValueError)
     with pytest.raises(PlanCompileError, match="fork"):

@@ -123,6 +123,11 @@ def compile_plan(
             raise PlanCompileError(
                 f"step {s.step_name!r}: writes= must be a non-empty str, got {s.writes!r}"
             )
+        if s.writes is not None and "\0" in s.writes:
+            raise PlanCompileError(
+                f"step {s.step_name!r}: writes={s.writes!r} contains a NUL character "
+                "('\\x00'), which no store can keep in a key; remove it"
+            )
     for unit in units:
         band_writes = [s.writes for s in unit.steps if s.writes]
         if len(band_writes) != len(set(band_writes)):

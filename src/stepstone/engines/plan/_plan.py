@@ -140,6 +140,11 @@ class Plan:
             raise PlanCompileError(
                 f"checkpoint_key must be a non-empty str, got {checkpoint_key!r}"
             )
+        if checkpoint_key is not None and "\0" in checkpoint_key:
+            raise PlanCompileError(
+                f"checkpoint_key {checkpoint_key!r} contains a NUL character ('\\x00'), "
+                "which no store can keep in a key; remove it"
+            )
         if store is not None and not isinstance(store, Store):
             raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
         if resume and store is None:

@@ -34,6 +34,7 @@ from stepstone.testing.store_conformance._runs import (
 )
 from stepstone.testing.store_conformance._spec import StoreSpec
 from stepstone.testing.store_conformance._values import (
+    test_a_key_with_a_nul_character_is_refused_before_anything_is_written,
     test_async_twins,
     test_cas_absent_and_json_equality,
     test_cas_matches_a_dict_model,
@@ -47,6 +48,7 @@ from stepstone.testing.store_conformance._values import (
 
 __all__ = [
     "StoreSpec",
+    "test_a_key_with_a_nul_character_is_refused_before_anything_is_written",
     "test_async_twins",
     "test_cas_absent_and_json_equality",
     "test_cas_matches_a_dict_model",

@@ -18,7 +18,7 @@ from stepstone.store import Store
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._postgres import PostgresBackend
 from stepstone.store._postgres_commit import commit_statement
-from stepstone.store._postgres_wire import asend_commit, send_commit, text_values
+from stepstone.store._postgres_wire import _STATE, asend_commit, send_commit, text_values
 
 pytestmark = pytest.mark.postgres
 
@@ -84,18 +84,30 @@ def test_a_commit_sent_with_libpq_lands_as_through_a_cursor(
 def test_a_session_that_lost_its_prepared_statements_prepares_them_again(
     store: Store, pg_url: str
 ) -> None:
-    """guarantee 348: after ``DEALLOCATE ALL`` (or a pooler handing over another session)
-    the next commit prepares its statement again and lands once."""
+    """guarantee 348: after ``DEALLOCATE ALL`` (psycopg sends one on the same connection
+    after a ROLLBACK or a DROP; a pooler may hand over another session) each statement is
+    prepared again when it is next sent, and a statement the session still holds is used
+    as it is; every commit lands once."""
     head = claimed_head(store, "dealloc")
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        head, sql, params = next_commit(head, "s0", {})
+        head, sql, params = next_commit(head, "s0", {})  # shape A: one row
         assert send_commit(conn, sql, params, True) is True
         conn.execute("DEALLOCATE ALL")
         assert prepared_names(conn) == []
-        head, sql, params = next_commit(head, "s1", {})
+        head, sql, params = next_commit(head, "s1", {}, [("dealloc:v", "1")])  # shape B
         assert send_commit(conn, sql, params, True) is True
-        assert len(prepared_names(conn)) == 1
-    assert [r.name for r in store.backend.run_journal("dealloc")][-2:] == ["s0", "s1"]
+        assert len(prepared_names(conn)) == 1  # B only; this connection still notes A
+        head, sql, params = next_commit(head, "s2", {})  # A: missing, prepared again
+        assert send_commit(conn, sql, params, True) is True
+        head, sql, params = next_commit(head, "s3", {}, [("dealloc:v", "2")])  # B as it is
+        assert send_commit(conn, sql, params, True) is True
+        getattr(conn, _STATE).clear()  # the connection forgot what it prepared
+        head, sql, params = next_commit(head, "s4", {})  # A: present already, used
+        assert send_commit(conn, sql, params, True) is True
+        assert len(prepared_names(conn)) == 2
+    journal = store.backend.run_journal("dealloc")
+    assert [r.name for r in journal][-5:] == ["s0", "s1", "s2", "s3", "s4"]
+    assert store.backend.kv_get("dealloc:v") == "2"
 
 
 def test_values_libpq_text_cannot_carry_go_through_a_cursor(store: Store, pg_url: str) -> None:

@@ -54,7 +54,9 @@ __all__ = [
     "ClaimResult",
     "Encoded",
     "OwnedRun",
+    "aclaim_empty",
     "aclaim_run",
+    "claim_empty",
     "claim_run",
     "describe_owner",
     "ownership_error",
@@ -353,10 +355,10 @@ class ClaimResult:
 @dataclasses.dataclass(slots=True)
 class _Decision:
     """What :func:`claim_run`'s transaction callback decided (it may run more than once;
-    the last call wins)."""
+    the last call wins); ``"occupied"``: a :func:`claim_empty` found the key taken."""
 
     previous: RunHead | None = None
-    outcome: Outcome = "fresh"
+    outcome: Outcome | Literal["occupied"] = "fresh"
 
 
 def claim_run(
@@ -390,6 +392,8 @@ def claim_run(
         run_uid: The new run's stamp (default: a fresh one).
         what: How to call the run in messages (``"Plan"``).
 
+    :func:`claim_empty` claims only a key that holds nothing.
+
     Raises:
         ConcurrentRunError: a live run owns ``key`` (``ConcurrentPlanRunError`` for a
             Plan, whose message also suggests ``on_concurrent='fork'``).
@@ -407,6 +411,18 @@ def claim_run(
         run_uid=run_uid,
         what=what,
     )
+    claimed = finish(store.backend.run_claim(key, decide))
+    assert claimed is not None  # only a claim_empty finds the key occupied
+    return claimed
+
+
+def claim_empty(store: Store, key: str, **options: Any) -> ClaimResult | None:
+    """:func:`claim_run` of a fresh run (same arguments), only when ``key`` holds nothing:
+    None, with nothing written, when it holds a run or a value. One round trip on
+    PostgreSQL either way; an engine that must read and check what a key holds before a
+    resume claims it (leaving a record it refuses as it was) tries this first, and reads
+    only when the key is taken."""
+    decide, finish = _claimer(store, key, only_if_empty=True, **options)
     return finish(store.backend.run_claim(key, decide))
 
 
@@ -422,7 +438,8 @@ def _claimer(
     check_resume: Callable[[RunHead], Literal["fresh"] | None] | None = None,
     run_uid: str | None = None,
     what: str = "run",
-) -> tuple[Decide, Callable[[RunHead | None], ClaimResult]]:
+    only_if_empty: bool = False,
+) -> tuple[Decide, Callable[[RunHead | None], ClaimResult | None]]:
     """The transaction callback of :func:`claim_run` and what turns the head it leaves
     into the :class:`ClaimResult` (the claim itself may run in a group commit)."""
     check_key(key, f"{what} key")
@@ -431,6 +448,9 @@ def _claimer(
     decision = _Decision()
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
+        if only_if_empty and (head is not None or kv_text is not None):
+            decision.outcome = "occupied"
+            return None
         now = store.backend.clock()  # leases are judged by the database's clock
         imported: list[JournalRow] = []
         drop_kv = False
@@ -484,7 +504,9 @@ def _claimer(
         )
         return Claim(head=new, reset_journal=True, drop_kv=drop_kv)
 
-    def finish(head: RunHead | None) -> ClaimResult:
+    def finish(head: RunHead | None) -> ClaimResult | None:
+        if decision.outcome == "occupied":
+            return None
         assert head is not None  # decide either wrote a head or found a done one
         if decision.outcome == "done":
             return ClaimResult("done", head, None, decision.previous)
@@ -499,14 +521,28 @@ async def aclaim_run(store: Store, key: str, **options: Any) -> ClaimResult:
     """Async :func:`claim_run` (same arguments), called by the kernel's one rule for
     backend calls from async code (``blocking_call``); on SQLite, with other tasks on the
     loop, the claim joins the group commit of the loop's runs."""
+    claimed = await _aclaim(store, key, options, only_if_empty=False)
+    assert claimed is not None
+    return claimed
+
+
+async def aclaim_empty(store: Store, key: str, **options: Any) -> ClaimResult | None:
+    """Async :func:`claim_empty`, as :func:`aclaim_run` is :func:`claim_run`'s."""
+    return await _aclaim(store, key, options, only_if_empty=True)
+
+
+async def _aclaim(
+    store: Store, key: str, options: dict[str, Any], *, only_if_empty: bool
+) -> ClaimResult | None:
     if can_group_claims(store.backend) and not may_block_loop():
-        decide, finish = _claimer(store, key, **options)
+        decide, finish = _claimer(store, key, only_if_empty=only_if_empty, **options)
         try:
             claimed = finish(await group_transact(store.backend, key, decide))
         except BaseException:
             leave(store.backend, key)
             raise
-        if claimed.run is None:
+        if claimed is None or claimed.run is None:
             leave(store.backend, key)
         return claimed
-    return await blocking_call(store, lambda: claim_run(store, key, **options))
+    claim = claim_empty if only_if_empty else claim_run
+    return await blocking_call(store, lambda: claim(store, key, **options))

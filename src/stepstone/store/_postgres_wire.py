@@ -40,7 +40,8 @@ __all__ = ["asend_commit", "send_commit"]
 _STATE = "_stepstone_wire"  # per connection: its prepared names, or False (not UTF-8)
 _NAMES: dict[bytes, bytes] = {}  # statement text -> its prepared name, process-wide
 _COUNTER = itertools.count()
-_NOT_PREPARED = "26000"  # invalid_sql_statement_name: the server has no such statement
+_NOT_PREPARED = b"26000"  # invalid_sql_statement_name: the session has no such statement
+_ALREADY_PREPARED = b"42P05"  # duplicate_prepared_statement
 
 
 @functools.cache
@@ -106,20 +107,31 @@ def _commit(
     if not prepare:
         pgconn.send_query_params(numbered(sql), values)
         return _moved((yield from generators.execute(pgconn)), encoding)
+    # What this connection prepared can differ from what its session holds: psycopg's
+    # cursors send DEALLOCATE ALL after a ROLLBACK or a DROP on the same connection (their
+    # own statements may be stale then), and a pooler may switch sessions. A statement
+    # found missing is prepared again (each one when it is next sent); one found present
+    # already is used (our names are this process's, and a session serves one process, so
+    # its text is ours).
     name = _name(sql)
     for attempt in (1, 2):
         if name not in prepared:
             pgconn.send_prepare(name, numbered(sql))
-            _check((yield from generators.execute(pgconn))[0], encoding)
+            result = (yield from generators.execute(pgconn))[0]
+            if _state_of(result) != _ALREADY_PREPARED:
+                _check(result, encoding)
             prepared.add(name)
         pgconn.send_query_prepared(name, values)
         results = yield from generators.execute(pgconn)
-        error = results[0].error_field(pq.DiagnosticField.SQLSTATE)
-        if error == _NOT_PREPARED.encode() and attempt == 1:
-            prepared.clear()  # the session lost its statements: prepare again
+        if _state_of(results[0]) == _NOT_PREPARED and attempt == 1:
+            prepared.discard(name)  # the session lost it: prepare it again
             continue
         return _moved(results, encoding)
     raise AssertionError("unreachable")
+
+
+def _state_of(result: pq.abc.PGresult) -> bytes | None:
+    return result.error_field(pq.DiagnosticField.SQLSTATE)
 
 
 def _moved(results: list[pq.abc.PGresult], encoding: str) -> bool:

@@ -34,6 +34,7 @@ from stepstone import (
     from_step,
 )
 from stepstone.durable import claim_run
+from stepstone.store import RunHead
 
 
 @pytest.fixture
@@ -208,6 +209,31 @@ def test_resume_on_done_short_circuits_with_cached_kv(store: Store) -> None:
     assert c.calls == {"extract": 1, "transform": 1, "validate": 1, "load": 1}
     # Only reads: the head was not rewritten.
     assert store.backend.run_get("etl") == head_before
+
+
+def test_a_resume_of_an_empty_key_claims_it_without_reading_it_first(tmp_path: Path) -> None:
+    """guarantee 360: ``resume=True`` on a key that holds nothing starts the run with its
+    claim alone (the journal is read only for a key that holds a run)."""
+    from stepstone.store._sqlite import SQLiteBackend
+
+    reads: list[str] = []
+
+    class Counting(SQLiteBackend):  # the real backend; it only notes the reads of runs
+        def run_get(self, key: str) -> RunHead | None:
+            reads.append(f"head {key}")
+            return super().run_get(key)
+
+        def run_journal(self, key: str, since_seq: int = 0) -> list[Any]:
+            reads.append(f"journal {key}")
+            return super().run_journal(key, since_seq)
+
+    store = Store(backend=Counting(str(tmp_path / "s.db")))
+    c = Counter()
+    assert run(etl_plan(store, c, resume=True)).ok
+    assert reads == []
+    env = run(etl_plan(store, c, resume=True))  # done: read, then the cached result
+    assert env.metadata["cached"] is True and "journal etl" in reads
+    assert c.calls == {"extract": 1, "transform": 1, "validate": 1, "load": 1}
 
 
 def test_fresh_run_after_failure_or_done_starts_over(store: Store) -> None:

@@ -13,6 +13,7 @@ from stepstone.core._run_context import resolve_run_context
 from stepstone.core._serialization import dumps
 from stepstone.core._sync import run_sync
 from stepstone.durable import (
+    aclaim_empty,
     aclaim_run,
     blocking_call,
     database_now,
@@ -220,26 +221,28 @@ class Plan:
             uid = new_uid()
             key = f"{key}:{uid}"
             writes_prefix = f"{key}:"
-        # Read and validate the checkpoint before claiming it: a resume that fails on a
-        # corrupt record must leave every byte as it was.
-        found = (
-            await blocking_call(store, _read_checkpoint, store, key, bulk=True) if resume else None
+        options: dict[str, Any] = dict(
+            kind="plan", first_step=first, meta=meta, run_uid=uid, what="Plan"
         )
-        # The steps of the plan that started the run, for naming what changed (the head
-        # carries only their fingerprint: it is rewritten at every step).
-        old_shape = found[1].shape if found is not None else None
-        claim = await aclaim_run(
-            store,
-            key,
-            kind="plan",
-            resume=resume,
-            first_step=first,
-            meta=meta,
-            legacy_import=legacy_import,
-            check_resume=lambda head: self._check_resume(head, old_shape),
-            run_uid=uid,
-            what="Plan",
-        )
+        found: tuple[RunHead, Replay] | None = None
+        # A resume of a key that holds nothing starts a fresh run in one claim. Else read
+        # and validate the checkpoint before claiming it: a resume that fails on a corrupt
+        # record must leave every byte as it was.
+        claim = await aclaim_empty(store, key, resume=True, **options) if resume else None
+        if claim is None:
+            if resume:
+                found = await blocking_call(store, _read_checkpoint, store, key, bulk=True)
+            # The steps of the plan that started the run, for naming what changed (the
+            # head carries only their fingerprint: it is rewritten at every step).
+            old_shape = found[1].shape if found is not None else None
+            claim = await aclaim_run(
+                store,
+                key,
+                resume=resume,
+                legacy_import=legacy_import,
+                check_resume=lambda head: self._check_resume(head, old_shape),
+                **options,
+            )
         if claim.run is None:  # resume=True on a done run: the cached kv
             rep = await self._replay_of(store, key, claim.head, found)
             return Envelope(

@@ -26,6 +26,7 @@ from stepstone.testing.store_conformance._processes import (
     test_cas_race_across_processes,
 )
 from stepstone.testing.store_conformance._runs import (
+    test_claim_empty_claims_only_a_key_holding_nothing,
     test_commit_is_atomic_and_versioned,
     test_commit_writes_same_key_twice_last_wins,
     test_delete_removes_run_and_journal,
@@ -53,6 +54,7 @@ __all__ = [
     "test_cas_absent_and_json_equality",
     "test_cas_matches_a_dict_model",
     "test_cas_race_across_processes",
+    "test_claim_empty_claims_only_a_key_holding_nothing",
     "test_claim_live_run_refused_across_store_objects",
     "test_commit_is_atomic_and_versioned",
     "test_commit_writes_same_key_twice_last_wins",

@@ -3,9 +3,11 @@ deleted with their journal."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from stepstone.durable import claim_run
+from stepstone.durable import ClaimResult, aclaim_empty, claim_empty, claim_run
 from stepstone.exceptions import StoreKeyConflictError
 from stepstone.testing.store_conformance._spec import StoreSpec
 
@@ -29,6 +31,41 @@ def test_run_key_refuses_plain_value_ops(store_spec: StoreSpec) -> None:
         assert store.read("plain") == {"not": "a checkpoint"}
     finally:
         claimed.run.release()
+
+
+def test_claim_empty_claims_only_a_key_holding_nothing(store_spec: StoreSpec) -> None:
+    """guarantee 360: ``claim_empty`` starts a fresh run under a key that holds nothing;
+    under a key holding a run (live, released or done) or a plain value it writes nothing
+    and returns None."""
+    store = store_spec.open()
+    fresh = claim_empty(store, "empty-1", kind="test", resume=True, first_step="a")
+    assert fresh is not None and fresh.outcome == "fresh" and fresh.run is not None
+    assert fresh.previous is None
+    head = store.backend.run_get("empty-1")
+    assert head is not None and head.run_uid == fresh.head.run_uid and head.next_step == "a"
+    assert claim_empty(store, "empty-1", kind="test", resume=True, first_step="a") is None
+    fresh.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
+    fresh.run.release()
+    done = store.backend.run_get("empty-1")
+    assert claim_empty(store, "empty-1", kind="test", resume=True, first_step="a") is None
+    assert store.backend.run_get("empty-1") == done
+    store.write("plain-1", {"v": 1})
+    assert claim_empty(store, "plain-1", kind="test", resume=True, first_step="a") is None
+    assert store.read("plain-1") == {"v": 1} and store.backend.run_get("plain-1") is None
+
+    async def both() -> list[ClaimResult | None]:
+        # concurrent tasks: on SQLite the claims join the loop's group commit
+        return list(
+            await asyncio.gather(
+                aclaim_empty(store, "empty-2", kind="test", resume=True, first_step="a"),
+                aclaim_empty(store, "empty-1", kind="test", resume=True, first_step="a"),
+            )
+        )
+
+    empty, taken = asyncio.run(both())
+    assert taken is None and store.backend.run_get("empty-1") == done
+    assert empty is not None and empty.run is not None
+    empty.run.release()
 
 
 def test_commit_is_atomic_and_versioned(store_spec: StoreSpec) -> None:

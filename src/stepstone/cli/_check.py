@@ -14,9 +14,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption
+from stepstone.cli._render import progress_bar
 from stepstone.exceptions import StoreError
 from stepstone.store import CheckProblem, CheckReport, Store, check_store
 from stepstone.store._check import problem_text
@@ -49,22 +49,9 @@ def check_cmd(
             raise
         _report(_unopenable(db, url, exc), as_json)
         raise typer.Exit(1) from None
-    err = Console(stderr=True)
     try:
-        with Progress(
-            TextColumn("checking"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=err,
-            transient=True,
-            disable=as_json or not err.is_terminal,
-        ) as bar:
-            task = bar.add_task("check", total=None)
-            report = check_store(
-                store,
-                quick=quick,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+        with progress_bar("checking", hidden=as_json) as progress:
+            report = check_store(store, quick=quick, progress=progress)
     finally:
         store.close()
     _report(report, as_json)

@@ -20,9 +20,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from stepstone.cli._render import progress_bar
 from stepstone.durable import approve_call, read_run
 from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
@@ -148,21 +148,8 @@ def prune_cmd(
             )
         if policy is None:
             raise OpsError("pass --ttl AGE (e.g. 30d) and/or --keep-last N")
-        console = Console(stderr=True)
-        with Progress(
-            TextColumn("pruning"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=console,
-            transient=True,
-            disable=as_json or dry_run,
-        ) as bar:
-            task = bar.add_task("prune", total=None)
-
-            def step(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
-
-            report = prune(store, policy, dry_run=dry_run, progress=step)
+        with progress_bar("pruning", hidden=as_json or dry_run) as progress:
+            report = prune(store, policy, dry_run=dry_run, progress=progress)
         if as_json:
             _print_json(_prune_json(report))
         else:

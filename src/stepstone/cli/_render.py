@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from stepstone.cli._runs import RunLine, owner_state
@@ -196,3 +199,21 @@ def render_runs(
     console.print(table)
     if offset + len(lines) < total:
         console.print(f"more: --offset {offset + len(lines)} shows the next page")
+
+
+@contextmanager
+def progress_bar(label: str, *, hidden: bool) -> Iterator[Callable[[int, int], None]]:
+    """A transient ``label ━━━ done/total`` bar on stderr while the block runs; yields the
+    callback long work reports ``(done, total)`` to. Not shown when ``hidden`` (JSON
+    output, a dry run) or when stderr is not a terminal."""
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err,
+        transient=True,
+        disable=hidden or not err.is_terminal,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -11,6 +11,7 @@ from stepstone.durable import list_runs as kernel_list_runs
 from stepstone.durable import owner_alive, run_head
 from stepstone.durable._inspect import filter_heads, steps_done
 from stepstone.store import RunHead, Store
+from stepstone.store._check import problem_text
 
 __all__ = ["RunLine", "list_runs", "owner_state", "select_runs"]
 
@@ -69,7 +70,7 @@ def list_runs(store: Store, prefix: str | None) -> list[RunLine]:
         try:
             head = run_head(store, key)  # None for a plain value
         except Exception as exc:  # noqa: BLE001 - shown on the line, the listing goes on
-            lines.append(RunLine(key=key, corrupt=_one_line(exc)))
+            lines.append(RunLine(key=key, corrupt=problem_text(exc)))
             continue
         if head is not None:
             lines.append(RunLine(key=key, head=head))
@@ -131,7 +132,3 @@ def owner_state(head: RunHead, now: float | None = None) -> tuple[str, str]:
 
 def _secs(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

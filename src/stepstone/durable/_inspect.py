@@ -14,7 +14,7 @@ from typing import Any
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import RUN_STATUSES, JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = [
@@ -68,7 +68,6 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
     }
 
 
-RUN_STATUSES = ("claimed", "running", "paused", "failed", "done")
 SORTS = ("updated", "created", "key")
 
 

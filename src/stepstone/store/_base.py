@@ -19,6 +19,7 @@ from stepstone.exceptions import CheckpointCorruptError
 
 __all__ = [
     "HEAD_COLUMNS",
+    "RUN_STATUSES",
     "Backend",
     "Claim",
     "JournalRow",
@@ -162,12 +163,18 @@ def checked_text(value: Any, key: Any, what: str) -> str:
     return text
 
 
+#: Every status a run's head can hold: claimed and running (live while its lease lasts),
+#: paused, failed and done.
+RUN_STATUSES = ("claimed", "running", "paused", "failed", "done")
+
+
 def head_from_row(row: Sequence[Any]) -> RunHead:
     """Undo :func:`head_to_row` for a row selected in :data:`HEAD_COLUMNS` order.
 
     Raises:
         CheckpointCorruptError: a column cannot be decoded (bad JSON, invalid UTF-8, a
-            number that is not one); the message names the key and the column.
+            number that is not one, a status no run has); the message names the key and
+            the column.
     """
     if len(row) != len(HEAD_COLUMNS):
         raise corrupt_error(row[0] if row else "?", f"head has {len(row)} columns")
@@ -176,6 +183,10 @@ def head_from_row(row: Sequence[Any]) -> RunHead:
     values["key"] = checked_text(key, key, "the key")
     for name in ("kind", "status", "run_uid", "host"):
         values[name] = checked_text(values[name], key, f"column {name}")
+    if values["status"] not in RUN_STATUSES:
+        raise corrupt_error(
+            key, f"head column status is {values['status']!r}, not one of {', '.join(RUN_STATUSES)}"
+        )
     if values["next_step"] is not None:
         values["next_step"] = checked_text(values["next_step"], key, "column next_step")
     try:

@@ -18,7 +18,7 @@ from stepstone.core import Envelope
 from stepstone.core._serialization import dumps, untag
 from stepstone.durable._kernel import Encoded
 from stepstone.exceptions import CheckpointCorruptError
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import RUN_STATUSES, JournalRow, RunHead
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -261,7 +261,7 @@ def legacy_import(key: str, text: str) -> tuple[RunHead, list[JournalRow]] | Non
         return None
     status, next_step, kv = data["status"], data["next_step"], data["kv"]
     if (
-        status not in ("claimed", "running", "paused", "failed", "done")
+        status not in RUN_STATUSES
         or not isinstance(kv, dict)
         or not (next_step is None or isinstance(next_step, str))
     ):

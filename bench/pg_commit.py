@@ -13,6 +13,9 @@ this one run:
   run it), whose step commits go on async connections awaited on the loop;
 * the same steps without ``writes=``: each step's 1 KB output is journaled only (one
   1 KB row per step, as the raw upsert writes, instead of two);
+* the calling thread's CPU per step and per raw upsert (``time.thread_time``): the
+  client's own work, which a single run pays in series with the server, and which the
+  server's fsync latency does not move;
 * WAL flushes per 10-step run, counted by the server (``pg_stat_wal``): a figure the
   machine's load does not move;
 * for reference, the parts: one step commit through the kernel alone (``OwnedRun.commit_sync``
@@ -59,11 +62,17 @@ def raw_connection(url: str) -> Any:
     return conn
 
 
+#: Microseconds of the calling thread's CPU per operation, by what was measured: a figure
+#: the server's fsync latency does not move, so changes to the client's work show in it.
+CPU_US: dict[str, list[float]] = {}
+
+
 def raw_upsert_ms(conn: Any, n: int = 2000) -> float:
     """Milliseconds per single-row 1 KB autocommit upsert on ``conn``, one client."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for i in range(n):
         conn.execute(_RAW_SQL, (f"k{i % 500}", PAYLOAD))
+    CPU_US.setdefault("raw upsert", []).append((time.thread_time() - c0) * 1e6 / n)
     return (time.perf_counter() - t0) * 1000 / n
 
 
@@ -72,11 +81,17 @@ def trivial(payload: Any) -> str:
 
 
 def plan_ms_per_step(
-    store: Any, n_steps: int, key: str, loop: Any = None, writes: bool = True
+    store: Any,
+    n_steps: int,
+    key: str,
+    loop: Any = None,
+    writes: bool = True,
+    cpu_label: str = "warm-up",
 ) -> float:
     """ms per step of one run: ``agent(task)``, or awaited on ``loop`` (an event loop kept
     for the whole benchmark) as async code runs it; each step's output also stored under a
-    ``writes=`` key, or (``writes=False``) only journaled."""
+    ``writes=`` key, or (``writes=False``) only journaled. The calling thread's CPU per
+    step goes to :data:`CPU_US` under ``cpu_label``."""
     from stepstone import Agent, Plan, Step
 
     steps = [
@@ -85,11 +100,12 @@ def plan_ms_per_step(
     ]
     plan = Plan(*steps, store=store, checkpoint_key=key, max_iterations=n_steps + 1)
     agent = Agent(engine=plan)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     env = agent("go") if loop is None else loop.run_until_complete(agent.run("go"))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
     if not env.ok:
         raise SystemExit(f"run {key} failed: {env.error}")
+    CPU_US.setdefault(cpu_label, []).append(cpu * 1e6 / n_steps)
     return elapsed * 1000 / n_steps
 
 
@@ -167,7 +183,9 @@ def main() -> None:
                     # the raw upsert measured just before and just after the run, as many
                     # times as the run has steps, so both see the same machine
                     before = raw_upsert_ms(raw, n)
-                    ms = plan_ms_per_step(stores[name], n, f"{label}-{n}-{r}", mode, writes)
+                    ms = plan_ms_per_step(
+                        stores[name], n, f"{label}-{n}-{r}", mode, writes, f"{label}, {n} steps"
+                    )
                     raw_ms = (before + raw_upsert_ms(raw, n)) / 2
                     raws.append(raw_ms)
                     results.setdefault((label, n), []).append((ms, ms / raw_ms))
@@ -195,6 +213,11 @@ def main() -> None:
             ms = statistics.median(v[0] for v in values)
             ratio = statistics.median(v[1] for v in values)
             print(f"{what:>21}: {ms:.3f} ms ({ratio:.2f}x raw)")
+        print()
+        print("CPU of the calling thread (median us per step or upsert; the loop's, awaited):")
+        for what, cpus in CPU_US.items():
+            if what != "warm-up":
+                print(f"{what:>34}: {statistics.median(cpus):6.1f} us")
         print()
         print_wal_flushes(url)
         for store in stores.values():

@@ -62,6 +62,35 @@ def _killed(worker: list[str], delay: float) -> bool:
         return False
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _killed_after_steps(worker: list[str], log: Path, steps: int, extra: float) -> bool:
+    """Run a crash worker and SIGKILL it ``extra`` seconds after its effects log grew by
+    ``steps`` lines (steps it ran), unless it finished (exit code 0) by then; whether it
+    was killed. Counting steps rather than seconds ends every attempt partway through the
+    run however fast or loaded the machine is; ``extra`` lands the kill anywhere in the
+    step after (in its function, or in the commit of the one before)."""
+    start = _lines(log)
+    with subprocess.Popen(
+        [sys.executable, *worker], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline().strip()
+        while proc.poll() is None and _lines(log) < start + steps:
+            time.sleep(0.002)
+        if proc.poll() is None:
+            time.sleep(extra)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            return True
+        _, err = proc.communicate()
+        assert proc.returncode == 0, (ready, err)
+        return False
+
+
 @pytest.mark.crash
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sigkill_at_random_points_then_resume(tmp_path: Path, seed: int) -> None:
@@ -72,7 +101,7 @@ def test_sigkill_at_random_points_then_resume(tmp_path: Path, seed: int) -> None
     done: list[str] = []
     for _attempt in range(60):
         cmd = [str(WORKER), str(db), str(log), str(N_STEPS)]
-        if not _killed(cmd, rng.uniform(0.15, 0.35)):
+        if not _killed_after_steps(cmd, log, rng.randint(1, 5), rng.uniform(0.0, 0.05)):
             break
         kills += 1
         done = _check_consistent(db, done)

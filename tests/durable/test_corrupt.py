@@ -77,6 +77,10 @@ CORRUPTIONS = {
         "UPDATE {journal} SET data = '{\"envel' WHERE run_key = 'bad' AND seq = 0",
         "journal row 0",
     ),
+    "journal kind unknown": (
+        "UPDATE {journal} SET kind = 'stXp' WHERE run_key = 'bad' AND kind = 'step'",
+        "journal row",
+    ),
     "journal not UTF-8": (
         "UPDATE {journal} SET data = CAST(X'7B22FF22' AS TEXT) WHERE run_key = 'bad'",
         "UTF-8",

@@ -350,6 +350,29 @@ async def test_tampered_outcome_fails_its_output_hash(tmp_path: Path) -> None:
             await runner.resume(make(Script(two_turns()), ledger), run_id="r1", thread_id="t")
 
 
+async def test_a_journal_row_of_a_kind_an_agent_run_never_writes_is_corruption(
+    tmp_path: Path,
+) -> None:
+    """guarantee 131: a tool outcome whose row kind a flipped byte changed is not skipped
+    (the tool would look in doubt, or run again); the resume refuses, calling nothing."""
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        conn = sqlite3.connect(db)
+        conn.execute(
+            "UPDATE stepstone_journal SET kind = 'outXome' WHERE kind = 'outcome' "
+            "AND name = 'tool:0:0'"
+        )
+        conn.commit()
+        conn.close()
+        again = Script(two_turns())
+        with pytest.raises(AgentCheckpointCorruptionError, match="'outXome' row named"):
+            await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+    assert again.asked == []
+
+
 async def test_changed_input_at_a_recorded_position_is_corruption(store: Store) -> None:
     # guarantee 163
     ledger = Ledger()

@@ -193,6 +193,11 @@ class EffectJournal:
             self.messages.append(data)
         elif row.kind == "snapshot":
             self.snapshot = data
+        else:  # a byte flipped in its kind or name: skipping it could run an effect again
+            raise self._corrupt(
+                f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which an "
+                "agent run never writes"
+            )
 
     def _corrupt(self, what: str) -> AgentCheckpointCorruptionError:
         return AgentCheckpointCorruptionError(

@@ -96,6 +96,21 @@ def test_pickle_round_trip_and_tamper_refused(tmp_path: Path) -> None:
         cp.load(rec.invocation_id)
 
 
+def test_a_journal_row_of_a_kind_a_graph_never_writes_is_refused(tmp_path: Path) -> None:
+    """guarantee 131: a node row whose kind a flipped byte changed is not skipped (the
+    record would lose that node); loading it names the record."""
+    db = tmp_path / "c.sqlite"
+    cp = SQLiteCheckpointer(db)
+    mission_v1(cp, Calls()).invoke(Mission(destination="Moon"), correlation_id="j")
+    (rec,) = cp.list()
+    con = sqlite3.connect(db)
+    con.execute("UPDATE stepstone_journal SET kind = 'nXde' WHERE kind = 'node'")
+    con.commit()
+    con.close()
+    with pytest.raises(CheckpointRecordInvalid, match="'nXde' row, which a graph record never"):
+        cp.load(rec.invocation_id)
+
+
 def test_save_after_every_node_before_the_next_starts(tmp_path: Path) -> None:
     # guarantee 106: each node sees, from another connection, the records of all nodes before it
     db = tmp_path / "c.sqlite"

@@ -34,8 +34,13 @@ def fold(head: RunHead, rows: Sequence[JournalRow], codec: Codec | None) -> RawR
         frames = [Frame.from_parts(p, b) for p, b in zip(start["frames"], body_frames, strict=True)]
         positions = [NodePosition.from_json(p) for p in start["positions"]]
         for row in rows[1:]:
-            if row.kind == "node":
-                positions.append(_apply_node_row(frames, json.loads(row.data), codec, where))
+            if row.kind != "node":  # a byte flipped in its kind: skipping it loses a node
+                raise CheckpointRecordInvalid(
+                    f"{where}: journal row {row.seq} is a {row.kind!r} row, which a graph "
+                    f"record never writes; remove it with "
+                    f"checkpointer.delete({meta.get('invocation_id')!r})"
+                )
+            positions.append(_apply_node_row(frames, json.loads(row.data), codec, where))
         return RawRecord(
             head=head,
             invocation_id=str(meta["invocation_id"]),

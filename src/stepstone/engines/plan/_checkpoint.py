@@ -200,6 +200,12 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
         elif row.kind == "plan" and row.name == "shape":
             steps = data.get("steps")
             shape = steps if isinstance(steps, list) else None
+        else:  # a byte flipped in its kind: skipping it would drop a step from the run
+            raise _corrupt(
+                key,
+                f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which a Plan "
+                "run never writes",
+            )
     return Replay(applied, pending, kv, shape)
 
 

@@ -69,6 +69,10 @@ CORRUPTIONS = {
     "meta is not JSON": ("UPDATE {runs} SET meta = '[[[' WHERE key = 'bad'", "column meta"),
     "meta is not an object": ("UPDATE {runs} SET meta = '[1]' WHERE key = 'bad'", "meta"),
     "head status unknown": ("UPDATE {runs} SET status = 'dXne' WHERE key = 'bad'", "status"),
+    "run unfinished without a next step": (
+        "UPDATE {runs} SET next_step = NULL WHERE key = 'bad'",
+        "names no step to continue at",
+    ),
     "head not UTF-8": (
         "UPDATE {runs} SET next_step = CAST(X'62FF' AS TEXT) WHERE key = 'bad'",
         "UTF-8",

@@ -24,6 +24,7 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "Replay",
     "band_row",
+    "check_head",
     "legacy_import",
     "plan_view",
     "replay",
@@ -222,8 +223,16 @@ def _corrupt(key: str, what: str) -> CheckpointCorruptError:
     )
 
 
+def check_head(head: RunHead) -> None:
+    """Raise CheckpointCorruptError when ``head`` cannot be a Plan run's: every commit that
+    leaves a run unfinished names the step it continues at."""
+    if head.next_step is None and head.status != "done":
+        raise _corrupt(head.key, f"the run is {head.status!r} but names no step to continue at")
+
+
 def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
     """The checkpoint dict users read (docs/plans.md), assembled from the head and the journal."""
+    check_head(head)
     rep = replay(head.key, rows)
     rep.check(head.key)
     return {

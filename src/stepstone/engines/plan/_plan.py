@@ -27,6 +27,7 @@ from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
     CHECKPOINT_VERSION,
     Replay,
+    check_head,
     legacy_import,
     replay,
 )
@@ -554,6 +555,7 @@ def _read_checkpoint(store: Store, key: str) -> tuple[RunHead, Replay] | None:
     if found is None or found[0].kind != "plan":
         return None
     head, rows = found
+    check_head(head)
     rep = replay(key, rows)
     rep.check(key)
     return head, rep

@@ -113,6 +113,19 @@ def test_resume_of_a_corrupt_run_names_the_key_and_writes_nothing(db: Path, case
         assert run(plan_of(store, "good", set())).ok  # the others are untouched
 
 
+def test_a_resume_of_a_run_missing_a_journal_row_refuses_and_writes_nothing(db: Path) -> None:
+    """guarantee 131, 132: a lost row (its step would silently drop out of the run) is
+    found before the claim, by the head's count of rows."""
+    corrupt(db, "DELETE FROM {journal} WHERE run_key = 'bad' AND seq = 1")
+    before = dump(db)
+    with (
+        Store(db=db) as store,
+        pytest.raises(CheckpointCorruptError, match=r"'bad'.*rows \[1\] are missing"),
+    ):
+        run(plan_of(store, "bad", set()))
+    assert dump(db) == before
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_read_and_listing_of_a_corrupt_run(db: Path, case: str) -> None:
     # guarantee 131, 133

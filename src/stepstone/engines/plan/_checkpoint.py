@@ -25,6 +25,7 @@ __all__ = [
     "Replay",
     "band_row",
     "check_head",
+    "check_journal",
     "legacy_import",
     "plan_view",
     "replay",
@@ -228,6 +229,20 @@ def check_head(head: RunHead) -> None:
     leaves a run unfinished names the step it continues at."""
     if head.next_step is None and head.status != "done":
         raise _corrupt(head.key, f"the run is {head.status!r} but names no step to continue at")
+
+
+def check_journal(head: RunHead, rows: list[JournalRow]) -> None:
+    """Raise CheckpointCorruptError unless ``rows`` hold every journal row ``head`` counts
+    (a resume that skipped a lost row would drop its step from the run). ``rows`` must be
+    read consistently with ``head`` (``read_run``)."""
+    counted = [r.seq for r in rows if r.seq < head.journal_len]
+    if counted != list(range(head.journal_len)):
+        missing = sorted(set(range(head.journal_len)) - set(counted))
+        raise _corrupt(
+            head.key,
+            f"its head counts {head.journal_len} journal rows, but rows "
+            f"{missing[:10]}{' ...' if len(missing) > 10 else ''} are missing",
+        )
 
 
 def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from stepstone.engines.plan._checkpoint import (
     CHECKPOINT_VERSION,
     Replay,
     check_head,
+    check_journal,
     legacy_import,
     replay,
 )
@@ -556,6 +557,7 @@ def _read_checkpoint(store: Store, key: str) -> tuple[RunHead, Replay] | None:
         return None
     head, rows = found
     check_head(head)
+    check_journal(head, rows)
     rep = replay(key, rows)
     rep.check(key)
     return head, rep

@@ -329,6 +329,14 @@ async def test_undecodable_pending_llm_response_never_calls_the_model_again(
     assert again.asked == []
 
 
+def _edit(db: Path, sql: str) -> None:
+    """Change the SQLite file under the store, as a flipped byte would."""
+    conn = sqlite3.connect(db)
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+
+
 async def test_tampered_outcome_fails_its_output_hash(tmp_path: Path) -> None:
     # guarantee 101, 162
     db = tmp_path / "a.sqlite"
@@ -360,13 +368,11 @@ async def test_a_journal_row_of_a_kind_an_agent_run_never_writes_is_corruption(
     ledger.crash_in = {"c"}
     with Store(db=db) as store:
         runner = await _crashed_run(store, Script(two_turns()), ledger)
-        conn = sqlite3.connect(db)
-        conn.execute(
-            "UPDATE stepstone_journal SET kind = 'outXome' WHERE kind = 'outcome' "
-            "AND name = 'tool:0:0'"
+        _edit(
+            db,
+            "UPDATE stepstone_journal SET kind = 'outXome' "
+            "WHERE kind = 'outcome' AND name = 'tool:0:0'",
         )
-        conn.commit()
-        conn.close()
         again = Script(two_turns())
         with pytest.raises(AgentCheckpointCorruptionError, match="'outXome' row named"):
             await runner.resume(make(again, ledger), run_id="r1", thread_id="t")

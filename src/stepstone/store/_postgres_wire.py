@@ -154,21 +154,34 @@ def send_commit(
     Raises:
         psycopg.Error: as the cursor would (a server error, a broken connection).
     """
-    values = text_values(params)
-    prepared = _state(conn) if values is not None else None
-    if values is None or prepared is None:
+    gen = _sendable(conn, sql, params, prepare)
+    if gen is None:
         return None
     with conn.lock:
-        return conn.wait(_commit(conn.pgconn, prepared, sql, values, prepare, "utf-8"))
+        return conn.wait(gen)
 
 
 async def asend_commit(
     conn: psycopg.AsyncConnection[Any], sql: bytes, params: Sequence[Any], prepare: bool
 ) -> bool | None:
     """:func:`send_commit` on an async connection, awaited on the running loop."""
+    gen = _sendable(conn, sql, params, prepare)
+    if gen is None:
+        return None
+    async with conn.lock:
+        return await conn.wait(gen)
+
+
+def _sendable(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    sql: bytes,
+    params: Sequence[Any],
+    prepare: bool,
+) -> Generator[Any, Any, bool] | None:
+    """The commit on ``conn`` as a wait generator (nothing sent until it is run), or None
+    when it must go through a cursor."""
     values = text_values(params)
     prepared = _state(conn) if values is not None else None
     if values is None or prepared is None:
         return None
-    async with conn.lock:
-        return await conn.wait(_commit(conn.pgconn, prepared, sql, values, prepare, "utf-8"))
+    return _commit(conn.pgconn, prepared, sql, values, prepare, "utf-8")

@@ -289,16 +289,18 @@ def _decode(key: str, text: str) -> Any:
         ) from exc
 
 
+#: Why a key with a NUL character is refused (PostgreSQL cannot keep one in text, SQLite's
+#: C API cuts text at it), for every message that refuses one.
+NUL_IN_KEY = "contains a NUL character ('\\x00'), which no store can keep in a key; remove it"
+
+
 def check_key(key: Any, what: str = "store key") -> str:
     """``key`` if it can be a key in every store: a non-empty string without NUL characters
-    (PostgreSQL cannot keep one in text, SQLite's C API cuts text at it)."""
+    (:data:`NUL_IN_KEY`)."""
     if not isinstance(key, str) or not key:
         raise TypeError(f"a {what} is a non-empty string, got {key!r}")
     if "\0" in key:
-        raise ValueError(
-            f"{what} {key!r} contains a NUL character ('\\x00'), which no store can keep in "
-            "a key; remove it"
-        )
+        raise ValueError(f"{what} {key!r} {NUL_IN_KEY}")
     return key
 
 

@@ -16,6 +16,7 @@ from stepstone.core import Sentinel, Tool
 from stepstone.core._tool import is_agent_like
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError
+from stepstone.store._store import NUL_IN_KEY
 
 __all__ = ["CompiledPlan", "Unit", "check_tools", "compile_plan", "literal_values"]
 
@@ -124,10 +125,7 @@ def compile_plan(
                 f"step {s.step_name!r}: writes= must be a non-empty str, got {s.writes!r}"
             )
         if s.writes is not None and "\0" in s.writes:
-            raise PlanCompileError(
-                f"step {s.step_name!r}: writes={s.writes!r} contains a NUL character "
-                "('\\x00'), which no store can keep in a key; remove it"
-            )
+            raise PlanCompileError(f"step {s.step_name!r}: writes={s.writes!r} {NUL_IN_KEY}")
     for unit in units:
         band_writes = [s.writes for s in unit.steps if s.writes]
         if len(band_writes) != len(set(band_writes)):

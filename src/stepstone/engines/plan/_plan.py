@@ -39,6 +39,7 @@ from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError, StaleCheckpointError
 from stepstone.observability import Session
 from stepstone.store import RunHead, Store
+from stepstone.store._store import NUL_IN_KEY
 
 __all__ = ["Plan", "PlanChangePolicy"]
 
@@ -144,10 +145,7 @@ class Plan:
                 f"checkpoint_key must be a non-empty str, got {checkpoint_key!r}"
             )
         if checkpoint_key is not None and "\0" in checkpoint_key:
-            raise PlanCompileError(
-                f"checkpoint_key {checkpoint_key!r} contains a NUL character ('\\x00'), "
-                "which no store can keep in a key; remove it"
-            )
+            raise PlanCompileError(f"checkpoint_key {checkpoint_key!r} {NUL_IN_KEY}")
         if store is not None and not isinstance(store, Store):
             raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
         if resume and store is None:

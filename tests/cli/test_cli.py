@@ -322,6 +322,31 @@ def test_one_corrupt_run_never_breaks_the_listing(tmp_path: Path) -> None:
         assert key in _one_line_error(stepstone("inspect", "--db", str(db), key))
 
 
+def test_show_and_history_of_corrupt_records(tmp_path: Path) -> None:
+    """guarantee 131, 149: `show` and `history` (which open the file read-only) name the
+    damage instead of failing with a bare driver error; a run that lost a journal row is
+    still shown, with what is wrong."""
+    db = tmp_path / "s.sqlite"
+    for key in ("lost-row", "bad-utf8"):
+        _failed_run(db, key)
+    conn = sqlite3.connect(db)
+    conn.execute("DELETE FROM stepstone_journal WHERE run_key = 'lost-row' AND seq = 1")
+    conn.execute(
+        "UPDATE stepstone_runs SET next_step = CAST(x'62ff' AS TEXT) WHERE key = 'bad-utf8'"
+    )
+    conn.commit()
+    conn.close()
+    shown = stepstone("show", "--db", str(db), "lost-row")
+    assert shown.returncode == 0, shown.stderr
+    assert "corrupt" in shown.stdout and "rows [1] are missing" in shown.stdout
+    detail = json.loads(stepstone("show", "--db", str(db), "lost-row", "--json").stdout)
+    assert "rows [1] are missing" in detail["corrupt"] and detail["record"] is None
+    assert stepstone("history", "--db", str(db), "lost-row").returncode == 0
+    for command in ("show", "history", "inspect"):
+        line = _one_line_error(stepstone(command, "--db", str(db), "bad-utf8"))
+        assert "'bad-utf8'" in line and "UTF-8" in line
+
+
 @pytest.mark.parametrize("fmt", ["table", "json"])
 def test_runs_prefix(tmp_path: Path, fmt: str) -> None:
     db = tmp_path / "s.sqlite"

@@ -379,6 +379,91 @@ async def test_a_journal_row_of_a_kind_an_agent_run_never_writes_is_corruption(
     assert again.asked == []
 
 
+def _rows(db: Path) -> list[Any]:
+    conn = sqlite3.connect(db)
+    try:
+        return [
+            sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
+            for t in ("stepstone_runs", "stepstone_journal", "stepstone_kv")
+        ]
+    finally:
+        conn.close()
+
+
+AGENT_CORRUPTIONS = {
+    "a lost row": ("DELETE FROM stepstone_journal WHERE seq = 3", "rows [3] are missing"),
+    "a row past the head's count": (
+        "UPDATE stepstone_runs SET journal_len = journal_len - 1",
+        "past them",
+    ),
+    "a row that is not an object": (
+        "UPDATE stepstone_journal SET data = '[1]' WHERE kind = 'message'",
+        "not an object",
+    ),
+    "an outcome filed under another position": (
+        "UPDATE stepstone_journal SET name = 'tool:0:7' "
+        "WHERE kind = 'outcome' AND name = 'tool:0:0'",
+        "does not describe the call at its position",
+    ),
+    "an intent whose turn is damaged": (
+        "UPDATE stepstone_journal SET data = json_set(data, '$.turn', 'zz') "
+        "WHERE kind = 'intent' AND name = 'tool:0:1'",
+        "does not describe the call",
+    ),
+    "an outcome whose input hash is damaged": (
+        "UPDATE stepstone_journal SET data = json_set(data, '$.input_hash', 7) "
+        "WHERE kind = 'outcome' AND name = 'tool:0:0'",
+        "input_hash",
+    ),
+    "an outcome whose input hash differs from its intent's": (
+        "UPDATE stepstone_journal SET data = json_set(data, '$.input_hash', printf('%.64c', 'a')) "
+        "WHERE kind = 'outcome' AND name = 'tool:0:0'",
+        "another input_hash than its intent",
+    ),
+    "the latest record names another run": (
+        "UPDATE stepstone_journal SET data = json_set(data, '$.run_id', 'zz') WHERE kind = 'phase'",
+        "belongs to run 'zz'",
+    ),
+    "the latest record's thread is not text": (
+        "UPDATE stepstone_journal SET data = json_set(data, '$.thread_id', 7) WHERE kind = 'phase'",
+        "not text",
+    ),
+    "the first message lost its text": (
+        "UPDATE stepstone_journal SET data = json_remove(data, '$.text') WHERE kind = 'message'",
+        "no text",
+    ),
+    "a snapshot with a damaged start time": (
+        "UPDATE stepstone_journal SET data = json_set(data, '$.started_at_s', 'zz') "
+        "WHERE kind = 'snapshot'",
+        "snapshot",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AGENT_CORRUPTIONS))
+async def test_a_corrupt_agent_record_is_refused_before_the_claim(
+    tmp_path: Path, case: str
+) -> None:
+    """guarantee 131, 132: the whole record (every row there, each a JSON object, every
+    effect row filed under its own position with its hash) is checked before the run is
+    claimed: nothing is called, nothing is written."""
+    sql, what = AGENT_CORRUPTIONS[case]
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        _edit(db, sql)
+        before = _rows(db)
+        again = Script(two_turns())
+        for _ in range(2):  # the same error again, never "owned by a live run"
+            with pytest.raises(AgentCheckpointCorruptionError, match="r1") as info:
+                await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+            assert what in str(info.value)
+        assert _rows(db) == before
+    assert again.asked == [] and ledger.done == ["a", "b", "c"]
+
+
 async def test_changed_input_at_a_recorded_position_is_corruption(store: Store) -> None:
     # guarantee 163
     ledger = Ledger()

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import Agent, Plan, Step, Store
-from stepstone.exceptions import StoreError
+from stepstone.exceptions import StoreDamagedError, StoreError
 from stepstone.store._sqlite import MIGRATIONS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store_v1.sqlite"
@@ -358,3 +358,39 @@ def test_every_frozen_store_upgrades_to_exactly_a_new_stores_layout(
         "stepstone_journal",
         "stepstone_schema",
     }
+
+
+@pytest.mark.parametrize(
+    ("damage", "what"),
+    [
+        ("DELETE FROM stepstone_schema", "records schema version 0, but the file has"),
+        ("UPDATE stepstone_schema SET version = 1", "lacks journal, kv, runs"),
+        ("UPDATE stepstone_schema SET version = -1", "-1, not a version number"),
+    ],
+)
+def test_a_damaged_schema_table_is_refused_before_anything_is_written(
+    tmp_path: Path, damage: str, what: str
+) -> None:
+    """guarantee 131: a lost or changed version row never makes the store create its tables
+    again or migrate tables it already migrated (a bare "table already exists")."""
+    path = tmp_path / "s.sqlite"
+    with Store(db=path) as store:
+        store.write("kept", 1)
+    conn = sqlite3.connect(path)
+    conn.execute(damage)
+    conn.commit()
+    before = conn.execute("SELECT key, value FROM stepstone_kv").fetchall()
+    conn.close()
+    for read_only in (False, True):
+        with pytest.raises(StoreDamagedError, match="stepstone_schema table") as info:
+            Store(db=path, read_only=read_only)
+        assert what in str(info.value) and "nothing was written" in str(info.value)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT key, value FROM stepstone_kv").fetchall() == before
+    assert _tables(path) == {
+        "stepstone_schema",
+        "stepstone_kv",
+        "stepstone_runs",
+        "stepstone_journal",
+    }
+    conn.close()

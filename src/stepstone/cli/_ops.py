@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stepstone.cli._render import progress_bar
@@ -27,8 +28,9 @@ from stepstone.durable import approve_call, read_run
 from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._retention import PruneReport, parse_age, prune
-from stepstone.exceptions import StepstoneError
+from stepstone.exceptions import CorruptRecordError, StepstoneError
 from stepstone.store import Retention, Store, vacuum
+from stepstone.store._check import problem_text
 
 __all__ = ["register"]
 
@@ -232,7 +234,11 @@ def show_cmd(
         detail = run_detail(store, key)
         if detail is None:
             raise no_run(key, store)
-        entry = store.read_entry(key)
+        try:
+            entry = store.read_entry(key)
+        except CorruptRecordError as exc:  # show what is there, and what is wrong
+            entry = None
+            detail.setdefault("corrupt", problem_text(exc))
         detail["record"] = entry.value if entry is not None else None
         if as_json:
             _print_json(detail)
@@ -253,6 +259,8 @@ def show_cmd(
                 f"  [red]error[/] at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
                 f"{err.get('message')}"
             )
+        if detail.get("corrupt"):
+            console.print(f"  [red]corrupt[/]: {escape(detail['corrupt'])}")
         _print_approvals(console, key, detail["pending_approvals"])
         if detail.get("agent"):
             _print_agent(console, detail["agent"])

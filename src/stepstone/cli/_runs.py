@@ -62,7 +62,12 @@ class RunLine:
 def list_runs(store: Store, prefix: str | None) -> list[RunLine]:
     """Every run under ``prefix``; a record that cannot be decoded becomes a corrupt line."""
     try:
-        return [RunLine(key=h.key, head=h) for h in kernel_list_runs(store, prefix)]
+        return [
+            RunLine(key=h.key, corrupt=f"CheckpointCorruptError: {h.meta.get('corrupt')}")
+            if h.status == "corrupt"
+            else RunLine(key=h.key, head=h)
+            for h in kernel_list_runs(store, prefix)
+        ]
     except Exception:  # noqa: BLE001 - one bad row; list the others one by one below
         pass
     lines: list[RunLine] = []

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -47,7 +48,9 @@ __all__ = [
     "DurableScope",
     "EffectJournal",
     "InDoubtPolicy",
+    "JournalContents",
     "bind_scope",
+    "corrupt_agent_run",
     "current_scope",
     "hash_json",
 ]
@@ -119,6 +122,119 @@ def _pos(kind: str, turn: int, index: int) -> str:
     return f"{kind}:{turn}:{index}"
 
 
+@dataclasses.dataclass
+class JournalContents:
+    """An agent run's journal, decoded: what :class:`EffectJournal` resumes from."""
+
+    intents: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    outcomes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    snapshot: dict[str, Any] | None = None
+
+    @classmethod
+    def load(cls, key: str, run_id: str, rows: Sequence[JournalRow]) -> JournalContents:
+        """Decode ``rows``, the journal of the agent run ``run_id`` under ``key``.
+
+        Raises:
+            AgentCheckpointCorruptionError: a row is not a JSON object, or is of a kind
+                an agent run never writes (skipping it could run an effect again).
+        """
+        out = cls()
+        for row in rows:
+            try:
+                data = json.loads(row.data)
+            except ValueError as exc:
+                raise corrupt_agent_run(
+                    key, run_id, f"journal row {row.seq} ({row.kind}) is not valid JSON: {exc}"
+                ) from exc
+            if not isinstance(data, dict):
+                raise corrupt_agent_run(
+                    key,
+                    run_id,
+                    f"journal row {row.seq} ({row.kind}) is a JSON {type(data).__name__}, "
+                    "not an object",
+                )
+            if row.kind in ("intent", "outcome"):
+                _check_effect_row(key, run_id, row, data)
+                (out.intents if row.kind == "intent" else out.outcomes)[str(row.name)] = data
+                intent = out.intents.get(str(row.name))
+                if intent is not None and intent["input_hash"] != data["input_hash"]:
+                    raise corrupt_agent_run(
+                        key,
+                        run_id,
+                        f"journal row {row.seq}: the {row.kind} of the call at {row.name!r} "
+                        "records another input_hash than its intent",
+                    )
+            elif row.kind == "phase":
+                out.phases.append(data)
+            elif row.kind == "message":
+                out.messages.append(data)
+            elif row.kind == "snapshot":
+                started, context = data.get("started_at_s"), data.get("context")
+                if not isinstance(started, int | float | None) or not isinstance(
+                    context, dict | None
+                ):
+                    raise corrupt_agent_run(
+                        key, run_id, f"journal row {row.seq} (a snapshot) has a damaged field"
+                    )
+                out.snapshot = data
+            else:  # a byte flipped in its kind or name: skipping it could run an effect again
+                raise corrupt_agent_run(
+                    key,
+                    run_id,
+                    f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which "
+                    "an agent run never writes",
+                )
+        return out
+
+
+def _check_effect_row(key: str, run_id: str, row: JournalRow, data: dict[str, Any]) -> None:
+    """Raise AgentCheckpointCorruptionError unless an ``intent``/``outcome`` row describes
+    the call at the position it is filed under, and an outcome's data matches its hash: a
+    row filed under another position would leave its call looking never made (and run
+    again); a damaged outcome would be replayed as the call's result."""
+    kind, turn, index = data.get("kind"), data.get("turn"), data.get("index")
+    if not (
+        isinstance(kind, str)
+        and type(turn) is int
+        and type(index) is int
+        and _is_hash(data.get("input_hash"))
+        and row.name == _pos(kind, turn, index)
+    ):
+        raise corrupt_agent_run(
+            key,
+            run_id,
+            f"journal row {row.seq} ({row.kind} {row.name!r}) does not describe the call at "
+            "its position (its kind, turn, index or input_hash is damaged)",
+        )
+    if row.kind == "outcome" and (
+        not isinstance(data.get("data"), dict) or hash_json(data["data"]) != data.get("output_hash")
+    ):
+        raise corrupt_agent_run(
+            key,
+            run_id,
+            f"journal row {row.seq}: the recorded outcome of the {kind} call "
+            f"{data.get('name')!r} at turn {turn}, index {index} does not match its output_hash",
+        )
+
+
+def _is_hash(value: Any) -> bool:
+    """Whether ``value`` can be a :func:`hash_json` digest (64 lowercase hex digits)."""
+    return isinstance(value, str) and len(value) == 64 and _HEX.fullmatch(value) is not None
+
+
+_HEX = re.compile("[0-9a-f]+")
+
+
+def corrupt_agent_run(key: str, run_id: str, what: str) -> AgentCheckpointCorruptionError:
+    """The error for the agent run ``run_id`` (under ``key``) whose record is corrupt."""
+    return AgentCheckpointCorruptionError(
+        f"agent run {run_id!r} (checkpoint {key!r}): {what}. Nothing was re-executed. "
+        f"Inspect it with store.read({key!r}) or start a new run under another run_id"
+    )
+
+
 class EffectJournal:
     """The effect journal and phase buffer of one owned agent run.
 
@@ -155,13 +271,12 @@ class EffectJournal:
         self.coalesce = coalesce
         self.flush_interval = flush_interval
         self.queue_maxsize = queue_maxsize
-        self.intents: dict[str, dict[str, Any]] = {}
-        self.outcomes: dict[str, dict[str, Any]] = {}
-        self.phases: list[dict[str, Any]] = []
-        self.messages: list[dict[str, Any]] = []
-        self.snapshot: dict[str, Any] | None = None
-        for row in rows:
-            self._load(row)
+        loaded = JournalContents.load(run.key, run_id, rows)
+        self.intents = loaded.intents
+        self.outcomes = loaded.outcomes
+        self.phases = loaded.phases
+        self.messages = loaded.messages
+        self.snapshot = loaded.snapshot
         self.replayed = 0
         self.commits = 0
         self._buffer: list[Row] = []
@@ -175,36 +290,8 @@ class EffectJournal:
         self._closed = False
         self.turn = 0
 
-    # -- loading -------------------------------------------------------------------------
-    def _load(self, row: JournalRow) -> None:
-        try:
-            data = json.loads(row.data)
-        except ValueError as exc:
-            raise self._corrupt(
-                f"journal row {row.seq} ({row.kind}) is not valid JSON: {exc}"
-            ) from exc
-        if row.kind == "intent" and row.name is not None:
-            self.intents[row.name] = data
-        elif row.kind == "outcome" and row.name is not None:
-            self.outcomes[row.name] = data
-        elif row.kind == "phase":
-            self.phases.append(data)
-        elif row.kind == "message":
-            self.messages.append(data)
-        elif row.kind == "snapshot":
-            self.snapshot = data
-        else:  # a byte flipped in its kind or name: skipping it could run an effect again
-            raise self._corrupt(
-                f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which an "
-                "agent run never writes"
-            )
-
     def _corrupt(self, what: str) -> AgentCheckpointCorruptionError:
-        return AgentCheckpointCorruptionError(
-            f"agent run {self.run_id!r} (checkpoint {self.run.key!r}): {what}. Nothing was "
-            f"re-executed. Inspect it with store.read({self.run.key!r}) or start a new run "
-            "under another run_id"
-        )
+        return corrupt_agent_run(self.run.key, self.run_id, what)
 
     def has_outcome(self, kind: str, turn: int, index: int = 0) -> bool:
         """Whether the effect at this position has a recorded outcome."""

@@ -14,7 +14,13 @@ from typing import Any
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
-from stepstone.store._base import RUN_STATUSES, JournalRow, RunHead
+from stepstone.store._base import (
+    RUN_STATUSES,
+    JournalRow,
+    RunHead,
+    journal_problem,
+    read_consistent,
+)
 from stepstone.store._store import Store
 
 __all__ = [
@@ -152,7 +158,8 @@ def _decode(row: JournalRow) -> Any:
 def steps_done(head: RunHead) -> int:
     """How many steps (journal rows) a run has committed, not counting the rows an engine
     journals about the run itself (a Plan's record of its steps, written once)."""
-    return head.journal_len - int(head.meta.get("shape_rows", 0) or 0)
+    shape_rows = head.meta.get("shape_rows")
+    return head.journal_len - (shape_rows if type(shape_rows) is int else 0)
 
 
 def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
@@ -188,10 +195,10 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
     """Everything about one run: summary, head meta, its timeline, the tool calls it waits
     on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
     with their replay counts and its final state (see :func:`agent_view`)."""
-    head = store.backend.run_get(key)
-    if head is None:
+    found = read_consistent(store.backend, key)
+    if found is None:
         return None
-    rows = store.backend.run_journal(key)
+    head, rows = found
     steps = timeline(rows)
     err = _error_of(head)
     if err is not None and head.status in ("failed", "paused"):
@@ -207,6 +214,9 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
         )
     now = database_now(store) if now is None else now
     detail = {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
+    problem = journal_problem(head, rows)
+    if problem is not None:  # shown as it is, to see what is left; a resume refuses it
+        detail["corrupt"] = f"the record is corrupt: {problem}"
     # Tool calls it waits on (its own, or those of a paused Plan's LLM steps).
     detail["pending_approvals"] = waiting_calls(store, head, rows)
     if head.kind == AGENT_KIND:

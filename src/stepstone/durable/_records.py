@@ -32,8 +32,7 @@ from typing import Any, TypeVar
 
 from stepstone.core._sync import may_block_loop
 from stepstone.core._threads import to_thread
-from stepstone.exceptions import StoreError
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import JournalRow, RunHead, read_consistent
 from stepstone.store._store import Store
 
 __all__ = [
@@ -48,9 +47,6 @@ __all__ = [
 ]
 
 R = TypeVar("R")
-
-#: How many times :func:`read_run` reads again when the run was claimed between its reads.
-_READ_ATTEMPTS = 20
 
 
 async def blocking_call(store: Store, fn: Callable[..., R], *args: Any, bulk: bool = False) -> R:
@@ -72,32 +68,13 @@ def run_head(store: Store, key: str) -> RunHead | None:
 
 def read_run(store: Store, key: str) -> tuple[RunHead, list[JournalRow]] | None:
     """The run under ``key``: its head and the journal rows that head describes, or None
-    when there is no run.
-
-    The pair is consistent: the head is read again after the journal, and when the owner
-    committed in between, only the rows the first head counts (``seq < journal_len``; a
-    commit only appends rows past them) are returned with it. When the run was claimed in
-    between (a claim may reset the journal), everything is read again.
+    when there is no run (:func:`~stepstone.store._base.read_consistent`: the pair is
+    consistent even while its owner commits).
 
     Raises:
         StoreError: the run was claimed again on every one of many attempts.
     """
-    backend = store.backend
-    for _ in range(_READ_ATTEMPTS):
-        head = backend.run_get(key)
-        if head is None:
-            return None
-        rows = backend.run_journal(key)
-        after = backend.run_get(key)
-        if after is None or after.run_uid != head.run_uid:
-            continue  # deleted or claimed meanwhile: read the new run
-        if after.version != head.version:
-            rows = [row for row in rows if row.seq < head.journal_len]
-        return head, rows
-    raise StoreError(
-        f"run {key!r} was claimed again while being read, {_READ_ATTEMPTS} times in a row; "
-        "nothing was changed. Read it again once the processes claiming it have settled"
-    )
+    return read_consistent(store.backend, key)
 
 
 def list_runs(store: Store, prefix: str | None = None) -> list[RunHead]:

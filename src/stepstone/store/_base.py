@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stepstone.exceptions import CheckpointCorruptError
+from stepstone.exceptions import CheckpointCorruptError, StoreError
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -31,10 +32,12 @@ __all__ = [
     "head_to_row",
     "head_update_params",
     "heads_for_listing",
+    "journal_problem",
     "journal_row",
     "lenient_text",
     "prefix_bounds",
     "printable_key",
+    "read_consistent",
 ]
 
 
@@ -253,11 +256,14 @@ def _number(row: Sequence[Any], index: int) -> float:
 
 
 def journal_row(key: str, seq: Any, kind: Any, name: Any, data: Any) -> JournalRow:
-    """A journal row read from a database, its text columns checked (invalid UTF-8 raises
-    CheckpointCorruptError naming the key and the row)."""
-    where = f"journal row {seq}"
+    """A journal row read from a database, its columns checked (invalid UTF-8, or a
+    sequence number that is not an integer, raises CheckpointCorruptError naming the key
+    and the row)."""
+    where = f"journal row {printable_key(seq)}"
+    if type(seq) is not int:
+        raise corrupt_error(key, f"{where} has a sequence number that is not an integer")
     return JournalRow(
-        int(seq),
+        seq,
         checked_text(kind, key, f"{where} kind"),
         None if name is None else checked_text(name, key, f"{where} name"),
         checked_text(data, key, f"{where} data"),
@@ -426,6 +432,64 @@ class Backend(abc.ABC):
     def describe(self) -> str:
         """Short human description (``"sqlite:/path/db.sqlite"``)."""
         return type(self).__name__
+
+
+#: How many times :func:`read_consistent` reads again when the run was claimed between
+#: its reads.
+_READ_ATTEMPTS = 20
+
+
+def read_consistent(backend: Backend, key: str) -> tuple[RunHead, list[JournalRow]] | None:
+    """The run under ``key``: its head and the journal rows that head describes, or None
+    when there is no run.
+
+    The pair is consistent: the head is read again after the journal, and when the owner
+    committed in between, only the rows the first head counts (``seq < journal_len``; a
+    commit only appends rows past them) are returned with it. When the run was claimed in
+    between (a claim may reset the journal), everything is read again. The rows are
+    returned as read: :func:`journal_problem` says whether they are the ones the head
+    counts.
+
+    Raises:
+        StoreError: the run was claimed again on every one of many attempts.
+    """
+    for _ in range(_READ_ATTEMPTS):
+        head = backend.run_get(key)
+        if head is None:
+            return None
+        rows = backend.run_journal(key)
+        after = backend.run_get(key)
+        if after is None or after.run_uid != head.run_uid:
+            continue  # deleted or claimed meanwhile: read the new run
+        if after.version != head.version:
+            rows = [row for row in rows if row.seq < head.journal_len]
+        return head, rows
+    raise StoreError(
+        f"run {key!r} was claimed again while being read, {_READ_ATTEMPTS} times in a row; "
+        "nothing was changed. Read it again once the processes claiming it have settled"
+    )
+
+
+def journal_problem(head: RunHead, rows: Sequence[JournalRow]) -> str | None:
+    """What is wrong with ``rows`` as the journal ``head`` describes, or None when they
+    are its rows ``0 .. journal_len - 1``, each once (``rows`` read consistently with
+    ``head``: :func:`read_consistent`). A lost row, or a count a flipped byte changed,
+    would otherwise drop a step from a resumed run, or make its next commit collide
+    with a row already there after the step had run."""
+    count = head.journal_len
+    if len(rows) == count and all(row.seq == i for i, row in enumerate(rows)):
+        return None
+    seqs = {row.seq for row in rows}
+    missing = list(itertools.islice((i for i in range(max(count, 0)) if i not in seqs), 10))
+    extra = sorted(s for s in seqs if not 0 <= s < count)[:10]
+    parts = [f"its head counts {count} journal row{'' if count == 1 else 's'}"]
+    if missing:
+        parts.append(f"rows {missing} are missing")
+    if extra:
+        parts.append(f"it has rows {extra} past them")
+    if not missing and not extra:
+        parts.append("some are there twice")
+    return ", but ".join(parts[:2]) + (f", and {parts[2]}" if len(parts) > 2 else "")
 
 
 def commit_each(

@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stepstone.exceptions import CorruptRecordError, StoreDamagedError
+from stepstone.exceptions import StoreDamagedError
+from stepstone.store._base import read_consistent
 from stepstone.store._views import render_run
 
 if TYPE_CHECKING:
@@ -151,19 +152,11 @@ def _keys(backend: Backend, problems: list[CheckProblem]) -> list[str]:
 def _read(store: Store, key: str) -> int | None:
     """Read the record under ``key`` as an engine would: None for a plain value, else the
     run's journal rows (a key deleted meanwhile counts as a value)."""
-    backend = store.backend
-    head = backend.run_get(key)
-    if head is None:
+    found = read_consistent(store.backend, key)
+    if found is None:
         store.read_entry(key)
         return None
-    # only the rows this head counts: an owner that commits meanwhile only appends after them
-    journal = [r for r in backend.run_journal(key) if r.seq < head.journal_len]
-    if [r.seq for r in journal] != list(range(head.journal_len)):
-        missing = sorted(set(range(head.journal_len)) - {r.seq for r in journal})
-        raise CorruptRecordError(
-            f"run {key!r}: its head counts {head.journal_len} journal rows, but rows "
-            f"{missing[:10]}{' ...' if len(missing) > 10 else ''} are missing"
-        )
+    head, journal = found  # the rows this head counts: a lost one is corrupt (render_run)
     render_run(head, journal)
     return len(journal)
 

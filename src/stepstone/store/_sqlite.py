@@ -253,6 +253,7 @@ class SQLiteBackend(Backend):
             isolation_level=None,
             check_same_thread=False,
         )
+        conn.text_factory = lenient_text
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         return conn
 
@@ -343,12 +344,13 @@ class SQLiteBackend(Backend):
                 )
                 current = 0
             else:
-                current = _schema_version(conn)
+                current = _schema_version(conn, self.path)
             if current > len(MIGRATIONS):
                 raise StoreError(
                     f"{str(self.path)!r} has schema version {current}, newer than this "
                     f"stepstone ({len(MIGRATIONS)}); upgrade stepstone"
                 )
+            _check_layout(conn, current, self.path)
             if current == 0:
                 # A new store gets the current schema at once; the migrations are for files
                 # an older stepstone wrote.
@@ -371,7 +373,12 @@ class SQLiteBackend(Backend):
         where = repr(str(self.path))
         try:
             has_schema = _has_table(conn, "stepstone_schema")
-            version = _schema_version(conn) if has_schema else 0
+            version = _schema_version(conn, self.path) if has_schema else 0
+            if has_schema and version <= len(MIGRATIONS):
+                _check_layout(conn, version, self.path)
+        except StoreDamagedError:
+            self.close()
+            raise
         except sqlite3.DatabaseError as exc:
             self.close()
             raise _not_a_store(self.path, exc, "pass a stepstone store file") from exc
@@ -630,9 +637,44 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
     return row is not None
 
 
-def _schema_version(conn: sqlite3.Connection) -> int:
+def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
     row = conn.execute("SELECT MAX(version) FROM stepstone_schema").fetchone()
-    return int(row[0] or 0)
+    version = int(row[0] or 0)  # an INTEGER PRIMARY KEY: always an integer
+    if version < 0:
+        raise _damaged_schema(path, f"records schema version {version!r}, not a version number")
+    return version
+
+
+def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
+    """Raise StoreDamagedError unless the tables match the schema ``version`` recorded
+    (0: none yet): a lost or changed version row must never make the store create its
+    tables again, or run a migration over tables it already migrated."""
+    present = {
+        name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    expected = set(_tables_of(version)) if version else set()
+    later = {t for v in range(version + 1, len(MIGRATIONS) + 1) for t in _tables_of(v)} - expected
+    missing, extra = expected - present, later & present
+    if version == 0:
+        extra = set(_TABLES) & present
+    if missing or extra:
+        found = f"lacks {', '.join(sorted(missing))}" if missing else ""
+        found += (" and " if missing and extra else "") + (
+            f"has {', '.join(sorted(extra))}, which a later version creates" if extra else ""
+        )
+        raise _damaged_schema(path, f"records schema version {version}, but the file {found}")
+
+
+def _tables_of(version: int) -> tuple[str, str, str]:
+    return _LEGACY_TABLES.get(version, _TABLES)
+
+
+def _damaged_schema(path: Path, what: str) -> StoreDamagedError:
+    return StoreDamagedError(
+        f"{str(path)!r} is damaged: its stepstone_schema table {what}; nothing was written. "
+        f"See what is affected with `stepstone check --db {path}`, then restore the file "
+        "from a backup"
+    )
 
 
 def _run_script(conn: sqlite3.Connection, script: str) -> None:

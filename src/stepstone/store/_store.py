@@ -14,7 +14,7 @@ from stepstone.core._checks import positive_seconds
 from stepstone.core._serialization import dumps, json_equal, loads, to_json_value
 from stepstone.core._threads import to_thread
 from stepstone.exceptions import CheckpointCorruptError, MissingExtraError
-from stepstone.store._base import Backend, checked_text
+from stepstone.store._base import Backend, checked_text, read_consistent
 from stepstone.store._memory import MemoryBackend
 from stepstone.store._retention import Retention
 from stepstone.store._views import render_run
@@ -144,10 +144,10 @@ class Store:
         text = self.backend.kv_get(check_key(key))
         if text is not None:
             return StoreEntry(key=key, value=_decode(key, text), kind="value")
-        head = self.backend.run_get(key)
-        if head is None:
+        found = read_consistent(self.backend, key)
+        if found is None:
             return None
-        rows = self.backend.run_journal(key)
+        head, rows = found
         return StoreEntry(
             key=key,
             value=render_run(head, rows),

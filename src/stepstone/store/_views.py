@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepstone.exceptions import CheckpointCorruptError, ConfigurationTypeError
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import JournalRow, RunHead, journal_problem
 
 __all__ = ["RunView", "generic_view", "register_run_view", "render_run"]
 
@@ -49,11 +49,14 @@ def register_run_view(kind: str, view: RunView) -> None:
 def render_run(head: RunHead, rows: list[JournalRow]) -> Any:
     """Render a run with its kind's view (or the generic one)."""
     view: RunView = _VIEWS.get(head.kind, generic_view)
+    problem = journal_problem(head, rows)
     try:
+        if problem is not None:
+            raise ValueError(problem)
         return view(head, rows)
     except CheckpointCorruptError:
         raise
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise CheckpointCorruptError(
             f"checkpoint {head.key!r} ({head.kind} run) cannot be decoded: {exc}; "
             f"inspect it with `stepstone inspect --db ... {head.key}` or remove it with "

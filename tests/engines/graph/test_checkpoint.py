@@ -12,6 +12,7 @@ import pytest
 from pydantic import Field
 
 from stepstone import Store
+from stepstone.exceptions import NodeException
 from stepstone.graph import (
     END,
     CheckpointFilter,
@@ -109,6 +110,61 @@ def test_a_journal_row_of_a_kind_a_graph_never_writes_is_refused(tmp_path: Path)
     con.close()
     with pytest.raises(CheckpointRecordInvalid, match="'nXde' row, which a graph record never"):
         cp.load(rec.invocation_id)
+
+
+GRAPH_CORRUPTIONS = {
+    "a lost node row": ("DELETE FROM stepstone_journal WHERE seq = 1", "rows [1] are missing"),
+    "a node row past the head's count": (
+        "UPDATE stepstone_runs SET journal_len = journal_len - 1 WHERE kind = 'graph'",
+        "past them",
+    ),
+    "a node row that is not an object": (
+        "UPDATE stepstone_journal SET data = '[1]' WHERE seq = 1",
+        "cannot be decoded",
+    ),
+    "a state that no longer validates": (
+        "UPDATE stepstone_journal SET data = json_set(data, '$.body.patch.extend.trace[0]', 7) "
+        "WHERE seq = 1",
+        "does not validate",
+    ),
+}
+
+
+def _dump(db: Path) -> list[Any]:
+    con = sqlite3.connect(db)
+    try:
+        return [
+            sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
+            for t in ("stepstone_runs", "stepstone_journal", "stepstone_kv")
+        ]
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("case", sorted(GRAPH_CORRUPTIONS))
+def test_a_corrupt_record_is_refused_before_the_resume_writes(tmp_path: Path, case: str) -> None:
+    """guarantee 131, 132: a lost or extra row, a row that is not an object, or a saved
+    state the graph's state class refuses stops the resume before anything (its resume
+    lock included) is written, and before any node runs."""
+    sql, what = GRAPH_CORRUPTIONS[case]
+    db = tmp_path / "c.sqlite"
+    cp = SQLiteCheckpointer(db)
+    with pytest.raises(NodeException):
+        loop_graph(cp, fail_at=3).invoke(Counter_(), correlation_id="g")
+    (rec,) = cp.list()
+    con = sqlite3.connect(db)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    before = _dump(db)
+    log = tmp_path / "ticks.log"
+    for _ in range(2):
+        with pytest.raises(CheckpointRecordInvalid, match=rec.invocation_id) as info:
+            loop_graph(cp, log=log).invoke(resume_invocation=rec.invocation_id)
+        assert what in str(info.value)
+    assert _dump(db) == before
+    assert not log.exists()
+    cp.close()
 
 
 def test_save_after_every_node_before_the_next_starts(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -564,8 +565,23 @@ def test_a_corrupt_record_names_its_key(tmp_path: Path) -> None:
         with pytest.raises(CheckpointCorruptError, match=r"'bad' is corrupt.*unknown round"):
             store.read("bad")
         script = Script(done())
+        before = store.backend.run_get("bad")
         with pytest.raises(CheckpointCorruptError, match=r"store.delete\('bad'\)"):
             agent_for(script, store=store, checkpoint_key="bad", resume=True)("go")
+        assert store.backend.run_get("bad") == before  # refused before the claim (132)
+        # A lost row is found by the head's count, before the claim too.
+        store.backend.kv_delete("bad")
+        claim = claim_run(store, "bad", kind="replan", resume=False, first_step="round 1")
+        assert claim.run is not None
+        claim.run.commit_sync(status="failed", next_step="round 1", rows=[("start", None, {})])
+        claim.run.release()
+        with sqlite3.connect(tmp_path / "r.sqlite") as con:
+            con.execute("UPDATE stepstone_runs SET journal_len = 2 WHERE key = 'bad'")
+        con.close()
+        before = store.backend.run_get("bad")
+        with pytest.raises(CheckpointCorruptError, match=r"rows \[1\] are missing"):
+            agent_for(script, store=store, checkpoint_key="bad", resume=True)("go")
+        assert store.backend.run_get("bad") == before
         # The key was released: after a delete, a fresh run works at once.
         store.delete("bad")
         assert agent_for(script, store=store, checkpoint_key="bad")("go").ok

@@ -216,9 +216,8 @@ class CompiledGraph(Generic[S]):
                         "resume_invocation needs a checkpointer; build the graph with "
                         ".with_checkpointer(SQLiteCheckpointer(path))"
                     )
-                lock = await blocking_call(
-                    cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
-                )
+                # The whole record is loaded and checked before the lock is written: a
+                # record that cannot be resumed leaves every byte as it was.
                 raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
                 if correlation_id is not None and correlation_id != raw.correlation_id:
                     raise UserError(
@@ -226,8 +225,14 @@ class CompiledGraph(Generic[S]):
                         f"{raw.correlation_id!r}, not {correlation_id!r}; omit correlation_id "
                         "when resuming"
                     )
-                correlation_id = raw.correlation_id
                 resumes = self._prepare_resume(raw)
+                lock = await blocking_call(
+                    cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
+                )
+                again = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
+                if again.head.version != raw.head.version:  # saved again before the lock
+                    raw, resumes = again, self._prepare_resume(again)
+                correlation_id = raw.correlation_id
                 attempt = raw.attempt + 1
                 positions = list(raw.positions)
                 meta = {**raw.metadata, **(metadata or {})}
@@ -322,7 +327,6 @@ class CompiledGraph(Generic[S]):
     # -- resume --------------------------------------------------------------------------
     def _lock_source(self, cp: StoreCheckpointer, source: str, invocation_id: str) -> OwnedRun:
         """Own the source record's resume lock: a second concurrent resume is refused."""
-        cp.load_raw(source)  # CheckpointNotFound / CheckpointRecordInvalid before locking
         try:
             claim = claim_run(
                 cp.store,

@@ -10,7 +10,7 @@ from stepstone.engines.graph._codec import Codec
 from stepstone.engines.graph._records import GRAPH_KIND, Frame, NodePosition, RawRecord
 from stepstone.engines.graph._state import apply_patch
 from stepstone.exceptions import CheckpointRecordInvalid
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import JournalRow, RunHead, journal_problem
 
 __all__ = ["fold", "graph_view"]
 
@@ -22,6 +22,12 @@ def fold(head: RunHead, rows: Sequence[JournalRow], codec: Codec | None) -> RawR
     """
     where = f"graph checkpoint {head.key!r}"
     meta = head.meta
+    problem = journal_problem(head, rows)
+    if problem is not None:  # a lost row would lose a node's update
+        raise CheckpointRecordInvalid(
+            f"{where} is corrupt: {problem}; remove it with "
+            f"checkpointer.delete({meta.get('invocation_id')!r})"
+        )
     try:
         if not rows or rows[0].kind != "start":
             raise CheckpointRecordInvalid(
@@ -54,7 +60,7 @@ def fold(head: RunHead, rows: Sequence[JournalRow], codec: Codec | None) -> RawR
         )
     except CheckpointRecordInvalid:
         raise
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise CheckpointRecordInvalid(
             f"{where} cannot be decoded ({type(exc).__name__}: {exc}); remove it with "
             f"checkpointer.delete({meta.get('invocation_id')!r})"

@@ -17,7 +17,14 @@ from pydantic import BaseModel, TypeAdapter
 from stepstone.core import Envelope, ErrorInfo, RunContext, RunLocation, payload_text
 from stepstone.core._serialization import to_json_value
 from stepstone.durable._approvals import recorded_approvals
-from stepstone.durable._effects import AGENT_KIND, SCHEMA_VERSION, DurableScope, EffectJournal
+from stepstone.durable._effects import (
+    AGENT_KIND,
+    SCHEMA_VERSION,
+    DurableScope,
+    EffectJournal,
+    JournalContents,
+    corrupt_agent_run,
+)
 from stepstone.durable._kernel import claim_run
 from stepstone.durable._records import read_run as kernel_read_run
 from stepstone.engines.llm._calls import RunState
@@ -31,7 +38,7 @@ from stepstone.exceptions import (
     UserError,
 )
 from stepstone.providers._pricing import estimate_cost
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import JournalRow, RunHead, journal_problem
 from stepstone.store._store import Store
 
 __all__ = [
@@ -86,8 +93,15 @@ def _validate(key: str, record: Any) -> dict[str, Any]:
             "nothing was resumed or written. Start a new run under another run_id"
         )
     missing = [f for f in _REQUIRED if f not in record]
-    if missing or not isinstance(record.get("payload"), dict):
-        what = f"misses {missing}" if missing else "has a payload that is not a dict"
+    untyped = [f for f in ("run_id", "thread_id", "phase") if not isinstance(record.get(f), str)]
+    if missing or untyped or not isinstance(record.get("payload"), dict):
+        what = (
+            f"misses {missing}"
+            if missing
+            else f"has {untyped} that are not text"
+            if untyped
+            else "has a payload that is not a dict"
+        )
         raise AgentCheckpointCorruptionError(
             f"checkpoint {key!r}: the latest record {what}; nothing was resumed or written. "
             "Start a new run under another run_id"
@@ -247,22 +261,32 @@ async def run_durable(
         ConcurrentRunError: a live process owns the run.
     """
     head, rows = await store._offload(read_run, store, key)
+    messages: list[dict[str, Any]] = []
+    if head is not None:  # the whole record is checked before anything is claimed
+        problem = journal_problem(head, rows)
+        if problem is not None:
+            raise corrupt_agent_run(key, run_id, problem)
+        messages = JournalContents.load(key, run_id, rows).messages
     record = latest_record(key, rows) if head is not None else None
     if must_exist and (head is None or record is None):
         raise AgentCheckpointCorruptionError(
             f"no checkpoint for agent run {run_id!r} (key {key!r}): it never started or the "
             "store was cleared. Check the run_id and the store, or start it with runner.run()"
         )
-    if record is not None and (record["run_id"] != run_id or record["thread_id"] != thread_id):
+    if record is not None and record["run_id"] != run_id:
+        raise corrupt_agent_run(
+            key, run_id, f"its latest record belongs to run {record['run_id']!r}"
+        )
+    if record is not None and record["thread_id"] != thread_id:
         raise UserError(
             f"agent run {run_id!r} belongs to thread {record['thread_id']!r}, not "
             f"{thread_id!r}; pass thread_id={record['thread_id']!r}"
         )
     started = user_message
-    if head is not None:
-        first = next((r for r in rows if r.kind == "message"), None)
-        if first is not None:
-            started = json.loads(first.data).get("text", "")
+    if head is not None and messages:
+        started = messages[0].get("text")
+        if not isinstance(started, str):
+            raise corrupt_agent_run(key, run_id, "its first message has no text")
     if started is None:
         raise AgentCheckpointCorruptionError(
             f"agent run {run_id!r}: the checkpoint has no user message to resume from"

@@ -18,7 +18,7 @@ from stepstone.core import Envelope
 from stepstone.core._serialization import dumps, untag
 from stepstone.durable._kernel import Encoded
 from stepstone.exceptions import CheckpointCorruptError
-from stepstone.store._base import RUN_STATUSES, JournalRow, RunHead
+from stepstone.store._base import RUN_STATUSES, JournalRow, RunHead, journal_problem
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -229,20 +229,21 @@ def check_head(head: RunHead) -> None:
     leaves a run unfinished names the step it continues at."""
     if head.next_step is None and head.status != "done":
         raise _corrupt(head.key, f"the run is {head.status!r} but names no step to continue at")
+    position, rejoin = head.meta.get("position"), head.meta.get("rejoin")
+    if position is not None and (type(position) is not int or position < 0):
+        raise _corrupt(head.key, f"head meta position is {position!r}, not a count of steps")
+    if rejoin is not None and (not isinstance(rejoin, str) or not rejoin):
+        raise _corrupt(head.key, f"head meta rejoin is {rejoin!r}, not a step name")
 
 
 def check_journal(head: RunHead, rows: list[JournalRow]) -> None:
-    """Raise CheckpointCorruptError unless ``rows`` hold every journal row ``head`` counts
-    (a resume that skipped a lost row would drop its step from the run). ``rows`` must be
-    read consistently with ``head`` (``read_run``)."""
-    counted = [r.seq for r in rows if r.seq < head.journal_len]
-    if counted != list(range(head.journal_len)):
-        missing = sorted(set(range(head.journal_len)) - set(counted))
-        raise _corrupt(
-            head.key,
-            f"its head counts {head.journal_len} journal rows, but rows "
-            f"{missing[:10]}{' ...' if len(missing) > 10 else ''} are missing",
-        )
+    """Raise CheckpointCorruptError unless ``rows`` are every journal row ``head`` counts
+    and no more (a resume that skipped a lost row would drop its step from the run; one
+    past the count would collide with the next commit). ``rows`` must be read
+    consistently with ``head`` (``read_run``)."""
+    problem = journal_problem(head, rows)
+    if problem is not None:
+        raise _corrupt(head.key, problem)
 
 
 def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:

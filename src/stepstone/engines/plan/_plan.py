@@ -36,7 +36,7 @@ from stepstone.engines.plan._compiler import CompiledPlan, check_tools, compile_
 from stepstone.engines.plan._runner import PlanRun
 from stepstone.engines.plan._serialize import steps_from_dict, steps_to_dict
 from stepstone.engines.plan._step import Step
-from stepstone.exceptions import PlanCompileError, StaleCheckpointError
+from stepstone.exceptions import CheckpointCorruptError, PlanCompileError, StaleCheckpointError
 from stepstone.observability import Session
 from stepstone.store import RunHead, Store
 from stepstone.store._store import NUL_IN_KEY
@@ -328,21 +328,33 @@ class Plan:
         nxt = head.next_step
         stored = head.meta.get("fingerprint")
         changed = stored is not None and stored != compiled.fingerprint
-        missing = (
-            head.status != "done"
-            and nxt is not None
-            and (nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt)
+        rejoin = head.meta.get("rejoin")
+        bad_next = nxt is not None and (
+            nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt
         )
+        bad_rejoin = rejoin is not None and rejoin not in compiled.unit_of
+        missing = head.status != "done" and (bad_next or bad_rejoin)
         if not changed and not missing:
             return None
+        if missing and stored == compiled.fingerprint:  # the same plan: a damaged head
+            raise CheckpointCorruptError(
+                f"checkpoint {head.key!r} is corrupt: it was written by this very Plan but "
+                f"continues at step {nxt if bad_next else rejoin!r}, which "
+                f"the Plan does not have as a step or band start. Inspect it with `stepstone "
+                f"inspect --db ... {head.key}`; to start over, remove it with "
+                f"store.delete({head.key!r})"
+            )
         if self.on_plan_change == "restart":
             log.info("stepstone: plan changed since checkpoint %r; starting over", head.key)
             return "fresh"
         if changed and self.on_plan_change == "fail":
             raise StaleCheckpointError(self._describe_change(head, old_shape))
         if missing:
+            at = f"stopped at step {nxt!r} ({head.status})"
+            if bad_rejoin:
+                at += f" to continue at step {rejoin!r} after it"
             raise StaleCheckpointError(
-                f"checkpoint {head.key!r} stopped at step {nxt!r} ({head.status}), which this "
+                f"checkpoint {head.key!r} {at}, which this "
                 f"Plan no longer has as a step or band start (steps: "
                 f"{', '.join(compiled.step_of)}): it cannot continue by step name. Nothing "
                 f"was claimed or written. To start over, remove it with "

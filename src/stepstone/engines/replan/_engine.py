@@ -9,7 +9,7 @@ from stepstone.core import Envelope, RunContext, RunLocation, Tool, build_tool_m
 from stepstone.core._run_context import resolve_run_context
 from stepstone.durable import aclaim_run, aread_run
 from stepstone.engines.replan._prompt import PLANNER_ARGS
-from stepstone.engines.replan._record import RECORD_VERSION, replay
+from stepstone.engines.replan._record import RECORD_VERSION, checked_replay, replay
 from stepstone.engines.replan._run import ReplanRun
 from stepstone.exceptions import PlanCompileError
 from stepstone.observability import Session
@@ -163,6 +163,10 @@ class ReplanEngine:
         store, key, resume = self._where(ctx.location)
         if store is None or key is None:
             return await ReplanRun.fresh(task=task, **settings).execute()
+        if resume:  # the whole record is checked before anything is claimed
+            found = await aread_run(store, key)
+            if found is not None and found[0].kind == KIND:
+                checked_replay(*found)
         claim = await aclaim_run(
             store,
             key,

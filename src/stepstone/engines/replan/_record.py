@@ -21,9 +21,9 @@ from pydantic import ValidationError
 from stepstone.core._serialization import from_typed_json, untag
 from stepstone.engines.replan._schema import PlanRound
 from stepstone.exceptions import CheckpointCorruptError
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import JournalRow, RunHead, journal_problem
 
-__all__ = ["RECORD_VERSION", "Replay", "Round", "replan_view", "replay"]
+__all__ = ["RECORD_VERSION", "Replay", "Round", "checked_replay", "replan_view", "replay"]
 
 RECORD_VERSION = 1
 
@@ -142,6 +142,15 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
     return Replay(task, rounds)
 
 
+def checked_replay(head: RunHead, rows: list[JournalRow]) -> Replay:
+    """:func:`replay` of the rows ``head`` counts (read consistently with it), after
+    checking that they are all there and no more."""
+    problem = journal_problem(head, rows)
+    if problem is not None:
+        raise _corrupt(head.key, problem)
+    return replay(head.key, rows)
+
+
 def result_value(outcome: dict[str, Any]) -> Any:
     """A task outcome's result as the tool returned it (pydantic models rebuilt)."""
     return from_typed_json(outcome.get("result"))
@@ -156,7 +165,7 @@ def _corrupt(key: str, what: str) -> CheckpointCorruptError:
 
 def replan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
     """The record ``store.read(checkpoint_key)`` returns for a replan run."""
-    rep = replay(head.key, rows)
+    rep = checked_replay(head, rows)
     return {
         "status": head.status,
         "round": len(rep.rounds),

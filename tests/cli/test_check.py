@@ -105,3 +105,30 @@ def test_check_needs_exactly_one_store(tmp_path: Path) -> None:
     assert _check().exit_code == 2
     result = _check("--db", str(tmp_path / "missing.sqlite"))
     assert result.exit_code == 2 and "no store file" in result.output
+
+
+def test_damage_that_quotes_invalid_utf8_is_reported_printably(tmp_path: Path) -> None:
+    """guarantee 131, 157: a table definition holding a byte that is not UTF-8 is a
+    problem of the file, printed with the byte as ``\\xff`` (never a crash of the report)."""
+    import subprocess
+    import sys
+
+    db = _store(tmp_path / "s.sqlite")
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute(
+        "UPDATE sqlite_master SET sql = replace(sql, 'key', CAST(X'6BFF79' AS TEXT)) "
+        "WHERE name = 'stepstone_kv'"
+    )
+    conn.commit()
+    conn.close()
+    for args in (["check"], ["runs"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "stepstone.cli", *args, "--db", str(db)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert "k\\xffy" in proc.stdout + proc.stderr

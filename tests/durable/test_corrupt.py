@@ -114,8 +114,19 @@ CORRUPTIONS = {
         "UPDATE {runs} SET meta = json_set(meta, '$.position', 'zz') WHERE key = 'bad'",
         "position",
     ),
+    "journal field name damaged": (
+        "UPDATE {journal} SET data = replace(data, '\"writes\"', '\"wrXtes\"') "
+        "WHERE run_key = 'bad' AND kind = 'step'",
+        "['wrXtes']",
+    ),
+    "journal envelope field name damaged": (
+        "UPDATE {journal} SET data = replace(data, '\"encoding\"', '\"encodinf\"') "
+        "WHERE run_key = 'bad' AND kind = 'step'",
+        "['envelope.encodinf']",
+    ),
     "journal envelope wrong shape": (
-        "UPDATE {journal} SET data = '{\"envelope\": {\"error\": 5}}' WHERE run_key = 'bad'",
+        'UPDATE {journal} SET data = \'{"envelope": {"error": 5}}\' '
+        "WHERE run_key = 'bad' AND kind = 'step'",
         "step 'a'",
     ),
 }

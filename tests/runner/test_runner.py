@@ -410,10 +410,15 @@ AGENT_CORRUPTIONS = {
         "WHERE kind = 'intent' AND name = 'tool:0:1'",
         "does not describe the call",
     ),
+    "an outcome whose field name is damaged": (
+        "UPDATE stepstone_journal SET data = replace(data, '\"call_id\"', '\"call_iX\"') "
+        "WHERE kind = 'outcome' AND name = 'tool:0:0'",
+        "a field or its name is damaged",
+    ),
     "an outcome whose input hash is damaged": (
         "UPDATE stepstone_journal SET data = json_set(data, '$.input_hash', 7) "
         "WHERE kind = 'outcome' AND name = 'tool:0:0'",
-        "input_hash",
+        "a field or its name is damaged",
     ),
     "an outcome whose input hash differs from its intent's": (
         "UPDATE stepstone_journal SET data = json_set(data, '$.input_hash', printf('%.64c', 'a')) "

@@ -394,3 +394,29 @@ def test_a_damaged_schema_table_is_refused_before_anything_is_written(
         "stepstone_journal",
     }
     conn.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "what"),
+    [
+        ("replace(sql, 'created_at', 'crXated_at')", "instead of"),
+        ("replace(sql, 'status', CAST(X'73FF6174' AS TEXT))", "instead of"),
+        ("replace(sql, ' (', CAST(X'20FF28' AS TEXT))", "table definition is damaged"),
+    ],
+)
+def test_a_damaged_table_definition_is_found_at_open(tmp_path: Path, sql: str, what: str) -> None:
+    """guarantee 131: a flipped byte in a table's definition (SQLite's schema text) is a
+    StoreDamagedError when the store opens, not a bare "no such column" or a decoding error
+    on a later read."""
+    path = tmp_path / "s.sqlite"
+    with Store(db=path) as store:
+        store.write("kept", 1)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute(f"UPDATE sqlite_master SET sql = {sql} WHERE name = 'stepstone_runs'")
+    conn.commit()
+    conn.close()
+    for read_only in (False, True):
+        with pytest.raises(StoreDamagedError, match="stepstone_schema table") as info:
+            Store(db=path, read_only=read_only)
+        assert what in str(info.value)

@@ -24,6 +24,7 @@ from stepstone.cli._worker import worker
 from stepstone.durable import database_now
 from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
+from stepstone.store._base import printable_key
 
 __all__ = ["app", "main"]
 
@@ -112,7 +113,8 @@ def _message(exc: BaseException) -> str:
 
 def _fail(message: str, code: int) -> None:
     hint = "" if code == 2 else " (--debug shows the traceback)"
-    typer.echo(f"error: {message}{hint}", err=True)
+    # printable: a message may quote text a damaged file holds (invalid UTF-8)
+    typer.echo(f"error: {printable_key(message)}{hint}", err=True)
     raise typer.Exit(code)
 
 

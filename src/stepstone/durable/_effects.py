@@ -195,8 +195,10 @@ def _check_effect_row(key: str, run_id: str, row: JournalRow, data: dict[str, An
     row filed under another position would leave its call looking never made (and run
     again); a damaged outcome would be replayed as the call's result."""
     kind, turn, index = data.get("kind"), data.get("turn"), data.get("index")
+    fields = _EFFECT_FIELDS | ({"output_hash", "data"} if row.kind == "outcome" else set())
     if not (
-        isinstance(kind, str)
+        set(data) <= fields
+        and isinstance(kind, str)
         and type(turn) is int
         and type(index) is int
         and _is_hash(data.get("input_hash"))
@@ -206,7 +208,7 @@ def _check_effect_row(key: str, run_id: str, row: JournalRow, data: dict[str, An
             key,
             run_id,
             f"journal row {row.seq} ({row.kind} {row.name!r}) does not describe the call at "
-            "its position (its kind, turn, index or input_hash is damaged)",
+            "its position (a field or its name is damaged)",
         )
     if row.kind == "outcome" and (
         not isinstance(data.get("data"), dict) or hash_json(data["data"]) != data.get("output_hash")
@@ -217,6 +219,10 @@ def _check_effect_row(key: str, run_id: str, row: JournalRow, data: dict[str, An
             f"journal row {row.seq}: the recorded outcome of the {kind} call "
             f"{data.get('name')!r} at turn {turn}, index {index} does not match its output_hash",
         )
+
+
+#: The fields of an intent row (an outcome row adds ``output_hash`` and ``data``).
+_EFFECT_FIELDS = {"kind", "name", "turn", "index", "call_id", "input_hash"}
 
 
 def _is_hash(value: Any) -> bool:

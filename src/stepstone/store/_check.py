@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stepstone.exceptions import StoreDamagedError
-from stepstone.store._base import read_consistent
+from stepstone.store._base import printable_key, read_consistent
 from stepstone.store._views import render_run
 
 if TYPE_CHECKING:
@@ -166,5 +166,7 @@ def problem_text(exc: BaseException) -> str:
     if isinstance(exc, StoreDamagedError) and exc.__cause__ is not None:
         # the full message names the fix; the report says it once, not on every line
         cause = exc.__cause__
-        return f"damaged: {cause} ({getattr(cause, 'sqlite_errorname', type(cause).__name__)})"
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        text = f"damaged: {cause} ({getattr(cause, 'sqlite_errorname', type(cause).__name__)})"
+    else:
+        text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return printable_key(text)  # it may quote text a damaged file holds (invalid UTF-8)

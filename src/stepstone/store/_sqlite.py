@@ -136,6 +136,29 @@ _LEGACY_TABLES: dict[int, tuple[str, str, str]] = {1: ("kv", "runs", "journal")}
 
 _HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
+#: The columns of the kv, runs and journal tables, as every schema version has them.
+_COLUMNS = (
+    ("key", "value", "updated_at"),
+    (
+        "key",
+        "kind",
+        "status",
+        "next_step",
+        "run_uid",
+        "version",
+        "iteration",
+        "journal_len",
+        "host",
+        "pid",
+        "pid_start",
+        "lease_until",
+        "meta",
+        "created_at",
+        "updated_at",
+    ),
+    ("run_key", "seq", "kind", "name", "data"),
+)
+
 
 def _check_options(
     path: str | os.PathLike[str],
@@ -274,6 +297,9 @@ class SQLiteBackend(Backend):
             raise _not_a_store(
                 self.path, exc, "pass a stepstone store file, or a new path to create one"
             ) from exc
+        except UnicodeDecodeError as exc:  # SQLite's message quotes a damaged schema text
+            conn.close()
+            raise _damaged_schema(self.path, "or another table definition is damaged") from exc
         if str(mode).lower() != "wal" and str(self.path) != ":memory:":
             conn.close()
             raise StoreError(f"could not switch {str(self.path)!r} to WAL mode (got {mode!r})")
@@ -379,6 +405,9 @@ class SQLiteBackend(Backend):
         except StoreDamagedError:
             self.close()
             raise
+        except UnicodeDecodeError as exc:  # SQLite's message quotes a damaged schema text
+            self.close()
+            raise _damaged_schema(self.path, "or another table definition is damaged") from exc
         except sqlite3.DatabaseError as exc:
             self.close()
             raise _not_a_store(self.path, exc, "pass a stepstone store file") from exc
@@ -647,8 +676,9 @@ def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
 
 def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
     """Raise StoreDamagedError unless the tables match the schema ``version`` recorded
-    (0: none yet): a lost or changed version row must never make the store create its
-    tables again, or run a migration over tables it already migrated."""
+    (0: none yet), with their columns: a lost or changed version row must never make the
+    store create its tables again, or run a migration over tables it already migrated, and
+    a damaged table definition is found at open, not as a bare "no such column" later."""
     present = {
         name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
@@ -657,12 +687,21 @@ def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
     missing, extra = expected - present, later & present
     if version == 0:
         extra = set(_TABLES) & present
-    if missing or extra:
-        found = f"lacks {', '.join(sorted(missing))}" if missing else ""
-        found += (" and " if missing and extra else "") + (
-            f"has {', '.join(sorted(extra))}, which a later version creates" if extra else ""
-        )
-        raise _damaged_schema(path, f"records schema version {version}, but the file {found}")
+    if not missing and not extra:
+        for table, columns in zip(_tables_of(version) if version else (), _COLUMNS, strict=False):
+            found_columns = tuple(str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})"))
+            if found_columns != columns:
+                raise _damaged_schema(
+                    path,
+                    f"records schema version {version}, but table {table} has the columns "
+                    f"({', '.join(found_columns)}) instead of ({', '.join(columns)})",
+                )
+        return
+    found = f"lacks {', '.join(sorted(missing))}" if missing else ""
+    found += (" and " if missing and extra else "") + (
+        f"has {', '.join(sorted(extra))}, which a later version creates" if extra else ""
+    )
+    raise _damaged_schema(path, f"records schema version {version}, but the file {found}")
 
 
 def _tables_of(version: int) -> tuple[str, str, str]:

@@ -122,6 +122,15 @@ GRAPH_CORRUPTIONS = {
         "UPDATE stepstone_journal SET data = '[1]' WHERE seq = 1",
         "cannot be decoded",
     ),
+    "a patch whose field name is damaged": (
+        "UPDATE stepstone_journal SET data = replace(data, '\"extend\"', '\"extejd\"') "
+        "WHERE seq = 1",
+        "['extejd'], which a graph never writes",
+    ),
+    "a node row whose field name is damaged": (
+        "UPDATE stepstone_journal SET data = replace(data, '\"pop\"', '\"pXp\"') WHERE seq = 2",
+        "['pXp'], which a graph never writes",
+    ),
     "a state that no longer validates": (
         "UPDATE stepstone_journal SET data = json_set(data, '$.body.patch.extend.trace[0]', 7) "
         "WHERE seq = 1",

@@ -582,6 +582,22 @@ def test_a_corrupt_record_names_its_key(tmp_path: Path) -> None:
         with pytest.raises(CheckpointCorruptError, match=r"rows \[1\] are missing"):
             agent_for(script, store=store, checkpoint_key="bad", resume=True)("go")
         assert store.backend.run_get("bad") == before
+        # A field name a flipped byte changed is never skipped (131).
+        plan = {"reasoning": "r", "tasks": [{"tool": "x"}]}
+        for task, what in (
+            ({"round": 1, "index": 0, "tool": "x", "resulX": 5}, r"\['resulX'\]"),
+            ({"round": 1, "index": 0, "tool": "x"}, "no one result or error"),
+        ):
+            store.backend.kv_delete("bad")
+            claim = claim_run(store, "bad", kind="replan", resume=False, first_step="round 1")
+            assert claim.run is not None
+            rows = [("start", None, {"task": "go"}), ("round", "1", {"round": 1, "plan": plan})]
+            claim.run.commit_sync(
+                status="failed", next_step="round 1", rows=[*rows, ("task", "1.0", task)]
+            )
+            claim.run.release()
+            with pytest.raises(CheckpointCorruptError, match=what):
+                store.read("bad")
         # The key was released: after a delete, a fresh run works at once.
         store.delete("bad")
         assert agent_for(script, store=store, checkpoint_key="bad")("go").ok

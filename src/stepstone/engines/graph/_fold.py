@@ -34,7 +34,9 @@ def fold(head: RunHead, rows: Sequence[JournalRow], codec: Codec | None) -> RawR
                 f"{where} has no start row (it was interrupted before its first save); "
                 f"remove it with checkpointer.delete({meta.get('invocation_id')!r})"
             )
-        start = json.loads(rows[0].data)
+        start = _known(json.loads(rows[0].data), _START_FIELDS, "its start row")
+        for plain in start["frames"]:
+            _known(plain, _FRAME_FIELDS, "a frame of its start row")
         start_body = codec.decode(start, where=where) if codec is not None else {"frames": None}
         body_frames = start_body["frames"] or [{"state": None}] * len(start["frames"])
         frames = [Frame.from_parts(p, b) for p, b in zip(start["frames"], body_frames, strict=True)]
@@ -46,7 +48,8 @@ def fold(head: RunHead, rows: Sequence[JournalRow], codec: Codec | None) -> RawR
                     f"record never writes; remove it with "
                     f"checkpointer.delete({meta.get('invocation_id')!r})"
                 )
-            positions.append(_apply_node_row(frames, json.loads(row.data), codec, where))
+            data = _known(json.loads(row.data), _NODE_FIELDS, f"journal row {row.seq}")
+            positions.append(_apply_node_row(frames, data, codec, where))
         return RawRecord(
             head=head,
             invocation_id=str(meta["invocation_id"]),
@@ -83,9 +86,36 @@ def _apply_node_row(
     pos = NodePosition.from_json(data["pos"])
     top = frames[-1]
     if body is not None:
-        top.state = apply_patch(top.state, body["patch"])
+        patch = _known(_known(body, {"patch", "push"}, "a node body")["patch"], _PATCH, "a patch")
+        top.state = apply_patch(top.state, patch)
     top.last = (pos.node_name, pos.step)
     return pos
+
+
+#: The fields each part of a graph record holds (any other is a damaged field name).
+_START_FIELDS = {
+    "frames",
+    "positions",
+    "attempt",
+    "resumed_from",
+    "metadata",
+    "body",
+    "body_pickle",
+}
+_FRAME_FIELDS = {"node", "step", "ns", "schema_version", "last"}
+_NODE_FIELDS = {"pos", "pop", "push", "body", "body_pickle"}
+_PATCH = {"set", "extend"}
+
+
+def _known(data: Any, fields: set[str], what: str) -> dict[str, Any]:
+    """``data``, a JSON object with no field but ``fields`` (a byte flipped in a field's
+    name would otherwise drop the field silently: a node's update, a frame to leave)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} is a JSON {type(data).__name__}, not an object")
+    unknown = set(data) - fields
+    if unknown:
+        raise ValueError(f"{what} has the field(s) {sorted(unknown)}, which a graph never writes")
+    return data
 
 
 def graph_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:

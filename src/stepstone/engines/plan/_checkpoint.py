@@ -166,6 +166,17 @@ class Replay:
         self._checked = decoded
 
 
+#: The fields each kind of Plan journal row holds (any other is a damaged field name).
+_ROW_FIELDS = {
+    "step": {"iteration", "envelope", "band", "writes"},
+    "band": {"steps"},
+    "plan": {"steps"},
+    "kv": {"key", "value"},
+}
+#: The fields of a journaled envelope (``Envelope.to_dict``, older encodings included).
+_ENVELOPE_FIELDS = {"task", "context", "payload", "encoding", "metadata", "error"}
+
+
 def replay(key: str, rows: list[JournalRow]) -> Replay:
     """Decode ``rows``; raises CheckpointCorruptError naming ``key`` when they are bad."""
     applied: list[tuple[str, dict[str, Any]]] = []
@@ -179,6 +190,16 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
             raise _corrupt(key, f"journal row {row.seq} is not JSON ({exc})") from exc
         if not isinstance(data, dict):
             raise _corrupt(key, f"journal row {row.seq} is {type(data).__name__}, not an object")
+        unknown = set(data) - _ROW_FIELDS.get(row.kind, set(data))
+        env = data.get("envelope") if row.kind == "step" else None
+        if isinstance(env, dict):
+            unknown |= {f"envelope.{k}" for k in set(env) - _ENVELOPE_FIELDS}
+        if unknown:  # a byte flipped in a field's name: skipping the field changes the run
+            raise _corrupt(
+                key,
+                f"journal row {row.seq} ({row.kind} {row.name!r}) has the field(s) "
+                f"{sorted(unknown)}, which a Plan run never writes",
+            )
         if row.kind == "step":
             if not row.name:
                 raise _corrupt(key, f"journal row {row.seq} has no step name")

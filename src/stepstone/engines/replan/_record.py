@@ -105,6 +105,14 @@ class Replay:
         return None
 
 
+#: The fields each kind of replan journal row holds (any other is a damaged field name).
+_ROW_FIELDS = {
+    "start": {"task"},
+    "round": {"round", "plan"},
+    "task": {"round", "index", "tool", "result", "error"},
+}
+
+
 def replay(key: str, rows: list[JournalRow]) -> Replay:
     """Decode ``rows``; raises CheckpointCorruptError naming ``key`` when they are bad."""
     task: str | None = None
@@ -116,6 +124,13 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
             raise _corrupt(key, f"journal row {row.seq} is not JSON ({exc})") from exc
         if not isinstance(data, dict):
             raise _corrupt(key, f"journal row {row.seq} is {type(data).__name__}, not an object")
+        unknown = set(data) - _ROW_FIELDS.get(row.kind, set(data))
+        if unknown:  # a byte flipped in a field's name: skipping it changes the run
+            raise _corrupt(
+                key,
+                f"journal row {row.seq} ({row.kind}) has the field(s) {sorted(unknown)}, "
+                "which a replan run never writes",
+            )
         if row.kind == "start":
             task = data.get("task")
         elif row.kind == "round":
@@ -136,6 +151,8 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
             if not 0 <= index < len(rounds[-1].plan.tasks):
                 raise _corrupt(key, f"journal row {row.seq}: round {number} has no task {index}")
             outcome = {k: data[k] for k in ("result", "error") if k in data}
+            if len(outcome) != 1:
+                raise _corrupt(key, f"journal row {row.seq} holds no one result or error")
             rounds[-1].outcomes[index] = outcome
         else:
             raise _corrupt(key, f"journal row {row.seq} has unknown kind {row.kind!r}")

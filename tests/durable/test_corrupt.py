@@ -166,6 +166,29 @@ def test_a_resume_of_a_run_missing_a_journal_row_refuses_and_writes_nothing(db: 
     assert dump(db) == before
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM {runs} WHERE key = 'bad'",
+        "UPDATE {runs} SET key = 'bXd' WHERE key = 'bad'",  # a flipped byte in its key
+    ],
+)
+def test_journal_rows_whose_head_was_lost_are_never_started_over(db: Path, sql: str) -> None:
+    """guarantee 131, 132: a fresh start over rows no head counts would drop them and run
+    every step again; it is refused, nothing written, until the key is deleted."""
+    corrupt(db, sql)
+    before = dump(db)
+    with Store(db=db) as store:
+        for _ in range(2):
+            with pytest.raises(
+                CheckpointCorruptError, match=r"'bad'.*journal rows but no run head"
+            ):
+                run(plan_of(store, "bad", set()))
+        assert dump(db) == before
+        store.delete("bad")
+        assert run(plan_of(store, "bad", set())).ok
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_read_and_listing_of_a_corrupt_run(db: Path, case: str) -> None:
     # guarantee 131, 133

@@ -392,6 +392,7 @@ def _rows(db: Path) -> list[Any]:
 
 AGENT_CORRUPTIONS = {
     "a lost row": ("DELETE FROM stepstone_journal WHERE seq = 3", "rows [3] are missing"),
+    "rows whose head was lost": ("DELETE FROM stepstone_runs", "no checkpoint for agent run"),
     "a row past the head's count": (
         "UPDATE stepstone_runs SET journal_len = journal_len - 1",
         "past them",
@@ -465,6 +466,23 @@ async def test_a_corrupt_agent_record_is_refused_before_the_claim(
             with pytest.raises(AgentCheckpointCorruptionError, match="r1") as info:
                 await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
             assert what in str(info.value)
+        assert _rows(db) == before
+    assert again.asked == [] and ledger.done == ["a", "b", "c"]
+
+
+async def test_run_again_over_rows_whose_head_was_lost_is_refused(tmp_path: Path) -> None:
+    """guarantee 131, 132: `runner.run` with the run id of a record whose head was lost
+    would start over and charge again; the claim refuses, nothing is called or written."""
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        _edit(db, "DELETE FROM stepstone_runs")
+        before = _rows(db)
+        again = Script(two_turns())
+        with pytest.raises(AgentCheckpointCorruptionError, match="journal rows but no run head"):
+            await runner.run(make(again, ledger), user_message="bill", run_id="r1", thread_id="t")
         assert _rows(db) == before
     assert again.asked == [] and ledger.done == ["a", "b", "c"]
 

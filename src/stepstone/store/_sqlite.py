@@ -31,6 +31,7 @@ from stepstone.store._base import (
     Decide,
     JournalRow,
     RunHead,
+    corrupt_error,
     head_from_row,
     head_to_row,
     head_update_params,
@@ -564,6 +565,19 @@ class SQLiteBackend(Backend):
         claim = decide(head, None if kv_row is None else str(kv_row[0]))
         if claim is None:
             return head
+        if (
+            head is None
+            and conn.execute(
+                f"SELECT 1 FROM {self._journal} WHERE run_key = ? LIMIT 1", (key,)
+            ).fetchone()
+        ):
+            # Rows no head counts: the run's head was lost or its key damaged in the file.
+            # Starting over would drop them, and run again every step they hold.
+            raise corrupt_error(
+                key,
+                "the key has journal rows but no run head (its head was lost, or a damaged "
+                "byte moved it to another key)",
+            )
         if claim.reset_journal:
             conn.execute(f"DELETE FROM {self._journal} WHERE run_key = ?", (key,))
         if claim.drop_kv:

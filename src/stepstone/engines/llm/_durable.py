@@ -32,6 +32,7 @@ from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHook
 from stepstone.engines.llm._output import wants_structured
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
+    CheckpointCorruptError,
     CheckpointFlushError,
     ConcurrentRunError,
     PlanPaused,
@@ -306,17 +307,20 @@ async def run_durable(
             state = stored.get("state")
             if state in TERMINAL_STATES and not (retry_failed and state != "completed"):
                 return stored
-    claim = await store._offload(
-        lambda: claim_run(
-            store,
-            key,
-            kind=AGENT_KIND,
-            resume=True,
-            first_step="turn:0",
-            meta={"run_id": run_id, "thread_id": thread_id, "agent": ctx.agent_name},
-            what="agent run",
+    try:
+        claim = await store._offload(
+            lambda: claim_run(
+                store,
+                key,
+                kind=AGENT_KIND,
+                resume=True,
+                first_step="turn:0",
+                meta={"run_id": run_id, "thread_id": thread_id, "agent": ctx.agent_name},
+                what="agent run",
+            )
         )
-    )
+    except CheckpointCorruptError as exc:  # found by the store under the claim's lock
+        raise corrupt_agent_run(key, run_id, str(exc)) from exc
     if claim.run is None:  # finished between our read and the claim
         _, rows = await store._offload(read_run, store, key)
         rec = latest_record(key, rows)

@@ -280,3 +280,36 @@ def test_cancelling_a_live_graph_run(tmp_path: Path) -> None:
         head = store.backend.run_get(key)
         assert head is not None and head.status == "failed"
         assert head.meta["error"]["type"] == "RunCancelledError"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "DELETE FROM stepstone_journal WHERE run_key = 'job' AND seq = 1",
+        "UPDATE stepstone_journal SET data = '[1]' WHERE run_key = 'job' AND seq = 1",
+    ],
+)
+def test_fork_and_retry_refuse_a_corrupt_record(tmp_path: Path, damage: str) -> None:
+    """guarantee 131, 132: a corrupt record is never copied or rewound (its damage would
+    spread to the copy, or a lost step be dropped for good); nothing is written."""
+    import sqlite3
+
+    from stepstone.durable import retry_run
+    from stepstone.exceptions import CheckpointCorruptError
+
+    db = tmp_path / "s.sqlite"
+    with Store(db=db) as store:
+        done_run(store, "job")
+    conn = sqlite3.connect(db)
+    conn.execute(damage)
+    conn.commit()
+    before = conn.execute("SELECT * FROM stepstone_runs ORDER BY key").fetchall()
+    conn.close()
+    with Store(db=db) as store:
+        with pytest.raises(CheckpointCorruptError, match="'job'"):
+            fork_run(store, "job", at="extract", to="copy")
+        with pytest.raises(CheckpointCorruptError, match="'job'"):
+            retry_run(store, "job", from_step="extract")
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT * FROM stepstone_runs ORDER BY key").fetchall() == before
+    conn.close()

@@ -15,14 +15,25 @@ from typing import Any
 from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
 from stepstone.exceptions import StoreKeyConflictError
-from stepstone.store._base import Claim, JournalRow, RunHead
+from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent
 from stepstone.store._store import Store
+from stepstone.store._views import render_run
 
 __all__ = ["cancel_error", "cancel_run", "fork_run", "retry_run"]
 
 
 def _missing(key: str) -> KeyError:
     return KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+
+
+def _read_sound(store: Store, key: str) -> tuple[RunHead, list[JournalRow]]:
+    """The run under ``key`` with its journal, decoded as reading it would: a corrupt
+    record raises CheckpointCorruptError naming the key, and is never copied or rewound."""
+    found = read_consistent(store.backend, key)
+    if found is None:
+        raise _missing(key)
+    render_run(*found)
+    return found
 
 
 def cancel_error(head: RunHead, reason: str) -> dict[str, Any]:
@@ -87,12 +98,10 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
 
     Raises:
         KeyError: no run under ``key``, or it never ran a step named ``at``.
+        CheckpointCorruptError: the run's record is corrupt (nothing is written).
         StoreKeyConflictError: ``to`` is already used.
     """
-    head = store.backend.run_get(key)
-    if head is None:
-        raise _missing(key)
-    rows = store.backend.run_journal(key)
+    head, rows = _read_sound(store, key)
     cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
     if not cut:
         names = sorted({str(r.name) for r in rows if r.kind == "step"})
@@ -149,12 +158,10 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
 
     Raises:
         KeyError: no run under ``key``, or it never ran ``from_step``.
+        CheckpointCorruptError: the run's record is corrupt (nothing is written).
         ConcurrentRunError: a live owner runs it (cancel it first).
     """
-    head = store.backend.run_get(key)
-    if head is None:
-        raise _missing(key)
-    rows = store.backend.run_journal(key)
+    head, rows = _read_sound(store, key)
     cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
     if cut:
         kept = rows[: cut[-1]]

@@ -58,20 +58,23 @@ def test_bad_records_are_named_by_key_and_the_others_still_read(tmp_path: Path) 
     con.execute("UPDATE stepstone_runs SET meta = '[[[' WHERE key = 'r1'")
     con.execute("DELETE FROM stepstone_journal WHERE run_key = 'r2' AND seq = 0")
     con.execute("UPDATE stepstone_kv SET value = '{\"cut' WHERE key = 'v2'")
+    con.execute("UPDATE stepstone_runs SET key = 'rX' WHERE key = 'r3'")  # a damaged key
     con.commit()
     con.close()
     result = _check("--db", str(db), "--json")
     assert result.exit_code == 1, result.output
     report = json.loads(result.output)
     problems = {p["key"]: p for p in report["problems"]}
-    assert sorted(problems) == ["r1", "r2", "v2"]
+    assert sorted(problems) == ["r1", "r2", "r3", "rX", "v2"]
+    assert "no run head" in problems["r3"]["detail"]  # its rows, left without a head
+    assert "rows [0, 1, 2] are missing" in problems["rX"]["detail"]  # the head, without rows
     assert all(p["where"] == "record" for p in problems.values())
     assert "meta" in problems["r1"]["detail"]
     assert "rows [0] are missing" in problems["r2"]["detail"]
     assert "'v2'" in problems["v2"]["detail"]
-    assert (report["runs"], report["values"], report["file_checked"]) == (1, 1, True)
+    assert (report["runs"], report["values"], report["file_checked"]) == (0, 1, True)
     text = _check("--db", str(db)).output
-    assert "3 problem(s)" in text and "record 'r2'" in text
+    assert "5 problem(s)" in text and "record 'r2'" in text
     assert ".recover" not in text  # the pages are sound: nothing to recover
 
 

@@ -104,3 +104,8 @@ def test_check_on_postgres_reads_every_record(pg_url: str) -> None:
         conn.execute("UPDATE stepstone_runs SET meta = '[[[' WHERE key = 'pg-c'")
     proc = _stepstone("check", "--url", pg_url)
     assert proc.returncode == 1 and "record 'pg-c'" in proc.stdout, proc.stdout
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the head lost, its rows left
+        conn.execute("DELETE FROM stepstone_runs WHERE key = 'pg-c'")
+    report = json.loads(_stepstone("check", "--url", pg_url, "--json").stdout)
+    (problem,) = report["problems"]
+    assert problem["key"] == "pg-c" and "no run head" in problem["detail"]

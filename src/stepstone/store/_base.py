@@ -423,6 +423,12 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Idempotent."""
 
+    def headless_journal_keys(self) -> list[str]:
+        """Keys that hold journal rows but no run head (a head lost to damage; a store
+        never leaves them: a run and its rows are deleted together). For ``stepstone
+        check``; a full scan of the journal."""
+        return []
+
     def integrity(self, *, quick: bool = False) -> list[str] | None:
         """What is wrong with the storage's own pages (an empty list when nothing is), or
         None when the backend has none to check (memory; PostgreSQL checksums its own).

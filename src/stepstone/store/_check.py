@@ -119,6 +119,20 @@ def check_store(
                 runs, rows = runs + 1, rows + n
         if progress is not None:
             progress(done, len(keys))
+    try:
+        headless = backend.headless_journal_keys()
+    except Exception as exc:  # noqa: BLE001 - reported; what was read above stands
+        problems.append(CheckProblem("keys", None, f"cannot list the journal: {problem_text(exc)}"))
+    else:
+        problems += [
+            CheckProblem(
+                "record",
+                key,
+                "journal rows with no run head (the head was lost, or a damaged byte moved it "
+                f"to another key); remove them with store.delete({key!r})",
+            )
+            for key in headless
+        ]
     return CheckReport(
         store=backend.describe(),
         file_checked=found is not None,

@@ -814,6 +814,14 @@ class PostgresBackend(Backend):
         )
         return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
 
+    def headless_journal_keys(self) -> list[str]:
+        sql = (
+            "SELECT DISTINCT run_key FROM stepstone_journal j WHERE NOT EXISTS "
+            "(SELECT 1 FROM stepstone_runs r WHERE r.key = j.run_key) ORDER BY run_key"
+        )
+        rows = self._read("list journal rows with no run", lambda cur: cur.execute(sql).fetchall())
+        return [str(key) for (key,) in rows]
+
     def run_list(self, prefix: str | None) -> list[RunHead]:
         where, args = prefix_where("key", prefix)
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"

@@ -39,6 +39,7 @@ from stepstone.store._base import (
     journal_row,
     lenient_text,
     prefix_bounds,
+    printable_key,
 )
 from stepstone.store._memory import run_key_conflict
 from stepstone.store._sqlite_errors import file_error, file_errors, is_foreign
@@ -650,6 +651,14 @@ class SQLiteBackend(Backend):
             (key, since_seq),
         )
         return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
+
+    @file_errors
+    def headless_journal_keys(self) -> list[str]:
+        rows = self._conn().execute(
+            f"SELECT DISTINCT run_key FROM {self._journal} "
+            f"WHERE run_key NOT IN (SELECT key FROM {self._runs}) ORDER BY run_key"
+        )
+        return [printable_key(key) for (key,) in rows]
 
     @file_errors
     def run_list(self, prefix: str | None) -> list[RunHead]:

@@ -27,6 +27,7 @@ from stepstone import (
 from stepstone.engines.llm._durable import normalize_record
 from stepstone.testing import FakeModel, call
 from tests.runner.conftest import Crash, Script
+from tests.store.damage import stored_rows
 
 PHASES = {
     "run_started",
@@ -379,17 +380,6 @@ async def test_a_journal_row_of_a_kind_an_agent_run_never_writes_is_corruption(
     assert again.asked == []
 
 
-def _rows(db: Path) -> list[Any]:
-    conn = sqlite3.connect(db)
-    try:
-        return [
-            sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
-            for t in ("stepstone_runs", "stepstone_journal", "stepstone_kv")
-        ]
-    finally:
-        conn.close()
-
-
 AGENT_CORRUPTIONS = {
     "a lost row": ("DELETE FROM stepstone_journal WHERE seq = 3", "rows [3] are missing"),
     "rows whose head was lost": ("DELETE FROM stepstone_runs", "no checkpoint for agent run"),
@@ -460,13 +450,13 @@ async def test_a_corrupt_agent_record_is_refused_before_the_claim(
     with Store(db=db) as store:
         runner = await _crashed_run(store, Script(two_turns()), ledger)
         _edit(db, sql)
-        before = _rows(db)
+        before = stored_rows(db)
         again = Script(two_turns())
         for _ in range(2):  # the same error again, never "owned by a live run"
             with pytest.raises(AgentCheckpointCorruptionError, match="r1") as info:
                 await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
             assert what in str(info.value)
-        assert _rows(db) == before
+        assert stored_rows(db) == before
     assert again.asked == [] and ledger.done == ["a", "b", "c"]
 
 
@@ -479,11 +469,11 @@ async def test_run_again_over_rows_whose_head_was_lost_is_refused(tmp_path: Path
     with Store(db=db) as store:
         runner = await _crashed_run(store, Script(two_turns()), ledger)
         _edit(db, "DELETE FROM stepstone_runs")
-        before = _rows(db)
+        before = stored_rows(db)
         again = Script(two_turns())
         with pytest.raises(AgentCheckpointCorruptionError, match="journal rows but no run head"):
             await runner.run(make(again, ledger), user_message="bill", run_id="r1", thread_id="t")
-        assert _rows(db) == before
+        assert stored_rows(db) == before
     assert again.asked == [] and ledger.done == ["a", "b", "c"]
 
 

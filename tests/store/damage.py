@@ -81,3 +81,16 @@ def damage_table(db: Path, table: str) -> None:
         con.close()
     assert row is not None, f"no table {table!r} in {db}"
     damage_page(db, int(row[0]))
+
+
+def stored_rows(db: Path) -> list[Any]:
+    """Every row of the runs, journal and kv tables of the store in ``db``, in a stable
+    order: what an operation that refuses must leave as it was."""
+    conn = sqlite3.connect(db)
+    try:
+        return [
+            sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
+            for t in ("stepstone_runs", "stepstone_journal", "stepstone_kv")
+        ]
+    finally:
+        conn.close()

@@ -29,6 +29,7 @@ from stepstone.graph import (
 )
 from tests.engines.graph._graphs import Calls, Mission, loop_graph, mission_v1
 from tests.engines.graph._graphs import Counter as Counter_
+from tests.store.damage import stored_rows
 
 KEY = b"k" * 32
 
@@ -139,17 +140,6 @@ GRAPH_CORRUPTIONS = {
 }
 
 
-def _dump(db: Path) -> list[Any]:
-    con = sqlite3.connect(db)
-    try:
-        return [
-            sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
-            for t in ("stepstone_runs", "stepstone_journal", "stepstone_kv")
-        ]
-    finally:
-        con.close()
-
-
 @pytest.mark.parametrize("case", sorted(GRAPH_CORRUPTIONS))
 def test_a_corrupt_record_is_refused_before_the_resume_writes(tmp_path: Path, case: str) -> None:
     """guarantee 131, 132: a lost or extra row, a row that is not an object, or a saved
@@ -165,13 +155,13 @@ def test_a_corrupt_record_is_refused_before_the_resume_writes(tmp_path: Path, ca
     con.execute(sql)
     con.commit()
     con.close()
-    before = _dump(db)
+    before = stored_rows(db)
     log = tmp_path / "ticks.log"
     for _ in range(2):
         with pytest.raises(CheckpointRecordInvalid, match=rec.invocation_id) as info:
             loop_graph(cp, log=log).invoke(resume_invocation=rec.invocation_id)
         assert what in str(info.value)
-    assert _dump(db) == before
+    assert stored_rows(db) == before
     assert not log.exists()
     cp.close()
 

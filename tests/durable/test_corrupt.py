@@ -110,6 +110,10 @@ CORRUPTIONS = {
         "UPDATE {runs} SET meta = json_set(meta, '$.rejoin', 'zz') WHERE key = 'bad'",
         "written by this very Plan",
     ),
+    "plan next step moved to another step": (
+        "UPDATE {runs} SET next_step = 'a' WHERE key = 'bad'",
+        "failed at step 'b' but continues at step 'a'",
+    ),
     "plan position not a count": (
         "UPDATE {runs} SET meta = json_set(meta, '$.position', 'zz') WHERE key = 'bad'",
         "position",
@@ -133,7 +137,7 @@ CORRUPTIONS = {
 
 
 #: Corruptions only the Plan that wrote the run can see (a step name it does not have).
-ONLY_THE_PLAN_KNOWS = {"plan rejoin names no step"}
+ONLY_THE_PLAN_KNOWS = {"plan rejoin names no step", "plan next step moved to another step"}
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
@@ -187,6 +191,21 @@ def test_journal_rows_whose_head_was_lost_are_never_started_over(db: Path, sql: 
         assert dump(db) == before
         store.delete("bad")
         assert run(plan_of(store, "bad", set())).ok
+
+
+def test_a_run_kind_no_engine_writes_is_named_as_possible_damage(db: Path) -> None:
+    """guarantee 132: a kind a flipped byte changed ("plan" -> "qlan") is refused like any
+    other engine's run under the key, and the message says it may be damage."""
+    from stepstone.exceptions import StoreKeyConflictError
+
+    corrupt(db, "UPDATE {runs} SET kind = 'qlan' WHERE key = 'bad'")
+    before = dump(db)
+    with (
+        Store(db=db) as store,
+        pytest.raises(StoreKeyConflictError, match="a damaged byte changed the record's kind"),
+    ):
+        run(plan_of(store, "bad", set()))
+    assert dump(db) == before
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))

@@ -49,6 +49,7 @@ from stepstone.exceptions import (
 )
 from stepstone.store._base import Claim, Decide, JournalRow, RunHead
 from stepstone.store._store import Store, check_key
+from stepstone.store._views import has_run_view
 
 __all__ = [
     "ClaimResult",
@@ -466,9 +467,15 @@ def _claimer(
             drop_kv = True
         decision.previous = head
         if head is not None and head.kind != kind:
+            unknown = (
+                ""
+                if has_run_view(head.kind)
+                else f" (no engine stepstone knows writes {head.kind!r} runs: unless one of "
+                "yours does, a damaged byte changed the record's kind)"
+            )
             raise StoreKeyConflictError(
-                f"checkpoint_key {key!r} holds a {head.kind} run, not a {kind} run; use "
-                f"another key or remove it with store.delete({key!r})"
+                f"checkpoint_key {key!r} holds a {head.kind} run, not a {kind} run{unknown}; "
+                f"use another key or remove it with store.delete({key!r})"
             )
         if head is not None and owner_alive(head, now=now):
             fork = " (on_concurrent='fork' does that for fan-out)" if kind == "plan" else ""

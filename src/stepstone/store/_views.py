@@ -17,7 +17,7 @@ from typing import Any
 from stepstone.exceptions import CheckpointCorruptError, ConfigurationTypeError
 from stepstone.store._base import JournalRow, RunHead, journal_problem
 
-__all__ = ["RunView", "generic_view", "register_run_view", "render_run"]
+__all__ = ["RunView", "generic_view", "has_run_view", "register_run_view", "render_run"]
 
 RunView = Callable[[RunHead, list[JournalRow]], Any]
 
@@ -44,6 +44,11 @@ def register_run_view(kind: str, view: RunView) -> None:
             f"value, got {view!r}"
         )
     _VIEWS[kind] = view
+
+
+def has_run_view(kind: str) -> bool:
+    """Whether runs of ``kind`` have a registered view (stepstone's own kinds do)."""
+    return kind in _VIEWS
 
 
 def render_run(head: RunHead, rows: list[JournalRow]) -> Any:

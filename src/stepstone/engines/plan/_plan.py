@@ -334,6 +334,8 @@ class Plan:
         )
         bad_rejoin = rejoin is not None and rejoin not in compiled.unit_of
         missing = head.status != "done" and (bad_next or bad_rejoin)
+        if stored == compiled.fingerprint and not missing:
+            self._check_stopped_at(head)
         if not changed and not missing:
             return None
         if missing and stored == compiled.fingerprint:  # the same plan: a damaged head
@@ -362,6 +364,22 @@ class Plan:
                 "Plan(on_plan_change='restart')"
             )
         return None  # on_plan_change="continue": resume by step name, as asked
+
+    def _check_stopped_at(self, head: RunHead) -> None:
+        """A failed or paused run of this very plan records the step that stopped it: that
+        step must be the one it continues at (or a branch of that band). A byte flipped in
+        ``next_step`` to another step's name would otherwise skip or repeat steps."""
+        error, nxt = head.meta.get("error"), head.next_step
+        if head.status not in ("failed", "paused") or not isinstance(error, dict) or nxt is None:
+            return
+        steps = [s.step_name for s in self._compiled.band_of(nxt).steps]
+        if error.get("step") not in steps:
+            raise CheckpointCorruptError(
+                f"checkpoint {head.key!r} is corrupt: it {head.status} at step "
+                f"{error.get('step')!r} but continues at step {nxt!r}. Inspect it with "
+                f"`stepstone inspect --db ... {head.key}`; to start over, remove it with "
+                f"store.delete({head.key!r})"
+            )
 
     def _describe_change(self, head: RunHead, old: list[Any] | None) -> str:
         new = self._shape()

@@ -208,6 +208,70 @@ def test_a_run_kind_no_engine_writes_is_named_as_possible_damage(db: Path) -> No
     assert dump(db) == before
 
 
+def band_plan(store: Store, calls: list[str], fail: bool) -> Plan:
+    """first, then a band of left and right (right fails when ``fail``), then after."""
+
+    def step(name: str) -> Any:
+        def run(payload: Any) -> str:
+            calls.append(name)
+            if fail and name == "right":
+                raise RuntimeError("right broke")
+            return name
+
+        run.__name__ = name
+        return run
+
+    return Plan(
+        Step(step("first")),
+        Step(step("left"), parallel=True),
+        Step(step("right"), parallel=True),
+        Step(step("after")),
+        store=store,
+        checkpoint_key="band",
+        resume=True,
+    )
+
+
+BAND_CORRUPTIONS = {
+    "a branch filed under another name": (
+        "UPDATE {journal} SET name = 'lXft' WHERE run_key = 'band' AND name = 'left'",
+        "'left/lXft'",
+    ),
+    "a branch filed under no band": (
+        "UPDATE {journal} SET data = json_remove(data, '$.band') "
+        "WHERE run_key = 'band' AND name = 'left'",
+        "['left']",
+    ),
+    "a branch filed under another band": (
+        "UPDATE {journal} SET data = json_set(data, '$.band', 'first') "
+        "WHERE run_key = 'band' AND name = 'left'",
+        "'first/left'",
+    ),
+    "a branch row without its envelope": (
+        "UPDATE {journal} SET data = json_remove(data, '$.envelope') "
+        "WHERE run_key = 'band' AND name = 'left'",
+        "has no envelope",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAND_CORRUPTIONS))
+def test_a_band_branch_filed_wrongly_is_corrupt_not_run_again(tmp_path: Path, case: str) -> None:
+    """guarantee 131, 132: a finished branch of a band that failed elsewhere is reused on
+    resume; a damaged name, band or envelope must not make it run again."""
+    db = tmp_path / "band.sqlite"
+    with Store(db=db) as store:
+        assert not run(band_plan(store, [], fail=True)).ok
+    sql, what = BAND_CORRUPTIONS[case]
+    corrupt(db, sql)
+    before = dump(db)
+    calls: list[str] = []
+    with Store(db=db) as store, pytest.raises(CheckpointCorruptError, match="'band'") as info:
+        run(band_plan(store, calls, fail=False))
+    assert what in str(info.value)
+    assert calls == [] and dump(db) == before
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_read_and_listing_of_a_corrupt_run(db: Path, case: str) -> None:
     # guarantee 131, 133

@@ -123,12 +123,16 @@ class Replay:
         kv: The ``writes=`` values of applied steps (latest per key).
         shape: The steps of the plan that started the run (``[name, parallel, writes]``
             each), journaled once at its fresh start; None for runs written before.
+        direct: Names of the steps applied by a row of their own (not by a band's row).
+        bands: Entries of the bands applied by a band row.
     """
 
     applied: list[tuple[str, dict[str, Any]]]
     pending: dict[str, dict[str, dict[str, Any]]]
     kv: dict[str, Any]
     shape: list[Any] | None = None
+    direct: list[str] = dataclasses.field(default_factory=list)
+    bands: list[str] = dataclasses.field(default_factory=list)
     _checked: dict[str, Envelope[Any]] | None = None
 
     def envelopes(self) -> dict[str, Envelope[Any]]:
@@ -183,6 +187,8 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
     pending: dict[str, dict[str, dict[str, Any]]] = {}
     kv: dict[str, Any] = {}
     shape: list[Any] | None = None
+    direct: list[str] = []
+    bands: list[str] = []
     for row in rows:
         try:
             data = json.loads(row.data)
@@ -203,15 +209,20 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
         if row.kind == "step":
             if not row.name:
                 raise _corrupt(key, f"journal row {row.seq} has no step name")
-            if not isinstance(data.get("envelope", {}), (dict, type(None))):
-                raise _corrupt(key, f"journal row {row.seq} (step {row.name!r}) has no envelope")
             band = data.get("band")
+            # Only rows imported from the first formats (before the shape row) may lack
+            # their envelope: without it, a resume would run the step again.
+            legacy = shape is None and band is None
+            if not isinstance(data.get("envelope"), dict | None if legacy else dict):
+                raise _corrupt(key, f"journal row {row.seq} (step {row.name!r}) has no envelope")
             if band is not None:
                 pending.setdefault(str(band), {})[row.name] = data
                 continue
             applied.append((row.name, data))
+            direct.append(row.name)
             _apply_write(kv, data)
         elif row.kind == "band":
+            bands.append(str(row.name))
             branches = pending.pop(str(row.name), {})
             for name, branch in branches.items():
                 applied.append((name, branch))
@@ -229,7 +240,7 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
                 f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which a Plan "
                 "run never writes",
             )
-    return Replay(applied, pending, kv, shape)
+    return Replay(applied, pending, kv, shape, direct, bands)
 
 
 def _apply_write(kv: dict[str, Any], data: dict[str, Any]) -> None:

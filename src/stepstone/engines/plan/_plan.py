@@ -32,7 +32,7 @@ from stepstone.engines.plan._checkpoint import (
     legacy_import,
     replay,
 )
-from stepstone.engines.plan._compiler import CompiledPlan, check_tools, compile_plan
+from stepstone.engines.plan._compiler import CompiledPlan, Unit, check_tools, compile_plan
 from stepstone.engines.plan._runner import PlanRun
 from stepstone.engines.plan._serialize import steps_from_dict, steps_to_dict
 from stepstone.engines.plan._step import Step
@@ -240,7 +240,7 @@ class Plan:
                 key,
                 resume=resume,
                 legacy_import=legacy_import,
-                check_resume=lambda head: self._check_resume(head, old_shape),
+                check_resume=lambda head: self._check_resume(head, old_shape, found),
                 **options,
             )
         if claim.run is None:  # resume=True on a done run: the cached kv
@@ -320,7 +320,12 @@ class Plan:
             self._shape_text = Encoded(dumps({"steps": self._shape()}))
         return self._shape_text
 
-    def _check_resume(self, head: RunHead, old_shape: list[Any] | None) -> Literal["fresh"] | None:
+    def _check_resume(
+        self,
+        head: RunHead,
+        old_shape: list[Any] | None,
+        found: tuple[RunHead, Replay] | None = None,
+    ) -> Literal["fresh"] | None:
         """Decide, inside the claim transaction, whether ``head`` may be resumed by this
         plan: None (resume), ``"fresh"`` (start over: ``on_plan_change="restart"``), or
         raise StaleCheckpointError (nothing is written)."""
@@ -336,6 +341,8 @@ class Plan:
         missing = head.status != "done" and (bad_next or bad_rejoin)
         if stored == compiled.fingerprint and not missing:
             self._check_stopped_at(head)
+            if found is not None and found[0].version == head.version:
+                self._check_units(head.key, found[1])
         if not changed and not missing:
             return None
         if missing and stored == compiled.fingerprint:  # the same plan: a damaged head
@@ -379,6 +386,32 @@ class Plan:
                 f"{error.get('step')!r} but continues at step {nxt!r}. Inspect it with "
                 f"`stepstone inspect --db ... {head.key}`; to start over, remove it with "
                 f"store.delete({head.key!r})"
+            )
+
+    def _check_units(self, key: str, rep: Replay) -> None:
+        """The journal of a run of this very plan names its steps and bands as the plan has
+        them: a step of a band journaled on its own, or a branch filed under a band (or a
+        name) the plan does not have, would make a resume run that step again."""
+        compiled = self._compiled
+        if rep.shape is None:  # written before the journal named its steps as it does now
+            return
+
+        def band(entry: str) -> Unit | None:
+            unit = compiled.band_of(entry) if entry in compiled.unit_of else None
+            return unit if unit is not None and unit.is_band and unit.entry == entry else None
+
+        wrong = [n for n in rep.direct if n not in compiled.unit_of or band(n) is not None]
+        wrong += [e for e in rep.bands if band(e) is None]
+        for entry, branches in rep.pending.items():
+            unit = band(entry)
+            names = {s.step_name for s in unit.steps} if unit is not None else set()
+            wrong += [f"{entry}/{n}" for n in branches if n not in names]
+        if wrong:
+            raise CheckpointCorruptError(
+                f"checkpoint {key!r} is corrupt: it was written by this very Plan, but its "
+                f"journal files {sorted(set(wrong))} where the Plan has no such step or "
+                f"band. Inspect it with `stepstone inspect --db ... {key}`; to start over, "
+                f"remove it with store.delete({key!r})"
             )
 
     def _describe_change(self, head: RunHead, old: list[Any] | None) -> str:

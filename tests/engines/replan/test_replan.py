@@ -584,14 +584,16 @@ def test_a_corrupt_record_names_its_key(tmp_path: Path) -> None:
         assert store.backend.run_get("bad") == before
         # A field name a flipped byte changed is never skipped (131).
         plan = {"reasoning": "r", "tasks": [{"tool": "x"}]}
-        for task, what in (
-            ({"round": 1, "index": 0, "tool": "x", "resulX": 5}, r"\['resulX'\]"),
-            ({"round": 1, "index": 0, "tool": "x"}, "no one result or error"),
+        for start, task, what in (
+            ("go", {"round": 1, "index": 0, "tool": "x", "resulX": 5}, r"\['resulX'\]"),
+            ("go", {"round": 1, "index": 0, "tool": "x"}, "no one result or error"),
+            ("go", {"round": 1, "index": 0, "tool": "y", "result": 1}, "planned 'x' there"),
+            (7, {"round": 1, "index": 0, "tool": "x", "result": 1}, "task is not text"),
         ):
             store.backend.kv_delete("bad")
             claim = claim_run(store, "bad", kind="replan", resume=False, first_step="round 1")
             assert claim.run is not None
-            rows = [("start", None, {"task": "go"}), ("round", "1", {"round": 1, "plan": plan})]
+            rows = [("start", None, {"task": start}), ("round", "1", {"round": 1, "plan": plan})]
             claim.run.commit_sync(
                 status="failed", next_step="round 1", rows=[*rows, ("task", "1.0", task)]
             )

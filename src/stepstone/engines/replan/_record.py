@@ -133,6 +133,8 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
             )
         if row.kind == "start":
             task = data.get("task")
+            if not isinstance(task, str | None):
+                raise _corrupt(key, f"journal row {row.seq}: the run's task is not text")
         elif row.kind == "round":
             number = data.get("round")
             if number != len(rounds) + 1:
@@ -150,6 +152,13 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
                 raise _corrupt(key, f"journal row {row.seq} is a task of an unknown round")
             if not 0 <= index < len(rounds[-1].plan.tasks):
                 raise _corrupt(key, f"journal row {row.seq}: round {number} has no task {index}")
+            planned = rounds[-1].plan.tasks[index].tool
+            if data.get("tool", planned) != planned:
+                raise _corrupt(
+                    key,
+                    f"journal row {row.seq} is task {index} of round {number} with tool "
+                    f"{data.get('tool')!r}, but the round planned {planned!r} there",
+                )
             outcome = {k: data[k] for k in ("result", "error") if k in data}
             if len(outcome) != 1:
                 raise _corrupt(key, f"journal row {row.seq} holds no one result or error")

@@ -137,8 +137,9 @@ class JournalContents:
         """Decode ``rows``, the journal of the agent run ``run_id`` under ``key``.
 
         Raises:
-            AgentCheckpointCorruptionError: a row is not a JSON object, or is of a kind
-                an agent run never writes (skipping it could run an effect again).
+            AgentCheckpointCorruptionError: a row is not a JSON object, is of a kind an
+                agent run never writes (skipping it could run an effect again), or is an
+                effect row or snapshot whose fields are damaged.
         """
         out = cls()
         for row in rows:

@@ -26,6 +26,7 @@ __all__ = [
     "band_row",
     "check_head",
     "check_journal",
+    "corrupt_checkpoint",
     "legacy_import",
     "plan_view",
     "replay",
@@ -166,7 +167,7 @@ class Replay:
                     decoded[name] = envelope
             except (TypeError, ValueError, KeyError, AttributeError) as exc:
                 what = f"the entry of step {name!r} cannot be decoded ({exc})"
-                raise _corrupt(key, what) from exc
+                raise corrupt_checkpoint(key, what) from exc
         self._checked = decoded
 
 
@@ -193,28 +194,32 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
         try:
             data = json.loads(row.data)
         except ValueError as exc:
-            raise _corrupt(key, f"journal row {row.seq} is not JSON ({exc})") from exc
+            raise corrupt_checkpoint(key, f"journal row {row.seq} is not JSON ({exc})") from exc
         if not isinstance(data, dict):
-            raise _corrupt(key, f"journal row {row.seq} is {type(data).__name__}, not an object")
+            raise corrupt_checkpoint(
+                key, f"journal row {row.seq} is {type(data).__name__}, not an object"
+            )
         unknown = set(data) - _ROW_FIELDS.get(row.kind, set(data))
         env = data.get("envelope") if row.kind == "step" else None
         if isinstance(env, dict):
             unknown |= {f"envelope.{k}" for k in set(env) - _ENVELOPE_FIELDS}
         if unknown:  # a byte flipped in a field's name: skipping the field changes the run
-            raise _corrupt(
+            raise corrupt_checkpoint(
                 key,
                 f"journal row {row.seq} ({row.kind} {row.name!r}) has the field(s) "
                 f"{sorted(unknown)}, which a Plan run never writes",
             )
         if row.kind == "step":
             if not row.name:
-                raise _corrupt(key, f"journal row {row.seq} has no step name")
+                raise corrupt_checkpoint(key, f"journal row {row.seq} has no step name")
             band = data.get("band")
             # Only rows imported from the first formats (before the shape row) may lack
             # their envelope: without it, a resume would run the step again.
             legacy = shape is None and band is None
             if not isinstance(data.get("envelope"), dict | None if legacy else dict):
-                raise _corrupt(key, f"journal row {row.seq} (step {row.name!r}) has no envelope")
+                raise corrupt_checkpoint(
+                    key, f"journal row {row.seq} (step {row.name!r}) has no envelope"
+                )
             if band is not None:
                 pending.setdefault(str(band), {})[row.name] = data
                 continue
@@ -229,13 +234,13 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
                 _apply_write(kv, branch)
         elif row.kind == "kv":
             if "key" not in data:
-                raise _corrupt(key, f"journal row {row.seq} (a kv entry) has no key")
+                raise corrupt_checkpoint(key, f"journal row {row.seq} (a kv entry) has no key")
             kv[str(data["key"])] = data.get("value")
         elif row.kind == "plan" and row.name == "shape":
             steps = data.get("steps")
             shape = steps if isinstance(steps, list) else None
         else:  # a byte flipped in its kind: skipping it would drop a step from the run
-            raise _corrupt(
+            raise corrupt_checkpoint(
                 key,
                 f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which a Plan "
                 "run never writes",
@@ -249,7 +254,8 @@ def _apply_write(kv: dict[str, Any], data: dict[str, Any]) -> None:
         kv[str(writes)] = row_write_value(data)
 
 
-def _corrupt(key: str, what: str) -> CheckpointCorruptError:
+def corrupt_checkpoint(key: str, what: str) -> CheckpointCorruptError:
+    """The error for the Plan checkpoint under ``key``, corrupt as ``what`` says."""
     return CheckpointCorruptError(
         f"checkpoint {key!r} is corrupt: {what}. Inspect it with `stepstone inspect --db ... "
         f"{key}`; to start over, remove it with store.delete({key!r})"
@@ -260,12 +266,16 @@ def check_head(head: RunHead) -> None:
     """Raise CheckpointCorruptError when ``head`` cannot be a Plan run's: every commit that
     leaves a run unfinished names the step it continues at."""
     if head.next_step is None and head.status != "done":
-        raise _corrupt(head.key, f"the run is {head.status!r} but names no step to continue at")
+        raise corrupt_checkpoint(
+            head.key, f"the run is {head.status!r} but names no step to continue at"
+        )
     position, rejoin = head.meta.get("position"), head.meta.get("rejoin")
     if position is not None and (type(position) is not int or position < 0):
-        raise _corrupt(head.key, f"head meta position is {position!r}, not a count of steps")
+        raise corrupt_checkpoint(
+            head.key, f"head meta position is {position!r}, not a count of steps"
+        )
     if rejoin is not None and (not isinstance(rejoin, str) or not rejoin):
-        raise _corrupt(head.key, f"head meta rejoin is {rejoin!r}, not a step name")
+        raise corrupt_checkpoint(head.key, f"head meta rejoin is {rejoin!r}, not a step name")
 
 
 def check_journal(head: RunHead, rows: list[JournalRow]) -> None:
@@ -275,7 +285,7 @@ def check_journal(head: RunHead, rows: list[JournalRow]) -> None:
     consistently with ``head`` (``read_run``)."""
     problem = journal_problem(head, rows)
     if problem is not None:
-        raise _corrupt(head.key, problem)
+        raise corrupt_checkpoint(head.key, problem)
 
 
 def plan_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
@@ -328,7 +338,9 @@ def legacy_import(key: str, text: str) -> tuple[RunHead, list[JournalRow]] | Non
         or not isinstance(kv, dict)
         or not (next_step is None or isinstance(next_step, str))
     ):
-        raise _corrupt(key, f"legacy checkpoint has invalid status/next_step/kv: {text[:200]}")
+        raise corrupt_checkpoint(
+            key, f"legacy checkpoint has invalid status/next_step/kv: {text[:200]}"
+        )
     version = data.get("checkpoint_version", 1)
     rows: list[JournalRow] = []
     for k, v in kv.items():

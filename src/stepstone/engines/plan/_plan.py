@@ -29,6 +29,7 @@ from stepstone.engines.plan._checkpoint import (
     Replay,
     check_head,
     check_journal,
+    corrupt_checkpoint,
     legacy_import,
     replay,
 )
@@ -36,7 +37,7 @@ from stepstone.engines.plan._compiler import CompiledPlan, Unit, check_tools, co
 from stepstone.engines.plan._runner import PlanRun
 from stepstone.engines.plan._serialize import steps_from_dict, steps_to_dict
 from stepstone.engines.plan._step import Step
-from stepstone.exceptions import CheckpointCorruptError, PlanCompileError, StaleCheckpointError
+from stepstone.exceptions import PlanCompileError, StaleCheckpointError
 from stepstone.observability import Session
 from stepstone.store import RunHead, Store
 from stepstone.store._store import NUL_IN_KEY
@@ -346,12 +347,11 @@ class Plan:
         if not changed and not missing:
             return None
         if missing and stored == compiled.fingerprint:  # the same plan: a damaged head
-            raise CheckpointCorruptError(
-                f"checkpoint {head.key!r} is corrupt: it was written by this very Plan but "
-                f"continues at step {nxt if bad_next else rejoin!r}, which "
-                f"the Plan does not have as a step or band start. Inspect it with `stepstone "
-                f"inspect --db ... {head.key}`; to start over, remove it with "
-                f"store.delete({head.key!r})"
+            raise corrupt_checkpoint(
+                head.key,
+                f"it was written by this very Plan but continues at step "
+                f"{nxt if bad_next else rejoin!r}, which the Plan does not have as a step or "
+                "band start",
             )
         if self.on_plan_change == "restart":
             log.info("stepstone: plan changed since checkpoint %r; starting over", head.key)
@@ -381,11 +381,9 @@ class Plan:
             return
         steps = [s.step_name for s in self._compiled.band_of(nxt).steps]
         if error.get("step") not in steps:
-            raise CheckpointCorruptError(
-                f"checkpoint {head.key!r} is corrupt: it {head.status} at step "
-                f"{error.get('step')!r} but continues at step {nxt!r}. Inspect it with "
-                f"`stepstone inspect --db ... {head.key}`; to start over, remove it with "
-                f"store.delete({head.key!r})"
+            raise corrupt_checkpoint(
+                head.key,
+                f"it {head.status} at step {error.get('step')!r} but continues at step {nxt!r}",
             )
 
     def _check_units(self, key: str, rep: Replay) -> None:
@@ -407,11 +405,10 @@ class Plan:
             names = {s.step_name for s in unit.steps} if unit is not None else set()
             wrong += [f"{entry}/{n}" for n in branches if n not in names]
         if wrong:
-            raise CheckpointCorruptError(
-                f"checkpoint {key!r} is corrupt: it was written by this very Plan, but its "
-                f"journal files {sorted(set(wrong))} where the Plan has no such step or "
-                f"band. Inspect it with `stepstone inspect --db ... {key}`; to start over, "
-                f"remove it with store.delete({key!r})"
+            raise corrupt_checkpoint(
+                key,
+                f"it was written by this very Plan, but its journal files "
+                f"{sorted(set(wrong))} where the Plan has no such step or band",
             )
 
     def _describe_change(self, head: RunHead, old: list[Any] | None) -> str:

@@ -238,3 +238,38 @@ def test_worker_arguments_are_checked(store: Store) -> None:
         set_queue_limits(store, "default", rate=0)
     with pytest.raises(UserError, match="concurrency must be an int"):
         set_queue_limits(store, "default", concurrency=0)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "priority = 'zz'",  # a number that is not one
+        "created_at = ''",
+        "task = CAST(X'7B22FF22' AS TEXT)",  # bytes that are not UTF-8
+    ],
+)
+def test_a_corrupt_queue_entry_fails_alone_and_never_stops_a_worker(
+    tmp_path: Path, damage: str
+) -> None:
+    """guarantee 131, 234: a queue entry a damaged byte made unreadable is marked failed,
+    naming it; the worker goes on and runs the others (it used to die on it, and every
+    worker after it: the entry blocked its queue)."""
+    import sqlite3
+
+    log = str(tmp_path / "log")
+    with Store(db=tmp_path / "q.sqlite") as store:
+        bad = submit(store, T + "plan", task(log, "bad"))
+        good = submit(store, T + "plan", task(log, "good"))
+        conn = sqlite3.connect(tmp_path / "q.sqlite")
+        conn.execute(f"UPDATE stepstone_queue SET {damage} WHERE id = ?", (bad.id,))
+        conn.commit()
+        conn.close()
+        assert _worker(store).run(until_idle=True) == 1
+        assert good.status() == "done"
+        conn = sqlite3.connect(tmp_path / "q.sqlite")
+        status, error = conn.execute(
+            "SELECT status, error FROM stepstone_queue WHERE id = ?", (bad.id,)
+        ).fetchone()
+        conn.close()
+        assert status == "failed" and f"queue entry '{bad.id}' is corrupt" in error
+    assert {name for name, _ in executions(log)} == {"good"}

@@ -19,6 +19,9 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from stepstone.exceptions import CorruptRecordError
+from stepstone.store._base import printable_key
+
 __all__ = [
     "ENTRY_COLUMNS",
     "FINAL_STATUSES",
@@ -88,15 +91,28 @@ ENTRY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(QueueE
 
 
 def entry_from_row(row: Sequence[Any]) -> QueueEntry:
-    """A QueueEntry from a row selected in :data:`ENTRY_COLUMNS` order."""
+    """A QueueEntry from a row selected in :data:`ENTRY_COLUMNS` order.
+
+    Raises:
+        CorruptRecordError: a column holds what no entry does (a number that is not one,
+            text that is not UTF-8), naming the entry; the queue marks it failed.
+    """
     v: dict[str, Any] = dict(zip(ENTRY_COLUMNS, row, strict=True))
-    for name in ("priority", "attempts", "max_attempts"):
-        v[name] = int(v[name])
-    for name in ("pid", "pid_start"):
-        v[name] = None if v[name] is None else int(v[name])
-    for name in ("not_before", "created_at", "updated_at"):
-        v[name] = float(v[name])
-    v["lease_until"] = None if v["lease_until"] is None else float(v["lease_until"])
+    try:
+        for name in ("priority", "attempts", "max_attempts"):
+            v[name] = int(v[name])
+        for name in ("pid", "pid_start"):
+            v[name] = None if v[name] is None else int(v[name])
+        for name in ("not_before", "created_at", "updated_at"):
+            v[name] = float(v[name])
+        v["lease_until"] = None if v["lease_until"] is None else float(v["lease_until"])
+        for value in v.values():
+            if isinstance(value, str):
+                value.encode("utf-8")  # a lone surrogate: bytes that were not UTF-8
+    except (TypeError, ValueError) as exc:
+        raise CorruptRecordError(
+            f"queue entry {printable_key(v['id'])!r} is corrupt ({exc}); it cannot run"
+        ) from None
     v["cancel_requested"] = bool(v["cancel_requested"])
     return QueueEntry(**v)
 

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from stepstone.exceptions import StoreError
+from stepstone.exceptions import CorruptRecordError, StoreError
+from stepstone.store._base import lenient_text
 from stepstone.store._queue_base import (
     ENTRY_COLUMNS,
     Owner,
@@ -93,6 +94,7 @@ class SQLiteQueue(QueueBackend):
         conn = sqlite3.connect(
             str(self.path), timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
         )
+        conn.text_factory = lenient_text  # bytes that are not UTF-8: a corrupt entry, by id
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
@@ -247,7 +249,14 @@ class SQLiteQueue(QueueBackend):
                 got = conn.execute(
                     f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (entry_id,)
                 ).fetchone()
-                taken.append(entry_from_row(got))
+                try:
+                    taken.append(entry_from_row(got))
+                except CorruptRecordError as exc:  # fails alone: never blocks the queue
+                    conn.execute(
+                        "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
+                        "error = ?, updated_at = ? WHERE id = ?",
+                        (str(exc), now, entry_id),
+                    )
             return taken
 
         return self._write(take)

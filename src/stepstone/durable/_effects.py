@@ -131,6 +131,7 @@ class JournalContents:
     phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     snapshot: dict[str, Any] | None = None
+    count: int = 0  # rows decoded
 
     @classmethod
     def load(cls, key: str, run_id: str, rows: Sequence[JournalRow]) -> JournalContents:
@@ -141,7 +142,7 @@ class JournalContents:
                 agent run never writes (skipping it could run an effect again), or is an
                 effect row or snapshot whose fields are damaged.
         """
-        out = cls()
+        out = cls(count=len(rows))
         for row in rows:
             try:
                 data = json.loads(row.data)
@@ -247,7 +248,7 @@ class EffectJournal:
 
     Args:
         run: The owned kernel run (kind ``"agent"``).
-        rows: The run's journal so far (read once at claim time).
+        contents: The run's journal so far, decoded (:meth:`JournalContents.load`).
         run_id: The agent run id (in every phase record).
         thread_id: The conversation thread id (in every phase record).
         async_writes: Phase records and snapshots may stay buffered until the next effect
@@ -262,7 +263,7 @@ class EffectJournal:
     def __init__(
         self,
         run: OwnedRun,
-        rows: Sequence[JournalRow],
+        contents: JournalContents,
         *,
         run_id: str,
         thread_id: str,
@@ -278,12 +279,11 @@ class EffectJournal:
         self.coalesce = coalesce
         self.flush_interval = flush_interval
         self.queue_maxsize = queue_maxsize
-        loaded = JournalContents.load(run.key, run_id, rows)
-        self.intents = loaded.intents
-        self.outcomes = loaded.outcomes
-        self.phases = loaded.phases
-        self.messages = loaded.messages
-        self.snapshot = loaded.snapshot
+        self.intents = contents.intents
+        self.outcomes = contents.outcomes
+        self.phases = contents.phases
+        self.messages = contents.messages
+        self.snapshot = contents.snapshot
         self.replayed = 0
         self.commits = 0
         self._buffer: list[Row] = []

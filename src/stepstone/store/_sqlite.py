@@ -426,7 +426,7 @@ class SQLiteBackend(Backend):
                 f"({len(MIGRATIONS)}); upgrade stepstone"
             )
         self.schema_version = version
-        self._kv, self._runs, self._journal = _LEGACY_TABLES.get(version, _TABLES)
+        self._kv, self._runs, self._journal = _tables_of(version)
 
     def close(self) -> None:
         self._closed = True
@@ -705,13 +705,14 @@ def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
     present = {
         name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
-    expected = set(_tables_of(version)) if version else set()
+    tables = _tables_of(version) if version else ()
+    expected = set(tables)
     later = {t for v in range(version + 1, len(MIGRATIONS) + 1) for t in _tables_of(v)} - expected
     missing, extra = expected - present, later & present
     if version == 0:
         extra = set(_TABLES) & present
     if not missing and not extra:
-        for table, columns in zip(_tables_of(version) if version else (), _COLUMNS, strict=False):
+        for table, columns in zip(tables, _COLUMNS, strict=False):
             found_columns = tuple(str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})"))
             if found_columns != columns:
                 raise _damaged_schema(
@@ -728,6 +729,7 @@ def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
 
 
 def _tables_of(version: int) -> tuple[str, str, str]:
+    """The kv, runs and journal tables of schema ``version``."""
     return _LEGACY_TABLES.get(version, _TABLES)
 
 

@@ -229,9 +229,12 @@ class CompiledGraph(Generic[S]):
                 lock = await blocking_call(
                     cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
                 )
-                again = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
-                if again.head.version != raw.head.version:  # saved again before the lock
-                    raw, resumes = again, self._prepare_resume(again)
+                current = await blocking_call(
+                    cp.store, run_head, cp.store, cp.key(resume_invocation)
+                )
+                if current != raw.head:  # saved again before the lock: load what it is now
+                    raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
+                    resumes = self._prepare_resume(raw)
                 correlation_id = raw.correlation_id
                 attempt = raw.attempt + 1
                 positions = list(raw.positions)

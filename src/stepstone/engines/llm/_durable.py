@@ -262,12 +262,12 @@ async def run_durable(
         ConcurrentRunError: a live process owns the run.
     """
     head, rows = await store._offload(read_run, store, key)
-    messages: list[dict[str, Any]] = []
+    contents = JournalContents()
     if head is not None:  # the whole record is checked before anything is claimed
         problem = journal_problem(head, rows)
         if problem is not None:
             raise corrupt_agent_run(key, run_id, problem)
-        messages = JournalContents.load(key, run_id, rows).messages
+        contents = JournalContents.load(key, run_id, rows)
     record = latest_record(key, rows) if head is not None else None
     if must_exist and (head is None or record is None):
         raise AgentCheckpointCorruptionError(
@@ -284,8 +284,8 @@ async def run_durable(
             f"{thread_id!r}; pass thread_id={record['thread_id']!r}"
         )
     started = user_message
-    if head is not None and messages:
-        started = messages[0].get("text")
+    if head is not None and contents.messages:
+        started = contents.messages[0].get("text")
         if not isinstance(started, str):
             raise corrupt_agent_run(key, run_id, "its first message has no text")
     if started is None:
@@ -329,11 +329,13 @@ async def run_durable(
         return result
     owned = claim.run
     try:
+        if claim.outcome != "resumed" or claim.previous != head:  # changed since our read
+            rows = await store._offload(owned.journal)
+            contents = JournalContents.load(key, run_id, rows)
         return await _drive(
             engine,
-            owned_rows=await store._offload(owned.journal),
+            contents=contents,
             owned=owned,
-            resumed=claim.outcome == "resumed",
             store=store,
             run_id=run_id,
             thread_id=thread_id,
@@ -352,9 +354,8 @@ async def run_durable(
 async def _drive(
     engine: Any,
     *,
-    owned_rows: list[JournalRow],
+    contents: JournalContents,
     owned: Any,
-    resumed: bool,
     store: Store,
     run_id: str,
     thread_id: str,
@@ -368,7 +369,7 @@ async def _drive(
 ) -> dict[str, Any]:
     journal = EffectJournal(
         owned,
-        owned_rows,
+        contents,
         run_id=run_id,
         thread_id=thread_id,
         async_writes=settings.async_writes,
@@ -391,7 +392,7 @@ async def _drive(
         max_tool_calls_per_turn=engine.max_tool_calls_per_turn,
         started_at_s=float(prior.get("started_at_s") or time.time()),
     )
-    journal.phase("run_started", {"agent_name": ctx.agent_name, "resumed": bool(owned_rows)})
+    journal.phase("run_started", {"agent_name": ctx.agent_name, "resumed": bool(contents.count)})
     if not journal.messages:
         journal.message({"role": "user", "text": user_message})
     state = RunState(run_id=run_id, agent_name=ctx.agent_name, session=ctx.session)

@@ -10,6 +10,11 @@ the table holding the runs' journals is overwritten. On the damaged copy:
 * ``check_store`` (and ``stepstone check``, run as a command) lists every run it cannot
   read, while the sound original checks clean.
 
+A second copy has one byte changed inside one run's stored step output (its row count 3
+becomes 8): SQLite's pages are sound and the output still decodes, but the row no longer
+matches its checksum, so resuming that run raises CheckpointCorruptError and runs no step,
+and the check names that run alone.
+
 Usage: python examples/check_store.py
 """
 
@@ -22,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stepstone import Agent, Plan, Step, Store, StoreDamagedError
+from stepstone import Agent, CheckpointCorruptError, Plan, Step, Store, StoreDamagedError
 from stepstone.store import check_store
 
 steps_run: list[str] = []
@@ -54,6 +59,15 @@ def damage(db: Path, table: str) -> None:
     with open(db, "r+b") as fh:
         fh.seek((root[0] - 1) * page_size)
         fh.write(b"\xff" * 16)
+
+
+def flip(db: Path, stored: bytes, old: bytes, new: bytes) -> None:
+    """Change ``old`` to ``new`` inside the one place ``stored`` is in ``db``, as a flipped
+    bit would (a closed store: its WAL is folded into the file)."""
+    data = db.read_bytes()
+    assert data.count(stored) == 1, stored
+    at = data.index(stored)
+    db.write_bytes(data[:at] + stored.replace(old, new) + data[at + len(stored) :])
 
 
 def main() -> None:
@@ -93,6 +107,19 @@ def main() -> None:
             text=True,
         )
         print(f"stepstone check --db copy.sqlite: exit status {cli.returncode}")
+
+        flipped = Path(tmp) / "flipped.sqlite"
+        shutil.copy(original, flipped)
+        flip(flipped, b'{"day":"11-21","rows":3}', b"3", b"8")
+        steps_run.clear()
+        with Store(db=flipped) as store:
+            try:
+                nightly(store, "11-21")("11-21")
+            except CheckpointCorruptError as exc:
+                print(f"resume of a flipped byte: CheckpointCorruptError: {str(exc).split('.')[0]}")
+            print(f"steps run by that resume: {len(steps_run)}")
+            report = check_store(store)
+        print(f"flipped: ok={report.ok}, problems in {[p.key for p in report.problems]}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""examples/check_store.py: a damaged copy of a store fails by name and checks unclean."""
+"""examples/check_store.py: a damaged copy of a store fails by name and checks unclean; a
+byte changed inside a stored output is caught by its row's checksum."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ DAMAGED = "damaged: database disk image is malformed (SQLITE_CORRUPT)"
 
 
 def test_check_store_example(tmp_path: Path) -> None:
-    # guarantees 154, 157
+    # guarantees 154, 157, 353
     lines = example_lines("check_store.py", tmp_path)
     assert lines == [
         "original: ok=True, 5 runs, 1 value",
@@ -22,4 +23,9 @@ def test_check_store_example(tmp_path: Path) -> None:
         "  file: database disk image is malformed (SQLITE_CORRUPT)",
         *[f"  record nightly-11-{day}: {DAMAGED}" for day in range(19, 24)],
         "stepstone check --db copy.sqlite: exit status 1",
+        "resume of a flipped byte: CheckpointCorruptError: record 'nightly-11-21' is corrupt: "
+        "journal row 1 does not match its checksum (its bytes changed after it was written: "
+        "a damaged disk or a hand edit)",
+        "steps run by that resume: 0",
+        "flipped: ok=False, problems in ['nightly-11-21']",
     ]

@@ -37,6 +37,7 @@ __all__ = [
     "lenient_text",
     "prefix_bounds",
     "printable_key",
+    "meta_text",
     "read_consistent",
 ]
 
@@ -89,7 +90,7 @@ HEAD_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunHead
 
 #: A head's meta as the SQL backends store it: ``json.dumps(meta, separators=(",", ":"))``
 #: with one encoder (``json.dumps`` with options builds a new one per call, per commit).
-_meta_text = json.JSONEncoder(separators=(",", ":")).encode
+meta_text = json.JSONEncoder(separators=(",", ":")).encode
 
 _INT_COLUMNS = frozenset({"version", "iteration", "journal_len", "pid"})
 _FLOAT_COLUMNS = frozenset({"lease_until", "created_at", "updated_at"})
@@ -98,7 +99,7 @@ _FLOAT_COLUMNS = frozenset({"lease_until", "created_at", "updated_at"})
 def head_to_row(head: RunHead) -> tuple[Any, ...]:
     """A head as SQL parameters in :data:`HEAD_COLUMNS` order (meta as JSON text)."""
     return tuple(
-        _meta_text(head.meta) if name == "meta" else getattr(head, name) for name in HEAD_COLUMNS
+        meta_text(head.meta) if name == "meta" else getattr(head, name) for name in HEAD_COLUMNS
     )
 
 
@@ -113,7 +114,7 @@ def head_update_params(head: RunHead, expected_version: int) -> tuple[Any, ...]:
         head.iteration,
         head.journal_len,
         head.lease_until,
-        _meta_text(head.meta),
+        meta_text(head.meta),
         head.updated_at,
         head.key,
         expected_version,
@@ -201,9 +202,9 @@ def head_from_row(row: Sequence[Any]) -> RunHead:
             values["pid_start"] = int(values["pid_start"])
     except (TypeError, ValueError) as exc:
         raise corrupt_error(key, f"head has a non-numeric number column ({exc})") from None
-    meta_text = checked_text(values["meta"], key, "column meta")
+    text = checked_text(values["meta"], key, "column meta")
     try:
-        meta = json.loads(meta_text)
+        meta = json.loads(text)
     except ValueError as exc:
         raise corrupt_error(key, f"head column meta is not JSON ({exc})") from None
     if not isinstance(meta, dict):
@@ -212,8 +213,11 @@ def head_from_row(row: Sequence[Any]) -> RunHead:
     return RunHead(**values)
 
 
-def heads_for_listing(rows: Sequence[Sequence[Any]]) -> list[RunHead]:
-    """Decode heads for a listing: one corrupt head never hides the others.
+def heads_for_listing(
+    rows: Sequence[Sequence[Any]], decode: Callable[[Sequence[Any]], RunHead] | None = None
+) -> list[RunHead]:
+    """Decode heads for a listing (each with ``decode``, :func:`head_from_row` by default):
+    one corrupt head never hides the others.
 
     A head that cannot be decoded is listed as status ``"corrupt"`` with the reason in
     ``meta["corrupt"]`` (reading or resuming it raises CheckpointCorruptError).
@@ -221,7 +225,7 @@ def heads_for_listing(rows: Sequence[Sequence[Any]]) -> list[RunHead]:
     out: list[RunHead] = []
     for row in rows:
         try:
-            out.append(head_from_row(row))
+            out.append((decode or head_from_row)(row))
         except CheckpointCorruptError as exc:
             key = printable_key(row[0]) if row else "?"
             kind = row[1] if len(row) > 1 and isinstance(row[1], str) else "?"

@@ -33,8 +33,6 @@ from stepstone.store._base import (
     RunHead,
     corrupt_error,
     head_from_row,
-    head_to_row,
-    head_update_params,
     heads_for_listing,
     journal_row,
     lenient_text,
@@ -43,6 +41,18 @@ from stepstone.store._base import (
 )
 from stepstone.store._memory import run_key_conflict
 from stepstone.store._sqlite_errors import file_error, file_errors, is_foreign
+from stepstone.store._sqlite_rows import (
+    checked_head_row,
+    checked_journal_row,
+    checked_value,
+    head_commit_params,
+    head_insert_params,
+    head_update_sql,
+    journal_insert_sql,
+    journal_params,
+    kv_params,
+    kv_upsert_sql,
+)
 from stepstone.store._sqlite_wal import WalTender
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
@@ -93,6 +103,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs RENAME TO stepstone_runs;
     ALTER TABLE journal RENAME TO stepstone_journal;
     """,
+    # Version 3: a checksum per row (see _sqlite_rows); older rows keep NULL, unchecked.
+    """
+    ALTER TABLE stepstone_kv ADD COLUMN crc INTEGER;
+    ALTER TABLE stepstone_runs ADD COLUMN crc INTEGER;
+    ALTER TABLE stepstone_journal ADD COLUMN crc INTEGER;
+    """,
 ]
 
 #: The current schema, created in one go in a new file (running version 1 there would
@@ -101,7 +117,8 @@ SCHEMA = """
     CREATE TABLE stepstone_kv (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL,
-        updated_at REAL NOT NULL
+        updated_at REAL NOT NULL,
+        crc INTEGER
     );
     CREATE TABLE stepstone_runs (
         key TEXT PRIMARY KEY,
@@ -118,7 +135,8 @@ SCHEMA = """
         lease_until REAL NOT NULL,
         meta TEXT NOT NULL,
         created_at REAL NOT NULL,
-        updated_at REAL NOT NULL
+        updated_at REAL NOT NULL,
+        crc INTEGER
     ) WITHOUT ROWID;
     CREATE TABLE stepstone_journal (
         run_key TEXT NOT NULL,
@@ -126,6 +144,7 @@ SCHEMA = """
         kind TEXT NOT NULL,
         name TEXT,
         data TEXT NOT NULL,
+        crc INTEGER,
         PRIMARY KEY (run_key, seq)
     );
 """
@@ -138,7 +157,8 @@ _LEGACY_TABLES: dict[int, tuple[str, str, str]] = {1: ("kv", "runs", "journal")}
 
 _HEAD_COLS = ", ".join(HEAD_COLUMNS)
 
-#: The columns of the kv, runs and journal tables, as every schema version has them.
+#: The columns of the kv, runs and journal tables, as every schema version has them
+#: (version :data:`_CRC_VERSION` adds ``crc`` to each: :func:`_columns_of`).
 _COLUMNS = (
     ("key", "value", "updated_at"),
     (
@@ -160,6 +180,15 @@ _COLUMNS = (
     ),
     ("run_key", "seq", "kind", "name", "data"),
 )
+
+#: The schema version from which every row carries a checksum (``crc``).
+_CRC_VERSION = 3
+
+
+def _columns_of(version: int) -> tuple[tuple[str, ...], ...]:
+    """The columns of the kv, runs and journal tables of schema ``version``."""
+    extra = ("crc",) if version >= _CRC_VERSION else ()
+    return tuple(columns + extra for columns in _COLUMNS)
 
 
 def _check_options(
@@ -260,6 +289,7 @@ class SQLiteBackend(Backend):
         self._closed = False
         self.schema_version = len(MIGRATIONS)
         self._kv, self._runs, self._journal = _TABLES
+        self._checksums = True  # rows carry a crc: every store but an older one read-only
         self.preallocate_wal = preallocate_wal
         self.checkpoint_pages = checkpoint_pages
         tend = preallocate_wal and durability == "full" and str(path) != ":memory:"
@@ -427,6 +457,7 @@ class SQLiteBackend(Backend):
             )
         self.schema_version = version
         self._kv, self._runs, self._journal = _tables_of(version)
+        self._checksums = version >= _CRC_VERSION
 
     def close(self) -> None:
         self._closed = True
@@ -458,23 +489,35 @@ class SQLiteBackend(Backend):
             conn.close()
         return [] if lines == ["ok"] else lines
 
+    # -- checked rows (every read of a row checks its checksum: _sqlite_rows) -------------
+    @property
+    def _value_sql(self) -> str:
+        return f"SELECT value{', crc' if self._checksums else ''} FROM {self._kv} WHERE key = ?"
+
+    def _value(self, key: Any, row: Sequence[Any]) -> str:
+        """The value of a kv row selected by :attr:`_value_sql`, its checksum checked."""
+        return str(checked_value(key, row[0], row[1]) if self._checksums else row[0])
+
+    def _head(self, row: Sequence[Any]) -> RunHead:
+        """A head selected as :attr:`_head_cols`, its checksum checked, decoded."""
+        return head_from_row(checked_head_row(row) if self._checksums else row)
+
+    @property
+    def _head_cols(self) -> str:
+        return f"{_HEAD_COLS}, crc" if self._checksums else _HEAD_COLS
+
     # -- key/value -----------------------------------------------------------------------
     @file_errors
     def kv_get(self, key: str) -> str | None:
-        row = self._conn().execute(f"SELECT value FROM {self._kv} WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        row = self._conn().execute(self._value_sql, (key,)).fetchone()
+        return None if row is None else self._value(key, row)
 
     @file_errors
     def kv_put(self, key: str, text: str) -> None:
         with self._tx() as conn:
             if conn.execute(f"SELECT 1 FROM {self._runs} WHERE key = ?", (key,)).fetchone():
                 raise run_key_conflict(key)
-            conn.execute(
-                f"INSERT INTO {self._kv} (key, value, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
-                "updated_at = excluded.updated_at",
-                (key, text, time.time()),
-            )
+            conn.execute(kv_upsert_sql(self._kv), kv_params(key, text, time.time()))
 
     @file_errors
     def kv_delete(self, key: str) -> bool:
@@ -503,14 +546,13 @@ class SQLiteBackend(Backend):
     @file_errors
     def kv_items(self, prefix: str | None) -> list[tuple[str, str]]:
         conn = self._conn()
+        cols = f"key, value{', crc' if self._checksums else ''}"
         if prefix is None:
-            rows = conn.execute(f"SELECT key, value FROM {self._kv} ORDER BY key")
+            rows = conn.execute(f"SELECT {cols} FROM {self._kv} ORDER BY key")
         else:
             where, args = _prefix_sql(prefix)
-            rows = conn.execute(
-                f"SELECT key, value FROM {self._kv} WHERE {where} ORDER BY key", args
-            )
-        return [(str(k), str(v)) for k, v in rows]
+            rows = conn.execute(f"SELECT {cols} FROM {self._kv} WHERE {where} ORDER BY key", args)
+        return [(str(row[0]), self._value(row[0], row[1:])) for row in rows]
 
     @file_errors
     def kv_cas(
@@ -519,18 +561,13 @@ class SQLiteBackend(Backend):
         with self._tx() as conn:
             if conn.execute(f"SELECT 1 FROM {self._runs} WHERE key = ?", (key,)).fetchone():
                 raise run_key_conflict(key)
-            row = conn.execute(f"SELECT value FROM {self._kv} WHERE key = ?", (key,)).fetchone()
+            row = conn.execute(self._value_sql, (key,)).fetchone()
             if expected is None:
                 if row is not None:
                     return False
-            elif row is None or not equal(str(row[0]), expected):
+            elif row is None or not equal(self._value(key, row), expected):
                 return False
-            conn.execute(
-                f"INSERT INTO {self._kv} (key, value, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
-                "updated_at = excluded.updated_at",
-                (key, new_text, time.time()),
-            )
+            conn.execute(kv_upsert_sql(self._kv), kv_params(key, new_text, time.time()))
             return True
 
     # -- runs ----------------------------------------------------------------------------
@@ -538,10 +575,10 @@ class SQLiteBackend(Backend):
     def run_get(self, key: str) -> RunHead | None:
         row = (
             self._conn()
-            .execute(f"SELECT {_HEAD_COLS} FROM {self._runs} WHERE key = ?", (key,))
+            .execute(f"SELECT {self._head_cols} FROM {self._runs} WHERE key = ?", (key,))
             .fetchone()
         )
-        return None if row is None else head_from_row(row)
+        return None if row is None else self._head(row)
 
     @file_errors
     def run_transact(self, key: str, decide: Decide) -> RunHead | None:
@@ -559,11 +596,11 @@ class SQLiteBackend(Backend):
     def transact_in(self, conn: sqlite3.Connection, key: str, decide: Decide) -> RunHead | None:
         """:meth:`run_transact` inside the open write transaction of ``conn``."""
         row = conn.execute(
-            f"SELECT {_HEAD_COLS} FROM {self._runs} WHERE key = ?", (key,)
+            f"SELECT {self._head_cols} FROM {self._runs} WHERE key = ?", (key,)
         ).fetchone()
-        head = None if row is None else head_from_row(row)
-        kv_row = conn.execute(f"SELECT value FROM {self._kv} WHERE key = ?", (key,)).fetchone()
-        claim = decide(head, None if kv_row is None else str(kv_row[0]))
+        head = None if row is None else self._head(row)
+        kv_row = conn.execute(self._value_sql, (key,)).fetchone()
+        claim = decide(head, None if kv_row is None else self._value(key, kv_row))
         if claim is None:
             return head
         if (
@@ -584,15 +621,13 @@ class SQLiteBackend(Backend):
         if claim.drop_kv:
             conn.execute(f"DELETE FROM {self._kv} WHERE key = ?", (key,))
         conn.execute(
-            f"INSERT OR REPLACE INTO {self._runs} ({_HEAD_COLS}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            head_to_row(claim.head),
+            f"INSERT OR REPLACE INTO {self._runs} ({_HEAD_COLS}, crc) VALUES "
+            f"({', '.join('?' * (len(HEAD_COLUMNS) + 1))})",
+            head_insert_params(claim.head),
         )
         if claim.rows:
             conn.executemany(
-                f"INSERT INTO {self._journal} (run_key, seq, kind, name, data) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
+                journal_insert_sql(self._journal), [journal_params(key, r) for r in claim.rows]
             )
         return claim.head
 
@@ -606,18 +641,13 @@ class SQLiteBackend(Backend):
     ) -> bool:
         with self._tx() as conn:
             cur = conn.execute(
-                f"UPDATE {self._runs} SET status = ?, next_step = ?, version = ?, iteration = ?, "
-                "journal_len = ?, lease_until = ?, meta = ?, updated_at = ? "
-                "WHERE key = ? AND version = ? AND run_uid = ?",
-                head_update_params(head, expected_version),
+                head_update_sql(self._runs), head_commit_params(head, expected_version)
             )
             if cur.rowcount != 1:
                 return False
             if rows:
                 conn.executemany(
-                    f"INSERT INTO {self._journal} (run_key, seq, kind, name, data) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    [(head.key, r.seq, r.kind, r.name, r.data) for r in rows],
+                    journal_insert_sql(self._journal), [journal_params(head.key, r) for r in rows]
                 )
             if writes:
                 for wkey, _ in writes:
@@ -627,10 +657,7 @@ class SQLiteBackend(Backend):
                         raise run_key_conflict(wkey)
                 now = head.updated_at
                 conn.executemany(
-                    f"INSERT INTO {self._kv} (key, value, updated_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
-                    "updated_at = excluded.updated_at",
-                    [(wkey, text, now) for wkey, text in writes],
+                    kv_upsert_sql(self._kv), [kv_params(wkey, text, now) for wkey, text in writes]
                 )
             return True
 
@@ -645,12 +672,19 @@ class SQLiteBackend(Backend):
 
     @file_errors
     def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
+        if not self._checksums:
+            rows = self._conn().execute(
+                f"SELECT seq, kind, name, data FROM {self._journal} "
+                "WHERE run_key = ? AND seq >= ? ORDER BY seq",
+                (key, since_seq),
+            )
+            return [journal_row(key, *row) for row in rows]
         rows = self._conn().execute(
-            f"SELECT seq, kind, name, data FROM {self._journal} "
+            f"SELECT seq, kind, name, data, crc FROM {self._journal} "
             "WHERE run_key = ? AND seq >= ? ORDER BY seq",
             (key, since_seq),
         )
-        return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
+        return [journal_row(key, *checked_journal_row(key, *row)) for row in rows]
 
     @file_errors
     def headless_journal_keys(self) -> list[str]:
@@ -664,13 +698,13 @@ class SQLiteBackend(Backend):
     def run_list(self, prefix: str | None) -> list[RunHead]:
         conn = self._conn()
         if prefix is None:
-            rows = conn.execute(f"SELECT {_HEAD_COLS} FROM {self._runs} ORDER BY key")
+            rows = conn.execute(f"SELECT {self._head_cols} FROM {self._runs} ORDER BY key")
         else:
             where, args = _prefix_sql(prefix)
             rows = conn.execute(
-                f"SELECT {_HEAD_COLS} FROM {self._runs} WHERE {where} ORDER BY key", args
+                f"SELECT {self._head_cols} FROM {self._runs} WHERE {where} ORDER BY key", args
             )
-        return heads_for_listing(list(rows))
+        return heads_for_listing(list(rows), self._head)
 
 
 def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:
@@ -712,7 +746,7 @@ def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
     if version == 0:
         extra = set(_TABLES) & present
     if not missing and not extra:
-        for table, columns in zip(tables, _COLUMNS, strict=False):
+        for table, columns in zip(tables, _columns_of(version), strict=False):
             found_columns = tuple(str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})"))
             if found_columns != columns:
                 raise _damaged_schema(

@@ -19,8 +19,16 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from stepstone.exceptions import StoreError
-from stepstone.store._base import Decide, JournalRow, RunHead, head_update_params
+from stepstone.store._base import Decide, JournalRow, RunHead
 from stepstone.store._memory import run_key_conflict
+from stepstone.store._sqlite_rows import (
+    head_commit_params,
+    head_update_sql,
+    journal_insert_sql,
+    journal_params,
+    kv_params,
+    kv_upsert_sql,
+)
 
 if TYPE_CHECKING:
     from stepstone.store._sqlite import SQLiteBackend
@@ -99,8 +107,8 @@ def _apply(
     write_keys = {k for _, (_, _, _, writes) in commits for k, _ in writes}
     state = dict(_heads(conn, runs, run_keys | write_keys))
     heads: list[tuple[object, ...]] = []
-    rows: list[tuple[str, int, str, str | None, str]] = []
-    values: list[tuple[str, str, float]] = []
+    rows: list[tuple[object, ...]] = []
+    values: list[tuple[str, str, float, int | None]] = []
     for i, (head, expected, jrows, writes) in commits:
         if state.get(head.key) != (expected, head.run_uid):
             outcomes[i] = False
@@ -110,31 +118,18 @@ def _apply(
             outcomes[i] = run_key_conflict(clash)
             continue
         state[head.key] = (head.version, head.run_uid)
-        heads.append(head_update_params(head, expected))
-        rows.extend((head.key, r.seq, r.kind, r.name, r.data) for r in jrows)
-        values.extend((k, text, head.updated_at) for k, text in writes)
+        heads.append(head_commit_params(head, expected))
+        rows.extend(journal_params(head.key, r) for r in jrows)
+        values.extend(kv_params(k, text, head.updated_at) for k, text in writes)
         outcomes[i] = True
     if heads:
-        cur = conn.executemany(
-            f"UPDATE {runs} SET status = ?, next_step = ?, version = ?, iteration = ?, "
-            "journal_len = ?, lease_until = ?, meta = ?, updated_at = ? "
-            "WHERE key = ? AND version = ? AND run_uid = ?",
-            heads,
-        )
+        cur = conn.executemany(head_update_sql(runs), heads)
         if cur.rowcount != len(heads):
             raise StoreError(f"group commit updated {cur.rowcount} of {len(heads)} run heads")
     if rows:
-        conn.executemany(
-            f"INSERT INTO {journal} (run_key, seq, kind, name, data) VALUES (?, ?, ?, ?, ?)",
-            rows,
-        )
+        conn.executemany(journal_insert_sql(journal), rows)
     if values:
-        conn.executemany(
-            f"INSERT INTO {kv} (key, value, updated_at) VALUES (?, ?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
-            "updated_at = excluded.updated_at",
-            values,
-        )
+        conn.executemany(kv_upsert_sql(kv), values)
     return outcomes
 
 

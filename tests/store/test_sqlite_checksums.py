@@ -1,0 +1,166 @@
+"""Row checksums on SQLite: a byte changed inside a stored value is found on read.
+
+Every test damages the closed store file itself (one byte of a value, found by its
+content), as a failing disk does, never through SQL; the value stays valid text of the
+same length and type, so nothing but the checksum can tell.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import Agent, CheckpointCorruptError, Plan, Step, Store
+from stepstone.store import check_store
+from tests.store.damage import stored_rows
+
+FIXTURE_V2 = Path(__file__).parent / "fixtures" / "store_v2.sqlite"
+
+
+def flip(db: Path, marker: bytes, *, at: int = 0, to: bytes = b"Q") -> None:
+    """Replace the byte ``at`` bytes into the one place ``marker`` is stored in ``db`` (a
+    closed store, its WAL checkpointed into the file) with ``to``."""
+    data = db.read_bytes()
+    assert data.count(marker) == 1, f"{marker!r} is stored {data.count(marker)} times"
+    offset = data.index(marker) + at
+    assert data[offset : offset + 1] != to
+    with open(db, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(to)
+
+
+def settle(db: Path) -> None:
+    """Fold the WAL into the file (as closing the last connection does), so every row is in
+    the file at one place."""
+    con = sqlite3.connect(db)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        con.close()
+
+
+def failed_plan(store: Store, calls: list[str], *, fail: bool) -> Plan:
+    """Step ``a`` returns a marked output; step ``b`` fails while ``fail``."""
+
+    def a(_: Any) -> str:
+        calls.append("a")
+        return "output-of-a-" + "x" * 60
+
+    def b(text: str) -> str:
+        calls.append("b")
+        if fail:
+            raise RuntimeError("b broke on purpose")
+        return text.upper()
+
+    return Plan(Step(a), Step(b), store=store, checkpoint_key="job", resume=True)
+
+
+@pytest.fixture
+def failed_run(tmp_path: Path) -> Path:
+    db = tmp_path / "run.sqlite"
+    with Store(db=db) as store:
+        assert not Agent(engine=failed_plan(store, [], fail=True))("go").ok
+        store.write("other", {"kept": True})
+    settle(db)
+    return db
+
+
+def test_a_changed_byte_in_a_step_output_refuses_the_resume(failed_run: Path) -> None:
+    # guarantee 353, 132: the output of a stays valid JSON text of the same length; without
+    # its checksum, the resume would hand "output-Qf-a..." to b
+    flip(failed_run, b"output-of-a-", at=7)
+    before = stored_rows(failed_run)
+    calls: list[str] = []
+    with Store(db=failed_run) as store:
+        for _ in range(2):
+            with pytest.raises(
+                CheckpointCorruptError, match=r"'job'.*journal row \d+ does not match its checksum"
+            ):
+                Agent(engine=failed_plan(store, calls, fail=False))("go")
+        with pytest.raises(CheckpointCorruptError, match="'job'"):
+            store.read("job")
+        assert store.read("other") == {"kept": True}
+    assert calls == []
+    assert stored_rows(failed_run) == before
+
+
+def test_a_changed_byte_in_a_run_head_is_listed_as_corrupt(failed_run: Path) -> None:
+    # guarantee 353, 133: the failed run's error text in its head, changed; the head still
+    # decodes, so only its checksum tells
+    flip(failed_run, b"b broke on purpose", at=2, to=b"c")
+    with Store(db=failed_run) as store:
+        heads = {head.key: head for head in store.backend.run_list(None)}
+        assert heads["job"].status == "corrupt"
+        assert "run head does not match its checksum" in heads["job"].meta["corrupt"]
+        with pytest.raises(CheckpointCorruptError, match=r"'job'.*run head"):
+            Agent(engine=failed_plan(store, [], fail=False))("go")
+        report = check_store(store)
+    assert [p.key for p in report.problems] == ["job"]
+    assert "checksum" in report.problems[0].detail
+
+
+def test_a_changed_byte_in_a_plain_value_is_refused_on_read(tmp_path: Path) -> None:
+    # guarantee 353
+    db = tmp_path / "values.sqlite"
+    with Store(db=db) as store:
+        store.write("price", {"amount": 1250, "note": "net-of-tax"})
+        store.write("other", [1, 2])
+    settle(db)
+    flip(db, b"1250", at=1, to=b"9")  # 1250 -> 1950: still a number, still JSON
+    with Store(db=db) as store:
+        with pytest.raises(CheckpointCorruptError, match=r"'price'.*value does not match"):
+            store.read("price")
+        with pytest.raises(CheckpointCorruptError, match="'price'"):
+            store.compare_and_swap("price", {"amount": 1250, "note": "net-of-tax"}, 0)
+        assert store.read("other") == [1, 2]
+    # a read-only open checks the same way
+    with Store(db=db, read_only=True) as store, pytest.raises(CheckpointCorruptError):
+        store.read("price")
+
+
+def test_a_checksummed_row_round_trips_every_kind_of_value(tmp_path: Path) -> None:
+    # guarantee 353: what a write stores is what a read checks (text beyond ASCII, numbers
+    # whole and not, NULL columns), through a plan's claim, commits and a group commit
+    db = tmp_path / "kinds.sqlite"
+    values: dict[str, Any] = {
+        "ключ-✓": "değer ✓ 𝄞",
+        "whole": 3,
+        "float": 0.1,
+        "none": None,
+        "nested": {"a": [1.5, "b", None, True]},
+    }
+    with Store(db=db) as store:
+        for key, value in values.items():
+            store.write(key, value)
+        steps = [Step(lambda p, i=i: f"{p}-é{i}", name=f"s{i}", writes=f"w{i}") for i in range(3)]
+        assert Agent(engine=Plan(*steps, store=store, checkpoint_key="plan-✓"))("ü").ok
+    with Store(db=db) as store:
+        for key, value in values.items():
+            assert store.read(key) == value
+        assert store.read("w2") == "ü-é0-é1-é2"
+        assert store.read("plan-✓")["status"] == "done"
+        assert not check_store(store).problems
+
+
+def test_rows_of_an_older_store_stay_readable_and_gain_checksums_when_rewritten(
+    tmp_path: Path,
+) -> None:
+    # guarantee 353, 351: a version-2 store's rows have no checksum and read as before
+    db = tmp_path / "v2.sqlite"
+    shutil.copyfile(FIXTURE_V2, db)
+    with Store(db=db) as store:
+        assert store.read("etl-done")["status"] == "done"
+        store.write("fresh", {"n": 1})
+        assert not check_store(store).problems
+    con = sqlite3.connect(db)
+    try:
+        unchecked = con.execute("SELECT count(*) FROM stepstone_journal WHERE crc IS NULL")
+        assert unchecked.fetchone()[0] > 0
+        (crc,) = con.execute("SELECT crc FROM stepstone_kv WHERE key = 'fresh'").fetchone()
+        assert isinstance(crc, int)
+    finally:
+        con.close()

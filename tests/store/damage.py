@@ -104,3 +104,27 @@ def drop_checksums(con: sqlite3.Connection) -> None:
     ``test_sqlite_checksums``)."""
     for table in ("stepstone_runs", "stepstone_journal", "stepstone_kv"):
         con.execute(f"UPDATE {table} SET crc = NULL")
+
+
+def flip(db: Path, marker: bytes, *, at: int = 0, to: bytes = b"Q") -> None:
+    """Replace the byte ``at`` bytes into every place ``marker`` is stored in ``db`` (a
+    closed store, its WAL checkpointed into the file) with ``to`` (a page SQLite freed may
+    still hold an older copy of a row)."""
+    data = bytearray(db.read_bytes())
+    start = data.find(marker)
+    assert start >= 0, f"{marker!r} is not stored in {db}"
+    while start >= 0:
+        assert data[start + at : start + at + 1] != to
+        data[start + at] = to[0]
+        start = data.find(marker, start + 1)
+    db.write_bytes(bytes(data))
+
+
+def settle(db: Path) -> None:
+    """Fold the WAL into the file (as closing the last connection does), so every row is in
+    the file at one place."""
+    con = sqlite3.connect(db)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        con.close()

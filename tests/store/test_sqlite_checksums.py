@@ -16,31 +16,9 @@ import pytest
 
 from stepstone import Agent, CheckpointCorruptError, Plan, Step, Store
 from stepstone.store import check_store
-from tests.store.damage import stored_rows
+from tests.store.damage import flip, settle, stored_rows
 
 FIXTURE_V2 = Path(__file__).parent / "fixtures" / "store_v2.sqlite"
-
-
-def flip(db: Path, marker: bytes, *, at: int = 0, to: bytes = b"Q") -> None:
-    """Replace the byte ``at`` bytes into the one place ``marker`` is stored in ``db`` (a
-    closed store, its WAL checkpointed into the file) with ``to``."""
-    data = db.read_bytes()
-    assert data.count(marker) == 1, f"{marker!r} is stored {data.count(marker)} times"
-    offset = data.index(marker) + at
-    assert data[offset : offset + 1] != to
-    with open(db, "r+b") as fh:
-        fh.seek(offset)
-        fh.write(to)
-
-
-def settle(db: Path) -> None:
-    """Fold the WAL into the file (as closing the last connection does), so every row is in
-    the file at one place."""
-    con = sqlite3.connect(db)
-    try:
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        con.close()
 
 
 def failed_plan(store: Store, calls: list[str], *, fail: bool) -> Plan:

@@ -273,3 +273,55 @@ def test_a_corrupt_queue_entry_fails_alone_and_never_stops_a_worker(
         conn.close()
         assert status == "failed" and f"queue entry '{bad.id}' is corrupt" in error
     assert {name for name, _ in executions(log)} == {"good"}
+
+
+def test_a_queued_task_a_damaged_byte_changed_is_never_run(tmp_path: Path) -> None:
+    """guarantee 234, 353: the entry's task still decodes (one letter of a name changed in
+    the file), so only its checksum tells; it is marked failed, naming it, and the worker
+    runs the others."""
+    import sqlite3
+
+    from tests.store.damage import flip, settle
+
+    db, log = tmp_path / "q.sqlite", str(tmp_path / "log")
+    with Store(db=db) as store:
+        bad = submit(store, T + "plan", task(log, "bad-entry-7"))
+        good = submit(store, T + "plan", task(log, "good"))
+    settle(db)
+    flip(db, b"bad-entry-7", at=1)
+    with Store(db=db) as store:
+        assert _worker(store).run(until_idle=True) == 1
+        assert good.status() == "done"
+    conn = sqlite3.connect(db)
+    status, error = conn.execute(
+        "SELECT status, error FROM stepstone_queue WHERE id = ?", (bad.id,)
+    ).fetchone()
+    conn.close()
+    assert status == "failed" and f"queue entry '{bad.id}' is corrupt" in error
+    assert "checksum" in error
+    assert {name for name, _ in executions(log)} == {"good"}
+
+
+def test_a_queue_table_without_checksums_gains_the_column_and_its_entries_still_run(
+    tmp_path: Path,
+) -> None:
+    """guarantee 353: entries of a queue an older stepstone made (no ``crc`` column) run as
+    before; entries submitted afterwards carry a checksum."""
+    import sqlite3
+
+    db, log = tmp_path / "q.sqlite", str(tmp_path / "log")
+    with Store(db=db) as store:
+        old = submit(store, T + "plan", task(log, "old"))
+    conn = sqlite3.connect(db)
+    conn.execute("ALTER TABLE stepstone_queue DROP COLUMN crc")  # as an older stepstone made it
+    conn.commit()
+    conn.close()
+    with Store(db=db) as store:
+        new = submit(store, T + "plan", task(log, "new"))
+        assert _worker(store).run(until_idle=True) == 2
+        assert old.status() == new.status() == "done"
+    conn = sqlite3.connect(db)
+    crcs = dict(conn.execute("SELECT id, crc FROM stepstone_queue").fetchall())
+    conn.close()
+    assert crcs[old.id] is None and isinstance(crcs[new.id], int)
+    assert {name for name, _ in executions(log)} == {"old", "new"}

@@ -5,6 +5,12 @@ tables (created here, on first use, so the store's schema is untouched). Every p
 is one ``BEGIN IMMEDIATE`` transaction: SQLite's write lock serializes claims, so an entry
 is handed to one worker at a time. All workers are on one machine, so the local clock is
 the one clock.
+
+An entry's ``crc`` is a checksum of what its submission fixed (:data:`_FIXED`: its id,
+queue, target, task, run key, priority, dedupe key, attempts allowed and submission time),
+as the store's rows carry one (``_sqlite_rows``): an entry whose task or target a damaged
+byte changed is corrupt, marked failed by the claim that finds it, never run with what it
+did not hold. Entries of a table made before the column existed hold NULL, unchecked.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from stepstone.exceptions import CorruptRecordError, StoreError
-from stepstone.store._base import lenient_text
+from stepstone.store._base import lenient_text, printable_key
 from stepstone.store._queue_base import (
     ENTRY_COLUMNS,
     Owner,
@@ -29,11 +35,26 @@ from stepstone.store._queue_base import (
     free_slots,
 )
 from stepstone.store._sqlite_errors import file_error, file_errors
+from stepstone.store._sqlite_rows import row_crc
 
 __all__ = ["SQLiteQueue"]
 
 T = TypeVar("T")
-COLS = ", ".join(ENTRY_COLUMNS)
+#: An entry's columns as selected: :data:`ENTRY_COLUMNS`, then its checksum.
+COLS = ", ".join((*ENTRY_COLUMNS, "crc"))
+#: The columns a submission fixes for good, which an entry's checksum covers.
+_FIXED = (
+    "id",
+    "queue",
+    "target",
+    "task",
+    "run_key",
+    "priority",
+    "dedupe_key",
+    "max_attempts",
+    "created_at",
+)
+_AT = [ENTRY_COLUMNS.index(name) for name in _FIXED]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS stepstone_queue (
@@ -59,7 +80,8 @@ CREATE TABLE IF NOT EXISTS stepstone_queue (
     result TEXT,
     error TEXT,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    crc INTEGER
 );
 CREATE INDEX IF NOT EXISTS stepstone_queue_pick
     ON stepstone_queue (queue, status, priority DESC, not_before, seq);
@@ -86,6 +108,9 @@ class SQLiteQueue(QueueBackend):
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(stepstone_queue)")}
+            if "crc" not in columns:  # a queue table an older stepstone made
+                conn.execute("ALTER TABLE stepstone_queue ADD COLUMN crc INTEGER")
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -155,22 +180,18 @@ class SQLiteQueue(QueueBackend):
                 if row is not None:
                     return str(row[0]), False
             now = time.time()
+            # as they read back: an INTEGER column returns int, a REAL one float
+            priority_, attempts = int(priority), int(max_attempts)
+            fixed = (id, queue, target, task, run_key, priority_, dedupe_key, attempts, now)
             conn.execute(
                 "INSERT INTO stepstone_queue (id, queue, target, task, run_key, priority, "
-                "not_before, dedupe_key, status, attempts, max_attempts, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)",
+                "dedupe_key, max_attempts, created_at, not_before, status, attempts, "
+                "updated_at, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?)",
                 (
-                    id,
-                    queue,
-                    target,
-                    task,
-                    run_key,
-                    priority,
+                    *fixed,
                     now + delay if not_before is None else not_before,
-                    dedupe_key,
-                    max_attempts,
                     now,
-                    now,
+                    row_crc(fixed),
                 ),
             )
             return id, True
@@ -250,7 +271,7 @@ class SQLiteQueue(QueueBackend):
                     f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (entry_id,)
                 ).fetchone()
                 try:
-                    taken.append(entry_from_row(got))
+                    taken.append(_entry(got))
                 except CorruptRecordError as exc:  # fails alone: never blocks the queue
                     conn.execute(
                         "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
@@ -316,7 +337,7 @@ class SQLiteQueue(QueueBackend):
     def get(self, id: str) -> QueueEntry | None:
         row = self._conn().execute(f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (id,))
         got = row.fetchone()
-        return None if got is None else entry_from_row(got)
+        return None if got is None else _entry(got)
 
     @file_errors
     def cancel(self, id: str) -> str | None:
@@ -340,7 +361,7 @@ class SQLiteQueue(QueueBackend):
         rows = self._conn().execute(
             f"SELECT {COLS} FROM stepstone_queue WHERE status = 'running' AND host = ?", (host,)
         )
-        return [entry_from_row(r) for r in rows.fetchall()]
+        return [_entry(r) for r in rows.fetchall()]
 
     @file_errors
     def expire(self, id: str, worker: str) -> bool:
@@ -372,7 +393,7 @@ class SQLiteQueue(QueueBackend):
             "AND (? IS NULL OR status = ?) ORDER BY seq",
             (queue, queue, status, status),
         )
-        return [entry_from_row(r) for r in rows.fetchall()]
+        return [_entry(r) for r in rows.fetchall()]
 
     @file_errors
     def prune(self, older_than: float, queue: str | None) -> int:
@@ -385,3 +406,15 @@ class SQLiteQueue(QueueBackend):
             return cur.rowcount
 
         return self._write(prune)
+
+
+def _entry(row: Sequence[object]) -> QueueEntry:
+    """An entry selected as :data:`COLS`, its checksum checked (CorruptRecordError naming it
+    when what its submission fixed changed), decoded."""
+    values, crc = row[:-1], row[-1]
+    if crc is not None and crc != row_crc(tuple(values[i] for i in _AT)):
+        raise CorruptRecordError(
+            f"queue entry {printable_key(values[0])!r} is corrupt (what its submission stored "
+            "does not match its checksum: a damaged disk or a hand edit); it cannot run"
+        )
+    return entry_from_row(values)

@@ -48,6 +48,7 @@ __all__ = [
     "journal_params",
     "kv_params",
     "kv_upsert_sql",
+    "row_crc",
 ]
 
 #: Position of ``lease_until`` in a head row (left out of the head's checksum).
@@ -74,7 +75,7 @@ if HEAD_COLUMNS != _ORDER:  # pragma: no cover - a RunHead field added or moved
     raise ImportError(f"_head_values must follow HEAD_COLUMNS {HEAD_COLUMNS}")
 
 
-def _crc(values: tuple[Any, ...]) -> int:
+def row_crc(values: tuple[Any, ...]) -> int:
     """The checksum of columns as SQLite returns them: their ``repr`` tells text, integers,
     floats and NULL apart (so does the type of each column as read)."""
     return zlib.crc32(repr(values).encode("utf-8", "surrogatepass"))
@@ -125,7 +126,7 @@ def _head_values(head: RunHead) -> tuple[Any, ...]:
 
 
 def _head_crc(values: Sequence[Any]) -> int:
-    return _crc((*values[:_LEASE], *values[_LEASE + 1 :]))
+    return row_crc((*values[:_LEASE], *values[_LEASE + 1 :]))
 
 
 @functools.cache

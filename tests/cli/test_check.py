@@ -45,6 +45,7 @@ def test_a_sound_store_is_ok_and_counted(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "3 runs" in result.output and "2 values" in result.output
     assert "integrity_check" in result.output and "ok: nothing is damaged" in result.output
+    assert "values guarded by: a checksum on every row" in result.output  # guarantee 353
     report = json.loads(_check("--db", str(db), "--json", "--quick").output)
     assert report["ok"] and report["quick"] and report["file_checked"]
     assert (report["runs"], report["values"], report["problems"]) == (3, 2, [])

@@ -100,6 +100,11 @@ def test_check_on_postgres_reads_every_record(pg_url: str) -> None:
     report = json.loads(proc.stdout)
     assert report["ok"] and not report["file_checked"]
     assert (report["runs"], report["values"]) == (1, 1)
+    # guarantee 353: the test cluster has data checksums off, and the check says so
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        setting = conn.execute("SHOW data_checksums").fetchone()[0]
+    assert report["checksums"].startswith("none" if setting == "off" else "the server's")
+    assert "initdb --data-checksums" in report["checksums"] or setting == "on"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("UPDATE stepstone_runs SET meta = '[[[' WHERE key = 'pg-c'")
     proc = _stepstone("check", "--url", pg_url)

@@ -121,7 +121,8 @@ def test_a_checksummed_row_round_trips_every_kind_of_value(tmp_path: Path) -> No
             assert store.read(key) == value
         assert store.read("w2") == "ü-é0-é1-é2"
         assert store.read("plan-✓")["status"] == "done"
-        assert not check_store(store).problems
+        report = check_store(store)
+        assert not report.problems and report.checksums == "a checksum on every row"
 
 
 def test_rows_of_an_older_store_stay_readable_and_gain_checksums_when_rewritten(
@@ -130,10 +131,18 @@ def test_rows_of_an_older_store_stay_readable_and_gain_checksums_when_rewritten(
     # guarantee 353, 351: a version-2 store's rows have no checksum and read as before
     db = tmp_path / "v2.sqlite"
     shutil.copyfile(FIXTURE_V2, db)
+    with Store(db=db, read_only=True) as store:  # read as it is: no checksums at all
+        assert check_store(store).checksums == (
+            "none: this store's schema (version 2) predates row checksums; open it once for "
+            "writing to add them (rows gain theirs when next written)"
+        )
     with Store(db=db) as store:
         assert store.read("etl-done")["status"] == "done"
         store.write("fresh", {"n": 1})
-        assert not check_store(store).problems
+        report = check_store(store)
+        assert not report.problems
+        assert report.checksums is not None
+        assert report.checksums.startswith("a checksum on every row but ")
     con = sqlite3.connect(db)
     try:
         unchecked = con.execute("SELECT count(*) FROM stepstone_journal WHERE crc IS NULL")

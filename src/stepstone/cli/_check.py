@@ -86,6 +86,8 @@ def _report(report: CheckReport, as_json: bool) -> None:
         f"({_count(report.journal_rows, 'journal row')}) and {_count(report.values, 'value')} "
         f"read; file pages: {pages}"
     )
+    if report.checksums is not None:
+        console.print(f"values guarded by: {escape(report.checksums)}")
     if report.ok:
         console.print("[green]ok[/]: nothing is damaged")
         return

@@ -35,9 +35,9 @@ __all__ = [
     "journal_problem",
     "journal_row",
     "lenient_text",
+    "meta_text",
     "prefix_bounds",
     "printable_key",
-    "meta_text",
     "read_consistent",
 ]
 
@@ -437,6 +437,12 @@ class Backend(abc.ABC):
         """What is wrong with the storage's own pages (an empty list when nothing is), or
         None when the backend has none to check (memory; PostgreSQL checksums its own).
         ``quick`` trades completeness for speed where the backend can."""
+        return None
+
+    def checksums(self) -> str | None:
+        """What finds a byte changed inside a stored value, for ``stepstone check``: one
+        line, or None when nothing does (memory: no bytes on a disk). A full scan on
+        SQLite."""
         return None
 
     def describe(self) -> str:

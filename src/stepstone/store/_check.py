@@ -43,6 +43,9 @@ class CheckReport:
         store: The store's description (``sqlite:/path/runs.sqlite``).
         file_checked: Whether the file's pages were checked (SQLite; PostgreSQL keeps its
             own pages' checksums).
+        checksums: What finds a byte changed inside a stored value (SQLite: the checksum
+            every row carries; PostgreSQL: its page checksums, when the cluster has them
+            on), or None (nothing: a memory store, or it could not be told).
         quick: Whether the file check was SQLite's faster ``quick_check`` (it skips
             checking that indexes match their tables).
         runs: Runs read.
@@ -58,6 +61,7 @@ class CheckReport:
     values: int
     journal_rows: int
     problems: tuple[CheckProblem, ...]
+    checksums: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,6 +78,7 @@ class CheckReport:
             "runs": self.runs,
             "values": self.values,
             "journal_rows": self.journal_rows,
+            "checksums": self.checksums,
             "problems": [dataclasses.asdict(p) for p in self.problems],
         }
 
@@ -133,8 +138,13 @@ def check_store(
             )
             for key in headless
         ]
+    try:
+        checksums = backend.checksums()
+    except Exception:  # noqa: BLE001 - a note only; the damage it would meet is reported above
+        checksums = None
     return CheckReport(
         store=backend.describe(),
+        checksums=checksums,
         file_checked=found is not None,
         quick=quick,
         runs=runs,

@@ -822,6 +822,18 @@ class PostgresBackend(Backend):
         rows = self._read("list journal rows with no run", lambda cur: cur.execute(sql).fetchall())
         return [str(key) for (key,) in rows]
 
+    def checksums(self) -> str | None:
+        setting = self._read(
+            "read data_checksums", lambda cur: cur.execute("SHOW data_checksums").fetchone()
+        )
+        if setting is not None and str(setting[0]) == "on":
+            return "the server's page checksums (data_checksums is on)"
+        return (
+            "none: the cluster's data checksums are off, so a byte a disk changed inside a "
+            "value goes unnoticed; create the cluster with initdb --data-checksums (or turn "
+            "them on with pg_checksums --enable while the server is stopped)"
+        )
+
     def run_list(self, prefix: str | None) -> list[RunHead]:
         where, args = prefix_where("key", prefix)
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from stepstone import Agent, Plan, Step, Store
 from stepstone.cli import app
 from stepstone.store import check_store
-from tests.store.damage import damage_page, damage_table, drop_checksums
+from tests.store.damage import damage_page, damage_table
 
 runner = CliRunner()
 
@@ -60,7 +60,6 @@ def test_bad_records_are_named_by_key_and_the_others_still_read(tmp_path: Path) 
     con.execute("DELETE FROM stepstone_journal WHERE run_key = 'r2' AND seq = 0")
     con.execute("UPDATE stepstone_kv SET value = '{\"cut' WHERE key = 'v2'")
     con.execute("UPDATE stepstone_runs SET key = 'rX' WHERE key = 'r3'")  # a damaged key
-    drop_checksums(con)
     con.commit()
     con.close()
     result = _check("--db", str(db), "--json")
@@ -125,7 +124,6 @@ def test_damage_that_quotes_invalid_utf8_is_reported_printably(tmp_path: Path) -
         "UPDATE sqlite_master SET sql = replace(sql, 'key', CAST(X'6BFF79' AS TEXT)) "
         "WHERE name = 'stepstone_kv'"
     )
-    drop_checksums(conn)
     conn.commit()
     conn.close()
     for args in (["check"], ["runs"]):

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 from stepstone import Agent, Plan, Step, Store, __version__
 from stepstone.cli import app
 from stepstone.exceptions import StoreError
-from tests.store.damage import drop_checksums
 
 runner = CliRunner()
 
@@ -307,7 +306,6 @@ def test_one_corrupt_run_never_breaks_the_listing(tmp_path: Path) -> None:
     conn.execute(
         "UPDATE stepstone_journal SET data = CAST(x'22ff22' AS TEXT) WHERE run_key = 'e-journal'"
     )
-    drop_checksums(conn)
     conn.commit()
     conn.close()
     proc = stepstone("runs", "--db", str(db))
@@ -336,7 +334,6 @@ def test_show_and_history_of_corrupt_records(tmp_path: Path) -> None:
     conn.execute(
         "UPDATE stepstone_runs SET next_step = CAST(x'62ff' AS TEXT) WHERE key = 'bad-utf8'"
     )
-    drop_checksums(conn)
     conn.commit()
     conn.close()
     shown = stepstone("show", "--db", str(db), "lost-row")

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from stepstone import Agent, CheckpointCorruptError, Envelope, Plan, Step, Store
-from tests.store.damage import drop_checksums
 
 
 def run(plan: Plan) -> Envelope[Any]:
@@ -62,7 +61,6 @@ def corrupt(db: Path, sql: str, *args: Any) -> None:
     try:
         sql = sql.replace("{runs}", table(con, "runs")).replace("{journal}", table(con, "journal"))
         con.execute(sql, args)
-        drop_checksums(con)
         con.commit()
     finally:
         con.close()
@@ -301,7 +299,6 @@ def test_corrupt_plain_value_names_its_key(tmp_path: Path) -> None:
         store.write("v", {"ok": 1})
     con = sqlite3.connect(path)
     con.execute(f"UPDATE {table(con, 'kv')} SET value = CAST(X'7B22FF22' AS TEXT)")
-    drop_checksums(con)
     con.commit()
     con.close()
     with Store(db=path) as store, pytest.raises(CheckpointCorruptError, match=r"'v'.*UTF-8"):
@@ -351,7 +348,6 @@ def test_graph_checkpointer_list_skips_a_corrupt_record(tmp_path: Path) -> None:
         f"UPDATE {table(con, 'runs')} SET meta = '[[[' WHERE key = ?",
         (f"graph:{first.invocation_id}",),
     )
-    drop_checksums(con)
     con.commit()
     con.close()
     cp = SQLiteCheckpointer(path)

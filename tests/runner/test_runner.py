@@ -27,7 +27,7 @@ from stepstone import (
 from stepstone.engines.llm._durable import normalize_record
 from stepstone.testing import FakeModel, call
 from tests.runner.conftest import Crash, Script
-from tests.store.damage import drop_checksums, stored_rows
+from tests.store.damage import stored_rows
 
 PHASES = {
     "run_started",
@@ -176,7 +176,6 @@ def _tamper(db: Path, key: str, kind: str, edit: Any) -> None:
         conn.execute(
             "UPDATE stepstone_journal SET data=? WHERE run_key=? AND seq=?", (edit(data), key, seq)
         )
-        drop_checksums(conn)
         conn.commit()
     finally:
         conn.close()
@@ -323,7 +322,6 @@ async def test_undecodable_pending_llm_response_never_calls_the_model_again(
             "SELECT seq, data FROM stepstone_journal WHERE kind='outcome' AND name='model:0:0'"
         ).fetchone()
         conn.execute("UPDATE stepstone_journal SET data=? WHERE seq=?", (garble(data), seq))
-        drop_checksums(conn)
         conn.commit()
         conn.close()
         again = Script(two_turns())
@@ -336,7 +334,6 @@ def _edit(db: Path, sql: str) -> None:
     """Change the SQLite file under the store, as a flipped byte would."""
     conn = sqlite3.connect(db)
     conn.execute(sql)
-    drop_checksums(conn)
     conn.commit()
     conn.close()
 
@@ -356,7 +353,6 @@ async def test_tampered_outcome_fails_its_output_hash(tmp_path: Path) -> None:
         assert set(rec) >= {"input_hash", "output_hash", "call_id"}
         rec["data"] = {"content": "charged nothing"}
         conn.execute("UPDATE stepstone_journal SET data=? WHERE seq=?", (json.dumps(rec), seq))
-        drop_checksums(conn)
         conn.commit()
         conn.close()
         with pytest.raises(AgentCheckpointCorruptionError, match="output_hash"):

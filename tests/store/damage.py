@@ -96,16 +96,6 @@ def stored_rows(db: Path) -> list[Any]:
         conn.close()
 
 
-def drop_checksums(con: sqlite3.Connection) -> None:
-    """Set every row's checksum in the store open on ``con`` to NULL, as in a store an
-    older stepstone wrote (its rows have none). A test that changes rows through SQL calls
-    it before committing: the record it made then stands for one whose only checks are its
-    structure's (a byte changed on disk is found by the checksum first:
-    ``test_sqlite_checksums``)."""
-    for table in ("stepstone_runs", "stepstone_journal", "stepstone_kv"):
-        con.execute(f"UPDATE {table} SET crc = NULL")
-
-
 def flip(db: Path, marker: bytes, *, at: int = 0, to: bytes = b"Q") -> None:
     """Replace the byte ``at`` bytes into every place ``marker`` is stored in ``db`` (a
     closed store, its WAL checkpointed into the file) with ``to`` (a page SQLite freed may

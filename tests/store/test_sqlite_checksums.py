@@ -151,3 +151,68 @@ def test_rows_of_an_older_store_stay_readable_and_gain_checksums_when_rewritten(
         assert isinstance(crc, int)
     finally:
         con.close()
+
+
+def test_what_sqlite_itself_wrote_is_taken_as_written(failed_run: Path) -> None:
+    # guarantee 353: a hand edit in the sqlite3 shell, or an older stepstone still running
+    # against the upgraded file (its statements do not know the checksum column), changes
+    # rows through SQLite: their checksum is dropped, and they read as written
+    con = sqlite3.connect(failed_run)
+    try:
+        con.execute(  # the value update of the stepstone before checksums
+            "INSERT INTO stepstone_kv (key, value, updated_at) VALUES ('other', '[1]', 0) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
+            "updated_at = excluded.updated_at"
+        )
+        # its head commit: every column it knows, the version moved on
+        con.execute(
+            "UPDATE stepstone_runs SET version = version + 1, iteration = 7, "
+            "updated_at = updated_at + 1 WHERE key = 'job'"
+        )
+        con.execute(  # a hand edit of a journal row
+            "UPDATE stepstone_journal SET data = replace(data, 'output-of-a', 'output-of-A') "
+            "WHERE run_key = 'job'"
+        )
+        con.commit()
+        rows = {
+            table: con.execute(f"SELECT count(*) FROM {table} WHERE crc IS NULL").fetchone()[0]
+            for table in ("stepstone_kv", "stepstone_runs", "stepstone_journal")
+        }
+    finally:
+        con.close()
+    assert rows == {"stepstone_kv": 1, "stepstone_runs": 1, "stepstone_journal": 1}
+    calls: list[str] = []
+    with Store(db=failed_run) as store:
+        assert store.read("other") == [1]
+        assert store.backend.run_get("job").iteration == 7  # type: ignore[union-attr]
+        env = Agent(engine=failed_plan(store, calls, fail=False))("go")
+    assert env.ok and env.payload.startswith("OUTPUT-OF-A-")  # b ran on the edited output
+    assert calls == ["b"]
+
+
+def test_a_rewrite_of_the_same_value_keeps_its_checksum(tmp_path: Path) -> None:
+    # guarantee 353: the trigger that drops checksums never fires for stepstone's own writes
+    db = tmp_path / "same.sqlite"
+    with Store(db=db) as store:
+        for _ in range(2):
+            store.write("v", {"same": True})
+    con = sqlite3.connect(db)
+    try:
+        (crc,) = con.execute("SELECT crc FROM stepstone_kv WHERE key = 'v'").fetchone()
+    finally:
+        con.close()
+    assert isinstance(crc, int)
+
+
+def test_a_damaged_checksum_trigger_is_found_at_open(tmp_path: Path) -> None:
+    # guarantee 353, 131: a byte changed in a trigger's text would make every update of its
+    # table fail with a bare "no such column"; the store refuses to open instead, naming it
+    from stepstone import StoreDamagedError
+
+    db = tmp_path / "trigger.sqlite"
+    Store(db=db).close()
+    marker = b"stepstone_runs SET crc = NULL"
+    flip(db, marker, at=len(marker) - 1, to=b"M")  # NULL -> NULM
+    for read_only in (False, True):
+        with pytest.raises(StoreDamagedError, match="trigger stepstone_runs_crc is damaged"):
+            Store(db=db, read_only=read_only)

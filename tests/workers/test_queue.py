@@ -313,7 +313,8 @@ def test_a_queue_table_without_checksums_gains_the_column_and_its_entries_still_
     with Store(db=db) as store:
         old = submit(store, T + "plan", task(log, "old"))
     conn = sqlite3.connect(db)
-    conn.execute("ALTER TABLE stepstone_queue DROP COLUMN crc")  # as an older stepstone made it
+    conn.execute("DROP TRIGGER stepstone_queue_crc")  # the table as an older stepstone made it
+    conn.execute("ALTER TABLE stepstone_queue DROP COLUMN crc")
     conn.commit()
     conn.close()
     with Store(db=db) as store:
@@ -325,3 +326,18 @@ def test_a_queue_table_without_checksums_gains_the_column_and_its_entries_still_
     conn.close()
     assert crcs[old.id] is None and isinstance(crcs[new.id], int)
     assert {name for name, _ in executions(log)} == {"old", "new"}
+
+
+def test_a_damaged_queue_trigger_is_found_when_the_queue_opens(tmp_path: Path) -> None:
+    """guarantee 353: a byte changed in the text of the queue's checksum trigger is a
+    StoreDamagedError naming it, not a bare error on the next claim."""
+    from stepstone import StoreDamagedError
+    from tests.store.damage import flip, settle
+
+    db = tmp_path / "q.sqlite"
+    with Store(db=db) as store:
+        submit(store, T + "plan", task(str(tmp_path / "log"), "x"))
+    settle(db)
+    flip(db, b"stepstone_queue SET crc = NULL", at=len("stepstone_queue SET crc = NUL"), to=b"M")
+    with Store(db=db) as store, pytest.raises(StoreDamagedError, match="stepstone_queue_crc"):
+        _worker(store).run(until_idle=True)

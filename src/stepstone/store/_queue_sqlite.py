@@ -10,7 +10,8 @@ An entry's ``crc`` is a checksum of what its submission fixed (:data:`_FIXED`: i
 queue, target, task, run key, priority, dedupe key, attempts allowed and submission time),
 as the store's rows carry one (``_sqlite_rows``): an entry whose task or target a damaged
 byte changed is corrupt, marked failed by the claim that finds it, never run with what it
-did not hold. Entries of a table made before the column existed hold NULL, unchecked.
+did not hold. Entries of a table made before the column existed hold NULL, unchecked, and
+so do entries changed through SQL (a trigger drops their checksum).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from stepstone.exceptions import CorruptRecordError, StoreError
+from stepstone.exceptions import CorruptRecordError, StoreDamagedError, StoreError
 from stepstone.store._base import lenient_text, printable_key
 from stepstone.store._queue_base import (
     ENTRY_COLUMNS,
@@ -34,6 +35,7 @@ from stepstone.store._queue_base import (
     entry_from_row,
     free_slots,
 )
+from stepstone.store._sqlite import run_script
 from stepstone.store._sqlite_errors import file_error, file_errors
 from stepstone.store._sqlite_rows import row_crc
 
@@ -55,6 +57,15 @@ _FIXED = (
     "created_at",
 )
 _AT = [ENTRY_COLUMNS.index(name) for name in _FIXED]
+#: Drops an entry's checksum when what it covers is changed through SQL (a hand edit, an
+#: older stepstone), as the store's tables do (``crc_triggers``): only bytes changed beneath
+#: SQLite make an entry corrupt.
+_TRIGGER = (
+    "CREATE TRIGGER IF NOT EXISTS stepstone_queue_crc AFTER UPDATE ON stepstone_queue "
+    "WHEN NEW.crc IS OLD.crc AND ("
+    + " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in _FIXED)
+    + ") BEGIN UPDATE stepstone_queue SET crc = NULL WHERE seq = NEW.seq; END"
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS stepstone_queue (
@@ -105,12 +116,23 @@ class SQLiteQueue(QueueBackend):
     @file_errors
     def _create(self) -> None:
         with self._tx() as conn:
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            run_script(conn, SCHEMA)
             columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(stepstone_queue)")}
             if "crc" not in columns:  # a queue table an older stepstone made
                 conn.execute("ALTER TABLE stepstone_queue ADD COLUMN crc INTEGER")
+            conn.execute(_TRIGGER)
+            (sql,) = conn.execute(
+                "SELECT CAST(sql AS BLOB) FROM sqlite_master WHERE type = 'trigger' "
+                "AND name = 'stepstone_queue_crc'"
+            ).fetchone() or (b"",)
+            written = " ".join(bytes(sql).decode("utf-8", "replace").split())
+            if written != " ".join(_TRIGGER.replace(" IF NOT EXISTS", "").split()):
+                raise StoreDamagedError(
+                    f"{str(self.path)!r} is damaged: the definition of its work queue's "
+                    "trigger stepstone_queue_crc changed; nothing was written. See what is "
+                    f"affected with `stepstone check --db {self.path}`, then restore the file "
+                    "from a backup"
+                )
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)

@@ -45,6 +45,7 @@ from stepstone.store._sqlite_rows import (
     checked_head_row,
     checked_journal_row,
     checked_value,
+    crc_triggers,
     head_commit_params,
     head_insert_params,
     head_update_sql,
@@ -108,7 +109,8 @@ MIGRATIONS: list[str] = [
     ALTER TABLE stepstone_kv ADD COLUMN crc INTEGER;
     ALTER TABLE stepstone_runs ADD COLUMN crc INTEGER;
     ALTER TABLE stepstone_journal ADD COLUMN crc INTEGER;
-    """,
+    """
+    + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal"),
 ]
 
 #: The current schema, created in one go in a new file (running version 1 there would
@@ -147,7 +149,7 @@ SCHEMA = """
         crc INTEGER,
         PRIMARY KEY (run_key, seq)
     );
-"""
+""" + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal")
 
 _TABLES = ("stepstone_kv", "stepstone_runs", "stepstone_journal")
 
@@ -412,14 +414,14 @@ class SQLiteBackend(Backend):
             if current == 0:
                 # A new store gets the current schema at once; the migrations are for files
                 # an older stepstone wrote.
-                _run_script(conn, SCHEMA)
+                run_script(conn, SCHEMA)
                 conn.execute(
                     "INSERT INTO stepstone_schema (version, applied_at) VALUES (?, ?)",
                     (len(MIGRATIONS), time.time()),
                 )
                 return
             for version in range(current + 1, len(MIGRATIONS) + 1):
-                _run_script(conn, MIGRATIONS[version - 1])
+                run_script(conn, MIGRATIONS[version - 1])
                 conn.execute(
                     "INSERT INTO stepstone_schema (version, applied_at) VALUES (?, ?)",
                     (version, time.time()),
@@ -774,12 +776,39 @@ def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
                     f"records schema version {version}, but table {table} has the columns "
                     f"({', '.join(found_columns)}) instead of ({', '.join(columns)})",
                 )
+        if version >= _CRC_VERSION:
+            _check_triggers(conn, tables, version, path)
         return
     found = f"lacks {', '.join(sorted(missing))}" if missing else ""
     found += (" and " if missing and extra else "") + (
         f"has {', '.join(sorted(extra))}, which a later version creates" if extra else ""
     )
     raise _damaged_schema(path, f"records schema version {version}, but the file {found}")
+
+
+def _check_triggers(
+    conn: sqlite3.Connection, tables: tuple[str, ...], version: int, path: Path
+) -> None:
+    """Raise StoreDamagedError unless the checksum triggers of ``tables`` are there as
+    written: a damaged byte in one's text would make every update of its table fail with a
+    bare "no such column"."""
+    expected = {stmt.split()[2]: _squeeze(stmt) for stmt in statements(crc_triggers(*tables))}
+    found = {
+        bytes(name).decode("utf-8", "replace"): _squeeze(bytes(sql).decode("utf-8", "replace"))
+        for name, sql in conn.execute(
+            "SELECT CAST(name AS BLOB), CAST(sql AS BLOB) FROM sqlite_master WHERE type = 'trigger'"
+        )
+    }
+    for name, sql in expected.items():
+        if found.get(name) != sql:
+            state = "damaged" if name in found else "missing"
+            raise _damaged_schema(
+                path, f"records schema version {version}, but its trigger {name} is {state}"
+            )
+
+
+def _squeeze(sql: str) -> str:
+    return " ".join(sql.split()).rstrip(";")
 
 
 def _tables_of(version: int) -> tuple[str, str, str]:
@@ -795,8 +824,22 @@ def _damaged_schema(path: Path, what: str) -> StoreDamagedError:
     )
 
 
-def _run_script(conn: sqlite3.Connection, script: str) -> None:
-    # executescript() would COMMIT the surrounding transaction; run statement by statement.
-    for statement in script.split(";"):
-        if statement.strip():
-            conn.execute(statement)
+def statements(script: str) -> Iterator[str]:
+    """The statements of ``script``, each ending at the ``;`` that completes it (a
+    trigger's body holds its own)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending.strip()
+            pending = ""
+    if pending.strip(" \n;"):
+        yield pending.strip()  # incomplete: executing it raises
+
+
+def run_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run the statements of ``script`` in ``conn``'s open transaction, one by one
+    (``executescript()`` would COMMIT it)."""
+    for statement in statements(script):
+        conn.execute(statement)

@@ -18,7 +18,8 @@ journal or kv row's text columns joined (its sequence number as digits), a head'
 by their ``repr`` (which tells text, integers, floats and NULL apart), each number written
 as the type its column returns. A value whose type changed (a number turned into text or
 NULL) never matches. Rows written before version 3 hold NULL there and are read unchecked
-(their structure is still checked when decoded).
+(their structure is still checked when decoded), and so are rows changed through SQL by
+anything else (:func:`crc_triggers`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "checked_head_row",
     "checked_journal_row",
     "checked_value",
+    "crc_triggers",
     "head_commit_params",
     "head_insert_params",
     "head_update_sql",
@@ -50,6 +52,32 @@ __all__ = [
     "kv_upsert_sql",
     "row_crc",
 ]
+
+
+def _changed(columns: tuple[str, ...]) -> str:
+    return " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in columns)
+
+
+def crc_triggers(kv: str, runs: str, journal: str) -> str:
+    """The triggers that drop a row's checksum when something else than this module
+    changed what it covers through SQL: a hand edit in the sqlite3 shell, or an older
+    stepstone still running against the store after a newer one upgraded it (its updates
+    do not know the column). What SQLite itself wrote is taken as written; the checksum
+    is there for bytes changed beneath it. A write from here changes the checksum with
+    the content (a new head always has a new version), so it never fires for one."""
+    head = tuple(c for c in HEAD_COLUMNS if c != "lease_until")
+    return f"""
+    CREATE TRIGGER {kv}_crc AFTER UPDATE ON {kv}
+    WHEN NEW.crc IS OLD.crc AND ({_changed(("key", "value"))})
+    BEGIN UPDATE {kv} SET crc = NULL WHERE rowid = NEW.rowid; END;
+    CREATE TRIGGER {runs}_crc AFTER UPDATE ON {runs}
+    WHEN NEW.crc IS OLD.crc AND ({_changed(head)})
+    BEGIN UPDATE {runs} SET crc = NULL WHERE key = NEW.key; END;
+    CREATE TRIGGER {journal}_crc AFTER UPDATE ON {journal}
+    WHEN NEW.crc IS OLD.crc AND ({_changed(("run_key", "seq", "kind", "name", "data"))})
+    BEGIN UPDATE {journal} SET crc = NULL WHERE rowid = NEW.rowid; END;
+"""
+
 
 #: Position of ``lease_until`` in a head row (left out of the head's checksum).
 _LEASE = HEAD_COLUMNS.index("lease_until")

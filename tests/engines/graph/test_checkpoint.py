@@ -29,7 +29,7 @@ from stepstone.graph import (
 )
 from tests.engines.graph._graphs import Calls, Mission, loop_graph, mission_v1
 from tests.engines.graph._graphs import Counter as Counter_
-from tests.store.damage import drop_checksums, stored_rows
+from tests.store.damage import stored_rows
 
 KEY = b"k" * 32
 
@@ -85,7 +85,6 @@ def test_pickle_round_trip_and_tamper_refused(tmp_path: Path) -> None:
     blob[-3] ^= 0x01  # flip one bit of the pickled payload
     row["body_pickle"] = base64.b64encode(bytes(blob)).decode()
     con.execute("UPDATE stepstone_journal SET data = ? WHERE seq = ?", (json.dumps(row), seq))
-    drop_checksums(con)
     con.commit()
     with pytest.raises(CheckpointRecordInvalid, match="signature does not match"):
         cp.load(rec.invocation_id)
@@ -93,7 +92,6 @@ def test_pickle_round_trip_and_tamper_refused(tmp_path: Path) -> None:
 
     row["body_pickle"] = base64.b64encode(pickle.dumps({"patch": {}, "push": []})).decode()
     con.execute("UPDATE stepstone_journal SET data = ? WHERE seq = ?", (json.dumps(row), seq))
-    drop_checksums(con)
     con.commit()
     con.close()
     with pytest.raises(CheckpointRecordInvalid, match="unsigned pickle"):
@@ -109,7 +107,6 @@ def test_a_journal_row_of_a_kind_a_graph_never_writes_is_refused(tmp_path: Path)
     (rec,) = cp.list()
     con = sqlite3.connect(db)
     con.execute("UPDATE stepstone_journal SET kind = 'nXde' WHERE kind = 'node'")
-    drop_checksums(con)
     con.commit()
     con.close()
     with pytest.raises(CheckpointRecordInvalid, match="'nXde' row, which a graph record never"):
@@ -156,7 +153,6 @@ def test_a_corrupt_record_is_refused_before_the_resume_writes(tmp_path: Path, ca
     (rec,) = cp.list()
     con = sqlite3.connect(db)
     con.execute(sql)
-    drop_checksums(con)
     con.commit()
     con.close()
     before = stored_rows(db)

@@ -216,3 +216,17 @@ def test_a_damaged_checksum_trigger_is_found_at_open(tmp_path: Path) -> None:
     for read_only in (False, True):
         with pytest.raises(StoreDamagedError, match="trigger stepstone_runs_crc is damaged"):
             Store(db=db, read_only=read_only)
+
+
+def test_a_head_is_written_in_the_column_order_of_the_table() -> None:
+    # what the checksum covers is what the columns hold: the row a head commit writes is
+    # the head's columns in the table's order (a field added to RunHead must follow)
+    from stepstone.store._base import RunHead, head_to_row
+    from stepstone.store._sqlite_rows import _head_values
+
+    head = RunHead(
+        key="k", kind="plan", status="running", next_step="s", run_uid="u", version=3,
+        iteration=2, journal_len=4, host="h", pid=7, pid_start=11, lease_until=5.5,
+        meta={"a": 1}, created_at=1.25, updated_at=2.5,
+    )  # fmt: skip
+    assert _head_values(head) == head_to_row(head)

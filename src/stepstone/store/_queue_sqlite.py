@@ -35,7 +35,7 @@ from stepstone.store._queue_base import (
     entry_from_row,
     free_slots,
 )
-from stepstone.store._sqlite import run_script
+from stepstone.store._sqlite import run_script, trigger_state
 from stepstone.store._sqlite_errors import file_error, file_errors
 from stepstone.store._sqlite_rows import row_crc
 
@@ -121,12 +121,7 @@ class SQLiteQueue(QueueBackend):
             if "crc" not in columns:  # a queue table an older stepstone made
                 conn.execute("ALTER TABLE stepstone_queue ADD COLUMN crc INTEGER")
             conn.execute(_TRIGGER)
-            (sql,) = conn.execute(
-                "SELECT CAST(sql AS BLOB) FROM sqlite_master WHERE type = 'trigger' "
-                "AND name = 'stepstone_queue_crc'"
-            ).fetchone() or (b"",)
-            written = " ".join(bytes(sql).decode("utf-8", "replace").split())
-            if written != " ".join(_TRIGGER.replace(" IF NOT EXISTS", "").split()):
+            if trigger_state(conn, _TRIGGER) is not None:  # there, but not as written
                 raise StoreDamagedError(
                     f"{str(self.path)!r} is damaged: the definition of its work queue's "
                     "trigger stepstone_queue_crc changed; nothing was written. See what is "

@@ -792,23 +792,28 @@ def _check_triggers(
     """Raise StoreDamagedError unless the checksum triggers of ``tables`` are there as
     written: a damaged byte in one's text would make every update of its table fail with a
     bare "no such column"."""
-    expected = {stmt.split()[2]: _squeeze(stmt) for stmt in statements(crc_triggers(*tables))}
-    found = {
-        bytes(name).decode("utf-8", "replace"): _squeeze(bytes(sql).decode("utf-8", "replace"))
-        for name, sql in conn.execute(
-            "SELECT CAST(name AS BLOB), CAST(sql AS BLOB) FROM sqlite_master WHERE type = 'trigger'"
-        )
-    }
-    for name, sql in expected.items():
-        if found.get(name) != sql:
-            state = "damaged" if name in found else "missing"
+    for statement in statements(crc_triggers(*tables)):
+        state = trigger_state(conn, statement)
+        if state is not None:
+            name = statement.split()[2]
             raise _damaged_schema(
                 path, f"records schema version {version}, but its trigger {name} is {state}"
             )
 
 
-def _squeeze(sql: str) -> str:
-    return " ".join(sql.split()).rstrip(";")
+def trigger_state(conn: sqlite3.Connection, statement: str) -> str | None:
+    """None when the trigger the ``CREATE TRIGGER`` ``statement`` makes is in the file as
+    that statement wrote it; ``"missing"`` or ``"damaged"`` otherwise. (SQLite keeps a
+    statement's text without its ``IF NOT EXISTS``.)"""
+    text = " ".join(statement.replace(" IF NOT EXISTS", "").split()).rstrip(";")
+    row = conn.execute(
+        "SELECT CAST(sql AS BLOB) FROM sqlite_master WHERE type = 'trigger' AND name = ?",
+        (text.split()[2],),
+    ).fetchone()
+    if row is None:
+        return "missing"
+    written = " ".join(bytes(row[0]).decode("utf-8", "replace").split()).rstrip(";")
+    return None if written == text else "damaged"
 
 
 def _tables_of(version: int) -> tuple[str, str, str]:

@@ -341,3 +341,38 @@ def test_a_damaged_queue_trigger_is_found_when_the_queue_opens(tmp_path: Path) -
     flip(db, b"stepstone_queue SET crc = NULL", at=len("stepstone_queue SET crc = NUL"), to=b"M")
     with Store(db=db) as store, pytest.raises(StoreDamagedError, match="stepstone_queue_crc"):
         _worker(store).run(until_idle=True)
+
+
+def test_a_damaged_entry_held_by_a_dead_worker_never_stops_a_worker_starting(
+    tmp_path: Path,
+) -> None:
+    """guarantee 234, 353: a worker starting on a host where a dead worker held an entry
+    that a damaged byte changed looks past it (it cannot end a lease it cannot read); the
+    entry is marked failed once its lease runs out, and the others run."""
+    import sqlite3
+
+    from stepstone.core._ids import host_id
+    from stepstone.durable._queue import queue_backend
+    from stepstone.store._queue_base import Owner
+    from tests.store.damage import flip, settle
+
+    db, log = tmp_path / "q.sqlite", str(tmp_path / "log")
+    with Store(db=db) as store:
+        bad = submit(store, T + "plan", task(log, "bad-entry-9"))
+        dead = Owner(worker="w-dead", host=host_id(), pid=2**22 + 7, pid_start=1)
+        (taken,) = queue_backend(store).claim("default", dead, 0.2)
+        assert taken.id == bad.id
+        good = submit(store, T + "plan", task(log, "good"))
+    settle(db)
+    flip(db, b"bad-entry-9", at=1)
+    time.sleep(0.3)  # the dead worker's lease runs out
+    with Store(db=db) as store:
+        assert _worker(store).run(until_idle=True) == 1
+        assert good.status() == "done"
+    conn = sqlite3.connect(db)
+    status, error = conn.execute(
+        "SELECT status, error FROM stepstone_queue WHERE id = ?", (bad.id,)
+    ).fetchone()
+    conn.close()
+    assert status == "failed" and "checksum" in error
+    assert {name for name, _ in executions(log)} == {"good"}

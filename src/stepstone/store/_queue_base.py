@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from stepstone.exceptions import CorruptRecordError
@@ -29,6 +29,7 @@ __all__ = [
     "QueueEntry",
     "entry_from_row",
     "free_slots",
+    "readable",
 ]
 
 #: Statuses after which an entry never changes again.
@@ -115,6 +116,21 @@ def entry_from_row(row: Sequence[Any]) -> QueueEntry:
         ) from None
     v["cancel_requested"] = bool(v["cancel_requested"])
     return QueueEntry(**v)
+
+
+def readable(
+    rows: Sequence[Sequence[Any]], decode: Callable[[Sequence[Any]], QueueEntry]
+) -> list[QueueEntry]:
+    """The entries of ``rows`` that ``decode`` can read, the corrupt ones left out: for a
+    look that must not stop at one (ending the leases of dead workers); the claim that next
+    takes a corrupt entry marks it failed."""
+    out: list[QueueEntry] = []
+    for row in rows:
+        try:
+            out.append(decode(row))
+        except CorruptRecordError:
+            continue
+    return out
 
 
 def free_slots(

@@ -29,6 +29,7 @@ from stepstone.store._queue_base import (
     QueueEntry,
     entry_from_row,
     free_slots,
+    readable,
 )
 
 __all__ = ["PostgresQueue"]
@@ -360,7 +361,7 @@ class PostgresQueue(QueueBackend):
                 (host,),
             ).fetchall(),
         )
-        return [entry_from_row(r) for r in rows]
+        return readable(rows, entry_from_row)
 
     def expire(self, id: str, worker: str) -> bool:
         def expire(cur: Cursor) -> bool:

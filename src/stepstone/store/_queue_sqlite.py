@@ -34,6 +34,7 @@ from stepstone.store._queue_base import (
     QueueEntry,
     entry_from_row,
     free_slots,
+    readable,
 )
 from stepstone.store._sqlite import run_script, trigger_state
 from stepstone.store._sqlite_errors import file_error, file_errors
@@ -378,7 +379,7 @@ class SQLiteQueue(QueueBackend):
         rows = self._conn().execute(
             f"SELECT {COLS} FROM stepstone_queue WHERE status = 'running' AND host = ?", (host,)
         )
-        return [_entry(r) for r in rows.fetchall()]
+        return readable(rows.fetchall(), _entry)
 
     @file_errors
     def expire(self, id: str, worker: str) -> bool:

@@ -376,3 +376,24 @@ def test_a_damaged_entry_held_by_a_dead_worker_never_stops_a_worker_starting(
     conn.close()
     assert status == "failed" and "checksum" in error
     assert {name for name, _ in executions(log)} == {"good"}
+
+
+def test_a_result_a_damaged_byte_changed_is_never_handed_back(tmp_path: Path) -> None:
+    """guarantee 234, 353: a finished run's stored result carries its entry's checksum; a
+    byte changed in it makes reading the entry a CorruptRecordError naming it, where it
+    used to hand back another result."""
+    from stepstone import CorruptRecordError
+    from tests.store.damage import flip, settle
+
+    db = tmp_path / "q.sqlite"
+    with Store(db=db) as store:
+        handle = submit(store, T + "tool_agent", "hello-result-7")
+        sound = submit(store, T + "tool_agent", "other")
+        assert _worker(store).run(until_idle=True) == 2
+        assert handle.result(timeout=5).payload == "HELLO-RESULT-7"
+    settle(db)
+    flip(db, b"HELLO-RESULT-7", at=1, to=b"A")  # HELLO -> HALLO: still a valid envelope
+    with Store(db=db) as store:
+        with pytest.raises(CorruptRecordError, match=f"queue entry '{handle.id}' is corrupt"):
+            handle.result(timeout=5)
+        assert sound.result(timeout=5).payload == "OTHER"

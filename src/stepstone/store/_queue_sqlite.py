@@ -7,11 +7,13 @@ is handed to one worker at a time. All workers are on one machine, so the local 
 the one clock.
 
 An entry's ``crc`` is a checksum of what its submission fixed (:data:`_FIXED`: its id,
-queue, target, task, run key, priority, dedupe key, attempts allowed and submission time),
-as the store's rows carry one (``_sqlite_rows``): an entry whose task or target a damaged
-byte changed is corrupt, marked failed by the claim that finds it, never run with what it
-did not hold. Entries of a table made before the column existed hold NULL, unchecked, and
-so do entries changed through SQL (a trigger drops their checksum).
+queue, target, task, run key, priority, dedupe key, attempts allowed and submission time)
+and, once its run finished with one, of its result, as the store's rows carry one
+(``_sqlite_rows``): an entry whose task or target a damaged byte changed is corrupt, marked
+failed by the claim that finds it, never run with what it did not hold; one whose result
+changed is corrupt when read, never handed back as the run's result. Entries of a table
+made before the column existed hold NULL, unchecked, and so do entries changed through
+SQL (a trigger drops their checksum).
 """
 
 from __future__ import annotations
@@ -58,15 +60,19 @@ _FIXED = (
     "created_at",
 )
 _AT = [ENTRY_COLUMNS.index(name) for name in _FIXED]
+_RESULT = ENTRY_COLUMNS.index("result")
 #: Drops an entry's checksum when what it covers is changed through SQL (a hand edit, an
 #: older stepstone), as the store's tables do (``crc_triggers``): only bytes changed beneath
 #: SQLite make an entry corrupt.
 _TRIGGER = (
     "CREATE TRIGGER IF NOT EXISTS stepstone_queue_crc AFTER UPDATE ON stepstone_queue "
     "WHEN NEW.crc IS OLD.crc AND ("
-    + " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in _FIXED)
+    + " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in (*_FIXED, "result"))
     + ") BEGIN UPDATE stepstone_queue SET crc = NULL WHERE seq = NEW.seq; END"
 )
+#: The checksum ``finish`` leaves on an entry it found damaged: never a CRC-32 (so the
+#: entry stays corrupt), and not its old value (which the trigger would take for an edit).
+_DAMAGED = -1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS stepstone_queue (
@@ -209,7 +215,7 @@ class SQLiteQueue(QueueBackend):
                     *fixed,
                     now + delay if not_before is None else not_before,
                     now,
-                    row_crc(fixed),
+                    _entry_crc(fixed, None),
                 ),
             )
             return id, True
@@ -326,11 +332,21 @@ class SQLiteQueue(QueueBackend):
         self, id: str, worker: str, status: str, result: str | None, error: str | None
     ) -> bool:
         def finish(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                f"SELECT {', '.join(_FIXED)}, crc FROM stepstone_queue "
+                "WHERE id = ? AND worker = ? AND status = 'running'",
+                (id, worker),
+            ).fetchone()
+            if row is None:
+                return False
+            fixed, crc = tuple(row[:-1]), row[-1]
+            if crc is not None:  # NULL: an entry from before checksums, left unchecked
+                crc = _entry_crc(fixed, result) if crc == _entry_crc(fixed, None) else _DAMAGED
             cur = conn.execute(
                 "UPDATE stepstone_queue SET status = ?, result = ?, error = ?, "
-                "lease_until = NULL, updated_at = ? "
+                "lease_until = NULL, updated_at = ?, crc = ? "
                 "WHERE id = ? AND worker = ? AND status = 'running'",
-                (status, result, error, time.time(), id, worker),
+                (status, result, error, time.time(), crc, id, worker),
             )
             return cur.rowcount == 1
 
@@ -426,13 +442,20 @@ class SQLiteQueue(QueueBackend):
         return self._write(prune)
 
 
+def _entry_crc(fixed: tuple[object, ...], result: object) -> int:
+    """The checksum of an entry: what its submission fixed, and its result once it has one."""
+    return row_crc(fixed if result is None else (*fixed, result))
+
+
 def _entry(row: Sequence[object]) -> QueueEntry:
     """An entry selected as :data:`COLS`, its checksum checked (CorruptRecordError naming it
-    when what its submission fixed changed), decoded."""
+    when what its submission fixed, or its result, changed), decoded."""
     values, crc = row[:-1], row[-1]
-    if crc is not None and crc != row_crc(tuple(values[i] for i in _AT)):
+    fixed = tuple(values[i] for i in _AT)
+    if crc is not None and crc != _entry_crc(fixed, values[_RESULT]):
         raise CorruptRecordError(
-            f"queue entry {printable_key(values[0])!r} is corrupt (what its submission stored "
-            "does not match its checksum: a damaged disk or a hand edit); it cannot run"
+            f"queue entry {printable_key(values[0])!r} is corrupt (what its submission or its "
+            "run stored does not match its checksum: a damaged disk or a hand edit); it "
+            "cannot run, and its result cannot be trusted"
         )
     return entry_from_row(values)

@@ -230,3 +230,54 @@ def test_a_head_is_written_in_the_column_order_of_the_table() -> None:
         meta={"a": 1}, created_at=1.25, updated_at=2.5,
     )  # fmt: skip
     assert _head_values(head) == head_to_row(head)
+
+
+def test_every_write_path_leaves_a_checksum(tmp_path: Path) -> None:
+    # guarantee 353: a claim, step commits, a group commit of concurrent runs, an
+    # operator's cancel, fork and retry, a graph and a queued run all write checksummed rows
+    # (a write path that left one out would show here as a row without one)
+    import asyncio
+
+    from stepstone import submit
+    from stepstone.durable import retry_run
+    from stepstone.durable._operate import cancel_run, fork_run
+    from stepstone.worker import Worker
+    from tests.engines.graph._graphs import Counter, loop_graph
+    from tests.operate._runs import done_run, failed_run
+
+    db = tmp_path / "paths.sqlite"
+    with Store(db=db) as store:
+        done_run(store, "done")
+        failed_run(store, "failed")
+        cancel_run(store, "failed")
+        fork_run(store, "done", at="extract", to="forked")
+        retry_run(store, "done", from_step="load")
+
+        async def many() -> None:
+            plans = [
+                Plan(Step(lambda p, i=i: i, name="s", writes=f"g{i}"), store=store,
+                     checkpoint_key=f"group-{i}")
+                for i in range(6)
+            ]  # fmt: skip
+            await asyncio.gather(*(Agent(engine=p).run("go") for p in plans))
+
+        asyncio.run(many())
+        handle = submit(store, "tests.workers.targets:tool_agent", "queued")
+        assert Worker(store, poll_interval=0.05).run(until_idle=True) == 1
+        assert handle.result(timeout=5).payload == "QUEUED"
+    from stepstone.graph import SQLiteCheckpointer
+
+    cp = SQLiteCheckpointer(db)
+    loop_graph(cp).invoke(Counter(limit=2), correlation_id="c")
+    cp.close()
+    with Store(db=db, read_only=True) as store:
+        report = check_store(store)
+    assert not report.problems and report.checksums == "a checksum on every row"
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("SELECT count(*) FROM stepstone_queue WHERE crc IS NULL").fetchone()
+        assert (
+            con.execute("SELECT count(*) FROM stepstone_queue WHERE crc IS NULL").fetchone()[0] == 0
+        )
+    finally:
+        con.close()

@@ -25,7 +25,7 @@ def test_check_store_example(tmp_path: Path) -> None:
         "stepstone check --db copy.sqlite: exit status 1",
         "resume of a flipped byte: CheckpointCorruptError: record 'nightly-11-21' is corrupt: "
         "journal row 1 does not match its checksum (its bytes changed after it was written: "
-        "a damaged disk or a hand edit)",
+        "a damaged disk, or the file edited outside SQLite)",
         "steps run by that resume: 0",
         "flipped: ok=False, problems in ['nightly-11-21']",
     ]

@@ -455,7 +455,7 @@ def _entry(row: Sequence[object]) -> QueueEntry:
     if crc is not None and crc != _entry_crc(fixed, values[_RESULT]):
         raise CorruptRecordError(
             f"queue entry {printable_key(values[0])!r} is corrupt (what its submission or its "
-            "run stored does not match its checksum: a damaged disk or a hand edit); it "
-            "cannot run, and its result cannot be trusted"
+            "run stored does not match its checksum: a damaged disk, or the file edited "
+            "outside SQLite); it cannot run, and its result cannot be trusted"
         )
     return entry_from_row(values)

@@ -202,7 +202,7 @@ def _mismatch(key: Any, what: str) -> Exception:
     return corrupt_error(
         key,
         f"{what} does not match its checksum (its bytes changed after it was written: a "
-        "damaged disk or a hand edit)",
+        "damaged disk, or the file edited outside SQLite)",
     )
 
 

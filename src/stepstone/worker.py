@@ -139,7 +139,12 @@ class Worker:
     def run(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
         """Serve the queues until stopped (SIGTERM/SIGINT, :meth:`stop`), ``max_runs``
         runs were taken, or (``until_idle``) nothing is left to take. Returns how many
-        runs this worker finished."""
+        runs this worker finished.
+
+        A claim the store cannot serve (the database away, a damaged file) is retried, less
+        often each time (up to every 30 s), logging each failure; with ``until_idle``, a
+        damaged file the worker can take nothing from ends the run with its
+        StoreDamagedError once no run of its own is left (waiting will not mend it)."""
         return asyncio.run(self.arun(max_runs=max_runs, until_idle=until_idle))
 
     async def arun(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
@@ -155,6 +160,7 @@ class Worker:
         renewer = threading.Thread(target=self._renew_loop, name=f"{self.id}-leases", daemon=True)
         renewer.start()
         taken = 0
+        backoff = self.poll_interval  # between claims the store could not serve
         try:
             await to_thread(self._expire_dead)
             sweep_at = self._loop.time() + 1.0
@@ -177,11 +183,16 @@ class Worker:
                     try:
                         entries = await to_thread(self._claim_next, free)
                     except StoreError as exc:
+                        if isinstance(exc, StoreDamagedError) and until_idle and not self._tasks:
+                            raise
                         # The database stayed away longer than the store's reconnect
-                        # timeout: keep the worker (and its running runs) alive and retry.
+                        # timeout (or a damaged file refused the claim): keep the worker
+                        # (and its running runs) alive and retry, less often each time.
                         log.warning("stepstone: %s could not take a run: %s", self.id, exc)
-                        await self._idle_wait()
+                        await self._idle_wait(backoff)
+                        backoff = min(backoff * 2, _MAX_BACKOFF)
                         continue
+                    backoff = self.poll_interval
                 if entries:
                     taken += len(entries)
                     with self._held_lock:
@@ -200,11 +211,12 @@ class Worker:
                 self._loop.remove_signal_handler(sig)
         return self.completed
 
-    async def _idle_wait(self) -> None:
+    async def _idle_wait(self, seconds: float | None = None) -> None:
+        """Wait ``seconds`` (the poll interval by default), or until woken."""
         assert self._wake is not None
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            await asyncio.wait_for(self._wake.wait(), seconds or self.poll_interval)
 
     async def _drain(self) -> None:
         """Let running runs finish for ``shutdown_timeout`` seconds, then stop the rest at
@@ -375,6 +387,8 @@ class Worker:
 
 #: The longest wait before a run the store failed under is tried again (seconds).
 _STORE_BACKOFF_MAX = 60.0
+#: The longest wait between two claims the store could not serve (seconds).
+_MAX_BACKOFF = 30.0
 
 
 def _store_failed(exc: BaseException) -> bool:

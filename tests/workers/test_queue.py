@@ -397,3 +397,76 @@ def test_a_result_a_damaged_byte_changed_is_never_handed_back(tmp_path: Path) ->
         with pytest.raises(CorruptRecordError, match=f"queue entry '{handle.id}' is corrupt"):
             handle.result(timeout=5)
         assert sound.result(timeout=5).payload == "OTHER"
+
+
+def test_an_entry_whose_id_index_a_damaged_byte_changed_never_stops_a_worker(
+    tmp_path: Path,
+) -> None:
+    """guarantee 234: a damaged byte in the index of entry ids (the row itself sound) used
+    to make the claim that found the entry lose it again and raise a TypeError out of the
+    worker; the claim addresses rows by their row id."""
+    import sqlite3
+
+    from tests.store.damage import settle
+
+    db, log = tmp_path / "q.sqlite", str(tmp_path / "log")
+    with Store(db=db) as store:
+        first = submit(store, T + "plan", task(log, "first"))
+        second = submit(store, T + "plan", task(log, "second"))
+    settle(db)
+    conn = sqlite3.connect(db)
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    (root,) = conn.execute(
+        "SELECT rootpage FROM sqlite_master WHERE type = 'index' AND tbl_name = 'stepstone_queue' "
+        "AND sql IS NULL AND name LIKE 'sqlite_autoindex_stepstone_queue_%' ORDER BY name"
+    ).fetchone()  # the UNIQUE index of ids
+    conn.close()
+    data = bytearray(db.read_bytes())
+    page = data[(root - 1) * page_size : root * page_size]
+    at = page.index(first.id.encode()) + (root - 1) * page_size
+    data[at] ^= 0x01  # the index's copy of the id only
+    db.write_bytes(bytes(data))
+    with Store(db=db) as store:
+        _worker(store).run(until_idle=True)
+        assert second.status() == "done"
+    assert ("second", 0) in executions(log)
+
+
+def test_a_damaged_queue_table_definition_is_named_at_once(tmp_path: Path) -> None:
+    """guarantee 234: a byte changed in the queue table's definition (a column renamed)
+    is a StoreDamagedError naming the columns, not a bare "no such column" on each claim."""
+    from stepstone import StoreDamagedError
+    from tests.store.damage import flip, settle
+
+    db = tmp_path / "q.sqlite"
+    with Store(db=db) as store:
+        submit(store, T + "plan", task(str(tmp_path / "log"), "x"))
+    settle(db)
+    flip(db, b"started_at REAL", at=5, to=b"a")  # started_at -> startad_at
+    with Store(db=db) as store, pytest.raises(StoreDamagedError, match="startad_at"):
+        _worker(store).run(until_idle=True)
+
+
+def test_a_worker_run_until_idle_on_a_damaged_queue_ends_with_the_damage(
+    tmp_path: Path,
+) -> None:
+    """guarantee 234: a claim a damaged file refuses is retried less often each time; with
+    until_idle, the worker stops with the StoreDamagedError once none of its runs is left,
+    instead of retrying (and logging) forever."""
+    import sqlite3
+
+    from stepstone import StoreDamagedError
+    from tests.store.damage import damage_page, settle
+
+    db = tmp_path / "q.sqlite"
+    with Store(db=db) as store:
+        submit(store, T + "plan", task(str(tmp_path / "log"), "x"))
+    settle(db)
+    conn = sqlite3.connect(db)
+    (root,) = conn.execute(
+        "SELECT rootpage FROM sqlite_master WHERE name = 'stepstone_queue_pick'"
+    ).fetchone()
+    conn.close()
+    damage_page(db, root)
+    with Store(db=db) as store, pytest.raises(StoreDamagedError, match="is damaged"):
+        _worker(store).run(until_idle=True)

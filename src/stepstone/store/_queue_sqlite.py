@@ -18,6 +18,7 @@ SQL (a trigger drops their checksum).
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -124,9 +125,18 @@ class SQLiteQueue(QueueBackend):
     def _create(self) -> None:
         with self._tx() as conn:
             run_script(conn, SCHEMA)
-            columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(stepstone_queue)")}
-            if "crc" not in columns:  # a queue table an older stepstone made
-                conn.execute("ALTER TABLE stepstone_queue ADD COLUMN crc INTEGER")
+            for table, expected in _columns().items():
+                found = _table_columns(conn, table)
+                if table == "stepstone_queue" and found == expected[:-1]:
+                    # a queue table an older stepstone made, without checksums
+                    conn.execute("ALTER TABLE stepstone_queue ADD COLUMN crc INTEGER")
+                elif found != expected:
+                    raise StoreDamagedError(
+                        f"{str(self.path)!r} is damaged: its work queue table {table} has "
+                        f"the columns ({', '.join(found)}) instead of ({', '.join(expected)}); "
+                        f"nothing was written. See what is affected with `stepstone check "
+                        f"--db {self.path}`, then restore the file from a backup"
+                    )
             conn.execute(_TRIGGER)
             if trigger_state(conn, _TRIGGER) is not None:  # there, but not as written
                 raise StoreDamagedError(
@@ -257,29 +267,31 @@ class SQLiteQueue(QueueBackend):
             free = free_slots(limit, concurrency, running, rate, started)
             if free <= 0:
                 return []
-            ids = [
+            # Rows are addressed by seq (the rowid), never through the index of ids: a byte
+            # a damaged disk changed in an id must not lose the row found here.
+            seqs = [
                 r[0]
                 for r in conn.execute(
-                    "SELECT id FROM stepstone_queue WHERE queue = ? AND status = 'running' "
+                    "SELECT seq FROM stepstone_queue WHERE queue = ? AND status = 'running' "
                     "AND lease_until < ? ORDER BY priority DESC, lease_until LIMIT ?",
                     (queue, now, free),
                 ).fetchall()
             ]
-            if len(ids) < free:
-                ids += [
+            if len(seqs) < free:
+                seqs += [
                     r[0]
                     for r in conn.execute(
-                        "SELECT id FROM stepstone_queue WHERE queue = ? AND status = 'queued' "
+                        "SELECT seq FROM stepstone_queue WHERE queue = ? AND status = 'queued' "
                         "AND not_before <= ? ORDER BY priority DESC, not_before, seq LIMIT ?",
-                        (queue, now, free - len(ids)),
+                        (queue, now, free - len(seqs)),
                     ).fetchall()
                 ]
             taken = []
-            for entry_id in ids:
+            for seq in seqs:
                 conn.execute(
                     "UPDATE stepstone_queue SET status = 'running', attempts = attempts + 1, "
                     "worker = ?, host = ?, pid = ?, pid_start = ?, lease_until = ?, "
-                    "started_at = ?, updated_at = ? WHERE id = ?",
+                    "started_at = ?, updated_at = ? WHERE seq = ?",
                     (
                         owner.worker,
                         owner.host,
@@ -288,19 +300,19 @@ class SQLiteQueue(QueueBackend):
                         now + lease_seconds,
                         now,
                         now,
-                        entry_id,
+                        seq,
                     ),
                 )
                 got = conn.execute(
-                    f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (entry_id,)
+                    f"SELECT {COLS} FROM stepstone_queue WHERE seq = ?", (seq,)
                 ).fetchone()
                 try:
                     taken.append(_entry(got))
                 except CorruptRecordError as exc:  # fails alone: never blocks the queue
                     conn.execute(
                         "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
-                        "error = ?, updated_at = ? WHERE id = ?",
-                        (str(exc), now, entry_id),
+                        "error = ?, updated_at = ? WHERE seq = ?",
+                        (str(exc), now, seq),
                     )
             return taken
 
@@ -440,6 +452,21 @@ class SQLiteQueue(QueueBackend):
             return cur.rowcount
 
         return self._write(prune)
+
+
+@functools.cache
+def _columns() -> dict[str, tuple[str, ...]]:
+    """The columns of the queue's tables as :data:`SCHEMA` makes them (``crc`` last)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        run_script(conn, SCHEMA)
+        return {t: _table_columns(conn, t) for t in ("stepstone_queue", "stepstone_queue_limits")}
+    finally:
+        conn.close()
+
+
+def _table_columns(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    return tuple(str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})"))
 
 
 def _entry_crc(fixed: tuple[object, ...], result: object) -> int:

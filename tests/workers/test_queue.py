@@ -48,6 +48,20 @@ def _worker(store: Store, **kw: object) -> Worker:
     return Worker(store, poll_interval=0.05, **kw)  # type: ignore[arg-type]
 
 
+def _stored_outcome(db: Path, entry_id: str) -> tuple[str, str]:
+    """The status and error the SQLite queue in ``db`` holds for entry ``entry_id``."""
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        status, error = conn.execute(
+            "SELECT status, error FROM stepstone_queue WHERE id = ?", (entry_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return str(status), str(error)
+
+
 def test_submitted_runs_are_run_by_a_worker_and_their_results_come_back(
     store: Store, tmp_path: Path
 ) -> None:
@@ -266,11 +280,7 @@ def test_a_corrupt_queue_entry_fails_alone_and_never_stops_a_worker(
         conn.close()
         assert _worker(store).run(until_idle=True) == 1
         assert good.status() == "done"
-        conn = sqlite3.connect(tmp_path / "q.sqlite")
-        status, error = conn.execute(
-            "SELECT status, error FROM stepstone_queue WHERE id = ?", (bad.id,)
-        ).fetchone()
-        conn.close()
+        status, error = _stored_outcome(tmp_path / "q.sqlite", bad.id)
         assert status == "failed" and f"queue entry '{bad.id}' is corrupt" in error
     assert {name for name, _ in executions(log)} == {"good"}
 
@@ -279,7 +289,6 @@ def test_a_queued_task_a_damaged_byte_changed_is_never_run(tmp_path: Path) -> No
     """guarantee 234, 353: the entry's task still decodes (one letter of a name changed in
     the file), so only its checksum tells; it is marked failed, naming it, and the worker
     runs the others."""
-    import sqlite3
 
     from tests.store.damage import flip, settle
 
@@ -292,11 +301,7 @@ def test_a_queued_task_a_damaged_byte_changed_is_never_run(tmp_path: Path) -> No
     with Store(db=db) as store:
         assert _worker(store).run(until_idle=True) == 1
         assert good.status() == "done"
-    conn = sqlite3.connect(db)
-    status, error = conn.execute(
-        "SELECT status, error FROM stepstone_queue WHERE id = ?", (bad.id,)
-    ).fetchone()
-    conn.close()
+    status, error = _stored_outcome(db, bad.id)
     assert status == "failed" and f"queue entry '{bad.id}' is corrupt" in error
     assert "checksum" in error
     assert {name for name, _ in executions(log)} == {"good"}
@@ -349,7 +354,6 @@ def test_a_damaged_entry_held_by_a_dead_worker_never_stops_a_worker_starting(
     """guarantee 234, 353: a worker starting on a host where a dead worker held an entry
     that a damaged byte changed looks past it (it cannot end a lease it cannot read); the
     entry is marked failed once its lease runs out, and the others run."""
-    import sqlite3
 
     from stepstone.core._ids import host_id
     from stepstone.durable._queue import queue_backend
@@ -369,11 +373,7 @@ def test_a_damaged_entry_held_by_a_dead_worker_never_stops_a_worker_starting(
     with Store(db=db) as store:
         assert _worker(store).run(until_idle=True) == 1
         assert good.status() == "done"
-    conn = sqlite3.connect(db)
-    status, error = conn.execute(
-        "SELECT status, error FROM stepstone_queue WHERE id = ?", (bad.id,)
-    ).fetchone()
-    conn.close()
+    status, error = _stored_outcome(db, bad.id)
     assert status == "failed" and "checksum" in error
     assert {name for name, _ in executions(log)} == {"good"}
 

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from stepstone.exceptions import CorruptRecordError, StoreDamagedError, StoreError
+from stepstone.exceptions import CorruptRecordError, StoreError
 from stepstone.store._base import lenient_text, printable_key
 from stepstone.store._queue_base import (
     ENTRY_COLUMNS,
@@ -39,7 +39,7 @@ from stepstone.store._queue_base import (
     free_slots,
     readable,
 )
-from stepstone.store._sqlite import run_script, trigger_state
+from stepstone.store._sqlite import damaged_definition, run_script, trigger_state
 from stepstone.store._sqlite_errors import file_error, file_errors
 from stepstone.store._sqlite_rows import row_crc
 
@@ -131,19 +131,16 @@ class SQLiteQueue(QueueBackend):
                     # a queue table an older stepstone made, without checksums
                     conn.execute("ALTER TABLE stepstone_queue ADD COLUMN crc INTEGER")
                 elif found != expected:
-                    raise StoreDamagedError(
-                        f"{str(self.path)!r} is damaged: its work queue table {table} has "
-                        f"the columns ({', '.join(found)}) instead of ({', '.join(expected)}); "
-                        f"nothing was written. See what is affected with `stepstone check "
-                        f"--db {self.path}`, then restore the file from a backup"
+                    raise damaged_definition(
+                        self.path,
+                        f"its work queue table {table} has the columns ({', '.join(found)}) "
+                        f"instead of ({', '.join(expected)})",
                     )
             conn.execute(_TRIGGER)
             if trigger_state(conn, _TRIGGER) is not None:  # there, but not as written
-                raise StoreDamagedError(
-                    f"{str(self.path)!r} is damaged: the definition of its work queue's "
-                    "trigger stepstone_queue_crc changed; nothing was written. See what is "
-                    f"affected with `stepstone check --db {self.path}`, then restore the file "
-                    "from a backup"
+                raise damaged_definition(
+                    self.path,
+                    "the definition of its work queue's trigger stepstone_queue_crc changed",
                 )
 
     def _conn(self) -> sqlite3.Connection:

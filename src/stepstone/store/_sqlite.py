@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +48,7 @@ from stepstone.store._sqlite_rows import (
     crc_triggers,
     head_commit_params,
     head_insert_params,
+    head_insert_sql,
     head_update_sql,
     journal_insert_sql,
     journal_params,
@@ -642,11 +643,7 @@ class SQLiteBackend(Backend):
             conn.execute(f"DELETE FROM {self._journal} WHERE run_key = ?", (key,))
         if claim.drop_kv:
             conn.execute(f"DELETE FROM {self._kv} WHERE key = ?", (key,))
-        conn.execute(
-            f"INSERT OR REPLACE INTO {self._runs} ({_HEAD_COLS}, crc) VALUES "
-            f"({', '.join('?' * (len(HEAD_COLUMNS) + 1))})",
-            head_insert_params(claim.head),
-        )
+        conn.execute(head_insert_sql(self._runs), head_insert_params(claim.head))
         if claim.rows:
             conn.executemany(
                 journal_insert_sql(self._journal), [journal_params(key, r) for r in claim.rows]
@@ -694,19 +691,14 @@ class SQLiteBackend(Backend):
 
     @file_errors
     def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
-        if not self._checksums:
-            rows = self._conn().execute(
-                f"SELECT seq, kind, name, data FROM {self._journal} "
-                "WHERE run_key = ? AND seq >= ? ORDER BY seq",
-                (key, since_seq),
-            )
-            return [journal_row(key, *row) for row in rows]
-        rows = self._conn().execute(
-            f"SELECT seq, kind, name, data, crc FROM {self._journal} "
-            "WHERE run_key = ? AND seq >= ? ORDER BY seq",
+        rows: Iterable[Sequence[Any]] = self._conn().execute(
+            f"SELECT seq, kind, name, data{', crc' if self._checksums else ''} "
+            f"FROM {self._journal} WHERE run_key = ? AND seq >= ? ORDER BY seq",
             (key, since_seq),
         )
-        return [journal_row(key, *checked_journal_row(key, *row)) for row in rows]
+        if self._checksums:
+            rows = (checked_journal_row(key, *row) for row in rows)
+        return [journal_row(key, *row) for row in rows]
 
     @file_errors
     def headless_journal_keys(self) -> list[str]:
@@ -822,10 +814,15 @@ def _tables_of(version: int) -> tuple[str, str, str]:
 
 
 def _damaged_schema(path: Path, what: str) -> StoreDamagedError:
+    return damaged_definition(path, f"its stepstone_schema table {what}")
+
+
+def damaged_definition(path: Path, what: str) -> StoreDamagedError:
+    """The error for a file whose table or trigger definitions are damaged as ``what``
+    says (found before anything is written)."""
     return StoreDamagedError(
-        f"{str(path)!r} is damaged: its stepstone_schema table {what}; nothing was written. "
-        f"See what is affected with `stepstone check --db {path}`, then restore the file "
-        "from a backup"
+        f"{str(path)!r} is damaged: {what}; nothing was written. See what is affected with "
+        f"`stepstone check --db {path}`, then restore the file from a backup"
     )
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "crc_triggers",
     "head_commit_params",
     "head_insert_params",
+    "head_insert_sql",
     "head_update_sql",
     "journal_insert_sql",
     "journal_params",
@@ -140,6 +141,14 @@ def _head_values(head: RunHead) -> tuple[Any, ...]:
 
 def _head_crc(values: Sequence[Any]) -> int:
     return row_crc((*values[:_LEASE], *values[_LEASE + 1 :]))
+
+
+@functools.cache
+def head_insert_sql(runs: str) -> str:
+    """A claim's insert (or replacement) of the head in table ``runs``
+    (:func:`head_insert_params`)."""
+    marks = ", ".join("?" * (len(HEAD_COLUMNS) + 1))
+    return f"INSERT OR REPLACE INTO {runs} ({', '.join(HEAD_COLUMNS)}, crc) VALUES ({marks})"
 
 
 @functools.cache

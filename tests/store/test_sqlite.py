@@ -73,6 +73,31 @@ def test_missing_directory_is_an_error_not_a_new_tree(tmp_path: Path) -> None:
     assert not missing.parent.exists()
 
 
+@pytest.mark.parametrize("given", ["sqlite:///s.sqlite", "postgresql://me@db/s"])
+def test_a_url_given_as_a_file_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """A URL passed to db= would name a file in a directory called "sqlite:" or
+    "postgresql:": where that directory exists, a store would silently live there, and the
+    caller would believe they were on another database."""
+    monkeypatch.chdir(tmp_path)
+    scheme_dir = tmp_path / given.split("/")[0]
+    (scheme_dir / "me@db").mkdir(parents=True)
+    for path in (given, Path(given)):
+        with pytest.raises(ValueError, match=r"is a store URL, not a SQLite file path.*url="):
+            Store(db=path)
+    assert [p.name for p in scheme_dir.rglob("*")] == (["me@db"])
+    # a directory really named so is reached with a relative path
+    with Store(db=f"./{given.split('/')[0]}/local.sqlite") as store:
+        store.write("k", 1)
+    assert (scheme_dir / "local.sqlite").exists()
+
+
+def test_a_path_of_another_type_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="must be a str or a path, got 3"):
+        Store(db=3)  # type: ignore[arg-type]
+
+
 def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_bytes(b"these are my notes, not a database\n" * 200)

@@ -16,6 +16,7 @@ checkpoints, not on every commit).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -194,6 +195,12 @@ def _columns_of(version: int) -> tuple[tuple[str, ...], ...]:
     return tuple(columns + extra for columns in _COLUMNS)
 
 
+#: A URL given where a file path belongs (``postgresql://...``, ``sqlite:///x.db``), also
+#: as a ``Path`` made of one, which keeps one slash. A Windows drive (``C:/``) has a
+#: one-letter scheme and is not matched; ``./name:/file`` reaches a directory named so.
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
 def _check_options(
     path: str | os.PathLike[str],
     durability: str,
@@ -219,6 +226,13 @@ def _check_options(
         )
     if busy_timeout <= 0:
         raise ValueError(f"busy_timeout must be > 0 seconds, got {busy_timeout!r}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"a SQLite store's path must be a str or a path, got {path!r}")
+    if _URL_SCHEME.match(os.fspath(path)):
+        raise ValueError(
+            f"{os.fspath(path)!r} is a store URL, not a SQLite file path: pass it as "
+            "Store(url=...) (--url on the command line); a file path goes to db= (--db)"
+        )
     file = Path(path)
     if str(path) != ":memory:" and not file.parent.exists():
         raise StoreError(

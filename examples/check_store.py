@@ -10,10 +10,12 @@ the table holding the runs' journals is overwritten. On the damaged copy:
 * ``check_store`` (and ``stepstone check``, run as a command) lists every run it cannot
   read, while the sound original checks clean.
 
-A second copy has one byte changed inside one run's stored step output (its row count 3
-becomes 8): SQLite's pages are sound and the output still decodes, but the row no longer
-matches its checksum, so resuming that run raises CheckpointCorruptError and runs no step,
-and the check names that run alone.
+A second copy has one byte changed inside one run's stored step output (its "loaded 3
+rows" becomes "loaded 8 rows"): SQLite's pages are sound and the output still decodes, but
+the row no longer matches its checksum, so resuming that run raises CheckpointCorruptError
+and runs no step, and the check names that run alone. The run is not lost: its journal
+shows the damaged row in its place, ``retry_run`` (``stepstone retry``) rewinds the run to
+the step before it, and the next resume runs that step and the damaged one again.
 
 Usage: python examples/check_store.py
 """
@@ -28,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from stepstone import Agent, CheckpointCorruptError, Plan, Step, Store, StoreDamagedError
+from stepstone.durable import retry_run, run_detail
 from stepstone.store import check_store
 
 steps_run: list[str] = []
@@ -110,7 +113,7 @@ def main() -> None:
 
         flipped = Path(tmp) / "flipped.sqlite"
         shutil.copy(original, flipped)
-        flip(flipped, b'{"day":"11-21","rows":3}', b"3", b"8")
+        flip(flipped, b'"loaded 3 rows of 11-21"', b"3", b"8")
         steps_run.clear()
         with Store(db=flipped) as store:
             try:
@@ -119,7 +122,17 @@ def main() -> None:
                 print(f"resume of a flipped byte: CheckpointCorruptError: {str(exc).split('.')[0]}")
             print(f"steps run by that resume: {len(steps_run)}")
             report = check_store(store)
-        print(f"flipped: ok={report.ok}, problems in {[p.key for p in report.problems]}")
+            print(f"flipped: ok={report.ok}, problems in {[p.key for p in report.problems]}")
+
+            # What is left, and the way on: rewind the run to the step before the damage.
+            detail = run_detail(store, "nightly-11-21")
+            assert detail is not None
+            print(f"its journal: {[e['name'] or e['kind'] for e in detail['timeline']]}")
+            print(f"what to do: {detail['corrupt'].split('; ')[1]}")
+            retry_run(store, "nightly-11-21", from_step="extract")
+            env = nightly(store, "11-21")("11-21")
+            print(f"after the rewind, the resume ran {steps_run}: {env.payload}")
+            print(f"flipped, rewound: ok={check_store(store).ok}")
 
 
 if __name__ == "__main__":

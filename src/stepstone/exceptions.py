@@ -190,7 +190,14 @@ class StoreFullError(StoreError):
 
 class CorruptRecordError(StoreError):
     """A stored run record exists but cannot be decoded or used; the message names the key
-    (or run id) and what is wrong with it. Each engine raises its own subclass."""
+    (or run id) and what is wrong with it. Each engine raises its own subclass.
+
+    Attributes:
+        fault: What is wrong, without the key and the fix, where the store found it (a
+            journal row that does not match its checksum, say); else None.
+    """
+
+    fault: str | None = None
 
 
 class CheckpointCorruptError(CorruptRecordError):

@@ -24,12 +24,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from stepstone.cli._render import progress_bar
-from stepstone.durable import approve_call, read_run
-from stepstone.durable._inspect import diff_runs, run_detail, stranded_runs, timeline
+from stepstone.durable import approve_call
+from stepstone.durable._inspect import (
+    damage_report,
+    diff_runs,
+    run_detail,
+    salvaged_timeline,
+    stranded_runs,
+)
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._retention import PruneReport, parse_age, prune
 from stepstone.exceptions import CorruptRecordError, StepstoneError
 from stepstone.store import Retention, Store, vacuum
+from stepstone.store._base import read_salvaged
 from stepstone.store._check import problem_text
 
 __all__ = ["register"]
@@ -323,10 +330,10 @@ def history_cmd(
 ) -> None:
     """The run's journal, step by step."""
     with open_store(db, url, debug=debug, read_only=True) as store:
-        found = read_run(store, key)
+        found = read_salvaged(store.backend, key)
         if found is None:
             raise no_run(key, store)
-        entries = timeline(found[1])
+        entries = salvaged_timeline(found)
         if as_json:
             if not payloads:
                 for e in entries:
@@ -344,7 +351,10 @@ def history_cmd(
             if payloads:
                 cells.append(_short(e.get("payload")))
             table.add_row(*cells)
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        if found.damaged:
+            console.print(f"[red]corrupt[/]: {escape(damage_report(found))}")
 
 
 def stranded_cmd(

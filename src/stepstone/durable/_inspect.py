@@ -18,18 +18,22 @@ from stepstone.store._base import (
     RUN_STATUSES,
     JournalRow,
     RunHead,
+    Salvaged,
     journal_problem,
-    read_consistent,
+    read_salvaged,
 )
 from stepstone.store._store import Store
 
 __all__ = [
+    "damage_report",
     "diff_runs",
     "filter_heads",
     "query_runs",
     "owner_state",
     "run_detail",
+    "rewind_steps",
     "run_summary",
+    "salvaged_timeline",
     "stranded_runs",
     "timeline",
 ]
@@ -191,15 +195,35 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
     return out
 
 
+def salvaged_timeline(found: Salvaged) -> list[dict[str, Any]]:
+    """:func:`timeline` of a run read by ``read_salvaged``, each damaged row in its place
+    (kind ``"damaged"``, what is wrong with it as its error), to see what is left around
+    it."""
+    entries = timeline(found.rows)
+    if found.damaged:
+        entries += [
+            {
+                "seq": seq,
+                "kind": "damaged",
+                "name": None,
+                "payload": None,
+                "error": {"type": "CheckpointCorruptError", "message": fault},
+            }
+            for seq, fault in found.damaged.items()
+        ]
+        entries.sort(key=lambda entry: entry["seq"])
+    return entries
+
+
 def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
     """Everything about one run: summary, head meta, its timeline, the tool calls it waits
     on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
     with their replay counts and its final state (see :func:`agent_view`)."""
-    found = read_consistent(store.backend, key)
+    found = read_salvaged(store.backend, key)
     if found is None:
         return None
-    head, rows = found
-    steps = timeline(rows)
+    head, rows = found.head, found.rows
+    steps = salvaged_timeline(found)
     err = _error_of(head)
     if err is not None and head.status in ("failed", "paused"):
         # The step that failed or paused committed no row of its own: show it last.
@@ -214,7 +238,7 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
         )
     now = database_now(store) if now is None else now
     detail = {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
-    problem = journal_problem(head, rows)
+    problem = damage_report(found) if found.damaged else journal_problem(head, rows)
     if problem is not None:  # shown as it is, to see what is left; a resume refuses it
         detail["corrupt"] = f"the record is corrupt: {problem}"
     # Tool calls it waits on (its own, or those of a paused Plan's LLM steps).
@@ -222,6 +246,37 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
     if head.kind == AGENT_KIND:
         detail["agent"] = agent_view(head, rows)
     return detail
+
+
+def damage_report(found: Salvaged) -> str:
+    """What :func:`read_salvaged` found damaged, and how to go on: rewind the run to the
+    last step journaled before the first damaged row (``stepstone retry``), or delete it
+    when no step comes before."""
+    key = found.head.key
+    more = len(found.damaged) - 1
+    text = found.damaged[min(found.damaged)] + (
+        f" (and {more} more damaged row(s))" if more else ""
+    )
+    before = rewind_steps(found)
+    if before:
+        return (
+            f"{text}; rewind it to before the damage with `stepstone retry {key} --from "
+            f"{before[-1]}` (that step and the ones after it run again on resume)"
+        )
+    return f"{text}; no step was journaled before it: delete it with store.delete({key!r})"
+
+
+def rewind_steps(found: Salvaged) -> list[str]:
+    """The steps a run with damaged rows can be rewound to (``retry_run``): those
+    journaled before its first damaged row, each once, ordered by their last execution
+    (the last one loses least)."""
+    first = min(found.damaged, default=found.head.journal_len)
+    names: dict[str, None] = {}
+    for row in found.rows:
+        if row.seq < first and row.kind == "step" and row.name:
+            names.pop(row.name, None)
+            names[row.name] = None
+    return list(names)
 
 
 def stranded_runs(store: Store, *, now: float | None = None) -> list[dict[str, Any]]:

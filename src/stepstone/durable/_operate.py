@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stepstone.durable._inspect import rewind_steps
 from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
-from stepstone.exceptions import StoreKeyConflictError
-from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent
+from stepstone.exceptions import CheckpointCorruptError, StoreKeyConflictError
+from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent, read_salvaged
 from stepstone.store._store import Store
 from stepstone.store._views import render_run
 
@@ -148,6 +149,39 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     return written
 
 
+def _rewind_past_damage(
+    store: Store, key: str, from_step: str, error: CheckpointCorruptError
+) -> tuple[RunHead, list[JournalRow]]:
+    """The head and the rows to keep when ``from_step`` was journaled before the run's
+    first damaged row: everything before its last execution there, which must read and
+    decode. Otherwise ``error`` (or one naming the steps it can be rewound to) is raised."""
+    found = read_salvaged(store.backend, key)
+    if found is None:
+        raise _missing(key)
+    if not found.damaged:
+        raise error  # every row reads; the record as a whole does not decode
+    steps = rewind_steps(found)
+    first = min(found.damaged)
+    if from_step not in steps:
+        fix = (
+            f"rewind it to {steps[-1]!r} (`stepstone retry {key} --from {steps[-1]}`)"
+            if steps
+            else f"no step was journaled before it: delete it with store.delete({key!r})"
+        )
+        raise CheckpointCorruptError(
+            f"run {key!r} cannot be rewound to {from_step!r}: {found.damaged[first]}, and a "
+            f"rewind keeps only the rows before it ({fix}). Nothing was changed"
+        ) from error
+    cut = max(
+        i
+        for i, r in enumerate(found.rows)
+        if r.seq < first and r.name == from_step and r.kind == "step"
+    )
+    kept = found.rows[:cut]
+    render_run(found.head.replace(journal_len=len(kept)), kept)  # what is kept must decode
+    return found.head, kept
+
+
 def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
     """Rewind the run under ``key`` so that its next resume runs ``from_step`` again.
 
@@ -158,18 +192,24 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
 
     Raises:
         KeyError: no run under ``key``, or it never ran ``from_step``.
-        CheckpointCorruptError: the run's record is corrupt (nothing is written).
+        CheckpointCorruptError: the run's record is corrupt (nothing is written). A run
+            with damaged journal rows (a changed byte) can still be rewound to a step
+            journaled before the first of them: what follows is dropped with the damage.
         ConcurrentRunError: a live owner runs it (cancel it first).
     """
-    head, rows = _read_sound(store, key)
-    cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
-    if cut:
-        kept = rows[: cut[-1]]
-    elif from_step == head.next_step:  # the step it stopped at: nothing to drop
-        kept = rows
+    try:
+        head, rows = _read_sound(store, key)
+    except CheckpointCorruptError as exc:
+        head, kept = _rewind_past_damage(store, key, from_step, exc)
     else:
-        names = sorted({str(r.name) for r in rows if r.kind == "step"})
-        raise KeyError(f"run {key!r} has no step {from_step!r} in its journal (steps: {names})")
+        cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
+        if cut:
+            kept = rows[: cut[-1]]
+        elif from_step == head.next_step:  # the step it stopped at: nothing to drop
+            kept = rows
+        else:
+            names = sorted({str(r.name) for r in rows if r.kind == "step"})
+            raise KeyError(f"run {key!r} has no step {from_step!r} in its journal (steps: {names})")
     units = sum(1 for r in kept if r.kind == "band") + sum(
         1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
     )

@@ -143,11 +143,13 @@ def printable_key(key: Any) -> str:
 def corrupt_error(key: Any, what: str) -> CheckpointCorruptError:
     """The error for a record that cannot be decoded: names the key, the fault, the fix."""
     shown = printable_key(key)
-    return CheckpointCorruptError(
+    error = CheckpointCorruptError(
         f"record {shown!r} is corrupt: {what}. Nothing was changed; remove it with "
         f"store.delete({shown!r}) to start over under that key (other records are not "
         "affected)"
     )
+    error.fault = what  # the fault alone, for a listing of the record's damaged rows
+    return error
 
 
 def checked_text(value: Any, key: Any, what: str) -> str:
@@ -411,6 +413,15 @@ class Backend(abc.ABC):
     def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
         """Journal rows of ``key`` with ``seq >= since_seq``, in order."""
 
+    def run_journal_row(self, key: str, seq: int) -> JournalRow | None:
+        """The journal row ``seq`` of ``key`` alone (None when there is none), read so that
+        a damaged row elsewhere in the journal does not stop it: what
+        :func:`read_salvaged` reads row by row. Backends whose rows can be damaged
+        override it with a one-row query; this one reads from ``seq`` on."""
+        for row in self.run_journal(key, seq):
+            return row if row.seq == seq else None
+        return None
+
     @abc.abstractmethod
     def run_list(self, prefix: str | None) -> list[RunHead]:
         """Heads of runs whose key starts with ``prefix`` (all when None), sorted by key."""
@@ -480,6 +491,64 @@ def read_consistent(backend: Backend, key: str) -> tuple[RunHead, list[JournalRo
         if after.version != head.version:
             rows = [row for row in rows if row.seq < head.journal_len]
         return head, rows
+    raise StoreError(
+        f"run {key!r} was claimed again while being read, {_READ_ATTEMPTS} times in a row; "
+        "nothing was changed. Read it again once the processes claiming it have settled"
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Salvaged:
+    """A run read as far as it reads (:func:`read_salvaged`).
+
+    Attributes:
+        head: Its head.
+        rows: The journal rows that read, in order (the head counts ``journal_len``).
+        damaged: For each row that does not read (a changed byte, a value that is not
+            text), by its sequence number: what is wrong with it.
+    """
+
+    head: RunHead
+    rows: list[JournalRow]
+    damaged: dict[int, str]
+
+
+def read_salvaged(backend: Backend, key: str) -> Salvaged | None:
+    """The run under ``key`` with every journal row that still reads, and what is wrong
+    with each one that does not; None when there is no run. For operators looking at a
+    damaged run (what is left, which steps a rewind can keep), never for resuming one.
+
+    A run whose rows all read is read as :func:`read_consistent` reads it. Otherwise its
+    rows are read one by one (``Backend.run_journal_row``), up to the ``journal_len`` of
+    the head read before them: rows a commit appends meanwhile lie past it.
+
+    Raises:
+        CheckpointCorruptError: the head itself does not read (nothing is left to show).
+        StoreError: the run was claimed again on every one of many attempts.
+    """
+    try:
+        found = read_consistent(backend, key)
+    except CheckpointCorruptError:
+        pass  # a row (or the head: read again below) does not read
+    else:
+        return None if found is None else Salvaged(found[0], found[1], {})
+    for _ in range(_READ_ATTEMPTS):
+        head = backend.run_get(key)
+        if head is None:
+            return None
+        rows: list[JournalRow] = []
+        damaged: dict[int, str] = {}
+        for seq in range(head.journal_len):
+            try:
+                row = backend.run_journal_row(key, seq)
+            except CheckpointCorruptError as exc:
+                damaged[seq] = exc.fault or str(exc)
+                continue
+            if row is not None:
+                rows.append(row)
+        after = backend.run_get(key)
+        if after is not None and after.run_uid == head.run_uid:
+            return Salvaged(head, rows, damaged)
     raise StoreError(
         f"run {key!r} was claimed again while being read, {_READ_ATTEMPTS} times in a row; "
         "nothing was changed. Read it again once the processes claiming it have settled"

@@ -814,6 +814,17 @@ class PostgresBackend(Backend):
         )
         return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
 
+    def run_journal_row(self, key: str, seq: int) -> JournalRow | None:
+        found = self._read(
+            "read a journal row",
+            lambda cur: cur.execute(
+                "SELECT seq, kind, name, data FROM stepstone_journal "
+                "WHERE run_key = %s AND seq = %s",
+                (key, seq),
+            ).fetchone(),
+        )
+        return None if found is None else journal_row(key, *found)
+
     def headless_journal_keys(self) -> list[str]:
         sql = (
             "SELECT DISTINCT run_key FROM stepstone_journal j WHERE NOT EXISTS "

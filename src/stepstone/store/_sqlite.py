@@ -715,6 +715,21 @@ class SQLiteBackend(Backend):
         return [journal_row(key, *row) for row in rows]
 
     @file_errors
+    def run_journal_row(self, key: str, seq: int) -> JournalRow | None:
+        found = (
+            self._conn()
+            .execute(
+                f"SELECT seq, kind, name, data{', crc' if self._checksums else ''} "
+                f"FROM {self._journal} WHERE run_key = ? AND seq = ?",
+                (key, seq),
+            )
+            .fetchone()
+        )
+        if found is None:
+            return None
+        return journal_row(key, *(checked_journal_row(key, *found) if self._checksums else found))
+
+    @file_errors
     def headless_journal_keys(self) -> list[str]:
         rows = self._conn().execute(
             f"SELECT DISTINCT run_key FROM {self._journal} "

@@ -31,6 +31,7 @@ from stepstone.testing.store_conformance._runs import (
     test_commit_writes_same_key_twice_last_wins,
     test_delete_removes_run_and_journal,
     test_items_are_pairs_with_checkpoints,
+    test_journal_rows_read_one_by_one,
     test_run_key_refuses_plain_value_ops,
 )
 from stepstone.testing.store_conformance._spec import StoreSpec
@@ -61,6 +62,7 @@ __all__ = [
     "test_context_manager_closes",
     "test_delete_removes_run_and_journal",
     "test_items_are_pairs_with_checkpoints",
+    "test_journal_rows_read_one_by_one",
     "test_keys_items_prefix_is_exact",
     "test_lease_renew_and_expiry_takeover",
     "test_pydantic_values_persist_as_model_dump",

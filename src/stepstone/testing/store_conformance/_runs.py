@@ -9,6 +9,7 @@ import pytest
 
 from stepstone.durable import ClaimResult, aclaim_empty, claim_empty, claim_run
 from stepstone.exceptions import StoreKeyConflictError
+from stepstone.store._base import read_salvaged
 from stepstone.testing.store_conformance._spec import StoreSpec
 
 
@@ -122,6 +123,24 @@ def test_commit_writes_same_key_twice_last_wins(store_spec: StoreSpec) -> None:
         run.release()
     assert store.read("dup") == 2
     assert store.read("other") == "o"
+
+
+def test_journal_rows_read_one_by_one(store_spec: StoreSpec) -> None:
+    """guarantee 354: a journal row reads alone, as the whole journal reads it (an
+    operator's read of a damaged run goes row by row); a sound run salvages whole."""
+    store = store_spec.open()
+    claimed = claim_run(store, "run-j", kind="test", resume=False, first_step="a")
+    assert claimed.run is not None
+    for i in range(3):
+        claimed.run.commit_sync(status="running", next_step="n", rows=[("step", f"s{i}", [i])])
+    claimed.run.release()
+    rows = store.backend.run_journal("run-j")
+    assert [store.backend.run_journal_row("run-j", i) for i in range(3)] == rows
+    assert store.backend.run_journal_row("run-j", 3) is None
+    assert store.backend.run_journal_row("no-such-run", 0) is None
+    found = read_salvaged(store.backend, "run-j")
+    assert found is not None and found.rows == rows and found.damaged == {}
+    assert read_salvaged(store.backend, "no-such-run") is None
 
 
 def test_delete_removes_run_and_journal(store_spec: StoreSpec) -> None:

@@ -121,9 +121,10 @@ async function renderRun(key) {
   facts.dataset.status = run.status;
   facts.dataset.steps = String(run.steps);
   const errBox = $("#run-error");
-  if (run.error) {
+  if (run.error || run.corrupt) {
     errBox.hidden = false;
-    errBox.textContent = (run.error.type || "error") + " at step " + (run.error.step || run.error.node || "?") + ": " + (run.error.message || "");
+    const said = run.error ? (run.error.type || "error") + " at step " + (run.error.step || run.error.node || "?") + ": " + (run.error.message || "") : "";
+    errBox.textContent = [said, run.corrupt || ""].filter(Boolean).join(" · ");
   } else {
     errBox.hidden = true;
     errBox.textContent = "";

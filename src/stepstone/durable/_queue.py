@@ -76,18 +76,29 @@ def import_path_of(obj: Any) -> str:
     cached = _paths.get(id(obj))
     if cached is not None and cached[0]() is obj:
         return cached[1]
+    # An object a script imported from a module is named by that module: naming it by the
+    # script would make every worker import (and so run) the script.
+    found: str | None = None
+    in_script: str | None = None
     for mod_name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
             continue
-        for attr, value in list(namespace.items()):
-            if value is obj and not attr.startswith("__"):
-                path = f"{_importable_name(mod_name, module)}:{attr}"
-                try:
-                    _paths[id(obj)] = (weakref.ref(obj), path)
-                except TypeError:  # not weak-referenceable: just do not cache
-                    pass
-                return path
+        names = [a for a, v in list(namespace.items()) if v is obj and not a.startswith("__")]
+        if not names:
+            continue
+        path = f"{_importable_name(mod_name, module)}:{names[0]}"
+        if mod_name != "__main__":
+            found = path
+            break
+        in_script = path
+    found = found or in_script
+    if found is not None:
+        try:
+            _paths[id(obj)] = (weakref.ref(obj), found)
+        except TypeError:  # not weak-referenceable: just do not cache
+            pass
+        return found
     raise UserError(
         f"cannot find an import path for {obj!r}: workers import the engine they run, so "
         "define it at module level (plan = Plan(...)) or pass target='package.module:name'"
@@ -117,8 +128,14 @@ def resolve_target(target: str, registry: dict[str, Any] | None = None) -> Any:
         raise UserError(
             f"target {target!r} is not an import path; write it as 'package.module:name'"
         )
+    main = sys.modules.get("__main__")
     try:
-        obj: Any = importlib.import_module(mod_name)
+        if main is not None and mod_name == _importable_name("__main__", main):
+            # the running script itself (a worker in the process that submitted): imported
+            # again under its own name, it would run its top-level code a second time
+            obj: Any = main
+        else:
+            obj = importlib.import_module(mod_name)
     except Exception as exc:
         raise UserError(
             f"target {target!r}: cannot import module {mod_name!r} ({type(exc).__name__}: "

@@ -525,8 +525,12 @@ def test_fork_isolates_checkpoint_and_writes_and_can_be_pruned(store: Store) -> 
         assert state["status"] == "done" and state["run_uid"] == uid
         assert store.read(f"{key}:score") == env.payload == state["kv"]["score"]
     assert store.read("prices") is None and store.read("backtest") is None
+    # a run of its own under a longer key, and a value beside it, are not forks
+    other = Plan(Step(score, writes="out"), store=store, checkpoint_key="backtest:2026-04-30")
+    assert Agent(engine=other)("own").ok
+    store.write("backtest:2026-04-30:notes", {"keep": "me"})
     assert plan.prune_forks() == 3
-    assert store.keys() == []
+    assert sorted(store.keys()) == ["backtest:2026-04-30", "backtest:2026-04-30:notes", "out"]
 
 
 def test_lost_ownership_never_overwrites(store: Store) -> None:

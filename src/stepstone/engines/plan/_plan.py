@@ -564,6 +564,8 @@ class Plan:
         removed = 0
         now = database_now(self.store)
         for head in list_runs(self.store, f"{self.checkpoint_key}:"):
+            if head.key != f"{self.checkpoint_key}:{head.run_uid}":
+                continue  # a run of its own under a longer key, not one of this plan's forks
             if head.status in statuses and not owner_alive(head, now=now):
                 for k in self.store.keys(prefix=f"{head.key}:"):
                     self.store.delete(k)

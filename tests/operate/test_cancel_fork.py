@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import Agent, Plan, Step, Store
-from stepstone.durable._operate import cancel_run, fork_run
+from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.exceptions import RunCancelledError, StoreKeyConflictError
 from tests.operate._runs import done_run, failed_run
 
@@ -313,3 +313,46 @@ def test_fork_and_retry_refuse_a_corrupt_record(tmp_path: Path, damage: str) -> 
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT * FROM stepstone_runs ORDER BY key").fetchall() == before
     conn.close()
+
+
+def test_fork_and_retry_treat_a_parallel_band_as_one_unit(tmp_path: Path) -> None:
+    # guarantee 269, 282: a band's steps are applied together, so they are copied and re-run
+    # together (a cut inside a band lost its outputs, or left a run no resume accepted)
+    calls: list[str] = []
+
+    def make(name: str, value: object):  # type: ignore[no-untyped-def]
+        def fn(payload: object) -> object:
+            calls.append(name)
+            return value if value is not None else payload
+
+        fn.__name__ = name
+        return fn
+
+    store = Store(db=tmp_path / "band.sqlite")
+
+    def plan(key: str) -> Agent:
+        return Agent(
+            engine=Plan(
+                Step(make("pre", None)),
+                Step(make("p1", 1), parallel=True),
+                Step(make("p2", 2), parallel=True),
+                Step(make("after", None)),
+                store=store,
+                checkpoint_key=key,
+                resume=True,
+            )
+        )
+
+    assert plan("orig")("task").payload == {"p1": 1, "p2": 2}
+    for at, runs in (("p1", ["after"]), ("p2", ["after"]), ("pre", ["p1", "p2", "after"])):
+        calls.clear()
+        copy = fork_run(store, "orig", at=at, to=f"copy-{at}")
+        assert copy.next_step == ("p1" if at == "pre" else "after")
+        assert plan(f"copy-{at}")("task").payload == {"p1": 1, "p2": 2}
+        assert sorted(calls) == sorted(runs)
+    for step in ("p2", "p1"):
+        calls.clear()
+        assert retry_run(store, "orig", from_step=step).next_step == "p1"
+        assert plan("orig")("task").payload == {"p1": 1, "p2": 2}
+        assert sorted(calls) == ["after", "p1", "p2"]
+    store.close()

@@ -108,10 +108,19 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
         names = sorted({str(r.name) for r in rows if r.kind == "step"})
         raise KeyError(f"run {key!r} has no step {at!r} in its journal (steps: {names})")
     end = cut[-1] + 1
+    band = _band_of(rows[cut[-1]])
+    if band is not None:  # a band is one unit: the copy takes it whole, or not at all
+        ends = [i for i in range(end, len(rows)) if rows[i].kind == "band" and rows[i].name == band]
+        if not ends:
+            raise ValueError(
+                f"step {at!r} of run {key!r} ran in the parallel band {band!r}, which did not "
+                "finish: fork at the step before the band, or retry the run"
+            )
+        end = ends[0] + 1
     kept = rows[:end]
     following = [r for r in rows[end:] if r.kind == "step"]
-    next_step = following[0].name if following else head.next_step
-    data = json.loads(kept[-1].data)
+    next_step = (_band_of(following[0]) or following[0].name) if following else head.next_step
+    data = json.loads(next(r for r in reversed(kept) if r.kind == "step").data)
     units = sum(1 for r in kept if r.kind == "band") + sum(
         1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
     )
@@ -151,10 +160,11 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
 
 def _rewind_past_damage(
     store: Store, key: str, from_step: str, error: CheckpointCorruptError
-) -> tuple[RunHead, list[JournalRow]]:
-    """The head and the rows to keep when ``from_step`` was journaled before the run's
-    first damaged row: everything before its last execution there, which must read and
-    decode. Otherwise ``error`` (or one naming the steps it can be rewound to) is raised."""
+) -> tuple[RunHead, list[JournalRow], str]:
+    """The head, the rows to keep and the step to continue at when ``from_step`` was
+    journaled before the run's first damaged row: everything before its last execution
+    there (:func:`_last_run_of`), which must read and decode. Otherwise ``error`` (or one
+    naming the steps it can be rewound to) is raised."""
     found = read_salvaged(store.backend, key)
     if found is None:
         raise _missing(key)
@@ -172,14 +182,36 @@ def _rewind_past_damage(
             f"run {key!r} cannot be rewound to {from_step!r}: {found.damaged[first]}, and a "
             f"rewind keeps only the rows before it ({fix}). Nothing was changed"
         ) from error
-    cut = max(
-        i
-        for i, r in enumerate(found.rows)
-        if r.seq < first and r.name == from_step and r.kind == "step"
-    )
-    kept = found.rows[:cut]
+    cut = _last_run_of([r for r in found.rows if r.seq < first], from_step)
+    assert cut is not None  # from_step is one of the steps journaled before the damage
+    kept = found.rows[: cut[0]]
     render_run(found.head.replace(journal_len=len(kept)), kept)  # what is kept must decode
-    return found.head, kept
+    return found.head, kept, cut[1]
+
+
+def _band_of(row: JournalRow) -> str | None:
+    """The parallel band a Plan step row ran in (its first step's name), else None."""
+    if row.kind != "step":
+        return None
+    band = json.loads(row.data).get("band")
+    return None if band is None else str(band)
+
+
+def _last_run_of(rows: list[JournalRow], step: str) -> tuple[int, str] | None:
+    """Where a rewind to ``step`` cuts ``rows`` (before its last execution), and the step the
+    run then continues at: ``step`` itself, or, for a step that ran in a parallel band, the
+    band's first step, the cut moved to the band's first row (a band runs again whole: its
+    steps were applied together and are re-run together)."""
+    runs = [i for i, r in enumerate(rows) if r.name == step and r.kind == "step"]
+    if not runs:
+        return None
+    cut = runs[-1]
+    band = _band_of(rows[cut])
+    if band is None:
+        return cut, step
+    while cut > 0 and _band_of(rows[cut - 1]) == band:
+        cut -= 1
+    return cut, band
 
 
 def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
@@ -200,11 +232,11 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
     try:
         head, rows = _read_sound(store, key)
     except CheckpointCorruptError as exc:
-        head, kept = _rewind_past_damage(store, key, from_step, exc)
+        head, kept, from_step = _rewind_past_damage(store, key, from_step, exc)
     else:
-        cut = [i for i, r in enumerate(rows) if r.name == from_step and r.kind == "step"]
-        if cut:
-            kept = rows[: cut[-1]]
+        cut = _last_run_of(rows, from_step)
+        if cut is not None:
+            kept, from_step = rows[: cut[0]], cut[1]
         elif from_step == head.next_step:  # the step it stopped at: nothing to drop
             kept = rows
         else:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from stepstone import Agent, Plan, Step, Store
 from stepstone.cli import app
 from tests.operate._runs import done_run, failed_run
 from tests.operate.conftest import open_args
@@ -206,3 +207,35 @@ def test_commands_never_write_to_a_database_that_is_not_a_stepstone_store(
     code, _, err = _run(*command, "--db", str(path))
     assert code == 1 and "not a stepstone store" in err and len(err.strip().splitlines()) == 1
     assert path.read_bytes() == before  # no table created, journal mode untouched
+
+
+def test_text_that_looks_like_markup_is_printed_as_it_is(tmp_path: Path) -> None:
+    # guarantee 270, 282: keys, payloads and error messages are the users'; a "[/]" in one
+    # made the commands crash after their write had landed, and "[bold]" vanished
+    db = str(tmp_path / "markup.sqlite")
+    with Store(db=db) as store:
+        done_run(store, "weird[/]key", payload="payload [/] here")
+        done_run(store, "[bold]loud", payload="x")
+
+        def broken(payload: object) -> str:
+            raise ValueError("expected [/] closing")
+
+        plan = Plan(Step(lambda p: "rows", name="extract"), Step(broken, name="validate"),
+                    store=store, checkpoint_key="bad[/]")  # fmt: skip
+        Agent(engine=plan)("go")
+    assert "expected [/] closing" in _run("show", "bad[/]", "--db", db)[1]
+    for args in (
+        ("show", "weird[/]key"),
+        ("show", "[bold]loud"),
+        ("show", "bad[/]"),
+        ("history", "weird[/]key", "--payloads"),
+        ("diff", "weird[/]key", "[bold]loud"),
+        ("fork", "weird[/]key", "--at", "extract", "--to", "fork[/]x"),
+        ("retry", "bad[/]", "--from", "validate"),
+        ("cancel", "bad[/]"),
+    ):
+        code, out, err = _run(*args, "--db", db)
+        assert code == 0, (args, out, err)
+        assert "Traceback" not in out + err
+    assert "[bold]loud" in _run("show", "[bold]loud", "--db", db)[1]
+    assert "payload [/] here" in _run("history", "weird[/]key", "--payloads", "--db", db)[1]

@@ -20,8 +20,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from stepstone.cli._render import progress_bar
 from stepstone.durable import approve_call
@@ -185,7 +185,7 @@ def _prune_json(report: PruneReport) -> dict[str, Any]:
 
 
 def _print_prune(report: PruneReport) -> None:
-    out = Console()
+    out = _console()
     verb = "would delete" if report.dry_run else "deleted"
     table = Table(title=f"{verb} {len(report.deleted)} run(s)")
     for col in ("key", "kind", "status", "updated", "reason"):
@@ -223,10 +223,16 @@ def vacuum_cmd(
             )
             return
         how = "rewrote the file once (now incremental)" if report.full else "incremental"
-        Console().print(
+        _console().print(
             f"vacuumed {report.path}: {_size(report.bytes_before)} -> "
             f"{_size(report.bytes_after)} ({how})"
         )
+
+
+def _console() -> Console:
+    """The console of these commands: its text is printed as it is (keys, step names,
+    payloads and error messages are the users'; a ``[/]`` in one is not markup)."""
+    return Console(markup=False)
 
 
 def show_cmd(
@@ -250,10 +256,14 @@ def show_cmd(
         if as_json:
             _print_json(detail)
             return
-        console = Console()
+        console = _console()
         console.print(
-            f"[bold]{key}[/]  {detail['kind']} run  status [bold]{detail['status']}[/]  "
-            f"next step {detail['next_step']}  owner {detail['owner']}"
+            Text.assemble(
+                (key, "bold"),
+                f"  {detail['kind']} run  status ",
+                (str(detail["status"]), "bold"),
+                f"  next step {detail['next_step'] or '-'}  owner {detail['owner']}",
+            )
         )
         console.print(
             f"  run_uid {detail['run_uid']}  steps {detail['steps']}  version "
@@ -263,11 +273,15 @@ def show_cmd(
         if detail["error"]:
             err = detail["error"]
             console.print(
-                f"  [red]error[/] at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
-                f"{err.get('message')}"
+                Text.assemble(
+                    "  ",
+                    ("error", "red"),
+                    f" at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
+                    f"{err.get('message')}",
+                )
             )
         if detail.get("corrupt"):
-            console.print(f"  [red]corrupt[/]: {escape(detail['corrupt'])}")
+            console.print(Text.assemble("  ", ("corrupt", "red"), ": ", detail["corrupt"]))
         _print_approvals(console, key, detail["pending_approvals"])
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
@@ -351,10 +365,10 @@ def history_cmd(
             if payloads:
                 cells.append(_short(e.get("payload")))
             table.add_row(*cells)
-        console = Console()
+        console = _console()
         console.print(table)
         if found.damaged:
-            console.print(f"[red]corrupt[/]: {escape(damage_report(found))}")
+            console.print(Text.assemble(("corrupt", "red"), ": ", damage_report(found)))
 
 
 def stranded_cmd(
@@ -381,7 +395,7 @@ def stranded_cmd(
                 f"pid {s['owner_pid']} on {str(s['owner_host']).split('/')[0]}",
                 f"{s['age_seconds']:.0f} s",
             )
-        Console().print(table)
+        _console().print(table)
 
 
 def diff_cmd(
@@ -398,7 +412,7 @@ def diff_cmd(
         if as_json:
             _print_json(result)
             return
-        console = Console()
+        console = _console()
         console.print(f"{key_a} and {key_b}: {result['same_prefix']} identical journal row(s)")
         if result["identical"]:
             console.print("the two runs are identical")
@@ -428,7 +442,7 @@ def cancel_cmd(
         if as_json:
             _print_json({"key": key, "outcome": outcome})
             return
-        Console().print(f"{key}: {outcome}")
+        _console().print(f"{key}: {outcome}")
 
 
 def fork_cmd(
@@ -446,7 +460,7 @@ def fork_cmd(
         if as_json:
             _print_json({"key": head.key, "from": key, "next_step": head.next_step})
             return
-        Console().print(f"forked {key} at {at!r} to {to}: resumes at {head.next_step!r}")
+        _console().print(f"forked {key} at {at!r} to {to}: resumes at {head.next_step!r}")
 
 
 def retry_cmd(
@@ -463,7 +477,7 @@ def retry_cmd(
         if as_json:
             _print_json({"key": key, "next_step": head.next_step, "status": head.status})
             return
-        Console().print(
+        _console().print(
             f"{key} rewound: {head.journal_len} journal row(s) kept; resume=True runs "
             f"{from_step!r} again"
         )
@@ -489,7 +503,7 @@ def approve_cmd(
             return
         verb = "approved" if deny is None else f"denied ({deny})"
         where = "" if done["run_key"] == key else f" (agent run {done['run_key']})"
-        Console().print(
+        _console().print(
             f"{key}{where}: {verb} {done['tool']} call {call_id}; the run's next resume applies it"
         )
 

@@ -356,3 +356,22 @@ def test_fork_and_retry_treat_a_parallel_band_as_one_unit(tmp_path: Path) -> Non
         assert plan("orig")("task").payload == {"p1": 1, "p2": 2}
         assert sorted(calls) == ["after", "p1", "p2"]
     store.close()
+
+
+@pytest.mark.parametrize("to", ["", 5, "x\0y"])
+def test_fork_refuses_a_new_key_no_store_can_hold(tmp_path: Path, to: object) -> None:
+    # guarantee 269: a run under such a key could be neither read nor deleted
+    with Store(db=tmp_path / "f.sqlite") as store:
+        done_run(store, "src")
+        with pytest.raises((TypeError, ValueError), match="fork's new key"):
+            fork_run(store, "src", at="extract", to=to)  # type: ignore[arg-type]
+        assert [h.key for h in store.backend.run_list(None)] == ["src"]
+    if to == "":
+        from typer.testing import CliRunner
+
+        from stepstone.cli import app
+
+        done = CliRunner().invoke(
+            app, ["fork", "src", "--at", "extract", "--to", "", "--db", str(tmp_path / "f.sqlite")]
+        )
+        assert done.exit_code == 1 and "fork's new key" in done.stderr

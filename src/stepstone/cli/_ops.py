@@ -87,7 +87,15 @@ def open_store(
         yield store
     except typer.Exit:
         raise
-    except (StepstoneError, OpsError, ValueError, KeyError, OSError, RuntimeError) as exc:
+    except (
+        StepstoneError,
+        OpsError,
+        ValueError,
+        TypeError,
+        KeyError,
+        OSError,
+        RuntimeError,
+    ) as exc:
         if debug:
             raise
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)

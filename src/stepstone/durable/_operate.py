@@ -17,7 +17,7 @@ from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
 from stepstone.exceptions import CheckpointCorruptError, StoreKeyConflictError
 from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent, read_salvaged
-from stepstone.store._store import Store
+from stepstone.store._store import Store, check_key
 from stepstone.store._views import render_run
 
 __all__ = ["cancel_error", "cancel_run", "fork_run", "retry_run"]
@@ -101,7 +101,10 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
         KeyError: no run under ``key``, or it never ran a step named ``at``.
         CheckpointCorruptError: the run's record is corrupt (nothing is written).
         StoreKeyConflictError: ``to`` is already used.
+        TypeError, ValueError: ``to`` cannot be a key (not a non-empty string, or holds a
+            NUL character); nothing is written.
     """
+    check_key(to, "fork's new key (to=)")
     head, rows = _read_sound(store, key)
     cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
     if not cut:

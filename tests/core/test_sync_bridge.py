@@ -345,6 +345,30 @@ def test_a_clean_up_cut_short_is_finished_by_the_next_call() -> None:
     assert call(here)[0] is loop
 
 
+def test_a_keyboard_interrupt_in_run_many_leaves_the_next_call_working() -> None:
+    # guarantee 323: the clean-up the interrupt cut short stays pending, and used to cancel
+    # the next call's clean-up as one more task of the call it was cleaning (the next sync
+    # call on the thread raised a bare CancelledError)
+    script = textwrap.dedent(
+        """
+        from stepstone import Agent, Plan, Step
+
+        def interrupted(_):
+            raise KeyboardInterrupt
+
+        try:
+            Plan(Step(interrupted)).run_many(["a", "b"])
+        except KeyboardInterrupt:
+            print("interrupted")
+        print(Agent(engine=Plan(Step(lambda p: p, name="echo")))("next").payload)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (0, "interrupted\nnext\n"), done.stderr
+
+
 def test_ctrl_c_cancels_the_call_and_the_next_call_works() -> None:
     # guarantee 323
     with subprocess.Popen(

@@ -387,6 +387,8 @@ class _Bridge:
         self.loop.set_default_executor(self.executor)
         #: a call whose clean-up was interrupted (KeyboardInterrupt), finished first next time
         self.unfinished: _Call | None = None
+        #: the clean-up tasks: one interrupted stays pending, and must not cancel the next
+        self.cleaners: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         self.kept = _Kept()
         main = threading.current_thread() is threading.main_thread()
         self.finalizer = weakref.finalize(
@@ -460,7 +462,9 @@ class _Bridge:
                 _signals.signal(_SIGINT, signal.default_int_handler)
 
     def _finish(self, call: _Call, sync_name: str) -> None:
-        self.loop.run_until_complete(self._clean_up(call, sync_name))
+        cleaner = self.loop.create_task(self._clean_up(call, sync_name))
+        self.cleaners.add(cleaner)  # before any task runs: an older cleaner must spare it
+        self.loop.run_until_complete(cleaner)
         self.unfinished = None
 
     async def _clean_up(self, call: _Call, sync_name: str) -> None:
@@ -468,8 +472,7 @@ class _Bridge:
         pending, close the async generators, wait for the executor's jobs."""
         loop = asyncio.get_running_loop()
         call.track_asyncgens()
-        me = asyncio.current_task()
-        while tasks := [t for t in call.tasks if t is not me and not t.done()]:
+        while tasks := [t for t in call.tasks if t not in self.cleaners and not t.done()]:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from stepstone.core import Envelope, RunContext, RunLocation, Tool, build_tool_map
@@ -265,7 +266,7 @@ class Agent:
         queue: str = "default",
         priority: int = 0,
         delay: float = 0.0,
-        not_before: float | None = None,
+        not_before: float | datetime | None = None,
         dedupe_key: str | None = None,
         max_attempts: int = 3,
     ) -> RunHandle:

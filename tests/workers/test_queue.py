@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
 
 import psycopg
@@ -23,6 +24,7 @@ from stepstone import (
     set_queue_limits,
     submit,
 )
+from stepstone.durable._queue import queue_backend
 from tests.workers import targets
 from tests.workers.targets import executions, task
 
@@ -237,6 +239,42 @@ def test_submit_errors_name_the_fix(store: Store) -> None:
         RunHandle(store, "nope").status()
     with pytest.raises(UserError, match="max_attempts"):
         submit(store, T + "plan", "t", max_attempts=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"delay": float("nan")}, "delay must be a number of seconds >= 0"),
+        ({"not_before": "tomorrow"}, "not_before must be a unix time"),
+        ({"not_before": float("inf")}, "not_before must be a unix time"),
+        ({"priority": 10**30}, r"\|priority\| < 2\*\*63"),
+        ({"key": "a\0b"}, "key must be a non-empty str without NUL"),
+        ({"queue": "q\0"}, "queue must be a non-empty str without NUL"),
+        ({"dedupe_key": ""}, "dedupe_key must be a non-empty str"),
+        ({"task": None}, "task must be a str, an Envelope"),
+        ({"task": {"order": "o-1"}}, "task must be a str, an Envelope"),
+    ],
+)
+def test_submit_refuses_what_no_worker_could_run(
+    store: Store, options: dict[str, object], message: str
+) -> None:
+    # guarantee 230: refused at submit, naming the value, before anything is queued (a
+    # datetime as text was stored and never ran; NaN and huge numbers were raw errors)
+    options = dict(options)  # the same dict serves every store's run
+    task = options.pop("task", "t")
+    with pytest.raises(UserError, match=message):
+        submit(store, T + "plan", task, **options)  # type: ignore[arg-type]
+    assert queue_backend(store).entries(None, None) == []
+
+
+def test_not_before_takes_a_datetime(store: Store) -> None:
+    from datetime import datetime, timedelta
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    handle = submit(store, T + "plan", "t", not_before=later)
+    entry = queue_backend(store).get(handle.id)
+    assert entry is not None and abs(entry.not_before - later.timestamp()) < 1e-3
+    assert handle.status() == "queued"
 
 
 def test_worker_arguments_are_checked(store: Store) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import math
 import sys
 import time
 import weakref
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ def submit(
     queue: str = "default",
     priority: int = 0,
     delay: float = 0.0,
-    not_before: float | None = None,
+    not_before: float | datetime | None = None,
     dedupe_key: str | None = None,
     max_attempts: int = 3,
 ) -> RunHandle:
@@ -179,20 +180,37 @@ def submit(
         queue: Which queue; workers serve the queues they are given.
         priority: Higher runs first.
         delay: Seconds before any worker may start it.
-        not_before: Unix time (the database's clock) before which no worker starts it.
+        not_before: Unix time (the database's clock), or a ``datetime``, before which no
+            worker starts it.
         dedupe_key: A second submit with the same dedupe key returns the first handle.
         max_attempts: A run whose worker died this many times is marked failed.
     """
-    if not isinstance(queue, str) or not queue:
-        raise UserError(f"queue must be a non-empty str, got {queue!r}")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise UserError(f"priority must be an int (higher runs first), got {priority!r}")
-    if not isinstance(max_attempts, int) or max_attempts < 1:
+    _name_arg("queue", queue)
+    for name, text in (("key", key), ("dedupe_key", dedupe_key)):
+        if text is not None:
+            _name_arg(name, text)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**63:
+        raise UserError(
+            f"priority must be an int (higher runs first) that a database integer holds "
+            f"(|priority| < 2**63), got {priority!r}"
+        )
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise UserError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-    if delay < 0:
-        raise UserError(f"delay must be >= 0 seconds, got {delay!r}")
-    if key is not None and (not isinstance(key, str) or not key):
-        raise UserError(f"key must be a non-empty str, got {key!r}")
+    if not _finite(delay) or delay < 0:
+        raise UserError(f"delay must be a number of seconds >= 0, got {delay!r}")
+    if isinstance(not_before, datetime):
+        not_before = not_before.timestamp()  # a naive datetime is local time, as Python says
+    elif not_before is not None and not _finite(not_before):
+        raise UserError(
+            f"not_before must be a unix time (seconds, the database's clock) or a datetime, "
+            f"got {not_before!r}"
+        )
+    if not isinstance(task, str | Envelope | BaseModel):
+        raise UserError(
+            f"task must be a str, an Envelope or (for a graph) its state model instance, got "
+            f"{type(task).__name__} {task!r:.80}; wrap other values in Envelope(task=..., "
+            "payload=...)"
+        )
     path = target if isinstance(target, str) else import_path_of(target)
     if path.count(":") != 1 or path.startswith(":") or path.endswith(":"):
         raise UserError(f"target {path!r} is not an import path; write it as 'package.module:name'")
@@ -221,6 +239,15 @@ def submit(
         max_attempts=max_attempts,
     )
     return RunHandle(store, entry_id)
+
+
+def _name_arg(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise UserError(f"{name} must be a non-empty str without NUL characters, got {value!r}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def set_queue_limits(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Literal
 
 from stepstone.core import Envelope, RunContext, RunLocation, Tool, build_tool_map
@@ -517,7 +518,7 @@ class Plan:
         queue: str = "default",
         priority: int = 0,
         delay: float = 0.0,
-        not_before: float | None = None,
+        not_before: float | datetime | None = None,
         dedupe_key: str | None = None,
         max_attempts: int = 3,
     ) -> RunHandle:

@@ -92,6 +92,12 @@ class Worker:
         if poll_interval <= 0:
             raise UserError(f"poll_interval must be > 0, got {poll_interval!r}")
         self.store = store if isinstance(store, Store) else Store(url=store)
+        if self.store.read_only or self.store.backend.closed:
+            why = "opened read_only=True" if self.store.read_only else "closed"
+            raise UserError(
+                f"a worker records its runs in its store, and {self.store!r} is {why}: pass "
+                "an open, writable Store"
+            )
         self.queues = list(queues)
         self.concurrency = concurrency
         self.lease = lease

@@ -508,3 +508,19 @@ def test_a_worker_run_until_idle_on_a_damaged_queue_ends_with_the_damage(
     damage_page(db, root)
     with Store(db=db) as store, pytest.raises(StoreDamagedError, match="is damaged"):
         _worker(store).run(until_idle=True)
+
+
+def test_a_worker_refuses_a_store_it_cannot_write(tmp_path: Path) -> None:
+    # guarantee 234: a worker on a closed or read-only store took nothing (until_idle
+    # returned 0 with runs queued) or handed every run back every few seconds, forever
+    db = tmp_path / "w.sqlite"
+    store = Store(db=db)
+    submit(store, T + "plan", "t")
+    with Store(db=db, read_only=True) as reader:
+        with pytest.raises(UserError, match="is opened read_only=True: pass an open, writable"):
+            Worker(reader)
+    store.close()
+    with pytest.raises(UserError, match="is closed: pass an open, writable Store"):
+        Worker(store)
+    with Store(db=db) as again:
+        assert Worker(again, poll_interval=0.05).run(until_idle=True) == 1

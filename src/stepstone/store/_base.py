@@ -426,6 +426,11 @@ class Backend(abc.ABC):
     def run_list(self, prefix: str | None) -> list[RunHead]:
         """Heads of runs whose key starts with ``prefix`` (all when None), sorted by key."""
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called: every read and write then refuses."""
+        return bool(getattr(self, "_closed", False))
+
     def clock(self) -> float:
         """Unix time as the database sees it; run leases are set and judged by it, so hosts
         whose wall clocks disagree still agree on whether a lease ran out. Local backends

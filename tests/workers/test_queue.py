@@ -516,9 +516,11 @@ def test_a_worker_refuses_a_store_it_cannot_write(tmp_path: Path) -> None:
     db = tmp_path / "w.sqlite"
     store = Store(db=db)
     submit(store, T + "plan", "t")
-    with Store(db=db, read_only=True) as reader:
-        with pytest.raises(UserError, match="is opened read_only=True: pass an open, writable"):
-            Worker(reader)
+    with (
+        Store(db=db, read_only=True) as reader,
+        pytest.raises(UserError, match="is opened read_only=True: pass an open, writable"),
+    ):
+        Worker(reader)
     store.close()
     with pytest.raises(UserError, match="is closed: pass an open, writable Store"):
         Worker(store)

@@ -77,11 +77,22 @@ _V1_MODEL_TAG = "$stepstone_model"
 
 #: One encoder for :func:`dumps` (``json.dumps`` with options builds a new one per call).
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_ESCAPED = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON text of an already JSON-ready value."""
-    return _ENCODE(value)
+    """Compact JSON text of an already JSON-ready value: UTF-8 text every store can hold.
+
+    A string holding a lone surrogate (``os.fsdecode`` of bytes that are not UTF-8, say)
+    is written with JSON's escapes (``"\\udcff"``), which read back as the same string;
+    the raw text is not UTF-8, so no database could store it."""
+    text = _ENCODE(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _ESCAPED(value)
+    return text
 
 
 def loads(text: str | bytes) -> Any:

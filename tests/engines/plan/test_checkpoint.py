@@ -775,3 +775,23 @@ def test_idempotency_key_is_stable_across_crash_and_resume(store: Store) -> None
     assert seen == ["orders:charge:2", "orders:charge:2"]
     assert run(Plan(Step(charge), store=store, checkpoint_key="orders2")).ok
     assert seen[-1] == "orders2:charge:1"
+
+
+def test_an_output_with_a_lone_surrogate_is_stored_and_resumed(store: Store) -> None:
+    # guarantee 45: text decoded from bytes that are not UTF-8 (os.fsdecode) reads back as
+    # it was; on SQLite it was a raw UnicodeEncodeError that failed the run on every resume
+    calls: list[str] = []
+
+    def name(_: object) -> str:
+        calls.append("name")
+        return "report-\udcff.txt"
+
+    def plan() -> Agent:
+        return Agent(
+            engine=Plan(Step(name, writes="file"), Step(len), store=store,
+                        checkpoint_key="fs", resume=True)
+        )  # fmt: skip
+
+    assert plan()("go").payload == 12
+    assert store.read("file") == "report-\udcff.txt"
+    assert plan()("go").metadata["cached"] and calls == ["name"]

@@ -26,6 +26,8 @@ def test_read_write_delete_roundtrip(store_spec: StoreSpec) -> None:
     """guarantee 45: read/write/delete exist and round-trip JSON values."""
     store = store_spec.open()
     values: list[Any] = [1, 2.5, "text ünïcode", None, True, [1, "a", None], {"a": {"b": [1, 2]}}]
+    # a lone surrogate (os.fsdecode of bytes that are not UTF-8), alone and beside other text
+    values += ["b\udcffad", {"path": "ü/\udc80"}]
     for i, value in enumerate(values):
         store.write(f"k{i}", value)
     for i, value in enumerate(values):

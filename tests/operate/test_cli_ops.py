@@ -239,3 +239,21 @@ def test_text_that_looks_like_markup_is_printed_as_it_is(tmp_path: Path) -> None
         assert "Traceback" not in out + err
     assert "[bold]loud" in _run("show", "[bold]loud", "--db", db)[1]
     assert "payload [/] here" in _run("history", "weird[/]key", "--payloads", "--db", db)[1]
+
+
+def test_debug_before_the_command_or_in_the_environment_shows_the_traceback(
+    tmp_path: Path,
+) -> None:
+    # the operator commands honoured only a --debug after the command
+    db = str(tmp_path / "d.sqlite")
+    Store(db=db).close()
+    for args, env in (
+        (["--debug", "show", "nope", "--db", db], ENV),
+        (["show", "nope", "--db", db], {**ENV, "STEPSTONE_DEBUG": "1"}),
+        (["--debug", "check", "--url", "sqlite:///nowhere/x.sqlite"], ENV),
+    ):
+        result = runner.invoke(app, args, env=env)
+        assert result.exit_code == 1 and result.exception is not None, args
+        assert not isinstance(result.exception, SystemExit), args
+    plain = runner.invoke(app, ["show", "nope", "--db", db], env=ENV)
+    assert isinstance(plain.exception, SystemExit) and "error: no run under key" in plain.stderr

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from stepstone.cli import _check, _migrate, _ops, _ui
+from stepstone.cli import _debug as _debug_state
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import select_runs
 from stepstone.cli._worker import worker
@@ -47,7 +48,7 @@ UrlOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")]
 
-_debug = {"on": False}
+_debug = _debug_state.state
 
 
 class _UsageError(Exception):

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from stepstone.cli._debug import asked
 from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption
 from stepstone.cli._render import progress_bar
 from stepstone.exceptions import StoreError
@@ -45,7 +46,7 @@ def check_cmd(
     try:
         store = Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
     except StoreError as exc:
-        if debug:
+        if asked(debug):
             raise
         _report(_unopenable(db, url, exc), as_json)
         raise typer.Exit(1) from None

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from stepstone.cli._debug import asked
 from stepstone.cli._render import progress_bar
 from stepstone.durable import approve_call
 from stepstone.durable._inspect import (
@@ -96,7 +97,7 @@ def open_store(
         OSError,
         RuntimeError,
     ) as exc:
-        if debug:
+        if asked(debug):
             raise
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         fail(" ".join(str(msg).split()))

@@ -257,3 +257,24 @@ def test_debug_before_the_command_or_in_the_environment_shows_the_traceback(
         assert not isinstance(result.exception, SystemExit), args
     plain = runner.invoke(app, ["show", "nope", "--db", db], env=ENV)
     assert isinstance(plain.exception, SystemExit) and "error: no run under key" in plain.stderr
+
+
+def test_diff_tells_runs_that_differ_only_in_how_they_ended(tmp_path: Path) -> None:
+    # guarantee 272: the same journal, one failed and one cancelled, is no identical pair
+    from stepstone.durable import cancel_run
+
+    db = str(tmp_path / "ends.sqlite")
+    with Store(db=db) as store:
+        failed_run(store, "one")
+        failed_run(store, "two")
+        cancel_run(store, "two")
+    diff = _json("diff", "one", "two", "--db", db)
+    assert isinstance(diff, dict) and not diff["identical"]
+    assert diff["ends"]["a"]["error"]["type"] == "ValueError"
+    assert diff["ends"]["b"]["error"]["type"] == "RunCancelledError"
+    code, out, _ = _run("diff", "one", "two", "--db", db)
+    assert code == 0 and "identical" in out and "the two runs are identical" not in out
+    assert "ValueError: bad row 7" in out and "RunCancelledError" in out
+    with Store(db=db) as store:
+        failed_run(store, "three")
+    assert _json("diff", "one", "three", "--db", db)["identical"]  # type: ignore[index]

@@ -427,7 +427,13 @@ def diff_cmd(
             console.print("the two runs are identical")
             return
         first = result["first_difference"]
-        if first is not None:
+        if first is None:  # the same journal: they differ in where they stand
+            for side, key in (("a", key_a), ("b", key_b)):
+                end = result["ends"][side]
+                err = end["error"]
+                why = f": {err.get('type')}: {err.get('message')}" if err else ""
+                console.print(f"  {key}: {end['status']}, next step {end['next_step'] or '-'}{why}")
+        else:
             for side, key in (("a", key_a), ("b", key_b)):
                 e = first[side]
                 if e is None:

@@ -296,6 +296,11 @@ def _comparable(entry: dict[str, Any]) -> tuple[Any, ...]:
     return (entry["kind"], entry["name"], entry.get("payload"), entry.get("error"))
 
 
+def _end(head: RunHead) -> dict[str, Any]:
+    """Where a run stands, beyond its journal: its status, next step and error."""
+    return {"status": head.status, "next_step": head.next_step, "error": _error_of(head)}
+
+
 def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
     """Where two runs diverged: their common prefix length and the first differing entries.
 
@@ -317,7 +322,8 @@ def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
         "a": run_summary(ha),
         "b": run_summary(hb),
         "same_prefix": same,
-        "identical": same == len(a) == len(b) and ha.status == hb.status,
+        "identical": same == len(a) == len(b) and _end(ha) == _end(hb),
+        "ends": {"a": _end(ha), "b": _end(hb)},
         "first_difference": None
         if same == len(a) == len(b)
         else {

@@ -105,6 +105,25 @@ def test_a_file_too_damaged_to_open_is_a_problem_of_the_file(tmp_path: Path) -> 
     assert result.exit_code == 1 and "is not a SQLite database" in result.output
 
 
+def test_a_store_that_will_not_open_for_another_reason_is_not_called_damaged(
+    tmp_path: Path,
+) -> None:
+    # a text file, or a store a newer stepstone wrote: nothing to recover from a backup
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a store\n" * 100)
+    newer = _store(tmp_path / "newer.sqlite")
+    con = sqlite3.connect(newer)
+    con.execute("INSERT INTO stepstone_schema VALUES (99, 0)")
+    con.commit()
+    con.close()
+    for path, said in ((notes, "is not a SQLite database"), (newer, "upgrade stepstone")):
+        result = _check("--db", str(path))
+        assert result.exit_code == 1 and said in result.output, result.output
+        assert ".recover" not in result.output and "backup" not in result.output
+        (problem,) = json.loads(_check("--db", str(path), "--json").output)["problems"]
+        assert problem["where"] == "open"
+
+
 def test_check_needs_exactly_one_store(tmp_path: Path) -> None:
     assert _check().exit_code == 2
     result = _check("--db", str(tmp_path / "missing.sqlite"))

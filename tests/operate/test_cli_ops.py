@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import time
 from pathlib import Path
 
@@ -173,8 +175,8 @@ def test_vacuum_on_postgres_frees_pruned_space(pg_url: str) -> None:
     with Store(url=pg_url) as store:
         for key in store.keys():
             store.delete(key)
-        for i in range(30):
-            done_run(store, f"pg-big-{i}", payload="q" * 20_000)
+        for i in range(30):  # incompressible: PostgreSQL would store "q" * 20_000 in bytes
+            done_run(store, f"pg-big-{i}", payload=base64.b64encode(os.urandom(15_000)).decode())
     assert _run("prune", "--keep-last", "0", "--min-age", "0s", "--url", pg_url)[0] == 0
     report = _json("vacuum", "--url", pg_url)
     assert isinstance(report, dict) and report["full"] is False

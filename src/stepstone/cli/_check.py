@@ -18,7 +18,7 @@ from rich.markup import escape
 from stepstone.cli._debug import asked
 from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption
 from stepstone.cli._render import progress_bar
-from stepstone.exceptions import StoreError
+from stepstone.exceptions import StoreDamagedError, StoreError
 from stepstone.store import CheckProblem, CheckReport, Store, check_store
 from stepstone.store._check import problem_text
 
@@ -70,7 +70,10 @@ def _unopenable(db: Path | None, url: str | None, exc: StoreError) -> CheckRepor
         runs=0,
         values=0,
         journal_rows=0,
-        problems=(CheckProblem("file", None, detail),),
+        # "file" only for a damaged file: the advice to recover it follows that word
+        problems=(
+            CheckProblem("file" if isinstance(exc, StoreDamagedError) else "open", None, detail),
+        ),
     )
 
 
@@ -97,7 +100,8 @@ def _report(report: CheckReport, as_json: bool) -> None:
         what = problem.where if problem.key is None else f"{problem.where} {problem.key!r}"
         console.print(f"  [bold]{escape(what)}[/]: {escape(problem.detail)}")
     if report.store.startswith("sqlite:") and any(
-        p.where != "record" or p.detail.startswith("damaged:") for p in report.problems
+        p.where not in ("record", "open") or p.detail.startswith("damaged:")
+        for p in report.problems
     ):
         path = report.store.removeprefix("sqlite:")
         console.print(

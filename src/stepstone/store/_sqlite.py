@@ -257,6 +257,14 @@ def _not_a_store(path: Path, exc: sqlite3.DatabaseError, fix: str) -> StoreError
     error = file_error(path, exc)
     if isinstance(error, StoreDamagedError) and not is_foreign(exc):
         return error
+    said = str(exc)
+    if "readonly database" in said or "unable to open database file" in said:
+        return StoreError(
+            f"cannot open {str(path)!r}: SQLite says {said}. The file or its directory is not "
+            "writable by this user, and a store in WAL mode creates its -shm file beside it "
+            "even to be read; run as the store's owner, or copy the file (with its -wal) to "
+            "a directory you can write"
+        )
     return StoreError(
         f"{str(path)!r} is not a SQLite database, or its first page is damaged ({exc}); {fix}"
     )

@@ -59,6 +59,22 @@ def test_read_only_never_creates_the_schema(empty_db: str) -> None:
     assert _tables(empty_db) == ["kv"]
 
 
+def test_write_commands_never_create_the_schema_either(empty_db: str) -> None:
+    # guarantee 144: cancel, fork, retry and prune write, but only into a stepstone store;
+    # on PostgreSQL their check opened nothing, and the write created the tables
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kv (k text, v text)")
+    for args in (
+        ("cancel", "k"),
+        ("retry", "k", "--from", "s"),
+        ("prune", "--keep-last", "0"),
+    ):
+        proc = _stepstone(*args, "--url", empty_db)
+        assert proc.returncode == 1, (args, proc.stdout)
+        assert "no stepstone store" in proc.stderr, (args, proc.stderr)
+    assert _tables(empty_db) == ["kv"]
+
+
 def test_runs_and_inspect_on_postgres(pg_url: str) -> None:
     # guarantee 142, 144, 148
     def broken(payload: object) -> str:

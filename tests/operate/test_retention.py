@@ -329,3 +329,28 @@ def test_keep_last_per_key_prefix(tmp_path: Path) -> None:
         assert sorted(h.key for h in store.backend.run_list(None)) == ["etl-2", "other", "report-2"]
     with pytest.raises(ValueError, match="names no group"):
         Retention(keep_last=1, prefix=())
+
+
+def test_vacuum_of_a_server_that_never_answers_fails_within_the_connect_timeout() -> None:
+    # guarantee 267: vacuum connected without the store's connect timeout, and waited for
+    # the operating system to give up (minutes) on a server that accepted and said nothing
+    import socket
+
+    pytest.importorskip("psycopg")
+    from stepstone.exceptions import StoreError
+    from stepstone.store import vacuum
+    from stepstone.store._postgres import PostgresBackend
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        port = silent.getsockname()[1]
+        backend = PostgresBackend(f"postgresql://nobody@127.0.0.1:{port}/none", connect_timeout=1)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="could not vacuum"):
+            vacuum(backend)
+        assert time.monotonic() - started < 30
+        backend.close()
+    finally:
+        silent.close()

@@ -191,6 +191,12 @@ class PostgresBackend(Backend):
         weakref.finalize(self, self._async.close)
 
     # -- connections -----------------------------------------------------------------------
+    def connect(self) -> Connection:
+        """A new autocommit connection of its own, with this store's settings (its
+        connect timeout, read-only when the store is): for maintenance work outside the
+        pool, such as ``vacuum``. The caller closes it."""
+        return psycopg.connect(self.url, **self._kwargs)
+
     def describe(self) -> str:
         p = {k: str(v) for k, v in self._params.items() if v is not None}
         user = p.get("user", "")

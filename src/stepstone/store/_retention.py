@@ -165,9 +165,8 @@ def _vacuum_postgres(backend: Backend) -> VacuumReport:
     the operator.)"""
     import psycopg
 
-    url = str(getattr(backend, "url", ""))
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with backend.connect() as conn:  # type: ignore[attr-defined]  # a PostgresBackend
 
             def size() -> int:
                 row = conn.execute(

@@ -32,6 +32,16 @@ def test_retention_validates_its_settings() -> None:
         Retention(ttl=timedelta(days=1), statuses=("finished",))
     with pytest.raises(TypeError, match="retention must be a Retention"):
         Store(retention={"ttl": 3})  # type: ignore[arg-type]
+    # settings of the wrong type are named, not raw comparison errors or accepted
+    for settings, said in (
+        ({"ttl": 30}, "ttl must be a timedelta"),
+        ({"keep_last": 2, "min_age": None}, "min_age must be a timedelta"),
+        ({"keep_last": 2.5}, "keep_last must be a whole number"),
+        ({"keep_last": 2, "prefix": 5}, "prefix must be a str, a tuple of str, or None"),
+        ({"keep_last": 2, "prefix": ("etl-", 3)}, "prefix must be a str"),
+    ):
+        with pytest.raises(TypeError, match=said):
+            Retention(**settings)  # type: ignore[arg-type]
 
 
 def test_ttl_and_keep_last_select_old_finished_runs(tmp_path: Path) -> None:

@@ -65,14 +65,29 @@ class Retention:
             raise ValueError(
                 "Retention needs ttl= (e.g. timedelta(days=30)) or keep_last= (e.g. 100), or both"
             )
+        for name in ("ttl", "min_age"):
+            value = getattr(self, name)
+            if (value is not None or name == "min_age") and not isinstance(value, timedelta):
+                raise TypeError(
+                    f"Retention {name} must be a timedelta (e.g. timedelta(days=30)), got {value!r}"
+                )
         if self.ttl is not None and self.ttl < timedelta(0):
             raise ValueError(f"Retention ttl must be >= 0, got {self.ttl!r}")
+        if self.keep_last is not None and (
+            isinstance(self.keep_last, bool) or not isinstance(self.keep_last, int)
+        ):
+            raise TypeError(f"Retention keep_last must be a whole number, got {self.keep_last!r}")
         if self.keep_last is not None and self.keep_last < 0:
             raise ValueError(f"Retention keep_last must be >= 0, got {self.keep_last!r}")
         if self.min_age < timedelta(0):
             raise ValueError(f"Retention min_age must be >= 0, got {self.min_age!r}")
         if isinstance(self.prefix, list):
             object.__setattr__(self, "prefix", tuple(self.prefix))
+        prefixes = self.prefix if isinstance(self.prefix, tuple) else (self.prefix or "",)
+        if not all(isinstance(p, str) for p in prefixes):
+            raise TypeError(
+                f"Retention prefix must be a str, a tuple of str, or None, got {self.prefix!r}"
+            )
         if isinstance(self.prefix, tuple) and not self.prefix:
             raise ValueError("Retention prefix=() names no group; pass None for every run")
         if isinstance(self.statuses, str):

@@ -101,6 +101,9 @@ def test_task_and_context_resolution() -> None:
 
 def test_compile_validates_every_context_item_and_sentinel() -> None:
     # guarantee 50, 60
+    for name in ("", 3):  # given, not missing: not "a lambda has no usable name"
+        with pytest.raises(PlanCompileError, match="Step name= must be a non-empty str"):
+            Step(echo("a"), name=name)  # type: ignore[arg-type]
     with pytest.raises(PlanCompileError, match=r"context\[1\].*names no step"):
         Plan(Step(echo("a")), Step(echo("b"), context=["ok", from_step("nope")]))
     with pytest.raises(PlanCompileError, match=r"context\[0\] must be a sentinel"):

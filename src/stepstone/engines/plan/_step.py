@@ -81,6 +81,10 @@ class Step:
     after_branches: str | None = None
 
     def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            from stepstone.exceptions import PlanCompileError
+
+            raise PlanCompileError(f"Step name= must be a non-empty str, got {self.name!r}")
         if self.name is None:
             self.name = target_name(self.target)
         if not isinstance(self.name, str) or not self.name:

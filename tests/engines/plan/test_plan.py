@@ -104,6 +104,11 @@ def test_compile_validates_every_context_item_and_sentinel() -> None:
     for name in ("", 3):  # given, not missing: not "a lambda has no usable name"
         with pytest.raises(PlanCompileError, match="Step name= must be a non-empty str"):
             Step(echo("a"), name=name)  # type: ignore[arg-type]
+    ran: list[str] = []
+    for option in ("input", "output"):  # refused before the step (and its effects) ran
+        with pytest.raises(PlanCompileError, match=rf"step 'a': {option}=5 is not a type"):
+            Plan(Step(lambda p: ran.append("a"), name="a", **{option: 5}))
+    assert ran == []
     with pytest.raises(PlanCompileError, match=r"context\[1\].*names no step"):
         Plan(Step(echo("a")), Step(echo("b"), context=["ok", from_step("nope")]))
     with pytest.raises(PlanCompileError, match=r"context\[0\] must be a sentinel"):

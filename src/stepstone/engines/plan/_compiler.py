@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import types
@@ -10,7 +11,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from stepstone.core import Sentinel, Tool
 from stepstone.core._tool import is_agent_like
@@ -58,6 +59,12 @@ class CompiledPlan:
         return self.units[self.unit_of[name]]
 
 
+@functools.cache
+def type_adapter(tp: Any) -> TypeAdapter[Any]:
+    """The validator of a step's ``input=`` or ``output=`` type (built once per type)."""
+    return TypeAdapter(tp)
+
+
 def compile_plan(
     steps: tuple[Step, ...],
     *,
@@ -86,6 +93,17 @@ def compile_plan(
             )
     step_of: dict[str, Step] = {}
     for step in steps:
+        for what, tp in (("input", step.input), ("output", step.output)):
+            if tp is str or tp is Any:
+                continue
+            try:
+                type_adapter(tp)
+            except Exception as exc:  # pydantic's errors differ by what the type is
+                raise PlanCompileError(
+                    f"step {step.step_name!r}: {what}={tp!r} is not a type its payload can be "
+                    f"validated as ({type(exc).__name__}); pass a type such as str, dict or a "
+                    "pydantic model"
+                ) from exc
         if step.step_name in step_of:
             raise PlanCompileError(
                 f"two steps are named {step.step_name!r}; step names are identities (routing, "

@@ -10,8 +10,6 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
 from stepstone.core._sync import cancel_point
 from stepstone.core._threads import call_sync
@@ -20,7 +18,7 @@ from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.durable._kernel import Encoded
 from stepstone.engines.plan._checkpoint import Replay, band_row, row_write_value, step_row
-from stepstone.engines.plan._compiler import CompiledPlan, Unit
+from stepstone.engines.plan._compiler import CompiledPlan, Unit, type_adapter
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
@@ -539,7 +537,7 @@ class PlanRun:
             target = target.agent if target.agent is not None else target.fn
         try:
             if step.input is not Any:
-                env.payload = _adapter(step.input).validate_python(env.payload)
+                env.payload = type_adapter(step.input).validate_python(env.payload)
             if is_agent_like(target):
                 wanted = None if step.output is str else step.output
                 with bind_scope(self._scope(env)):
@@ -555,7 +553,7 @@ class PlanRun:
                     else Envelope(task=env.task, payload=result)
                 )
             if out.ok and step.output not in (str, Any):
-                out.payload = _adapter(step.output).validate_python(out.payload)
+                out.payload = type_adapter(step.output).validate_python(out.payload)
         except Exception as exc:  # noqa: BLE001 - a failing step is data, not a crash
             return Envelope.error_envelope(exc, task=env.task, metadata={"step": step.step_name})
         return out
@@ -566,11 +564,6 @@ def _as_text(env: Envelope[Any]) -> str:
     if "band" in env.metadata and env.task is not None:
         return env.task
     return env.text()
-
-
-@functools.cache
-def _adapter(tp: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -55,7 +55,8 @@ def test_busy_timeout_is_set_on_every_connection(tmp_path: Path) -> None:
     ("kwargs", "message"),
     [
         ({"durability": "fsync"}, "durability must be 'full'"),
-        ({"busy_timeout": 0}, "busy_timeout must be > 0"),
+        ({"busy_timeout": 0}, "busy_timeout must be a finite number of seconds > 0"),
+        ({"busy_timeout": float("nan")}, "busy_timeout must be a finite number"),
     ],
 )
 def test_bad_settings_name_the_value(
@@ -96,6 +97,8 @@ def test_a_url_given_as_a_file_path_is_refused(
 def test_a_path_of_another_type_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="must be a str or a path, got 3"):
         Store(db=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="path is empty"):
+        Store(db="")
 
 
 def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:

@@ -224,10 +224,14 @@ def _check_options(
             f"durability must be 'full' (survives power loss) or 'normal' (survives a "
             f"process crash), got {durability!r}"
         )
-    if busy_timeout <= 0:
-        raise ValueError(f"busy_timeout must be > 0 seconds, got {busy_timeout!r}")
+    if not isinstance(busy_timeout, int | float) or not 0 < busy_timeout < float("inf"):
+        raise ValueError(
+            f"busy_timeout must be a finite number of seconds > 0, got {busy_timeout!r}"
+        )
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"a SQLite store's path must be a str or a path, got {path!r}")
+    if not os.fspath(path):
+        raise ValueError("a SQLite store's path is empty: pass a file path, e.g. db='runs.sqlite'")
     if _URL_SCHEME.match(os.fspath(path)):
         raise ValueError(
             f"{os.fspath(path)!r} is a store URL, not a SQLite file path: pass it as "

@@ -135,12 +135,12 @@ def test_failures_are_one_line_with_exit_status_1(store_args: list[str], tmp_pat
         (["retry", "ok", "--from", "zz", *store_args], "no step 'zz'"),
         (["prune", *store_args], "pass --ttl AGE"),
         (["prune", "--ttl", "soon", *store_args], "bad age 'soon'"),
-        (["show", "ok"], "pass exactly one of --db FILE or --url URL"),
         (["show", "ok", "--db", str(tmp_path / "missing.sqlite")], "no store file at"),
+        (["show", "ok"], "pass exactly one of --db FILE or --url URL"),  # a wrong command line
     ]
     for args, message in cases:
         code, out, err = _run(*args)
-        assert code == 1, (args, out, err)
+        assert code == (2 if "--db" not in args and "--url" not in args else 1), (args, out, err)
         assert err.startswith("error: ") and message in err, (args, err)
         assert err.count("\n") == 1, err
         assert "Traceback" not in out + err

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from stepstone.cli._debug import asked
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption
+from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, fail
 from stepstone.cli._render import progress_bar
 from stepstone.exceptions import StoreDamagedError, StoreError
 from stepstone.store import CheckProblem, CheckReport, Store, check_store
@@ -42,7 +42,7 @@ def check_cmd(
     if (db is None) == (url is None):
         raise typer.BadParameter("pass exactly one of --db FILE or --url URL")
     if db is not None and not db.exists():
-        raise typer.BadParameter(f"no store file at {str(db)!r}; check the path")
+        fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
     try:
         store = Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
     except StoreError as exc:

@@ -54,10 +54,11 @@ class OpsError(Exception):
     """A failure worth one line: the message names the bad value and the fix."""
 
 
-def fail(message: str) -> None:
-    """Print ``error: message`` on stderr and exit with status 1."""
+def fail(message: str, code: int = 1) -> None:
+    """Print ``error: message`` on stderr and exit with status ``code`` (1: the command
+    failed; 2: a wrong command line)."""
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 @contextmanager
@@ -71,7 +72,7 @@ def open_store(
     stepstone store, so they never create tables in someone else's database.
     """
     if (db is None) == (url is None):
-        fail("pass exactly one of --db FILE or --url URL")
+        fail("pass exactly one of --db FILE or --url URL (see --help)", 2)
     if db is not None and not db.exists():
         fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
     store: Store | None = None

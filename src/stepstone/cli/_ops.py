@@ -31,6 +31,7 @@ from stepstone.durable._inspect import (
     diff_runs,
     run_detail,
     salvaged_timeline,
+    steps_done,
     stranded_runs,
 )
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
@@ -480,7 +481,12 @@ def fork_cmd(
         if as_json:
             _print_json({"key": head.key, "from": key, "next_step": head.next_step})
             return
-        _console().print(f"forked {key} at {at!r} to {to}: resumes at {head.next_step!r}")
+        resumes = (
+            f"resumes at {head.next_step!r}"
+            if head.next_step is not None
+            else "a done copy: nothing ran after it"
+        )
+        _console().print(f"forked {key} at {at!r} to {to}: {resumes}")
 
 
 def retry_cmd(
@@ -498,8 +504,8 @@ def retry_cmd(
             _print_json({"key": key, "next_step": head.next_step, "status": head.status})
             return
         _console().print(
-            f"{key} rewound: {head.journal_len} journal row(s) kept; resume=True runs "
-            f"{from_step!r} again"
+            f"{key} rewound: {steps_done(head)} step(s) kept; resume=True runs "
+            f"{head.next_step!r} again"
         )
 
 

@@ -280,3 +280,22 @@ def test_diff_tells_runs_that_differ_only_in_how_they_ended(tmp_path: Path) -> N
     with Store(db=db) as store:
         failed_run(store, "three")
     assert _json("diff", "one", "three", "--db", db)["identical"]  # type: ignore[index]
+
+
+def test_out_of_range_arguments_are_refused_without_a_traceback(tmp_path: Path) -> None:
+    # guarantee 275: these were OverflowError or ValueError tracebacks, or accepted
+    db = str(tmp_path / "r.sqlite")
+    Store(db=db).close()
+    for args, code, said in (
+        (["prune", "--ttl", "1000000000w", "--dry-run", "--db", db], 1, "bad age"),
+        (["runs", "--newer-than", "1000000000w", "--db", db], 2, "bad age"),
+        (["check", "--url", "mysql://x/y"], 1, "unsupported store URL scheme 'mysql'"),
+        (["ui", "--db", db, "--port", "99999"], 2, "--port"),
+        (["worker", "--db", db, "--shutdown-timeout", "-5", "--until-idle"], 2, "shutdown"),
+        (["worker", "--db", db, "--max-runs", "0"], 2, "max-runs"),
+    ):
+        result = runner.invoke(app, args, env=ENV)
+        text = result.stdout + result.stderr
+        assert result.exit_code == code, (args, text)
+        assert said in text and "Traceback" not in text, (args, text)
+        assert not isinstance(result.exception, OverflowError | ValueError), args

@@ -45,7 +45,7 @@ def check_cmd(
         fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
     try:
         store = Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
-    except StoreError as exc:
+    except (StoreError, ValueError) as exc:  # ValueError: a URL of no store's scheme
         if asked(debug):
             raise
         _report(_unopenable(db, url, exc), as_json)
@@ -60,7 +60,7 @@ def check_cmd(
         raise typer.Exit(1)
 
 
-def _unopenable(db: Path | None, url: str | None, exc: StoreError) -> CheckReport:
+def _unopenable(db: Path | None, url: str | None, exc: StoreError | ValueError) -> CheckReport:
     where = f"sqlite:{db}" if db is not None else str(url)
     detail = problem_text(exc)
     return CheckReport(

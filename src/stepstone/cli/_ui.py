@@ -28,7 +28,9 @@ def ui_cmd(
     host: Annotated[str, typer.Option(help="Interface to bind (no authentication!).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8765,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="TCP port (0: any free port).")
+    ] = 8765,
     allow_actions: Annotated[
         bool, typer.Option("--allow-actions", help="Let the page cancel runs.")
     ] = False,

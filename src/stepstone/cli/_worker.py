@@ -35,7 +35,8 @@ def worker(
         float, typer.Option(help="Seconds a taken run stays ours without renewal.")
     ] = 30.0,
     shutdown_timeout: Annotated[
-        float, typer.Option(help="On SIGTERM, seconds running runs may take to finish.")
+        float,
+        typer.Option(min=0, help="On SIGTERM, seconds running runs may take to finish."),
     ] = 30.0,
     poll_interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 0.5,
     import_path: Annotated[
@@ -45,7 +46,9 @@ def worker(
             help="A folder to import run targets from (repeat; the current one is included).",
         ),
     ] = None,
-    max_runs: Annotated[int | None, typer.Option(help="Exit after taking this many runs.")] = None,
+    max_runs: Annotated[
+        int | None, typer.Option(min=1, help="Exit after taking this many runs.")
+    ] = None,
     until_idle: Annotated[
         bool, typer.Option(help="Exit when there is nothing left to take.")
     ] = False,

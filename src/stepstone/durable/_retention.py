@@ -257,13 +257,17 @@ def parse_age(text: str) -> timedelta:
         if not raw or raw[-1] not in units:
             raise ValueError
         value = float(raw[:-1])
-        if value < 0:
+        if not 0 <= value * units[raw[-1]] <= _MAX_AGE_SECONDS:
             raise ValueError
     except ValueError:
         raise ValueError(
-            f"bad age {text!r}: use a number and a unit, like 30d, 12h, 15m, 90s or 2w"
+            f"bad age {text!r}: use a number and a unit, like 30d, 12h, 15m, 90s or 2w "
+            "(at most 10000 years)"
         ) from None
     return timedelta(seconds=value * units[raw[-1]])
+
+
+_MAX_AGE_SECONDS = 10_000 * 365 * 86400  # past it, a unix time of "now minus the age" overflows
 
 
 class Pruner:

@@ -100,7 +100,9 @@ graphs.build(graphs.V1, {str(db)!r}).invoke(graphs.V1(), correlation_id="g1")
     out = _cli(tmp_path, "--target", "graphs:without_chain", "--dry-run", "--db", str(db))
     assert out.returncode == 0 and "no chain" in out.stdout
 
+    (tmp_path / "broken.py").write_text("def f(:\n", encoding="utf-8")
     for args, message in (
+        (["--target", "broken:f", "--dry-run", "--db", str(db)], "importing 'broken' raised Syn"),
         (["--target", "plans:current", "--db", str(db)], "pass --dry-run"),
         (["--target", "plans", "--dry-run", "--db", str(db)], "use module:attribute"),
         (["--target", "nope:x", "--dry-run", "--db", str(db)], "cannot load 'nope:x'"),

@@ -62,6 +62,11 @@ def load_object(spec: str) -> Any:
         obj: Any = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise OpsError(f"cannot load {spec!r}: {exc}; check the module and attribute") from exc
+    except Exception as exc:  # the module itself fails: a SyntaxError, an error it raises
+        raise OpsError(
+            f"cannot load {spec!r}: importing {module_name!r} raised {type(exc).__name__}: "
+            f"{exc}; fix the module, or point --target at another one"
+        ) from exc
     if callable(obj) and not isinstance(obj, Plan | CompiledGraph | Agent):
         try:
             obj = obj()

@@ -124,9 +124,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     following = [r for r in rows[end:] if r.kind == "step"]
     next_step = (_band_of(following[0]) or following[0].name) if following else head.next_step
     data = json.loads(next(r for r in reversed(kept) if r.kind == "step").data)
-    units = sum(1 for r in kept if r.kind == "band") + sum(
-        1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
-    )
+    units = _units(kept)
     now = store.backend.clock()
     new = head.replace(
         key=to,
@@ -200,6 +198,11 @@ def _band_of(row: JournalRow) -> str | None:
     return None if band is None else str(band)
 
 
+def _units(rows: list[JournalRow]) -> int:
+    """How many Plan units ``rows`` completed (a band counts once): the run's position."""
+    return sum(1 for r in rows if r.kind == "band" or (r.kind == "step" and _band_of(r) is None))
+
+
 def _last_run_of(rows: list[JournalRow], step: str) -> tuple[int, str] | None:
     """Where a rewind to ``step`` cuts ``rows`` (before its last execution), and the step the
     run then continues at: ``step`` itself, or, for a step that ran in a parallel band, the
@@ -245,9 +248,7 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
         else:
             names = sorted({str(r.name) for r in rows if r.kind == "step"})
             raise KeyError(f"run {key!r} has no step {from_step!r} in its journal (steps: {names})")
-    units = sum(1 for r in kept if r.kind == "band") + sum(
-        1 for r in kept if r.kind == "step" and not json.loads(r.data).get("band")
-    )
+    units = _units(kept)
 
     def decide(cur: RunHead | None, _kv: str | None) -> Claim:
         if cur is None or cur.version != head.version:

@@ -92,7 +92,7 @@ class Worker:
         if poll_interval <= 0:
             raise UserError(f"poll_interval must be > 0, got {poll_interval!r}")
         self.store = store if isinstance(store, Store) else Store(url=store)
-        if self.store.read_only or self.store.backend.closed:
+        if self.store.read_only or self.store.closed:
             why = "opened read_only=True" if self.store.read_only else "closed"
             raise UserError(
                 f"a worker records its runs in its store, and {self.store!r} is {why}: pass "

@@ -213,6 +213,11 @@ class Store:
         """Close connections. The store cannot be used afterwards."""
         self.backend.close()
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (on a file or database store)."""
+        return self.backend.closed
+
     def __enter__(self) -> Store:
         return self
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -48,8 +47,6 @@ UrlOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")]
 
-_debug = _debug_state.state
-
 
 class _UsageError(Exception):
     """A wrong command line: exit status 2."""
@@ -74,7 +71,7 @@ def _root(
     debug: DebugOption = False,
 ) -> None:
     """stepstone: durable LLM-agent pipelines. Every step is committed before the next."""
-    _debug["on"] = debug or os.environ.get("STEPSTONE_DEBUG", "") not in ("", "0")
+    _debug_state.state["on"] = debug
 
 
 def _fails_in_one_line(fn: F) -> F:
@@ -83,22 +80,22 @@ def _fails_in_one_line(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("debug"):
-            _debug["on"] = True
+            _debug_state.state["on"] = True
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
         except KeyboardInterrupt:
-            if _debug["on"]:
+            if _debug_state.asked():
                 raise
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
         except _UsageError as exc:
-            if _debug["on"]:
+            if _debug_state.asked():
                 raise
             _fail(str(exc), 2)
         except Exception as exc:  # the CLI reports every error in one line
-            if _debug["on"]:
+            if _debug_state.asked():
                 raise
             _fail(_message(exc), 1)
 

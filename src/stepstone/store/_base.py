@@ -496,10 +496,7 @@ def read_consistent(backend: Backend, key: str) -> tuple[RunHead, list[JournalRo
         if after.version != head.version:
             rows = [row for row in rows if row.seq < head.journal_len]
         return head, rows
-    raise StoreError(
-        f"run {key!r} was claimed again while being read, {_READ_ATTEMPTS} times in a row; "
-        "nothing was changed. Read it again once the processes claiming it have settled"
-    )
+    raise _claimed_again(key)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -554,7 +551,11 @@ def read_salvaged(backend: Backend, key: str) -> Salvaged | None:
         after = backend.run_get(key)
         if after is not None and after.run_uid == head.run_uid:
             return Salvaged(head, rows, damaged)
-    raise StoreError(
+    raise _claimed_again(key)
+
+
+def _claimed_again(key: str) -> StoreError:
+    return StoreError(
         f"run {key!r} was claimed again while being read, {_READ_ATTEMPTS} times in a row; "
         "nothing was changed. Read it again once the processes claiming it have settled"
     )

@@ -221,7 +221,7 @@ class PostgresBackend(Backend):
         if self._closed:
             raise StoreError(f"store {self.describe()} is closed")
         try:
-            with psycopg.connect(self.url, **self._kwargs) as conn:
+            with self.connect() as conn:
                 if self.read_only:
                     check_schema(conn, self.describe())
                 else:

@@ -20,7 +20,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -555,6 +555,14 @@ class SQLiteBackend(Backend):
     def _head_cols(self) -> str:
         return f"{_HEAD_COLS}, crc" if self._checksums else _HEAD_COLS
 
+    @property
+    def _journal_cols(self) -> str:
+        return f"seq, kind, name, data{', crc' if self._checksums else ''}"
+
+    def _journal_row(self, key: str, row: Sequence[Any]) -> JournalRow:
+        """A journal row selected as :attr:`_journal_cols`, its checksum checked, decoded."""
+        return journal_row(key, *(checked_journal_row(key, *row) if self._checksums else row))
+
     # -- key/value -----------------------------------------------------------------------
     @file_errors
     def kv_get(self, key: str) -> str | None:
@@ -717,29 +725,24 @@ class SQLiteBackend(Backend):
 
     @file_errors
     def run_journal(self, key: str, since_seq: int = 0) -> list[JournalRow]:
-        rows: Iterable[Sequence[Any]] = self._conn().execute(
-            f"SELECT seq, kind, name, data{', crc' if self._checksums else ''} "
-            f"FROM {self._journal} WHERE run_key = ? AND seq >= ? ORDER BY seq",
+        rows = self._conn().execute(
+            f"SELECT {self._journal_cols} FROM {self._journal} "
+            "WHERE run_key = ? AND seq >= ? ORDER BY seq",
             (key, since_seq),
         )
-        if self._checksums:
-            rows = (checked_journal_row(key, *row) for row in rows)
-        return [journal_row(key, *row) for row in rows]
+        return [self._journal_row(key, row) for row in rows]
 
     @file_errors
     def run_journal_row(self, key: str, seq: int) -> JournalRow | None:
         found = (
             self._conn()
             .execute(
-                f"SELECT seq, kind, name, data{', crc' if self._checksums else ''} "
-                f"FROM {self._journal} WHERE run_key = ? AND seq = ?",
+                f"SELECT {self._journal_cols} FROM {self._journal} WHERE run_key = ? AND seq = ?",
                 (key, seq),
             )
             .fetchone()
         )
-        if found is None:
-            return None
-        return journal_row(key, *(checked_journal_row(key, *found) if self._checksums else found))
+        return None if found is None else self._journal_row(key, found)
 
     @file_errors
     def headless_journal_keys(self) -> list[str]:

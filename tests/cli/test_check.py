@@ -108,7 +108,8 @@ def test_a_file_too_damaged_to_open_is_a_problem_of_the_file(tmp_path: Path) -> 
 def test_a_store_that_will_not_open_for_another_reason_is_not_called_damaged(
     tmp_path: Path,
 ) -> None:
-    # a text file, or a store a newer stepstone wrote: nothing to recover from a backup
+    # guarantee 157: a text file, or a store a newer stepstone wrote: nothing to recover
+    # from a backup
     notes = tmp_path / "notes.txt"
     notes.write_text("not a store\n" * 100)
     newer = _store(tmp_path / "newer.sqlite")

@@ -246,7 +246,7 @@ def test_text_that_looks_like_markup_is_printed_as_it_is(tmp_path: Path) -> None
 def test_debug_before_the_command_or_in_the_environment_shows_the_traceback(
     tmp_path: Path,
 ) -> None:
-    # the operator commands honoured only a --debug after the command
+    # guarantee 145: the operator commands honoured only a --debug after the command
     db = str(tmp_path / "d.sqlite")
     Store(db=db).close()
     for args, env in (

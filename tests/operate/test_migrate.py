@@ -68,7 +68,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_migrate_dry_run_for_plans_and_graphs(tmp_path: Path) -> None:
-    # guarantee 285, 286
+    # guarantee 275, 285, 286
     (tmp_path / "plans.py").write_text(textwrap.dedent(PLANS))
     (tmp_path / "graphs.py").write_text(textwrap.dedent(GRAPHS))
     db = tmp_path / "runs.sqlite"

@@ -24,6 +24,7 @@ DAY = 86400.0
 
 
 def test_retention_validates_its_settings() -> None:
+    # guarantee 355
     with pytest.raises(ValueError, match="needs ttl="):
         Retention()
     with pytest.raises(ValueError, match="keep_last must be >= 0"):

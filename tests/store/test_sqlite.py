@@ -62,6 +62,7 @@ def test_busy_timeout_is_set_on_every_connection(tmp_path: Path) -> None:
 def test_bad_settings_name_the_value(
     tmp_path: Path, kwargs: dict[str, object], message: str
 ) -> None:
+    # guarantee 355
     with pytest.raises(ValueError, match=message):
         Store(db=tmp_path / "x.sqlite", **kwargs)  # type: ignore[arg-type]
     assert not (tmp_path / "x.sqlite").exists()  # refused before anything was created
@@ -78,7 +79,7 @@ def test_missing_directory_is_an_error_not_a_new_tree(tmp_path: Path) -> None:
 def test_a_url_given_as_a_file_path_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
 ) -> None:
-    """A URL passed to db= would name a file in a directory called "sqlite:" or
+    """guarantee 355: a URL passed to db= would name a file in a directory called "sqlite:" or
     "postgresql:": where that directory exists, a store would silently live there, and the
     caller would believe they were on another database."""
     monkeypatch.chdir(tmp_path)
@@ -95,6 +96,7 @@ def test_a_url_given_as_a_file_path_is_refused(
 
 
 def test_a_path_of_another_type_is_a_type_error() -> None:
+    # guarantee 355
     with pytest.raises(TypeError, match="must be a str or a path, got 3"):
         Store(db=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="path is empty"):

@@ -100,7 +100,7 @@ def test_task_and_context_resolution() -> None:
 
 
 def test_compile_validates_every_context_item_and_sentinel() -> None:
-    # guarantee 50, 60
+    # guarantee 50, 52, 60
     for name in ("", 3):  # given, not missing: not "a lambda has no usable name"
         with pytest.raises(PlanCompileError, match="Step name= must be a non-empty str"):
             Step(echo("a"), name=name)  # type: ignore[arg-type]

@@ -174,6 +174,16 @@ class Runner:
     """
 
     def __init__(self, *, store: Store | None = None, config: RunnerConfig | None = None) -> None:
+        if store is not None and not isinstance(store, Store):
+            raise UserError(
+                f"Runner(store=...) takes a Store, got {type(store).__name__} {store!r}; "
+                "pass Store(db='runs.sqlite') or Store(url='postgresql://...')"
+            )
+        if config is not None and not isinstance(config, RunnerConfig):
+            raise UserError(
+                f"Runner(config=...) takes a RunnerConfig, got {type(config).__name__} "
+                f"{config!r}; pass RunnerConfig(**settings)"
+            )
         self.store = store if store is not None else Store()
         self.config = config or RunnerConfig()
 
@@ -220,6 +230,7 @@ class Runner:
             settings=self._settings(),
             must_exist=must_exist,
             retry_failed=False,
+            retry_retryable=must_exist,  # resume() tries a rate-limited run again
         )
         return AgentResult.from_dict(result)
 
@@ -276,7 +287,10 @@ class Runner:
     ) -> AgentResult:
         """Continue run ``run_id`` from its last committed phase.
 
-        A finished run returns its stored result (no model or tool call). A paused run
+        A finished run returns its stored result (no model or tool call), except one that
+        failed on a retryable error (a rate limit, a provider outage: ``result.error`` has
+        ``retryable: True`` and ``retry_at``), which continues from where it stopped, its
+        committed turns and tool calls kept. A paused run
         continues with ``approvals`` (``{call_id: True}`` runs the call; ``False`` or a
         reason string gives the model a refusal as the tool's result). Decisions recorded
         with ``stepstone approve`` (:func:`stepstone.durable.approve_call`) apply to the

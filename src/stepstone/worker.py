@@ -150,7 +150,9 @@ class Worker:
         A claim the store cannot serve (the database away, a damaged file) is retried, less
         often each time (up to every 30 s), logging each failure; with ``until_idle``, a
         damaged file the worker can take nothing from ends the run with its
-        StoreDamagedError once no run of its own is left (waiting will not mend it)."""
+        StoreDamagedError once no run of its own is left (waiting will not mend it). A
+        database not up yet when the worker starts is waited for the same way, except with
+        ``until_idle``, where its error ends the run at once."""
         return asyncio.run(self.arun(max_runs=max_runs, until_idle=until_idle))
 
     async def arun(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
@@ -168,7 +170,12 @@ class Worker:
         taken = 0
         backoff = self.poll_interval  # between claims the store could not serve
         try:
-            await to_thread(self._expire_dead)
+            try:
+                await to_thread(self._expire_dead)
+            except StoreError as exc:  # the database not up yet: the loop retries it
+                if isinstance(exc, StoreDamagedError) or until_idle:
+                    raise  # (a batch run reports it: it would end at once anyway)
+                log.warning("stepstone: %s cannot reach its store yet: %s", self.id, exc)
             sweep_at = self._loop.time() + 1.0
             while not self._stopping.is_set():
                 if self._loop.time() >= sweep_at:

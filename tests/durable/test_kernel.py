@@ -45,7 +45,15 @@ def test_fresh_claim_records_owner_and_lease(store: Store) -> None:
     assert (head.host, head.pid) == (host_id(), os.getpid())
     assert head.pid_start == process_start_time(os.getpid()) is not None
     assert head.lease_until >= before + store.lease_seconds - 1
-    assert head.meta == {"x": 1}
+    # a stamp of this run of the key: kept by resumes, new for the next fresh start
+    origin = head.meta["origin"]
+    assert head.meta == {"origin": origin, "x": 1} and len(origin) == 12
+    claim.run.release()
+    resumed = claim_run(store, "job", kind=KIND, resume=True, first_step="a")
+    assert resumed.head.meta == {"origin": origin, "x": 1} and resumed.run is not None
+    resumed.run.release()
+    again = claim_run(store, "job", kind=KIND, resume=False, first_step="a").head.meta
+    assert again["origin"] != origin
     claim.run.release()
 
 
@@ -87,13 +95,16 @@ def test_resume_takes_over_where_the_run_stopped_and_fresh_resets(store: Store) 
     head = resumed.run.head
     assert (head.next_step, head.iteration, head.journal_len) == ("b", 1, 1)
     assert head.run_uid != first.run.run_uid  # a new owner stamp
-    assert head.meta == {"error": "boom", "y": 2}
+    # an engine's commit replaces the meta but keeps the run's origin; a resume keeps it
+    origin = first.run.head.meta["origin"]
+    assert head.meta == {"error": "boom", "y": 2, "origin": origin}
     resumed.run.commit_sync(status="failed", next_step="b")
     resumed.run.release()
     fresh = claim_run(store, "job", kind=KIND, resume=False, first_step="a")
     assert fresh.outcome == "fresh" and fresh.run is not None
     assert (fresh.run.head.next_step, fresh.run.head.journal_len) == ("a", 0)
     assert fresh.run.journal() == []  # the old journal is gone with the fresh start
+    assert fresh.run.head.meta["origin"] != origin
     fresh.run.release()
 
 

@@ -4,6 +4,7 @@ resume, for a Runner agent run and for an LLM step inside a Plan, on SQLite and 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from typer.testing import CliRunner
@@ -142,7 +143,8 @@ def test_approve_an_llm_step_of_a_paused_plan_by_the_plan_key(store_args: list[s
         code, out, err = _run("approve", "refunds", call_id, *store_args, "--json")
         assert code == 0, err
         done = json.loads(out)
-        assert done["key"] == "refunds" and done["run_key"].startswith("refunds:support:")
+        assert done["key"] == "refunds"
+        assert re.fullmatch("refunds:[0-9a-f]{12}:support:2:llm", done["run_key"])
         assert ran == []
         env = _plan(store, agent)(" refund o-42 ")
         assert env.ok, env.error
@@ -202,7 +204,7 @@ def test_show_a_paused_plan_lists_the_calls_its_llm_step_waits_on(
         shown = json.loads(_run("show", "refunds", *store_args, "--json")[1])
         (waiting,) = shown["pending_approvals"]
         assert waiting["call_id"] == call_id and waiting["tool"] == "refund"
-        assert waiting["run_key"].startswith("refunds:support:")
+        assert re.fullmatch("refunds:[0-9a-f]{12}:support:2:llm", waiting["run_key"])
         assert "agent" not in shown  # a Plan run: its own timeline
 
 

@@ -95,6 +95,18 @@ def test_prune_dry_run_then_prune(store_args: list[str]) -> None:
         assert sorted(h.key for h in store.backend.run_list(None)) == ["job-2", "job-failed"]
     done = _json("prune", "--ttl", "0s", "--min-age", "0s", "--status", "failed", *store_args)
     assert isinstance(done, dict) and [d["key"] for d in done["deleted"]] == ["job-failed"]
+    both = _json(  # --status takes a comma list, as `runs --status` does
+        "prune",
+        "--dry-run",
+        "--ttl",
+        "0s",
+        "--min-age",
+        "0s",
+        "--status",
+        "done,failed",
+        *store_args,
+    )
+    assert isinstance(both, dict) and [d["key"] for d in both["deleted"]] == ["job-2"]
     with open_args(store_args) as store:
         for i in range(2):
             done_run(store, f"a-{i}")

@@ -175,6 +175,9 @@ Agent(engine=Plan(*pipeline.plan.steps, store=Store(db={str(db)!r}), checkpoint_
     assert again.stderr == (
         "error: run 'job' stopped again (failed) at 'load': ValueError: db down\n"
     )
+    again = resume("--json")  # the JSON says so too, and the exit status agrees
+    assert again.returncode == 1, again.stderr
+    assert json.loads(again.stdout)["status"] == "failed"
     (tmp_path / "fixed").touch()
     ok = resume("--json")
     assert ok.returncode == 0, ok.stderr

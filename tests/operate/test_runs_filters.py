@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from stepstone import Store
 from stepstone.cli import app
+from stepstone.durable import query_runs
 from stepstone.store._base import Claim, RunHead
 from tests.operate._runs import done_run, failed_run
 from tests.operate.conftest import open_args
@@ -66,6 +69,9 @@ def test_filters_order_and_paging(store_args: list[str]) -> None:
         "report-1",
     ]
     assert _keys(*store_args, "--kind", "agent") == []
+    code, out, err = _run("runs", *store_args, "--kind", "plna")  # a typo is named
+    assert code == 0 and "0 run(s)" in out
+    assert err == "note: no run has kind 'plna'; stepstone's kinds are plan, graph, replan, agent\n"
     assert _keys(*store_args, "--older-than", "1d") == ["etl-old"]
     assert _keys(*store_args, "--newer-than", "1h") == ["etl-new", "report-1"]
     assert _keys(*store_args, "--older-than", "5m", "--newer-than", "1d") == [
@@ -105,3 +111,13 @@ def test_bad_filters_fail_in_one_line(store_args: list[str]) -> None:
         assert expected in err
     code, _, err = _run("runs", *store_args, "--limit", "0")
     assert code == 2 and "--limit" in err
+
+
+def test_query_runs_refuses_a_negative_page(tmp_path: Path) -> None:
+    # guarantee 355: a negative limit would slice from the end and show a wrong page
+    with Store(db=tmp_path / "q.sqlite") as store:
+        done_run(store, "a")
+        for kwargs in ({"limit": -1}, {"offset": -2}):
+            with pytest.raises(ValueError, match="limit and offset must be >= 0"):
+                query_runs(store, **kwargs)  # type: ignore[arg-type]
+        assert query_runs(store, limit=0) == (1, [])

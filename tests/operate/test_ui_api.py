@@ -142,6 +142,23 @@ def test_ui_command_refuses_a_taken_port(tmp_path: Path) -> None:
     assert proc.stderr.startswith("error: cannot listen on 127.0.0.1:") and "--port" in proc.stderr
 
 
+@pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1"])  # not an address; not this host's
+def test_ui_command_names_a_bad_host(tmp_path: Path, host: str) -> None:
+    # guarantee 275
+    db = tmp_path / "s.sqlite"
+    Store(db=db).close()
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepstone.cli", "ui", "--db", str(db), "--host", host],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith(f"error: cannot listen on {host}:8765 (")
+    assert last.endswith("pass a --host that is an address of this machine (127.0.0.1 by default)")
+
+
 def test_a_foreign_host_header_is_refused(tmp_path: Path) -> None:
     # guarantee 289
     with Store(db=tmp_path / "s.sqlite") as store:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stepstone import Agent, Plan, Runner, Step, Store, tool
+from stepstone import Agent, Plan, Runner, Step, Store, UserError, tool
 from stepstone.testing import call
 from tests.runner.conftest import Script
 
@@ -134,8 +134,6 @@ async def test_approval_inside_a_plan_step(tmp_path: Path) -> None:
 
 async def test_unknown_call_id_in_approvals_is_refused(tmp_path: Path) -> None:
     # guarantee 182
-    from stepstone import UserError
-
     with Store(db=tmp_path / "r.sqlite") as store:
         runner = Runner(store=store)
         agent = Agent(
@@ -146,3 +144,73 @@ async def test_unknown_call_id_in_approvals_is_refused(tmp_path: Path) -> None:
         waiting = paused.pending_approvals[0]["call_id"]
         with pytest.raises(UserError, match=f"waits for \\['{waiting}'\\]"):
             await runner.resume(agent, run_id="r", thread_id="t", approvals={"nope": True})
+
+
+def _support_with_billing(done: list[str]) -> tuple[Agent, Script, Script]:
+    """A support agent whose subagent ``billing`` calls a tool that requires approval (the
+    call ids of both runs are the same, call_0_0)."""
+    sub = Script({0: call("refund", order="o-1"), 1: "billing: refunded"})
+    top = Script({0: call("billing", task="refund o-1"), 1: "support: all done"})
+    billing = Agent(
+        name="billing",
+        description="Handles billing.",
+        model=sub.model(),
+        tools=[_refund_tool(done)],
+    )
+    return Agent(name="support", model=top.model(), tools=[billing]), top, sub
+
+
+async def test_a_subagents_approval_pauses_the_run(tmp_path: Path) -> None:
+    # guarantee 177, 182: before, the subagent's pause escaped runner.run() as a raw
+    # PlanPaused, left the run looking crashed, and no resume could approve the call
+    done: list[str] = []
+    with Store(db=tmp_path / "r.sqlite") as store:
+        runner = Runner(store=store)
+        agent, top, sub = _support_with_billing(done)
+        paused = await runner.run(agent, user_message="refund o-1", run_id="r", thread_id="t")
+        assert paused.state == "paused" and done == []
+        [pending] = paused.pending_approvals
+        assert pending["call_id"] == "subagent:0:0/call_0_0"
+        assert pending["tool"] == "refund" and pending["subagent"] == "billing"
+        assert pending["arguments"] == {"order": "o-1"}
+        again = await runner.resume(agent, run_id="r", thread_id="t")  # no decision yet
+        assert again.state == "paused" and done == []
+        with pytest.raises(UserError, match="waits for \\['subagent:0:0/call_0_0'\\]"):
+            await runner.resume(agent, run_id="r", thread_id="t", approvals={"call_0_0": True})
+        result = await runner.resume(
+            agent, run_id="r", thread_id="t", approvals={pending["call_id"]: True}
+        )
+    assert result.state == "completed", result.error
+    assert result.final_text == "support: all done" and done == ["o-1"]
+    assert top.asked == [0, 1] and sub.asked == [0, 1]  # no turn was asked twice
+    # the same call again (a client retrying after a timeout): the stored result
+    with Store(db=tmp_path / "r.sqlite") as store:
+        again = await Runner(store=store).resume(
+            agent, run_id="r", thread_id="t", approvals={pending["call_id"]: True}
+        )
+    assert again == result and done == ["o-1"]
+
+
+async def test_a_subagents_approval_inside_a_plan_step(tmp_path: Path) -> None:
+    # guarantee 180, 181
+    done: list[str] = []
+    with Store(db=tmp_path / "p.sqlite") as store:
+
+        def plan(approvals: dict[str, Any] | None = None) -> Agent:
+            agent, _, _ = _support_with_billing(done)
+            return Agent(
+                engine=Plan(
+                    Step(agent),
+                    store=store,
+                    checkpoint_key="support-plan",
+                    resume=True,
+                    approvals=approvals,
+                )
+            )
+
+        env = await plan().run("refund o-1")
+        assert not env.ok and env.error is not None and env.error.type == "PlanPaused"
+        [pending] = env.metadata["pending_approvals"]
+        assert pending["call_id"] == "subagent:0:0/call_0_0" and done == []
+        env = await plan({pending["call_id"]: "not this month"}).run("refund o-1")
+    assert env.ok and env.payload == "support: all done" and done == []

@@ -42,7 +42,8 @@ async def test_plan_step_loop_resumes_at_its_last_committed_turn(tmp_path: Path)
         with pytest.raises(Crash):
             await _plan(store, Script(REPLIES), done, {"b"}).run("bill")
         runs = [k for k in store.keys() if k.endswith(":llm")]
-        assert runs == ["bill:biller:1:llm"]  # the step execution's idempotency key
+        origin = store.backend.run_get("bill").meta["origin"]  # type: ignore[union-attr]
+        assert runs == [f"bill:{origin}:biller:1:llm"]  # the step execution's idempotency key
         again = Script(REPLIES)
         env = await _plan(store, again, done, set()).run("bill")
         assert env.ok and env.payload == "charged a and b"
@@ -123,9 +124,10 @@ async def test_function_step_running_two_agents(tmp_path: Path) -> None:
             await plan({"c"}).run("bill")
         env = await plan(set()).run("bill")
         assert env.ok and env.payload == "charged a and b / c done"
+        origin = store.backend.run_get("f").meta["origin"]  # type: ignore[union-attr]
         assert sorted(k for k in store.keys() if ":llm" in k) == [
-            "f:two_agents:1:llm",
-            "f:two_agents:1:llm2",
+            f"f:{origin}:two_agents:1:llm",
+            f"f:{origin}:two_agents:1:llm2",
         ]
     assert [s.asked for s in asked] == [[0, 1], [0], [], [1]]
     assert sorted(done) == ["a", "b", "c", "c"]

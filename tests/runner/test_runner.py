@@ -15,6 +15,7 @@ from stepstone import (
     AgentCheckpointCorruptionError,
     AgentResult,
     ConcurrentRunError,
+    ModelAPIError,
     Runner,
     RunnerConfig,
     SerializationError,
@@ -256,6 +257,38 @@ async def test_terminal_run_returns_stored_result_with_no_calls(store: Store) ->
     rerun = await runner.run(make(again, ledger), user_message="bill", run_id="r", thread_id="t")
     assert resumed == first == rerun
     assert again.asked == [] and ledger.done == ["a", "b", "c"]
+
+
+async def test_resume_tries_a_rate_limited_run_again(store: Store) -> None:
+    # guarantee 92: a failure a later try can cure (a 429 whose wait is longer than the
+    # engine sleeps) is resumable: resume() continues where it stopped; run() with the same
+    # id keeps returning the stored result. Before, both returned the failure for good.
+    limited = {"on": True}
+
+    def before(turn: int) -> None:
+        if turn == 1 and limited["on"]:
+            limited["on"] = False
+            raise ModelAPIError(
+                "429 too many requests",
+                kind="rate_limit",
+                status=429,
+                retryable=True,
+                retry_after=3600,
+                retry_at=1e10,
+            )
+
+    script, ledger = Script(two_turns(), before=before), Ledger()
+    runner = Runner(store=store)
+    agent = make(script, ledger, max_retries=0)
+    failed = await runner.run(agent, user_message="bill", run_id="r", thread_id="t")
+    assert failed.state == "failed" and failed.error is not None
+    assert failed.error["type"] == "ModelAPIError" and failed.error["retryable"] is True
+    assert failed.error["retry_at"] == 1e10
+    assert await runner.run(agent, user_message="bill", run_id="r", thread_id="t") == failed
+    done = await runner.resume(agent, run_id="r", thread_id="t")
+    assert done.state == "completed" and done.final_text == "all charged"
+    assert ledger.done == ["a", "b", "c"]  # turn 0's charges were not made again
+    assert script.asked == [0, 1, 1, 2]
 
 
 @pytest.mark.parametrize("async_writes", [False, True])
@@ -525,6 +558,9 @@ async def test_two_resumes_of_one_live_run(store: Store) -> None:
     await asyncio.wait_for(entered.wait(), 60)
     with pytest.raises(ConcurrentRunError, match="live"):
         await runner.resume(agent, run_id="r1", thread_id="t")
+    # approvals given while it runs: the same error, not "it waits for nothing"
+    with pytest.raises(ConcurrentRunError, match=r"owned by live run .* once it has stopped"):
+        await runner.resume(agent, run_id="r1", thread_id="t", approvals={"call_1_0": True})
     gate.set()
     result = await asyncio.wait_for(first, 60)
     assert result.state == "completed"
@@ -567,6 +603,10 @@ def test_sync_twins_and_config_validation(tmp_path: Path) -> None:
         RunnerConfig(checkpoint_flush_timeout_s=0)
     with pytest.raises(ValueError, match="checkpoint_queue_maxsize"):
         RunnerConfig(checkpoint_queue_maxsize=0)
+    with pytest.raises(UserError, match=r"takes a Store, got str 'x.db'; pass Store\(db="):
+        Runner(store="x.db")  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="takes a RunnerConfig, got dict"):
+        Runner(config={"checkpoint_async_writes": False})  # type: ignore[arg-type]
     with Store(db=tmp_path / "s.sqlite") as store:
         runner = Runner(store=store)
         agent = make(Script(two_turns()), Ledger())
@@ -687,7 +727,8 @@ async def test_structured_output_is_kept_and_replayed(tmp_path: Path) -> None:
         # the step's loop again under the same execution key: the stored answer, typed
         from stepstone.durable._effects import DurableScope, bind_scope
 
-        with bind_scope(DurableScope(store=store, key="j:judge:1")):
+        origin = store.backend.run_get("j").meta["origin"]  # type: ignore[union-attr]
+        with bind_scope(DurableScope(store=store, key=f"j:{origin}:judge:1")):
             again = await judge.run("judge")
         assert again.payload == env.payload and script.asked == [0]
 

@@ -103,6 +103,16 @@ def test_a_path_of_another_type_is_a_type_error() -> None:
         Store(db="")
 
 
+def test_a_prefix_of_another_type_is_a_type_error(tmp_path: Path) -> None:
+    # guarantee 355
+    with Store(db=tmp_path / "p.sqlite") as store:
+        store.write("k3", 1)
+        for call in (store.keys, store.items):
+            with pytest.raises(TypeError, match=r"prefix must be a str .* got int 3"):
+                call(prefix=3)  # type: ignore[arg-type]
+        assert store.keys(prefix="k") == ["k3"]
+
+
 def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_bytes(b"these are my notes, not a database\n" * 200)

@@ -59,6 +59,30 @@ def test_postgres_clock_is_the_servers(pg_url: str) -> None:
 
 
 @pytest.mark.postgres
+def test_a_worker_started_while_the_database_is_down_waits_for_it(
+    own_pg_server: PgServer, tmp_path: Path
+) -> None:
+    # guarantee 243: before, the worker exited at once ("cannot set up the stepstone
+    # schema ... Connection refused"), shrinking a pool restarted during an outage
+    url = own_pg_server.create_database("w_late")
+    log = str(tmp_path / "log")
+    with Store(url=url) as store:
+        handle = submit(store, T + "plan", task(log, "late"))
+        own_pg_server.stop()
+        proc = spawn(url, "--max-runs", "1")
+        try:
+            time.sleep(3.0)
+            assert proc.poll() is None, "the worker gave up while the database was down"
+            own_pg_server.start()
+            assert handle.result(timeout=120).ok
+        finally:
+            if proc.poll() is None and handle.status() != "done":
+                proc.kill()
+            finish(proc)
+    assert proc.returncode == 0
+
+
+@pytest.mark.postgres
 def test_workers_ride_out_a_database_restart(own_pg_server: PgServer, tmp_path: Path) -> None:
     url = own_pg_server.create_database("w_restart")
     log = str(tmp_path / "log")

@@ -18,10 +18,12 @@ from rich.console import Console
 
 from stepstone.cli import _check, _migrate, _ops, _ui
 from stepstone.cli import _debug as _debug_state
+from stepstone.cli._ops import split_values
 from stepstone.cli._render import entry_json, render_entry, render_runs
 from stepstone.cli._runs import select_runs
 from stepstone.cli._worker import worker
 from stepstone.durable import database_now
+from stepstone.engines._views import BUILTIN_KINDS
 from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
 from stepstone.store._base import printable_key
@@ -221,14 +223,22 @@ def runs(
         total, lines = select_runs(
             store,
             prefix,
-            statuses=tuple(v for raw in status or () for v in raw.split(",") if v),
-            kinds=tuple(v for raw in kind or () for v in raw.split(",") if v),
+            statuses=split_values(status),
+            kinds=split_values(kind),
             older_than=older,
             newer_than=newer,
             sort=sort,
             limit=limit,
             offset=offset,
             now=now,
+        )
+    odd = [k for k in split_values(kind) if k not in BUILTIN_KINDS]
+    if odd and total == 0:
+        # Not an error: an engine of the user's own journals runs of its own kind.
+        typer.echo(
+            f"note: no run has kind {', '.join(map(repr, odd))}; stepstone's kinds are "
+            f"{', '.join(BUILTIN_KINDS)}",
+            err=True,
         )
     if as_json:
         typer.echo(json.dumps([line.to_json(now) for line in lines], default=str))

@@ -187,9 +187,12 @@ def resume_cmd(
         after = run_head(store, key)
         status = after.status if after is not None else "gone"
         err = after.meta.get("error") if after is not None else None
+        stopped = status != "done" and isinstance(err, dict)
         if as_json:
             sys.stdout.write(json.dumps({"key": key, "status": status, "error": err}) + "\n")
-        elif status != "done" and isinstance(err, dict):
+            if stopped:
+                raise typer.Exit(1)
+        elif stopped and isinstance(err, dict):
             raise OpsError(
                 f"run {key!r} stopped again ({status}) at "
                 f"{err.get('step') or err.get('node')!r}: {err.get('type')}: {err.get('message')}"

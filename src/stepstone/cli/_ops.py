@@ -41,7 +41,7 @@ from stepstone.store import Retention, Store, vacuum
 from stepstone.store._base import read_salvaged
 from stepstone.store._check import problem_text
 
-__all__ = ["register"]
+__all__ = ["register", "split_values"]
 
 DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
 UrlOption = Annotated[
@@ -49,6 +49,12 @@ UrlOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback on failure.")]
+
+
+def split_values(values: list[str] | None) -> tuple[str, ...]:
+    """The values of a repeatable option, each occurrence also split at commas
+    (``--status done,failed`` is ``--status done --status failed``)."""
+    return tuple(v.strip() for raw in values or () for v in raw.split(",") if v.strip())
 
 
 class OpsError(Exception):
@@ -146,7 +152,7 @@ def prune_cmd(
     ] = None,
     status: Annotated[
         list[str] | None,
-        typer.Option(help="Statuses that may go (repeat it); default: done."),
+        typer.Option(help="Statuses that may go (repeat it, or comma-separate); default: done."),
     ] = None,
     prefix: Annotated[
         list[str] | None,
@@ -166,7 +172,7 @@ def prune_cmd(
             policy = Retention(
                 ttl=parse_age(ttl) if ttl is not None else None,
                 keep_last=keep_last,
-                statuses=tuple(status or ("done",)),
+                statuses=split_values(status) or ("done",),
                 prefix=tuple(prefix) if prefix else None,
                 min_age=parse_age(min_age),
             )

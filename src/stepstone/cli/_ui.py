@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 from typing import Annotated
 
 import typer
@@ -20,6 +22,13 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _fix(exc: OSError) -> str:
+    """What to change when the server cannot bind: the address or the port."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return "pass a --host that is an address of this machine (127.0.0.1 by default)"
+    return "pass another --port (0 takes any free one)"
 
 
 def ui_cmd(
@@ -50,9 +59,7 @@ def ui_cmd(
                 store, host=host, port=port, allow_actions=allow_actions, poll_seconds=poll
             )
         except OSError as exc:
-            raise OSError(
-                f"cannot listen on {host}:{port} ({exc.strerror}); pass another --port"
-            ) from exc
+            raise OSError(f"cannot listen on {host}:{port} ({exc.strerror}); {_fix(exc)}") from exc
         mode = "actions enabled" if allow_actions else "read-only"
         typer.echo(f"stepstone inspector on {server.url} ({mode}); Ctrl-C stops it", err=True)
         try:

@@ -9,12 +9,20 @@ import uuid
 
 import psutil
 
-__all__ = ["host_id", "new_uid", "process_alive", "process_start_time"]
+__all__ = ["host_id", "new_origin", "new_uid", "process_alive", "process_start_time"]
 
 
 def new_uid() -> str:
     """A fresh 32-hex-digit identifier (a run's ``run_uid``)."""
     return uuid.uuid4().hex
+
+
+def new_origin() -> str:
+    """A fresh 12-hex-digit stamp of one run of a key (``meta["origin"]`` of its head): set
+    when the run starts from scratch, is rewound by a retry or forked, and kept by resumes.
+    It is part of the keys derived from the run (a Plan step's idempotency key, the keys of
+    the LLM loops inside its steps), so another run of the same key never reuses them."""
+    return uuid.uuid4().hex[:12]
 
 
 @functools.cache

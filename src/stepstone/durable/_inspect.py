@@ -137,7 +137,15 @@ def query_runs(
     ``(total, page)``.
 
     ``older_than``/``newer_than`` are ages in seconds since the last commit.
+
+    Raises:
+        ValueError: a negative ``limit`` or ``offset``, an unknown status or sort.
     """
+    if (limit is not None and limit < 0) or offset < 0:
+        raise ValueError(
+            f"limit and offset must be >= 0 (limit=None for all runs), got limit={limit!r}, "
+            f"offset={offset!r}"
+        )
     now = database_now(store) if now is None else now
     out = filter_heads(
         store.backend.run_list(prefix or None),

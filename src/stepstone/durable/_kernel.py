@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from stepstone.core._ids import new_uid
+from stepstone.core._ids import new_origin, new_uid
 from stepstone.core._serialization import dumps
 from stepstone.core._sync import may_block_loop
 from stepstone.durable._group import (
@@ -67,6 +67,15 @@ log = logging.getLogger("stepstone")
 
 Outcome = Literal["fresh", "resumed", "done"]
 LegacyImport = Callable[[str, str], tuple[RunHead, list[JournalRow]] | None]
+
+
+def _with_origin(meta: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` an engine commits, keeping the run's ``origin`` (its stamp, set by the
+    claim that started it) when the engine does not give one."""
+    origin = old.get("origin")
+    if origin is None or "origin" in meta:
+        return meta
+    return {**meta, "origin": origin}
 
 
 def ownership_error(kind: str, message: str) -> ConcurrentRunError:
@@ -148,7 +157,7 @@ class OwnedRun:
             pid=head.pid,
             pid_start=head.pid_start,
             lease_until=self.lease.until(now),
-            meta=head.meta if meta is None else meta,
+            meta=head.meta if meta is None else _with_origin(meta, head.meta),
             created_at=head.created_at,
             updated_at=now,
         )
@@ -505,7 +514,9 @@ def _claimer(
             version=(head.version + 1) if head is not None else 1,
             iteration=0,
             journal_len=0,
-            meta=dict(meta or {}),
+            # a stamp of this run of the key, kept by its resumes (an engine may give its
+            # own): keys derived from the run differ from those of another run of the key
+            meta={"origin": new_origin(), **(meta or {})},
             created_at=now,
             **base,
         )

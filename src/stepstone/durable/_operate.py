@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stepstone.core._ids import new_origin
 from stepstone.durable._inspect import rewind_steps
 from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
@@ -142,6 +143,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
             "rejoin": None,
             "error": None,
             "forked_from": {"key": key, "at": at, "run_uid": head.run_uid},
+            "origin": new_origin(),  # the copy's steps get keys of their own
         },
     )
     copies = [JournalRow(i, r.kind, r.name, r.data) for i, r in enumerate(kept)]
@@ -276,6 +278,9 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
                 "rejoin": None,
                 "error": None,
                 "retry_from": {"step": from_step, "at": now},
+                # what runs again is a new execution: new idempotency keys, and its LLM
+                # loops ask the model again instead of replaying the dropped answers
+                "origin": new_origin(),
             },
         )
         return Claim(head=new, reset_journal=True, rows=kept)

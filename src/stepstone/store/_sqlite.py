@@ -56,7 +56,7 @@ from stepstone.store._sqlite_rows import (
     kv_params,
     kv_upsert_sql,
 )
-from stepstone.store._sqlite_wal import WalTender
+from stepstone.store._sqlite_wal import WalTender, wal_damage
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
 
@@ -323,10 +323,26 @@ class SQLiteBackend(Backend):
         self.checkpoint_pages = checkpoint_pages
         tend = preallocate_wal and durability == "full" and str(path) != ":memory:"
         self._wal = WalTender(Path(f"{self.path}-wal")) if tend and not read_only else None
+        if str(path) != ":memory:":
+            self._check_wal()
         if read_only:
             self._check_read_only()
         else:
             self._setup()
+
+    def _check_wal(self) -> None:
+        """Refuse a store whose WAL holds commits SQLite would silently drop (a changed
+        byte in a committed frame or in the WAL's header): opening it would read the
+        store as it was before them, resume runs from there, and the first write would
+        overwrite them for good."""
+        problem = wal_damage(self.path)
+        if problem is not None:
+            raise StoreDamagedError(
+                f"{str(self.path)!r} is damaged: {problem}; nothing was written. Restore "
+                "the store (the file with its -wal) from a backup; to open it anyway, "
+                f"giving those transactions up, move {self.path}-wal and {self.path}-shm "
+                "away first"
+            )
 
     # -- connections ---------------------------------------------------------------------
     def _connect_read_only(self) -> sqlite3.Connection:

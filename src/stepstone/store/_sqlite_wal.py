@@ -10,11 +10,15 @@ outgrow it, up to the size the WAL reaches between two automatic checkpoints.
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import sqlite3
+import struct
+import sys
 from pathlib import Path
 
-__all__ = ["WalTender"]
+__all__ = ["WalTender", "wal_checksum", "wal_damage"]
 
 #: Bytes of the WAL file header and of each frame's header (before its page).
 _WAL_HEADER = 32
@@ -76,3 +80,170 @@ def _extend(wal: Path, size: int, target: int) -> int:
     finally:
         os.close(fd)
     return size
+
+
+# -- reading a WAL as SQLite's recovery does ---------------------------------------------
+# SQLite recovers a WAL up to its last commit frame before the first frame whose salts or
+# checksum fail, and forgets the rest; a WAL whose header fails is forgotten whole. A byte
+# changed inside a committed frame (or in the header) would so drop that commit and every
+# later one without an error. ``wal_damage`` reads the file as recovery does, and also as
+# the writer wrote it (each frame checked against the checksum stored in the one before),
+# and reports commits the writer made that recovery would drop.
+
+_MAGIC = (0x377F0682, 0x377F0683)  # the low bit: checksums over big-endian words
+_WAL_VERSION = 3007000
+
+
+@functools.cache
+def _weights(pairs: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, int, int, int]]:
+    """The checksum over ``pairs`` word pairs as two dot products and a matrix.
+
+    SQLite's WAL checksum runs ``s0 += x0 + s1; s1 += x1 + s0`` over the pairs, which is
+    ``S' = M S + (x0, x0 + x1)`` with ``M = [[1, 1], [1, 2]]`` (mod 2**32): after all pairs,
+    ``S = M**pairs S0 + sum_k M**(pairs-1-k) (x0_k, x0_k + x1_k)``, so each sum is a dot
+    product of the words with fixed weights (computed once per page size), which the
+    interpreter runs in C instead of a Python loop per word."""
+    mask = 0xFFFFFFFF
+    w0: list[int] = []
+    w1: list[int] = []
+    p, q, r, t = 1, 0, 0, 1  # M**0
+    for _ in range(pairs):  # M**j for j = 0, 1, ...: the weights of pair pairs-1-j
+        w0 += (p + q) & mask, q
+        w1 += (r + t) & mask, t
+        p, q, r, t = (p + r) & mask, (q + t) & mask, (p + 2 * r) & mask, (q + 2 * t) & mask
+    pairs_w0 = tuple(reversed([(w0[i], w0[i + 1]) for i in range(0, len(w0), 2)]))
+    pairs_w1 = tuple(reversed([(w1[i], w1[i + 1]) for i in range(0, len(w1), 2)]))
+    flat0 = tuple(x for pair in pairs_w0 for x in pair)
+    flat1 = tuple(x for pair in pairs_w1 for x in pair)
+    return flat0, flat1, (p, q, r, t)
+
+
+def wal_checksum(data: bytes, seed: tuple[int, int], big_endian: bool) -> tuple[int, int]:
+    """SQLite's WAL checksum of ``data`` (a multiple of 8 bytes), continuing ``seed``."""
+    n = len(data) // 4
+    words = struct.unpack(f"{'>' if big_endian else '<'}{n}I", data)
+    w0, w1, (p, q, r, t) = _weights(n // 2)
+    s0, s1 = seed
+    return (
+        (p * s0 + q * s1 + sum(map(operator.mul, words, w0))) & 0xFFFFFFFF,
+        (r * s0 + t * s1 + sum(map(operator.mul, words, w1))) & 0xFFFFFFFF,
+    )
+
+
+def _page_size(value: int) -> int | None:
+    size = 65536 if value == 1 else value
+    return size if 512 <= size <= 65536 and size & (size - 1) == 0 else None
+
+
+def wal_damage(db: Path) -> str | None:
+    """What is wrong with ``db``'s WAL file when SQLite's recovery would drop commits from
+    it (a changed byte in a committed frame, or in the WAL's header), or None.
+
+    Commits that recovery would drop but whose pages the main file already holds (the
+    WAL was checkpointed) lose nothing and are not reported. Reads only; safe while other
+    processes use the store (a frame being written is not a commit yet)."""
+    try:
+        f = open(f"{db}-wal", "rb")  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with f:
+        head = f.read(_WAL_HEADER)
+        if len(head) < _WAL_HEADER:
+            return None
+        magic, version, size_field, _, salt1, salt2, c1, c2 = struct.unpack(">8I", head)
+        big = magic & 1 == 1
+        page = _page_size(size_field)
+        header_ok = (
+            magic in _MAGIC
+            and version == _WAL_VERSION
+            and page is not None
+            and wal_checksum(head[:24], (0, 0), big) == (c1, c2)
+        )
+        if not header_ok:
+            if not head.strip(b"\0") and not f.read(1 << 16).strip(b"\0"):
+                return None  # nothing written yet (or zeros kept ahead of the commits)
+            page = page or _db_page_size(db)
+            f.seek(_WAL_HEADER)
+            if page is None:
+                return None
+            first = f.read(_WAL_FRAME_HEADER + page)
+            f.seek(_WAL_HEADER)
+            if len(first) < _WAL_FRAME_HEADER + page:
+                return None
+            salt1, salt2 = struct.unpack(">II", first[8:16])  # the frames' own salts
+            # the byte order of the sums (the magic's low bit, perhaps the damaged one):
+            # the one the first frame checks out with, else the machine's, as SQLite's
+            stored = struct.unpack(">II", first[16:24])
+            body = first[:8] + first[24:]
+            fits = [b for b in (True, False) if wal_checksum(body, (c1, c2), b) == stored]
+            big = fits[0] if fits else sys.byteorder == "big"
+        if page is None:
+            return None
+        frame = _WAL_FRAME_HEADER + page
+        recovered = -1  # the last commit frame recovery keeps
+        written = -1  # the last commit frame the writer wrote whole
+        broken = -1 if header_ok else 0  # the first frame recovery stops at
+        seed = (c1, c2)  # the stored checksum of the frame before (of the header first)
+        frames: list[tuple[int, bytes]] = []
+        while True:
+            data = f.read(frame)
+            if len(data) < frame:
+                break
+            pgno, commit, s1, s2, k1, k2 = struct.unpack(">6I", data[:24])
+            if (s1, s2) != (salt1, salt2) or pgno == 0:
+                break  # the end of this generation's frames (zeros, or an older one's)
+            i = len(frames)
+            sound = wal_checksum(data[:8] + data[24:], seed, big) == (k1, k2)
+            if broken < 0 and not sound:
+                broken = i
+            if sound and commit:
+                written = i
+                if broken < 0:
+                    recovered = i
+            seed = (k1, k2)
+            frames.append((pgno, data[24:]))
+        if written <= recovered:
+            return None
+        if _reads_the_same(db, page, frames, recovered, written):
+            return None
+        where = (
+            "its header is damaged, so SQLite would ignore the whole file"
+            if not header_ok
+            else f"frame {broken + 1} is damaged, so SQLite would stop reading there"
+        )
+        return (
+            f"its WAL file ({db.name}-wal) holds committed transactions that SQLite would "
+            f"drop (frames {recovered + 2} to {written + 1} of {len(frames)}): {where}"
+        )
+
+
+def _db_page_size(db: Path) -> int | None:
+    try:
+        with open(db, "rb") as f:
+            head = f.read(100)
+    except OSError:
+        return None
+    return _page_size(int.from_bytes(head[16:18], "big")) if len(head) == 100 else None
+
+
+def _reads_the_same(
+    db: Path, page: int, frames: list[tuple[int, bytes]], recovered: int, written: int
+) -> bool:
+    """Whether SQLite, recovering ``frames[: recovered + 1]``, reads every page the lost
+    commits wrote as those commits left it: each such page is read from the last recovered
+    frame that holds it, else from the main file (where a checkpoint may have copied the
+    lost commits' version before the WAL was damaged)."""
+    kept = dict(frames[: recovered + 1])
+    wanted = dict(frames[: written + 1])
+    try:
+        with open(db, "rb") as f:
+            for pgno in dict(frames[recovered + 1 : written + 1]):
+                seen = kept.get(pgno)
+                if seen is None:
+                    f.seek((pgno - 1) * page)
+                    seen = f.read(page)
+                if seen != wanted[pgno]:
+                    return False
+    except OSError:
+        return False
+    return True

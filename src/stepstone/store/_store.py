@@ -167,7 +167,7 @@ class Store:
 
     def keys(self, prefix: str | None = None) -> list[str]:
         """Sorted keys of values and checkpoints, optionally only those with ``prefix``."""
-        return self.backend.kv_keys(prefix)
+        return self.backend.kv_keys(_prefix(prefix))
 
     def items(self, prefix: str | None = None, *, kind: ItemKind = None) -> list[tuple[str, Any]]:
         """``(key, value)`` pairs of everything :meth:`read` can read, sorted by key.
@@ -183,6 +183,7 @@ class Store:
         """
         if kind not in (None, "value", "checkpoint"):
             raise ValueError(f"kind must be None, 'value' or 'checkpoint', got {kind!r}")
+        prefix = _prefix(prefix)
         pairs: list[tuple[str, Any]] = []
         if kind != "checkpoint":
             pairs.extend((k, _decode(k, t)) for k, t in self.backend.kv_items(prefix))
@@ -336,4 +337,13 @@ def _backend_from_url(
     raise ValueError(
         f"{what} in {url!r}; use 'sqlite:///path/to/file' "
         "or 'postgresql://user:password@host/dbname'"
+    )
+
+
+def _prefix(prefix: object) -> str | None:
+    """``prefix`` checked: a str or None."""
+    if prefix is None or isinstance(prefix, str):
+        return prefix
+    raise TypeError(
+        f"prefix must be a str (or None for every key), got {type(prefix).__name__} {prefix!r}"
     )

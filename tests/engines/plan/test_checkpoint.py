@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -33,7 +34,7 @@ from stepstone import (
     from_parallel_all,
     from_step,
 )
-from stepstone.durable import claim_run
+from stepstone.durable import claim_run, fork_run, retry_run
 from stepstone.store import RunHead
 
 
@@ -772,9 +773,22 @@ def test_idempotency_key_is_stable_across_crash_and_resume(store: Store) -> None
     assert not run(make()).ok
     fail["on"] = False
     assert run(make()).ok
-    assert seen == ["orders:charge:2", "orders:charge:2"]
+    origin = store.backend.run_get("orders").meta["origin"]  # type: ignore[union-attr]
+    assert re.fullmatch("[0-9a-f]{12}", origin)
+    assert seen == [f"orders:{origin}:charge:2"] * 2
     assert run(Plan(Step(charge), store=store, checkpoint_key="orders2")).ok
-    assert seen[-1] == "orders2:charge:1"
+    assert re.fullmatch("orders2:[0-9a-f]{12}:charge:1", seen[-1])
+    # another run of the key is another execution: a fresh start, a retry's re-run and a
+    # fork's copy each get keys of their own, so an external API does not deduplicate them
+    # into the old charge
+    fresh = Plan(*make().steps, store=store, checkpoint_key="orders", resume=False)
+    assert run(fresh).ok
+    retry_run(store, "orders", from_step="charge")
+    assert run(make()).ok
+    fork_run(store, "orders", at="prepare", to="orders-copy")
+    assert run(Plan(*make().steps, store=store, checkpoint_key="orders-copy", resume=True)).ok
+    charged = [k for k in seen if k.endswith(":charge:2")]
+    assert len(charged) == 5 and len(set(charged)) == 4, charged
 
 
 def test_an_output_with_a_lone_surrogate_is_stored_and_resumed(store: Store) -> None:

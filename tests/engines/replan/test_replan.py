@@ -28,7 +28,7 @@ from stepstone import (
     Tool,
 )
 from stepstone.exceptions import MaxRoundsExceeded, PlannerOutputError
-from stepstone.testing import FakeModel
+from stepstone.testing import FakeModel, FunctionModel
 
 
 class Script:
@@ -487,6 +487,58 @@ def test_failing_planner_fails_the_round_and_resume_asks_again(tmp_path: Path) -
         assert store.read("pl")["status"] == "failed"
         again = Agent(engine=ReplanEngine(resume=True, **opts), tools=[planner])("go")
         assert again.payload == "second try"
+
+
+def test_llm_planner_and_worker_inside_a_durable_plan_step_resume(tmp_path: Path) -> None:
+    # guarantee 191, 192: the LLM loops of the planner and of each task journal under keys
+    # of their position in the replan run. Before, they numbered the loops they started:
+    # on resume the planner's answer was replayed, so the worker took the planner's key and
+    # the run was stuck for good ("already exists with another user_message")
+    down = [True]
+
+    def worker_model(request: Any) -> str:
+        if down[0]:
+            raise ValueError("worker model down")
+        return "dug up 3 facts"
+
+    dig = {"tool": "worker", "kwargs": {"task": "dig"}}
+    planner_model = FakeModel([  # one script for both runs: each round is asked once
+        {"reasoning": "ask the worker", "tasks": [dig]},
+        {"reasoning": "enough", "done": True, "final_answer": "3 facts"},
+    ])  # fmt: skip
+
+    def build() -> Agent:
+        planner = Agent(engine=LLMEngine(planner_model), name="planner", output=PlanRound)
+        worker = Agent(
+            engine=LLMEngine(FunctionModel(worker_model), max_retries=0),
+            name="worker",
+            description="Digs.",
+        )
+        research = Agent(
+            engine=ReplanEngine(store=store, checkpoint_key="inner", resume=True),
+            tools=[planner, worker],
+            name="research",
+        )
+        plan = Plan(Step("research", writes="r"), store=store, checkpoint_key="outer", resume=True)
+        return Agent(engine=plan, tools=[research])
+
+    with Store(db=tmp_path / "r.sqlite") as store:
+        first = build()("investigate")
+        assert (
+            not first.ok and first.error is not None and "worker model down" in first.error.message
+        )
+        down[0] = False
+        again = build()("investigate")
+        assert again.ok, again.error
+        assert again.payload == "3 facts" and store.read("inner")["status"] == "done"
+        assert len(planner_model.requests) == 2
+        origin = store.backend.run_get("inner").meta["origin"]  # type: ignore[union-attr]
+        loops = [k for k in store.keys(prefix="inner:") if k.endswith(":llm")]
+        assert loops == [
+            f"inner:{origin}:round1:planner:llm",
+            f"inner:{origin}:round1:task0:llm",
+            f"inner:{origin}:round2:planner:llm",
+        ]
 
 
 def test_resume_on_done_returns_the_cached_answer(tmp_path: Path) -> None:

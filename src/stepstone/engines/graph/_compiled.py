@@ -104,11 +104,14 @@ class _Run:
         """An LLM loop inside this node visit journals under a key of its position."""
         if self.owned is None:
             return None
-        # The correlation id, not the invocation id: a resume is a new invocation of the
-        # same correlation and must find the same loop at the same node position.
-        corr = self.owned.head.meta.get("correlation_id") or self.invocation_id
+        # The chain's origin, not the invocation id: a resume is a new invocation of the
+        # same chain and must find the same loop at the same node position; a fresh
+        # invocation starts a chain of its own, even under the same correlation id. Chains
+        # started before origins were recorded use their correlation id, as they did.
+        meta = self.owned.head.meta
+        origin = meta.get("origin") or meta.get("correlation_id") or self.invocation_id
         where = "/".join((*ns, node))
-        return DurableScope(store=self.owned.store, key=f"graph:{corr}:{where}:{step}")
+        return DurableScope(store=self.owned.store, key=f"graph:{origin}:{where}:{step}")
 
     async def save(self, pos: NodePosition, patch: Patch, pop: int, next_node: str | None) -> None:
         """Commit one completed node (head + journal row, one transaction)."""
@@ -236,6 +239,7 @@ class CompiledGraph(Generic[S]):
                     raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
                     resumes = self._prepare_resume(raw)
                 correlation_id = raw.correlation_id
+                origin = raw.head.meta.get("origin") or correlation_id
                 attempt = raw.attempt + 1
                 positions = list(raw.positions)
                 meta = {**raw.metadata, **(metadata or {})}
@@ -247,6 +251,7 @@ class CompiledGraph(Generic[S]):
                     )
                 if correlation_id is None:
                     correlation_id = invocation_id
+                origin = invocation_id
                 resumes = [_Resume(self, state, None, self.entry, 0)]
                 attempt = 0
                 positions = []
@@ -263,6 +268,7 @@ class CompiledGraph(Generic[S]):
                     correlation_id,
                     resume_invocation,
                     meta,
+                    origin,
                 )
                 if cp is not None
                 else None
@@ -432,6 +438,7 @@ class CompiledGraph(Generic[S]):
         correlation_id: str,
         resumed_from: str | None,
         metadata: dict[str, Any],
+        origin: str,
     ) -> OwnedRun:
         """Claim the new invocation's record and commit its start row."""
         claim = claim_run(
@@ -447,6 +454,7 @@ class CompiledGraph(Generic[S]):
                 "schema_version": self.state_cls.schema_version,
                 "serialization": cp.serialization,
                 "resumed_from": resumed_from,
+                "origin": origin,  # the first invocation of the chain (see scope)
             },
             what="graph invocation",
         )

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
 from stepstone.core import Envelope, ErrorInfo, RunContext, RunLocation, payload_text
 from stepstone.core._serialization import to_json_value
@@ -25,11 +25,12 @@ from stepstone.durable._effects import (
     JournalContents,
     corrupt_agent_run,
 )
-from stepstone.durable._kernel import claim_run
+from stepstone.durable._kernel import claim_run, describe_owner
+from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import read_run as kernel_read_run
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
-from stepstone.engines.llm._output import wants_structured
+from stepstone.engines.llm._output import type_adapter, wants_structured
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
@@ -150,12 +151,17 @@ def read_run(store: Store, key: str) -> tuple[RunHead | None, list[JournalRow]]:
     return head, rows
 
 
-def _structured(value: Any) -> Any:
+def _structured(value: Any, output_type: Any) -> Any:
+    """The JSON form of a structured output (None for plain text). By the declared type, not
+    the value's: an output of ``Literal["spam", "ham"]`` or a str ``Enum`` is a str too."""
+    if not wants_structured(output_type):
+        return None
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
-    if isinstance(value, str):
-        return None
-    return to_json_value(value, warn=False)
+    try:
+        return type_adapter(output_type).dump_python(value, mode="json")
+    except Exception:  # noqa: BLE001 - a value the type cannot dump: stored as it encodes
+        return to_json_value(value, warn=False)
 
 
 def _result(
@@ -167,16 +173,18 @@ def _result(
     payload: Any,
     run_id: str,
     thread_id: str,
+    output_type: Any,
 ) -> dict[str, Any]:
     tools_run, subs_run = _tool_executions(journal)
     model = state.model or engine.model
     completed = outcome["state"] == "completed"
+    text = completed and not wants_structured(output_type) and isinstance(payload, str)
     return {
         "run_id": run_id,
         "thread_id": thread_id,
         "state": outcome["state"],
-        "final_text": payload if completed and isinstance(payload, str) else hooks.final_text,
-        "final_structured": _structured(payload) if completed else None,
+        "final_text": payload if text else hooks.final_text,
+        "final_structured": _structured(payload, output_type) if completed else None,
         "tool_executions": tools_run,
         "subagent_executions": subs_run,
         "usage": state.usage.to_dict(),
@@ -221,10 +229,10 @@ def _decisions(
         return {}
     stored = (record or {}).get("payload", {}).get("terminal_result") or {}
     pending = stored.get("pending_approvals") or [] if stored.get("state") == "paused" else []
-    out = {
+    out = {  # a subagent's calls (``via`` it) are decided in its own run
         (p["turn"], p["index"]): approvals[p["call_id"]]
         for p in pending
-        if p["call_id"] in approvals
+        if p["call_id"] in approvals and not p.get("via")
     }
     unknown = sorted(set(approvals) - {p["call_id"] for p in pending})
     if strict and unknown:
@@ -235,6 +243,10 @@ def _decisions(
             "from result.pending_approvals"
         )
     return out
+
+
+def _retryable(error: Any) -> bool:
+    return isinstance(error, dict) and error.get("retryable") is True
 
 
 async def run_durable(
@@ -252,9 +264,13 @@ async def run_durable(
     must_exist: bool,
     retry_failed: bool,
     system_context: str | None = None,
+    retry_retryable: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the durable LLM run under ``key`` with the agent's tools, output
     type, name and session from ``ctx``; returns its terminal result dict.
+
+    A finished run gives its stored result, unless ``retry_failed`` (a failed one runs
+    again from where it stopped) or ``retry_retryable`` and it failed on a retryable error.
 
     Raises:
         AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a malformed
@@ -298,15 +314,29 @@ async def run_durable(
             "run's idempotency key: pass a new run_id for a new task, or call "
             "runner.resume() to continue this one"
         )
-    # Decisions an operator recorded (`stepstone approve`) apply unless the caller decides.
-    approvals = {**recorded_approvals(head, rows), **(approvals or {})}
-    decisions = _decisions(run_id, record, approvals, strict=not retry_failed)
-    if record is not None:
+    if record is not None:  # a finished run: its result, whatever decisions come with it
         stored = record["payload"].get("terminal_result")
         if record["phase"] == "run_terminal" and isinstance(stored, dict):
             state = stored.get("state")
-            if state in TERMINAL_STATES and not (retry_failed and state != "completed"):
+            again = state != "completed" and (
+                retry_failed or (retry_retryable and _retryable(stored.get("error")))
+            )
+            if state in TERMINAL_STATES and not again:
                 return stored
+    # Decisions an operator recorded (`stepstone approve`) apply unless the caller decides.
+    approvals = {**recorded_approvals(head, rows), **(approvals or {})}
+    try:
+        decisions = _decisions(run_id, record, approvals, strict=not retry_failed)
+    except UserError:
+        # Not waiting for them because another process runs it now: say that instead.
+        if head is not None and await store._offload(
+            lambda: owner_alive(head, now=store.backend.clock())
+        ):
+            raise ConcurrentRunError(
+                f"agent run {run_id!r} is owned by live {describe_owner(head)}; its "
+                "approvals can be given once it has stopped (paused)"
+            ) from None
+        raise
     try:
         claim = await store._offload(
             lambda: claim_run(
@@ -411,19 +441,22 @@ async def _drive(
         await journal.close()
         raise
     except Exception as exc:  # noqa: BLE001 - a failed run is a result (corruption, in doubt...)
-        outcome = {
-            "state": "failed",
-            "error": {"type": type(exc).__name__, "message": str(exc)},
-            "pending_approvals": [],
-        }
+        error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+        if getattr(exc, "retryable", False) is True:  # a rate limit, an outage: resumable
+            error.update(retryable=True, retry_at=getattr(exc, "retry_at", None))
+        outcome = {"state": "failed", "error": error, "pending_approvals": []}
     except BaseException:  # cancellation, KeyboardInterrupt: a crash, resumable
         await journal.close()
         raise
     await journal.close()
     if outcome["error"] is not None and outcome["error"]["type"] == CheckpointFlushError.__name__:
         # The store failed mid-run: no terminal record, so the run stays resumable.
-        return _result(engine, journal, state, hooks, outcome, payload, run_id, thread_id)
-    result = _result(engine, journal, state, hooks, outcome, payload, run_id, thread_id)
+        return _result(
+            engine, journal, state, hooks, outcome, payload, run_id, thread_id, ctx.output_type
+        )
+    result = _result(
+        engine, journal, state, hooks, outcome, payload, run_id, thread_id, ctx.output_type
+    )
     model = state.model or engine.model
     snap = hooks.snapshot(state, outcome["state"])
     snap.update(final_text=result["final_text"], final_structured=result["final_structured"])
@@ -577,5 +610,5 @@ async def _run_journaled(
         return Envelope(task=env.task, payload=None, metadata=metadata, error=info)
     payload: Any = result["final_text"]
     if wants_structured(ctx.output_type):
-        payload = TypeAdapter(ctx.output_type).validate_python(result["final_structured"])
+        payload = type_adapter(ctx.output_type).validate_python(result["final_structured"])
     return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)

@@ -18,7 +18,7 @@ from stepstone.core._serialization import to_json_value
 from stepstone.durable._effects import DurableScope, EffectJournal, bind_scope, hash_json
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._effects import EffectKey, _jsonable
-from stepstone.exceptions import AgentCheckpointCorruptionError
+from stepstone.exceptions import AgentCheckpointCorruptionError, PlanPaused
 from stepstone.providers._pricing import estimate_cost
 from stepstone.providers._types import (
     Message,
@@ -216,10 +216,11 @@ class JournaledEffects:
                     call_id=key.call_id,
                 )
                 return _decode_tool(data)
+        via = f"{kind}:{key.turn}:{key.index}/"
         child = DurableScope(
             store=self.scope.store,
             key=f"{j.run.key}/{kind}:{key.turn}:{key.index}",
-            approvals=self.scope.approvals,
+            approvals=child_approvals(self.scope.approvals, via),
         )
 
         async def call() -> dict[str, Any]:
@@ -239,18 +240,36 @@ class JournaledEffects:
             if not self.pending and self.on_drained is not None:
                 self.on_drained(key.turn)
 
-        data, _ = await j.effect(
-            kind=kind,
-            turn=key.turn,
-            index=key.index,
-            name=key.name,
-            input_hash=input_hash,
-            invoke=call,
-            call_id=key.call_id,
-            policy="rerun" if policy == "ask" else policy,
-            after_outcome=drained,
-        )
+        try:
+            data, _ = await j.effect(
+                kind=kind,
+                turn=key.turn,
+                index=key.index,
+                name=key.name,
+                input_hash=input_hash,
+                invoke=call,
+                call_id=key.call_id,
+                policy="rerun" if policy == "ask" else policy,
+                after_outcome=drained,
+            )
+        except PlanPaused as paused:
+            if kind != "subagent":
+                raise
+            # The subagent waits for approvals of its own calls (its run is paused, its
+            # call here has no outcome): this run pauses with them, each id prefixed with
+            # the subagent call's position; a resume hands the decisions down to it.
+            for p in getattr(paused, "pending_approvals", None) or []:
+                self.pending.append(
+                    {**p, "call_id": via + str(p["call_id"]), "via": via, "subagent": key.name}
+                )
+            return AWAITING_APPROVAL
         return _decode_tool(data)
+
+
+def child_approvals(approvals: dict[str, Any], via: str) -> dict[str, Any]:
+    """The decisions meant for the subagent called at ``via`` (``"subagent:T:I/"``), with
+    that prefix taken off their call ids."""
+    return {cid[len(via) :]: v for cid, v in approvals.items() if cid.startswith(via)}
 
 
 def _decode_tool(data: dict[str, Any]) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-__all__ = ["output_schema", "parse_output", "wants_structured"]
+__all__ = ["output_schema", "parse_output", "type_adapter", "wants_structured"]
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
@@ -20,7 +20,8 @@ def wants_structured(output_type: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _adapter(output_type: Any) -> TypeAdapter[Any]:
+def type_adapter(output_type: Any) -> TypeAdapter[Any]:
+    """The (cached) pydantic adapter of ``output_type``."""
     return TypeAdapter(output_type)
 
 
@@ -28,7 +29,7 @@ def output_schema(output_type: Any) -> dict[str, Any]:
     """The JSON schema of ``output_type`` (a pydantic model or any type pydantic knows)."""
     if isinstance(output_type, type) and issubclass(output_type, BaseModel):
         return output_type.model_json_schema()
-    return _adapter(output_type).json_schema()
+    return type_adapter(output_type).json_schema()
 
 
 def _extract_json(text: str) -> str:
@@ -55,7 +56,7 @@ def parse_output(text: str, output_type: Any) -> Any:
     try:
         if isinstance(output_type, type) and issubclass(output_type, BaseModel):
             return output_type.model_validate_json(blob)
-        return _adapter(output_type).validate_json(blob)
+        return type_adapter(output_type).validate_json(blob)
     except ValidationError as exc:
         errors = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ())) or '(root)'}: {e.get('msg')}"

@@ -513,10 +513,13 @@ class PlanRun:
         metadata: dict[str, Any] = {"step": step.step_name, "iteration": self.position + 1}
         if self.run is not None:
             # The same for every attempt of this execution of the step (a failed attempt does
-            # not move ``position``, and it is persisted), new for the next execution (a loop):
+            # not move ``position``, and it is persisted), new for the next execution (a loop)
+            # and in another run of the key (started over, rewound by a retry, or a fork):
             # pass it to external APIs so a retried side effect is deduplicated.
             nth = self.position + 1
-            metadata["idempotency_key"] = f"{self.run.key}:{step.step_name}:{nth}"
+            origin = self.run.head.meta.get("origin")  # None: started before origins
+            run = f"{origin}:" if isinstance(origin, str) else ""
+            metadata["idempotency_key"] = f"{self.run.key}:{run}{step.step_name}:{nth}"
         return Envelope(task=task, context=context, payload=source.payload, metadata=metadata)
 
     # -- targets -------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from stepstone.core import Envelope, Tool
 from stepstone.core._serialization import to_typed_json
 from stepstone.durable import OwnedRun
+from stepstone.durable._effects import DurableScope, bind_scope, current_scope
 from stepstone.engines.replan._prompt import planner_kwargs, planner_prompt
 from stepstone.engines.replan._record import (
     RECORD_VERSION,
@@ -151,6 +153,25 @@ class ReplanRun:
         self.started = True
         self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, round=number)
 
+    def _scope(self, where: str) -> contextlib.AbstractContextManager[None]:
+        """Bind the durable scope an LLM loop of the planner or a task journals in: a key
+        of its position in this run (``round2:task0``), the same on every resume. A
+        resume replays the planner answers this run journaled, so a counter of the loops
+        started (what an enclosing scope gives) would hand a task the planner's key.
+        Without a store of its own the run keeps the enclosing scope, if any."""
+        if self.run is None:
+            return contextlib.nullcontext()
+        origin = self.run.head.meta.get("origin")
+        run = f"{origin}:" if isinstance(origin, str) else ""
+        outer = current_scope()
+        return bind_scope(
+            DurableScope(
+                store=self.run.store,
+                key=f"{self.run.key}:{run}{where}",
+                approvals=outer.approvals if outer is not None else {},
+            )
+        )
+
     def _next_round(self) -> int:
         """The round a resumed run continues: the last one if it has tasks left to run."""
         if self.rounds and not self.rounds[-1].complete:
@@ -240,9 +261,10 @@ class ReplanRun:
                 prompt = planner_prompt(
                     self.task, workers, self.rounds, number=number, max_rounds=self.max_rounds
                 )
-                env = await planner.agent.run(
-                    Envelope(task=prompt, payload=prompt, metadata={"round": number})
-                )
+                with self._scope(f"round{number}:planner"):
+                    env = await planner.agent.run(
+                        Envelope(task=prompt, payload=prompt, metadata={"round": number})
+                    )
                 if not env.ok:
                     assert env.error is not None
                     err = {**where, **env.error.to_dict()}
@@ -257,7 +279,8 @@ class ReplanRun:
                     number=number,
                     max_rounds=self.max_rounds,
                 )
-                answer = await planner.invoke(args)
+                with self._scope(f"round{number}:planner"):
+                    answer = await planner.invoke(args)
         except PlanPaused as exc:
             env = Envelope.error_envelope(exc, retryable=True, task=self.task, metadata=where)
             self._emit(EventType.PLAN_PAUSED, step="planner", round=number, message=exc.message)
@@ -336,7 +359,8 @@ class ReplanRun:
         except Exception as exc:  # noqa: BLE001 - bad kwargs are the planner's to fix
             return {"error": {"type": "InvalidArguments", "message": f"{task.tool}: {exc}"}}
         try:
-            result = await tool.invoke(args)
+            with self._scope(f"round{number}:task{index}"):
+                result = await tool.invoke(args)
         except PlanPaused as exc:
             env = Envelope.error_envelope(exc, retryable=True, task=self.task, metadata=where)
             self._emit(EventType.PLAN_PAUSED, step=task.tool, round=number, message=exc.message)

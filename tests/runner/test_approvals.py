@@ -102,6 +102,14 @@ async def test_resume_without_a_decision_stays_paused(tmp_path: Path) -> None:
     assert script.asked == [0]
 
 
+def _one_step_plan(agent: Agent, store: Store, approvals: dict[str, Any] | None) -> Agent:
+    """A durable Plan whose one step is ``agent``, resumed with ``approvals``."""
+    plan = Plan(
+        Step(agent), store=store, checkpoint_key="support-plan", resume=True, approvals=approvals
+    )
+    return Agent(engine=plan)
+
+
 async def test_approval_inside_a_plan_step(tmp_path: Path) -> None:
     # guarantee 180, 181
     done: list[str] = []
@@ -113,15 +121,7 @@ async def test_approval_inside_a_plan_step(tmp_path: Path) -> None:
                 model=Script({0: call("refund", order="o-1"), 1: "refunded"}).model(),
                 tools=[_refund_tool(done)],
             )
-            return Agent(
-                engine=Plan(
-                    Step(llm),
-                    store=store,
-                    checkpoint_key="support-plan",
-                    resume=True,
-                    approvals=approvals,
-                )
-            )
+            return _one_step_plan(llm, store, approvals)
 
         env = await plan().run("refund o-1")
         assert not env.ok and env.error is not None and env.error.type == "PlanPaused"
@@ -197,16 +197,7 @@ async def test_a_subagents_approval_inside_a_plan_step(tmp_path: Path) -> None:
     with Store(db=tmp_path / "p.sqlite") as store:
 
         def plan(approvals: dict[str, Any] | None = None) -> Agent:
-            agent, _, _ = _support_with_billing(done)
-            return Agent(
-                engine=Plan(
-                    Step(agent),
-                    store=store,
-                    checkpoint_key="support-plan",
-                    resume=True,
-                    approvals=approvals,
-                )
-            )
+            return _one_step_plan(_support_with_billing(done)[0], store, approvals)
 
         env = await plan().run("refund o-1")
         assert not env.ok and env.error is not None and env.error.type == "PlanPaused"

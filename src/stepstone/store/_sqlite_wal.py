@@ -104,17 +104,15 @@ def _weights(pairs: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, i
     product of the words with fixed weights (computed once per page size), which the
     interpreter runs in C instead of a Python loop per word."""
     mask = 0xFFFFFFFF
-    w0: list[int] = []
-    w1: list[int] = []
+    w0: list[tuple[int, int]] = []  # the weights of (x0, x1) of the last pair first
+    w1: list[tuple[int, int]] = []
     p, q, r, t = 1, 0, 0, 1  # M**0
     for _ in range(pairs):  # M**j for j = 0, 1, ...: the weights of pair pairs-1-j
-        w0 += (p + q) & mask, q
-        w1 += (r + t) & mask, t
+        w0.append(((p + q) & mask, q))
+        w1.append(((r + t) & mask, t))
         p, q, r, t = (p + r) & mask, (q + t) & mask, (p + 2 * r) & mask, (q + 2 * t) & mask
-    pairs_w0 = tuple(reversed([(w0[i], w0[i + 1]) for i in range(0, len(w0), 2)]))
-    pairs_w1 = tuple(reversed([(w1[i], w1[i + 1]) for i in range(0, len(w1), 2)]))
-    flat0 = tuple(x for pair in pairs_w0 for x in pair)
-    flat1 = tuple(x for pair in pairs_w1 for x in pair)
+    flat0 = tuple(w for pair in reversed(w0) for w in pair)
+    flat1 = tuple(w for pair in reversed(w1) for w in pair)
     return flat0, flat1, (p, q, r, t)
 
 

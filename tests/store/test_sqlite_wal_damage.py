@@ -19,6 +19,7 @@ from stepstone import Store
 from stepstone.exceptions import StoreDamagedError
 from stepstone.store._sqlite import SQLiteBackend
 from stepstone.store._sqlite_wal import wal_checksum, wal_damage
+from tests.store.test_sqlite_layout import wal_commits
 
 WRITER = """
 import os, signal, sys
@@ -52,16 +53,9 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def _frames(path: Path) -> tuple[int, int]:
-    """(page size, frames) of ``path``'s WAL (its frame headers' salts match the header's)."""
-    data = Path(f"{path}-wal").read_bytes()
-    page = int.from_bytes(data[8:12], "big")
-    size, n = 24 + page, 0
-    while (
-        32 + (n + 1) * size <= len(data)
-        and data[32 + n * size + 8 : 32 + n * size + 16] == (data[16:24])
-    ):
-        n += 1
-    return page, n
+    """(page size, committed frames) of ``path``'s WAL."""
+    page = int.from_bytes(Path(f"{path}-wal").read_bytes()[8:12], "big")
+    return page, sum(map(len, wal_commits(path)))
 
 
 def _flip(path: Path, offset: int) -> None:

@@ -218,13 +218,14 @@ def runs(
 ) -> None:
     """List the durable runs in a store, with their owner's state (live or dead)."""
     older, newer = _age(older_than, "--older-than"), _age(newer_than, "--newer-than")
+    kinds = split_values(kind)
     with _open_store(db, url) as store:
         now = database_now(store)  # owners are judged by the database's clock
         total, lines = select_runs(
             store,
             prefix,
             statuses=split_values(status),
-            kinds=split_values(kind),
+            kinds=kinds,
             older_than=older,
             newer_than=newer,
             sort=sort,
@@ -232,7 +233,7 @@ def runs(
             offset=offset,
             now=now,
         )
-    odd = [k for k in split_values(kind) if k not in BUILTIN_KINDS]
+    odd = [k for k in kinds if k not in BUILTIN_KINDS]
     if odd and total == 0:
         # Not an error: an engine of the user's own journals runs of its own kind.
         typer.echo(

@@ -187,15 +187,16 @@ def resume_cmd(
         after = run_head(store, key)
         status = after.status if after is not None else "gone"
         err = after.meta.get("error") if after is not None else None
-        stopped = status != "done" and isinstance(err, dict)
+        stopped = err if status != "done" and isinstance(err, dict) else None  # its error
         if as_json:
             sys.stdout.write(json.dumps({"key": key, "status": status, "error": err}) + "\n")
-            if stopped:
+            if stopped is not None:
                 raise typer.Exit(1)
-        elif stopped and isinstance(err, dict):
+        elif stopped is not None:
             raise OpsError(
                 f"run {key!r} stopped again ({status}) at "
-                f"{err.get('step') or err.get('node')!r}: {err.get('type')}: {err.get('message')}"
+                f"{stopped.get('step') or stopped.get('node')!r}: {stopped.get('type')}: "
+                f"{stopped.get('message')}"
             )
         else:
             Console().print(f"{key}: {status}")

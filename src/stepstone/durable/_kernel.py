@@ -132,6 +132,13 @@ class OwnedRun:
         """This run's ownership stamp."""
         return self.head.run_uid
 
+    def derived_key(self, where: str) -> str:
+        """A key derived from this run of the key: ``"<key>:<origin>:<where>"`` (a run
+        started before origins: ``"<key>:<where>"``). The same on every resume; another
+        run of the key (a fresh start, a retry's rewind, a fork) derives other keys."""
+        origin = self.head.meta.get("origin")
+        return f"{self.key}:{origin}:{where}" if isinstance(origin, str) else f"{self.key}:{where}"
+
     def _next_head(
         self,
         *,

@@ -104,12 +104,11 @@ class _Run:
         """An LLM loop inside this node visit journals under a key of its position."""
         if self.owned is None:
             return None
-        # The chain's origin, not the invocation id: a resume is a new invocation of the
-        # same chain and must find the same loop at the same node position; a fresh
-        # invocation starts a chain of its own, even under the same correlation id. Chains
-        # started before origins were recorded use their correlation id, as they did.
-        meta = self.owned.head.meta
-        origin = meta.get("origin") or meta.get("correlation_id") or self.invocation_id
+        # The chain's origin (see ``_start``), not the invocation id: a resume is a new
+        # invocation of the same chain and must find the same loop at the same node
+        # position; a fresh invocation starts a chain of its own, even under the same
+        # correlation id.
+        origin = self.owned.head.meta["origin"]
         where = "/".join((*ns, node))
         return DurableScope(store=self.owned.store, key=f"graph:{origin}:{where}:{step}")
 
@@ -239,6 +238,7 @@ class CompiledGraph(Generic[S]):
                     raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
                     resumes = self._prepare_resume(raw)
                 correlation_id = raw.correlation_id
+                # chains started before origins were recorded keep their correlation id
                 origin = raw.head.meta.get("origin") or correlation_id
                 attempt = raw.attempt + 1
                 positions = list(raw.positions)

@@ -517,9 +517,7 @@ class PlanRun:
             # and in another run of the key (started over, rewound by a retry, or a fork):
             # pass it to external APIs so a retried side effect is deduplicated.
             nth = self.position + 1
-            origin = self.run.head.meta.get("origin")  # None: started before origins
-            run = f"{origin}:" if isinstance(origin, str) else ""
-            metadata["idempotency_key"] = f"{self.run.key}:{run}{step.step_name}:{nth}"
+            metadata["idempotency_key"] = self.run.derived_key(f"{step.step_name}:{nth}")
         return Envelope(task=task, context=context, payload=source.payload, metadata=metadata)
 
     # -- targets -------------------------------------------------------------------------

@@ -161,13 +161,11 @@ class ReplanRun:
         Without a store of its own the run keeps the enclosing scope, if any."""
         if self.run is None:
             return contextlib.nullcontext()
-        origin = self.run.head.meta.get("origin")
-        run = f"{origin}:" if isinstance(origin, str) else ""
         outer = current_scope()
         return bind_scope(
             DurableScope(
                 store=self.run.store,
-                key=f"{self.run.key}:{run}{where}",
+                key=self.run.derived_key(where),
                 approvals=outer.approvals if outer is not None else {},
             )
         )

@@ -132,6 +132,26 @@ async def test_approval_inside_a_plan_step(tmp_path: Path) -> None:
     assert env.ok and env.payload == "refunded" and done == ["o-1"]
 
 
+async def test_unknown_call_id_in_a_plans_approvals_is_refused(tmp_path: Path) -> None:
+    # guarantee 182: before, the Plan resumed, ignored the id and paused again
+    done: list[str] = []
+    script = Script({0: call("refund", order="o-1"), 1: "refunded"})
+    with Store(db=tmp_path / "p.sqlite") as store:
+
+        def plan(approvals: dict[str, Any] | None = None) -> Agent:
+            llm = Agent(name="support", model=script.model(), tools=[_refund_tool(done)])
+            return _one_step_plan(llm, store, approvals)
+
+        env = await plan().run("refund o-1")
+        [pending] = env.metadata["pending_approvals"]
+        before = store.read("support-plan")
+        with pytest.raises(UserError, match=f"waits for \\['{pending['call_id']}'\\]"):
+            await plan({"call_9_9": True}).run("refund o-1")
+        assert store.read("support-plan") == before and script.asked == [0]
+        env = await plan({pending["call_id"]: True}).run("refund o-1")
+    assert env.ok and done == ["o-1"]
+
+
 async def test_unknown_call_id_in_approvals_is_refused(tmp_path: Path) -> None:
     # guarantee 182
     with Store(db=tmp_path / "r.sqlite") as store:

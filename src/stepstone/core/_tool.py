@@ -148,6 +148,7 @@ class Tool:
     in_doubt: InDoubt = "rerun"
     requires_approval: bool = False
     context_param: str | None = None
+    positional_only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.in_doubt not in ("rerun", "fail", "ask"):
@@ -191,6 +192,7 @@ class Tool:
             in_doubt=in_doubt,
             requires_approval=requires_approval,
             context_param=context_param,
+            positional_only=_positional_only(fn),
         )
 
     @property
@@ -208,6 +210,10 @@ class Tool:
         Raises:
             pydantic.ValidationError: for function tools whose arguments do not validate.
             TypeError: when a required argument of a schema-only tool is missing.
+
+        A function tool refuses names its function does not take, unless it has
+        ``**kwargs`` (then they are passed on as they are): a misspelt argument is an error
+        the model can correct, not a value dropped without a word.
         """
         if self.args_model is None:
             missing = [k for k in self.parameters.get("required", []) if k not in kwargs]
@@ -215,7 +221,8 @@ class Tool:
                 raise TypeError(f"tool {self.name!r} is missing required argument(s) {missing}")
             return dict(kwargs)
         validated = self.args_model.model_validate(kwargs)
-        return {name: getattr(validated, name) for name in type(validated).model_fields}
+        args = {name: getattr(validated, name) for name in type(validated).model_fields}
+        return {**args, **validated.model_extra} if validated.model_extra else args
 
     async def run(self, **kwargs: Any) -> Any:
         """Call the tool with keyword arguments (validated); sync functions run in a thread."""
@@ -238,6 +245,14 @@ class Tool:
         if self.context_param is not None:
             ctx = _tool_context.get() or ToolContext(idempotency_key=uuid.uuid4().hex)
             args = {**args, self.context_param: ctx}
+        if self.positional_only:
+            args = dict(args)
+            leading = []
+            for pname in self.positional_only:
+                if pname not in args:
+                    break
+                leading.append(args.pop(pname))
+            return await call_maybe_async(self.fn, *leading, **args)
         return await call_maybe_async(self.fn, **args)
 
 
@@ -364,6 +379,17 @@ def _parse_google(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(summary_lines), args
 
 
+def _positional_only(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of ``fn``'s positional-only parameters, in order (passed by position)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return ()
+    return tuple(
+        n for n, p in sig.parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY
+    )
+
+
 def _context_param(fn: Callable[..., Any]) -> str | None:
     """The parameter annotated :class:`ToolContext`, if any."""
     try:
@@ -391,8 +417,12 @@ def _args_model(
     fields: dict[str, Any] = {}
     from pydantic import Field
 
+    extra: Literal["allow", "forbid"] = "forbid"
     for pname, param in sig.parameters.items():
-        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = "allow"  # **kwargs takes any other name
+            continue
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
             continue
         if pname == skip:
             continue
@@ -401,7 +431,7 @@ def _args_model(
         fields[pname] = (annotation, Field(default, description=arg_docs.get(pname) or None))
     safe = re.sub(r"\W", "_", tool_name)
     return create_model(
-        f"{safe}_args", __config__=ConfigDict(arbitrary_types_allowed=True), **fields
+        f"{safe}_args", __config__=ConfigDict(arbitrary_types_allowed=True, extra=extra), **fields
     )
 
 

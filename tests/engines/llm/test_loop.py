@@ -188,6 +188,42 @@ async def test_invalid_and_unknown_tool_calls_become_is_error_results() -> None:
     assert "no tool named 'nope'" in res[3][0] and "available: add" in res[3][0]
 
 
+async def test_arguments_the_tool_does_not_take_are_refused_not_dropped() -> None:
+    # guarantee 79
+    seen: list[Any] = []
+
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        seen.append(city)
+        return city
+
+    def tagged(name: str, **tags: str) -> str:
+        """Takes any other name."""
+        seen.append((name, tags))
+        return "tagged"
+
+    def scaled(x: int, /, factor: int = 2) -> int:
+        """Positional-only first parameter."""
+        seen.append((x, factor))
+        return x * factor
+
+    model = FakeModel(
+        [
+            [
+                call("lookup", city="Oslo", country="NO"),
+                call("tagged", name="n", colour="red"),
+                call("scaled", x=4, factor=3),
+            ],
+            "done",
+        ]
+    )
+    await Agent(engine=LLMEngine(model), tools=[lookup, tagged, scaled]).run("q")
+    (refused, is_error), (tagged_out, _), (scaled_out, scaled_error) = results_of(model, 1)
+    assert is_error and "InvalidArguments" in refused and "country" in refused
+    assert (tagged_out, scaled_out, scaled_error) == ("tagged", "12", False)
+    assert sorted(map(repr, seen)) == ["('n', {'colour': 'red'})", "(4, 3)"]  # no lookup
+
+
 async def test_arguments_are_coerced_by_the_schema() -> None:
     seen: list[Any] = []
 

@@ -70,3 +70,38 @@ def test_routing_lives_in_the_provider_registry(
     assert _registry.routing_table().default is None
     with pytest.raises(ValueError, match="no provider rule matches model 'zeta-1'"):
         _registry.route_model("zeta-1")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("max_turns", "3", "max_turns must be an int, got '3' (str)"),
+        ("max_turns", True, "max_turns must be an int, got True (bool)"),
+        ("max_retries", 2.0, "max_retries must be an int, got 2.0 (float)"),
+        ("retry_delay", "1", "retry_delay must be a number, got '1' (str)"),
+        ("tool_timeout", "5", "tool_timeout must be a number or None, got '5' (str)"),
+        ("stream_idle_timeout", "x", "stream_idle_timeout must be a number or None"),
+        ("max_parallel_tools", [4], "max_parallel_tools must be an int or None"),
+        ("system", 3, "system must be a str or None, got 3"),
+    ],
+)
+def test_options_of_the_wrong_type_are_named(option: str, value: object, message: str) -> None:
+    # guarantee 76
+    with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+        LLMEngine("claude-sonnet-4-6", **{option: value})  # type: ignore[arg-type]
+    assert isinstance(err.value, ValueError)  # a ConfigurationTypeError: both
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("retry_delay", -1, "retry_delay must be >= 0, got -1"),
+        ("retry_delay", float("nan"), "retry_delay must be >= 0, got nan"),
+        ("temperature", -0.5, "temperature must be >= 0 or None, got -0.5"),
+        ("request_timeout", 0, "request_timeout must be > 0 or None, got 0"),
+    ],
+)
+def test_options_out_of_range_are_named(option: str, value: object, message: str) -> None:
+    # guarantee 76
+    with pytest.raises(ValueError, match=message):
+        LLMEngine("claude-sonnet-4-6", **{option: value})  # type: ignore[arg-type]

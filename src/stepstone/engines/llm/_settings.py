@@ -103,15 +103,26 @@ class LLMSettings:
         ``stacklevel`` places the ``stream_idle_timeout=None`` warning, counted as
         :func:`warnings.warn` would count it in the code that calls this method.
         """
-        _check_loop(max_turns, max_retries, max_retry_wait, continue_on_length, usage_limits)
-        _check_tools(max_parallel_tools, max_tool_calls_per_turn, tool_timeout)
-        if request_timeout is not None and request_timeout <= 0:
-            raise ConfigurationError(
-                f"request_timeout must be > 0 or None, got {request_timeout!r}"
+        _check_numbers(
+            ("max_turns", max_turns, int, 1, False),
+            ("max_retries", max_retries, int, 0, False),
+            ("retry_delay", retry_delay, float, 0, False),
+            ("max_retry_wait", max_retry_wait, float, 0, False),
+            ("continue_on_length", continue_on_length, int, 0, False),
+            ("max_parallel_tools", max_parallel_tools, int, 1, True),
+            ("max_tool_calls_per_turn", max_tool_calls_per_turn, int, 1, True),
+            ("tool_timeout", tool_timeout, float, None, True),
+            ("request_timeout", request_timeout, float, None, True),
+            ("stream_buffer", stream_buffer, int, 1, False),
+            ("temperature", temperature, float, 0, True),
+        )
+        if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
+            raise ConfigurationTypeError(
+                f"usage_limits must be a UsageLimits, got {usage_limits!r}"
             )
+        if system is not None and not isinstance(system, str):
+            raise ConfigurationTypeError(f"system must be a str or None, got {system!r}")
         idle = _idle_timeout(stream_idle_timeout, stacklevel + 2)
-        if stream_buffer < 1:
-            raise ConfigurationError(f"stream_buffer must be >= 1, got {stream_buffer!r}")
         _check_tool_choice(tool_choice)
         natives = _native_tools(native_tools, allow_dangerous_native_tools)
         cache_config = _cache(cache)
@@ -149,38 +160,29 @@ class LLMSettings:
         return ThinkingConfig() if self.thinking else None
 
 
-def _check_loop(
-    max_turns: int,
-    max_retries: int,
-    max_retry_wait: float,
-    continue_on_length: int,
-    usage_limits: UsageLimits | None,
-) -> None:
-    if max_turns < 1:
-        raise ConfigurationError(f"max_turns must be >= 1, got {max_turns!r}")
-    if max_retries < 0:
-        raise ConfigurationError(f"max_retries must be >= 0, got {max_retries!r}")
-    if max_retry_wait < 0:
-        raise ConfigurationError(f"max_retry_wait must be >= 0, got {max_retry_wait!r}")
-    if continue_on_length < 0:
-        raise ConfigurationError(f"continue_on_length must be >= 0, got {continue_on_length!r}")
-    if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
-        raise ConfigurationTypeError(f"usage_limits must be a UsageLimits, got {usage_limits!r}")
-
-
-def _check_tools(
-    max_parallel_tools: int | None, max_tool_calls_per_turn: int | None, tool_timeout: float | None
-) -> None:
-    if max_parallel_tools is not None and max_parallel_tools < 1:
-        raise ConfigurationError(
-            f"max_parallel_tools must be >= 1 or None, got {max_parallel_tools!r}"
-        )
-    if max_tool_calls_per_turn is not None and max_tool_calls_per_turn < 1:
-        raise ConfigurationError(
-            f"max_tool_calls_per_turn must be >= 1 or None, got {max_tool_calls_per_turn!r}"
-        )
-    if tool_timeout is not None and tool_timeout <= 0:
-        raise ConfigurationError(f"tool_timeout must be > 0 or None, got {tool_timeout!r}")
+def _check_numbers(*checks: tuple[str, Any, type, float | None, bool]) -> None:
+    """Each ``(name, value, int or float, least value, None allowed)``: the value must be a
+    number of that kind (an int passes for a float; a bool for neither) and at least the
+    least value (None: strictly positive)."""
+    for name, value, kind, least, optional in checks:
+        if value is None and optional:
+            continue
+        kinds = (int,) if kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            what = "an int" if kind is int else "a number"
+            raise ConfigurationTypeError(
+                f"{name} must be {what}{' or None' if optional else ''}, got {value!r} "
+                f"({type(value).__name__}); pass the number itself, "
+                f"e.g. {name}={2 if kind is int else 2.5}"
+            )
+        if least is None and not value > 0:
+            raise ConfigurationError(
+                f"{name} must be > 0{' or None' if optional else ''}, got {value!r}"
+            )
+        if least is not None and not value >= least:
+            raise ConfigurationError(
+                f"{name} must be >= {least}{' or None' if optional else ''}, got {value!r}"
+            )
 
 
 def _idle_timeout(value: float | Unset | None, stacklevel: int) -> float | None:
@@ -197,8 +199,7 @@ def _idle_timeout(value: float | Unset | None, stacklevel: int) -> float | None:
             stacklevel=stacklevel,
         )
         return None
-    if value <= 0:
-        raise ConfigurationError(f"stream_idle_timeout must be > 0 or None, got {value!r}")
+    _check_numbers(("stream_idle_timeout", value, float, None, True))
     return float(value)
 
 

@@ -23,6 +23,7 @@ from stepstone.durable import (
     owner_alive,
     read_run,
 )
+from stepstone.durable._approvals import waiting_calls
 from stepstone.durable._kernel import Encoded
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
@@ -38,7 +39,7 @@ from stepstone.engines.plan._compiler import CompiledPlan, Unit, check_tools, co
 from stepstone.engines.plan._runner import PlanRun
 from stepstone.engines.plan._serialize import steps_from_dict, steps_to_dict
 from stepstone.engines.plan._step import Step
-from stepstone.exceptions import PlanCompileError, StaleCheckpointError
+from stepstone.exceptions import PlanCompileError, StaleCheckpointError, UserError
 from stepstone.observability import Session
 from stepstone.store import RunHead, Store
 from stepstone.store._store import NUL_IN_KEY
@@ -234,6 +235,8 @@ class Plan:
         if claim is None:
             if resume:
                 found = await blocking_call(store, _read_checkpoint, store, key, bulk=True)
+                if found is not None and self.approvals and found[0].status == "paused":
+                    await blocking_call(store, self._check_approvals, store, found[0])
             # The steps of the plan that started the run, for naming what changed (the
             # head carries only their fingerprint: it is rewritten at every step).
             old_shape = found[1].shape if found is not None else None
@@ -279,6 +282,18 @@ class Plan:
             claim.run.release()  # a corrupt journal: leave the key to a later resume
             raise
         return await runner.execute(claim.head.next_step)
+
+    def _check_approvals(self, store: Store, head: RunHead) -> None:
+        """Refuse decisions for calls the paused run does not wait on (a typo would
+        otherwise resume the run only for it to pause again on the same calls)."""
+        waiting = [str(p["call_id"]) for p in waiting_calls(store, head, [])]
+        unknown = sorted(set(self.approvals) - set(waiting))
+        if unknown:
+            raise UserError(
+                f"Plan run {head.key!r} is not waiting for approval of call id(s) {unknown}; "
+                f"it waits for {waiting or 'nothing'}. Pass approvals={{call_id: True}} with "
+                "ids from the paused envelope's metadata['pending_approvals']"
+            )
 
     def _where(self, location: RunLocation | None) -> tuple[Store | None, str | None, bool]:
         """Where this run is recorded and whether it resumes: the caller's location (always

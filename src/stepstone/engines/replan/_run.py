@@ -392,8 +392,6 @@ def _validate(tool: Tool, kwargs: dict[str, Any]) -> dict[str, Any]:
                 for e in exc.errors()
             )
         ) from None
-    if _takes_var_kwargs(tool):  # validation keeps declared names only: add the rest back
-        args.update({k: v for k, v in kwargs.items() if k not in args})
     return args
 
 

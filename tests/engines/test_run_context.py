@@ -237,8 +237,8 @@ def test_a_location_records_a_plan_run_under_the_callers_key(tmp_path: Path) -> 
     env = agent("go", location=here)  # resumed at the failed step
     assert env.ok and env.payload == "GO!"
     assert calls == ["first", "second", "second"]
-    cached = agent("go", location=here)  # done: the cached kv, nothing runs
-    assert cached.ok and cached.metadata["cached"] is True
+    cached = agent("go", location=here)  # done: its result again, nothing runs
+    assert cached.ok and cached.metadata["cached"] is True and cached.payload == "GO!"
     assert calls == ["first", "second", "second"]
     with pytest.raises(TypeError, match="must be a stepstone Store"):
         RunLocation(store="runs.sqlite", key="k")

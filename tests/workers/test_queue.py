@@ -102,10 +102,13 @@ def test_a_run_already_done_under_its_key_returns_the_cached_result(
     # as if a worker had run it to the end and died before recording the result
     plan = targets.make_plan()
     durable = Plan(*plan.steps, store=store, checkpoint_key="finished-elsewhere", resume=True)
-    assert Agent(engine=durable)(task(log, "once")).ok
+    finished = Agent(engine=durable)(task(log, "once"))
+    assert finished.ok
     _worker(store).run(until_idle=True)
     env = h.result(timeout=5)
     assert env.ok and env.metadata["cached"] is True
+    # guarantee 304: the run's result (its last step's output), not the writes= values
+    assert env.payload == finished.payload
     assert len(executions(log)) == 2  # no step ran again
 
 

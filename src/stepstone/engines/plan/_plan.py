@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping
 from datetime import datetime
@@ -36,7 +37,7 @@ from stepstone.engines.plan._checkpoint import (
     replay,
 )
 from stepstone.engines.plan._compiler import CompiledPlan, Unit, check_tools, compile_plan
-from stepstone.engines.plan._runner import PlanRun
+from stepstone.engines.plan._runner import PlanRun, last_output
 from stepstone.engines.plan._serialize import steps_from_dict, steps_to_dict
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError, StaleCheckpointError, UserError
@@ -250,16 +251,18 @@ class Plan:
             )
         if claim.run is None:  # resume=True on a done run: the cached kv
             rep = await self._replay_of(store, key, claim.head, found)
-            return Envelope(
-                task=env.task,
-                payload=rep.kv,
-                metadata={
-                    "checkpoint_key": key,
-                    "run_uid": claim.head.run_uid,
-                    "status": "done",
-                    "cached": True,
-                },
-            )
+            cached = {
+                "checkpoint_key": key,
+                "run_uid": claim.head.run_uid,
+                "status": "done",
+                "cached": True,
+            }
+            # A caller's location (a queue's worker) asks for the run's result: the last
+            # step's output, as the run that finished it returned.
+            last = last_output(self._compiled, rep, env) if ctx.location is not None else None
+            if last is not None:
+                return dataclasses.replace(last, metadata={**last.metadata, **cached})
+            return Envelope(task=env.task, payload=rep.kv, metadata=cached)
         if claim.outcome != "resumed":
             runner = PlanRun.fresh(
                 **settings,

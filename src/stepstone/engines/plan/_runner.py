@@ -164,13 +164,7 @@ class PlanRun:
             meta=meta,
             approvals=approvals,
         )
-        if replay.applied:
-            last = replay.applied[-1][0]
-            unit = plan.band_of(last) if last in plan.unit_of else None
-            if unit is not None and unit.is_band:
-                out.prev = out._aggregate(unit)
-            else:
-                out.prev = out.outputs.get(last)
+        out.prev = last_output(plan, replay, start)
         return out
 
     @property
@@ -483,21 +477,7 @@ class PlanRun:
         return self.outputs.get(spec.name) or Envelope(task="", payload=None)
 
     def _aggregate(self, unit: Unit) -> Envelope[Any]:
-        """A band's outputs together; the start envelope when none is known (a v1
-        checkpoint had no history, guarantee 26)."""
-        outs = [
-            (s.step_name, self.outputs[s.step_name])
-            for s in unit.steps
-            if s.step_name in self.outputs
-        ]
-        if not outs:
-            return self.start
-        text = "\n\n".join(f"[{name}]\n{env.text()}" for name, env in outs)
-        return Envelope(
-            task=text,
-            payload={name: env.payload for name, env in outs},
-            metadata={"band": unit.entry},
-        )
+        return _aggregate(unit, self.outputs, self.start)
 
     def _input(self, step: Step) -> Envelope[Any]:
         source = self._resolve(step.task)
@@ -607,3 +587,32 @@ async def _call_target(fn: Any, env: Envelope[Any]) -> Any:
         return await fn(*args, **kwargs)
     result = await call_sync(fn, *args, **kwargs)
     return await result if inspect.isawaitable(result) else result
+
+
+def _aggregate(
+    unit: Unit, outputs: Mapping[str, Envelope[Any]], start: Envelope[Any]
+) -> Envelope[Any]:
+    """A band's outputs together; the start envelope when none is known (a v1 checkpoint
+    had no history, guarantee 26)."""
+    outs = [(s.step_name, outputs[s.step_name]) for s in unit.steps if s.step_name in outputs]
+    if not outs:
+        return start
+    text = "\n\n".join(f"[{name}]\n{env.text()}" for name, env in outs)
+    return Envelope(
+        task=text,
+        payload={name: env.payload for name, env in outs},
+        metadata={"band": unit.entry},
+    )
+
+
+def last_output(plan: CompiledPlan, replay: Replay, start: Envelope[Any]) -> Envelope[Any] | None:
+    """The output of the last unit the journal shows applied (a band's outputs together),
+    or None before the first: what the run's next step is given, and a done run's result."""
+    if not replay.applied:
+        return None
+    last = replay.applied[-1][0]
+    unit = plan.band_of(last) if last in plan.unit_of else None
+    outputs = replay.envelopes()
+    if unit is not None and unit.is_band:
+        return _aggregate(unit, outputs, start)
+    return outputs.get(last)

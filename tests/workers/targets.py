@@ -42,6 +42,14 @@ def _boom(payload: Any) -> dict[str, Any]:
     raise ValueError(f"bad input for run {_config(payload)['name']}")
 
 
+def _flaky(payload: Any) -> dict[str, Any]:
+    """Fails while the file ``<log>.down`` exists (a dependency that is down)."""
+    cfg = _config(payload)
+    if os.path.exists(cfg["log"] + ".down"):
+        raise ConnectionError("the warehouse is down")
+    return cfg
+
+
 def _die(payload: Any) -> dict[str, Any]:
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
@@ -62,6 +70,7 @@ plan = Plan(*[Step(_logged(i)) for i in range(STEPS)], max_iterations=STEPS + 1)
 big_plan = Plan(*[Step(_padded(i)) for i in range(STEPS)], max_iterations=STEPS + 1)
 long_plan = Plan(*[Step(_logged(i)) for i in range(40)], max_iterations=41)
 failing_plan = Plan(Step(_logged(0)), Step(_boom, name="boom"), Step(_logged(2)))
+flaky_plan = Plan(Step(_logged(0)), Step(_flaky, name="flaky"), Step(_logged(2)))
 poison_plan = Plan(Step(_die, name="die"), Step(_logged(1)))
 not_an_engine = 42
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from typer.testing import CliRunner
 
-from stepstone import RunHandle, Store, submit
+from stepstone import Agent, Plan, RunHandle, Step, Store, submit
 from stepstone.cli import app
 from tests.workers.targets import task
 
@@ -36,3 +37,34 @@ def test_worker_reports_an_unreachable_database() -> None:
     )
     assert result.exit_code == 1
     assert "cannot set up the stepstone schema" in result.output
+
+
+def test_retry_puts_a_queued_run_back_in_its_queue(tmp_path: Path) -> None:
+    # guarantee 259
+    db, log = tmp_path / "q.sqlite", str(tmp_path / "log")
+    Path(log + ".down").touch()
+    with Store(db=db) as store:
+        h = submit(store, "tests.workers.targets:flaky_plan", task(log, "r"), key="nightly")
+    runner = CliRunner()
+    assert runner.invoke(app, ["worker", "--db", str(db), "--until-idle"]).exit_code == 0
+    Path(log + ".down").unlink()
+    result = runner.invoke(app, ["retry", "nightly", "--from", "flaky", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"its queue entry {h.id} is queued again: a worker resumes it" in said
+    assert runner.invoke(app, ["worker", "--db", str(db), "--until-idle"]).exit_code == 0
+    with Store(db=db) as store:
+        assert RunHandle(store, h.id).result(timeout=5).ok
+        assert store.read("nightly")["status"] == "done"
+    plain = tmp_path / "plain.sqlite"  # a store with no queue: a retry makes none
+    with Store(db=plain) as store:
+        Agent(engine=Plan(Step(_down), store=store, checkpoint_key="p"))("x")
+    result = runner.invoke(app, ["retry", "p", "--from", "_down", "--db", str(plain)])
+    assert result.exit_code == 0 and "resume=True runs it again" in result.output
+    with sqlite3.connect(plain) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert "stepstone_queue" not in tables
+
+
+def _down(text: str) -> str:
+    raise RuntimeError("down")

@@ -3,6 +3,7 @@ submit, status, results, dedupe, priorities, delays, cancellation, limits, bad t
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from stepstone import (
     set_queue_limits,
     submit,
 )
+from stepstone.durable import requeue_run, retry_run
 from stepstone.durable._queue import queue_backend
 from tests.workers import targets
 from tests.workers.targets import executions, task
@@ -110,6 +112,28 @@ def test_a_run_already_done_under_its_key_returns_the_cached_result(
     # guarantee 304: the run's result (its last step's output), not the writes= values
     assert env.payload == finished.payload
     assert len(executions(log)) == 2  # no step ran again
+
+
+def test_a_rewound_queued_run_goes_back_to_its_queue(store: Store, tmp_path: Path) -> None:
+    # guarantee 259: before, the rewound run stayed paused with no worker to resume it
+    log = str(tmp_path / "log")
+    Path(log + ".down").touch()
+    h = submit(store, T + "flaky_plan", task(log, "f"), key="nightly")
+    _worker(store).run(until_idle=True)
+    assert h.status() == "failed" and "warehouse is down" in str(h.entry().error)
+    assert requeue_run(store, "nightly") == h.id  # as it is: resumed at its failed step
+    _worker(store).run(until_idle=True)
+    assert h.status() == "failed" and h.entry().attempts == 1
+    Path(log + ".down").unlink()
+    retry_run(store, "nightly", from_step="flaky")
+    assert requeue_run(store, "nightly") == h.id
+    assert (h.status(), h.entry().attempts, h.entry().error) == ("queued", 0, None)
+    assert requeue_run(store, "nightly") is None  # already queued
+    _worker(store).run(until_idle=True)
+    env = h.result(timeout=5)
+    assert env.ok and store.read("nightly")["status"] == "done"
+    assert executions(log) == {("f", 0): [os.getpid()], ("f", 2): [os.getpid()]}
+    assert requeue_run(store, "never-queued") is None
 
 
 def test_dedupe_key_returns_the_first_handle(store: Store, tmp_path: Path) -> None:

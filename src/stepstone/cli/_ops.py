@@ -35,6 +35,7 @@ from stepstone.durable._inspect import (
     stranded_runs,
 )
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._queue import requeue_run
 from stepstone.durable._retention import PruneReport, parse_age, prune
 from stepstone.exceptions import CorruptRecordError, StepstoneError
 from stepstone.store import Retention, Store, vacuum
@@ -506,12 +507,24 @@ def retry_cmd(
     """Rewind a stopped run to --from STEP: its next resume=True run re-runs that step."""
     with open_store(db, url, debug=debug) as store:
         head = retry_run(store, key, from_step=from_step)
+        entry = requeue_run(store, key)  # a run from a queue: back in it, for a worker
         if as_json:
-            _print_json({"key": key, "next_step": head.next_step, "status": head.status})
+            _print_json(
+                {
+                    "key": key,
+                    "next_step": head.next_step,
+                    "status": head.status,
+                    "requeued": entry,
+                }
+            )
             return
+        then = (
+            f"its queue entry {entry} is queued again: a worker resumes it"
+            if entry is not None
+            else "resume=True runs it again"
+        )
         _console().print(
-            f"{key} rewound: {steps_done(head)} step(s) kept; resume=True runs "
-            f"{head.next_step!r} again"
+            f"{key} rewound: {steps_done(head)} step(s) kept, next {head.next_step!r}; {then}"
         )
 
 

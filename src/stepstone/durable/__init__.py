@@ -4,7 +4,8 @@ records (``read_run``, ``run_head``, ``list_runs``, ``delete_run`` and their asy
 
 Also what operators use on runs from outside their owner: read models (``query_runs``,
 ``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run``,
-``retry_run``, ``approve_call`` and ``prune`` with a :class:`~stepstone.store.Retention` policy.
+``retry_run`` (and ``requeue_run`` for a run that came from a queue), ``approve_call`` and
+``prune`` with a :class:`~stepstone.store.Retention` policy.
 """
 
 from stepstone.durable._approvals import (
@@ -34,6 +35,7 @@ from stepstone.durable._kernel import (
 )
 from stepstone.durable._leases import LeasePolicy, database_now, owner_alive
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._queue import requeue_run
 from stepstone.durable._records import (
     adelete_run,
     alist_runs,
@@ -87,6 +89,7 @@ __all__ = [
     "query_runs",
     "read_run",
     "recorded_approvals",
+    "requeue_run",
     "retry_run",
     "run_detail",
     "run_head",

@@ -228,7 +228,9 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
     The journal rows of ``from_step``'s last execution and of everything after it are
     dropped (in one transaction with the new head); the run is left ``paused`` at
     ``from_step``, and ``resume=True`` re-runs it and what follows. ``writes=`` values the
-    dropped steps stored stay in the store until the re-run overwrites them.
+    dropped steps stored stay in the store until the re-run overwrites them. A run that came
+    from a work queue is not put back in it here: :func:`requeue_run` does that (``stepstone
+    retry`` calls both), or resume it yourself.
 
     Raises:
         KeyError: no run under ``key``, or it never ran ``from_step``.

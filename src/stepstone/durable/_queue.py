@@ -302,6 +302,31 @@ def prune_queue(store: Store, older_than: float | timedelta, *, queue: str | Non
     return queue_backend(store).prune(float(seconds), queue)
 
 
+def requeue_run(store: Store, key: str) -> str | None:
+    """Put the queue entry of the run under ``key`` back in its queue, for a worker to run
+    it again: what ``stepstone retry`` does after rewinding a run that came from a queue.
+
+    Only a finished entry (done, failed or cancelled) is put back, runnable at once, its
+    attempts, result and error cleared; its handle waits for the new outcome. Returns the
+    entry's id, or None when no queue entry holds the run (it was not submitted, or its
+    entry was pruned) or its entry is still queued or running. A store whose file has no
+    queue is left as it is.
+    """
+    backend = store.backend
+    from stepstone.store._sqlite import SQLiteBackend
+
+    if isinstance(backend, SQLiteBackend):
+        from stepstone.store._queue_sqlite import has_queue
+
+        if not has_queue(backend.path):
+            return None
+    try:
+        queue = queue_backend(store)
+    except UserError:  # a store without a queue (the memory store)
+        return None
+    return queue.requeue(key)
+
+
 class RunHandle:
     """A submitted run: ask its status, wait for its result, or cancel it.
 

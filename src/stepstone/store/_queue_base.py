@@ -222,6 +222,13 @@ class QueueBackend(abc.ABC):
         runnable again after ``delay`` seconds."""
 
     @abc.abstractmethod
+    def requeue(self, run_key: str) -> str | None:
+        """Put the latest finished entry (done, failed or cancelled) of the run under
+        ``run_key`` back in its queue, runnable now, its attempts, result and error cleared
+        (a run an operator rewound, for a worker to run again). Returns its id; None when no
+        entry holds the run, or one is still queued or running."""
+
+    @abc.abstractmethod
     def get(self, id: str) -> QueueEntry | None:
         """The entry, or None."""
 

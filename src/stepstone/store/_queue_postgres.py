@@ -328,6 +328,25 @@ class PostgresQueue(QueueBackend):
 
         return self.backend._read("hand a run back to its queue", back)
 
+    def requeue(self, run_key: str) -> str | None:
+        def requeue(cur: Cursor) -> str | None:
+            row = cur.execute(
+                "UPDATE stepstone_queue SET status = 'queued', attempts = 0, worker = NULL, "
+                "host = NULL, pid = NULL, pid_start = NULL, lease_until = NULL, "
+                "started_at = NULL, cancel_requested = FALSE, result = NULL, error = NULL, "
+                f"not_before = {NOW}, updated_at = {NOW} "
+                "WHERE id = (SELECT id FROM stepstone_queue WHERE run_key = %s "
+                "ORDER BY seq DESC LIMIT 1 FOR UPDATE) "
+                "AND status IN ('done', 'failed', 'cancelled') "
+                "AND NOT EXISTS (SELECT 1 FROM stepstone_queue WHERE run_key = %s "
+                "AND status IN ('queued', 'running')) RETURNING id",
+                (run_key, run_key),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        # one statement: a retry after a lost answer finds the entry queued and changes nothing
+        return self.backend._read("put a run back in its queue", requeue)
+
     def get(self, id: str) -> QueueEntry | None:
         row = self.backend._read(
             "read a queued run",

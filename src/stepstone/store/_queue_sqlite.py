@@ -43,7 +43,7 @@ from stepstone.store._sqlite import damaged_definition, run_script, trigger_stat
 from stepstone.store._sqlite_errors import file_error, file_errors
 from stepstone.store._sqlite_rows import row_crc
 
-__all__ = ["SQLiteQueue"]
+__all__ = ["SQLiteQueue", "has_queue"]
 
 T = TypeVar("T")
 #: An entry's columns as selected: :data:`ENTRY_COLUMNS`, then its checksum.
@@ -377,6 +377,31 @@ class SQLiteQueue(QueueBackend):
         return self._write(back)
 
     @file_errors
+    def requeue(self, run_key: str) -> str | None:
+        def requeue(conn: sqlite3.Connection) -> str | None:
+            rows = conn.execute(
+                f"SELECT status, {', '.join(_FIXED)}, result, crc FROM stepstone_queue "
+                "WHERE run_key = ? ORDER BY seq DESC",
+                (run_key,),
+            ).fetchall()
+            if not rows or any(r[0] in ("queued", "running") for r in rows):
+                return None
+            fixed, result, crc = tuple(rows[0][1:-2]), rows[0][-2], rows[0][-1]
+            if crc is not None:  # as finish keeps it: a damaged entry stays damaged
+                crc = _entry_crc(fixed, None) if crc == _entry_crc(fixed, result) else _DAMAGED
+            now = time.time()
+            conn.execute(
+                "UPDATE stepstone_queue SET status = 'queued', attempts = 0, worker = NULL, "
+                "host = NULL, pid = NULL, pid_start = NULL, lease_until = NULL, "
+                "started_at = NULL, cancel_requested = 0, result = NULL, error = NULL, "
+                "not_before = ?, updated_at = ?, crc = ? WHERE id = ?",
+                (now, now, crc, fixed[0]),
+            )
+            return str(fixed[0])
+
+        return self._write(requeue)
+
+    @file_errors
     def get(self, id: str) -> QueueEntry | None:
         row = self._conn().execute(f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (id,))
         got = row.fetchone()
@@ -452,6 +477,25 @@ class SQLiteQueue(QueueBackend):
 
 
 @functools.cache
+def has_queue(path: str | os.PathLike[str]) -> bool:
+    """Whether the SQLite file at ``path`` holds a work queue (read without creating one)."""
+    if str(path) == ":memory:":
+        return False
+    try:
+        conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        row = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stepstone_queue'"
+        ).fetchone()
+        return row is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
 def _columns() -> dict[str, tuple[str, ...]]:
     """The columns of the queue's tables as :data:`SCHEMA` makes them (``crc`` last)."""
     conn = sqlite3.connect(":memory:")

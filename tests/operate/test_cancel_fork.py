@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -375,3 +376,37 @@ def test_fork_refuses_a_new_key_no_store_can_hold(tmp_path: Path, to: object) ->
             app, ["fork", "src", "--at", "extract", "--to", "", "--db", str(tmp_path / "f.sqlite")]
         )
         assert done.exit_code == 1 and "fork's new key" in done.stderr
+
+
+def test_retry_and_fork_keep_the_branch_routing_chose(tmp_path: Path) -> None:
+    # guarantee 269: before, a run rewound or forked to just after a routed step with
+    # after_branches forgot its rejoin and ran the branch routing had not chosen
+    ran: list[str] = []
+
+    def step(name: str, out: str, **options: Any) -> Step:
+        def fn(payload: object) -> str:
+            ran.append(name)
+            return out
+
+        fn.__name__ = name
+        return Step(fn, **options)
+
+    routes = {"b1": lambda e: e.payload == "go-b1", "b2": lambda e: e.payload == "go-b2"}
+    steps = (
+        step("r", "go-b1", routes=routes, after_branches="join"),
+        step("b1", "b1 done"),
+        step("b2", "b2 done"),
+        step("join", "joined"),
+    )
+    with Store(db=tmp_path / "s.sqlite") as store:
+
+        def plan(key: str) -> Agent:
+            return Agent(engine=Plan(*steps, store=store, checkpoint_key=key, resume=True))
+
+        assert plan("k")("t").ok and ran == ["r", "b1", "join"]
+        ran.clear()
+        retry_run(store, "k", from_step="b1")
+        assert plan("k")("t").ok and ran == ["b1", "join"]
+        ran.clear()
+        fork_run(store, "k", at="r", to="k2")
+        assert plan("k2")("t").ok and ran == ["b1", "join"]

@@ -158,7 +158,7 @@ class PlanRun:
             iteration=sum(n - 1 for n in runs.values()),
             position=int(head.meta.get("position") or 0),
             visited=set(runs),
-            rejoin=head.meta.get("rejoin"),
+            rejoin=_pending_rejoin(plan, replay, head.meta.get("rejoin")),
             outputs=replay.envelopes(),
             pending=replay.pending,
             meta=meta,
@@ -603,6 +603,18 @@ def _aggregate(
         payload={name: env.payload for name, env in outs},
         metadata={"band": unit.entry},
     )
+
+
+def _pending_rejoin(plan: CompiledPlan, replay: Replay, recorded: Any) -> Any:
+    """The ``after_branches`` step a resumed run goes to after its next unit: set by a
+    routed step with ``after_branches`` that is the last unit the journal shows applied
+    (then its branch is next), else as the head recorded it. Derived from the journal, so a
+    run rewound or forked to just after such a step still rejoins after its branch."""
+    if replay.applied:
+        last = plan.step_of.get(replay.applied[-1][0])
+        if last is not None and last.after_branches is not None:
+            return last.after_branches
+    return recorded
 
 
 def last_output(plan: CompiledPlan, replay: Replay, start: Envelope[Any]) -> Envelope[Any] | None:

@@ -120,7 +120,7 @@ def to_json_value(
         strict: Raise :class:`SerializationError` instead of stringifying.
         warn: Emit :class:`UnserializableValueWarning` when a value is stringified.
     """
-    return _Encoder(strict, warn, typed=False).convert(value, where)
+    return _convert(_Encoder(strict, warn, typed=False), value, where)
 
 
 def to_typed_json(
@@ -128,7 +128,18 @@ def to_typed_json(
 ) -> Any:
     """Like :func:`to_json_value`, but every value JSON cannot hold keeps a type tag, so
     :func:`from_typed_json` gives back an equal value of the same type."""
-    return _Encoder(strict, warn, typed=True).convert(value, where)
+    return _convert(_Encoder(strict, warn, typed=True), value, where)
+
+
+def _convert(encoder: _Encoder, value: Any, where: str) -> Any:
+    try:
+        return encoder.convert(value, where)
+    except RecursionError:
+        raise SerializationError(
+            f"{where} cannot be stored: it contains itself (a list, dict or object that "
+            "holds a reference to itself) or is nested deeper than Python's recursion limit; "
+            "return a copy without the cycle"
+        ) from None
 
 
 def from_typed_json(value: Any, *, version: int = ENCODING_VERSION) -> Any:

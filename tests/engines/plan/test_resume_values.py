@@ -27,6 +27,7 @@ from stepstone import (
     from_parallel_all,
     from_step,
 )
+from stepstone.exceptions import SerializationError
 
 
 class Label(BaseModel):
@@ -178,6 +179,31 @@ def test_other_values_warn_with_a_store_and_never_without(store: Store) -> None:
     plan = Plan(Step(make), Step(lambda p: "b", name="b"), store=store, checkpoint_key="w")
     with pytest.warns(UnserializableValueWarning, match=r"step 'make'.*Opaque"):
         assert run(plan).ok
+
+
+def test_a_value_that_contains_itself_fails_its_step_by_name(store: Store) -> None:
+    # guarantee 126: before, a raw RecursionError escaped agent(...) on every resume
+    calls: list[str] = []
+
+    def loop(payload: Any) -> list[Any]:
+        calls.append("loop")
+        cycle: list[Any] = [1]
+        cycle.append(cycle)
+        return cycle
+
+    plan = Plan(Step(loop), Step(lambda p: "b", name="b"), store=store, checkpoint_key="c")
+    env = run(plan)
+    assert env.error is not None and env.error.type == "SerializationError"
+    assert "step 'loop' output" in env.error.message and "contains itself" in env.error.message
+    assert store.read("c")["status"] == "failed" and calls == ["loop"]
+    with pytest.raises(SerializationError, match=r"store\['k'\] cannot be stored"):
+        store.write("k", _cyclic())
+
+
+def _cyclic() -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    d["self"] = d
+    return d
 
 
 # -- restore paths with typed outputs (bands, routes, pauses) ----------------------------

@@ -132,6 +132,13 @@ def test_url_and_db_open_the_same_file(tmp_path: Path) -> None:
         Store(url="sqlite://")
 
 
+@pytest.mark.parametrize("where", [{"db": ":memory:"}, {"url": "sqlite:///:memory:"}])
+def test_an_in_memory_sqlite_database_is_refused(where: dict[str, str]) -> None:
+    # guarantee 355: before, it was accepted and every thread got its own empty database
+    with pytest.raises(ValueError, match=r"':memory:'.*use Store\(\) for a store in memory"):
+        Store(**where)  # type: ignore[arg-type]
+
+
 def test_schema_versions_are_recorded_and_a_newer_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "v.sqlite"
     Store(db=path).close()

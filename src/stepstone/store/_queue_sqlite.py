@@ -479,8 +479,6 @@ class SQLiteQueue(QueueBackend):
 @functools.cache
 def has_queue(path: str | os.PathLike[str]) -> bool:
     """Whether the SQLite file at ``path`` holds a work queue (read without creating one)."""
-    if str(path) == ":memory:":
-        return False
     try:
         conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error:

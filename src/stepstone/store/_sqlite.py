@@ -237,15 +237,18 @@ def _check_options(
             f"{os.fspath(path)!r} is a store URL, not a SQLite file path: pass it as "
             "Store(url=...) (--url on the command line); a file path goes to db= (--db)"
         )
+    if os.fspath(path) == ":memory:":
+        raise ValueError(
+            "a SQLite store needs a file: ':memory:' would give every thread its own empty "
+            "database; use Store() for a store in memory, or db='runs.sqlite'"
+        )
     file = Path(path)
-    if str(path) != ":memory:" and not file.parent.exists():
+    if not file.parent.exists():
         raise StoreError(
             f"cannot open SQLite store {str(path)!r}: directory {str(file.parent)!r} "
             "does not exist; create it first"
         )
     if read_only:
-        if str(path) == ":memory:":
-            raise ValueError("read_only=True needs a file; ':memory:' is always empty")
         if file.is_dir():
             raise StoreError(
                 f"{str(path)!r} is a directory, not a SQLite store file; pass the file"
@@ -321,10 +324,9 @@ class SQLiteBackend(Backend):
         self._checksums = True  # rows carry a crc: every store but an older one read-only
         self.preallocate_wal = preallocate_wal
         self.checkpoint_pages = checkpoint_pages
-        tend = preallocate_wal and durability == "full" and str(path) != ":memory:"
+        tend = preallocate_wal and durability == "full"
         self._wal = WalTender(Path(f"{self.path}-wal")) if tend and not read_only else None
-        if str(path) != ":memory:":
-            self._check_wal()
+        self._check_wal()
         if read_only:
             self._check_read_only()
         else:
@@ -377,7 +379,7 @@ class SQLiteBackend(Backend):
         except UnicodeDecodeError as exc:  # SQLite's message quotes a damaged schema text
             conn.close()
             raise _damaged_schema(self.path, "or another table definition is damaged") from exc
-        if str(mode).lower() != "wal" and str(self.path) != ":memory:":
+        if str(mode).lower() != "wal":
             conn.close()
             raise StoreError(f"could not switch {str(self.path)!r} to WAL mode (got {mode!r})")
         conn.execute(f"PRAGMA synchronous={'FULL' if self.durability == 'full' else 'NORMAL'}")
@@ -522,8 +524,6 @@ class SQLiteBackend(Backend):
         """SQLite's ``integrity_check`` (or ``quick_check``) of the file, at most 100 lines,
         on a read-only connection of its own (the file is read as the last commit left it,
         WAL included)."""
-        if str(self.path) == ":memory:":
-            return None
         conn = self._connect_read_only()
         try:
             pragma = "quick_check" if quick else "integrity_check"

@@ -316,6 +316,29 @@ def test_fork_and_retry_refuse_a_corrupt_record(tmp_path: Path, damage: str) -> 
     conn.close()
 
 
+def test_fork_refuses_a_step_row_whose_iteration_is_not_a_count(tmp_path: Path) -> None:
+    # guarantee 131: a row edited through SQL (its checksum dropped) reads as written;
+    # before, fork_run failed on it with a raw ValueError
+    import json
+    import sqlite3
+
+    from stepstone.exceptions import CheckpointCorruptError
+
+    db = tmp_path / "s.sqlite"
+    with Store(db=db) as store:
+        done_run(store, "job")
+    conn = sqlite3.connect(db)
+    (text,) = conn.execute("SELECT data FROM stepstone_journal WHERE name = 'extract'").fetchone()
+    edited = json.dumps({**json.loads(text), "iteration": "x"})
+    conn.execute("UPDATE stepstone_journal SET data = ? WHERE name = 'extract'", (edited,))
+    conn.commit()
+    conn.close()
+    with Store(db=db) as store:
+        with pytest.raises(CheckpointCorruptError, match="iteration 'x', not a count"):
+            fork_run(store, "job", at="extract", to="copy")
+        assert store.read("copy") is None
+
+
 def test_fork_and_retry_treat_a_parallel_band_as_one_unit(tmp_path: Path) -> None:
     # guarantee 269, 282: a band's steps are applied together, so they are copied and re-run
     # together (a cut inside a band lost its outputs, or left a run no resume accepted)

@@ -139,6 +139,14 @@ def test_an_in_memory_sqlite_database_is_refused(where: dict[str, str]) -> None:
         Store(**where)  # type: ignore[arg-type]
 
 
+def test_a_url_or_backend_of_the_wrong_type_is_refused() -> None:
+    # guarantee 355: before, url=5 raised from inside and backend=5 failed on first use
+    with pytest.raises(TypeError, match="url= takes a str"):
+        Store(url=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="backend= takes a stepstone.store.Backend, got 5"):
+        Store(backend=5)  # type: ignore[arg-type]
+
+
 def test_schema_versions_are_recorded_and_a_newer_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "v.sqlite"
     Store(db=path).close()

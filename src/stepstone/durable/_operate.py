@@ -124,7 +124,15 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     kept = rows[:end]
     following = [r for r in rows[end:] if r.kind == "step"]
     next_step = (_band_of(following[0]) or following[0].name) if following else head.next_step
-    data = json.loads(next(r for r in reversed(kept) if r.kind == "step").data)
+    last = next(r for r in reversed(kept) if r.kind == "step")
+    iteration = json.loads(last.data).get("iteration")
+    if iteration is None:  # rows written before steps recorded it
+        iteration = head.iteration
+    if isinstance(iteration, bool) or not isinstance(iteration, int):
+        raise CheckpointCorruptError(
+            f"run {key!r} cannot be forked at {at!r}: its journal row {last.seq} records the "
+            f"iteration {iteration!r}, not a count; nothing was written"
+        )
     units = _units(kept)
     now = store.backend.clock()
     new = head.replace(
@@ -132,7 +140,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
         status="paused" if next_step is not None else "done",
         next_step=next_step,
         version=1,
-        iteration=int(data.get("iteration") or head.iteration),
+        iteration=iteration,
         journal_len=len(kept),
         lease_until=now,
         created_at=now,

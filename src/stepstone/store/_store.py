@@ -112,8 +112,18 @@ class Store:
         self.read_only = read_only
         self.backend: Backend
         if backend is not None:
+            if not isinstance(backend, Backend):
+                raise TypeError(
+                    f"backend= takes a stepstone.store.Backend, got {backend!r:.200}; a file "
+                    "path goes to db=, a URL to url="
+                )
             self.backend = backend
         elif url is not None:
+            if not isinstance(url, str):
+                raise TypeError(
+                    f"url= takes a str such as 'postgresql://user@host/db' or "
+                    f"'sqlite:///path/to/file', got {url!r:.200}"
+                )
             self.backend = _backend_from_url(
                 url, durability=durability, busy_timeout=busy_timeout, read_only=read_only
             )

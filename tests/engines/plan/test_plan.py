@@ -25,6 +25,7 @@ from stepstone import (
     from_start,
     from_step,
 )
+from stepstone.exceptions import ConfigurationError, ConfigurationTypeError
 
 
 def echo(name: str, trail: list[str] | None = None) -> Any:
@@ -531,3 +532,39 @@ def test_a_sync_step_on_the_loops_thread_may_call_asyncio_run() -> None:
     # it may or may not); every run works either way
     envs = plan.run_many([f"r{i}" for i in range(12)], concurrency=4)
     assert [e.payload[0] for e in envs] == [f"fetched r{i}, no running loop" for i in range(12)]
+
+
+def _echo(payload: Any) -> Any:
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Step(_echo, sources=None), "sources= must be a list of objects with a .text"),
+        (lambda: Step(_echo, sources=5), "sources= must be a list"),
+        (lambda: Step(_echo, parallel="no"), "parallel= must be True or False, got 'no'"),
+        (lambda: Plan(Step(_echo), max_iterations=True), "max_iterations must be an int"),
+        (lambda: Plan(Step(_echo), approvals=5), "approvals= must map call ids"),
+        (lambda: Plan(Step(_echo), approvals=["c1"]), "approvals= must map call ids"),
+        (lambda: Plan.from_dict(5), "takes what Plan.to_dict returns"),  # type: ignore[arg-type]
+        (lambda: Plan.from_dict({"steps": 5}), "a 'steps' list"),
+        (lambda: Plan.from_dict({"steps": [{}]}), r"steps\[0\] is not a step"),
+        (lambda: Plan.from_dict({"steps": [{"name": "a", "target": 5}]}), r"steps\[0\]"),
+    ],
+)
+def test_arguments_of_the_wrong_kind_are_compile_errors(build: Any, message: str) -> None:
+    # guarantee 60, 70: before, raw TypeErrors, ValueErrors and KeyErrors from inside
+    with pytest.raises(PlanCompileError, match=message):
+        build()
+
+
+def test_run_many_refuses_one_task_or_a_bad_cap() -> None:
+    # guarantee 66: before, run_many("abc") ran three tasks, 'a', 'b' and 'c'
+    plan = Plan(Step(_echo))
+    for tasks in ("abc", None):
+        with pytest.raises(ConfigurationTypeError, match="run_many takes a list of tasks"):
+            plan.run_many(tasks)  # type: ignore[arg-type]
+    for cap in ("2", True, 0):
+        with pytest.raises(ConfigurationError, match="concurrency must be an int >= 1"):
+            plan.run_many(["a"], concurrency=cap)  # type: ignore[arg-type]

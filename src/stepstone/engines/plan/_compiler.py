@@ -84,7 +84,11 @@ def compile_plan(
     """
     if not steps:
         raise PlanCompileError("Plan() needs at least one Step")
-    if not isinstance(max_iterations, int) or max_iterations < 1:
+    if (
+        isinstance(max_iterations, bool)
+        or not isinstance(max_iterations, int)
+        or max_iterations < 1
+    ):
         raise PlanCompileError(f"max_iterations must be an int >= 1, got {max_iterations!r}")
     for i, step in enumerate(steps):
         if not isinstance(step, Step):

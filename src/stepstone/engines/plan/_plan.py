@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -40,7 +40,13 @@ from stepstone.engines.plan._compiler import CompiledPlan, Unit, check_tools, co
 from stepstone.engines.plan._runner import PlanRun, last_output
 from stepstone.engines.plan._serialize import steps_from_dict, steps_to_dict
 from stepstone.engines.plan._step import Step
-from stepstone.exceptions import PlanCompileError, StaleCheckpointError, UserError
+from stepstone.exceptions import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    PlanCompileError,
+    StaleCheckpointError,
+    UserError,
+)
 from stepstone.observability import Session
 from stepstone.store import RunHead, Store
 from stepstone.store._store import NUL_IN_KEY
@@ -154,6 +160,16 @@ class Plan:
             raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
         if resume and store is None:
             raise PlanCompileError("resume=True needs store= and checkpoint_key=")
+        if approvals is not None and (
+            not isinstance(approvals, Mapping)
+            or not all(
+                isinstance(k, str) and isinstance(v, bool | str) for k, v in approvals.items()
+            )
+        ):
+            raise PlanCompileError(
+                f"approvals= must map call ids to True, False or a reason (str), got "
+                f"{approvals!r:.200}; e.g. approvals={{'call_0_0': True}}"
+            )
         self.steps: tuple[Step, ...] = tuple(steps)  # compiled once: not to be mutated
         self.max_iterations = max_iterations
         self.store = store
@@ -488,8 +504,17 @@ class Plan:
         run at once (None: all). Failures, including ``ConcurrentPlanRunError``, become
         error envelopes in their slot. Pair with ``on_concurrent="fork"`` for fan-out.
         """
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1 or None, got {concurrency!r}")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"concurrency must be an int >= 1 or None, got {concurrency!r}"
+            )
+        if isinstance(tasks, str | Envelope) or not isinstance(tasks, Iterable):
+            raise ConfigurationTypeError(
+                f"run_many takes a list of tasks (str or Envelope), got {tasks!r:.200}; "
+                "one task is run_many([task])"
+            )
         sem = asyncio.Semaphore(concurrency) if concurrency else None
 
         async def one(task: str | Envelope[Any]) -> Envelope[Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from stepstone.core import AgentLike, Sentinel
 from stepstone.engines.plan._step import Step, target_name
+from stepstone.exceptions import PlanCompileError
 
 __all__ = ["FORMAT_VERSION", "steps_from_dict", "steps_to_dict"]
 
@@ -32,13 +33,29 @@ def steps_from_dict(
     data: Mapping[str, Any], registry: Mapping[str, Any] | None
 ) -> tuple[list[Step], int]:
     """The steps and ``max_iterations`` of ``Plan.to_dict`` output, names rebound."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("steps", []), list):
+        raise PlanCompileError(
+            f"Plan.from_dict takes what Plan.to_dict returns (a dict with a 'steps' list), "
+            f"got {data!r:.200}"
+        )
     version = data.get("version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise ValueError(
             f"Plan.from_dict: unsupported version {version!r} (expected {FORMAT_VERSION})"
         )
     reg = dict(registry or {})
-    steps = [_step_from_dict(s, reg) for s in data.get("steps", [])]
+    steps = []
+    for i, item in enumerate(data.get("steps", [])):
+        target: Any = item.get("target") if isinstance(item, Mapping) else None
+        try:
+            if "name" not in item or not {"tool", "agent", "callable"} & set(target):
+                raise TypeError("it needs a 'name' and a 'target' naming a tool or callable")
+            steps.append(_step_from_dict(item, reg))
+        except (TypeError, AttributeError) as exc:  # not the shape to_dict writes
+            raise PlanCompileError(
+                f"Plan.from_dict: steps[{i}] is not a step as Plan.to_dict writes it "
+                f"({exc}): {item!r:.200}"
+            ) from exc
     return steps, data.get("max_iterations", 100)
 
 

@@ -81,15 +81,21 @@ class Step:
     after_branches: str | None = None
 
     def __post_init__(self) -> None:
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            from stepstone.exceptions import PlanCompileError
+        from stepstone.exceptions import PlanCompileError
 
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise PlanCompileError(f"Step name= must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.parallel, bool):
+            raise PlanCompileError(f"Step parallel= must be True or False, got {self.parallel!r}")
+        if not isinstance(self.sources, list | tuple):
+            raise PlanCompileError(
+                f"Step sources= must be a list of objects with a .text() method, got "
+                f"{self.sources!r:.200}"
+            )
+        self.sources = list(self.sources)
         if self.name is None:
             self.name = target_name(self.target)
         if not isinstance(self.name, str) or not self.name:
-            from stepstone.exceptions import PlanCompileError
-
             raise PlanCompileError(
                 f"Step({self.target!r}) has no name: pass name='...' (a lambda or callable "
                 "object has no usable name)"

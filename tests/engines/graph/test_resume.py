@@ -17,6 +17,7 @@ from stepstone.graph import (
     InMemoryCheckpointer,
     NodeException,
     NodePosition,
+    Reducer,
     SQLiteCheckpointer,
     State,
     append,
@@ -264,6 +265,81 @@ def test_subgraph_visited_twice_in_a_loop(tmp_path: Path) -> None:
     (rec,) = cp.list()
     inner = [p for p in rec.completed_positions if p.namespace == ("sub",)]
     assert [p.step for p in inner] == [0, 1]  # positions stay unique across visits
+
+
+add = Reducer(lambda old, new: old + new, name="add")
+
+
+class Tally(State):
+    total: Annotated[int, add] = 0
+    items: Annotated[list[str], append] = Field(default_factory=list)
+
+
+class SubTally(State):
+    total: Annotated[int, add] = 0
+    items: Annotated[list[str], append] = Field(default_factory=list)
+
+
+@pytest.mark.parametrize("crash", [None, "plus2", "after"])
+@pytest.mark.parametrize("serialization", ["json", "pickle"])
+def test_a_subgraph_hands_back_reduced_fields_once(
+    tmp_path: Path, crash: str | None, serialization: Any
+) -> None:
+    # guarantee 361: the subgraph starts from the parent's total (10) and ends at 13, which
+    # the parent takes as it is (not 10 + 13); an append field gets only the added items;
+    # the same after a crash inside the subgraph or after it, resumed from the record
+    cp = SQLiteCheckpointer(tmp_path / "c.sqlite", serialization, pickle_key=b"k" * 32)
+    runs: list[str] = []
+    fail = {crash}
+
+    def node(name: str, total: int) -> Any:
+        def fn(state: Any) -> dict[str, Any]:
+            if name in fail:
+                fail.clear()
+                raise RuntimeError(f"crash in {name}")
+            runs.append(name)
+            return {"total": total, "items": [name]}
+
+        return fn
+
+    sub = (
+        GraphBuilder(SubTally)
+        .add_node("plus1", node("plus1", 1))
+        .add_node("plus2", node("plus2", 2))
+        .add_edge("plus1", "plus2")
+        .add_edge("plus2", END)
+        .set_entry("plus1")
+        .compile()
+    )
+
+    def build(**outputs: Any) -> Any:
+        return (
+            GraphBuilder(Tally)
+            .add_node("start", node("start", 10))
+            .add_subgraph_node("sub", sub, **outputs)
+            .add_node("after", node("after", 100))
+            .add_edge("start", "sub")
+            .add_edge("sub", "after")
+            .add_edge("after", END)
+            .set_entry("start")
+            .with_checkpointer(cp)
+            .compile()
+        )
+
+    if crash is None:
+        final = build().invoke(Tally())
+    else:
+        with pytest.raises(NodeException) as info:
+            build().invoke(Tally())
+        final = build().invoke(resume_invocation=info.value.invocation_id)
+    assert final == Tally(total=113, items=["start", "plus1", "plus2", "after"])
+    assert runs == ["start", "plus1", "plus2", "after"]  # each node ran once
+    saved = cp.list()[-1].state
+    assert (saved.total if serialization == "pickle" else saved["total"]) == 113
+
+    # with outputs=, the update it returns goes through the parent's reducers: 10 + 13
+    summed = build(outputs=lambda s: {"total": s.total}).invoke(Tally())
+    assert summed.total == 10 + 13 + 100
 
 
 def test_second_resume_of_a_record_being_resumed_is_refused(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from stepstone.core import is_agent_like
@@ -200,6 +200,11 @@ class GraphBuilder(Generic[S]):
                 is a mapping). A pure function of the state: it is re-evaluated on resume.
             targets: The possible targets (checked at compile time and at run time), as a
                 list of names, or a mapping from the router's return values to names.
+
+        Raises:
+            GraphCompileError: ``router`` is not callable, or ``targets`` is not a
+                non-empty list or mapping of node names (a string is refused, not read as
+                a list of letters).
         """
         where = f"add_conditional_edge({source!r}, ...)"
         if not callable(router):
@@ -208,10 +213,21 @@ class GraphBuilder(Generic[S]):
         if isinstance(targets, Mapping):
             mapping = {str(k): _target_name(v, where) for k, v in targets.items()}
         elif targets is not None:
+            if isinstance(targets, (str, bytes)) or not isinstance(targets, Iterable):
+                raise GraphCompileError(
+                    f"{where}: targets is a list of node names (or END), or a mapping from "
+                    f"the router's return values to node names, got {targets!r}; for one "
+                    "target pass a list, e.g. targets=['next_node', END]"
+                )
             mapping = {}
             for t in targets:
                 name = _target_name(t, where)
                 mapping[name] = name
+        if mapping == {}:
+            raise GraphCompileError(
+                f"{where}: targets is empty; list the nodes the router may return, or omit "
+                "targets= to allow every node"
+            )
         self._edges.setdefault(source, []).append(EdgeSpec(router=router, targets=mapping))
         return self
 

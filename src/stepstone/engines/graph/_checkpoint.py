@@ -26,6 +26,7 @@ from stepstone.exceptions import (
     CheckpointCorruptError,
     CheckpointNotFound,
     CheckpointRecordInvalid,
+    ConfigurationTypeError,
     UserError,
 )
 from stepstone.store._store import Store
@@ -64,6 +65,12 @@ class StoreCheckpointer:
         pickle_key: bytes | str | SignedPickle | None = None,
         prefix: str = "graph:",
     ) -> None:
+        if not isinstance(store, Store):
+            raise ConfigurationTypeError(
+                f"StoreCheckpointer takes a stepstone Store, got {store!r}; pass Store(), "
+                "Store(db='checkpoints.sqlite') or Store(url='postgresql://...'), or use "
+                "SQLiteCheckpointer(path) for a SQLite file"
+            )
         if not prefix:
             raise UserError("prefix must be a non-empty string such as 'graph:'")
         self.store = store
@@ -108,7 +115,16 @@ class StoreCheckpointer:
         return self.load_raw(invocation_id).public()
 
     def list(self, filter: CheckpointFilter | None = None) -> list[CheckpointRecord]:
-        """Records matching ``filter``, oldest ``last_saved_at`` first."""
+        """Records matching ``filter``, oldest ``last_saved_at`` first.
+
+        Raises:
+            ConfigurationTypeError: ``filter`` is not a :class:`CheckpointFilter` or None.
+        """
+        if filter is not None and not isinstance(filter, CheckpointFilter):
+            raise ConfigurationTypeError(
+                f"checkpointer.list() takes a CheckpointFilter or None, got {filter!r}; "
+                "pass list(CheckpointFilter(correlation_id=..., status=...))"
+            )
         flt = filter or CheckpointFilter()
         out: list[CheckpointRecord] = []
         for head in list_runs(self.store, self.prefix):
@@ -184,6 +200,12 @@ class SQLiteCheckpointer(StoreCheckpointer):
         pickle_key: bytes | str | SignedPickle | None = None,
         durability: Literal["full", "normal"] = "full",
     ) -> None:
+        if path is None:  # Store(db=None) would be a store in memory
+            raise ConfigurationTypeError(
+                "SQLiteCheckpointer takes the path of a SQLite file, got None; pass "
+                "SQLiteCheckpointer('checkpoints.sqlite'), or use InMemoryCheckpointer() "
+                "for checkpoints in memory"
+            )
         codec = Codec(serialization, pickle_key)  # validate before creating a file
         super().__init__(
             Store(db=path, durability=durability),

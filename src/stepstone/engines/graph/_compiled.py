@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -22,7 +22,7 @@ from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._migrate import MigrationRegistry
-from stepstone.engines.graph._nodes import call_node, project_in, project_out
+from stepstone.engines.graph._nodes import call_node, project_in, project_out, update_reducers
 from stepstone.engines.graph._records import (
     GRAPH_KIND,
     LOCK_KIND,
@@ -46,6 +46,8 @@ from stepstone.exceptions import (
     CheckpointStateMigrationFailed,
     ConcurrentGraphResumeError,
     ConcurrentRunError,
+    ConfigurationError,
+    ConfigurationTypeError,
     NodeException,
     UserError,
 )
@@ -202,12 +204,16 @@ class CompiledGraph(Generic[S]):
             metadata: JSON-able data stored with the record.
 
         Raises:
+            ConfigurationError: ``correlation_id`` is not a non-empty str or None, or
+                ``metadata`` is not a mapping or None (``ConfigurationTypeError`` for a
+                wrong type); nothing runs.
             NodeException: a node raised; the nodes before it are saved.
             ConcurrentGraphResumeError: the record is being resumed, or still run, by
                 another live invocation.
             CheckpointNotFound, CheckpointRecordInvalid, CheckpointStateMigrationError:
                 ``resume_invocation`` cannot be loaded.
         """
+        _check_invoke_options(correlation_id, metadata)
         cp = self.checkpointer
         invocation_id = str(uuid.uuid4())
         lock: OwnedRun | None = None
@@ -531,9 +537,10 @@ class CompiledGraph(Generic[S]):
         else:
             target = key if isinstance(key, str) else None
         if target is None or (target != _END_NAME and target not in self.nodes):
+            allowed = [*self.nodes, _END_NAME] if spec.targets is None else spec.targets
             err = ValueError(
                 f"the router after node {node!r} returned {chosen!r}, which is not one of "
-                f"its targets ({sorted(spec.targets or self.nodes)} or END)"
+                f"its targets {_choices(allowed)}"
             )
             raise NodeException(
                 str(err), node_name=node, recoverable_state=state, namespace=ns
@@ -569,7 +576,7 @@ class CompiledGraph(Generic[S]):
                         "the fields to update (or None)"
                     )
                 new, set_fields, extend = apply_update(
-                    state, update, node=node, reducers=graph.reducers
+                    state, update, node=node, reducers=update_reducers(spec, graph)
                 )
                 patch = run.patch(new, set_fields, extend)
             except NodeException:
@@ -629,6 +636,31 @@ class CompiledGraph(Generic[S]):
             run.pending_push.pop()  # nothing inside was saved: the frame was never written
             pop = 0
         return project_out(spec, graph, initial, final), pop
+
+
+def _check_invoke_options(correlation_id: Any, metadata: Any) -> None:
+    """Refuse an ``invoke`` option of the wrong type before anything runs."""
+    if correlation_id is not None and not isinstance(correlation_id, str):
+        raise ConfigurationTypeError(
+            f"correlation_id must be a str or None, got {correlation_id!r}; pass your job's "
+            "key as text, e.g. correlation_id='order-42'"
+        )
+    if correlation_id == "":
+        raise ConfigurationError(
+            "correlation_id must not be empty; pass your job's key, or None to use the "
+            "first invocation's id"
+        )
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ConfigurationTypeError(
+            f"metadata must be a dict (JSON-able) or None, got {metadata!r}; pass "
+            "metadata={'key': value}"
+        )
+
+
+def _choices(allowed: Collection[str]) -> str:
+    """What a router may return (END shown as END), for its error message."""
+    names = [repr(k) for k in sorted(allowed) if k != _END_NAME]
+    return f"[{', '.join([*names, *(['END'] if _END_NAME in allowed else [])])}]"
 
 
 def _release_lock(lock: OwnedRun) -> None:

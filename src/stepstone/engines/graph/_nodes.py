@@ -12,12 +12,12 @@ from stepstone.core._envelope import Envelope
 from stepstone.core._threads import call_sync
 from stepstone.core._tool import is_async_callable
 from stepstone.engines.graph._builder import NodeSpec
-from stepstone.engines.graph._state import State
+from stepstone.engines.graph._state import Reducer, State, append
 
 if TYPE_CHECKING:
     from stepstone.engines.graph._compiled import CompiledGraph
 
-__all__ = ["call_node", "project_in", "project_out"]
+__all__ = ["call_node", "project_in", "project_out", "update_reducers"]
 
 
 async def call_node(spec: NodeSpec, state: State) -> Any:
@@ -62,7 +62,8 @@ def project_out(
     spec: NodeSpec, parent: CompiledGraph[Any], initial: State, final: State
 ) -> Mapping[str, Any]:
     """The parent's update: ``outputs(final)``, or what the subgraph changed in shared
-    fields (the items it appended, for the parent's ``append`` fields)."""
+    fields: the items it appended, for the parent's ``append`` fields, else the final value
+    (which :func:`update_reducers` keeps from the parent's other reducers)."""
     if spec.outputs is not None:
         return spec.outputs(final)
     out: dict[str, Any] = {}
@@ -72,8 +73,7 @@ def project_out(
         before, after = getattr(initial, field), getattr(final, field)
         if before == after:
             continue
-        reducer = parent.reducers.get(field)
-        if reducer is not None and reducer.name == "append":
+        if parent.reducers.get(field) is append:
             before_l, after_l = list(before or ()), list(after or ())
             if after_l[: len(before_l)] != before_l:
                 raise ValueError(
@@ -84,3 +84,13 @@ def project_out(
         else:
             out[field] = after
     return out
+
+
+def update_reducers(spec: NodeSpec, parent: CompiledGraph[Any]) -> Mapping[str, Reducer]:
+    """The reducers ``spec``'s update goes through in ``parent``. A subgraph node without
+    ``outputs=`` hands back the subgraph's final values, which started from the parent's
+    and so already hold them: only its ``append`` fields (just the added items, see
+    :func:`project_out`) are reduced."""
+    if spec.subgraph is None or spec.outputs is not None:
+        return parent.reducers
+    return {field: r for field, r in parent.reducers.items() if r is append}

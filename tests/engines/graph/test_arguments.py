@@ -1,0 +1,120 @@
+"""Arguments of the wrong type or value are refused with an error naming them and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import Store
+from stepstone.exceptions import ConfigurationError, ConfigurationTypeError, UserError
+from stepstone.graph import (
+    END,
+    CheckpointFilter,
+    CompiledGraph,
+    GraphBuilder,
+    GraphCompileError,
+    InMemoryCheckpointer,
+    NodeException,
+    SQLiteCheckpointer,
+    State,
+    StoreCheckpointer,
+)
+
+
+class S(State):
+    n: int = 0
+
+
+def _routed(router: Any, targets: Any) -> GraphBuilder[S]:
+    return (
+        GraphBuilder(S)
+        .add_node("a", lambda s: None)
+        .add_node("b", lambda s: None)
+        .add_conditional_edge("a", router, targets)
+        .add_edge("b", END)
+        .set_entry("a")
+    )
+
+
+def _graph(cp: StoreCheckpointer | None = None) -> CompiledGraph[S]:
+    b = GraphBuilder(S).add_node("a", lambda s: {"n": 1}).add_edge("a", END).set_entry("a")
+    return (b.with_checkpointer(cp) if cp is not None else b).compile()
+
+
+@pytest.mark.parametrize("targets", [5, "ab", b"ab", {}, []])
+def test_conditional_edge_targets_are_a_list_or_a_mapping(targets: Any) -> None:
+    # guarantee 362: a str is not read as a list of one-letter node names
+    with pytest.raises(GraphCompileError, match=r"add_conditional_edge\('a', \.\.\.\): targets"):
+        _routed(lambda s: "b", targets)
+
+
+@pytest.mark.parametrize(
+    ("returned", "targets", "listed"),
+    [
+        (END, ["b"], "its targets ['b']"),
+        ("x", ["b", END], "its targets ['b', END]"),
+        ("x", {"go": "b", "stop": END}, "its targets ['go', 'stop']"),
+        ("x", None, "its targets ['a', 'b', END]"),
+    ],
+)
+def test_a_router_refused_at_run_time_lists_what_it_may_return(
+    returned: Any, targets: Any, listed: str
+) -> None:
+    # guarantee 362: END is listed only where it is allowed
+    with pytest.raises(NodeException) as info:
+        _routed(lambda s: returned, targets).compile().invoke(S())
+    assert str(info.value).endswith(f"returned {returned!r}, which is not one of {listed}")
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"correlation_id": 5}, ConfigurationTypeError, "correlation_id must be a str or None"),
+        ({"correlation_id": {"a": 1}}, ConfigurationTypeError, "correlation_id must be a str"),
+        ({"correlation_id": ""}, ConfigurationError, "correlation_id must not be empty"),
+        ({"metadata": 5}, ConfigurationTypeError, "metadata must be a dict"),
+        ({"metadata": [1]}, ConfigurationTypeError, r"metadata must be a dict .* got \[1\]"),
+    ],
+)
+def test_invoke_refuses_options_of_the_wrong_type(
+    checkpointed: bool, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    # guarantee 362: refused before anything runs or is saved
+    cp = InMemoryCheckpointer()
+    with pytest.raises(error, match=message):
+        _graph(cp if checkpointed else None).invoke(S(), **options)
+    assert cp.list() == []
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: SQLiteCheckpointer(None), "the path of a SQLite file, got None"),
+        (lambda: StoreCheckpointer(5), "takes a stepstone Store, got 5"),
+        (lambda: StoreCheckpointer("x.db"), r"got 'x.db'.*SQLiteCheckpointer\(path\)"),
+    ],
+)
+def test_checkpointers_refuse_what_is_not_a_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any, message: str
+) -> None:
+    # guarantee 362: at construction, not at the first save
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationTypeError, match=message) as info:
+        make()
+    assert isinstance(info.value, UserError) and isinstance(info.value, TypeError)
+    assert list(tmp_path.iterdir()) == []  # no file was created
+
+
+@pytest.mark.parametrize("flt", [{"correlation_id": "c"}, "c", 5])
+async def test_list_takes_a_checkpoint_filter(flt: Any) -> None:
+    # guarantee 362
+    cp = StoreCheckpointer(Store())
+    await _graph(cp).ainvoke(S(), correlation_id="c")
+    with pytest.raises(ConfigurationTypeError, match=r"takes a CheckpointFilter or None, got"):
+        cp.list(flt)
+    with pytest.raises(ConfigurationTypeError, match="CheckpointFilter"):
+        await cp.alist(flt)
+    assert [r.correlation_id for r in cp.list(CheckpointFilter(correlation_id="c"))] == ["c"]

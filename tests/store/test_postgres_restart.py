@@ -110,3 +110,23 @@ def test_plan_survives_a_server_restart_mid_run(own_pg_server: PgServer, own_pg_
         assert state["completed_steps"] == ["extract", "transform", "load"]
         assert store.read("clean") == "transform(extract(batch))"
         assert store.read("loaded") == "load(transform(extract(batch)))"
+
+
+def test_a_call_made_during_an_outage_answers_once_the_server_is_back(
+    own_pg_server: PgServer, own_pg_url: str
+) -> None:
+    """guarantee 159: the server is down longer than the pool's one reconnect attempt
+    (2 s); a read made during the outage waits and answers once the server is back.
+    Before, the pool never tried again for a caller already waiting: the read waited out
+    the whole reconnect_timeout and then failed, though the server was back."""
+    from stepstone.store._postgres import PostgresBackend
+
+    with Store(backend=PostgresBackend(own_pg_url, reconnect_timeout=30.0)) as store:
+        store.write("k", "before")
+        own_pg_server.stop()
+        back = threading.Timer(4.0, own_pg_server.start)
+        back.start()
+        try:
+            assert store.read("k") == "before"  # asked while the server is down
+        finally:
+            back.join()

@@ -102,6 +102,10 @@ __all__ = ["MIGRATIONS", "Connection", "Cursor", "PostgresBackend", "migrate"]
 
 log = logging.getLogger("stepstone")
 
+#: Seconds the connection pool keeps trying to add one connection before it gives up (and
+#: a waiting caller asks again: see PostgresBackend._getconn).
+_POOL_RECONNECT = 2.0
+
 T = TypeVar("T")
 
 _CURSOR = "_stepstone_cursor"  # the cursor _one_statement keeps on each pooled connection
@@ -299,15 +303,21 @@ class PostgresBackend(Backend):
                 name=f"stepstone-{os.getpid()}",
                 # Give up on a dead server quickly and reconnect on demand: the pool's own
                 # backoff would otherwise grow to minutes while our retries wait.
-                reconnect_timeout=2.0,
+                reconnect_timeout=_POOL_RECONNECT,
             )
             self._pool, self._pool_pid = pool, os.getpid()
             weakref.finalize(self, close_pool, pool, os.getpid())
             return pool
 
     def _getconn(self, pool: ConnectionPool[Any], timeout: float) -> Connection:
+        # Wait in short turns: the pool makes one attempt (of _POOL_RECONNECT seconds) to
+        # add a connection for the clients waiting when it ran out, and none for a client
+        # still waiting after that attempt failed. A server back after a short restart
+        # would leave such a client waiting out its whole timeout; each turn's retry asks
+        # the pool again.
         try:
-            conn: Connection = pool.getconn(timeout=max(0.1, timeout))
+            turn = min(timeout, _POOL_RECONNECT + 1.0)
+            conn: Connection = pool.getconn(timeout=max(0.1, turn))
         except PoolTimeout as exc:
             raise Lost(exc) from exc
         except PoolClosed as exc:

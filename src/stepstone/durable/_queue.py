@@ -312,6 +312,13 @@ def requeue_run(store: Store, key: str) -> str | None:
     entry was pruned) or its entry is still queued or running. A store whose file has no
     queue is left as it is.
     """
+    queue = existing_queue(store)
+    return None if queue is None else queue.requeue(key)
+
+
+def existing_queue(store: Store) -> QueueBackend | None:
+    """The work queue in ``store``'s database, or None when it has none (a SQLite file no
+    run was ever submitted to is left without one; the memory store has none)."""
     backend = store.backend
     from stepstone.store._sqlite import SQLiteBackend
 
@@ -321,10 +328,9 @@ def requeue_run(store: Store, key: str) -> str | None:
         if not has_queue(backend.path):
             return None
     try:
-        queue = queue_backend(store)
+        return queue_backend(store)
     except UserError:  # a store without a queue (the memory store)
         return None
-    return queue.requeue(key)
 
 
 class RunHandle:

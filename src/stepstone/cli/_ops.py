@@ -35,12 +35,13 @@ from stepstone.durable._inspect import (
     stranded_runs,
 )
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
-from stepstone.durable._queue import requeue_run
+from stepstone.durable._queue import existing_queue, requeue_run
 from stepstone.durable._retention import PruneReport, parse_age, prune
 from stepstone.exceptions import CorruptRecordError, StepstoneError
 from stepstone.store import Retention, Store, vacuum
 from stepstone.store._base import read_salvaged
 from stepstone.store._check import problem_text
+from stepstone.store._queue_base import FINAL_STATUSES, QueueEntry
 
 __all__ = ["register", "split_values"]
 
@@ -553,6 +554,62 @@ def approve_cmd(
         )
 
 
+_ENTRY_STATUSES = ("queued", "running", *FINAL_STATUSES)
+
+
+def queue_cmd(
+    queue: Annotated[
+        list[str] | None, typer.Option("--queue", "-q", help="Only these queues (repeat).")
+    ] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(help=f"Only these statuses ({', '.join(_ENTRY_STATUSES)}; repeat)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Show the last N entries.")] = 50,
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """List the work queue's entries (oldest first): runs queued, running and finished."""
+    statuses = split_values(status)
+    wrong = [s for s in statuses if s not in _ENTRY_STATUSES]
+    if wrong:
+        fail(f"--status {', '.join(wrong)}: an entry is one of {', '.join(_ENTRY_STATUSES)}", 2)
+    queues = split_values(queue)
+    with open_store(db, url, debug=debug) as store:
+        found = existing_queue(store)
+        entries = [
+            e
+            for e in (found.entries(None, None) if found is not None else [])
+            if (not queues or e.queue in queues) and (not statuses or e.status in statuses)
+        ][-limit:]
+        if as_json:
+            _print_json([_entry_view(e) for e in entries])
+            return
+        table = Table("entry", "queue", "status", "attempts", "run key", "target", "error")
+        for e in entries:
+            table.add_row(
+                e.id[:12],
+                e.queue,
+                e.status + (" (cancel asked)" if e.cancel_requested else ""),
+                f"{e.attempts}/{e.max_attempts}",
+                e.run_key,
+                e.target,
+                _short(e.error or "", 60),
+            )
+        _console().print(table if entries else "no queue entries")
+
+
+def _entry_view(e: QueueEntry) -> dict[str, Any]:
+    """An entry as ``stepstone queue --json`` prints it (its task and result left out)."""
+    keep = ("id", "queue", "status", "attempts", "max_attempts", "run_key", "target")
+    more = ("priority", "dedupe_key", "worker", "host", "pid", "error")
+    times = ("not_before", "started_at", "created_at", "updated_at")
+    view = {name: getattr(e, name) for name in (*keep, *more, *times)}
+    return {**view, "cancel_requested": bool(e.cancel_requested)}
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator commands to ``app``."""
     app.command("prune")(prune_cmd)
@@ -565,3 +622,4 @@ def register(app: typer.Typer) -> None:
     app.command("fork")(fork_cmd)
     app.command("retry")(retry_cmd)
     app.command("approve")(approve_cmd)
+    app.command("queue")(queue_cmd)

@@ -24,23 +24,31 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from stepstone.core import Envelope
 from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
 from stepstone.core._threads import to_thread
 from stepstone.durable._leases import LeasePolicy
-from stepstone.durable._queue import queue_backend, resolve_target
+from stepstone.durable._queue import (
+    check_int,
+    check_name,
+    check_number,
+    queue_backend,
+    resolve_target,
+)
 from stepstone.exceptions import (
     ConcurrentRunError,
+    ConfigurationError,
+    ConfigurationTypeError,
     CorruptRecordError,
     StoreDamagedError,
     StoreError,
     UserError,
 )
 from stepstone.store import Store
-from stepstone.store._queue_base import Owner, QueueEntry
+from stepstone.store._queue_base import CANCELLED_RUNNING, Owner, QueueEntry
 
 __all__ = ["Worker"]
 
@@ -58,11 +66,16 @@ class Worker:
             the database's clock; a finite number > 0). A worker renews every third of it
             (the kernel's ``LeasePolicy``); a run whose worker stopped renewing this long is
             taken over by another worker.
-        poll_interval: Seconds between looks at an empty queue.
+        poll_interval: Seconds between looks at an empty queue (a finite number > 0).
         registry: Engines by name, looked up before importing a target.
         shutdown_timeout: On SIGTERM/SIGINT or :meth:`stop`, how long running runs may
-            finish before they are stopped at their current step and handed back.
+            finish before they are stopped at their current step and handed back (a
+            finite number >= 0).
         name: This worker's id in the queue (default: a fresh one).
+
+    Raises:
+        UserError: an argument it cannot work with, naming it (a ``ConfigurationError``
+            for a value of the wrong kind or range), or a store it cannot write to.
 
     Example::
 
@@ -84,13 +97,22 @@ class Worker:
     ) -> None:
         if isinstance(queues, str):
             queues = [queues]
-        if not queues or not all(isinstance(q, str) and q for q in queues):
-            raise UserError(f"queues must be a list of non-empty queue names, got {queues!r}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise UserError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if not isinstance(queues, Collection) or not queues:
+            raise ConfigurationError(
+                f"queues must be a list of queue names, e.g. queues=['orders'], got {queues!r}"
+            )
+        names = [check_name("a name in queues", q) for q in queues]
+        check_int("concurrency", concurrency, 1)
         lease = LeasePolicy(lease_seconds)
-        if poll_interval <= 0:
-            raise UserError(f"poll_interval must be > 0, got {poll_interval!r}")
+        poll = check_number("poll_interval", poll_interval, 0, above=True)
+        shutdown = check_number("shutdown_timeout", shutdown_timeout, 0)
+        if registry is not None and not isinstance(registry, Mapping):
+            raise ConfigurationTypeError(
+                f"registry must map targets to engines, e.g. registry={{'orders:plan': plan}}, "
+                f"got {registry!r:.80}"
+            )
+        if name is not None:
+            check_name("name", name)
         self.store = store if isinstance(store, Store) else Store(url=store)
         if self.store.read_only or self.store.closed:
             why = "opened read_only=True" if self.store.read_only else "closed"
@@ -98,12 +120,12 @@ class Worker:
                 f"a worker records its runs in its store, and {self.store!r} is {why}: pass "
                 "an open, writable Store"
             )
-        self.queues = list(queues)
+        self.queues = names
         self.concurrency = concurrency
         self.lease = lease
-        self.poll_interval = float(poll_interval)
+        self.poll_interval = poll
         self.registry = dict(registry or {})
-        self.shutdown_timeout = float(shutdown_timeout)
+        self.shutdown_timeout = shutdown
         self.id = name or f"worker-{new_uid()[:12]}"
         self.owner = Owner(
             worker=self.id,
@@ -157,6 +179,8 @@ class Worker:
 
     async def arun(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
         """Async :meth:`run`; installs SIGTERM/SIGINT handlers when on the main thread."""
+        if max_runs is not None:
+            check_int("max_runs", max_runs, 1)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         installed: list[signal.Signals] = []
@@ -331,8 +355,8 @@ class Worker:
         except asyncio.CancelledError:
             reason = self._cancel_reason.get(entry.id, "shutdown")
             if reason == "cancel":
-                await self._finish(entry, "cancelled", None, "cancelled while running")
-            elif reason == "shutdown":
+                await self._finish(entry, "cancelled", None, CANCELLED_RUNNING)
+            elif reason == "shutdown":  # or cancelled, if its cancel was requested meanwhile
                 await to_thread(self._queue.hand_back, entry.id, self.id, 0.0)
             return  # "lost": another worker holds it now; nothing of ours to record
         except ConcurrentRunError as exc:

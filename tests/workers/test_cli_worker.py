@@ -39,6 +39,17 @@ def test_worker_reports_an_unreachable_database() -> None:
     assert "cannot set up the stepstone schema" in result.output
 
 
+def test_worker_refuses_a_poll_interval_that_is_no_number(tmp_path: Path) -> None:
+    # guarantee 299: --poll-interval nan was taken, and the worker spun on its queue
+    db = tmp_path / "q.sqlite"
+    Store(db=db).close()
+    result = CliRunner().invoke(
+        app, ["worker", "--db", str(db), "--poll-interval", "nan", "--until-idle"]
+    )
+    assert result.exit_code == 2
+    assert "poll_interval must be a finite number of seconds > 0, got nan" in result.output
+
+
 def test_retry_puts_a_queued_run_back_in_its_queue(tmp_path: Path) -> None:
     # guarantee 259
     db, log = tmp_path / "q.sqlite", str(tmp_path / "log")

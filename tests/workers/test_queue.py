@@ -3,6 +3,8 @@ submit, status, results, dedupe, priorities, delays, cancellation, limits, bad t
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import threading
 import time
@@ -27,6 +29,7 @@ from stepstone import (
 )
 from stepstone.durable import requeue_run, retry_run
 from stepstone.durable._queue import queue_backend
+from stepstone.store._queue_base import Owner
 from tests.workers import targets
 from tests.workers.targets import executions, task
 
@@ -146,6 +149,50 @@ def test_dedupe_key_returns_the_first_handle(store: Store, tmp_path: Path) -> No
     assert {name for name, _ in executions(log)} == {"a"}
 
 
+def test_a_key_is_refused_while_its_run_is_queued_and_continues_it_once_ended(
+    store: Store, tmp_path: Path
+) -> None:
+    # guarantee 299: the second submit under a key used to be queued too, and its handle
+    # got the first run's result
+    log = str(tmp_path / "log")
+    first = submit(store, T + "make_plan", task(log, "a"), key="nightly", dedupe_key="n-1")
+    with pytest.raises(UserError, match=f"key 'nightly' belongs to queued run {first.id}"):
+        submit(store, T + "make_plan", task(log, "b"), key="nightly")
+    again = submit(store, T + "make_plan", task(log, "b"), key="nightly", dedupe_key="n-1")
+    assert again == first  # the dedupe key answers first
+    assert len(queue_backend(store).entries(None, None)) == 1
+    _worker(store).run(until_idle=True)
+    later = submit(store, T + "make_plan", task(log, "c"), key="nightly")  # it ended
+    _worker(store).run(until_idle=True)
+    env = later.result(timeout=5)
+    assert env.ok and env.metadata["cached"] is True  # the run under the key, again
+    assert env.payload == first.result(timeout=5).payload
+    assert {name for name, _ in executions(log)} == {"a"}
+
+
+def test_concurrent_submits_under_one_key_queue_one_run(store: Store) -> None:
+    # guarantee 299: the check and the insert are one step (SQLite's write lock, a lock of
+    # the key on PostgreSQL), so submits racing on one key cannot all find it free
+    barrier = threading.Barrier(6)
+    outcomes: list[object] = []
+
+    def one() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(submit(store, T + "plan", "t", key="shared"))
+        except UserError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    handles = [o for o in outcomes if isinstance(o, RunHandle)]
+    assert len(handles) == 1 and len(outcomes) == 6
+    assert [e.id for e in queue_backend(store).entries(None, None)] == [handles[0].id]
+
+
 def test_higher_priority_runs_first_then_submission_order(store: Store, tmp_path: Path) -> None:
     log = str(tmp_path / "log")
     for name, prio in [("low1", 0), ("high", 5), ("low2", 0), ("mid", 2)]:
@@ -229,6 +276,44 @@ def test_cancel_a_queued_run_and_a_running_one(store: Store, tmp_path: Path) -> 
     assert running.cancel() is False  # already ended
 
 
+def test_a_cancel_requested_before_a_hand_back_ends_the_run_cancelled(store: Store) -> None:
+    # guarantee 298: a worker stopping gracefully hands back the runs it still holds; one
+    # whose cancel() had been acknowledged went back to the queue and ran to the end
+    queue = queue_backend(store)
+    handle = submit(store, T + "plan", "t")
+    me = Owner(worker="w-stopping", host="test-host", pid=os.getpid(), pid_start=None)
+    assert [e.id for e in queue.claim("default", me, 30.0)] == [handle.id]
+    assert handle.cancel() is True and handle.status() == "running"
+    assert queue.hand_back(handle.id, me.worker, 0.0)
+    assert handle.status() == "cancelled"
+    with pytest.raises(QueuedRunError, match="cancelled while running"):
+        handle.result(timeout=1)
+    assert queue.claim("default", me, 30.0) == []
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_a_cancelled_run_whose_worker_died_is_never_taken_over(
+    store: Store, tmp_path: Path, limited: bool
+) -> None:
+    # guarantee 298: the next worker used to take it over and run its remaining steps
+    log = str(tmp_path / "log")
+    if limited:  # on PostgreSQL the claim of a limited queue is another path
+        set_queue_limits(store, "default", concurrency=5)
+    queue = queue_backend(store)
+    handle = submit(store, T + "plan", task(log, "cancelled"))
+    other = submit(store, T + "plan", task(log, "other"))
+    dead = Owner(worker="w-killed", host="elsewhere", pid=2**22 + 7, pid_start=1)
+    assert [e.id for e in queue.claim("default", dead, 0.2)] == [handle.id]
+    assert handle.cancel() is True
+    lease_until = handle.entry().lease_until
+    while lease_until is not None and queue.now() <= lease_until:  # the database's clock
+        time.sleep(0.05)
+    assert _worker(store).run(until_idle=True) == 1
+    assert (handle.status(), handle.entry().error) == ("cancelled", "cancelled while running")
+    assert other.status() == "done"
+    assert {name for name, _ in executions(log)} == {"other"}
+
+
 def test_queue_concurrency_limit_holds_across_workers(store: Store, tmp_path: Path) -> None:
     log = str(tmp_path / "log")
     set_queue_limits(store, "default", concurrency=1)
@@ -259,6 +344,23 @@ def test_queue_rate_limit_spaces_starts(store: Store, tmp_path: Path) -> None:
     assert time.monotonic() - t0 >= 2.0  # guarantee 237
 
 
+@pytest.mark.parametrize(("rate", "runs"), [(0.5, 3), (2.5, 7)])
+def test_a_rate_below_one_or_fractional_holds_on_average(
+    store: Store, tmp_path: Path, rate: float, runs: int
+) -> None:
+    # guarantee 297: 0.5/s started one run a second and 2.5/s three: the window was one
+    # second whatever the rate. Judged by the start times the queue records (the
+    # database's clock), never by how long the test took.
+    log = str(tmp_path / "log")
+    set_queue_limits(store, "default", rate=rate)
+    handles = [submit(store, T + "make_plan", task(log, f"r{i}")) for i in range(runs)]
+    assert _worker(store, concurrency=runs).run(max_runs=runs) == runs
+    starts = sorted(float(h.entry().started_at or 0) for h in handles)
+    most = math.ceil(rate)  # starts allowed in any window of most / rate seconds
+    gaps = [later - first for first, later in zip(starts, starts[most:], strict=False)]
+    assert min(gaps) >= most / rate - 1e-3
+
+
 def test_submit_errors_name_the_fix(store: Store) -> None:
     with pytest.raises(PlanCompileError, match="needs a store the workers share"):
         targets.plan.submit("t")  # the plan has no store= of its own
@@ -271,10 +373,17 @@ def test_submit_errors_name_the_fix(store: Store) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"delay": float("nan")}, "delay must be a number of seconds >= 0"),
+        ({"delay": float("nan")}, "delay must be a finite number of seconds >= 0"),
         ({"not_before": "tomorrow"}, "not_before must be a unix time"),
         ({"not_before": float("inf")}, "not_before must be a unix time"),
-        ({"priority": 10**30}, r"\|priority\| < 2\*\*63"),
+        ({"priority": 10**30}, r"\|priority\| < 2\*\*31, got 1000000000000000000000000"),
+        ({"priority": 2**31}, r"priority must be an int with \|priority\| < 2\*\*31"),
+        ({"priority": -(2**31) - 1}, r"\|priority\| < 2\*\*31, got -2147483649"),
+        ({"max_attempts": 2**31}, r"1 <= max_attempts < 2\*\*31, got 2147483648"),
+        ({"max_attempts": 10**30}, r"1 <= max_attempts < 2\*\*31"),
+        ({"key": "a\ud800"}, "key must be a non-empty str without NUL characters or lone surr"),
+        ({"dedupe_key": "\udfff"}, "dedupe_key must be a non-empty str without NUL"),
+        ({"queue": "q\ud800"}, "queue must be a non-empty str without NUL"),
         ({"key": "a\0b"}, "key must be a non-empty str without NUL"),
         ({"queue": "q\0"}, "queue must be a non-empty str without NUL"),
         ({"dedupe_key": ""}, "dedupe_key must be a non-empty str"),
@@ -285,8 +394,10 @@ def test_submit_errors_name_the_fix(store: Store) -> None:
 def test_submit_refuses_what_no_worker_could_run(
     store: Store, options: dict[str, object], message: str
 ) -> None:
-    # guarantee 230: refused at submit, naming the value, before anything is queued (a
-    # datetime as text was stored and never ran; NaN and huge numbers were raw errors)
+    # guarantee 230, 299: refused at submit, naming the value, before anything is queued
+    # (a datetime as text was stored and never ran; NaN and huge numbers were raw errors,
+    # and so were a priority or max_attempts that PostgreSQL's INTEGER cannot hold, and a
+    # key with a lone surrogate on SQLite)
     options = dict(options)  # the same dict serves every store's run
     task = options.pop("task", "t")
     with pytest.raises(UserError, match=message):
@@ -313,10 +424,95 @@ def test_worker_arguments_are_checked(store: Store) -> None:
         Worker(Store())
     with pytest.raises(UserError, match="priority"):
         submit(store, T + "plan", "t", priority=1.5)  # type: ignore[arg-type]
-    with pytest.raises(UserError, match="rate must be > 0"):
+    with pytest.raises(UserError, match="rate must be a finite number of runs per second > 0"):
         set_queue_limits(store, "default", rate=0)
     with pytest.raises(UserError, match="concurrency must be an int"):
         set_queue_limits(store, "default", concurrency=0)
+    # guarantee 299: PostgreSQL keeps a queue's concurrency in a 32-bit INTEGER
+    with pytest.raises(UserError, match=r"1 <= concurrency < 2\*\*31, got 2147483648"):
+        set_queue_limits(store, "default", concurrency=2**31)
+    with pytest.raises(UserError, match=r"1 <= concurrency < 2\*\*31"):
+        set_queue_limits(store, "default", concurrency=10**30)
+
+
+@pytest.mark.parametrize("target", [5, None, True, 0, (), " : ", "a\0:b", "pkg.:plan"])
+def test_submit_refuses_a_target_that_is_no_engine(tmp_path: Path, target: object) -> None:
+    # guarantee 299: an int, None or () was queued under the name of whatever module
+    # constant happened to be the same object; a path of no Python names was queued too
+    with Store(db=tmp_path / "q.sqlite") as store:
+        message = "is not an import path" if isinstance(target, str) else "target must be a Plan"
+        with pytest.raises(UserError, match=message):
+            submit(store, target, "t")
+        assert queue_backend(store).entries(None, None) == []
+
+
+@pytest.mark.timeout(60)  # NaN and a poll of 0 made result() wait (spinning) forever
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"timeout": float("nan")}, "timeout must be a finite number of seconds, got nan"),
+        ({"timeout": "1"}, "timeout must be a finite number of seconds, got '1'"),
+        ({"poll": -1}, "poll must be a finite number of seconds > 0, got -1"),
+        ({"poll": 0}, "poll must be a finite number of seconds > 0, got 0"),
+    ],
+)
+def test_result_refuses_a_wait_it_cannot_keep(
+    tmp_path: Path, options: dict[str, object], message: str
+) -> None:
+    # guarantee 299
+    with Store(db=tmp_path / "q.sqlite") as store:
+        handle = submit(store, T + "plan", "t")
+        with pytest.raises(UserError, match=message):
+            handle.result(**options)  # type: ignore[arg-type]
+        with pytest.raises(UserError, match=message):
+            asyncio.run(handle.aresult(**options))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"rate": "5"}, "rate must be a finite number of runs per second > 0, got '5'"),
+        ({"rate": True}, "rate must be a finite number of runs per second > 0, got True"),
+        ({"rate": float("inf")}, "rate must be a finite number of runs per second > 0"),
+    ],
+)
+def test_queue_limits_refuse_what_is_no_limit(
+    tmp_path: Path, options: dict[str, object], message: str
+) -> None:
+    # guarantee 299
+    with Store(db=tmp_path / "q.sqlite") as store, pytest.raises(UserError, match=message):
+        set_queue_limits(store, "default", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"poll_interval": "1"}, "poll_interval must be a finite number of seconds > 0"),
+        ({"poll_interval": float("nan")}, "poll_interval must be a finite number of sec"),
+        ({"registry": 5}, r"registry must map targets to engines, e.g. registry=\{"),
+        ({"shutdown_timeout": "x"}, "shutdown_timeout must be a finite number of seconds >= 0"),
+        ({"shutdown_timeout": -1}, "shutdown_timeout must be a finite number of seconds >= 0"),
+        ({"shutdown_timeout": float("nan")}, "shutdown_timeout must be a finite number"),
+        ({"queues": ["a\0"]}, "a name in queues must be a non-empty str without NUL"),
+        ({"name": 5}, "name must be a non-empty str"),
+    ],
+)
+def test_worker_refuses_arguments_it_cannot_work_with(
+    tmp_path: Path, options: dict[str, object], message: str
+) -> None:
+    # guarantee 299: raw TypeErrors and ValueErrors before, or accepted (a NaN poll
+    # interval made the worker spin)
+    with Store(db=tmp_path / "q.sqlite") as store, pytest.raises(UserError, match=message):
+        Worker(store, **options)  # type: ignore[arg-type]
+
+
+def test_worker_run_refuses_a_max_runs_that_is_no_count(tmp_path: Path) -> None:
+    # guarantee 299: a raw TypeError before
+    with (
+        Store(db=tmp_path / "q.sqlite") as store,
+        pytest.raises(UserError, match="max_runs must be an int with 1 <= max_runs < 2"),
+    ):
+        Worker(store).run(max_runs="2")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import json
 import math
 import sys
@@ -24,12 +25,21 @@ from pydantic import BaseModel
 from stepstone.core import Envelope
 from stepstone.core._ids import new_uid
 from stepstone.core._threads import to_thread
-from stepstone.exceptions import QueuedRunError, UserError
+from stepstone.exceptions import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    QueuedRunError,
+    UserError,
+)
 from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
 from stepstone.store._store import Store
 
 __all__ = [
+    "INT_BOUND",
     "RunHandle",
+    "check_int",
+    "check_name",
+    "check_number",
     "import_path_of",
     "prune_queue",
     "queue_backend",
@@ -39,6 +49,88 @@ __all__ = [
 
 _queues: weakref.WeakKeyDictionary[Store, QueueBackend] = weakref.WeakKeyDictionary()
 _paths: dict[int, tuple[weakref.ref[Any], str]] = {}
+
+#: The integers the queue stores (a priority, max_attempts, a queue's concurrency) are
+#: 32-bit on PostgreSQL (INTEGER columns): each must be below this in magnitude.
+INT_BOUND = 2**31
+
+
+def check_name(name: str, value: Any) -> str:
+    """``value`` if it can name a queue, a run key or a worker in every store: a non-empty
+    str without NUL characters or lone surrogates (which no database keeps in text).
+
+    Raises:
+        ConfigurationError: it cannot, naming it (ConfigurationTypeError: not a str).
+    """
+    error = (
+        f"{name} must be a non-empty str without NUL characters or lone surrogates (text "
+        f"that is not Unicode), got {value!r}"
+    )
+    if not isinstance(value, str):
+        raise ConfigurationTypeError(error)
+    if not value or "\0" in value or not _unicode(value):
+        raise ConfigurationError(error)
+    return value
+
+
+def check_int(name: str, value: Any, least: int | None) -> int:
+    """``value`` if it is an int (not a bool) from ``least`` to below :data:`INT_BOUND`
+    (``least`` None: of magnitude below it).
+
+    Raises:
+        ConfigurationError: it is not, naming it and the range (ConfigurationTypeError:
+            not an int).
+    """
+    bounds = f"|{name}| < 2**31" if least is None else f"{least} <= {name} < 2**31"
+    error = f"{name} must be an int with {bounds}, got {value!r:.80}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationTypeError(error)
+    if not (1 - INT_BOUND if least is None else least) <= value < INT_BOUND:
+        raise ConfigurationError(error)
+    return value
+
+
+def check_number(
+    name: str, value: Any, least: float, *, above: bool = False, unit: str = "seconds"
+) -> float:
+    """``value`` as a float if it is a finite number (an int or a float, not a bool) of at
+    least ``least`` (with ``above``: more than ``least``; ``-math.inf``: any).
+
+    Raises:
+        ConfigurationError: it is not, naming it (ConfigurationTypeError: not a number).
+    """
+    bound = "" if least == -math.inf else f" {'>' if above else '>='} {least:g}"
+    error = f"{name} must be a finite number of {unit}{bound}, got {value!r:.80}"
+    number = _number(value)
+    if number is None:
+        raise ConfigurationTypeError(error)
+    if not math.isfinite(number) or number < least or (above and number == least):
+        raise ConfigurationError(error)
+    return number
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float if it is an int or a float (not a bool; an int too large for a
+    float is infinite), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def _finite(value: Any) -> bool:
+    number = _number(value)
+    return number is not None and math.isfinite(number)
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 
 
 def queue_backend(store: Store) -> QueueBackend:
@@ -124,11 +216,7 @@ def resolve_target(target: str, registry: dict[str, Any] | None = None) -> Any:
     """
     if registry and target in registry:
         return registry[target]
-    mod_name, sep, attr = target.partition(":")
-    if not sep or not mod_name or not attr:
-        raise UserError(
-            f"target {target!r} is not an import path; write it as 'package.module:name'"
-        )
+    mod_name, attr = _split_path(target)
     main = sys.modules.get("__main__")
     try:
         if main is not None and mod_name == _importable_name("__main__", main):
@@ -154,6 +242,43 @@ def resolve_target(target: str, registry: dict[str, Any] | None = None) -> Any:
     return obj
 
 
+def _split_path(path: str) -> tuple[str, str]:
+    """The module and attribute an import path (``"package.module:name"``) names.
+
+    Raises:
+        UserError: either part is not a dotted Python name.
+    """
+    mod_name, _, attr = path.partition(":")
+    if not all(part.isidentifier() for part in (*mod_name.split("."), *attr.split("."))):
+        raise UserError(
+            f"target {path!r} is not an import path; write it as 'package.module:name' "
+            "(dotted Python names)"
+        )
+    return mod_name, attr
+
+
+def _target_path(target: Any) -> str:
+    """The import path of what ``submit`` was given to run: the path itself, or that of
+    a Plan, a compiled graph, an Agent (the objects with a ``submit`` method) or a
+    function.
+
+    Raises:
+        UserError: ``target`` is none of them, or has no import path.
+    """
+    if isinstance(target, str):
+        path = target
+    elif inspect.isfunction(target) or callable(getattr(target, "submit", None)):
+        path = import_path_of(target)
+    else:
+        raise ConfigurationTypeError(
+            f"target must be a Plan, a compiled graph, an Agent, a zero-argument function "
+            f"returning one, or its import path 'package.module:name', got "
+            f"{type(target).__name__} {target!r:.80}"
+        )
+    _split_path(path)
+    return path
+
+
 def submit(
     store: Store,
     target: Any,
@@ -176,28 +301,29 @@ def submit(
             an LLM Agent (run as by :class:`~stepstone.Runner`), an Agent over a
             ``ReplanEngine``, or a zero-argument function returning one of them.
         task: The start envelope, or a task string; for a graph, its initial state.
-        key: The run's checkpoint key (default: ``"<queue>/<entry id>"``).
+        key: The run's checkpoint key (default: ``"<queue>/<entry id>"``). Refused while
+            another entry under it is queued or running; once that one ended, the new
+            entry continues its run (a done run returns its result again).
         queue: Which queue; workers serve the queues they are given.
-        priority: Higher runs first.
+        priority: Higher runs first (``|priority| < 2**31``).
         delay: Seconds before any worker may start it.
         not_before: Unix time (the database's clock), or a ``datetime``, before which no
             worker starts it.
         dedupe_key: A second submit with the same dedupe key returns the first handle.
-        max_attempts: A run whose worker died this many times is marked failed.
+        max_attempts: A run whose worker died this many times is marked failed
+            (``1 <= max_attempts < 2**31``).
+
+    Raises:
+        UserError: an argument no worker could run (naming it), or ``key`` belongs to a
+            run still queued or running.
     """
-    _name_arg("queue", queue)
+    check_name("queue", queue)
     for name, text in (("key", key), ("dedupe_key", dedupe_key)):
         if text is not None:
-            _name_arg(name, text)
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**63:
-        raise UserError(
-            f"priority must be an int (higher runs first) that a database integer holds "
-            f"(|priority| < 2**63), got {priority!r}"
-        )
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise UserError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-    if not _finite(delay) or delay < 0:
-        raise UserError(f"delay must be a number of seconds >= 0, got {delay!r}")
+            check_name(name, text)
+    check_int("priority", priority, None)
+    check_int("max_attempts", max_attempts, 1)
+    delay = check_number("delay", delay, 0)
     if isinstance(not_before, datetime):
         not_before = not_before.timestamp()  # a naive datetime is local time, as Python says
     elif not_before is not None and not _finite(not_before):
@@ -211,9 +337,7 @@ def submit(
             f"{type(task).__name__} {task!r:.80}; wrap other values in Envelope(task=..., "
             "payload=...)"
         )
-    path = target if isinstance(target, str) else import_path_of(target)
-    if path.count(":") != 1 or path.startswith(":") or path.endswith(":"):
-        raise UserError(f"target {path!r} is not an import path; write it as 'package.module:name'")
+    path = _target_path(target)
     if isinstance(task, BaseModel):  # a graph's initial state
         env: Envelope[Any] = Envelope(
             task=type(task).__name__,
@@ -233,21 +357,12 @@ def submit(
         task=text,
         run_key=key or f"{queue}/{uid}",
         priority=priority,
-        delay=float(delay),
+        delay=delay,
         not_before=not_before,
         dedupe_key=dedupe_key,
         max_attempts=max_attempts,
     )
     return RunHandle(store, entry_id)
-
-
-def _name_arg(name: str, value: Any) -> None:
-    if not isinstance(value, str) or not value or "\0" in value:
-        raise UserError(f"{name} must be a non-empty str without NUL characters, got {value!r}")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def set_queue_limits(
@@ -258,22 +373,21 @@ def set_queue_limits(
     Args:
         store: The store the workers use.
         queue: The queue's name.
-        concurrency: At most this many of its runs running at once (None: no limit).
-        rate: At most this many of its runs started per second (None: no limit).
+        concurrency: At most this many of its runs running at once (None: no limit;
+            below 2**31).
+        rate: At most this many of its runs started per second on average, any finite
+            number > 0 (None: no limit): at most ``ceil(rate)`` starts in any window of
+            ``ceil(rate) / rate`` seconds, so 10 allows 10 starts in any second and 0.25
+            one start in any 4 seconds.
 
     Per-worker limits are the workers' own (``Worker(concurrency=...)``).
     """
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-    ):
-        raise UserError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
-    if rate is not None and not rate > 0:
-        raise UserError(f"rate must be > 0 runs per second or None, got {rate!r}")
-    if not isinstance(queue, str) or not queue:
-        raise UserError(f"queue must be a non-empty str, got {queue!r}")
-    queue_backend(store).set_limits(
-        queue, concurrency=concurrency, rate=None if rate is None else float(rate)
-    )
+    check_name("queue", queue)
+    if concurrency is not None:
+        check_int("concurrency", concurrency, 1)
+    if rate is not None:
+        rate = check_number("rate", rate, 0, above=True, unit="runs per second")
+    queue_backend(store).set_limits(queue, concurrency=concurrency, rate=rate)
 
 
 def prune_queue(store: Store, older_than: float | timedelta, *, queue: str | None = None) -> int:
@@ -381,12 +495,17 @@ class RunHandle:
         """Wait for the run to end and return its final envelope (an error envelope for a
         run whose step failed, as ``Plan.run`` returns it).
 
+        Args:
+            timeout: Seconds to wait at most, a finite number (None: until it ends).
+            poll: Seconds between the first looks (a finite number > 0; they grow to 1).
+
         Raises:
             TimeoutError: still not finished after ``timeout`` seconds.
             QueuedRunError: the run ended without an envelope (cancelled, its target
                 could not be loaded, or its workers kept dying).
+            ConfigurationError: ``timeout`` or ``poll`` is not such a number.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout, poll)
         wait = poll
         while True:
             entry = self.entry()
@@ -405,7 +524,7 @@ class RunHandle:
 
     async def aresult(self, timeout: float | None = None, *, poll: float = 0.05) -> Envelope[Any]:
         """Async :meth:`result`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout, poll)
         wait = poll
         while True:
             entry = await to_thread(self.entry)
@@ -418,6 +537,15 @@ class RunHandle:
                 )
             await asyncio.sleep(wait)
             wait = min(wait * 1.5, 1.0)
+
+
+def _deadline(timeout: float | None, poll: float) -> float | None:
+    """When a wait for a run's result of at most ``timeout`` seconds (None: no limit; 0 or
+    less: one look), looking every ``poll`` seconds at first, gives up; both checked."""
+    check_number("poll", poll, 0, above=True)
+    if timeout is None:
+        return None
+    return time.monotonic() + check_number("timeout", timeout, -math.inf)
 
 
 def _outcome(entry: QueueEntry) -> Envelope[Any]:

@@ -19,21 +19,27 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from stepstone.exceptions import CorruptRecordError
+from stepstone.exceptions import CorruptRecordError, UserError
 from stepstone.store._base import printable_key
 
 __all__ = [
+    "CANCELLED_RUNNING",
     "ENTRY_COLUMNS",
     "FINAL_STATUSES",
     "QueueBackend",
     "QueueEntry",
     "entry_from_row",
     "free_slots",
+    "key_in_use",
+    "rate_window",
     "readable",
 ]
 
 #: Statuses after which an entry never changes again.
 FINAL_STATUSES = ("done", "failed", "cancelled")
+#: The error of an entry cancelled after it started (by its worker, or by the claim that
+#: finds its worker gone).
+CANCELLED_RUNNING = "cancelled while running"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +63,7 @@ class QueueEntry:
         pid: That worker's process id.
         pid_start: That process's start time (to detect recycled pids).
         lease_until: Until when (database clock) the worker's claim holds without renewal.
+        started_at: When (database clock) a worker last took it; None before any did.
         cancel_requested: ``cancel()`` was called while it ran; the worker stops it.
         result: The final envelope as JSON text (done and failed runs).
         error: Why it failed or was cancelled.
@@ -80,6 +87,7 @@ class QueueEntry:
     pid: int | None
     pid_start: int | None
     lease_until: float | None
+    started_at: float | None
     cancel_requested: bool
     result: str | None
     error: str | None
@@ -106,7 +114,8 @@ def entry_from_row(row: Sequence[Any]) -> QueueEntry:
             v[name] = None if v[name] is None else int(v[name])
         for name in ("not_before", "created_at", "updated_at"):
             v[name] = float(v[name])
-        v["lease_until"] = None if v["lease_until"] is None else float(v["lease_until"])
+        for name in ("lease_until", "started_at"):
+            v[name] = None if v[name] is None else float(v[name])
         for value in v.values():
             if isinstance(value, str):
                 value.encode("utf-8")  # a lone surrogate: bytes that were not UTF-8
@@ -133,18 +142,39 @@ def readable(
     return out
 
 
+def rate_window(rate: float | None) -> float:
+    """The window, in seconds, over which a queue's ``rate`` (starts per second) is
+    counted: at most ``ceil(rate)`` starts in any window of ``ceil(rate) / rate`` seconds.
+    A whole rate counts starts per second; a rate of 0.25 allows one start in any 4
+    seconds, 2.5 three in any 1.2 seconds: ``rate`` per second on average, whatever it
+    is. None (no rate limit): 0."""
+    return 0.0 if rate is None else math.ceil(rate) / rate
+
+
 def free_slots(
     limit: int, concurrency: int | None, running: int, rate: float | None, started: int
 ) -> int:
     """How many entries a claim of up to ``limit`` may take under a queue's limits:
     ``running`` of at most ``concurrency`` entries run now, and ``started`` entries
-    started in the last second of at most ``rate`` per second (None: no such limit)."""
+    started within the last :func:`rate_window` of at most ``rate`` per second (None: no
+    such limit)."""
     free = limit
     if concurrency is not None:
         free = min(free, int(concurrency) - running)
     if rate is not None:
-        free = min(free, math.ceil(float(rate) - started))
+        free = min(free, math.ceil(rate) - started)
     return free
+
+
+def key_in_use(run_key: str, entry_id: str) -> UserError:
+    """The error of a submit under ``run_key`` while entry ``entry_id``, under that key
+    too, is still queued or running."""
+    return UserError(
+        f"key {printable_key(run_key)!r} belongs to queued run {entry_id}, which has not "
+        "finished: two runs under one key would be one checkpoint. Pass another key (or "
+        f"none, for one of its own), or use that run's handle: RunHandle(store, "
+        f"{entry_id!r}), or a dedupe_key= shared by both submits"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,7 +211,12 @@ class QueueBackend(abc.ABC):
     ) -> tuple[str, bool]:
         """Insert an entry; ``(id, True)``. With a ``dedupe_key`` already used, insert
         nothing and return ``(that entry's id, False)``. ``not_before`` None means now +
-        ``delay`` on the backend's clock."""
+        ``delay`` on the backend's clock.
+
+        Raises:
+            UserError: another entry under ``run_key`` is still queued or running
+                (:func:`key_in_use`).
+        """
 
     @abc.abstractmethod
     def claim(
@@ -200,9 +235,9 @@ class QueueBackend(abc.ABC):
         ``owner``'s running entries outside ``held``. One owner claims one batch at a time.
 
         Runnable: running with an expired lease (its worker died; taken first), or queued
-        and due (highest priority first, then oldest). Expired entries that used up
-        ``max_attempts`` are marked failed first. The queue's limits (:meth:`set_limits`)
-        are respected.
+        and due (highest priority first, then oldest). Expired entries whose cancel was
+        requested are marked cancelled first, never taken, and expired entries that used
+        up ``max_attempts`` failed. The queue's limits (:meth:`set_limits`) are respected.
         """
 
     @abc.abstractmethod
@@ -219,7 +254,8 @@ class QueueBackend(abc.ABC):
     @abc.abstractmethod
     def hand_back(self, id: str, worker: str, delay: float) -> bool:
         """Put an entry ``worker`` holds back in the queue (not counted as an attempt),
-        runnable again after ``delay`` seconds."""
+        runnable again after ``delay`` seconds; one whose cancel was requested ends
+        ``cancelled`` instead."""
 
     @abc.abstractmethod
     def requeue(self, run_key: str) -> str | None:

@@ -23,12 +23,15 @@ import psycopg
 from stepstone.store._postgres import Cursor, PostgresBackend
 from stepstone.store._postgres_conn import Lost, connection_lost
 from stepstone.store._queue_base import (
+    CANCELLED_RUNNING,
     ENTRY_COLUMNS,
     Owner,
     QueueBackend,
     QueueEntry,
     entry_from_row,
     free_slots,
+    key_in_use,
+    rate_window,
     readable,
 )
 
@@ -48,6 +51,15 @@ status = 'failed', lease_until = NULL, updated_at = {NOW},
 _POISON_SQL = f"""
 UPDATE stepstone_queue SET {_POISON_SET}
 WHERE queue = %s AND status = 'running' AND lease_until < {NOW} AND attempts >= max_attempts
+"""
+
+# An entry whose cancel was requested and whose worker is gone (its lease ran out) ends
+# cancelled; no worker takes it again.
+_CANCEL_SET = f"status = 'cancelled', lease_until = NULL, updated_at = {NOW}, error = %(cancelled)s"
+
+_CANCEL_SQL = f"""
+UPDATE stepstone_queue SET {_CANCEL_SET}
+WHERE queue = %(queue)s AND status = 'running' AND lease_until < {NOW} AND cancel_requested
 """
 
 # Runs whose worker died come first (they started before anything still queued), then
@@ -78,17 +90,28 @@ WHERE id = ANY(%(ids)s) RETURNING {QCOLS}
 """
 
 # The whole claim of a queue without limits as one autocommit statement (one round trip,
-# no BEGIN/COMMIT): the poison sweep, the pick of expired then queued entries (each with
-# SKIP LOCKED, so concurrent claims never wait on each other), and the take. A queue that
-# has limits takes nothing here and answers one row whose ``limited`` is true; the claim
-# then goes through the serialized path (:meth:`PostgresQueue._claim_limited`).
+# no BEGIN/COMMIT): the sweeps of cancelled and poison entries, the pick of expired then
+# queued entries (each with SKIP LOCKED, so concurrent claims never wait on each other),
+# and the take. A queue that has limits takes nothing here and answers one row whose
+# ``limited`` is true; the claim then goes through the serialized path
+# (:meth:`PostgresQueue._claim_limited`). The sweeps and the pick of expired entries
+# select disjoint rows (by ``cancel_requested`` and ``attempts``): one statement must not
+# update a row twice.
 _CLAIM_SQL = f"""
-WITH poison AS (
+WITH cancelled AS (
+    UPDATE stepstone_queue SET {_CANCEL_SET}
+    WHERE id IN (
+        SELECT id FROM stepstone_queue
+        WHERE queue = %(queue)s AND status = 'running' AND lease_until < {NOW}
+            AND cancel_requested
+        FOR UPDATE SKIP LOCKED)
+    RETURNING id
+), poison AS (
     UPDATE stepstone_queue SET {_POISON_SET}
     WHERE id IN (
         SELECT id FROM stepstone_queue
         WHERE queue = %(queue)s AND status = 'running' AND lease_until < {NOW}
-            AND attempts >= max_attempts
+            AND attempts >= max_attempts AND NOT cancel_requested
         FOR UPDATE SKIP LOCKED)
     RETURNING id
 ), limited AS (
@@ -97,7 +120,7 @@ WITH poison AS (
 ), expired AS (
     SELECT id, priority, lease_until FROM stepstone_queue
     WHERE queue = %(queue)s AND status = 'running' AND lease_until < {NOW}
-        AND attempts < max_attempts
+        AND attempts < max_attempts AND NOT cancel_requested
     ORDER BY priority DESC, lease_until
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), queued AS (
@@ -121,6 +144,13 @@ WITH poison AS (
 SELECT {COLS}, ord, false FROM took
 UNION ALL
 SELECT {", ".join("NULL" for _ in ENTRY_COLUMNS)}, NULL, true FROM limited
+"""
+
+
+# Another entry under a submission's run key that has not finished yet.
+_BUSY_KEY = """
+SELECT id FROM stepstone_queue
+WHERE run_key = %s AND id <> %s AND status IN ('queued', 'running') LIMIT 1
 """
 
 
@@ -159,8 +189,8 @@ class PostgresQueue(QueueBackend):
             row = cur.execute(
                 "INSERT INTO stepstone_queue (id, queue, target, task, run_key, priority, "
                 "not_before, dedupe_key, status, attempts, max_attempts, created_at, updated_at) "
-                f"VALUES (%s, %s, %s, %s, %s, %s, coalesce(%s, {NOW} + %s), %s, 'queued', 0, %s, "
-                f"{NOW}, {NOW}) ON CONFLICT DO NOTHING RETURNING id",
+                f"SELECT %s, %s, %s, %s, %s, %s, coalesce(%s, {NOW} + %s), %s, 'queued', 0, %s, "
+                f"{NOW}, {NOW} WHERE NOT EXISTS ({_BUSY_KEY}) ON CONFLICT DO NOTHING RETURNING id",
                 (
                     id,
                     queue,
@@ -172,19 +202,26 @@ class PostgresQueue(QueueBackend):
                     delay,
                     dedupe_key,
                     max_attempts,
+                    run_key,
+                    id,
                 ),
             ).fetchone()
             if row is not None:
                 return str(row[0]), True
-            found = cur.execute(
-                "SELECT id FROM stepstone_queue WHERE dedupe_key = %s OR id = %s", (dedupe_key, id)
-            ).fetchone()
-            assert found is not None  # the conflict was on one of the two unique columns
-            return str(found[0]), str(found[0]) == id  # our own row: a retried insert
+            found, busy = cur.execute(
+                "SELECT (SELECT id FROM stepstone_queue WHERE dedupe_key = %s OR id = %s "
+                f"LIMIT 1), ({_BUSY_KEY})",
+                (dedupe_key, id, run_key, id),
+            ).fetchone() or (None, None)
+            if found is not None:  # a dedupe key in use, or our own row: a retried insert
+                return str(found), str(found) == id
+            raise key_in_use(run_key, str(busy))
 
         # Idempotent: the entry's id is chosen by the caller, so a retry after a lost
-        # answer finds the row it inserted (and reports it as inserted).
-        return self.backend._read("submit a run", insert)
+        # answer finds the row it inserted (and reports it as inserted). The lock of the
+        # run's key makes submits under one key take turns, so two cannot both find the
+        # key free.
+        return self.backend._transaction("submit a run", [f"stepstone.queue:{run_key}"], insert)
 
     def claim(
         self,
@@ -194,7 +231,12 @@ class PostgresQueue(QueueBackend):
         limit: int = 1,
         held: Collection[str] = (),
     ) -> list[QueueEntry]:
-        params = {"queue": queue, "limit": limit, **params_of(owner, lease_seconds)}
+        params = {
+            "queue": queue,
+            "limit": limit,
+            "cancelled": CANCELLED_RUNNING,
+            **params_of(owner, lease_seconds),
+        }
 
         def take(deadline: float) -> list[tuple[Any, ...]] | None:
             with self.backend._connection(deadline - time.monotonic()) as conn:
@@ -251,6 +293,7 @@ class PostgresQueue(QueueBackend):
         its count of running entries and its rate window cannot be overshot."""
 
         def take(cur: Cursor) -> list[QueueEntry]:
+            cur.execute(_CANCEL_SQL, {"queue": queue, "cancelled": CANCELLED_RUNNING})
             cur.execute(_POISON_SQL, (queue,))
             limits = cur.execute(
                 "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = %s", (queue,)
@@ -261,9 +304,9 @@ class PostgresQueue(QueueBackend):
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (_limit_lock(queue),))
                 running, started = cur.execute(
                     "SELECT count(*) FILTER (WHERE status = 'running' AND lease_until >= "
-                    f"{NOW}), count(*) FILTER (WHERE started_at > {NOW} - 1.0) "
+                    f"{NOW}), count(*) FILTER (WHERE started_at > {NOW} - %s) "
                     "FROM stepstone_queue WHERE queue = %s",
-                    (queue,),
+                    (rate_window(rate), queue),
                 ).fetchone() or (0, 0)
             free = free_slots(limit, concurrency, int(running), rate, int(started))
             if free <= 0:
@@ -317,12 +360,14 @@ class PostgresQueue(QueueBackend):
     def hand_back(self, id: str, worker: str, delay: float) -> bool:
         def back(cur: Cursor) -> bool:
             cur.execute(
-                "UPDATE stepstone_queue SET status = 'queued', "
+                "UPDATE stepstone_queue SET "
+                "status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "error = CASE WHEN cancel_requested THEN %s ELSE error END, "
                 "attempts = greatest(attempts - 1, 0), worker = NULL, host = NULL, pid = NULL, "
                 "pid_start = NULL, lease_until = NULL, "
                 f"not_before = {NOW} + %s, updated_at = {NOW} "
                 "WHERE id = %s AND worker = %s AND status = 'running'",
-                (delay, id, worker),
+                (CANCELLED_RUNNING, delay, id, worker),
             )
             return cur.rowcount == 1
 

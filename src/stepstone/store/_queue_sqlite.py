@@ -31,12 +31,15 @@ from typing import TypeVar
 from stepstone.exceptions import CorruptRecordError, StoreError
 from stepstone.store._base import lenient_text, printable_key
 from stepstone.store._queue_base import (
+    CANCELLED_RUNNING,
     ENTRY_COLUMNS,
     Owner,
     QueueBackend,
     QueueEntry,
     entry_from_row,
     free_slots,
+    key_in_use,
+    rate_window,
     readable,
 )
 from stepstone.store._sqlite import damaged_definition, run_script, trigger_state
@@ -104,6 +107,7 @@ CREATE TABLE IF NOT EXISTS stepstone_queue (
 );
 CREATE INDEX IF NOT EXISTS stepstone_queue_pick
     ON stepstone_queue (queue, status, priority DESC, not_before, seq);
+CREATE INDEX IF NOT EXISTS stepstone_queue_key ON stepstone_queue (run_key);
 CREATE TABLE IF NOT EXISTS stepstone_queue_limits (
     queue TEXT PRIMARY KEY,
     concurrency INTEGER,
@@ -210,6 +214,13 @@ class SQLiteQueue(QueueBackend):
                 ).fetchone()
                 if row is not None:
                     return str(row[0]), False
+            busy = conn.execute(
+                "SELECT id FROM stepstone_queue WHERE run_key = ? "
+                "AND status IN ('queued', 'running')",
+                (run_key,),
+            ).fetchone()
+            if busy is not None:
+                raise key_in_use(run_key, str(busy[0]))
             now = time.time()
             # as they read back: an INTEGER column returns int, a REAL one float
             priority_, attempts = int(priority), int(max_attempts)
@@ -241,6 +252,12 @@ class SQLiteQueue(QueueBackend):
         def take(conn: sqlite3.Connection) -> list[QueueEntry]:
             now = time.time()
             conn.execute(
+                "UPDATE stepstone_queue SET status = 'cancelled', lease_until = NULL, "
+                "error = ?, updated_at = ? WHERE queue = ? AND status = 'running' "
+                "AND lease_until < ? AND cancel_requested",
+                (CANCELLED_RUNNING, now, queue, now),
+            )
+            conn.execute(
                 "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
                 "updated_at = ?, error = 'its worker died or lost its lease on each of its ' "
                 "|| attempts || ' attempts (max_attempts=' || max_attempts || '); last worker ' "
@@ -259,7 +276,7 @@ class SQLiteQueue(QueueBackend):
                 running, started = conn.execute(
                     "SELECT count(*) FILTER (WHERE status = 'running' AND lease_until >= ?), "
                     "count(*) FILTER (WHERE started_at > ?) FROM stepstone_queue WHERE queue = ?",
-                    (now, now - 1.0, queue),
+                    (now, now - rate_window(rate), queue),
                 ).fetchone()
             free = free_slots(limit, concurrency, running, rate, started)
             if free <= 0:
@@ -366,11 +383,13 @@ class SQLiteQueue(QueueBackend):
         def back(conn: sqlite3.Connection) -> bool:
             now = time.time()
             cur = conn.execute(
-                "UPDATE stepstone_queue SET status = 'queued', attempts = max(attempts - 1, 0), "
-                "worker = NULL, host = NULL, pid = NULL, pid_start = NULL, lease_until = NULL, "
-                "not_before = ?, updated_at = ? "
+                "UPDATE stepstone_queue SET "
+                "status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "error = CASE WHEN cancel_requested THEN ? ELSE error END, "
+                "attempts = max(attempts - 1, 0), worker = NULL, host = NULL, pid = NULL, "
+                "pid_start = NULL, lease_until = NULL, not_before = ?, updated_at = ? "
                 "WHERE id = ? AND worker = ? AND status = 'running'",
-                (now + delay, now, id, worker),
+                (CANCELLED_RUNNING, now + delay, now, id, worker),
             )
             return cur.rowcount == 1
 

@@ -27,7 +27,7 @@ from stepstone import (
     set_queue_limits,
     submit,
 )
-from stepstone.durable import requeue_run, retry_run
+from stepstone.durable import cancel_run, requeue_run, retry_run
 from stepstone.durable._queue import queue_backend
 from stepstone.store._queue_base import Owner
 from tests.workers import targets
@@ -312,6 +312,40 @@ def test_a_cancelled_run_whose_worker_died_is_never_taken_over(
     assert (handle.status(), handle.entry().error) == ("cancelled", "cancelled while running")
     assert other.status() == "done"
     assert {name for name, _ in executions(log)} == {"other"}
+
+
+def test_an_operator_cancel_reaches_the_queue_entry(store: Store, tmp_path: Path) -> None:
+    # guarantee 268: before, `stepstone cancel` marked the checkpoint failed, the entry
+    # stayed running, and the next worker took the run over and finished it
+    log = str(tmp_path / "log")
+    Path(log + ".down").touch()
+    queue = queue_backend(store)
+    handle = submit(store, T + "flaky_plan", task(log, "job"), key="job")
+    waiting = submit(store, T + "plan", task(log, "waiting"), key="waiting")
+    dead = Owner(worker="w-killed", host="elsewhere", pid=2**22 + 7, pid_start=1)
+    assert [e.id for e in queue.claim("default", dead, 0.2)] == [handle.id]
+    # what the dead worker left: its first step committed, the second failed
+    flaky = targets.flaky_plan
+    assert not Agent(engine=Plan(*flaky.steps, store=store, checkpoint_key="job"))(
+        task(log, "job")
+    ).ok
+    Path(log + ".down").unlink()
+    said = cancel_run(store, "job", reason="wrong input")
+    assert said.startswith("cancelled (failed run, no live owner): marked failed")
+    assert f"its queue entry {handle.id} is marked cancelled" in said
+    said = cancel_run(store, "waiting")  # queued, no checkpoint yet
+    assert said == (
+        f"no run under 'waiting' yet; its queue entry {waiting.id} is cancelled: "
+        "no worker starts it"
+    )
+    with pytest.raises(KeyError, match="no run under key 'nothing'"):
+        cancel_run(store, "nothing")
+    lease_until = handle.entry().lease_until
+    while lease_until is not None and queue.now() <= lease_until:  # the database's clock
+        time.sleep(0.05)
+    assert _worker(store).run(until_idle=True) == 0
+    assert (handle.status(), waiting.status()) == ("cancelled", "cancelled")
+    assert executions(log) == {("job", 0): [os.getpid()]}  # nothing ran after the cancel
 
 
 def test_queue_concurrency_limit_holds_across_workers(store: Store, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from stepstone.core._ids import new_origin
 from stepstone.durable._inspect import rewind_steps
 from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
+from stepstone.durable._queue import existing_queue
 from stepstone.exceptions import CheckpointCorruptError, StoreKeyConflictError
 from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent, read_salvaged
 from stepstone.store._store import Store, check_key
@@ -55,11 +56,17 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
     ``failed``); a paused, failed or stranded run is marked ``failed`` with a
     ``RunCancelledError`` at once. ``resume=True`` can still continue it later.
 
+    A run that came from a work queue has its queue entry cancelled too, so no worker
+    starts it or takes it over (a queued one ends ``cancelled`` before it started, even
+    with no checkpoint yet).
+
     Raises:
-        KeyError: no run under ``key``.
+        KeyError: no run under ``key`` (and no queue entry waiting to start it).
         ValueError: the run is already done.
     """
     outcome: list[str] = []
+    queue = existing_queue(store)
+    entry = queue.active_entry(key) if queue is not None else None
 
     def decide(head: RunHead | None, _kv: str | None) -> Claim | None:
         if head is None:
@@ -87,8 +94,20 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
         )
         return Claim(head=new)
 
-    store.backend.run_transact(key, decide)
-    return outcome[0]
+    try:
+        store.backend.run_transact(key, decide)
+    except KeyError:
+        if entry is None:
+            raise
+        outcome.append(f"no run under {key!r} yet")
+    if queue is not None and entry is not None:
+        status = queue.cancel(entry)
+        outcome.append(
+            f"its queue entry {entry} is cancelled: no worker starts it"
+            if status == "cancelled"
+            else f"its queue entry {entry} is marked cancelled: no worker takes it over"
+        )
+    return "; ".join(outcome)
 
 
 def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:

@@ -265,6 +265,10 @@ class QueueBackend(abc.ABC):
         entry holds the run, or one is still queued or running."""
 
     @abc.abstractmethod
+    def active_entry(self, run_key: str) -> str | None:
+        """The id of the entry under ``run_key`` that is queued or running, or None."""
+
+    @abc.abstractmethod
     def get(self, id: str) -> QueueEntry | None:
         """The entry, or None."""
 

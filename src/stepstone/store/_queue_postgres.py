@@ -392,6 +392,17 @@ class PostgresQueue(QueueBackend):
         # one statement: a retry after a lost answer finds the entry queued and changes nothing
         return self.backend._read("put a run back in its queue", requeue)
 
+    def active_entry(self, run_key: str) -> str | None:
+        row = self.backend._read(
+            "find a run's queue entry",
+            lambda cur: cur.execute(
+                "SELECT id FROM stepstone_queue WHERE run_key = %s "
+                "AND status IN ('queued', 'running') ORDER BY seq DESC LIMIT 1",
+                (run_key,),
+            ).fetchone(),
+        )
+        return None if row is None else str(row[0])
+
     def get(self, id: str) -> QueueEntry | None:
         row = self.backend._read(
             "read a queued run",

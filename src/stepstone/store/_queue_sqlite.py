@@ -421,6 +421,16 @@ class SQLiteQueue(QueueBackend):
         return self._write(requeue)
 
     @file_errors
+    def active_entry(self, run_key: str) -> str | None:
+        row = self._conn().execute(
+            "SELECT id FROM stepstone_queue WHERE run_key = ? "
+            "AND status IN ('queued', 'running') ORDER BY seq DESC LIMIT 1",
+            (run_key,),
+        )
+        got = row.fetchone()
+        return None if got is None else str(got[0])
+
+    @file_errors
     def get(self, id: str) -> QueueEntry | None:
         row = self._conn().execute(f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (id,))
         got = row.fetchone()

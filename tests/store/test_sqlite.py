@@ -143,7 +143,7 @@ def test_a_url_or_backend_of_the_wrong_type_is_refused() -> None:
     # guarantee 355: before, url=5 raised from inside and backend=5 failed on first use
     with pytest.raises(TypeError, match="url= takes a str"):
         Store(url=5)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="backend= takes a stepstone.store.Backend, got 5"):
+    with pytest.raises(TypeError, match=r"backend= takes a stepstone\.store\.Backend, got 5"):
         Store(backend=5)  # type: ignore[arg-type]
 
 

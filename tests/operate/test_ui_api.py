@@ -126,18 +126,23 @@ def test_ui_command_serves_until_interrupted(tmp_path: Path) -> None:
         proc.stderr.close()
 
 
+def _ui_refused(db: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``stepstone ui --db DB *options`` run to its end (it cannot listen)."""
+    return subprocess.run(
+        [sys.executable, "-m", "stepstone.cli", "ui", "--db", str(db), *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_ui_command_refuses_a_taken_port(tmp_path: Path) -> None:
     # guarantee 275
     db = tmp_path / "s.sqlite"
     Store(db=db).close()
     with InspectorServer(Store(db=db), port=0) as taken:
         port = taken.url.rsplit(":", 1)[1].strip("/")
-        proc = subprocess.run(
-            [sys.executable, "-m", "stepstone.cli", "ui", "--db", str(db), "--port", port],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = _ui_refused(db, "--port", port)
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: cannot listen on 127.0.0.1:") and "--port" in proc.stderr
 
@@ -147,12 +152,7 @@ def test_ui_command_names_a_bad_host(tmp_path: Path, host: str) -> None:
     # guarantee 275
     db = tmp_path / "s.sqlite"
     Store(db=db).close()
-    proc = subprocess.run(
-        [sys.executable, "-m", "stepstone.cli", "ui", "--db", str(db), "--host", host],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _ui_refused(db, "--host", host)
     assert proc.returncode == 1
     last = proc.stderr.splitlines()[-1]
     assert last.startswith(f"error: cannot listen on {host}:8765 (")

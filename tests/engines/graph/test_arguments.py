@@ -118,3 +118,39 @@ async def test_list_takes_a_checkpoint_filter(flt: Any) -> None:
     with pytest.raises(ConfigurationTypeError, match="CheckpointFilter"):
         await cp.alist(flt)
     assert [r.correlation_id for r in cp.list(CheckpointFilter(correlation_id="c"))] == ["c"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        (
+            {"status": "bogus"},
+            ConfigurationError,
+            r"status 'bogus' is not a status a record can have; pass one of 'running', "
+            r"'paused', 'failed', 'done', or None",
+        ),
+        ({"status": "claimed"}, ConfigurationError, r"a claimed run's record shows 'running'"),
+        ({"status": "DONE"}, ConfigurationError, r"status 'DONE' is not a status"),
+        ({"status": 5}, ConfigurationTypeError, r"status must be a str or None, got 5"),
+        ({"correlation_id": 5}, ConfigurationTypeError, r"correlation_id must be a str or None"),
+        ({"correlation_id": ""}, ConfigurationError, r"correlation_id must not be empty"),
+    ],
+)
+def test_a_checkpoint_filter_no_record_can_match_is_refused(
+    fields: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    # guarantee 364: refused when the filter is made, instead of listing nothing
+    with pytest.raises(error, match=message):
+        CheckpointFilter(**fields)
+
+
+def test_a_checkpoint_filter_by_status_lists_the_records_in_it(tmp_path: Path) -> None:
+    # guarantee 364: every status a record can show is accepted and matched
+    cp = SQLiteCheckpointer(tmp_path / "c.sqlite")
+    try:
+        _graph(cp).invoke(S(), correlation_id="c")
+        assert [r.status for r in cp.list(CheckpointFilter(status="done"))] == ["done"]
+        for status in ("running", "paused", "failed"):
+            assert cp.list(CheckpointFilter(status=status, correlation_id="c")) == []
+    finally:
+        cp.close()

@@ -15,7 +15,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from stepstone.store._base import RunHead
+from stepstone.exceptions import ConfigurationError, ConfigurationTypeError
+from stepstone.store._base import RUN_STATUSES, RunHead
 
 __all__ = [
     "GRAPH_KIND",
@@ -24,9 +25,11 @@ __all__ = [
     "CheckpointFilter",
     "CheckpointRecord",
     "Frame",
+    "RECORD_STATUSES",
     "NodePosition",
     "RawRecord",
     "Serialization",
+    "record_status",
 ]
 
 GRAPH_KIND = "graph"
@@ -35,6 +38,15 @@ LOCK_KIND = "graph.resume"
 RECORD_FORMAT = 1
 
 Serialization = Literal["json", "pickle"]
+
+
+def record_status(run_status: str) -> str:
+    """A record's status for its run's: a claimed run is shown as ``"running"``."""
+    return "running" if run_status == "claimed" else run_status
+
+
+#: Every status a :class:`CheckpointRecord` can show (the run statuses, claimed as running).
+RECORD_STATUSES = tuple(dict.fromkeys(record_status(s) for s in RUN_STATUSES))
 
 
 class NodePosition(NamedTuple):
@@ -110,7 +122,13 @@ class CheckpointFilter:
 
     Attributes:
         correlation_id: Only the attempts of this job.
-        status: Only records in this status (``"running"``, ``"failed"``, ``"done"``).
+        status: Only records in this status (``"running"``, ``"failed"``, ``"done"``; any
+            of :data:`RECORD_STATUSES`).
+
+    Raises:
+        ConfigurationError: ``status`` is not one of :data:`RECORD_STATUSES`, or
+            ``correlation_id`` is empty (``ConfigurationTypeError`` when either is not a
+            str or None): such a filter would match nothing.
 
     Example::
 
@@ -120,6 +138,31 @@ class CheckpointFilter:
 
     correlation_id: str | None = None
     status: str | None = None
+
+    def __post_init__(self) -> None:
+        # A value no record can hold would match nothing, silently: refuse it here.
+        for name in ("correlation_id", "status"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationTypeError(
+                    f"CheckpointFilter {name} must be a str or None, got {value!r}; pass "
+                    f"CheckpointFilter({name}='...') or leave it out to match every record"
+                )
+        if self.correlation_id == "":
+            raise ConfigurationError(
+                "CheckpointFilter correlation_id must not be empty (no record has an empty "
+                "one); pass the job's key, or None to match every record"
+            )
+        if self.status is not None and self.status not in RECORD_STATUSES:
+            shown = record_status(self.status)
+            hint = (
+                "" if shown == self.status else f" (a {self.status} run's record shows {shown!r})"
+            )
+            raise ConfigurationError(
+                f"CheckpointFilter status {self.status!r} is not a status a record can have"
+                f"{hint}; pass one of {', '.join(map(repr, RECORD_STATUSES))}, or None to "
+                "match every status"
+            )
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -200,7 +243,7 @@ class RawRecord:
             parent_states=tuple(f.state for f in self.frames[:-1]),
             schema_version=top.schema_version,
             last_saved_at=self.head.updated_at,
-            status="running" if self.head.status == "claimed" else self.head.status,
+            status=record_status(self.head.status),
             resumed_from=self.resumed_from,
             attempt_index=self.attempt,
             serialization=self.serialization,

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from stepstone import Store
-from stepstone.exceptions import ConfigurationError, ConfigurationTypeError, UserError
+from stepstone.exceptions import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    SerializationError,
+    UserError,
+)
 from stepstone.graph import (
     END,
     CheckpointFilter,
@@ -153,4 +158,33 @@ def test_a_checkpoint_filter_by_status_lists_the_records_in_it(tmp_path: Path) -
         for status in ("running", "paused", "failed"):
             assert cp.list(CheckpointFilter(status=status, correlation_id="c")) == []
     finally:
+        cp.close()
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize(
+    ("metadata", "place"),
+    [
+        ({"job": "j", "when": object()}, r"metadata\['when'\] is <object object at"),
+        ({"batch": {"ids": [1, {2, 3}]}}, r"metadata\['batch'\]\['ids'\]\[1\] is \{2, 3\}"),
+        ({"ratio": float("nan")}, r"metadata\['ratio'\] is nan \(type float\)"),
+        ({"raw": b"\x00"}, r"metadata\['raw'\] is b'\\x00' \(type bytes\)"),
+        ({(1, 2): "pair"}, r"metadata key \(1, 2\) is a key of type tuple"),
+    ],
+)
+def test_metadata_json_cannot_hold_is_refused_naming_its_key(
+    tmp_path: Path, checkpointed: bool, metadata: dict[Any, Any], place: str
+) -> None:
+    # guarantee 365: the error names metadata and the key, before any node runs
+    ran: list[str] = []
+    cp = SQLiteCheckpointer(tmp_path / "c.sqlite") if checkpointed else None
+    b = GraphBuilder(S).add_node("a", lambda s: ran.append("a")).add_edge("a", END).set_entry("a")
+    graph = (b.with_checkpointer(cp) if cp is not None else b).compile()
+    with pytest.raises(SerializationError, match=place) as info:
+        graph.invoke(S(), metadata=metadata)
+    assert "which JSON cannot hold" in str(info.value)
+    assert "nothing was run or saved" in str(info.value)
+    assert ran == []
+    if cp is not None:
+        assert cp.list() == [] and cp.store.keys() == []
         cp.close()

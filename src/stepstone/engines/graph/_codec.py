@@ -6,11 +6,57 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from stepstone.core._serialization import SignedPickle
+from stepstone.core._serialization import SignedPickle, dumps
 from stepstone.engines.graph._records import Serialization
 from stepstone.exceptions import CheckpointRecordInvalid, SerializationError, UserError
 
-__all__ = ["Codec"]
+__all__ = ["Codec", "check_metadata"]
+
+
+def check_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` as the dict a graph record stores, or :class:`SerializationError` naming
+    the key (and the place inside it) that JSON cannot hold, before anything runs."""
+    data = dict(metadata)
+    try:
+        dumps(data)
+    except (TypeError, ValueError) as exc:
+        place, what = _not_json(data, "metadata", set()) or ("metadata", f"refused ({exc})")
+        raise SerializationError(
+            f"{place} is {what}, which JSON cannot hold; graph run metadata is stored as "
+            "JSON: pass str, int, float, bool, None, lists and dicts with str keys (convert "
+            "the value, e.g. str(value) or value.isoformat()); nothing was run or saved"
+        ) from None
+    return data
+
+
+def _not_json(value: Any, place: str, seen: set[int]) -> tuple[str, str] | None:
+    """Where ``value`` first fails to encode as JSON, and what is there; None if nowhere.
+    Each part is tried with the same encoder the store uses, so this agrees with it."""
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in seen:
+            return place, f"the {type(value).__name__} it sits in (a cycle)"
+        seen.add(id(value))
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in pairs:
+            if isinstance(value, dict) and not _encodes({k: None}):
+                return f"{place} key {k!r}", f"a key of type {type(k).__name__}"
+            if not _encodes(v):
+                return _not_json(v, f"{place}[{k!r}]", seen) or (f"{place}[{k!r}]", repr(v))
+        return None
+    return place, f"{_short(value)} (type {type(value).__name__})"
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 class Codec:

@@ -21,6 +21,7 @@ from stepstone.durable import (
 from stepstone.durable._effects import DurableScope, bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
+from stepstone.engines.graph._codec import check_metadata
 from stepstone.engines.graph._migrate import MigrationRegistry
 from stepstone.engines.graph._nodes import call_node, project_in, project_out, update_reducers
 from stepstone.engines.graph._records import (
@@ -201,12 +202,15 @@ class CompiledGraph(Generic[S]):
                 positions are skipped, the first uncompleted node runs (from a clean
                 slate, against the loaded state), and the saved state is migrated first
                 if its ``schema_version`` differs.
-            metadata: JSON-able data stored with the record.
+            metadata: JSON data stored with the record (str, int, float, bool, None,
+                lists and dicts with str keys).
 
         Raises:
             ConfigurationError: ``correlation_id`` is not a non-empty str or None, or
                 ``metadata`` is not a mapping or None (``ConfigurationTypeError`` for a
                 wrong type); nothing runs.
+            SerializationError: ``metadata`` holds a value JSON cannot hold; the message
+                names its key; nothing runs.
             NodeException: a node raised; the nodes before it are saved.
             ConcurrentGraphResumeError: the record is being resumed, or still run, by
                 another live invocation.
@@ -655,6 +659,8 @@ def _check_invoke_options(correlation_id: Any, metadata: Any) -> None:
             f"metadata must be a dict (JSON-able) or None, got {metadata!r}; pass "
             "metadata={'key': value}"
         )
+    if metadata is not None:
+        check_metadata(metadata)
 
 
 def _choices(allowed: Collection[str]) -> str:

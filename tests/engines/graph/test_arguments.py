@@ -188,3 +188,44 @@ def test_metadata_json_cannot_hold_is_refused_naming_its_key(
     if cp is not None:
         assert cp.list() == [] and cp.store.keys() == []
         cp.close()
+
+
+class Sub(State):
+    n: int = 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"inputs": 5}, r"inputs= is a function parent_state -> the initial Sub .* got 5"),
+        ({"inputs": {"n": 1}}, r"inputs= is a function .* got \{'n': 1\}"),
+        ({"inputs": "n"}, r"inputs= is a function .* got 'n'"),
+        ({"outputs": 5}, r"outputs= is a function final Sub -> the parent's update .* got 5"),
+        ({"outputs": ["n"]}, r"outputs= is a function .* got \['n'\]"),
+    ],
+)
+def test_subgraph_inputs_and_outputs_that_are_not_functions_are_refused_when_added(
+    options: dict[str, Any], message: str
+) -> None:
+    # guarantee 366: at add_subgraph_node, not when the graph first runs the node
+    sub = GraphBuilder(Sub).add_node("s", lambda s: {"n": 2}).add_edge("s", END).set_entry("s")
+    with pytest.raises(GraphCompileError, match=rf"subgraph node 'inner': {message}"):
+        GraphBuilder(S).add_subgraph_node("inner", sub.compile(), **options)
+
+
+def test_subgraph_inputs_and_outputs_functions_are_accepted() -> None:
+    # guarantee 366: functions (or None, the defaults) still run as before
+    sub = GraphBuilder(Sub).add_node("s", lambda s: {"n": s.n + 2}).add_edge("s", END)
+    graph = (
+        GraphBuilder(S)
+        .add_subgraph_node(
+            "inner",
+            sub.set_entry("s").compile(),
+            inputs=lambda s: {"n": s.n * 10},
+            outputs=lambda sub_state: {"n": sub_state.n},
+        )
+        .add_edge("inner", END)
+        .set_entry("inner")
+        .compile()
+    )
+    assert graph.invoke(S(n=1)).n == 12

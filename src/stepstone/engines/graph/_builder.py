@@ -169,6 +169,10 @@ class GraphBuilder(Generic[S]):
             outputs: ``outputs(final_sub_state)`` gives the parent's update. Default: the
                 shared fields the subgraph changed (items it appended, for ``append``
                 fields of the parent).
+
+        Raises:
+            GraphCompileError: ``subgraph`` is not a compiled graph, or ``inputs`` or
+                ``outputs`` is neither a function nor None.
         """
         from stepstone.engines.graph._compiled import CompiledGraph
 
@@ -177,6 +181,17 @@ class GraphBuilder(Generic[S]):
                 f"subgraph node {name!r} takes a compiled graph "
                 f"(GraphBuilder(SubState)...compile()), got {subgraph!r}"
             )
+        # Called only when the node runs: a value that is not a function would fail there.
+        sub = subgraph.state_cls.__name__
+        for option, value, expected in (
+            ("inputs", inputs, f"parent_state -> the initial {sub} (a dict, or a {sub} instance)"),
+            ("outputs", outputs, f"final {sub} -> the parent's update (a dict of fields)"),
+        ):
+            if value is not None and not callable(value):
+                raise GraphCompileError(
+                    f"subgraph node {name!r}: {option}= is a function {expected}, or None "
+                    f"for the default, got {value!r}; pass e.g. {option}=lambda s: {{...}}"
+                )
         return self._add(NodeSpec(name=name, subgraph=subgraph, inputs=inputs, outputs=outputs))
 
     def add_edge(self, source: str, target: str | Any) -> GraphBuilder[S]:

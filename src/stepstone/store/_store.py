@@ -221,12 +221,14 @@ class Store:
         self.backend.setup()
 
     def close(self) -> None:
-        """Close connections. The store cannot be used afterwards."""
+        """Close connections (a store in memory drops what it held). The store cannot be
+        used afterwards: every read and write raises
+        :class:`~stepstone.exceptions.StoreError`. Idempotent."""
         self.backend.close()
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` was called (on a file or database store)."""
+        """True once :meth:`close` was called."""
         return self.backend.closed
 
     def __enter__(self) -> Store:

@@ -36,6 +36,7 @@ from stepstone.testing.store_conformance._runs import (
 )
 from stepstone.testing.store_conformance._spec import StoreSpec
 from stepstone.testing.store_conformance._values import (
+    test_a_closed_store_refuses_every_read_and_write,
     test_a_key_with_a_nul_character_is_refused_before_anything_is_written,
     test_async_twins,
     test_cas_absent_and_json_equality,
@@ -50,6 +51,7 @@ from stepstone.testing.store_conformance._values import (
 
 __all__ = [
     "StoreSpec",
+    "test_a_closed_store_refuses_every_read_and_write",
     "test_a_key_with_a_nul_character_is_refused_before_anything_is_written",
     "test_async_twins",
     "test_cas_absent_and_json_equality",

@@ -4,6 +4,7 @@ encoding, async twins."""
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from stepstone import Store
+from stepstone.durable import claim_run
 from stepstone.exceptions import StoreError, UnserializableValueWarning
 from stepstone.testing.store_conformance._spec import StoreSpec
 
@@ -190,6 +192,38 @@ def test_context_manager_closes(store_spec: StoreSpec) -> None:
         store.write("cm", 1)
     with store_spec.open() as again:
         assert again.read("cm") == 1
+
+
+def test_a_closed_store_refuses_every_read_and_write(store_spec: StoreSpec) -> None:
+    """guarantee 367: after close(), a store of any backend (memory too) refuses to be used,
+    with a StoreError saying it is closed, instead of going on as if it were open."""
+    store = store_spec.open()
+    store.write("kept", {"v": 1})
+    claimed = claim_run(store, "run-closed", kind="test", resume=False, first_step="a")
+    assert claimed.run is not None
+    claimed.run.release()
+    store.close()
+    assert store.closed
+    store.close()  # idempotent
+    closed = rf"store {re.escape(store.describe())} is closed"
+    for use in (
+        lambda: store.read("kept"),
+        lambda: store.read_entry("kept"),
+        lambda: store.write("kept", 2),
+        lambda: store.write("new", 2),
+        lambda: store.delete("kept"),
+        lambda: store.keys(),
+        lambda: store.items(),
+        lambda: store.compare_and_swap("kept", {"v": 1}, 3),
+        lambda: store.backend.run_get("run-closed"),
+        lambda: store.backend.run_journal("run-closed"),
+        lambda: store.backend.run_list(None),
+        lambda: claim_run(store, "run-2", kind="test", resume=False, first_step="a"),
+    ):
+        with pytest.raises(StoreError, match=closed):
+            use()
+    with pytest.raises(StoreError, match=closed):
+        asyncio.run(store.aread("kept"))
 
 
 def test_read_only_open_reads_and_refuses_writes(store_spec: StoreSpec) -> None:

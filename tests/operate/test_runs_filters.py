@@ -121,3 +121,31 @@ def test_query_runs_refuses_a_negative_page(tmp_path: Path) -> None:
             with pytest.raises(ValueError, match="limit and offset must be >= 0"):
                 query_runs(store, **kwargs)  # type: ignore[arg-type]
         assert query_runs(store, limit=0) == (1, [])
+
+
+def test_runs_json_with_total_counts_every_page(store_args: list[str]) -> None:
+    # guarantee 368
+    with open_args(store_args) as store:
+        for key in ("a", "b", "c"):
+            done_run(store, key)
+        failed_run(store, "d")
+
+    code, out, err = _run("runs", *store_args, "--json", "--limit", "2", "--offset", "1")
+    assert code == 0, err
+    assert [line["key"] for line in json.loads(out)] == ["b", "c"]  # still a bare list
+
+    code, out, err = _run(
+        "runs", *store_args, "--json", "--with-total", "--limit", "2", "--offset", "1"
+    )
+    assert code == 0 and err == "", err
+    page = json.loads(out)
+    assert list(page) == ["total", "runs"] and page["total"] == 4
+    assert [line["key"] for line in page["runs"]] == ["b", "c"]
+    assert page["runs"][0] == json.loads(_run("runs", *store_args, "--json", "--prefix", "b")[1])[0]
+
+    code, out, err = _run("runs", *store_args, "--json", "--with-total", "--status", "failed")
+    assert json.loads(out)["total"] == 1
+    code, out, err = _run("runs", *store_args, "--json", "--with-total", "--offset", "9")
+    assert json.loads(out) == {"total": 4, "runs": []}
+    code, out, err = _run("runs", *store_args, "--with-total", "--limit", "2")
+    assert code == 0 and "4 run(s), 1-2 shown" in out  # the table always says it

@@ -214,6 +214,14 @@ def runs(
     limit: Annotated[int | None, typer.Option(min=1, help="Show at most N runs (a page).")] = None,
     offset: Annotated[int, typer.Option(min=0, help="Skip the first N matching runs.")] = 0,
     as_json: JsonOption = False,
+    with_total: Annotated[
+        bool,
+        typer.Option(
+            "--with-total",
+            help='With --json: print {"total": N, "runs": [...]}, N the runs matching on every '
+            "page, instead of the bare list.",
+        ),
+    ] = False,
     debug: DebugOption = False,
 ) -> None:
     """List the durable runs in a store, with their owner's state (live or dead)."""
@@ -242,7 +250,10 @@ def runs(
             err=True,
         )
     if as_json:
-        typer.echo(json.dumps([line.to_json(now) for line in lines], default=str))
+        # A bare list by default: scripts written for it keep working.
+        listed = [line.to_json(now) for line in lines]
+        out: Any = {"total": total, "runs": listed} if with_total else listed
+        typer.echo(json.dumps(out, default=str))
     else:
         # Never crop a key: widen the table past the terminal rather than cut one short.
         longest = max((len(line.key) for line in lines), default=0)

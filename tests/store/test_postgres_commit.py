@@ -110,9 +110,16 @@ def _hold_lock_then(
     return conn
 
 
-def _race(url: str, holder: psycopg.Connection[Any], call: Callable[[], Any]) -> Any:
-    """Start ``call`` in a thread, wait until it waits for the holder's advisory lock,
-    commit the holder, and return what ``call`` returned or raised."""
+def _race(
+    url: str,
+    holder: psycopg.Connection[Any],
+    call: Callable[[], Any],
+    lock: str | None = "advisory",
+) -> Any:
+    """Start ``call`` in a thread, wait until it waits for a lock the holder holds (of type
+    ``lock`` in ``pg_locks``: the key's advisory lock, ``transactionid`` for a row the holder
+    changed, None for any), commit the holder, and return what ``call`` returned or
+    raised."""
     out: list[Any] = []
 
     def target() -> None:
@@ -123,21 +130,25 @@ def _race(url: str, holder: psycopg.Connection[Any], call: Callable[[], Any]) ->
 
     thread = threading.Thread(target=target)
     thread.start()
-    with psycopg.connect(url, autocommit=True) as watcher:
-        deadline = time.monotonic() + 60
-        while True:
-            row = watcher.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            ).fetchone()
-            if row and row[0] >= 1:
-                break
-            assert thread.is_alive(), out
-            assert time.monotonic() < deadline, "the call never waited for the key's lock"
-            time.sleep(0.01)
-    holder.commit()
-    holder.close()
-    thread.join(60)
+    try:
+        with psycopg.connect(url, autocommit=True) as watcher:
+            deadline = time.monotonic() + 60
+            while True:
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE NOT l.granted AND a.datname = current_database() "
+                    "AND l.locktype = coalesce(%s, l.locktype)",
+                    (lock,),
+                ).fetchone()
+                if row and row[0] >= 1:
+                    break
+                assert thread.is_alive(), out
+                assert time.monotonic() < deadline, f"the call never waited for a {lock} lock"
+                time.sleep(0.01)
+        holder.commit()
+    finally:
+        holder.close()  # a rollback, if the call never waited
+        thread.join(60)
     assert not thread.is_alive()
     return out[0]
 
@@ -229,6 +240,86 @@ def test_a_commit_never_writes_a_value_under_a_key_claimed_after_it(
         assert store.read("v") == 1
     finally:
         run.release()
+
+
+def _commit_writing(run: Any, key: str) -> Callable[[], None]:
+    return lambda: run.commit_sync(
+        status="running", next_step="b", rows=[("step", "a", 1)], writes=[(key, 2)]
+    )
+
+
+def test_a_commit_rewriting_a_value_needs_no_key_lock(store: Store, pg_url: str) -> None:
+    """guarantee 357: a step commit whose one writes= key already holds a value does not
+    wait for that key's advisory lock (it locks the value's row instead): it lands while
+    another transaction holds the key's lock."""
+    store.write("v", 1)
+    run = claim_run(store, "committer", kind="test", resume=False, first_step="a").run
+    assert run is not None
+    done: list[BaseException | None] = []
+
+    def commit() -> None:
+        try:
+            _commit_writing(run, "v")()
+            done.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            done.append(exc)
+
+    try:
+        with psycopg.connect(pg_url) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (KEY_LOCK_CLASS, lock_id("v")))
+            thread = threading.Thread(target=commit)
+            thread.start()
+            thread.join(60)
+            finished_under_lock = not thread.is_alive()
+        thread.join(60)
+        assert finished_under_lock, "the commit waited for the key's advisory lock"
+        assert done == [None]
+        assert store.read("v") == 2
+    finally:
+        run.release()
+
+
+def test_a_commit_whose_value_is_deleted_and_claimed_meanwhile_writes_nothing(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 357: a step commit rewriting a value that another transaction is deleting
+    (and claiming as a run) waits for it, then fails with StoreKeyConflictError and writes
+    nothing; it never writes a value beside the run."""
+    store.write("v", 1)
+    run = claim_run(store, "committer", kind="test", resume=False, first_step="a").run
+    assert run is not None
+    try:
+        holder = psycopg.connect(pg_url)
+        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (KEY_LOCK_CLASS, lock_id("v")))
+        holder.execute("DELETE FROM stepstone_kv WHERE key = 'v'")
+        holder.execute(_INSERT_RUN.encode(), ("v",))
+        result = _race(pg_url, holder, _commit_writing(run, "v"), lock=None)
+        assert isinstance(result, StoreKeyConflictError), result
+        assert store.backend.kv_get("v") is None and store.backend.run_get("v") is not None
+        head = store.backend.run_get("committer")
+        assert head is not None and head.version == run.head.version
+        assert store.backend.run_journal("committer") == []
+    finally:
+        run.release()
+
+
+def test_a_claim_waits_for_a_commit_rewriting_the_value_under_its_key(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 357: a claim of a key whose value a step commit is rewriting (holding the
+    value's row, not the key's lock) waits for that commit and reads what it wrote."""
+    store.write("v", 1)
+    holder = psycopg.connect(pg_url)
+    holder.execute("SELECT 1 FROM stepstone_kv WHERE key = 'v' FOR KEY SHARE")
+    holder.execute("UPDATE stepstone_kv SET value = '2' WHERE key = 'v'")
+    result = _race(
+        pg_url,
+        holder,
+        lambda: claim_run(store, "v", kind="test", resume=False, first_step="a"),
+        lock="transactionid",
+    )
+    assert isinstance(result, StoreKeyConflictError), result
+    assert store.backend.run_get("v") is None and store.read("v") == 2
 
 
 # -- lost connections around the pipelined claim ------------------------------------------
@@ -323,7 +414,7 @@ def test_claims_of_one_empty_key_from_many_threads_have_one_winner(store: Store)
 
 
 # -- upgrade ------------------------------------------------------------------------------
-@pytest.mark.parametrize("previous", [3, 4])
+@pytest.mark.parametrize("previous", [3, 4, 5])
 def test_a_store_of_the_previous_schema_upgrades_and_its_runs_go_on(
     pg_server: PgServer, previous: int
 ) -> None:

@@ -19,6 +19,16 @@ that no run lives under a written key runs in that function after the lock is gr
 with a snapshot of its own, so it sees a run that a claim committed while the commit
 waited for the lock (a check in the statement itself would use the statement's older
 snapshot and miss it).
+
+A commit with one ``writes=`` key that already holds a value (a step writing the same key
+on every run, the usual case) skips both: it locks that value's row ``FOR KEY SHARE``,
+which no claim needs for a key holding a value (a claim refuses such a key, or imports a
+legacy value with a read ``FOR UPDATE``, which waits for the commit), and which keeps the
+row from being deleted until the commit ends, so the upsert updates that row and no run
+can appear under the key meanwhile. The row lock is cheaper on the server than the
+function (about 15 us less per commit, measured with fsync off). A commit with several
+keys keeps the advisory locks: a row lock held while waiting for one of them could
+deadlock with a claim.
 """
 
 from __future__ import annotations
@@ -64,7 +74,10 @@ def commit_sql(rows: int, writes: int) -> bytes:
     heads it moved (1 or 0)."""
     check = ""
     if writes == 1:
-        check = f" AND stepstone_key_free({KEY_LOCK_CLASS}, %s::int4, %s)"
+        check = (
+            " AND CASE WHEN EXISTS (SELECT 1 FROM stepstone_kv WHERE key = %s FOR KEY SHARE) "
+            f"THEN TRUE ELSE stepstone_key_free({KEY_LOCK_CLASS}, %s::int4, %s) END"
+        )
     elif writes:
         check = f" AND stepstone_keys_free({KEY_LOCK_CLASS}, %s::int4[], %s::text[])"
     parts = [f"WITH upd AS ({_HEAD_UPDATE}{check} RETURNING key, updated_at)"]
@@ -115,7 +128,7 @@ def commit_statement(
     n_rows, n_writes = _shape(len(rows)), _shape(len(keys))
     params: list[Any] = list(head_update_params(head, expected_version))
     if n_writes == 1:
-        params += (lock_id(keys[0]), keys[0])
+        params += (keys[0], lock_id(keys[0]), keys[0])
     elif n_writes:
         params += (lock_ids(keys), keys)
     if n_rows < 0:

@@ -243,6 +243,74 @@ MIGRATIONS: list[str] = [
     END
     $fn$;
     """,
+    # A run's queue entries are found by run_key (the check that a submitted key is not
+    # queued or running, a retry's requeue, a cancel's entry): an index, not a scan.
+    #
+    # A step commit whose one writes= key already holds a value locks that value's row
+    # FOR KEY SHARE instead of taking the key's advisory lock (see _postgres_commit). So a
+    # claim reads the key's value FOR UPDATE: a claim that imports a legacy value (and
+    # drops it) waits for such a commit and reads what it wrote.
+    #
+    # A claim of an empty key (stepstone_claim_fresh) reads only what it needs: the key's
+    # lock, then whether it holds a value; the full claim read only when it found one or
+    # a run (it then inserts nothing).
+    """
+    CREATE INDEX stepstone_queue_run_key ON stepstone_queue (run_key);
+    CREATE OR REPLACE FUNCTION stepstone_claim_read(p_lock_class INT4, p_lock_id INT4,
+        p_key TEXT)
+    RETURNS TABLE (o_xid INT8, o_value TEXT, o_key TEXT, o_kind TEXT, o_status TEXT,
+        o_next_step TEXT, o_run_uid TEXT, o_version INT8, o_iteration INT8,
+        o_journal_len INT8, o_host TEXT, o_pid INT8, o_pid_start INT8,
+        o_lease_until FLOAT8, o_meta TEXT, o_created_at FLOAT8, o_updated_at FLOAT8)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        v_xid INT8;
+        v_value TEXT;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock_class, p_lock_id);
+        v_xid := txid_current();
+        SELECT kv.value INTO v_value FROM stepstone_kv kv WHERE kv.key = p_key FOR UPDATE;
+        RETURN QUERY SELECT v_xid, v_value, r.key::TEXT, r.kind, r.status, r.next_step,
+            r.run_uid, r.version, r.iteration, r.journal_len, r.host, r.pid, r.pid_start,
+            r.lease_until, r.meta, r.created_at, r.updated_at
+            FROM stepstone_runs r WHERE r.key = p_key FOR UPDATE;
+        IF NOT FOUND THEN
+            o_xid := v_xid;
+            o_value := v_value;
+            RETURN NEXT;
+        END IF;
+    END
+    $fn$;
+    CREATE OR REPLACE FUNCTION stepstone_claim_fresh(p_lock_class INT4, p_lock_id INT4,
+        p_key TEXT, p_kind TEXT, p_status TEXT, p_next_step TEXT, p_run_uid TEXT,
+        p_version INT8, p_iteration INT8, p_journal_len INT8, p_host TEXT, p_pid INT8,
+        p_pid_start INT8, p_lease_until FLOAT8, p_meta TEXT, p_created_at FLOAT8,
+        p_updated_at FLOAT8)
+    RETURNS TABLE (o_inserted BOOLEAN, o_xid INT8, o_value TEXT, o_key TEXT, o_kind TEXT,
+        o_status TEXT, o_next_step TEXT, o_run_uid TEXT, o_version INT8, o_iteration INT8,
+        o_journal_len INT8, o_host TEXT, o_pid INT8, o_pid_start INT8,
+        o_lease_until FLOAT8, o_meta TEXT, o_created_at FLOAT8, o_updated_at FLOAT8)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        PERFORM pg_advisory_xact_lock(p_lock_class, p_lock_id);
+        IF NOT EXISTS (SELECT 1 FROM stepstone_kv WHERE key = p_key) THEN
+            INSERT INTO stepstone_runs VALUES (p_key, p_kind, p_status, p_next_step,
+                p_run_uid, p_version, p_iteration, p_journal_len, p_host, p_pid,
+                p_pid_start, p_lease_until, p_meta, p_created_at, p_updated_at)
+                ON CONFLICT (key) DO NOTHING;
+            IF FOUND THEN
+                DELETE FROM stepstone_journal WHERE run_key = p_key;
+                o_inserted := TRUE;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+        END IF;
+        RETURN QUERY SELECT FALSE, c.*
+            FROM stepstone_claim_read(p_lock_class, p_lock_id, p_key) c;
+    END
+    $fn$;
+    """,
 ]
 
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which

@@ -13,6 +13,9 @@ this one run:
   run it), whose step commits go on async connections awaited on the loop;
 * the same steps without ``writes=``: each step's 1 KB output is journaled only (one
   1 KB row per step, as the raw upsert writes, instead of two);
+* the same steps writing the same ``writes=`` keys in every run (as a plan that keeps its
+  latest outputs under fixed keys does), where the runs above write new keys: a commit
+  that rewrites a value locks its row instead of taking the key's lock;
 * the calling thread's CPU per step and per raw upsert (``time.thread_time``): the
   client's own work, which a single run pays in series with the server, and which the
   server's fsync latency does not move;
@@ -85,17 +88,22 @@ def plan_ms_per_step(
     n_steps: int,
     key: str,
     loop: Any = None,
-    writes: bool = True,
+    writes: bool | str = True,
     cpu_label: str = "warm-up",
 ) -> float:
     """ms per step of one run: ``agent(task)``, or awaited on ``loop`` (an event loop kept
     for the whole benchmark) as async code runs it; each step's output also stored under a
-    ``writes=`` key, or (``writes=False``) only journaled. The calling thread's CPU per
+    ``writes=`` key (new keys for each run; ``writes="same"``: the same keys in every run),
+    or (``writes=False``) only journaled. The calling thread's CPU per
     step goes to :data:`CPU_US` under ``cpu_label``."""
     from stepstone import Agent, Plan, Step
 
     steps = [
-        Step(trivial, name=f"s{i}", writes=f"{key}:w{i}" if writes else None)
+        Step(
+            trivial,
+            name=f"s{i}",
+            writes=(f"same:w{i}" if writes == "same" else f"{key}:w{i}") if writes else None,
+        )
         for i in range(n_steps)
     ]
     plan = Plan(*steps, store=store, checkpoint_key=key, max_iterations=n_steps + 1)
@@ -169,6 +177,7 @@ def main() -> None:
             ("prepare=False", "prepare=False", None, True),
             ("prepared, awaited", "prepared", loop, True),
             ("prepared, no writes=", "prepared", None, False),
+            ("prepared, same keys", "prepared", None, "same"),
         ]
         for label, name, mode, writes in modes:
             stores[name].setup()

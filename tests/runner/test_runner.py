@@ -28,7 +28,7 @@ from stepstone import (
 from stepstone.engines.llm._durable import normalize_record
 from stepstone.testing import FakeModel, call
 from tests.runner.conftest import Crash, Script
-from tests.store.damage import stored_rows
+from tests.store.damage import flip, settle, stored_rows
 
 PHASES = {
     "run_started",
@@ -507,6 +507,44 @@ async def test_run_again_over_rows_whose_head_was_lost_is_refused(tmp_path: Path
         with pytest.raises(AgentCheckpointCorruptionError, match="journal rows but no run head"):
             await runner.run(make(again, ledger), user_message="bill", run_id="r1", thread_id="t")
         assert stored_rows(db) == before
+    assert again.asked == [] and ledger.done == ["a", "b", "c"]
+
+
+async def test_a_byte_flipped_on_disk_is_an_agent_corruption_error(tmp_path: Path) -> None:
+    """guarantee 131: a tool outcome whose bytes changed in the SQLite file (its row fails
+    the store's checksum) stops run(), resume(), snapshot(), checkpoints() and runs() with
+    the documented AgentCheckpointCorruptionError naming the run; before, the store's
+    CheckpointCorruptError (a sibling class) escaped, naming only the key."""
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    with Store(db=db) as store:
+        done = await Runner(store=store).run(
+            make(Script(two_turns()), ledger), user_message="bill", run_id="r1", thread_id="t"
+        )
+    assert done.state == "completed"
+    settle(db)
+    flip(db, b'"content":"charged b"', at=len('"content":"charged '), to=b"X")
+    before = stored_rows(db)
+    again = Script(two_turns())
+    with Store(db=db) as store:
+        runner = Runner(store=store)
+        attempts: dict[str, Any] = {
+            "resume": lambda: runner.resume_sync(make(again, ledger), run_id="r1", thread_id="t"),
+            "run": lambda: runner.run_sync(
+                make(again, ledger), user_message="bill", run_id="r1", thread_id="t"
+            ),
+            "snapshot": lambda: runner.snapshot("r1"),
+            "checkpoints": lambda: runner.checkpoints("r1"),
+            "runs": lambda: runner.runs(thread_id="t"),
+        }
+        for name, attempt in attempts.items():
+            with pytest.raises(AgentCheckpointCorruptionError) as info:
+                await asyncio.to_thread(attempt)
+            message = str(info.value)
+            assert message.startswith("agent run 'r1' (checkpoint 'agent:r1:checkpoint:latest')")
+            assert "does not match its checksum" in message, name
+            assert info.value.fault is not None and "checksum" in info.value.fault
+    assert stored_rows(db) == before
     assert again.asked == [] and ledger.done == ["a", "b", "c"]
 
 

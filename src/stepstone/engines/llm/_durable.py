@@ -33,9 +33,9 @@ from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHook
 from stepstone.engines.llm._output import type_adapter, wants_structured
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
-    CheckpointCorruptError,
     CheckpointFlushError,
     ConcurrentRunError,
+    CorruptRecordError,
     PlanPaused,
     UserError,
 )
@@ -138,9 +138,19 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> Any:
     return record if record is not None else {"status": head.status, "phase": None}
 
 
-def read_run(store: Store, key: str) -> tuple[RunHead | None, list[JournalRow]]:
-    """The head and journal under ``key`` (blocking)."""
-    found = kernel_read_run(store, key)
+def read_run(
+    store: Store, key: str, run_id: str | None = None
+) -> tuple[RunHead | None, list[JournalRow]]:
+    """The head and journal of the agent run ``run_id`` under ``key`` (blocking).
+
+    Raises:
+        AgentCheckpointCorruptionError: the store found the record damaged (a row that does
+            not match its checksum...), or the key holds another engine's run.
+    """
+    try:
+        found = kernel_read_run(store, key)
+    except CorruptRecordError as exc:
+        raise store_corruption(key, run_id, exc) from exc
     if found is None:
         return None, []
     head, rows = found
@@ -149,6 +159,29 @@ def read_run(store: Store, key: str) -> tuple[RunHead | None, list[JournalRow]]:
             f"checkpoint {key!r} holds a {head.kind} run, not an agent run; use another run_id"
         )
     return head, rows
+
+
+def store_corruption(
+    key: str, run_id: str | None, exc: CorruptRecordError
+) -> AgentCheckpointCorruptionError | CorruptRecordError:
+    """What the store's ``exc`` (a damaged record under ``key``) is for an agent run: an
+    :class:`AgentCheckpointCorruptionError` naming the run and the fault (one already
+    about an agent run is kept)."""
+    if isinstance(exc, AgentCheckpointCorruptionError):
+        return exc
+    fault = exc.fault or str(exc)
+    error = corrupt_agent_run(key, run_id if run_id is not None else _run_id_of(key), fault)
+    error.fault = fault
+    return error
+
+
+def _run_id_of(key: str) -> str:
+    """The run id of the agent run under ``key`` (a Runner's key names it; the key of an
+    LLM loop inside a Plan step or graph node is its run id)."""
+    prefix, suffix = "agent:", ":checkpoint:latest"
+    if key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix + suffix):
+        return key[len(prefix) : -len(suffix)]
+    return key
 
 
 def _structured(value: Any, output_type: Any) -> Any:
@@ -277,7 +310,7 @@ async def run_durable(
             latest record (nothing written).
         ConcurrentRunError: a live process owns the run.
     """
-    head, rows = await store._offload(read_run, store, key)
+    head, rows = await store._offload(read_run, store, key, run_id)
     contents = JournalContents()
     if head is not None:  # the whole record is checked before anything is claimed
         problem = journal_problem(head, rows)
@@ -349,10 +382,10 @@ async def run_durable(
                 what="agent run",
             )
         )
-    except CheckpointCorruptError as exc:  # found by the store under the claim's lock
-        raise corrupt_agent_run(key, run_id, str(exc)) from exc
+    except CorruptRecordError as exc:  # found by the store under the claim's lock
+        raise store_corruption(key, run_id, exc) from exc
     if claim.run is None:  # finished between our read and the claim
-        _, rows = await store._offload(read_run, store, key)
+        _, rows = await store._offload(read_run, store, key, run_id)
         rec = latest_record(key, rows)
         assert rec is not None
         result: dict[str, Any] = rec["payload"]["terminal_result"]
@@ -360,7 +393,10 @@ async def run_durable(
     owned = claim.run
     try:
         if claim.outcome != "resumed" or claim.previous != head:  # changed since our read
-            rows = await store._offload(owned.journal)
+            try:
+                rows = await store._offload(owned.journal)
+            except CorruptRecordError as exc:
+                raise store_corruption(key, run_id, exc) from exc
             contents = JournalContents.load(key, run_id, rows)
         return await _drive(
             engine,

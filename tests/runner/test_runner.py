@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,14 @@ def store(tmp_path: Path) -> Any:
 
 def make(script: Script, ledger: Ledger, **kw: Any) -> Agent:
     return Agent(name="biller", model=script.model(), tools=ledger.tools(), **kw)
+
+
+def _guarantee(number: int) -> str:
+    """The text of guarantee ``number`` in docs/guarantees.md."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "guarantees.md").read_text("utf-8")
+    found = re.search(rf"^{number}\. (.*?)(?=^\d+\. |^<!--|^#|\Z)", doc, re.M | re.S)
+    assert found is not None, number
+    return found.group(1)
 
 
 async def test_the_resume_example_runs_as_written() -> None:
@@ -594,8 +603,13 @@ async def test_two_resumes_of_one_live_run(store: Store) -> None:
     agent = Agent(name="biller", model=script.model(), tools=[charge])
     first = asyncio.create_task(runner.resume(agent, run_id="r1", thread_id="t"))
     await asyncio.wait_for(entered.wait(), 60)
-    with pytest.raises(ConcurrentRunError, match="live"):
+    with pytest.raises(ConcurrentRunError, match="live") as info:
         await runner.resume(agent, run_id="r1", thread_id="t")
+    # the class guarantee 165 names is the one raised (before, it named the Plan-facing
+    # ConcurrentPlanRunError, a subclass `except` clauses written from it would miss)
+    assert type(info.value) is ConcurrentRunError
+    named = set(re.findall(r"`(Concurrent\w*Error)`", _guarantee(165)))
+    assert named == {type(info.value).__name__}
     # approvals given while it runs: the same error, not "it waits for nothing"
     with pytest.raises(ConcurrentRunError, match=r"owned by live run .* once it has stopped"):
         await runner.resume(agent, run_id="r1", thread_id="t", approvals={"call_1_0": True})

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
 import json
 import logging
 import re
@@ -32,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
 
+from stepstone.durable._hashing import INPUT_HASH_VERSION, InputHash, hash_json
 from stepstone.durable._kernel import OwnedRun
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
@@ -63,12 +63,6 @@ SCHEMA_VERSION = "1"
 InDoubtPolicy = Literal["rerun", "fail", "ask"]
 
 Row = tuple[str, str | None, Any]
-
-
-def hash_json(value: Any) -> str:
-    """SHA-256 of ``value``'s canonical JSON text."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +155,10 @@ class JournalContents:
                 _check_effect_row(key, run_id, row, data)
                 (out.intents if row.kind == "intent" else out.outcomes)[str(row.name)] = data
                 intent = out.intents.get(str(row.name))
-                if intent is not None and intent["input_hash"] != data["input_hash"]:
+                if intent is not None and (
+                    intent["input_hash"] != data["input_hash"]
+                    or intent.get(_HASH_VERSION) != data.get(_HASH_VERSION)
+                ):
                     raise corrupt_agent_run(
                         key,
                         run_id,
@@ -204,6 +201,7 @@ def _check_effect_row(key: str, run_id: str, row: JournalRow, data: dict[str, An
         and type(turn) is int
         and type(index) is int
         and _is_hash(data.get("input_hash"))
+        and _is_hash_version(data.get(_HASH_VERSION, INPUT_HASH_VERSION))
         and row.name == _pos(kind, turn, index)
     ):
         raise corrupt_agent_run(
@@ -223,8 +221,13 @@ def _check_effect_row(key: str, run_id: str, row: JournalRow, data: dict[str, An
         )
 
 
+#: Written only by a call whose input hash is of version 2 (:mod:`._hashing`): its input
+#: held a set, or another value hash version 1 wrote by an unstable ``str()``. A row without
+#: it records a digest both versions agree on, or one version 1 wrote.
+_HASH_VERSION = "input_hash_version"
+
 #: The fields of an intent row (an outcome row adds ``output_hash`` and ``data``).
-_EFFECT_FIELDS = {"kind", "name", "turn", "index", "call_id", "input_hash"}
+_EFFECT_FIELDS = {"kind", "name", "turn", "index", "call_id", "input_hash", _HASH_VERSION}
 
 
 def _is_hash(value: Any) -> bool:
@@ -233,6 +236,17 @@ def _is_hash(value: Any) -> bool:
 
 
 _HEX = re.compile("[0-9a-f]+")
+
+
+def _is_hash_version(value: Any) -> bool:
+    return type(value) is int and value == INPUT_HASH_VERSION
+
+
+def _version_field(input_hash: str) -> dict[str, int]:
+    """The ``input_hash_version`` field of a row recording ``input_hash`` (none for a
+    digest hash version 1 gives too)."""
+    version = getattr(input_hash, "version", 1)
+    return {_HASH_VERSION: version} if version >= INPUT_HASH_VERSION else {}
 
 
 def corrupt_agent_run(key: str, run_id: str, what: str) -> AgentCheckpointCorruptionError:
@@ -295,6 +309,8 @@ class EffectJournal:
         self._flusher: asyncio.Task[None] | None = None
         self._closing: asyncio.Event | None = None
         self._closed = False
+        # Positions whose rows hold a hash version 1 digest this run accepted for the call.
+        self._older: dict[str, str] = {}
         self.turn = 0
 
     def _corrupt(self, what: str) -> AgentCheckpointCorruptionError:
@@ -465,9 +481,14 @@ class EffectJournal:
         pos = _pos(kind, turn, index)
         intent = self.intents.get(pos)
         outcome = self.outcomes.get(pos)
-        recorded_hash = (outcome or intent or {}).get("input_hash")
-        if recorded_hash is not None and recorded_hash != input_hash:
-            was = (outcome or intent or {}).get("name")
+        row = outcome or intent or {}
+        recorded_hash = row.get("input_hash")
+        if (
+            recorded_hash is not None
+            and recorded_hash != input_hash
+            and not self._older_hash_matches(pos, row, name, input_hash)
+        ):
+            was = row.get("name")
             raise self._corrupt(
                 f"the {kind} call at turn {turn}, index {index} was recorded as {was!r} "
                 f"with input_hash {recorded_hash[:12]}, but this run asks for {name!r} with "
@@ -485,6 +506,37 @@ class EffectJournal:
         if not isinstance(data, dict):
             raise self._corrupt(f"the recorded outcome of {name!r} at turn {turn} is not a dict")
         return data
+
+    def _older_hash_matches(
+        self, pos: str, row: dict[str, Any], name: str, input_hash: str
+    ) -> bool:
+        """Whether ``row``, journaled by hash version 1, records this call although its
+        ``input_hash`` differs: the value holds a part version 1 hashed differently (a set,
+        a memory address). True when version 1's digest of the value, computed here, is the
+        recorded one, or when that digest depended on the process that wrote it (a set's
+        order under its hash seed) and cannot be reproduced: then the tool name is checked
+        and the arguments are taken as the same (logged). Version 2 rows are checked
+        strictly. The position's later rows keep the recorded digest."""
+        if _HASH_VERSION in row or not isinstance(input_hash, InputHash):
+            return False
+        if input_hash.version < INPUT_HASH_VERSION:
+            return False
+        recorded = row.get("input_hash")
+        if recorded != input_hash.legacy:
+            if not input_hash.unstable or row.get("name") != name:
+                return False
+            log.warning(
+                "stepstone: agent run %r: the %s call %r at %s was journaled by an older "
+                "stepstone, whose hash of its arguments (they hold a set or an object shown "
+                "with its memory address) depended on the process that wrote it; it cannot "
+                "be checked here, so the arguments are taken as the same",
+                self.run_id,
+                row.get("kind"),
+                name,
+                pos,
+            )
+        self._older[pos] = str(recorded)
+        return True
 
     def in_doubt(self, kind: str, turn: int, index: int) -> bool:
         """An intent with no outcome: the process died during the call."""
@@ -536,6 +588,7 @@ class EffectJournal:
         else:
             intent = {"kind": kind, "name": name, "turn": turn, "index": index}
             intent.update({"call_id": call_id, "input_hash": input_hash})
+            intent.update(_version_field(input_hash))
             self.intents[pos] = intent
             self._append(("intent", pos, intent))
             if commit_intent:
@@ -569,6 +622,7 @@ class EffectJournal:
     ) -> None:
         """Buffer an outcome row (committed by the next flush)."""
         pos = _pos(kind, turn, index)
+        input_hash = self._older.get(pos, input_hash)  # the intent's, from hash version 1
         outcome = {
             "kind": kind,
             "name": name,
@@ -576,6 +630,7 @@ class EffectJournal:
             "index": index,
             "call_id": call_id,
             "input_hash": input_hash,
+            **_version_field(input_hash),
             "output_hash": hash_json(data),
             "data": data,
         }

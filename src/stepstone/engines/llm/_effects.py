@@ -10,11 +10,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
-import json
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal, Protocol, TypeVar
 
+from stepstone.durable._hashing import canonical_hash
 from stepstone.providers._types import ModelResponse
 
 __all__ = [
@@ -65,9 +64,9 @@ class EffectKey:
     tool: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def input_hash(self) -> str:
-        """SHA-256 of the canonical JSON of ``input`` (computed on demand)."""
-        blob = json.dumps(_jsonable(self.input), sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        """SHA-256 of the canonical JSON of ``input`` (computed on demand): the same in
+        every process, sets included (see :func:`stepstone.durable._hashing.canonical_hash`)."""
+        return canonical_hash(_jsonable(self.input), separators=(", ", ": "))
 
     @property
     def idempotency_key(self) -> str:

@@ -135,6 +135,22 @@ class JournaledEffects:
         self.on_drained: Callable[[int], None] | None = None
         self._chain = ""
         self._hashed = 0
+        # Outcomes a later model request depends on (a model answer, a refusal) recorded so
+        # far, and how many of them a commit is known to hold: a tool call's commit holds
+        # every row buffered before its outcome, and the model effect commits nothing itself.
+        self._answered = 0
+        self._held = 0
+
+    @property
+    def unsaved(self) -> bool:
+        """Whether an outcome the next model request depends on is not committed yet."""
+        return self._answered > self._held
+
+    async def save(self) -> None:
+        """Commit everything buffered (one group commit; none when nothing is)."""
+        answered = self._answered
+        await self.journal.flush()
+        self._held = max(self._held, answered)
 
     def _model_hash(self, request: ModelRequest) -> str:
         # A chain over the messages added since the last turn: constant work per turn.
@@ -154,7 +170,7 @@ class JournaledEffects:
         async def call() -> dict[str, Any]:
             return encode_response(await invoke())
 
-        data, _ = await self.journal.effect(
+        data, replayed = await self.journal.effect(
             kind="model",
             turn=key.turn,
             index=0,
@@ -164,6 +180,8 @@ class JournaledEffects:
             commit_intent=False,
             commit_outcome=False,
         )
+        if not replayed:  # committed by the turn's first tool intent, else before the next turn
+            self._answered += 1
         try:
             return decode_response(data)
         except ValueError as exc:
@@ -215,6 +233,7 @@ class JournaledEffects:
                     data=data,
                     call_id=key.call_id,
                 )
+                self._answered += 1  # the model sees the refusal: committed before it asks
                 return _decode_tool(data)
         via = f"{kind}:{key.turn}:{key.index}/"
         child = DurableScope(
@@ -236,12 +255,15 @@ class JournaledEffects:
                 }
             return {"content": payload_text(value)}
 
+        covered = [self._answered]
+
         def drained() -> None:
+            covered[0] = self._answered  # the outcome's commit holds the rows before it
             if not self.pending and self.on_drained is not None:
                 self.on_drained(key.turn)
 
         try:
-            data, _ = await j.effect(
+            data, replayed = await j.effect(
                 kind=kind,
                 turn=key.turn,
                 index=key.index,
@@ -263,6 +285,8 @@ class JournaledEffects:
                     {**p, "call_id": via + str(p["call_id"]), "via": via, "subagent": key.name}
                 )
             return AWAITING_APPROVAL
+        if not replayed:
+            self._held = max(self._held, covered[0])
         return _decode_tool(data)
 
 
@@ -286,7 +310,8 @@ class LoopHooks:
     Commits per turn: the model's outcome rides with the tool intents (one commit, before
     any tool runs), and the tool outcomes share one group commit; the last outcome of a
     batch also carries the batch's closing records and the next turn's opening ones, so
-    every phase record is committed before the next call starts.
+    every phase record is committed before the next call starts. A turn that runs no tool
+    has its answer committed when the next turn starts, before the next model request.
     """
 
     journal: EffectJournal
@@ -351,8 +376,12 @@ class LoopHooks:
         self._live_turn = request.turn
         if self._opened_turn != request.turn:
             self._open(request.turn, self._n_messages, request.model, state)
-        if not j.async_writes:
-            await j.flush()  # a no-op when the last tool outcome already carried them
+        if not j.async_writes or self.effects.unsaved:
+            # Sync mode commits every record before the call; both modes commit the last
+            # turn's answer when no tool intent did (a turn that ran no tool: an unknown
+            # tool, bad arguments, a continued or repaired answer), or a refusal given to
+            # the model. A no-op when the last tool outcome already carried them.
+            await self.effects.save()
 
     def model_done(self, request: ModelRequest, response: ModelResponse, state: RunState) -> None:
         """After the model call: ``post_llm`` (committed with the tool intents)."""

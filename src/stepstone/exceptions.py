@@ -226,8 +226,9 @@ class ModelAPIError(StepstoneError):
         provider: The provider name (``"anthropic"``...).
         model: The model id of the request.
         kind: What the failure is: ``"rate_limit"``, ``"overloaded"``, ``"server"``,
-            ``"connection"``, ``"timeout"``, ``"incomplete_stream"``, ``"bad_request"``,
-            ``"auth"``, ``"not_found"`` or ``"other"``.
+            ``"connection"``, ``"timeout"``, ``"incomplete_stream"``, ``"invalid_response"``
+            (an HTTP 200 whose body is not valid JSON: cut off or damaged on the way),
+            ``"bad_request"``, ``"auth"``, ``"not_found"`` or ``"other"``.
         status: The HTTP status (None for transport failures and stream events).
         retryable: Whether trying again later can succeed.
         retry_after: Seconds the server asked to wait (None: it did not say).

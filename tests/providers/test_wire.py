@@ -152,8 +152,9 @@ async def test_stream_stall_mid_way(case: Case, server: WireServer) -> None:  # 
 
 async def test_malformed_json_is_an_error_not_a_crash(case: Case, server: WireServer) -> None:
     server.push(server.dialect.malformed(), "unused")
-    env = await agent_for(case, server).run("q")
-    assert env.error is not None
+    env = await agent_for(case, server, max_retries=0).run("q")
+    assert env.error is not None and env.error.type == "ModelAPIError"  # guarantee 219
+    assert env.error.retryable  # a cut-off body is transient: retried, then retryable
     assert len(server.requests) == 1
 
 

@@ -14,12 +14,15 @@ from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
+    NOT_JSON_TYPE,
     IncompleteStream,
     Provider,
     RetryInfo,
     SDKClientMixin,
     StreamItem,
     classify,
+    invalid_response,
+    json_body,
     shared_ssl_context,
     transport_info,
 )
@@ -319,9 +322,10 @@ class AnthropicProvider(SDKClientMixin, Provider):
             assert final is not None
             return final
         async with self._use_client() as client:
-            message = await client.messages.create(**params)
+            with json_body(self.name, request.model):
+                message = await client.messages.create(**params)
         if isinstance(message, str):
-            raise ValueError(f"anthropic returned a non-JSON body: {message[:200]!r}")
+            raise invalid_response(self.name, request.model, NOT_JSON_TYPE, message)
         data = message.model_dump(exclude_none=True, warnings=False)
         blocks = data.get("content") or []
         text, calls, thinking = self._calls_and_text(blocks)
@@ -350,8 +354,9 @@ class AnthropicProvider(SDKClientMixin, Provider):
         stream = await client.messages.create(**self._params(request), stream=True)
         events = _Events(self._usage)
         try:
-            async for event in stream:
-                yield events.feed(event.model_dump(exclude_none=True, warnings=False))
+            with json_body(self.name, request.model):
+                async for event in stream:
+                    yield events.feed(event.model_dump(exclude_none=True, warnings=False))
         finally:
             await stream.close()
         if not events.finished:

@@ -8,12 +8,13 @@ import contextlib
 import dataclasses
 import email.utils
 import functools
+import json
 import os
 import re
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -23,12 +24,16 @@ from stepstone.providers._types import ModelRequest, ModelResponse, NativeTool
 
 __all__ = [
     "BLOCK_ENV_VAR",
+    "NOT_JSON_TYPE",
+    "InvalidResponse",
     "ModelRequestsBlockedError",
     "Provider",
     "RetryInfo",
     "SDKClientMixin",
     "StreamItem",
     "check_requests_allowed",
+    "invalid_response",
+    "json_body",
     "requests_blocked",
 ]
 
@@ -80,8 +85,8 @@ class RetryInfo:
         retryable: Whether trying again can succeed.
         retry_after: Seconds the server asked to wait (None: it did not say).
         kind: ``"rate_limit"``, ``"overloaded"``, ``"server"``, ``"connection"``,
-            ``"timeout"``, ``"incomplete_stream"``, ``"bad_request"``, ``"auth"``,
-            ``"not_found"`` or ``"other"``.
+            ``"timeout"``, ``"incomplete_stream"``, ``"invalid_response"``,
+            ``"bad_request"``, ``"auth"``, ``"not_found"`` or ``"other"``.
         status: The HTTP status, when there was one.
     """
 
@@ -426,7 +431,15 @@ def status_kind(status: int | None) -> str:
 
 #: Error kinds that are transient whatever the status says.
 RETRYABLE_KINDS = frozenset(
-    {"rate_limit", "overloaded", "server", "connection", "timeout", "incomplete_stream"}
+    {
+        "rate_limit",
+        "overloaded",
+        "server",
+        "connection",
+        "timeout",
+        "incomplete_stream",
+        "invalid_response",
+    }
 )
 
 
@@ -469,3 +482,40 @@ class IncompleteStream(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.retry_info = RetryInfo(True, kind="incomplete_stream")
+
+
+#: What :func:`invalid_response` says of a 200 answer whose content type is not JSON.
+NOT_JSON_TYPE = "its content type is not JSON"
+
+
+class InvalidResponse(Exception):
+    """A provider answered (HTTP 200) with a body, or a stream event, that is not valid JSON:
+    cut off or damaged on the way. Classified retryable, like a connection reset."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.retry_info = RetryInfo(True, kind="invalid_response", status=200)
+
+
+def invalid_response(provider: str, model: str, detail: str, body: str | None) -> InvalidResponse:
+    """The :class:`InvalidResponse` for a body of ``provider`` that is not JSON."""
+    shown = "" if body is None else f"; it began {body[:200]!r}"
+    return InvalidResponse(
+        f"{provider} answered the request for {model!r} (HTTP 200) with a body that is not "
+        f"valid JSON ({detail}){shown}"
+    )
+
+
+@contextlib.contextmanager
+def json_body(
+    provider: str, model: str, also: tuple[type[BaseException], ...] = ()
+) -> Iterator[None]:
+    """Around an SDK call (or the reading of its stream): a response body the SDK could not
+    parse as JSON (``JSONDecodeError``, or one of ``also``, the SDK's own error for it) is
+    an :class:`InvalidResponse` naming the provider and the model."""
+    try:
+        yield
+    except json.JSONDecodeError as exc:
+        raise invalid_response(provider, model, str(exc), exc.doc) from exc
+    except also as exc:
+        raise invalid_response(provider, model, str(exc)[:300], None) from exc

@@ -7,6 +7,7 @@ Model parts are replayed verbatim so thought signatures survive tool turns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from collections.abc import AsyncIterator
@@ -14,12 +15,15 @@ from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
+    NOT_JSON_TYPE,
     IncompleteStream,
     Provider,
     RetryInfo,
     SDKClientMixin,
     StreamItem,
     classify,
+    invalid_response,
+    json_body,
     retry_delay_from_body,
     shared_ssl_context,
     transport_info,
@@ -332,16 +336,22 @@ class GoogleProvider(SDKClientMixin, Provider):
         return "".join(text), "".join(thoughts), calls
 
     @staticmethod
-    def _dump(obj: Any) -> dict[str, Any]:
+    def _dump(obj: Any, model: str) -> dict[str, Any]:
         if isinstance(obj, str):
-            raise ValueError(f"google returned a non-JSON body: {obj[:200]!r}")
+            raise invalid_response("google", model, NOT_JSON_TYPE, obj)
         data: dict[str, Any] = obj.model_dump(exclude_none=True, warnings=False)
         return data
 
+    def _json_body(self, request: ModelRequest) -> contextlib.AbstractContextManager[None]:
+        """A body the SDK could not parse (``UnknownApiResponseError`` when streamed) is an
+        :class:`InvalidResponse`."""
+        return json_body(self.name, request.model, (self._genai.errors.UnknownApiResponseError,))
+
     async def complete(self, request: ModelRequest) -> ModelResponse:
         async with self._use_client() as client:
-            response = await client.aio.models.generate_content(**self._call_args(request))
-        data = self._dump(response)
+            with self._json_body(request):
+                response = await client.aio.models.generate_content(**self._call_args(request))
+        data = self._dump(response, request.model)
         parts, finish = self._parts(data)
         blocked = self._blocked(data)
         return self._response(
@@ -390,33 +400,35 @@ class GoogleProvider(SDKClientMixin, Provider):
                 yield item
 
     async def _stream(self, client: Any, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        stream = await client.aio.models.generate_content_stream(**self._call_args(request))
+        with self._json_body(request):
+            stream = await client.aio.models.generate_content_stream(**self._call_args(request))
         all_parts: list[dict[str, Any]] = []
         usage = Usage()
         finish: str | None = None
         blocked: str | None = None
         model: str | None = None
         try:
-            async for chunk in stream:
-                data = self._dump(chunk)
-                parts, chunk_finish = self._parts(data)
-                finish = chunk_finish or finish
-                blocked = self._blocked(data) or blocked
-                model = data.get("model_version") or model
-                if data.get("usage_metadata"):
-                    usage = self._usage(data["usage_metadata"])
-                piece = ""
-                for part in parts:
-                    if part.get("text") and not part.get("thought") and all_parts:
-                        last = all_parts[-1]
-                        if set(last) == {"text"} and set(part) == {"text"}:
-                            last["text"] += part["text"]
+            with self._json_body(request):
+                async for chunk in stream:
+                    data = self._dump(chunk, request.model)
+                    parts, chunk_finish = self._parts(data)
+                    finish = chunk_finish or finish
+                    blocked = self._blocked(data) or blocked
+                    model = data.get("model_version") or model
+                    if data.get("usage_metadata"):
+                        usage = self._usage(data["usage_metadata"])
+                    piece = ""
+                    for part in parts:
+                        if part.get("text") and not part.get("thought") and all_parts:
+                            last = all_parts[-1]
+                            if set(last) == {"text"} and set(part) == {"text"}:
+                                last["text"] += part["text"]
+                                piece += part["text"]
+                                continue
+                        all_parts.append(dict(part))
+                        if part.get("text") and not part.get("thought"):
                             piece += part["text"]
-                            continue
-                    all_parts.append(dict(part))
-                    if part.get("text") and not part.get("thought"):
-                        piece += part["text"]
-                yield piece
+                    yield piece
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:

@@ -14,12 +14,15 @@ from typing import Any, ClassVar
 
 from stepstone.exceptions import MissingExtraError, UserError
 from stepstone.providers._base import (
+    NOT_JSON_TYPE,
     IncompleteStream,
     Provider,
     RetryInfo,
     SDKClientMixin,
     StreamItem,
     classify,
+    invalid_response,
+    json_body,
     shared_ssl_context,
     transport_info,
 )
@@ -298,9 +301,10 @@ class OpenAIProvider(SDKClientMixin, Provider):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         async with self._use_client() as client:
-            completion = await client.chat.completions.create(**self._params(request))
+            with json_body(self.name, request.model):
+                completion = await client.chat.completions.create(**self._params(request))
         if isinstance(completion, str):
-            raise ValueError(f"{self.name} returned a non-JSON body: {completion[:200]!r}")
+            raise invalid_response(self.name, request.model, NOT_JSON_TYPE, completion)
         return self._response(completion.model_dump(warnings=False), request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
@@ -319,8 +323,9 @@ class OpenAIProvider(SDKClientMixin, Provider):
         )
         chunks = _Chunks(self._usage)
         try:
-            async for chunk in stream:
-                yield chunks.feed(chunk.model_dump(warnings=False))
+            with json_body(self.name, request.model):
+                async for chunk in stream:
+                    yield chunks.feed(chunk.model_dump(warnings=False))
         finally:
             await stream.close()
         if chunks.finish is None:

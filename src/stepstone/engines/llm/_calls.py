@@ -108,6 +108,10 @@ _FIXES: dict[str, str] = {
     "server": "try again later",
     "connection": "check the network and base_url",
     "incomplete_stream": "try again; the stream was cut before its final event",
+    "invalid_response": (
+        "try again (resume the run); the body was cut off or damaged on the way, and if it "
+        "keeps happening check base_url and any proxy in between"
+    ),
     "bad_request": "fix the request (model id, parameters, message history)",
     "auth": "check the API key and the account's access to the model",
     "not_found": "check the model id and base_url",

@@ -8,8 +8,9 @@ OPTIONS: ``async_writes`` (bool, default true), ``approvals`` (for a resume),
 ``continue_on_length``, ``structured`` (the agent answers a ``Verdict``), ``hold_in`` (a
 tool name: it waits forever once its side effect is done, for the parent to kill it).
 
-Every side effect appends a line to ``DB.ledger`` (fsynced) before the tool returns; a
-tool told to hold then writes ``DB.holding``. Prints the result as JSON, or the error
+Every side effect appends a line to ``DB.ledger`` (fsynced) before the tool returns
+(``append:<x>``, ``refund:<order>:<idempotency key>``); a tool told to hold then writes
+``DB.holding``. Prints the result as JSON, or the error
 raised as ``{"raised": <class name>, "message": ...}``.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stepstone import Agent, LLMEngine, Runner, RunnerConfig, Store, tool
+from stepstone import Agent, LLMEngine, Runner, RunnerConfig, Store, ToolContext, tool
 from stepstone.exceptions import StepstoneError
 from stepstone.providers import OpenAIProvider
 
@@ -58,9 +59,9 @@ def build(db: str, base_url: str, opts: dict[str, Any]) -> Agent:
         return f"appended {x}"
 
     @tool(requires_approval=True, in_doubt=opts.get("in_doubt", "rerun"))
-    def refund(order: str) -> str:
+    def refund(order: str, ctx: ToolContext) -> str:
         """Refund an order (a person approves each refund)."""
-        _effect(db, f"refund:{order}", hold == "refund")
+        _effect(db, f"refund:{order}:{ctx.idempotency_key}", hold == "refund")
         return f"refunded {order}"
 
     engine = LLMEngine(

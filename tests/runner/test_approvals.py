@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from stepstone import Agent, Plan, Runner, Step, Store, UserError, tool
-from stepstone.testing import call
+from stepstone import Agent, Plan, Runner, Step, Store, UserError, checkpoint_latest_key, tool
+from stepstone.durable import approve_call, pending_approvals, read_run
+from stepstone.testing import LoopbackServer, OpenAIDialect, call
 from tests.runner.conftest import Script
+from tests.runner.procs import kill_when, ledger, run_worker, spawn, turn_of
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("approval_worker.py")
@@ -225,3 +227,126 @@ async def test_a_subagents_approval_inside_a_plan_step(tmp_path: Path) -> None:
         assert pending["call_id"] == "subagent:0:0/call_0_0" and done == []
         env = await plan({pending["call_id"]: "not this month"}).run("refund o-1")
     assert env.ok and env.payload == "support: all done" and done == []
+
+
+def _approved_then_killed(
+    tmp_path: Path, server: LoopbackServer, in_doubt: str, *, recorded: bool = False
+) -> tuple[Path, str]:
+    """A run (its own process, the OpenAI SDK on loopback) paused on ``refund(o-1)``, then
+    resumed with it approved (passed in ``approvals=``, or ``recorded`` with
+    ``approve_call``, as ``stepstone approve`` does) and SIGKILLed inside the refund, after
+    its side effect: the call's intent is committed, its outcome is not."""
+    db = tmp_path / "a.sqlite"
+    server.push([call("refund", order="o-1"), call("append", x="1")], "done")
+    paused = run_worker("run", db, server, in_doubt=in_doubt)
+    [pending] = paused["pending_approvals"]
+    assert pending["reason"] == "requires_approval" and ledger(db) == ["append:1"]
+    approvals: dict[str, Any] | None = {pending["call_id"]: True}
+    if recorded:
+        with Store(db=db) as store:
+            approve_call(store, checkpoint_latest_key("r"), pending["call_id"])
+        approvals = None
+    proc = spawn("resume", db, server, in_doubt=in_doubt, approvals=approvals, hold_in="refund")
+    kill_when(proc, Path(f"{db}.holding").exists)
+    assert len(_refunds(db)) == 1
+    return db, pending["call_id"]
+
+
+def _refunds(db: Path) -> list[str]:
+    return [line for line in ledger(db) if line.startswith("refund:")]
+
+
+def _waiting(result: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(p["call_id"], p["reason"]) for p in result["pending_approvals"]]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("decision", [False, True])
+def test_a_crash_inside_an_approved_call_asks_again_as_in_doubt(
+    tmp_path: Path, decision: bool
+) -> None:
+    # guarantee 173, 381: before, the resume asked for approval as if the call had never
+    # run (reason requires_approval), and approving it again refunded twice, nobody told
+    # that the first refund may have happened
+    with LoopbackServer(OpenAIDialect(), model="gpt-4o") as server:
+        db, call_id = _approved_then_killed(tmp_path, server, "ask")
+        again = run_worker("resume", db, server, in_doubt="ask")
+        assert again["state"] == "paused" and _waiting(again) == [(call_id, "in_doubt")]
+        assert len(_refunds(db)) == 1
+        done = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: decision})
+        turns = [turn_of(r.json()) for r in server.requests]
+    assert done["state"] == "completed" and done["final_text"] == "done"
+    assert turns == [0, 1]  # the paused turn is replayed, never asked again
+    refund = done["tool_executions"][0]
+    if decision:  # the person chose to run it again: under the same idempotency key
+        first, second = _refunds(db)
+        assert first == second and refund["content"] == "refunded o-1"
+    else:
+        assert len(_refunds(db)) == 1
+        assert refund["error"] == {"type": "ApprovalDenied", "message": "not approved: refused"}
+
+
+@pytest.mark.crash
+def test_a_crash_inside_an_approved_in_doubt_fail_call_fails_the_resume(tmp_path: Path) -> None:
+    # guarantee 171, 381: before, the resume asked for approval again and only an
+    # approval made the run fail
+    with LoopbackServer(OpenAIDialect(), model="gpt-4o") as server:
+        db, call_id = _approved_then_killed(tmp_path, server, "fail")
+        result = run_worker("resume", db, server, in_doubt="fail")
+        turns = [turn_of(r.json()) for r in server.requests]
+    assert result["state"] == "failed" and result["pending_approvals"] == []
+    assert result["error"]["type"] == "EffectInDoubtError"
+    assert "'refund'" in result["error"]["message"] and call_id in result["error"]["message"]
+    assert len(_refunds(db)) == 1 and turns == [0]
+
+
+@pytest.mark.crash
+def test_a_crash_inside_an_approved_in_doubt_rerun_call_runs_it_again(tmp_path: Path) -> None:
+    # guarantee 172, 381: the approval stands for that call; "rerun" says running it again
+    # is safe, under the same idempotency key. Before, it was asked for as a new approval
+    with LoopbackServer(OpenAIDialect(), model="gpt-4o") as server:
+        db, _ = _approved_then_killed(tmp_path, server, "rerun")
+        result = run_worker("resume", db, server, in_doubt="rerun")
+    assert result["state"] == "completed" and result["pending_approvals"] == []
+    first, second = _refunds(db)
+    assert first == second
+
+
+@pytest.mark.crash
+def test_a_recorded_approval_does_not_answer_the_in_doubt_question(tmp_path: Path) -> None:
+    # guarantee 381: before, the decision recorded for the approval pause (`stepstone
+    # approve`) matched the call's position again once it paused in doubt, and the next
+    # resume ran the refund a second time by itself
+    with LoopbackServer(OpenAIDialect(), model="gpt-4o") as server:
+        db, call_id = _approved_then_killed(tmp_path, server, "ask", recorded=True)
+        for _ in range(2):
+            again = run_worker("resume", db, server, in_doubt="ask")
+            assert again["state"] == "paused" and _waiting(again) == [(call_id, "in_doubt")]
+        with Store(db=db) as store:
+            [pending] = pending_approvals(*read_run(store, checkpoint_latest_key("r")))
+        assert pending["decision"] is None
+        assert len(_refunds(db)) == 1
+        with Store(db=db) as store:  # a decision given for this pause is applied
+            approve_call(store, checkpoint_latest_key("r"), call_id, decision="checked: done")
+        done = run_worker("resume", db, server, in_doubt="ask")
+    assert done["state"] == "completed" and len(_refunds(db)) == 1
+    message = done["tool_executions"][0]["error"]["message"]
+    assert message == "not approved: checked: done"
+
+
+@pytest.mark.crash
+def test_an_in_doubt_call_approved_and_crashed_in_again_is_asked_about_again(
+    tmp_path: Path,
+) -> None:
+    # guarantee 381
+    with LoopbackServer(OpenAIDialect(), model="gpt-4o") as server:
+        db, call_id = _approved_then_killed(tmp_path, server, "ask")
+        assert _waiting(run_worker("resume", db, server, in_doubt="ask")) == [(call_id, "in_doubt")]
+        proc = spawn(
+            "resume", db, server, in_doubt="ask", approvals={call_id: True}, hold_in="refund"
+        )
+        kill_when(proc, lambda: len(_refunds(db)) == 2)
+        again = run_worker("resume", db, server, in_doubt="ask")
+        assert again["state"] == "paused" and _waiting(again) == [(call_id, "in_doubt")]
+        done = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: "enough"})
+    assert done["state"] == "completed" and len(_refunds(db)) == 2

@@ -3,11 +3,13 @@ approvals, and approval decisions recorded by an operator.
 
 An agent run paused on a tool approval keeps the pending calls in its last ``run_terminal``
 phase record. :func:`approve_call` records a decision for one of them in the run's head
-(``meta["approvals"]``, with the call's position), through the head's compare-and-swap; the
-next resume of that run (``runner.resume`` or ``Plan(resume=True)`` re-running the step)
-applies it as if it had been passed in ``approvals=`` (see :func:`recorded_approvals`). A
-decision is tied to the call's position, so it never applies to a later call that reuses
-the id. Every function here, but :func:`approve_call`, only reads.
+(``meta["approvals"]``, with the call's position and the journal's length, which names the
+pause), through the head's compare-and-swap; the next resume of that run (``runner.resume``
+or ``Plan(resume=True)`` re-running the step) applies it as if it had been passed in
+``approvals=`` (see :func:`recorded_approvals`). A decision is tied to the call's position
+and to that pause, so it never applies to a later call that reuses the id, nor to the same
+call asked about again after a crash. Every function here, but :func:`approve_call`, only
+reads.
 """
 
 from __future__ import annotations
@@ -67,9 +69,14 @@ def pending_approvals(head: RunHead, rows: list[JournalRow]) -> list[dict[str, A
         if not isinstance(p, dict):
             continue
         d = decided.get(p.get("call_id"))
-        same = isinstance(d, dict) and (d.get("turn"), d.get("index")) == (
-            p.get("turn"),
-            p.get("index"),
+        # A decision answers the pause it was given for: the call at that position, the
+        # journal as long as it was then (an approved call that crashed and paused again,
+        # in doubt, waits for a new decision; one recorded before journal_len was kept
+        # answers by position only).
+        same = (
+            isinstance(d, dict)
+            and (d.get("turn"), d.get("index")) == (p.get("turn"), p.get("index"))
+            and d.get("journal_len", head.journal_len) == head.journal_len
         )
         out.append({**p, "decision": d.get("decision") if same and d else None})
     return out
@@ -171,6 +178,7 @@ def _record(store: Store, head: RunHead, pending: dict[str, Any], decision: bool
             "decision": decision,
             "turn": pending.get("turn"),
             "index": pending.get("index"),
+            "journal_len": cur.journal_len,
             "at": time.time(),
         }
         approvals = {**(cur.meta.get("approvals") or {}), pending["call_id"]: entry}

@@ -255,15 +255,17 @@ def _tool_executions(journal: EffectJournal) -> tuple[list[dict[str, Any]], list
 
 def _decisions(
     run_id: str, record: dict[str, Any] | None, approvals: dict[str, Any], *, strict: bool
-) -> dict[tuple[int, int], Any]:
-    """Approvals by call id, resolved to the positions the run is paused on: a decision
-    applies to that pending call only, never to a later call that reuses its id."""
+) -> dict[tuple[int, int, str], Any]:
+    """Approvals by call id, resolved to the positions the run is paused on and the reason
+    it asks: a decision applies to that pending call only, never to a later call that
+    reuses its id, nor to the same call asked about again for another reason (an approved
+    call that was in doubt after a crash)."""
     if not approvals:
         return {}
     stored = (record or {}).get("payload", {}).get("terminal_result") or {}
     pending = stored.get("pending_approvals") or [] if stored.get("state") == "paused" else []
     out = {  # a subagent's calls (``via`` it) are decided in its own run
-        (p["turn"], p["index"]): approvals[p["call_id"]]
+        (p["turn"], p["index"], p.get("reason") or "requires_approval"): approvals[p["call_id"]]
         for p in pending
         if p["call_id"] in approvals and not p.get("via")
     }
@@ -429,7 +431,7 @@ async def _drive(
     context: dict[str, Any] | None,
     ctx: RunContext,
     approvals: dict[str, Any],
-    decisions: dict[tuple[int, int], Any],
+    decisions: dict[tuple[int, int, str], Any],
     settings: DurableSettings,
     system_context: str | None,
 ) -> dict[str, Any]:

@@ -126,7 +126,7 @@ class JournaledEffects:
         journal: EffectJournal,
         *,
         store_scope: DurableScope,
-        decisions: dict[tuple[int, int], Any],
+        decisions: dict[tuple[int, int, str], Any],
     ) -> None:
         self.journal = journal
         self.scope = store_scope
@@ -204,11 +204,18 @@ class JournaledEffects:
             j.replayed += 1
             return _decode_tool(recorded)
         policy = tool.in_doubt if tool is not None else "rerun"
-        ask = tool is not None and (
-            tool.requires_approval or (policy == "ask" and j.in_doubt(kind, key.turn, key.index))
-        )
-        if ask and tool is not None:
-            decision = self.decisions.get((key.turn, key.index))
+        # A call that started before a crash and has no outcome is in doubt, approved or
+        # not: its in_doubt policy decides ("fail" raises in effect(), "rerun" runs it
+        # again under the same idempotency key), and "ask" asks a person again, saying
+        # it may have run; the approval it started with never answers that question.
+        doubt = j.in_doubt(kind, key.turn, key.index)
+        reason: str | None = None
+        if tool is not None and doubt:
+            reason = "in_doubt" if policy == "ask" else None
+        elif tool is not None and tool.requires_approval:
+            reason = "requires_approval"
+        if reason is not None:
+            decision = self.decisions.get((key.turn, key.index, reason))
             if decision is None:
                 self.pending.append(
                     {
@@ -217,13 +224,13 @@ class JournaledEffects:
                         "arguments": _jsonable(key.input),
                         "turn": key.turn,
                         "index": key.index,
-                        "reason": "requires_approval" if tool.requires_approval else "in_doubt",
+                        "reason": reason,
                     }
                 )
                 return AWAITING_APPROVAL
             if decision is not True:
-                reason = "refused" if decision is False else str(decision)
-                data = {"error": {"type": "ApprovalDenied", "message": f"not approved: {reason}"}}
+                refusal = "refused" if decision is False else str(decision)
+                data = {"error": {"type": "ApprovalDenied", "message": f"not approved: {refusal}"}}
                 j.record_outcome(
                     kind=kind,
                     turn=key.turn,
@@ -235,6 +242,12 @@ class JournaledEffects:
                 )
                 self._answered += 1  # the model sees the refusal: committed before it asks
                 return _decode_tool(data)
+            if doubt:
+                # Approved to run again: commit this resume's records first, so the pause
+                # is no longer the run's latest record. A crash inside this run of the call
+                # leaves it in doubt again, to be asked about again; a retried resume
+                # carrying the same decision does not run it a third time.
+                await self.save()
         via = f"{kind}:{key.turn}:{key.index}/"
         child = DurableScope(
             store=self.scope.store,

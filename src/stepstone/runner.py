@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Literal
 
 from stepstone.agent import Agent
+from stepstone.core._checks import check_bool, check_number
 from stepstone.core._serialization import to_json_value
 from stepstone.core._sync import run_sync
 from stepstone.durable import list_runs
@@ -75,21 +76,35 @@ class RunnerConfig:
     checkpoint_flush_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
-        if self.checkpoint_flush_timeout_s <= 0:
-            raise ValueError(
-                "RunnerConfig(checkpoint_flush_timeout_s=...) must be > 0, got "
-                f"{self.checkpoint_flush_timeout_s!r}"
-            )
-        if self.checkpoint_queue_maxsize < 1:
-            raise ValueError(
-                "RunnerConfig(checkpoint_queue_maxsize=...) must be >= 1, got "
-                f"{self.checkpoint_queue_maxsize!r}"
-            )
-        if self.checkpoint_flush_interval_s < 0:
-            raise ValueError(
-                "RunnerConfig(checkpoint_flush_interval_s=...) must be >= 0, got "
-                f"{self.checkpoint_flush_interval_s!r}"
-            )
+        """Refuse options of the wrong type or out of range, naming them and the fix.
+
+        Raises:
+            ConfigurationTypeError: a flag that is not a bool (``"no"`` would read as True),
+                a number given as text or of the wrong kind.
+            ConfigurationError: a number out of range (or NaN).
+        """
+        for flag in ("checkpoint_async_writes", "checkpoint_coalesce_runtime_state"):
+            check_bool(f"RunnerConfig({flag}=...)", getattr(self, flag))
+        check_number(
+            "RunnerConfig(checkpoint_flush_timeout_s=...)",
+            self.checkpoint_flush_timeout_s,
+            least=0,
+            inclusive=False,
+            example=10.0,
+        )
+        check_number(
+            "RunnerConfig(checkpoint_queue_maxsize=...)",
+            self.checkpoint_queue_maxsize,
+            integer=True,
+            least=1,
+            example=1024,
+        )
+        check_number(
+            "RunnerConfig(checkpoint_flush_interval_s=...)",
+            self.checkpoint_flush_interval_s,
+            least=0,
+            example=0.05,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

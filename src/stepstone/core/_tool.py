@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_che
 
 from pydantic import BaseModel, ConfigDict, create_model
 
+from stepstone.core._checks import check_bool
 from stepstone.core._threads import to_thread
+from stepstone.exceptions import ConfigurationError, ConfigurationTypeError
 
 if TYPE_CHECKING:
     from stepstone.core._envelope import Envelope
@@ -151,11 +153,7 @@ class Tool:
     positional_only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.in_doubt not in ("rerun", "fail", "ask"):
-            raise ValueError(
-                f"tool {self.name!r}: in_doubt must be 'rerun', 'fail' or 'ask', got "
-                f"{self.in_doubt!r}"
-            )
+        _check_policy(f"tool {self.name!r}: ", self.in_doubt, self.requires_approval)
 
     @classmethod
     def from_function(
@@ -167,9 +165,16 @@ class Tool:
         in_doubt: InDoubt = "rerun",
         requires_approval: bool = False,
     ) -> Tool:
-        """Wrap ``fn``; its type hints and Google-style docstring give the schema."""
+        """Wrap ``fn``; its type hints and Google-style docstring give the schema.
+
+        Raises:
+            ConfigurationError: an option of the wrong type or value (``in_doubt="maybe"``,
+                ``requires_approval="yes"``, ``name=5``), naming it and the fix
+                (``ConfigurationTypeError``, also a ``TypeError``, for a wrong type).
+        """
         if not callable(fn):
             raise TypeError(f"Tool.from_function needs a callable, got {fn!r}")
+        _check_names("Tool.from_function(...): ", name, description)
         tool_name = name or getattr(fn, "__name__", None)
         if not tool_name or tool_name == "<lambda>":
             raise ValueError(
@@ -279,6 +284,9 @@ def tool(
             return bank.send(amount, idempotency_key=ctx.idempotency_key)
     """
 
+    _check_names("tool(...): ", name, description)
+    _check_policy("tool(...): ", in_doubt, requires_approval)
+
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool.from_function(
             f,
@@ -289,6 +297,45 @@ def tool(
         )
 
     return wrap(fn) if fn is not None else wrap
+
+
+_IN_DOUBT = ("rerun", "fail", "ask")
+
+
+def _check_policy(where: str, in_doubt: Any, requires_approval: Any) -> None:
+    """Refuse an ``in_doubt`` that is not one of the three policies, and a
+    ``requires_approval`` that is not a bool (``"no"`` would read as True); ``where``
+    prefixes the message (``"tool 'refund': "``)."""
+    if not isinstance(in_doubt, str):
+        raise ConfigurationTypeError(
+            f"{where}in_doubt must be 'rerun', 'fail' or 'ask', got {in_doubt!r} "
+            f"({type(in_doubt).__name__}); pass one of them as text, e.g. in_doubt='fail'"
+        )
+    if in_doubt not in _IN_DOUBT:
+        close = in_doubt.strip().lower()
+        hint = f"in_doubt={close!r}" if close in _IN_DOUBT else "in_doubt='rerun' (the default)"
+        raise ConfigurationError(
+            f"{where}in_doubt must be 'rerun', 'fail' or 'ask', got {in_doubt!r}; pass {hint}"
+        )
+    try:
+        check_bool("requires_approval", requires_approval)
+    except ConfigurationTypeError as exc:
+        raise ConfigurationTypeError(f"{where}{exc}") from None
+
+
+def _check_names(where: str, name: Any, description: Any) -> None:
+    """Refuse a tool ``name`` that is not non-empty text, or a ``description`` not text."""
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        error = ConfigurationError if isinstance(name, str) else ConfigurationTypeError
+        raise error(
+            f"{where}name must be a non-empty str or None (the function's name), got "
+            f"{name!r}; pass the name the model calls the tool by, e.g. name='search'"
+        )
+    if description is not None and not isinstance(description, str):
+        raise ConfigurationTypeError(
+            f"{where}description must be a str or None (the docstring's summary), got "
+            f"{description!r} ({type(description).__name__}); pass text"
+        )
 
 
 def is_async_callable(fn: Any) -> bool:

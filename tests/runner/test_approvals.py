@@ -16,6 +16,7 @@ from stepstone.durable import approve_call, pending_approvals, read_run
 from stepstone.testing import LoopbackServer, OpenAIDialect, call
 from tests.runner.conftest import Script
 from tests.runner.procs import kill_when, ledger, run_worker, spawn, turn_of
+from tests.store.damage import stored_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("approval_worker.py")
@@ -350,3 +351,38 @@ def test_an_in_doubt_call_approved_and_crashed_in_again_is_asked_about_again(
         assert again["state"] == "paused" and _waiting(again) == [(call_id, "in_doubt")]
         done = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: "enough"})
     assert done["state"] == "completed" and len(_refunds(db)) == 2
+
+
+@pytest.mark.parametrize(
+    ("approvals", "shown"),
+    [
+        (lambda cid: {cid: 1}, "call id 'ID' has 1 (int)"),
+        (lambda cid: {cid: None}, "call id 'ID' has None (NoneType)"),
+        (lambda cid: {cid: ""}, "call id 'ID' has '' (str)"),
+        (lambda cid: {cid: "   "}, "call id 'ID' has '   ' (str)"),
+        (lambda cid: [cid], "got a list ['ID']"),
+        (lambda cid: {5: True}, "5 (int) is not a call id"),
+    ],
+)
+async def test_a_resume_takes_only_true_false_or_a_reason(
+    tmp_path: Path, approvals: Any, shown: str
+) -> None:
+    # guarantee 382, 60: before, {id: 1} and {id: ""} were refusals given to the model,
+    # {id: None} was ignored (the run paused again) and a list was a bare TypeError
+    done: list[str] = []
+    script = Script({0: call("refund", order="a"), 1: "ok"})
+    db = tmp_path / "r.sqlite"
+    with Store(db=db) as store:
+        runner = Runner(store=store)
+        agent = Agent(model=script.model(), tools=[_refund_tool(done)])
+        paused = await runner.run(agent, user_message="refund a", run_id="r", thread_id="t")
+        call_id = paused.pending_approvals[0]["call_id"]
+        before = stored_rows(db)
+        with pytest.raises(UserError) as info:
+            await runner.resume(agent, run_id="r", thread_id="t", approvals=approvals(call_id))
+        message = str(info.value)
+        assert shown.replace("ID", call_id) in message
+        assert "must map call ids to True (run the call), False or a reason" in message
+        assert stored_rows(db) == before and script.asked == [0]
+        result = await runner.resume(agent, run_id="r", thread_id="t", approvals={call_id: True})
+    assert result.state == "completed" and done == ["a"]

@@ -16,22 +16,60 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import list_runs
-from stepstone.exceptions import ApprovalTargetError
+from stepstone.exceptions import ApprovalTargetError, UserError
 from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = [
     "agent_view",
     "approve_call",
+    "check_approvals",
     "pending_approvals",
     "recorded_approvals",
     "waiting_calls",
 ]
+
+
+_DECISIONS = "True (run the call), False or a reason why not (a non-empty str) to refuse it"
+
+
+def check_approvals(approvals: Any, *, error: type[UserError] = UserError) -> dict[str, bool | str]:
+    """``approvals`` (a resume's decisions for the calls a run waits on), checked: None or a
+    mapping of call ids (non-empty str) to True, False or a non-empty reason. Returns them
+    as a dict. A decision is never read from a value's truthiness: ``1`` is not True, and
+    ``None`` or ``""`` is not a refusal.
+
+    Raises:
+        UserError: (or ``error``) anything else, naming the call id, the value and the fix.
+    """
+    if approvals is None:
+        return {}
+    if not isinstance(approvals, Mapping):
+        raise error(
+            f"approvals= must map call ids to {_DECISIONS}, got a {type(approvals).__name__} "
+            f"{approvals!r:.200}; e.g. approvals={{'call_0_0': True}} with ids from "
+            "pending_approvals"
+        )
+    for call_id, decision in approvals.items():
+        if not isinstance(call_id, str) or not call_id:
+            raise error(
+                f"approvals= must map call ids to {_DECISIONS}; {call_id!r} "
+                f"({type(call_id).__name__}) is not a call id: use the call_id strings "
+                "from pending_approvals"
+            )
+        if not isinstance(decision, bool) and not (isinstance(decision, str) and decision.strip()):
+            raise error(
+                f"approvals= must map call ids to {_DECISIONS}; call id {call_id!r} has "
+                f"{decision!r:.100} ({type(decision).__name__}). Pass {{{call_id!r}: True}} to "
+                f"run it, or {{{call_id!r}: 'why not'}} to refuse it (the model reads the reason)"
+            )
+    return dict(approvals)
 
 
 def _load(row: JournalRow) -> Any:

@@ -547,6 +547,8 @@ def _echo(payload: Any) -> Any:
         (lambda: Plan(Step(_echo), max_iterations=True), "max_iterations must be an int"),
         (lambda: Plan(Step(_echo), approvals=5), "approvals= must map call ids"),
         (lambda: Plan(Step(_echo), approvals=["c1"]), "approvals= must map call ids"),
+        (lambda: Plan(Step(_echo), approvals={"c1": 1}), "call id 'c1' has 1 \\(int\\)"),
+        (lambda: Plan(Step(_echo), approvals={"c1": ""}), "call id 'c1' has '' \\(str\\)"),
         (lambda: Plan.from_dict(5), "takes what Plan.to_dict returns"),  # type: ignore[arg-type]
         (lambda: Plan.from_dict({"steps": 5}), "a 'steps' list"),
         (lambda: Plan.from_dict({"steps": [{}]}), r"steps\[0\] is not a step"),

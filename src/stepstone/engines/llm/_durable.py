@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from stepstone.core import Envelope, ErrorInfo, RunContext, RunLocation, payload_text
 from stepstone.core._serialization import to_json_value
-from stepstone.durable._approvals import recorded_approvals
+from stepstone.durable._approvals import check_approvals, recorded_approvals
 from stepstone.durable._effects import (
     AGENT_KIND,
     SCHEMA_VERSION,
@@ -311,7 +311,9 @@ async def run_durable(
         AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a malformed
             latest record (nothing written).
         ConcurrentRunError: a live process owns the run.
+        UserError: ``approvals`` is not a mapping of call ids to True, False or a reason.
     """
+    approvals = check_approvals(approvals)  # before anything is read: the Plan's own check
     head, rows = await store._offload(read_run, store, key, run_id)
     contents = JournalContents()
     if head is not None:  # the whole record is checked before anything is claimed

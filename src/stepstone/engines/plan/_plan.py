@@ -24,7 +24,7 @@ from stepstone.durable import (
     owner_alive,
     read_run,
 )
-from stepstone.durable._approvals import waiting_calls
+from stepstone.durable._approvals import check_approvals, waiting_calls
 from stepstone.durable._kernel import Encoded
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
@@ -160,22 +160,13 @@ class Plan:
             raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
         if resume and store is None:
             raise PlanCompileError("resume=True needs store= and checkpoint_key=")
-        if approvals is not None and (
-            not isinstance(approvals, Mapping)
-            or not all(
-                isinstance(k, str) and isinstance(v, bool | str) for k, v in approvals.items()
-            )
-        ):
-            raise PlanCompileError(
-                f"approvals= must map call ids to True, False or a reason (str), got "
-                f"{approvals!r:.200}; e.g. approvals={{'call_0_0': True}}"
-            )
+        checked = check_approvals(approvals, error=PlanCompileError)
         self.steps: tuple[Step, ...] = tuple(steps)  # compiled once: not to be mutated
         self.max_iterations = max_iterations
         self.store = store
         self.checkpoint_key = checkpoint_key
         self.resume = resume
-        self.approvals: dict[str, bool | str] = dict(approvals or {})
+        self.approvals: dict[str, bool | str] = checked
         self.on_concurrent = on_concurrent
         self.strict = strict
         self.on_plan_change: PlanChangePolicy = on_plan_change

@@ -221,7 +221,8 @@ class JournaledEffects:
                     {
                         "call_id": key.call_id,
                         "tool": key.name,
-                        "arguments": _jsonable(key.input),
+                        # plain JSON, as the record holds it (a set as a list)
+                        "arguments": to_json_value(_jsonable(key.input), warn=False),
                         "turn": key.turn,
                         "index": key.index,
                         "reason": reason,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -386,3 +387,92 @@ async def test_a_resume_takes_only_true_false_or_a_reason(
         assert stored_rows(db) == before and script.asked == [0]
         result = await runner.resume(agent, run_id="r", thread_id="t", approvals={call_id: True})
     assert result.state == "completed" and done == ["a"]
+
+
+@pytest.mark.parametrize("decision", [True, "over the limit"])
+async def test_decisions_given_to_a_finished_run_must_be_the_ones_it_applied(
+    tmp_path: Path, decision: bool | str
+) -> None:
+    # guarantee 182: the same resume again (a client retrying after a timeout) gets the
+    # stored result; before, any decision was ignored, so a refusal sent after the call
+    # had run came back `completed`, as if it had been taken
+    done: list[str] = []
+    script = Script({0: call("refund", order="a"), 1: "ok"})
+    db = tmp_path / "r.sqlite"
+    with Store(db=db) as store:
+        runner = Runner(store=store)
+        agent = Agent(model=script.model(), tools=[_refund_tool(done)])
+        paused = await runner.run(agent, user_message="refund a", run_id="r", thread_id="t")
+        call_id = paused.pending_approvals[0]["call_id"]
+        decided = {call_id: decision}
+        result = await runner.resume(agent, run_id="r", thread_id="t", approvals=decided)
+        assert result.state == "completed"
+        before = stored_rows(db)
+        again = await runner.resume(agent, run_id="r", thread_id="t", approvals=decided)
+        assert again == result
+        other = decision is not True
+        late = "approved and started" if decision is True else "refused ('over the limit')"
+        with pytest.raises(UserError, match=f"call '{call_id}' was already {re.escape(late)}"):
+            await runner.resume(agent, run_id="r", thread_id="t", approvals={call_id: other})
+        if decision is not True:  # another reason is not the refusal the model read
+            with pytest.raises(UserError, match="was already refused"):
+                await runner.resume(agent, run_id="r", thread_id="t", approvals={call_id: "no"})
+        with pytest.raises(UserError, match=r"not waiting .* \['call_9_9'\]; it waits for nothing"):
+            await runner.resume(agent, run_id="r", thread_id="t", approvals={"call_9_9": True})
+        assert stored_rows(db) == before
+    assert script.asked == [0, 1] and done == (["a"] if decision is True else [])
+
+
+@pytest.mark.crash
+def test_a_resume_retried_after_a_crash_inside_the_approved_call(tmp_path: Path) -> None:
+    # guarantee 182, 381: the retry carries the approval the crashed resume applied: it is
+    # not refused as unknown (before: "not waiting for approval"), and it does not answer
+    # the in-doubt question either: the run pauses, the refund is not run again
+    with LoopbackServer(OpenAIDialect(), model="gpt-4o") as server:
+        db, call_id = _approved_then_killed(tmp_path, server, "ask")
+        retried = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: True})
+        assert retried["state"] == "paused" and _waiting(retried) == [(call_id, "in_doubt")]
+        assert len(_refunds(db)) == 1
+        # approved again, crashed in again, and that resume retried: asked about again
+        proc = spawn(
+            "resume", db, server, in_doubt="ask", approvals={call_id: True}, hold_in="refund"
+        )
+        kill_when(proc, lambda: len(_refunds(db)) == 2)
+        retried = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: True})
+        assert retried["state"] == "paused" and _waiting(retried) == [(call_id, "in_doubt")]
+        assert len(_refunds(db)) == 2
+        done = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: "it ran"})
+        assert done["state"] == "completed"
+        # the decisions applied along the way are all taken as retries; no other
+        for decision in (True, "it ran"):
+            again = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: decision})
+            assert again == done
+        refused = run_worker("resume", db, server, in_doubt="ask", approvals={call_id: "no"})
+    assert refused["raised"] == "UserError" and "was already" in refused["message"]
+    assert len(_refunds(db)) == 2
+
+
+async def test_a_finished_plan_takes_only_the_decisions_it_applied(tmp_path: Path) -> None:
+    # guarantee 182: as an agent run does; before, a finished Plan ignored any decision
+    done: list[str] = []
+    script = Script({0: call("refund", order="o-1"), 1: "refunded"})
+    with Store(db=tmp_path / "p.sqlite") as store:
+
+        def plan(approvals: dict[str, Any] | None = None) -> Agent:
+            llm = Agent(name="support", model=script.model(), tools=[_refund_tool(done)])
+            return _one_step_plan(llm, store, approvals)
+
+        env = await plan().run("refund o-1")
+        [pending] = env.metadata["pending_approvals"]
+        call_id = pending["call_id"]
+        env = await plan({call_id: True}).run("refund o-1")
+        assert env.ok and done == ["o-1"]
+        again = await plan({call_id: True}).run("refund o-1")  # retried: the done run's
+        assert again.ok and again.metadata["cached"] is True
+        before = store.read("support-plan")
+        with pytest.raises(UserError, match=f"call '{call_id}' was already approved and started"):
+            await plan({call_id: False}).run("refund o-1")
+        with pytest.raises(UserError, match=r"not waiting .* it waits for nothing"):
+            await plan({"call_9_9": True}).run("refund o-1")
+        assert store.read("support-plan") == before
+    assert done == ["o-1"] and script.asked == [0, 1]

@@ -28,8 +28,12 @@ from stepstone.store._store import Store
 
 __all__ = [
     "agent_view",
+    "applied_decisions",
     "approve_call",
     "check_approvals",
+    "decision_conflicts",
+    "paused_on",
+    "plan_decisions",
     "pending_approvals",
     "recorded_approvals",
     "waiting_calls",
@@ -130,6 +134,110 @@ def recorded_approvals(head: RunHead | None, rows: list[JournalRow]) -> dict[str
         for p in pending_approvals(head, rows)
         if p["decision"] is not None
     }
+
+
+def paused_on(rows: list[JournalRow]) -> list[dict[str, Any]]:
+    """The calls an agent run's latest record says it waits on (a paused ``run_terminal``),
+    whatever its head says: a resume that died before it committed anything leaves them so."""
+    result = _terminal(rows)
+    if result.get("state") != "paused":
+        return []
+    return [p for p in result.get("pending_approvals") or [] if isinstance(p, dict)]
+
+
+_REFUSED = "not approved: "
+_CALLS = ("tool:", "subagent:")
+
+
+def applied_decisions(store: Store, key: str, rows: list[JournalRow]) -> dict[str, set[bool | str]]:
+    """The decisions the agent run under ``key`` (``rows``: its journal) has applied, by call
+    id, for every call it paused on: True once the call started (it was approved, or it ran
+    before it was in doubt), the reason once it was refused (``"refused"`` for False). A
+    call paused on several times (approved, then in doubt after a crash) has each. A
+    subagent's call (``"subagent:T:I/<id>"``) is read from the subagent's own run."""
+    asked: dict[str, dict[str, Any]] = {}
+    started: set[str] = set()
+    refused: dict[str, str] = {}
+    for row in rows:
+        data = _load(row)
+        if not isinstance(data, dict):
+            continue
+        if row.kind == "phase" and data.get("phase") == "run_terminal":
+            payload = data.get("payload")
+            result = payload.get("terminal_result") if isinstance(payload, dict) else None
+            if isinstance(result, dict) and result.get("state") == "paused":
+                for p in result.get("pending_approvals") or []:
+                    if isinstance(p, dict) and isinstance(p.get("call_id"), str):
+                        asked[p["call_id"]] = p
+        elif row.kind in ("intent", "outcome") and str(row.name).startswith(_CALLS):
+            pos = str(row.name).split(":", 1)[1]  # "turn:index" of a tool or subagent call
+            error = (data.get("data") or {}).get("error") if row.kind == "outcome" else None
+            if isinstance(error, dict) and error.get("type") == "ApprovalDenied":
+                refused[pos] = str(error.get("message", "")).removeprefix(_REFUSED)
+            else:
+                started.add(pos)
+    out: dict[str, set[bool | str]] = {}
+    for call_id, p in asked.items():
+        via = p.get("via")
+        if isinstance(via, str) and via:
+            inner = call_id[len(via) :]
+            prefix = f"{key}/{via.rstrip('/')}:"
+            for sub in list_runs(store, prefix):
+                if sub.kind != AGENT_KIND or "/" in sub.key[len(prefix) :]:
+                    continue
+                found = applied_decisions(store, sub.key, store.backend.run_journal(sub.key))
+                out.setdefault(call_id, set()).update(found.get(inner, set()))
+            continue
+        pos = f"{p.get('turn')}:{p.get('index')}"
+        decided: set[bool | str] = {True} if pos in started else set()
+        if pos in refused:
+            decided.add(refused[pos])
+        if decided:
+            out[call_id] = decided
+    return out
+
+
+def decision_conflicts(
+    approvals: dict[str, bool | str],
+    waiting: list[str],
+    applied: dict[str, set[bool | str]],
+) -> tuple[list[str], dict[str, str]]:
+    """Which of a resume's ``approvals`` the run can take: a call it waits on, or one it
+    already decided the same way (a resume retried after a crash, or after it returned).
+    Returns the ids it never waited on or no longer does and never decided, and, by id,
+    what was decided instead for the ones that contradict what the run did (a refusal of
+    a call that already ran, an approval of a refused one)."""
+    unknown: list[str] = []
+    contradicted: dict[str, str] = {}
+    for call_id, decision in approvals.items():
+        if call_id in waiting:
+            continue
+        done = applied.get(call_id)
+        want: bool | str = "refused" if decision is False else decision
+        if not done:
+            unknown.append(call_id)
+        elif want not in done:
+            contradicted[call_id] = (
+                "approved and started"
+                if True in done
+                else "refused (" + ", ".join(sorted(repr(d) for d in done)) + ")"
+            )
+    return sorted(unknown), contradicted
+
+
+def plan_decisions(store: Store, key: str) -> tuple[list[str], dict[str, set[bool | str]]]:
+    """For the Plan (or graph) run under ``key``: the call ids its LLM steps wait on (by
+    their latest records) and the decisions they applied (:func:`applied_decisions`)."""
+    waiting: list[str] = []
+    applied: dict[str, set[bool | str]] = {}
+    for sub in list_runs(store, f"{key}:"):
+        if sub.kind != AGENT_KIND:
+            continue
+        rows = store.backend.run_journal(sub.key)
+        waiting += [str(p.get("call_id")) for p in paused_on(rows)]
+        for call_id, done in applied_decisions(store, sub.key, rows).items():
+            applied.setdefault(call_id, set()).update(done)
+    return waiting, applied
 
 
 def waiting_calls(store: Store, head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]]:

@@ -16,7 +16,12 @@ from pydantic import BaseModel
 
 from stepstone.core import Envelope, ErrorInfo, RunContext, RunLocation, payload_text
 from stepstone.core._serialization import to_json_value
-from stepstone.durable._approvals import check_approvals, recorded_approvals
+from stepstone.durable._approvals import (
+    applied_decisions,
+    check_approvals,
+    decision_conflicts,
+    recorded_approvals,
+)
 from stepstone.durable._effects import (
     AGENT_KIND,
     SCHEMA_VERSION,
@@ -253,31 +258,73 @@ def _tool_executions(journal: EffectJournal) -> tuple[list[dict[str, Any]], list
     return tools, subs
 
 
+def _pending(record: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The calls a run's latest record says it waits on (none unless it paused)."""
+    stored = (record or {}).get("payload", {}).get("terminal_result") or {}
+    pending: list[dict[str, Any]] = stored.get("pending_approvals") or []
+    return pending if stored.get("state") == "paused" else []
+
+
 def _decisions(
-    run_id: str, record: dict[str, Any] | None, approvals: dict[str, Any], *, strict: bool
+    record: dict[str, Any] | None, approvals: dict[str, Any]
 ) -> dict[tuple[int, int, str], Any]:
     """Approvals by call id, resolved to the positions the run is paused on and the reason
     it asks: a decision applies to that pending call only, never to a later call that
     reuses its id, nor to the same call asked about again for another reason (an approved
     call that was in doubt after a crash)."""
-    if not approvals:
-        return {}
-    stored = (record or {}).get("payload", {}).get("terminal_result") or {}
-    pending = stored.get("pending_approvals") or [] if stored.get("state") == "paused" else []
-    out = {  # a subagent's calls (``via`` it) are decided in its own run
+    return {  # a subagent's calls (``via`` it) are decided in its own run
         (p["turn"], p["index"], p.get("reason") or "requires_approval"): approvals[p["call_id"]]
-        for p in pending
+        for p in _pending(record)
         if p["call_id"] in approvals and not p.get("via")
     }
-    unknown = sorted(set(approvals) - {p["call_id"] for p in pending})
-    if strict and unknown:
-        waiting = [p["call_id"] for p in pending]
-        raise UserError(
-            f"agent run {run_id!r} is not waiting for approval of call id(s) {unknown}; "
-            f"it waits for {waiting or 'nothing'}. Pass approvals={{call_id: True}} with ids "
-            "from result.pending_approvals"
-        )
-    return out
+
+
+async def _settle(
+    store: Store,
+    key: str,
+    run_id: str,
+    head: RunHead | None,
+    rows: list[JournalRow],
+    record: dict[str, Any] | None,
+    approvals: dict[str, bool | str],
+) -> dict[str, bool | str]:
+    """The caller's ``approvals`` for the calls the run waits on. A decision for a call it
+    no longer waits on is let through only when the run applied that very decision (the
+    same resume retried after a crash, or after it returned); anything else is refused.
+
+    Raises:
+        UserError: an id the run never waited on, or a decision that contradicts what the
+            run did (a refusal of a call that already started, an approval of a refused
+            one); nothing was read further, run or written.
+        ConcurrentRunError: such ids, while a live process runs it (it may pause later).
+    """
+    waiting = [str(p["call_id"]) for p in _pending(record)]
+    if any(cid not in waiting for cid in approvals):
+        applied = await store._offload(applied_decisions, store, key, rows) if head else {}
+        unknown, contradicted = decision_conflicts(approvals, waiting, applied)
+        if unknown or contradicted:
+            if head is not None and await store._offload(
+                lambda: owner_alive(head, now=store.backend.clock())
+            ):
+                raise ConcurrentRunError(
+                    f"agent run {run_id!r} is owned by live {describe_owner(head)}; its "
+                    "approvals can be given once it has stopped (paused)"
+                )
+            if unknown:
+                raise UserError(
+                    f"agent run {run_id!r} is not waiting for approval of call id(s) "
+                    f"{unknown}; it waits for {waiting or 'nothing'}. Pass "
+                    "approvals={call_id: True} with ids from result.pending_approvals"
+                )
+            late = "; ".join(
+                f"call {cid!r} was already {what}, so {approvals[cid]!r} for it changes nothing"
+                for cid, what in sorted(contradicted.items())
+            )
+            raise UserError(
+                f"agent run {run_id!r}: {late}. Nothing was run or written; the run's result "
+                "(runner.resume() without approvals) shows what the call did"
+            )
+    return {cid: v for cid, v in approvals.items() if cid in waiting}
 
 
 def _retryable(error: Any) -> bool:
@@ -311,7 +358,9 @@ async def run_durable(
         AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a malformed
             latest record (nothing written).
         ConcurrentRunError: a live process owns the run.
-        UserError: ``approvals`` is not a mapping of call ids to True, False or a reason.
+        UserError: ``approvals`` is not a mapping of call ids to True, False or a reason,
+            or (unless ``retry_failed``) names a call the run does not wait on and did not
+            decide that way already (see :func:`_settle`).
     """
     approvals = check_approvals(approvals)  # before anything is read: the Plan's own check
     head, rows = await store._offload(read_run, store, key, run_id)
@@ -351,7 +400,9 @@ async def run_durable(
             "run's idempotency key: pass a new run_id for a new task, or call "
             "runner.resume() to continue this one"
         )
-    if record is not None:  # a finished run: its result, whatever decisions come with it
+    if approvals and not retry_failed:  # a Plan's step passes all of the Plan's decisions
+        approvals = await _settle(store, key, run_id, head, rows, record, approvals)
+    if record is not None:  # a finished run: its result (the decisions given were its own)
         stored = record["payload"].get("terminal_result")
         if record["phase"] == "run_terminal" and isinstance(stored, dict):
             state = stored.get("state")
@@ -361,19 +412,8 @@ async def run_durable(
             if state in TERMINAL_STATES and not again:
                 return stored
     # Decisions an operator recorded (`stepstone approve`) apply unless the caller decides.
-    approvals = {**recorded_approvals(head, rows), **(approvals or {})}
-    try:
-        decisions = _decisions(run_id, record, approvals, strict=not retry_failed)
-    except UserError:
-        # Not waiting for them because another process runs it now: say that instead.
-        if head is not None and await store._offload(
-            lambda: owner_alive(head, now=store.backend.clock())
-        ):
-            raise ConcurrentRunError(
-                f"agent run {run_id!r} is owned by live {describe_owner(head)}; its "
-                "approvals can be given once it has stopped (paused)"
-            ) from None
-        raise
+    approvals = {**recorded_approvals(head, rows), **approvals}
+    decisions = _decisions(record, approvals)
     try:
         claim = await store._offload(
             lambda: claim_run(

@@ -24,7 +24,7 @@ from stepstone.durable import (
     owner_alive,
     read_run,
 )
-from stepstone.durable._approvals import check_approvals, waiting_calls
+from stepstone.durable._approvals import check_approvals, decision_conflicts, plan_decisions
 from stepstone.durable._kernel import Encoded
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
@@ -243,7 +243,7 @@ class Plan:
         if claim is None:
             if resume:
                 found = await blocking_call(store, _read_checkpoint, store, key, bulk=True)
-                if found is not None and self.approvals and found[0].status == "paused":
+                if found is not None and self.approvals:
                     await blocking_call(store, self._check_approvals, store, found[0])
             # The steps of the plan that started the run, for naming what changed (the
             # head carries only their fingerprint: it is rewritten at every step).
@@ -294,15 +294,28 @@ class Plan:
         return await runner.execute(claim.head.next_step)
 
     def _check_approvals(self, store: Store, head: RunHead) -> None:
-        """Refuse decisions for calls the paused run does not wait on (a typo would
-        otherwise resume the run only for it to pause again on the same calls)."""
-        waiting = [str(p["call_id"]) for p in waiting_calls(store, head, [])]
-        unknown = sorted(set(self.approvals) - set(waiting))
+        """Refuse decisions for calls the run's LLM steps do not wait on (a typo would
+        otherwise resume the run only for it to pause again on the same calls), unless
+        they applied that very decision already (the same resume retried after a crash or
+        after it returned); a decision that contradicts what a step did (a refusal of a
+        call that already ran) is refused too, paused run or finished."""
+        waiting, applied = plan_decisions(store, head.key)
+        unknown, contradicted = decision_conflicts(self.approvals, waiting, applied)
         if unknown:
             raise UserError(
                 f"Plan run {head.key!r} is not waiting for approval of call id(s) {unknown}; "
                 f"it waits for {waiting or 'nothing'}. Pass approvals={{call_id: True}} with "
                 "ids from the paused envelope's metadata['pending_approvals']"
+            )
+        if contradicted:
+            late = "; ".join(
+                f"call {cid!r} was already {what}, so {self.approvals[cid]!r} for it changes "
+                "nothing"
+                for cid, what in sorted(contradicted.items())
+            )
+            raise UserError(
+                f"Plan run {head.key!r}: {late}. Nothing was run or written; resume without "
+                "approvals= to see what the call did"
             )
 
     def _where(self, location: RunLocation | None) -> tuple[Store | None, str | None, bool]:

@@ -36,6 +36,7 @@ __all__ = [
     "plan_decisions",
     "pending_approvals",
     "recorded_approvals",
+    "refusal_text",
     "waiting_calls",
 ]
 
@@ -102,14 +103,9 @@ def pending_approvals(head: RunHead, rows: list[JournalRow]) -> list[dict[str, A
     index, reason``), each with the ``decision`` an operator recorded for it (or None)."""
     if head.kind != AGENT_KIND or head.status != "paused":
         return []
-    result = _terminal(rows)
-    if result.get("state") != "paused":
-        return []
     decided = head.meta.get("approvals") or {}
     out = []
-    for p in result.get("pending_approvals") or []:
-        if not isinstance(p, dict):
-            continue
+    for p in paused_on(rows):
         d = decided.get(p.get("call_id"))
         # A decision answers the pause it was given for: the call at that position, the
         # journal as long as it was then (an approved call that crashed and paused again,
@@ -223,6 +219,15 @@ def decision_conflicts(
                 else "refused (" + ", ".join(sorted(repr(d) for d in done)) + ")"
             )
     return sorted(unknown), contradicted
+
+
+def refusal_text(approvals: dict[str, bool | str], contradicted: dict[str, str]) -> str:
+    """What is wrong with the decisions :func:`decision_conflicts` found contradicting what
+    the run did (``contradicted``: what each call did instead)."""
+    return "; ".join(
+        f"call {cid!r} was already {what}, so {approvals[cid]!r} for it changes nothing"
+        for cid, what in sorted(contradicted.items())
+    )
 
 
 def plan_decisions(store: Store, key: str) -> tuple[list[str], dict[str, set[bool | str]]]:

@@ -21,6 +21,7 @@ from stepstone.durable._approvals import (
     check_approvals,
     decision_conflicts,
     recorded_approvals,
+    refusal_text,
 )
 from stepstone.durable._effects import (
     AGENT_KIND,
@@ -316,10 +317,7 @@ async def _settle(
                     f"{unknown}; it waits for {waiting or 'nothing'}. Pass "
                     "approvals={call_id: True} with ids from result.pending_approvals"
                 )
-            late = "; ".join(
-                f"call {cid!r} was already {what}, so {approvals[cid]!r} for it changes nothing"
-                for cid, what in sorted(contradicted.items())
-            )
+            late = refusal_text(approvals, contradicted)
             raise UserError(
                 f"agent run {run_id!r}: {late}. Nothing was run or written; the run's result "
                 "(runner.resume() without approvals) shows what the call did"

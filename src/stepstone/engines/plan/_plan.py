@@ -24,7 +24,12 @@ from stepstone.durable import (
     owner_alive,
     read_run,
 )
-from stepstone.durable._approvals import check_approvals, decision_conflicts, plan_decisions
+from stepstone.durable._approvals import (
+    check_approvals,
+    decision_conflicts,
+    plan_decisions,
+    refusal_text,
+)
 from stepstone.durable._kernel import Encoded
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
@@ -308,11 +313,7 @@ class Plan:
                 "ids from the paused envelope's metadata['pending_approvals']"
             )
         if contradicted:
-            late = "; ".join(
-                f"call {cid!r} was already {what}, so {self.approvals[cid]!r} for it changes "
-                "nothing"
-                for cid, what in sorted(contradicted.items())
-            )
+            late = refusal_text(self.approvals, contradicted)
             raise UserError(
                 f"Plan run {head.key!r}: {late}. Nothing was run or written; resume without "
                 "approvals= to see what the call did"

@@ -36,7 +36,9 @@ def store(pg_url: str, request: pytest.FixtureRequest) -> Iterator[Store]:
 def test_every_commit_shape_lands_exactly(store: Store) -> None:
     """guarantee 250: commits with 0 to SCALAR_LIMIT + 2 journal rows and as many writes
     (scalar parameters up to the limit, arrays above it), repeated write keys (the last one
-    wins), NULL names and non-ASCII text all land exactly, prepared or not."""
+    wins), NULL names, non-ASCII text and the characters an array literal quotes or
+    escapes (braces, commas, quotes, backslashes, the word NULL) all land exactly, prepared
+    or not."""
     sizes = range(SCALAR_LIMIT + 3)
     claimed = claim_run(store, "shapes", kind="test", resume=False, first_step="a")
     run = claimed.run
@@ -50,13 +52,13 @@ def test_every_commit_shape_lands_exactly(store: Store) -> None:
                 rows = [
                     (
                         "step",
-                        None if i % 2 else f"s{tag}-{i} é",
+                        None if i % 2 else f"s{tag}-{i} é" if i % 3 else f'NULL{i}" {{a,b}}\\',
                         {"n": i, "tag": tag, "t": "ü\n'\""},
                     )
                     for i in range(n_rows)
                 ]
                 writes: list[tuple[str, Any]] = [
-                    (f"w{tag}-{i % max(1, n_writes - 1)} ✓", {"i": i, "tag": tag})
+                    (f'w{tag}-{i % max(1, n_writes - 1)} ✓ {{"NULL"}},\\', {"i": i, "tag": tag})
                     for i in range(n_writes)
                 ]
                 for i, (kind, name, data) in enumerate(rows):
@@ -74,6 +76,52 @@ def test_every_commit_shape_lands_exactly(store: Store) -> None:
     assert [json.loads(r.data) for r in journal] == [r[3] for r in expected_rows]
     for key, value in expected_values.items():
         assert store.read(key) == value, key
+
+
+def test_an_unprepared_commit_is_one_call_of_the_server_function(pg_server: PgServer) -> None:
+    """guarantee 390: with prepare=False every step commit (a small one, and one whose rows
+    and writes are past the scalar limit) is one call of stepstone_step_commit, counted by
+    the server, and no statement is prepared on the connection."""
+    url = pg_server.create_database("t_commit_fn")
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ALTER DATABASE t_commit_fn SET track_functions = 'pl'")
+        with Store(backend=PostgresBackend(url, prepare=False)) as store:
+            run = claim_run(store, "fn", kind="test", resume=False, first_step="a").run
+            assert run is not None
+            many = range(SCALAR_LIMIT + 1)
+            run.commit_sync(status="running", next_step="b", rows=[("step", "a", 1)])
+            run.commit_sync(
+                status="running", next_step="c", rows=[("step", "b", 2)], writes=[("v", 2)]
+            )
+            run.commit_sync(
+                status="done",
+                next_step=None,
+                rows=[("step", f"c{i}", i) for i in many],
+                writes=[(f"v{i}", i) for i in many],
+            )
+            run.release()
+            with store.backend._connection(5.0) as conn:
+                prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+            assert store.read("v") == 2 and store.read(f"v{SCALAR_LIMIT}") == SCALAR_LIMIT
+            assert [r.name for r in store.backend.run_journal("fn")][-1] == f"c{SCALAR_LIMIT}"
+        assert prepared == (0,)
+        # the store's connections have ended, which sends the server their statistics
+        calls = None
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(100):
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+                row = conn.execute(
+                    "SELECT calls FROM pg_stat_user_functions WHERE funcname = %s",
+                    ("stepstone_step_commit",),
+                ).fetchone()
+                calls = row and row[0]
+                if calls == 3:
+                    break
+                time.sleep(0.1)
+        assert calls == 3
+    finally:
+        pg_server.drop_database("t_commit_fn")
 
 
 @pytest.mark.parametrize("n_writes", [1, 2, SCALAR_LIMIT + 1])
@@ -414,7 +462,7 @@ def test_claims_of_one_empty_key_from_many_threads_have_one_winner(store: Store)
 
 
 # -- upgrade ------------------------------------------------------------------------------
-@pytest.mark.parametrize("previous", [3, 4, 5])
+@pytest.mark.parametrize("previous", [3, 4, 5, 6])
 def test_a_store_of_the_previous_schema_upgrades_and_its_runs_go_on(
     pg_server: PgServer, previous: int
 ) -> None:

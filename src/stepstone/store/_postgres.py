@@ -727,7 +727,7 @@ class PostgresBackend(Backend):
         writes: Sequence[tuple[str, str]],
     ) -> bool:
         self._refuse_if_read_only()
-        sql, params, keys = commit_statement(head, expected_version, rows, writes)
+        sql, params, keys = commit_statement(head, expected_version, rows, writes, self.prepare)
 
         def attempt(deadline: float) -> bool:
             while True:

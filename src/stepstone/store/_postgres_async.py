@@ -81,7 +81,7 @@ class AsyncCommits:
         conn = await self._acquire()
         if conn is None:  # all busy, closed, or the server refused a new connection
             return await to_thread(backend.run_commit, head, expected_version, rows, writes)
-        sql, params, _ = commit_statement(head, expected_version, rows, writes)
+        sql, params, _ = commit_statement(head, expected_version, rows, writes, self._prepare)
         sending = asyncio.get_running_loop().create_task(self._send(conn, sql, params))
         sending.add_done_callback(_retrieve)
         try:

@@ -30,7 +30,7 @@ Outcome = bool | Exception
 
 def commit_many(backend: PostgresBackend, items: Sequence[Item]) -> list[Outcome]:
     """Per item, what ``run_commit`` would have returned (or raised)."""
-    statements = [commit_statement(*item) for item in items]
+    statements = [commit_statement(*item, backend.prepare) for item in items]
     locked = sorted({k for _, _, keys in statements for k in keys})
 
     def batch(conn: Connection) -> list[Outcome]:

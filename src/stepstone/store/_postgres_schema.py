@@ -311,6 +311,50 @@ MIGRATIONS: list[str] = [
     END
     $fn$;
     """,
+    # A step commit for connections that prepare nothing (PostgresBackend(prepare=False),
+    # as behind PgBouncer in transaction mode): the commit statement is then parsed and
+    # planned on every step, which costs the server more than the commit's writes. Its
+    # statements inside a plpgsql function are planned once per connection instead. Same
+    # writes, locks and answer as the statement (see _postgres_commit): a lone writes=
+    # key that holds a value is locked FOR KEY SHARE, other keys by stepstone_keys_free
+    # (whose check runs in a snapshot taken after the locks); then the compare-and-swap of
+    # the head; the rows and values only when it applied. Returns 1, or 0 when nothing
+    # was written.
+    """
+    CREATE FUNCTION stepstone_step_commit(p_status TEXT, p_next_step TEXT, p_version INT8,
+        p_iteration INT8, p_journal_len INT8, p_lease_until FLOAT8, p_meta TEXT,
+        p_updated_at FLOAT8, p_key TEXT, p_expected INT8, p_run_uid TEXT,
+        p_lock_class INT4, p_lock_ids INT4[], p_wkeys TEXT[], p_wvalues TEXT[],
+        p_seqs INT8[], p_kinds TEXT[], p_names TEXT[], p_datas TEXT[])
+    RETURNS INT8 LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        IF cardinality(p_wkeys) = 1 AND EXISTS (
+            SELECT 1 FROM stepstone_kv WHERE key = p_wkeys[1] FOR KEY SHARE
+        ) THEN
+            NULL;
+        ELSIF cardinality(p_wkeys) > 0
+            AND NOT stepstone_keys_free(p_lock_class, p_lock_ids, p_wkeys) THEN
+            RETURN 0;
+        END IF;
+        UPDATE stepstone_runs SET status = p_status, next_step = p_next_step,
+            version = p_version, iteration = p_iteration, journal_len = p_journal_len,
+            lease_until = p_lease_until, meta = p_meta, updated_at = p_updated_at
+            WHERE key = p_key AND version = p_expected AND run_uid = p_run_uid;
+        IF NOT FOUND THEN
+            RETURN 0;
+        END IF;
+        INSERT INTO stepstone_journal (run_key, seq, kind, name, data)
+            SELECT p_key, r.seq, r.kind, r.name, r.data
+            FROM unnest(p_seqs, p_kinds, p_names, p_datas) AS r(seq, kind, name, data);
+        INSERT INTO stepstone_kv (key, value, updated_at)
+            SELECT w.key, w.value, p_updated_at
+            FROM unnest(p_wkeys, p_wvalues) AS w(key, value)
+            ON CONFLICT (key) DO UPDATE
+                SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at;
+        RETURN 1;
+    END
+    $fn$;
+    """,
 ]
 
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which

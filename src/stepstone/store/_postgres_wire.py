@@ -14,10 +14,11 @@ is what a worker running many runs at once is short of.
 
 The parameters are sent as text, typed by the statement (its placeholders carry casts, or
 are bound to text columns). Only plain values go this way: ``None``, ``str``, ``int`` and
-``float``. A commit with anything else (the arrays of a commit with many rows or writes),
-a string PostgreSQL could not store as text (a NUL byte, a lone surrogate), or a connection
-whose client encoding is not UTF-8 is sent through a cursor instead, which does what it
-always did (including raising the same errors).
+``float``, and lists of ``None``, ``str`` and ``int`` (the arrays of a commit with many rows
+or writes, or of any commit on a connection that prepares nothing), sent as array
+literals. A commit with anything else, a string PostgreSQL could not store as text (a NUL
+byte, a lone surrogate), or a connection whose client encoding is not UTF-8 is sent through
+a cursor instead, which does what it always did (including raising the same errors).
 
 A connection prepares each statement text the first time it sends it, under a name of its
 own (``stepstone_c<n>``); a server that forgot it (``DEALLOCATE ALL``, a pooler that moved
@@ -70,20 +71,50 @@ def text_values(params: Sequence[Any]) -> list[bytes | None] | None:
         if p is None:
             values.append(None)
         elif type(p) is str:
-            try:
-                data = p.encode()
-            except UnicodeEncodeError:
-                return None
-            if b"\0" in data:
+            data = _text(p)
+            if data is None:
                 return None
             values.append(data)
         elif type(p) is int:
             values.append(b"%d" % p)
         elif type(p) is float:
             values.append(repr(p).encode())
+        elif type(p) is list:
+            array = _array(p)
+            if array is None:
+                return None
+            values.append(array)
         else:
             return None
     return values
+
+
+def _text(value: str) -> bytes | None:
+    """``value`` as UTF-8, or None when PostgreSQL could not store it as text."""
+    try:
+        data = value.encode()
+    except UnicodeEncodeError:
+        return None
+    return None if b"\0" in data else data
+
+
+def _array(items: list[Any]) -> bytes | None:
+    """A list of ``int``, ``str`` and ``None`` as an array literal (each string quoted, its
+    ``"`` and ``\\`` escaped), or None when an item cannot be sent that way."""
+    parts: list[bytes] = []
+    for item in items:
+        if item is None:
+            parts.append(b"NULL")
+        elif type(item) is int:
+            parts.append(b"%d" % item)
+        elif type(item) is str:
+            data = _text(item)
+            if data is None:
+                return None
+            parts.append(b'"' + data.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"')
+        else:
+            return None
+    return b"{" + b",".join(parts) + b"}"
 
 
 def _state(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> set[bytes] | None:

@@ -88,6 +88,40 @@ def test_cancelling_a_stopped_run_marks_it_at_once(tmp_path: Path) -> None:
             cancel_run(store, "nope")
 
 
+def test_cancelling_a_failed_run_keeps_why_it_failed(store_args: list[str]) -> None:
+    """guarantee 268, 371: the cancel of a failed run keeps its error (before, the
+    RunCancelledError replaced it and the failure was lost); a second cancel changes
+    nothing and says so, on SQLite and PostgreSQL alike."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from stepstone.cli import app
+    from tests.operate.conftest import open_args
+
+    with open_args(store_args) as store:
+        failed_run(store, "f")
+    cli = CliRunner(env={"COLUMNS": "200"})
+    first = cli.invoke(app, ["cancel", "f", "--reason", "wrong batch", *store_args])
+    assert first.exit_code == 0, first.stderr
+    assert "its error is kept as previous_error" in first.stdout
+    shown = json.loads(cli.invoke(app, ["show", "f", "--json", *store_args]).stdout)
+    err = shown["error"]
+    assert shown["status"] == "failed" and err["type"] == "RunCancelledError"
+    assert err["previous_error"]["type"] == "ValueError"
+    assert err["previous_error"]["message"] == "bad row 7"
+    assert "wrong batch" in err["message"] and "ValueError: bad row 7" in err["message"]
+    assert err["step"] == "validate"  # still the step a resume runs again
+    version = shown["version"]
+    second = cli.invoke(app, ["cancel", "f", "--reason", "again", *store_args])
+    assert second.exit_code == 0, second.stderr
+    assert "already cancelled" in second.stdout and "nothing changed" in second.stdout
+    again = json.loads(cli.invoke(app, ["show", "f", "--json", *store_args]).stdout)
+    assert again["version"] == version and again["error"] == err
+    table = cli.invoke(app, ["show", "f", *store_args])
+    assert "ValueError: bad row 7" in table.stdout
+
+
 def test_cancel_from_another_process(tmp_path: Path) -> None:
     # guarantee 268: the CLI signals an owner in another process through the head
     db = tmp_path / "s.sqlite"

@@ -40,13 +40,36 @@ def _read_sound(store: Store, key: str) -> tuple[RunHead, list[JournalRow]]:
 
 
 def cancel_error(head: RunHead, reason: str) -> dict[str, Any]:
-    """The ``meta["error"]`` a cancelled run records (the shape Plan errors have)."""
-    return {
+    """The ``meta["error"]`` a cancelled run records (the shape Plan errors have).
+
+    A run that had stopped with an error of its own (a failed run, a paused one) keeps it:
+    its message is quoted in the new one and the whole error is ``previous_error``, so a
+    cancel never erases why a run failed."""
+    error: dict[str, Any] = {
         "step": head.next_step,
         "type": "RunCancelledError",
         "message": f"run {head.key!r} was cancelled: {reason}",
         "retryable": True,
     }
+    before = head.meta.get("error")
+    if isinstance(before, dict) and head.status in ("failed", "paused"):
+        where = before.get("step") or before.get("node")
+        at = f" at {where!r}" if where else ""
+        error["message"] += (
+            f" (it had {head.status}{at} with {before.get('type')}: {before.get('message')})"
+        )
+        if error["step"] is None and where:
+            error["step"] = where
+        error["previous_error"] = before
+    return error
+
+
+def _cancelled_already(head: RunHead) -> dict[str, Any] | None:
+    """The error of a run an earlier cancel stopped (and nothing ran since), else None."""
+    err = head.meta.get("error")
+    if head.status != "failed" or not isinstance(err, dict):
+        return None
+    return err if err.get("type") == "RunCancelledError" else None
 
 
 def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
@@ -54,7 +77,9 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
 
     A live owner is asked to stop (it stops at its next commit, which it records as
     ``failed``); a paused, failed or stranded run is marked ``failed`` with a
-    ``RunCancelledError`` at once. ``resume=True`` can still continue it later.
+    ``RunCancelledError`` at once, keeping the error it had stopped with as the new error's
+    ``previous_error`` (see :func:`cancel_error`). A run an earlier cancel already stopped
+    is left as it is (the answer says so). ``resume=True`` can still continue it later.
 
     A run that came from a work queue has its queue entry cancelled too, so no worker
     starts it or takes it over (a queued one ends ``cancelled`` before it started, even
@@ -64,7 +89,7 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
         KeyError: no run under ``key`` (and no queue entry waiting to start it).
         ValueError: the run is already done.
     """
-    outcome: list[str] = []
+    said = [""]  # what decide() found (it may be called again when a backend retries)
     queue = existing_queue(store)
     entry = queue.active_entry(key) if queue is not None else None
 
@@ -76,7 +101,7 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
         now = store.backend.clock()  # leases are judged by the database's clock
         request = {"reason": reason, "at": now}
         if owner_alive(head, now=now):
-            outcome.append(
+            said[0] = (
                 f"cancel requested: the owner (pid {head.pid} on {head.host.split('/')[0]}) "
                 "stops at its next commit"
             )
@@ -84,18 +109,26 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
                 version=head.version + 1, meta={**head.meta, "cancel_requested": request}
             )
             return Claim(head=new)
-        outcome.append(f"cancelled ({head.status} run, no live owner): marked failed")
+        before = _cancelled_already(head)
+        if before is not None:  # a second operator, or the same command run twice
+            said[0] = f"already cancelled ({before.get('message')}); nothing changed"
+            return None
+        error = cancel_error(head, reason)
+        kept = "; its error is kept as previous_error" if "previous_error" in error else ""
+        said[0] = f"cancelled ({head.status} run, no live owner): marked failed{kept}"
         new = head.replace(
             status="failed",
             version=head.version + 1,
             lease_until=now,
             updated_at=now,
-            meta={**head.meta, "cancelled": request, "error": cancel_error(head, reason)},
+            meta={**head.meta, "cancelled": request, "error": error},
         )
         return Claim(head=new)
 
+    outcome: list[str] = []
     try:
         store.backend.run_transact(key, decide)
+        outcome.append(said[0])
     except KeyError:
         if entry is None:
             raise

@@ -63,6 +63,8 @@ def test_approve_a_runner_run_then_resume_without_approvals(store_args: list[str
             "tool": "refund",
             "arguments": {"order": "o-42", "amount": 30},
             "decision": True,
+            "previous": None,
+            "changed": True,
         }
         assert ran == []  # recorded only: the run's own resume runs the call
         found = read_run(store, key)
@@ -95,6 +97,47 @@ def test_deny_gives_the_model_the_reason(store_args: list[str]) -> None:
         assert final.state == "completed" and ran == []
         assert final.tool_executions[0]["error"]["type"] == "ApprovalDenied"
         assert "over the limit" in final.tool_executions[0]["error"]["message"]
+
+
+def test_a_recorded_decision_is_never_replaced_silently(store_args: list[str]) -> None:
+    """guarantee 372: one operator approves, a second denies the same call: the deny is
+    refused, naming the decision that stands (before, it replaced the approval and both
+    were told their decision would be applied); --replace changes it on purpose, and the
+    same decision again writes nothing."""
+    ran: list[str] = []
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        agent = _refund_agent(ran)
+        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
+        call_id = paused.pending_approvals[0]["call_id"]
+        key = next(k for k in store.keys() if "rf" in k)
+        assert _run("approve", key, call_id, *store_args)[0] == 0  # operator A
+
+        code, out, err = _run("approve", key, call_id, "--deny", "too much", *store_args)  # B
+        assert code == 1 and out == "" and err.count("\n") == 1
+        assert f"tool call {call_id!r} of run {key!r} is already approved" in err
+        assert "nothing was changed" in err and "--replace" in err
+        found = read_run(store, key)
+        assert found is not None and pending_approvals(*found)[0]["decision"] is True
+
+        version = found[0].version
+        code, out, err = _run("approve", key, call_id, *store_args, "--json")  # A again
+        assert code == 0, err
+        assert json.loads(out)["changed"] is False and json.loads(out)["previous"] is True
+        code, out, _ = _run("approve", key, call_id, *store_args)
+        assert "is already approved; nothing changed" in " ".join(out.split())
+        found = read_run(store, key)
+        assert found is not None and found[0].version == version  # nothing written
+
+        code, out, err = _run(
+            "approve", key, call_id, "--deny", "too much", "--replace", *store_args
+        )
+        assert code == 0, err
+        assert "denied (too much) refund call" in " ".join(out.split())
+        assert "(it was approved)" in " ".join(out.split())
+        final = runner.resume_sync(agent, run_id="rf", thread_id="t")
+        assert final.state == "completed" and ran == []  # the decision that stands: denied
+        assert "too much" in final.tool_executions[0]["error"]["message"]
 
 
 def test_an_explicit_decision_wins_over_a_recorded_one(store_args: list[str]) -> None:

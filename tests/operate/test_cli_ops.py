@@ -124,7 +124,8 @@ def test_cancel_and_fork_commands(store_args: list[str]) -> None:
         done_run(store, "ok")
     assert _json("cancel", "bad", *store_args) == {
         "key": "bad",
-        "outcome": "cancelled (failed run, no live owner): marked failed",
+        "outcome": "cancelled (failed run, no live owner): marked failed; its error is kept "
+        "as previous_error",
     }
     forked = _json("fork", "ok", "--at", "extract", "--to", "ok-2", *store_args)
     assert forked == {"key": "ok-2", "from": "ok", "next_step": "load"}

@@ -216,5 +216,21 @@ def test_api_approves_a_paused_call_only_with_actions(tmp_path: Path) -> None:
             assert body["outcome"].startswith("denied refund call")
             _, run = _get(f"{server.url}/api/run?key={urllib.parse.quote(key)}")
             assert run["pending_approvals"][0]["decision"] == "too much"
+            # guarantee 372: a page drawn before that decision does not replace it...
+            status, body = _post(f"{server.url}/api/approve?{q}", {"X-Stepstone-Action": "1"})
+            assert status == 409 and "already denied (too much)" in body["error"]
+            _, run = _get(f"{server.url}/api/run?key={urllib.parse.quote(key)}")
+            assert run["pending_approvals"][0]["decision"] == "too much"
+            # ...a page that showed it does (replace=1), and the same decision again is a no-op
+            status, body = _post(
+                f"{server.url}/api/approve?{q}&deny=still+too+much&replace=1",
+                {"X-Stepstone-Action": "1"},
+            )
+            assert status == 200 and body["previous"] == "too much" and body["changed"]
+            status, body = _post(
+                f"{server.url}/api/approve?{q}&deny=still+too+much", {"X-Stepstone-Action": "1"}
+            )
+            assert status == 200 and body["changed"] is False
+            assert body["outcome"] == f"refund call {call_id} is already denied (still too much)"
         final = Runner(store=store).resume_sync(agent, run_id="r", thread_id="t")
         assert final.tool_executions[0]["error"]["type"] == "ApprovalDenied"

@@ -25,7 +25,6 @@ from rich.text import Text
 
 from stepstone.cli._debug import asked
 from stepstone.cli._render import progress_bar
-from stepstone.durable import approve_call
 from stepstone.durable._inspect import (
     damage_report,
     diff_runs,
@@ -34,7 +33,13 @@ from stepstone.durable._inspect import (
     steps_done,
     stranded_runs,
 )
-from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._operate import (
+    cancel_run,
+    decide_call,
+    decision_text,
+    fork_run,
+    retry_run,
+)
 from stepstone.durable._queue import existing_queue, requeue_run
 from stepstone.durable._retention import PruneReport, parse_age, prune
 from stepstone.exceptions import CorruptRecordError, StepstoneError
@@ -536,6 +541,12 @@ def approve_cmd(
         str | None,
         typer.Option("--deny", help="Refuse the call; the model reads this reason."),
     ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace", help="Change a decision already recorded (by you or another operator)."
+        ),
+    ] = False,
     db: DbOption = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
@@ -543,14 +554,25 @@ def approve_cmd(
 ) -> None:
     """Approve (or --deny) a tool call a paused run waits for; its next resume applies it."""
     with open_store(db, url, debug=debug) as store:
-        done = approve_call(store, key, call_id, decision=True if deny is None else deny)
+        decision: bool | str = True if deny is None else deny
+        done = decide_call(store, key, call_id, decision=decision, replace=replace)
         if as_json:
             _print_json(done)
             return
-        verb = "approved" if deny is None else f"denied ({deny})"
         where = "" if done["run_key"] == key else f" (agent run {done['run_key']})"
+        if not done["changed"]:
+            _console().print(
+                f"{key}{where}: {done['tool']} call {call_id} is already "
+                f"{decision_text(decision)}; nothing changed"
+            )
+            return
+        verb = "approved" if deny is None else f"denied ({deny})"
+        instead = (
+            f" (it was {decision_text(done['previous'])})" if done["previous"] is not None else ""
+        )
         _console().print(
-            f"{key}{where}: {verb} {done['tool']} call {call_id}; the run's next resume applies it"
+            f"{key}{where}: {verb} {done['tool']} call {call_id}{instead}; the run's next "
+            "resume applies it"
         )
 
 

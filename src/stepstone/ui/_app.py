@@ -7,8 +7,9 @@ Routes (all JSON unless noted):
   most recently updated first, with the same fields as ``stepstone runs --json``.
 * ``GET /api/run?key=K``: one run with its timeline (404 when absent).
 * ``POST /api/cancel?key=K&reason=R``, ``POST /api/retry?key=K&step=S`` (rewind a
-  stopped run to step S) and ``POST /api/approve?key=K&call_id=C[&deny=REASON]`` (record a
-  decision for a tool call a paused run waits on): only with ``allow_actions``; the
+  stopped run to step S) and ``POST /api/approve?key=K&call_id=C[&deny=REASON][&replace=1]``
+  (record a decision for a tool call a paused run waits on; one already recorded is only
+  changed with ``replace=1``): only with ``allow_actions``; the
   request must carry the ``X-Stepstone-Action: 1`` header, which a page of another
   origin cannot send without a CORS preflight this server never grants.
 """
@@ -22,9 +23,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
-from stepstone.durable._approvals import approve_call
 from stepstone.durable._inspect import query_runs, run_detail
-from stepstone.durable._operate import cancel_run, retry_run
+from stepstone.durable._operate import cancel_run, decide_call, decision_text, retry_run
 from stepstone.exceptions import StepstoneError
 from stepstone.store._store import Store
 
@@ -188,12 +188,17 @@ class InspectorApp:
         key = (params.get("key") or [""])[0]
         call_id = (params.get("call_id") or [""])[0]
         deny = params.get("deny")
-        done = approve_call(self.store, key, call_id, decision=True if deny is None else deny[0])
+        # replace=1: the page showed a decision and the person chose another one; without
+        # it, a decision recorded since the page was drawn is never replaced.
+        replace = (params.get("replace") or [""])[0] == "1"
+        decision: bool | str = True if deny is None else deny[0]
+        done = decide_call(self.store, key, call_id, decision=decision, replace=replace)
         verb = "approved" if deny is None else "denied"
-        return {
-            **done,
-            "outcome": f"{verb} {done['tool']} call {call_id}; the run's next resume applies it",
-        }
+        if not done["changed"]:
+            outcome = f"{done['tool']} call {call_id} is already {decision_text(decision)}"
+        else:
+            outcome = f"{verb} {done['tool']} call {call_id}; the run's next resume applies it"
+        return {**done, "outcome": outcome}
 
     # -- responses ---------------------------------------------------------------------
     def _json(

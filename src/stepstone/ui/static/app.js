@@ -165,7 +165,10 @@ function renderApprovals(run) {
       cell.append(el("span", call.decision === true ? "approved" : "denied: " + call.decision, "decision"), " ");
     }
     if (run.allow_actions && run.owner !== "live") {
-      const url = "/api/approve?key=" + encodeURIComponent(call.run_key) + "&call_id=" + encodeURIComponent(call.call_id);
+      // A decision this page shows may be changed (replace=1); one recorded since it was
+      // drawn is not: the server refuses and says which decision stands.
+      const decided = call.decision !== null && call.decision !== undefined;
+      const url = "/api/approve?key=" + encodeURIComponent(call.run_key) + "&call_id=" + encodeURIComponent(call.call_id) + (decided ? "&replace=1" : "");
       const approve = el("button", "approve", "plain approve");
       approve.type = "button";
       approve.addEventListener("click", () => act(url));

@@ -365,3 +365,75 @@ def test_vacuum_of_a_server_that_never_answers_fails_within_the_connect_timeout(
         backend.close()
     finally:
         silent.close()
+
+
+def test_ctrl_c_stops_a_prune_between_runs_and_reports_what_went(store_args: list[str]) -> None:
+    """guarantee 373: SIGINT to `stepstone prune` in the middle of its deletes (a real
+    process, as Ctrl-C sends it): it stops after the run it was deleting, prints what it
+    deleted and how many it left (before, it exited without a word, and on PostgreSQL a
+    half-deleted run was left claimed by a dead owner), exits 130, and the same prune run
+    again deletes the rest."""
+    import json
+
+    with open_args(store_args) as store:
+        plan = Plan(Step(lambda p: p, name="only"), store=store, checkpoint_key="r")
+        for i in range(1500):
+            plan.checkpoint_key = f"r{i:04d}"
+            assert Agent(engine=plan)("go").ok
+    args = ["prune", "--keep-last", "0", "--min-age", "0s", "--json", *store_args]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepstone.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with open_args(store_args) as store:
+        deadline = time.time() + 60
+        while store.backend.run_get("r0000") is not None:  # the oldest goes first
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    report = json.loads(out)
+    gone = [d["key"] for d in report["deleted"]]
+    assert report["interrupted"] is True and 0 < len(gone) < 1500
+    assert report["left"] == 1500 - len(gone)
+    (line,) = err.strip().splitlines()
+    assert line == (
+        f"interrupted: deleted {len(gone)} of the 1500 selected run(s), {1500 - len(gone)} "
+        "left untouched; run the same prune again to delete the rest"
+    )
+    with open_args(store_args) as store:
+        heads = store.backend.run_list(None)
+        assert len(heads) == 1500 - len(gone) and not set(gone) & {h.key for h in heads}
+        assert {h.status for h in heads} == {"done"}  # no half-deleted run left behind
+    again = subprocess.run(
+        [sys.executable, "-m", "stepstone.cli", *args], capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr
+    rest = json.loads(again.stdout)
+    assert rest["interrupted"] is False and rest["left"] == 0
+    assert len(rest["deleted"]) == 1500 - len(gone)
+
+
+def test_an_interrupted_prune_raises_what_it_deleted(tmp_path: Path) -> None:
+    """guarantee 373: from Python, a KeyboardInterrupt during prune() (here raised by its
+    progress callback after the second run) becomes PruneInterrupted, still a
+    KeyboardInterrupt, carrying the report of the runs deleted before it."""
+    from stepstone.durable._retention import PruneInterrupted
+
+    with Store(db=tmp_path / "s.sqlite") as store:
+        for i in range(5):
+            done_run(store, f"p-{i}")
+
+        def stop_after_two(done: int, total: int) -> None:
+            if done == 2:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt) as caught:
+            prune(store, Retention(keep_last=0), now=time.time() + DAY, progress=stop_after_two)
+        stopped = caught.value
+        assert isinstance(stopped, PruneInterrupted) and stopped.total == 5
+        assert [r.key for r in stopped.report.deleted] == ["p-0", "p-1"]
+        assert sorted(h.key for h in store.backend.run_list(None)) == ["p-2", "p-3", "p-4"]

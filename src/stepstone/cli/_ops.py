@@ -11,9 +11,11 @@ prints one line, ``error: <what> ...; <fix>``, on stderr and exits with status 1
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,7 +43,7 @@ from stepstone.durable._operate import (
     retry_run,
 )
 from stepstone.durable._queue import existing_queue, requeue_run
-from stepstone.durable._retention import PruneReport, parse_age, prune
+from stepstone.durable._retention import PruneInterrupted, PruneReport, parse_age, prune
 from stepstone.exceptions import CorruptRecordError, StepstoneError
 from stepstone.store import Retention, Store, vacuum
 from stepstone.store._base import read_salvaged
@@ -186,14 +188,64 @@ def prune_cmd(
         if policy is None:
             raise OpsError("pass --ttl AGE (e.g. 30d) and/or --keep-last N")
         with progress_bar("pruning", hidden=as_json or dry_run) as progress:
-            report = prune(store, policy, dry_run=dry_run, progress=progress)
+            try:
+                with _stop_between_runs(progress) as each_run:
+                    report = prune(store, policy, dry_run=dry_run, progress=each_run)
+            except PruneInterrupted as stopped:
+                interrupted: PruneInterrupted | None = stopped
+                report = stopped.report
+            else:
+                interrupted = None
+        left = 0 if interrupted is None else interrupted.total - len(report.deleted)
+        left -= len(report.skipped_changed) if interrupted is not None else 0
         if as_json:
-            _print_json(_prune_json(report))
+            _print_json(_prune_json(report, interrupted=interrupted is not None, left=left))
         else:
             _print_prune(report)
+        if interrupted is not None:
+            typer.echo(
+                f"interrupted: deleted {len(report.deleted)} of the {interrupted.total} "
+                f"selected run(s), {left} left untouched; run the same prune again to "
+                "delete the rest",
+                err=True,
+            )
+            raise typer.Exit(130)
 
 
-def _prune_json(report: PruneReport) -> dict[str, Any]:
+@contextmanager
+def _stop_between_runs(
+    progress: Callable[[int, int], None],
+) -> Iterator[Callable[[int, int], None]]:
+    """Ctrl-C while prune deletes runs stops it between two runs, not inside one's delete
+    (that would leave a half-deleted run for the next prune to finish): the first SIGINT
+    is noted and raised as KeyboardInterrupt once the current run is gone; a second one
+    stops at once. Before the deletes start, Ctrl-C stops at once (nothing was deleted)."""
+    asked = threading.Event()
+    deleting = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield progress
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if not deleting.is_set():
+            raise KeyboardInterrupt
+        asked.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: now
+
+    def each_run(done: int, total: int) -> None:
+        deleting.set()
+        progress(done, total)
+        if asked.is_set():
+            raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield each_run
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _prune_json(report: PruneReport, *, interrupted: bool = False, left: int = 0) -> dict[str, Any]:
     return {
         "dry_run": report.dry_run,
         "deleted": [
@@ -209,6 +261,8 @@ def _prune_json(report: PruneReport) -> dict[str, Any]:
         ],
         "skipped_live": report.skipped_live,
         "skipped_changed": report.skipped_changed,
+        "interrupted": interrupted,
+        "left": left,
     }
 
 

@@ -23,7 +23,7 @@ from stepstone.store._base import Claim, RunHead
 from stepstone.store._retention import Retention
 from stepstone.store._store import Store
 
-__all__ = ["PruneReport", "PrunedRun", "Pruner", "plan_prune", "prune"]
+__all__ = ["PruneInterrupted", "PruneReport", "PrunedRun", "Pruner", "plan_prune", "prune"]
 
 log = logging.getLogger("stepstone")
 
@@ -67,6 +67,27 @@ class PruneReport:
     skipped_live: list[str]
     skipped_changed: list[str]
     dry_run: bool
+
+
+class PruneInterrupted(KeyboardInterrupt):
+    """A prune stopped by Ctrl-C (a ``KeyboardInterrupt``) before it was done.
+
+    Still a ``KeyboardInterrupt``, so code that stops on one stops on this. The runs
+    deleted so far are gone for good; the others are untouched (a delete cut short inside
+    one run is finished by the next prune, see :func:`plan_prune`), so running the same
+    prune again deletes the rest.
+
+    Attributes:
+        report: What was deleted before the interrupt.
+        total: How many runs the prune had selected.
+    """
+
+    def __init__(self, report: PruneReport, total: int) -> None:
+        super().__init__(
+            f"prune interrupted after deleting {len(report.deleted)} of {total} run(s)"
+        )
+        self.report = report
+        self.total = total
 
 
 class _Changed(Exception):
@@ -138,10 +159,14 @@ def prune(
         retention: The policy; defaults to the one given as ``Store(retention=...)``.
         dry_run: Only report what would be deleted.
         now: The current unix time (for tests and reproducible reports).
-        progress: Called as ``progress(done, total)`` after each run.
+        progress: Called as ``progress(0, total)`` before the first delete and
+            ``progress(done, total)`` after each run. A ``KeyboardInterrupt`` it raises stops
+            the prune between two runs.
 
     Raises:
         ValueError: no policy given here nor on the store.
+        PruneInterrupted: a ``KeyboardInterrupt`` (Ctrl-C) stopped it; its ``report`` says
+            what was deleted before.
 
     Example::
 
@@ -173,23 +198,34 @@ def prune(
         return PruneReport(deleted=deleted, skipped_live=live, skipped_changed=[], dry_run=True)
     done: list[PrunedRun] = []
     changed: list[str] = []
-    for i, (head, reason) in enumerate(chosen, 1):
-        values = prune_run(store, head)
-        if values is None:
-            changed.append(head.key)
-        else:
-            done.append(
-                PrunedRun(
-                    key=head.key,
-                    kind=head.kind,
-                    status=head.status,
-                    updated_at=head.updated_at,
-                    reason=reason,
-                    values=tuple(values),
+    if progress is not None:
+        progress(0, len(chosen))  # the deletes start
+    try:
+        for i, (head, reason) in enumerate(chosen, 1):
+            values = prune_run(store, head)
+            if values is None:
+                changed.append(head.key)
+            else:
+                done.append(
+                    PrunedRun(
+                        key=head.key,
+                        kind=head.kind,
+                        status=head.status,
+                        updated_at=head.updated_at,
+                        reason=reason,
+                        values=tuple(values),
+                    )
                 )
-            )
-        if progress is not None:
-            progress(i, len(chosen))
+            if progress is not None:
+                progress(i, len(chosen))
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, PruneInterrupted):
+            raise
+        # What is gone is gone: say so, rather than lose the report with the interrupt.
+        partial = PruneReport(
+            deleted=done, skipped_live=live, skipped_changed=changed, dry_run=False
+        )
+        raise PruneInterrupted(partial, len(chosen)) from exc
     return PruneReport(deleted=done, skipped_live=live, skipped_changed=changed, dry_run=False)
 
 

@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import psycopg
 import pytest
 
 from stepstone import Agent, Plan, Step, Store
 from stepstone.exceptions import StoreError
-from tests.pgserver import PgServer
+from tests.pgserver import PASSWORD, PgServer
 
 pytestmark = pytest.mark.postgres
 
@@ -130,3 +131,30 @@ def test_check_on_postgres_reads_every_record(pg_url: str) -> None:
     report = json.loads(_stepstone("check", "--url", pg_url, "--json").stdout)
     (problem,) = report["problems"]
     assert problem["key"] == "pg-c" and "no run head" in problem["detail"]
+
+
+def test_check_of_a_database_it_cannot_read_is_one_open_problem(
+    empty_db: str, pg_server: PgServer
+) -> None:
+    """guarantee 157, 374: a PostgreSQL database `check` cannot read (no stepstone store in
+    it, a wrong password, nothing listening) is one `open` problem naming why, as a SQLite
+    file that will not open is; before, the same failure was listed four times as
+    problems of the keys, and the database's schema was never said to be missing."""
+    wrong_password = pg_server.url("t_cli_empty").replace(
+        f":{quote(PASSWORD, safe='')}@", ":not-it@"
+    )
+    nothing_there = empty_db.replace(f":{pg_server.port}/", ":1/")
+    for url, said in (
+        (empty_db, "holds no stepstone store"),
+        (wrong_password, "password authentication failed"),
+        (nothing_there, "Connection refused"),
+    ):
+        proc = _stepstone("check", "--url", url, "--json")
+        assert proc.returncode == 1, proc.stderr
+        (problem,) = json.loads(proc.stdout)["problems"]
+        assert problem["where"] == "open" and said in problem["detail"], problem
+        assert "not-it" not in proc.stdout  # the password is never printed
+        text = _stepstone("check", "--url", url)
+        assert text.returncode == 1 and "1 problem(s)" in text.stdout, text.stdout
+        assert "backup" not in text.stdout  # nothing is damaged: nothing to restore
+    assert _tables(empty_db) == []  # read only: no schema created

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.console import Console
@@ -43,12 +44,19 @@ def check_cmd(
         raise typer.BadParameter("pass exactly one of --db FILE or --url URL")
     if db is not None and not db.exists():
         fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
+    store: Store | None = None
     try:
         store = Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
+        # A server connects on first use: connect now, and check the database holds a
+        # stepstone store, so a wrong URL is one problem of opening it, as a file's is.
+        store.setup()
     except (StoreError, ValueError) as exc:  # ValueError: a URL of no store's scheme
+        where = store.describe() if store is not None else None
+        if store is not None:
+            store.close()
         if asked(debug):
             raise
-        _report(_unopenable(db, url, exc), as_json)
+        _report(_unopenable(db, url, exc, where), as_json)
         raise typer.Exit(1) from None
     try:
         with progress_bar("checking", hidden=as_json) as progress:
@@ -60,8 +68,11 @@ def check_cmd(
         raise typer.Exit(1)
 
 
-def _unopenable(db: Path | None, url: str | None, exc: StoreError | ValueError) -> CheckReport:
-    where = f"sqlite:{db}" if db is not None else str(url)
+def _unopenable(
+    db: Path | None, url: str | None, exc: StoreError | ValueError, where: str | None
+) -> CheckReport:
+    if where is None:
+        where = f"sqlite:{db}" if db is not None else _without_password(str(url))
     detail = problem_text(exc)
     return CheckReport(
         store=where,
@@ -75,6 +86,16 @@ def _unopenable(db: Path | None, url: str | None, exc: StoreError | ValueError) 
             CheckProblem("file" if isinstance(exc, StoreDamagedError) else "open", None, detail),
         ),
     )
+
+
+def _without_password(url: str) -> str:
+    """``url`` as a report may print it: a password in it replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
 
 def _report(report: CheckReport, as_json: bool) -> None:

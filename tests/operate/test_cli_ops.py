@@ -312,3 +312,52 @@ def test_out_of_range_arguments_are_refused_without_a_traceback(tmp_path: Path) 
         assert result.exit_code == code, (args, text)
         assert said in text and "Traceback" not in text, (args, text)
         assert not isinstance(result.exception, OverflowError | ValueError), args
+
+
+def test_retry_and_fork_of_a_graph_or_agent_run_say_they_take_plan_runs(
+    store_args: list[str],
+) -> None:
+    """guarantee 375: retry and fork cut a Plan's journal of steps; on a graph or an agent
+    run they say so and how to run it again, and write nothing (before, they answered
+    that the run has no such step, `steps: []`, for a node the graph had run)."""
+    from stepstone import Runner
+    from stepstone.graph import END, GraphBuilder, State, StoreCheckpointer
+    from stepstone.testing import FunctionModel
+
+    class Claim(State):
+        amount: int = 0
+
+    def decide(state: Claim) -> dict[str, int]:
+        raise RuntimeError("too big")
+
+    with open_args(store_args) as store:
+        graph = (
+            GraphBuilder(Claim)
+            .add_node("assess", lambda s: {"amount": s.amount + 50})
+            .add_node("decide", decide)
+            .add_edge("assess", "decide")
+            .add_edge("decide", END)
+            .set_entry("assess")
+            .with_checkpointer(StoreCheckpointer(store))
+            .compile()
+        )
+        with pytest.raises(Exception, match="too big"):
+            graph.invoke(Claim(amount=10))
+        agent = Agent(model=FunctionModel(lambda r: "hello"), name="greeter")
+        Runner(store=store).run_sync(agent, user_message="hi", run_id="greet", thread_id="t")
+        heads = {h.kind: h for h in store.backend.run_list(None)}
+    cases = [
+        (heads["graph"], ["retry", heads["graph"].key, "--from", "assess"], "retry"),
+        (heads["graph"], ["fork", heads["graph"].key, "--at", "assess", "--to", "g2"], "fork"),
+        (heads["agent"], ["retry", heads["agent"].key, "--from", "run_started"], "retry"),
+    ]
+    for head, args, what in cases:
+        code, out, err = _run(*args, *store_args)
+        assert code == 1 and out == "" and err.count("\n") == 1, (args, err)
+        assert f"run {head.key!r} is a {head.kind} run: `stepstone {what}` works on Plan" in err
+        assert "nothing was changed" in err
+        assert ("resume_invocation" if head.kind == "graph" else "runner.resume") in err
+    with open_args(store_args) as store:
+        for head in heads.values():
+            assert store.backend.run_get(head.key) == head  # untouched
+        assert store.backend.run_get("g2") is None

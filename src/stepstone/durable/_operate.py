@@ -22,6 +22,7 @@ from stepstone.exceptions import (
     ApprovalTargetError,
     CheckpointCorruptError,
     StoreKeyConflictError,
+    UserError,
 )
 from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent, read_salvaged
 from stepstone.store._store import Store, check_key
@@ -42,6 +43,25 @@ def _read_sound(store: Store, key: str) -> tuple[RunHead, list[JournalRow]]:
         raise _missing(key)
     render_run(*found)
     return found
+
+
+_ONLY_PLANS = {
+    "graph": "resume it where it stopped with `stepstone resume KEY --target module:graph` "
+    "(graph.invoke(resume_invocation=...))",
+    "agent": "resume it where it stopped with runner.resume(agent, run_id=..., thread_id=...)",
+}
+
+
+def _plan_only(head: RunHead, what: str) -> None:
+    """Refuse ``what`` (``retry``, ``fork``) on a run that is not a Plan run: only a Plan's
+    journal is made of steps to cut at. (Before, such a run was said to have no steps.)"""
+    if head.kind == "plan":
+        return
+    how = _ONLY_PLANS.get(head.kind, "resume it with the engine that runs it")
+    raise UserError(
+        f"run {head.key!r} is a {head.kind} run: `stepstone {what}` works on Plan runs, whose "
+        f"journal is made of steps; nothing was changed. To run it again, {how}"
+    )
 
 
 def cancel_error(head: RunHead, reason: str) -> dict[str, Any]:
@@ -157,6 +177,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
 
     Raises:
         KeyError: no run under ``key``, or it never ran a step named ``at``.
+        UserError: the run is not a Plan run (a graph, an agent run): nothing is written.
         CheckpointCorruptError: the run's record is corrupt (nothing is written).
         StoreKeyConflictError: ``to`` is already used.
         TypeError, ValueError: ``to`` cannot be a key (not a non-empty string, or holds a
@@ -164,6 +185,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     """
     check_key(to, "fork's new key (to=)")
     head, rows = _read_sound(store, key)
+    _plan_only(head, "fork")
     cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
     if not cut:
         names = sorted({str(r.name) for r in rows if r.kind == "step"})
@@ -299,6 +321,7 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
 
     Raises:
         KeyError: no run under ``key``, or it never ran ``from_step``.
+        UserError: the run is not a Plan run (a graph, an agent run): nothing is written.
         CheckpointCorruptError: the run's record is corrupt (nothing is written). A run
             with damaged journal rows (a changed byte) can still be rewound to a step
             journaled before the first of them: what follows is dropped with the damage.
@@ -308,7 +331,9 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
         head, rows = _read_sound(store, key)
     except CheckpointCorruptError as exc:
         head, kept, from_step = _rewind_past_damage(store, key, from_step, exc)
+        _plan_only(head, "retry")
     else:
+        _plan_only(head, "retry")
         cut = _last_run_of(rows, from_step)
         if cut is not None:
             kept, from_step = rows[: cut[0]], cut[1]

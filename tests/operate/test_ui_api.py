@@ -234,3 +234,36 @@ def test_api_approves_a_paused_call_only_with_actions(tmp_path: Path) -> None:
             assert body["outcome"] == f"refund call {call_id} is already denied (still too much)"
         final = Runner(store=store).resume_sync(agent, run_id="r", thread_id="t")
         assert final.tool_executions[0]["error"]["type"] == "ApprovalDenied"
+
+
+def test_bad_query_values_are_a_400_naming_them(tmp_path: Path) -> None:
+    """guarantee 376: a number the run list cannot use (not a number, infinite, NaN,
+    negative, fractional) or an unknown status is a 400 whose JSON names the parameter,
+    the value and what it takes; before, limit=inf and limit=1e400 crashed the request
+    (500, a traceback on the server's stderr) and the others were 409 Conflict. Ages take
+    the CLI's forms (1d, 12h) as well as seconds."""
+    with Store(db=tmp_path / "runs.sqlite") as store:
+        done_run(store, "etl-1")
+        with InspectorServer(store, port=0).start() as server:
+            base = server.url + "api/runs?"
+            for query, said in (
+                ("limit=inf", "limit='inf' is not a whole number >= 1"),
+                ("limit=1e400", "limit='1e400' is not a whole number >= 1"),
+                ("limit=nan", "limit='nan' is not a whole number >= 1"),
+                ("limit=-1", "limit='-1' is not a whole number >= 1"),
+                ("limit=0", "limit='0' is not a whole number >= 1"),
+                ("limit=2.5", "limit='2.5' is not a whole number >= 1"),
+                ("offset=-3", "offset='-3' is not a whole number >= 0"),
+                ("offset=inf", "offset='inf' is not a whole number >= 0"),
+                ("older_than=nan", "older_than='nan' is not an age"),
+                ("newer_than=-5", "newer_than='-5' is not an age"),
+                ("newer_than=soon", "newer_than='soon' is not an age"),
+                ("status=fail", "unknown run status ['fail']"),
+            ):
+                status, body = _get(base + query)
+                assert status == 400 and said in body["error"], (query, status, body)
+            for query in ("older_than=0", "older_than=0s", "newer_than=1d", "limit=1&offset=0"):
+                status, body = _get(base + query)
+                assert status == 200 and body["total"] == 1, (query, body)
+            assert _get(base + "newer_than=1d")[1]["runs"][0]["key"] == "etl-1"
+            assert _get(base + "older_than=1d")[1]["total"] == 0

@@ -4,7 +4,9 @@ Routes (all JSON unless noted):
 
 * ``GET /`` and ``GET /static/<file>``: the page (HTML, JS, CSS shipped in the package).
 * ``GET /api/runs?status=&kind=&prefix=&older_than=&newer_than=&limit=&offset=``: runs,
-  most recently updated first, with the same fields as ``stepstone runs --json``.
+  most recently updated first, with the same fields as ``stepstone runs --json``; ages in
+  seconds or as the CLI takes them (``12h``), ``limit`` >= 1 and ``offset`` >= 0 whole
+  numbers. A value it cannot use is a 400 naming it.
 * ``GET /api/run?key=K``: one run with its timeline (404 when absent).
 * ``POST /api/cancel?key=K&reason=R``, ``POST /api/retry?key=K&step=S`` (rewind a
   stopped run to step S) and ``POST /api/approve?key=K&call_id=C[&deny=REASON][&replace=1]``
@@ -17,6 +19,8 @@ Routes (all JSON unless noted):
 from __future__ import annotations
 
 import json
+import logging
+import math
 import mimetypes
 from collections.abc import Callable, Iterable
 from importlib import resources
@@ -25,10 +29,14 @@ from urllib.parse import parse_qs
 
 from stepstone.durable._inspect import query_runs, run_detail
 from stepstone.durable._operate import cancel_run, decide_call, decision_text, retry_run
+from stepstone.durable._retention import parse_age
 from stepstone.exceptions import StepstoneError
+from stepstone.store._base import RUN_STATUSES
 from stepstone.store._store import Store
 
 __all__ = ["InspectorApp"]
+
+log = logging.getLogger("stepstone")
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 Environ = dict[str, Any]
@@ -48,14 +56,41 @@ class _HttpError(Exception):
         self.message = message
 
 
-def _float(params: dict[str, list[str]], name: str) -> float | None:
-    raw = (params.get(name) or [""])[0]
+def _whole(params: dict[str, list[str]], name: str, least: int) -> int | None:
+    """The whole number ``name`` (at least ``least``), or None when absent; anything else
+    (``inf``, ``nan``, ``2.5``, ``-1``) is a 400 naming it."""
+    raw = (params.get(name) or [""])[0].strip()
     if raw == "":
         return None
     try:
-        return float(raw)
+        value = int(raw)
     except ValueError:
-        raise _HttpError("400 Bad Request", f"{name}={raw!r} is not a number") from None
+        value = least - 1
+    if value < least:
+        raise _HttpError(
+            "400 Bad Request",
+            f"{name}={raw!r} is not a whole number >= {least}; pass e.g. {name}=100",
+        )
+    return value
+
+
+def _age(params: dict[str, list[str]], name: str) -> float | None:
+    """The age ``name`` in seconds: a number of seconds or a number and a unit (``90s``,
+    ``15m``, ``12h``, ``30d``, ``2w``, as the CLI takes), or None when absent."""
+    raw = (params.get(name) or [""])[0].strip()
+    if raw == "":
+        return None
+    try:
+        seconds = float(raw) if raw[-1].isdigit() else parse_age(raw).total_seconds()
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= 1e12:  # NaN, infinite or negative: no age
+        raise _HttpError(
+            "400 Bad Request",
+            f"{name}={raw!r} is not an age; pass seconds (3600) or a number and a unit "
+            "(90s, 15m, 12h, 30d, 2w)",
+        )
+    return seconds
 
 
 def _many(params: dict[str, list[str]], name: str) -> list[str]:
@@ -113,6 +148,10 @@ class InspectorApp:
         except (StepstoneError, KeyError, ValueError, RuntimeError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             return self._json(start_response, {"error": str(msg)}, status="409 Conflict")
+        except Exception as exc:  # a bug: answer in JSON, as every route does; log it
+            log.exception("stepstone inspector: %s %s failed", method, path)
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            return self._json(start_response, {"error": error}, status="500 Internal Server Error")
 
     def _check_host(self, environ: Environ) -> None:
         """On a loopback server, refuse requests whose ``Host`` names another machine: a
@@ -130,17 +169,23 @@ class InspectorApp:
 
     # -- routes ------------------------------------------------------------------------
     def _runs(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        limit = _float(params, "limit")
-        offset = _float(params, "offset")
+        limit = _whole(params, "limit", 1)
+        statuses = _many(params, "status")
+        bad = sorted(set(statuses) - set(RUN_STATUSES))
+        if bad:
+            raise _HttpError(
+                "400 Bad Request",
+                f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}",
+            )
         total, runs = query_runs(
             self.store,
-            statuses=_many(params, "status"),
+            statuses=statuses,
             kinds=_many(params, "kind"),
             prefix=(params.get("prefix") or [""])[0] or None,
-            older_than=_float(params, "older_than"),
-            newer_than=_float(params, "newer_than"),
-            limit=int(limit) if limit is not None else self.page_size,
-            offset=int(offset or 0),
+            older_than=_age(params, "older_than"),
+            newer_than=_age(params, "newer_than"),
+            limit=limit if limit is not None else self.page_size,
+            offset=_whole(params, "offset", 0) or 0,
         )
         return {
             "total": total,

@@ -361,3 +361,67 @@ def test_retry_and_fork_of_a_graph_or_agent_run_say_they_take_plan_runs(
         for head in heads.values():
             assert store.backend.run_get(head.key) == head  # untouched
         assert store.backend.run_get("g2") is None
+
+
+def test_keys_are_printed_whole_in_every_table_on_a_narrow_terminal(
+    store_args: list[str], tmp_path: Path
+) -> None:
+    """guarantee 377: on a 40-column terminal, `queue`, `prune`, `stranded` and `migrate`
+    print every run key whole (to copy into the next command) and their other cells
+    wrapped, not cut (before, `queue` showed `etl/3d8da2…` even at 80 columns and statuses
+    as `q…`); `migrate` prints a key holding `[bold]` as it is (it was read as markup)."""
+    import subprocess
+    import sys
+
+    from stepstone import submit
+    from tests.workers.targets import task
+
+    long_key = "nightly/" + "backfill-2026-11-24-" * 3 + "end"
+    with open_args(store_args) as store:
+        queued = submit(store, "tests.workers.targets:make_plan", task("x", "a"), queue="etl")
+        queued_key = queued.key
+        done_run(store, long_key)
+        done_run(store, "[bold]loud")
+    narrow = {"COLUMNS": "40"}
+
+    def run(*args: str) -> str:
+        result = runner.invoke(app, [*args, *store_args], env=narrow)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    out = run("queue")
+    assert queued_key in out and "queued" in out and "…" not in out
+    out = run("prune", "--keep-last", "0", "--min-age", "0s", "--dry-run")
+    assert long_key in out and "[bold]loud" in out and "…" not in out
+    module = tmp_path / "narrow_target.py"
+    module.write_text(
+        "from stepstone import Plan, Step\n"
+        "plan = Plan(Step(lambda p: p, name='extract'), Step(lambda p: p, name='load'))\n"
+    )
+    target = ["narrow_target:plan", *store_args]
+    migrate = subprocess.run(
+        [sys.executable, "-m", "stepstone.cli", "migrate", "--dry-run", "--target", *target],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, **narrow},
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    assert long_key in migrate.stdout and "[bold]loud" in migrate.stdout
+    assert "…" not in migrate.stdout
+    # a run whose owner died: stranded
+    url_or_db = store_args[1]
+    opener = "db" if store_args[0] == "--db" else "url"
+    code = (
+        "import time\nfrom stepstone import Agent, Plan, Step, Store\n"
+        "def hang(p):\n    print('started', flush=True)\n    time.sleep(600)\n"
+        f"Agent(engine=Plan(Step(hang, name='hang'), store=Store({opener}={url_or_db!r}),\n"
+        f"      checkpoint_key={long_key + '-stranded'!r}))('go')\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+        finally:
+            proc.kill()
+    out = run("stranded")
+    assert f"{long_key}-stranded" in out and "…" not in out

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stepstone.agent import Agent
 from stepstone.cli._ops import (
@@ -28,6 +27,8 @@ from stepstone.cli._ops import (
     JsonOption,
     OpsError,
     UrlOption,
+    key_table,
+    keyed_console,
     no_run,
     open_store,
 )
@@ -141,12 +142,18 @@ def migrate_cmd(
         if as_json:
             sys.stdout.write(json.dumps(rows, indent=2) + "\n")
             return
-        table = Table(title=f"{len(rows)} {kind} run(s) against {target}")
-        for col in ("key", "status", "verdict", "detail"):
-            table.add_column(col)
+        keys = [r["key"] for r in rows]
+        table = key_table(
+            keys,
+            "key",
+            "status",
+            "verdict",
+            "detail",
+            title=f"{len(rows)} {kind} run(s) against {target}",
+        )
         for r in rows:
             table.add_row(r["key"], r["status"], r["verdict"], r["detail"])
-        Console().print(table)
+        keyed_console(keys, 80).print(table)
 
 
 def resume_cmd(
@@ -199,7 +206,7 @@ def resume_cmd(
                 f"{stopped.get('message')}"
             )
         else:
-            Console().print(f"{key}: {status}")
+            Console(markup=False).print(f"{key}: {status}")
 
 
 def register(app: typer.Typer) -> None:

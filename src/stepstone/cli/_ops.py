@@ -267,11 +267,18 @@ def _prune_json(report: PruneReport, *, interrupted: bool = False, left: int = 0
 
 
 def _print_prune(report: PruneReport) -> None:
-    out = _console()
     verb = "would delete" if report.dry_run else "deleted"
-    table = Table(title=f"{verb} {len(report.deleted)} run(s)")
-    for col in ("key", "kind", "status", "updated", "reason"):
-        table.add_column(col)
+    keys = [r.key for r in report.deleted[:200]]
+    out = keyed_console(keys)
+    table = key_table(
+        keys,
+        "key",
+        "kind",
+        "status",
+        "updated",
+        "reason",
+        title=f"{verb} {len(report.deleted)} run(s)",
+    )
     for r in report.deleted[:200]:
         table.add_row(r.key, r.kind, r.status, _when(r.updated_at), r.reason)
     out.print(table)
@@ -315,6 +322,28 @@ def _console() -> Console:
     """The console of these commands: its text is printed as it is (keys, step names,
     payloads and error messages are the users'; a ``[/]`` in one is not markup)."""
     return Console(markup=False)
+
+
+def key_table(keys: list[str], key_column: str, *columns: str, title: str | None = None) -> Table:
+    """A table whose ``key_column`` shows every key whole (never cropped, so it can be
+    copied into the next command) and whose other columns wrap rather than crop; print it
+    with :func:`keyed_console`."""
+    table = Table(title=title)
+    for col in (key_column, *columns):
+        if col == key_column:
+            longest = max((len(k) for k in keys), default=len(col))
+            table.add_column(col, no_wrap=True, min_width=max(longest, len(col)))
+        else:
+            table.add_column(col, overflow="fold")
+    return table
+
+
+def keyed_console(keys: list[str], others: int = 60) -> Console:
+    """:func:`_console`, wide enough for the longest of ``keys`` and ``others`` columns of
+    other text: as `stepstone runs` does, a narrow terminal wraps the lines rather than
+    the table cropping a key."""
+    longest = max((len(k) for k in keys), default=0)
+    return Console(markup=False, width=max(Console().width, longest + others))
 
 
 def show_cmd(
@@ -465,9 +494,13 @@ def stranded_cmd(
         if as_json:
             _print_json(found)
             return
-        table = Table(title=f"{len(found)} stranded run(s)")
-        for col in ("key", "kind", "status", "next step", "dead owner", "idle for"):
-            table.add_column(col)
+        keys = [s["key"] for s in found]
+        table = key_table(
+            keys,
+            "key",
+            *("kind", "status", "next step", "dead owner", "idle for"),
+            title=f"{len(found)} stranded run(s)",
+        )
         for s in found:
             table.add_row(
                 s["key"],
@@ -477,7 +510,7 @@ def stranded_cmd(
                 f"pid {s['owner_pid']} on {str(s['owner_host']).split('/')[0]}",
                 f"{s['age_seconds']:.0f} s",
             )
-        _console().print(table)
+        keyed_console(keys, 80).print(table)
 
 
 def diff_cmd(
@@ -663,18 +696,21 @@ def queue_cmd(
         if as_json:
             _print_json([_entry_view(e) for e in entries])
             return
-        table = Table("entry", "queue", "status", "attempts", "run key", "target", "error")
+        keys = [e.run_key for e in entries]
+        table = key_table(
+            keys, "run key", "entry", "queue", "status", "attempts", "target", "error"
+        )
         for e in entries:
             table.add_row(
+                e.run_key,
                 e.id[:12],
                 e.queue,
                 e.status + (" (cancel asked)" if e.cancel_requested else ""),
                 f"{e.attempts}/{e.max_attempts}",
-                e.run_key,
                 e.target,
                 _short(e.error or "", 60),
             )
-        _console().print(table if entries else "no queue entries")
+        keyed_console(keys, 100).print(table if entries else "no queue entries")
 
 
 def _entry_view(e: QueueEntry) -> dict[str, Any]:

@@ -425,3 +425,34 @@ def test_keys_are_printed_whole_in_every_table_on_a_narrow_terminal(
             proc.kill()
     out = run("stranded")
     assert f"{long_key}-stranded" in out and "…" not in out
+
+
+def test_a_key_that_holds_no_run_is_answered_with_the_runs_meant(store_args: list[str]) -> None:
+    """guarantee 378: the run id of an agent run (its key is `agent:ID:checkpoint:latest`),
+    a prefix, a key in the wrong case: every command that takes a key answers with the runs
+    whose key holds it (before: only `list them with stepstone runs`)."""
+    from stepstone import Runner
+    from stepstone.testing import FunctionModel
+
+    with open_args(store_args) as store:
+        done_run(store, "nightly-11-20")
+        done_run(store, "nightly-11-21")
+        failed_run(store, "weekly")
+        agent = Agent(model=FunctionModel(lambda r: "hello"), name="greeter")
+        Runner(store=store).run_sync(agent, user_message="hi", run_id="greet-7", thread_id="t")
+    nightly = "runs whose key holds it: 'nightly-11-20', 'nightly-11-21'"
+    agent_key = "runs whose key holds it: 'agent:greet-7:checkpoint:latest'"
+    cases = [
+        (["show", "greet-7"], "greet-7", agent_key),
+        (["history", "NIGHTLY-11"], "NIGHTLY-11", nightly),
+        (["cancel", "nightly"], "nightly", nightly),
+        (["retry", "nightly", "--from", "load"], "nightly", nightly),
+        (["fork", "nightly", "--at", "load", "--to", "n2"], "nightly", nightly),
+        (["approve", "greet-7", "call_0_0"], "greet-7", agent_key),
+        (["diff", "weekly", "nightly-11"], "nightly-11", nightly),
+        (["show", "zzz"], "zzz", "list them with `stepstone runs`"),
+    ]
+    for args, key, said in cases:
+        code, out, err = _run(*args, *store_args)
+        assert code == 1 and out == "" and err.count("\n") == 1, (args, err)
+        assert f"no run under key {key!r} in Store(" in err and said in err, (args, err)

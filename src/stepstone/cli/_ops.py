@@ -30,6 +30,7 @@ from stepstone.cli._render import progress_bar
 from stepstone.durable._inspect import (
     damage_report,
     diff_runs,
+    missing_run,
     run_detail,
     salvaged_timeline,
     steps_done,
@@ -129,7 +130,7 @@ def open_store(
 
 def no_run(key: str, store: Store) -> OpsError:
     """The one-line error for a key that holds no run."""
-    return OpsError(f"no run under key {key!r} in {store!r}; list them with `stepstone runs`")
+    return OpsError(missing_run(store, key))
 
 
 def _print_json(data: Any) -> None:

@@ -26,6 +26,7 @@ from stepstone.store._store import Store
 
 __all__ = [
     "damage_report",
+    "missing_run",
     "diff_runs",
     "filter_heads",
     "query_runs",
@@ -309,6 +310,25 @@ def _end(head: RunHead) -> dict[str, Any]:
     return {"status": head.status, "next_step": head.next_step, "error": _error_of(head)}
 
 
+def missing_run(store: Store, key: str) -> str:
+    """The message for a ``key`` that holds no run: it names the key and the store, and the
+    runs a hurried operator may have meant, those whose key holds it (``refund-o42`` for
+    ``agent:refund-o42:checkpoint:latest``, a prefix for the keys it starts), else those
+    starting like it, at most 10."""
+    keys = sorted(h.key for h in store.backend.run_list(None))
+    needle = key.casefold()
+    near = [k for k in keys if needle and needle in k.casefold()]
+    how = "whose key holds it"
+    if not near and key[:3]:
+        near, how = [k for k in keys if k.startswith(key[:3])], "starting like it"
+    text = f"no run under key {key!r} in {store!r}"
+    if near:
+        more = f" (and {len(near) - 10} more)" if len(near) > 10 else ""
+        shown = ", ".join(repr(k) for k in near[:10])
+        return f"{text}; runs {how}: {shown}{more}"
+    return f"{text}; list them with `stepstone runs`"
+
+
 def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
     """Where two runs diverged: their common prefix length and the first differing entries.
 
@@ -318,7 +338,7 @@ def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
     heads = {k: store.backend.run_get(k) for k in (key_a, key_b)}
     for k, h in heads.items():
         if h is None:
-            raise KeyError(f"no run under key {k!r}; list runs with `stepstone runs`")
+            raise KeyError(missing_run(store, k))
     a = timeline(store.backend.run_journal(key_a))
     b = timeline(store.backend.run_journal(key_b))
     same = 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from stepstone.core._ids import new_origin
 from stepstone.durable._approvals import _paused_agents, _record, approve_call, pending_approvals
-from stepstone.durable._inspect import rewind_steps
+from stepstone.durable._inspect import missing_run, rewind_steps
 from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._queue import existing_queue
@@ -31,8 +31,12 @@ from stepstone.store._views import render_run
 __all__ = ["cancel_error", "cancel_run", "decide_call", "decision_text", "fork_run", "retry_run"]
 
 
-def _missing(key: str) -> KeyError:
-    return KeyError(f"no run under key {key!r}; list them with `stepstone runs`")
+class _Absent(Exception):
+    """No run under the key (found inside a transaction)."""
+
+
+def _missing(store: Store, key: str) -> KeyError:
+    return KeyError(missing_run(store, key))
 
 
 def _read_sound(store: Store, key: str) -> tuple[RunHead, list[JournalRow]]:
@@ -40,7 +44,7 @@ def _read_sound(store: Store, key: str) -> tuple[RunHead, list[JournalRow]]:
     record raises CheckpointCorruptError naming the key, and is never copied or rewound."""
     found = read_consistent(store.backend, key)
     if found is None:
-        raise _missing(key)
+        raise _missing(store, key)
     render_run(*found)
     return found
 
@@ -120,7 +124,7 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
 
     def decide(head: RunHead | None, _kv: str | None) -> Claim | None:
         if head is None:
-            raise _missing(key)
+            raise _Absent  # named outside the transaction (the message lists other keys)
         if head.status == "done":
             raise ValueError(f"run {key!r} is already done; there is nothing to cancel")
         now = store.backend.clock()  # leases are judged by the database's clock
@@ -154,9 +158,9 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
     try:
         store.backend.run_transact(key, decide)
         outcome.append(said[0])
-    except KeyError:
+    except _Absent:
         if entry is None:
-            raise
+            raise _missing(store, key) from None
         outcome.append(f"no run under {key!r} yet")
     if queue is not None and entry is not None:
         status = queue.cancel(entry)
@@ -257,7 +261,7 @@ def _rewind_past_damage(
     naming the steps it can be rewound to) is raised."""
     found = read_salvaged(store.backend, key)
     if found is None:
-        raise _missing(key)
+        raise _missing(store, key)
     if not found.damaged:
         raise error  # every row reads; the record as a whole does not decode
     steps = rewind_steps(found)
@@ -405,6 +409,8 @@ def decide_call(
     ``approve_call`` returns, plus ``previous`` (the decision that stood before, or None)
     and ``changed``.
     """
+    if store.backend.run_get(key) is None:
+        raise ApprovalTargetError(missing_run(store, key))
     for head in _paused_agents(store, key):
         pending = pending_approvals(head, store.backend.run_journal(head.key))
         match = next((p for p in pending if p["call_id"] == call_id), None)

@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
-from stepstone.durable._inspect import query_runs, run_detail
+from stepstone.durable._inspect import missing_run, query_runs, run_detail
 from stepstone.durable._operate import cancel_run, decide_call, decision_text, retry_run
 from stepstone.durable._retention import parse_age
 from stepstone.exceptions import StepstoneError
@@ -202,7 +202,7 @@ class InspectorApp:
             raise _HttpError("400 Bad Request", "pass ?key=RUN_KEY")
         detail = run_detail(self.store, key)
         if detail is None:
-            raise _HttpError("404 Not Found", f"no run under key {key!r}")
+            raise _HttpError("404 Not Found", missing_run(self.store, key))
         return {**detail, "allow_actions": self.allow_actions}
 
     def _check_action(self, environ: Environ) -> None:

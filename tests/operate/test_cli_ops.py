@@ -354,7 +354,8 @@ def test_retry_and_fork_of_a_graph_or_agent_run_say_they_take_plan_runs(
     for head, args, what in cases:
         code, out, err = _run(*args, *store_args)
         assert code == 1 and out == "" and err.count("\n") == 1, (args, err)
-        assert f"run {head.key!r} is a {head.kind} run: `stepstone {what}` works on Plan" in err
+        kind = "a graph" if head.kind == "graph" else "an agent"
+        assert f"run {head.key!r} is {kind} run: `stepstone {what}` works on Plan" in err
         assert "nothing was changed" in err
         assert ("resume_invocation" if head.kind == "graph" else "runner.resume") in err
     with open_args(store_args) as store:

@@ -187,3 +187,56 @@ Agent(engine=Plan(*pipeline.plan.steps, store=Store(db={str(db)!r}), checkpoint_
 
     with Store(db=db) as store:
         assert store.read("job")["completed_steps"] == ["extract", "load"]
+
+
+def test_resume_refuses_a_run_its_target_does_not_run(tmp_path: Path) -> None:
+    """guarantee 375: `stepstone resume` of an agent run, or of a graph run with a Plan as
+    its target, says what the run is and how to continue it, and changes nothing; before,
+    the Plan's refusal advised deleting the agent run with store.delete."""
+    from stepstone import Agent, Runner, Store
+    from stepstone.testing import FunctionModel
+
+    (tmp_path / "plans.py").write_text(textwrap.dedent(PLANS))
+    (tmp_path / "graphs.py").write_text(textwrap.dedent(GRAPHS))
+    db = tmp_path / "runs.sqlite"
+    graph_db = str(tmp_path / "graph.sqlite")
+    setup = f"""
+import sys; sys.path.insert(0, {str(tmp_path)!r})
+import graphs
+graphs.build(graphs.V1, {graph_db!r}).invoke(graphs.V1())
+"""
+    made = subprocess.run([sys.executable, "-c", setup], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    with Store(db=db) as store:
+        agent = Agent(model=FunctionModel(lambda r: "hello"), name="greeter")
+        Runner(store=store).run_sync(agent, user_message="hi", run_id="greet", thread_id="t")
+        agent_key = store.keys()[0]
+        before = store.backend.run_get(agent_key)
+    with Store(db=graph_db) as store:
+        (graph_key,) = [h.key for h in store.backend.run_list(None)]
+
+    def resume(key: str, where: str) -> subprocess.CompletedProcess[str]:
+        args = ["resume", key, "--target", "plans:current", "--db", where]
+        return subprocess.run(
+            [sys.executable, "-m", "stepstone.cli", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "HOME": str(tmp_path)},
+        )
+
+    proc = resume(agent_key, str(db))
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith(
+        f"error: run {agent_key!r} is an agent run: `stepstone resume` resumes Plan and graph"
+    )
+    assert "runner.resume(" in proc.stderr and "store.delete" not in proc.stderr
+    with Store(db=db) as store:
+        assert store.backend.run_get(agent_key) == before
+    proc = resume(graph_key, graph_db)
+    assert proc.returncode == 1, proc.stderr
+    assert f"run {graph_key!r} is a graph run, but --target 'plans:current' is a Plan" in (
+        proc.stderr
+    )
+    assert "Pass the compiled graph that runs it" in proc.stderr

@@ -33,6 +33,7 @@ from stepstone.cli._ops import (
     open_store,
 )
 from stepstone.durable import list_runs, run_head
+from stepstone.durable._operate import a_kind
 from stepstone.engines.graph import CompiledGraph
 from stepstone.engines.plan import Plan
 from stepstone.exceptions import CheckpointStateMigrationError
@@ -174,6 +175,7 @@ def resume_cmd(
             raise no_run(key, store)
         obj = load_object(target)
         engine = obj.engine if isinstance(obj, Agent) else obj
+        _check_kinds(key, head, engine, target)
         if isinstance(engine, CompiledGraph):
             # A graph resumes through its own checkpointer (which holds the record).
             engine.invoke(resume_invocation=key.removeprefix("graph:"))
@@ -207,6 +209,36 @@ def resume_cmd(
             )
         else:
             Console(markup=False).print(f"{key}: {status}")
+
+
+def _check_kinds(key: str, head: RunHead, engine: Any, target: str) -> None:
+    """Refuse, before anything runs, a run ``engine`` does not run: an agent run (or
+    another engine's), or a Plan's run with a graph as the target (and the reverse). The
+    engine's own refusal would advise deleting the run."""
+    wanted = (
+        "plan"
+        if isinstance(engine, Plan)
+        else "graph"
+        if isinstance(engine, CompiledGraph)
+        else None
+    )
+    if head.kind == wanted or wanted is None:  # None: the refusal below names the target
+        return
+    if head.kind not in ("plan", "graph"):
+        how = (
+            "resume it with runner.resume(agent, run_id=..., thread_id=...)"
+            if head.kind == "agent"
+            else "resume it with the engine that runs it"
+        )
+        raise OpsError(
+            f"run {key!r} is {a_kind(head.kind)} run: `stepstone resume` resumes Plan and graph "
+            f"runs; nothing was run or changed. To continue it, {how}"
+        )
+    raise OpsError(
+        f"run {key!r} is {a_kind(head.kind)} run, but --target {target!r} is a "
+        f"{'compiled graph' if wanted == 'graph' else 'Plan'}; nothing was run or changed. "
+        f"Pass the {'compiled graph' if head.kind == 'graph' else 'Plan'} that runs it"
+    )
 
 
 def register(app: typer.Typer) -> None:

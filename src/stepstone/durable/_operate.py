@@ -28,7 +28,15 @@ from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent, r
 from stepstone.store._store import Store, check_key
 from stepstone.store._views import render_run
 
-__all__ = ["cancel_error", "cancel_run", "decide_call", "decision_text", "fork_run", "retry_run"]
+__all__ = [
+    "a_kind",
+    "cancel_error",
+    "cancel_run",
+    "decide_call",
+    "decision_text",
+    "fork_run",
+    "retry_run",
+]
 
 
 class _Absent(Exception):
@@ -56,6 +64,11 @@ _ONLY_PLANS = {
 }
 
 
+def a_kind(kind: str) -> str:
+    """``kind`` with its article: ``a graph``, ``an agent``."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
 def _plan_only(head: RunHead, what: str) -> None:
     """Refuse ``what`` (``retry``, ``fork``) on a run that is not a Plan run: only a Plan's
     journal is made of steps to cut at. (Before, such a run was said to have no steps.)"""
@@ -63,8 +76,8 @@ def _plan_only(head: RunHead, what: str) -> None:
         return
     how = _ONLY_PLANS.get(head.kind, "resume it with the engine that runs it")
     raise UserError(
-        f"run {head.key!r} is a {head.kind} run: `stepstone {what}` works on Plan runs, whose "
-        f"journal is made of steps; nothing was changed. To run it again, {how}"
+        f"run {head.key!r} is {a_kind(head.kind)} run: `stepstone {what}` works on Plan runs, "
+        f"whose journal is made of steps; nothing was changed. To run it again, {how}"
     )
 
 

@@ -267,3 +267,47 @@ def test_bad_query_values_are_a_400_naming_them(tmp_path: Path) -> None:
                 assert status == 200 and body["total"] == 1, (query, body)
             assert _get(base + "newer_than=1d")[1]["runs"][0]["key"] == "etl-1"
             assert _get(base + "older_than=1d")[1]["total"] == 0
+
+
+def test_a_run_with_megabytes_of_output_is_sent_cut_to_the_page(tmp_path: Path) -> None:
+    """guarantee 379: the run page, which polls every second, gets each payload cut to
+    4096 characters of JSON with its full length (before: a run with ten 5 MB outputs sent
+    50 MB per poll); full=1 gets it all, and `stepstone show` prints texts of the record
+    cut to 2000 characters with their length (before: all 10 MB on the terminal), while
+    `show --json` and `history --payloads --json` keep everything."""
+    from typer.testing import CliRunner
+
+    from stepstone import Agent, Plan, Step
+    from stepstone.cli import app
+
+    big = "y" * 3_000_000
+    with Store(db=tmp_path / "runs.sqlite") as store:
+        plan = Plan(
+            Step(lambda p: big, name="extract", writes="raw"),
+            Step(lambda p: {"rows": [big[:5000]] * 3}, name="parse"),
+            Step(lambda p: "loaded", name="load"),
+            store=store,
+            checkpoint_key="big",
+        )
+        assert Agent(engine=plan)("go").ok
+        with InspectorServer(store, port=0).start() as server:
+            url = server.url + "api/run?key=big"
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                body = resp.read()
+            assert len(body) < 20_000
+            extract, parse, load = json.loads(body)["timeline"]
+            assert extract["payload"] == big[:4096] and extract["payload_chars"] == len(big)
+            assert parse["payload"].startswith('{"rows": ["yyy') and len(parse["payload"]) == 4096
+            assert parse["payload_chars"] == len(json.dumps({"rows": [big[:5000]] * 3}))
+            assert load["payload"] == "loaded" and "payload_chars" not in load
+            status, full = _get(url + "&full=1")
+            assert status == 200 and full["timeline"][0]["payload"] == big
+    cli = CliRunner(env={"COLUMNS": "200"})
+    db = ["--db", str(tmp_path / "runs.sqlite")]
+    shown = cli.invoke(app, ["show", "big", *db])
+    assert shown.exit_code == 0 and len(shown.stdout) < 20_000
+    assert f"… ({len(big)} characters; --json shows them all)" in shown.stdout
+    whole = json.loads(cli.invoke(app, ["show", "big", "--json", *db]).stdout)
+    assert whole["record"]["kv"]["raw"] == big
+    hist = json.loads(cli.invoke(app, ["history", "big", "--payloads", "--json", *db]).stdout)
+    assert hist[0]["payload"] == big

@@ -249,3 +249,25 @@ def test_approve_a_paused_agent_run_from_its_page(browser: Any, tmp_path: Path) 
             page.wait_for_selector("#approvals", state="hidden")
             page.wait_for_selector('#effects tr[data-position="tool:0:0"]')
             assert "refund" in page.inner_text('#effects tr[data-position="tool:0:0"]')
+
+
+def test_a_run_with_megabytes_of_output_stays_live_in_the_page(
+    browser: Any, tmp_path: Path
+) -> None:
+    """guarantee 379: the page of a run whose steps wrote 5 MB each gets their payloads cut,
+    says how long each is and where to read it all, and keeps refreshing."""
+    page = browser
+    with Store(db=tmp_path / "runs.sqlite") as store:
+
+        def prepare() -> None:
+            for i in range(3):
+                done_run(store, f"big-{i}", payload=str(i) * 5_000_000)
+
+        _in_thread(prepare)
+        with InspectorServer(store, port=0, poll_seconds=0.3).start() as server:
+            page.goto(server.url + "#run=big-2")
+            page.wait_for_selector("#timeline tbody tr")
+            first = page.locator("#timeline tbody tr").nth(0).inner_text()
+            assert "(5000000 characters; all of it: stepstone history KEY --payloads" in first
+            updates = int(page.get_attribute("#live", "data-updates") or 0)
+            page.wait_for_selector(f'#live[data-updates="{updates + 3}"]')

@@ -397,7 +397,23 @@ def show_cmd(
         _print_approvals(console, key, detail["pending_approvals"])
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
-        console.print_json(json.dumps(detail["record"], default=str))
+        console.print_json(json.dumps(_cut_texts(detail["record"]), default=str))
+
+
+#: Characters of one text of a run's record that `show` prints (``--json``: all).
+SHOWN_CHARS = 2000
+
+
+def _cut_texts(value: Any) -> Any:
+    """``value`` with each text longer than :data:`SHOWN_CHARS` cut to them and its length
+    noted: a step's megabytes of output must not flood the terminal."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]}… ({len(value)} characters; --json shows them all)"
+    if isinstance(value, dict):
+        return {k: _cut_texts(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cut_texts(v) for v in value]
+    return value
 
 
 def _print_approvals(console: Console, key: str, calls: list[dict[str, Any]]) -> None:

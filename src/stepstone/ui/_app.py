@@ -7,7 +7,9 @@ Routes (all JSON unless noted):
   most recently updated first, with the same fields as ``stepstone runs --json``; ages in
   seconds or as the CLI takes them (``12h``), ``limit`` >= 1 and ``offset`` >= 0 whole
   numbers. A value it cannot use is a 400 naming it.
-* ``GET /api/run?key=K``: one run with its timeline (404 when absent).
+* ``GET /api/run?key=K[&full=1]``: one run with its timeline (404 when absent); a payload
+  longer than 4096 characters of JSON is cut to them (``payload_chars``: its length)
+  unless ``full=1``.
 * ``POST /api/cancel?key=K&reason=R``, ``POST /api/retry?key=K&step=S`` (rewind a
   stopped run to step S) and ``POST /api/approve?key=K&call_id=C[&deny=REASON][&replace=1]``
   (record a decision for a tool call a paused run waits on; one already recorded is only
@@ -95,6 +97,24 @@ def _age(params: dict[str, list[str]], name: str) -> float | None:
 
 def _many(params: dict[str, list[str]], name: str) -> list[str]:
     return [v for raw in params.get(name, []) for v in raw.split(",") if v]
+
+
+#: Characters of a payload's JSON the run page gets; the page shows far fewer.
+PAYLOAD_CHARS = 4096
+
+
+def _cut_payloads(timeline: list[dict[str, Any]]) -> None:
+    """Cut each payload whose JSON text is longer than :data:`PAYLOAD_CHARS` to that many
+    characters of it (a string), noting the full length as ``payload_chars``: a page that
+    polls every second must not fetch a run's megabytes each time (``full=1`` gets them)."""
+    for entry in timeline:
+        payload = entry.get("payload")
+        if payload is None or (isinstance(payload, str) and len(payload) <= PAYLOAD_CHARS):
+            continue
+        text = payload if isinstance(payload, str) else json.dumps(payload, default=str)
+        if len(text) > PAYLOAD_CHARS:
+            entry["payload"] = text[:PAYLOAD_CHARS]
+            entry["payload_chars"] = len(text)
 
 
 class InspectorApp:
@@ -203,6 +223,8 @@ class InspectorApp:
         detail = run_detail(self.store, key)
         if detail is None:
             raise _HttpError("404 Not Found", missing_run(self.store, key))
+        if (params.get("full") or [""])[0] != "1":
+            _cut_payloads(detail["timeline"])
         return {**detail, "allow_actions": self.allow_actions}
 
     def _check_action(self, environ: Environ) -> None:

@@ -145,8 +145,12 @@ async function renderRun(key) {
       btn.addEventListener("click", () => act("/api/retry?key=" + encodeURIComponent(run.key) + "&step=" + encodeURIComponent(entry.name)));
       errCell.append(" ", btn);
     }
+    const payload = el("td", short(entry.payload, 600), "payload");
+    if (entry.payload_chars) {
+      payload.append(el("span", " (" + entry.payload_chars + " characters; all of it: stepstone history KEY --payloads --json)", "muted cut"));
+    }
     tr.append(el("td", entry.seq), el("td", entry.kind), el("td", entry.name || ""),
-      el("td", short(entry.payload, 600), "payload"), errCell);
+      payload, errCell);
     body.append(tr);
   }
   markLive(" · " + run.steps + " step(s)");

@@ -132,7 +132,13 @@ def test_cancel_and_fork_commands(store_args: list[str]) -> None:
     code, out, _ = _run("show", "ok-2", *store_args)
     assert code == 0 and "status paused" in out
     retried = _json("retry", "ok", "--from", "load", *store_args)
-    assert retried == {"key": "ok", "next_step": "load", "status": "paused", "requeued": None}
+    assert retried == {
+        "key": "ok",
+        "next_step": "load",
+        "status": "paused",
+        "requeued": None,
+        "queued": None,
+    }
 
 
 def test_failures_are_one_line_with_exit_status_1(store_args: list[str], tmp_path: Path) -> None:

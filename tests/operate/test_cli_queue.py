@@ -54,3 +54,30 @@ def test_a_store_without_a_queue_lists_none_and_gets_none(tmp_path: Path) -> Non
     with sqlite3.connect(db) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert "stepstone_queue" not in names
+
+
+def test_a_second_retry_says_the_run_is_still_in_its_queue(
+    store_args: list[str], tmp_path: Path
+) -> None:
+    """guarantee 259: retrying a queued run whose entry a first retry already put back says
+    a worker resumes it (before: `resume=True runs it again`, as if nothing would)."""
+    from stepstone import RunHandle
+
+    log = str(tmp_path / "log")
+    Path(log + ".down").touch()
+    with open_args(store_args) as store:
+        h = submit(store, "tests.workers.targets:flaky_plan", task(log, "r"), key="nightly")
+        Worker(store, queues=["default"], poll_interval=0.05).run(until_idle=True)
+        assert RunHandle(store, h.id).status() == "failed"
+    env = {"COLUMNS": "200"}
+    first = runner.invoke(app, ["retry", "nightly", "--from", "flaky", *store_args], env=env)
+    assert first.exit_code == 0 and f"{h.id} is queued again" in first.stdout
+    again = runner.invoke(app, ["retry", "nightly", "--from", "flaky", *store_args], env=env)
+    assert again.exit_code == 0, again.stderr
+    assert f"its queue entry {h.id} is still in the queue: a worker resumes it" in again.stdout
+    assert "resume=True" not in again.stdout
+    said = runner.invoke(
+        app, ["retry", "nightly", "--from", "flaky", "--json", *store_args], env=env
+    )
+    assert json.loads(said.stdout)["queued"] == h.id
+    assert json.loads(said.stdout)["requeued"] is None

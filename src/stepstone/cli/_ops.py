@@ -618,6 +618,8 @@ def retry_cmd(
     with open_store(db, url, debug=debug) as store:
         head = retry_run(store, key, from_step=from_step)
         entry = requeue_run(store, key)  # a run from a queue: back in it, for a worker
+        queue = existing_queue(store) if entry is None else None
+        waiting = queue.active_entry(key) if queue is not None else None  # already in it
         if as_json:
             _print_json(
                 {
@@ -625,14 +627,16 @@ def retry_cmd(
                     "next_step": head.next_step,
                     "status": head.status,
                     "requeued": entry,
+                    "queued": entry or waiting,
                 }
             )
             return
-        then = (
-            f"its queue entry {entry} is queued again: a worker resumes it"
-            if entry is not None
-            else "resume=True runs it again"
-        )
+        if entry is not None:
+            then = f"its queue entry {entry} is queued again: a worker resumes it"
+        elif waiting is not None:
+            then = f"its queue entry {waiting} is still in the queue: a worker resumes it"
+        else:
+            then = "resume=True runs it again"
         _console().print(
             f"{key} rewound: {steps_done(head)} step(s) kept, next {head.next_step!r}; {then}"
         )

@@ -197,8 +197,9 @@ def test_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
     text = tmp_path / "notes.txt"
     text.write_text("not a database\n" * 50)
     assert "not a SQLite database" in _one_line_error(stepstone("runs", "--db", str(text)))
-    line = _one_line_error(cli("runs", "--url", "mysql://u@localhost/db"))
+    line = _one_line_error(cli("runs", "--url", "mysql://u:s3cret@localhost/db"))
     assert "unsupported store URL scheme 'mysql'" in line and "postgresql://" in line
+    assert "s3cret" not in line  # the URL's password is never echoed
     line = _one_line_error(cli("runs", "--url", "postgresql://u@127.0.0.1:9/db"))
     assert "127.0.0.1" in line
     line = _one_line_error(cli("inspect", "k"), code=2)

@@ -312,13 +312,33 @@ def _decode(key: str, text: str) -> Any:
 NUL_IN_KEY = "contains a NUL character ('\\x00'), which no store can keep in a key; remove it"
 
 
+def key_problem(key: str) -> str | None:
+    """Why no store can keep ``key`` (a str), for a message that names it, or None: a NUL
+    character (:data:`NUL_IN_KEY`), or a lone surrogate (as ``os.fsdecode`` or
+    ``errors='surrogateescape'`` make of bytes that are not UTF-8), which is not Unicode
+    text: neither SQLite nor PostgreSQL can encode it."""
+    if "\0" in key:
+        return NUL_IN_KEY
+    if not key.isascii():
+        try:
+            key.encode()
+        except UnicodeEncodeError as exc:
+            return (
+                f"contains a lone surrogate ({key[exc.start]!r} at index {exc.start}), which "
+                "is not Unicode text and no store can keep; remove it, or decode the bytes "
+                "it came from with errors='replace'"
+            )
+    return None
+
+
 def check_key(key: Any, what: str = "store key") -> str:
-    """``key`` if it can be a key in every store: a non-empty string without NUL characters
-    (:data:`NUL_IN_KEY`)."""
+    """``key`` if it can be a key in every store: a non-empty string that
+    :func:`key_problem` finds nothing wrong with."""
     if not isinstance(key, str) or not key:
         raise TypeError(f"a {what} is a non-empty string, got {key!r}")
-    if "\0" in key:
-        raise ValueError(f"{what} {key!r} {NUL_IN_KEY}")
+    problem = key_problem(key)
+    if problem is not None:
+        raise ValueError(f"{what} {key!r} {problem}")
     return key
 
 
@@ -345,10 +365,10 @@ def _backend_from_url(
         module = importlib.import_module("stepstone.store._postgres")
         backend: Backend = module.PostgresBackend(url, read_only=read_only)
         return backend
-    what = f"unsupported store URL scheme {scheme!r}" if scheme else "no URL scheme"
+    # An unknown scheme is named without the rest of the URL, which may hold a password.
+    what = f"unsupported store URL scheme {scheme!r}" if scheme else f"no URL scheme in {url!r}"
     raise ValueError(
-        f"{what} in {url!r}; use 'sqlite:///path/to/file' "
-        "or 'postgresql://user:password@host/dbname'"
+        f"{what}; use 'sqlite:///path/to/file' or 'postgresql://user:password@host/dbname'"
     )
 
 

@@ -96,12 +96,22 @@ def test_signature_defaults_and_store_and_key_both_needed(store: Store) -> None:
         Plan(Step(lambda p: p, name="a"), checkpoint_key="k")
 
 
-def test_a_key_with_a_nul_character_is_a_compile_error(store: Store) -> None:
-    """guarantee 349: caught when the Plan is built, naming the key, before any run."""
+def test_a_key_with_a_nul_character_or_a_lone_surrogate_is_a_compile_error(
+    store: Store,
+) -> None:
+    """guarantee 349: caught when the Plan is built, naming the key, before any run (a
+    step name too: it is stored with every journal row)."""
     with pytest.raises(PlanCompileError, match=r"checkpoint_key 'k\\x00' contains a NUL"):
         Plan(Step(lambda p: p, name="a"), store=store, checkpoint_key="k\0")
     with pytest.raises(PlanCompileError, match=r"step 'a': writes='w\\x00' contains a NUL"):
         Plan(Step(lambda p: p, name="a", writes="w\0"), store=store, checkpoint_key="k")
+    with pytest.raises(PlanCompileError, match=r"checkpoint_key 'k\\udcff' contains a lone"):
+        Plan(Step(lambda p: p, name="a"), store=store, checkpoint_key="k\udcff")
+    with pytest.raises(PlanCompileError, match=r"writes='\\ud800w' contains a lone surrogate"):
+        Plan(Step(lambda p: p, name="a", writes="\ud800w"), store=store, checkpoint_key="k")
+    for name in ("a\0", "a\udcff"):
+        with pytest.raises(PlanCompileError, match=r"Step name 'a\\(x00|udcff)' contains a"):
+            Step(lambda p: p, name=name)
     assert store.keys() == []
 
 

@@ -17,7 +17,7 @@ from stepstone.core import Sentinel, Tool
 from stepstone.core._tool import is_agent_like
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError
-from stepstone.store._store import NUL_IN_KEY
+from stepstone.store._store import key_problem
 
 __all__ = ["CompiledPlan", "Unit", "check_tools", "compile_plan", "literal_values"]
 
@@ -95,6 +95,14 @@ def compile_plan(
             raise PlanCompileError(
                 f"Plan() takes Step objects; argument {i} is {type(step).__name__}: {step!r}"
             )
+    for s in steps:  # before the fingerprint, which encodes them
+        if s.writes is not None and (not isinstance(s.writes, str) or not s.writes):
+            raise PlanCompileError(
+                f"step {s.step_name!r}: writes= must be a non-empty str, got {s.writes!r}"
+            )
+        problem = None if s.writes is None else key_problem(s.writes)
+        if problem is not None:
+            raise PlanCompileError(f"step {s.step_name!r}: writes={s.writes!r} {problem}")
     step_of: dict[str, Step] = {}
     for step in steps:
         for what, tp in (("input", step.input), ("output", step.output)):
@@ -141,13 +149,6 @@ def compile_plan(
         _check_sentinels(step, compiled)
         _check_routing(step, compiled)
         _check_types(step, compiled)
-    for s in steps:
-        if s.writes is not None and (not isinstance(s.writes, str) or not s.writes):
-            raise PlanCompileError(
-                f"step {s.step_name!r}: writes= must be a non-empty str, got {s.writes!r}"
-            )
-        if s.writes is not None and "\0" in s.writes:
-            raise PlanCompileError(f"step {s.step_name!r}: writes={s.writes!r} {NUL_IN_KEY}")
     for unit in units:
         band_writes = [s.writes for s in unit.steps if s.writes]
         if len(band_writes) != len(set(band_writes)):

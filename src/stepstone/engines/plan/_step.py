@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepstone.core import AgentLike, Sentinel, Tool, from_prev
+from stepstone.store._store import key_problem
 
 __all__ = ["Step", "target_name"]
 
@@ -100,6 +101,9 @@ class Step:
                 f"Step({self.target!r}) has no name: pass name='...' (a lambda or callable "
                 "object has no usable name)"
             )
+        problem = key_problem(self.name)  # names are stored with every journal row
+        if problem is not None:
+            raise PlanCompileError(f"Step name {self.name!r} {problem}")
 
     @property
     def step_name(self) -> str:

@@ -46,31 +46,36 @@ def test_read_write_delete_roundtrip(store_spec: StoreSpec) -> None:
 def test_a_key_with_a_nul_character_is_refused_before_anything_is_written(
     store_spec: StoreSpec,
 ) -> None:
-    """guarantee 349: a key containing a NUL character is refused by every store with a
-    ValueError naming it, for values, runs and ``writes=`` keys alike, and nothing is
-    written."""
+    """guarantee 349: a key containing a NUL character or a lone surrogate is refused by
+    every store with a ValueError naming it and what is wrong, for values, runs and
+    ``writes=`` keys alike, and nothing is written."""
     from stepstone.durable import claim_run
 
     store = store_spec.open()
-    bad = "k\0x"
-    for attempt in (
-        lambda: store.write(bad, 1),
-        lambda: store.read(bad),
-        lambda: store.delete(bad),
-        lambda: store.compare_and_swap(bad, None, 1),
-        lambda: claim_run(store, bad, kind="test", resume=False, first_step="s0"),
-    ):
-        with pytest.raises(ValueError, match=r"'k\\x00x' contains a NUL character"):
-            attempt()
-    run = claim_run(store, "nul-run", kind="test", resume=False, first_step="s0").run
-    assert run is not None
-    version = run.head.version
-    with pytest.raises(ValueError, match=r"writes= key 'k\\x00x'"):
-        run.commit_sync(status="running", next_step="s1", writes=[("ok", 1), (bad, 2)])
-    head = store.backend.run_get("nul-run")
-    assert head is not None and head.version == version
-    assert store.read("ok") is None and store.keys() == ["nul-run"]
-    run.release()
+    cases = [
+        ("k\0x", r"'k\\x00x' contains a NUL character"),
+        ("k\udcffx", r"'k\\udcffx' contains a lone surrogate \('\\udcff' at index 1\)"),
+    ]
+    for n, (bad, refused) in enumerate(cases):
+        for attempt in (
+            lambda key: store.write(key, 1),
+            store.read,
+            store.delete,
+            lambda key: store.compare_and_swap(key, None, 1),
+            lambda key: claim_run(store, key, kind="test", resume=False, first_step="s0"),
+        ):
+            with pytest.raises(ValueError, match=refused):
+                attempt(bad)
+        run = claim_run(store, f"bad-key-run{n}", kind="test", resume=False, first_step="s0").run
+        assert run is not None
+        version = run.head.version
+        with pytest.raises(ValueError, match="writes= key " + refused):
+            run.commit_sync(status="running", next_step="s1", writes=[("ok", 1), (bad, 2)])
+        head = store.backend.run_get(f"bad-key-run{n}")
+        assert head is not None and head.version == version
+        assert store.read("ok") is None
+        run.release()
+    assert store.keys() == ["bad-key-run0", "bad-key-run1"]
 
 
 def test_keys_items_prefix_is_exact(store_spec: StoreSpec) -> None:

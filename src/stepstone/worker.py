@@ -12,20 +12,26 @@ thread; when a worker dies, its entries' leases run out (at once, for a worker o
 host whose process is gone) and another worker takes them over, resuming each run at its
 first uncommitted step. ``SIGTERM`` (or ``SIGINT``) stops a worker gracefully: it takes no
 more runs, lets the running ones finish for up to ``shutdown_timeout`` seconds, then stops
-the rest at their current step and hands them back to the queue.
+the rest at their current step and hands them back to the queue. The runs execute on an event
+loop of the worker's own, in a thread of its own, watched from the caller's: a shutdown
+whose store stopped answering (a database outage, a file another process keeps locked) gives
+up on the runs it still holds after a few seconds, saying which, instead of waiting out the
+store's retries; their leases run out and other workers take them over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from stepstone.core import Envelope
 from stepstone.core._ids import host_id, new_uid, process_alive, process_start_time
@@ -53,6 +59,7 @@ from stepstone.store._queue_base import CANCELLED_RUNNING, Owner, QueueEntry
 __all__ = ["Worker"]
 
 log = logging.getLogger("stepstone")
+T = TypeVar("T")
 
 
 class Worker:
@@ -72,6 +79,13 @@ class Worker:
             finish before they are stopped at their current step and handed back (a
             finite number >= 0).
         name: This worker's id in the queue (default: a fresh one).
+
+    Attributes:
+        completed: How many runs this worker finished.
+        abandoned: None, unless a shutdown gave up on a store that stopped answering: then
+            the ids of the queued runs it could not hand back (perhaps none, when all it
+            left was a store call of its own). Their leases run out and other workers take
+            them over.
 
     Raises:
         UserError: an argument it cannot work with, naming it (a ``ConfigurationError``
@@ -134,17 +148,27 @@ class Worker:
             pid_start=process_start_time(os.getpid()),
         )
         self.completed = 0
+        self.abandoned: list[str] | None = None
         self._ended = 0
         self._queue = queue_backend(self.store)
         self._stopping = threading.Event()
+        self._stop_at: float | None = None  # time.monotonic() of the first stop request
+        self._renewing = threading.Event()  # set: the lease thread stops
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._held: set[str] = set()  # the entry ids of _tasks, for the lease thread
+        # entry id -> run key, of the runs this worker holds (for the lease thread, and for
+        # a shutdown that has to say which runs it leaves behind)
+        self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
+        # a claim sent before a stop that had not answered yet (what it took is handed back)
+        self._late_claim: asyncio.Future[list[QueueEntry]] | None = None
         self._cancel_reason: dict[str, str] = {}
         # entry id -> how many times in a row the store failed under that run (backoff)
         self._store_failures: dict[str, int] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the runs execute
         self._wake: asyncio.Event | None = None
+        self._stopped: asyncio.Event | None = None  # on self._loop, set by stop()
+        # the caller's loop (run()/arun()) and its event set by stop()
+        self._watch: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     @property
     def lease_seconds(self) -> float:
@@ -158,11 +182,14 @@ class Worker:
     def stop(self) -> None:
         """Stop gracefully (thread- and signal-safe): take no more runs, let the running
         ones finish for up to ``shutdown_timeout`` seconds, hand back the rest."""
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
         self._stopping.set()
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(wake.set)
+        watch = self._watch or (None, None)
+        for loop, event in ((self._loop, self._wake), (self._loop, self._stopped), watch):
+            if loop is not None and event is not None:
+                with contextlib.suppress(RuntimeError):  # the loop already closed
+                    loop.call_soon_threadsafe(event.set)
 
     def run(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
         """Serve the queues until stopped (SIGTERM/SIGINT, :meth:`stop`), ``max_runs``
@@ -174,28 +201,174 @@ class Worker:
         damaged file the worker can take nothing from ends the run with its
         StoreDamagedError once no run of its own is left (waiting will not mend it). A
         database not up yet when the worker starts is waited for the same way, except with
-        ``until_idle``, where its error ends the run at once."""
+        ``until_idle``, where its error ends the run at once.
+
+        A stop does not wait for the store: once the runs had ``shutdown_timeout`` seconds,
+        a store that has not answered for :data:`STORE_PATIENCE` seconds is given up on.
+        The runs not handed back are logged and listed in :attr:`abandoned`; store calls
+        still waiting in the worker's threads end when the store gives up on them."""
         return asyncio.run(self.arun(max_runs=max_runs, until_idle=until_idle))
 
     async def arun(self, *, max_runs: int | None = None, until_idle: bool = False) -> int:
-        """Async :meth:`run`; installs SIGTERM/SIGINT handlers when on the main thread."""
+        """Async :meth:`run`; installs SIGTERM/SIGINT handlers when on the main thread.
+
+        The runs execute on an event loop of the worker's own, in a thread of its own: a
+        store call that blocks that loop (a commit waiting for another process's lock)
+        holds up neither the caller's loop nor the shutdown. Cancelling ``arun`` stops the
+        worker as :meth:`stop` does, waits for that, and re-raises the cancellation."""
         if max_runs is not None:
             check_int("max_runs", max_runs, 1)
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        caller = asyncio.get_running_loop()
+        stopped = asyncio.Event()
+        if self._stopping.is_set():
+            stopped.set()
+        self._watch = (caller, stopped)
         installed: list[signal.Signals] = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
-                    self._loop.add_signal_handler(sig, self.stop)
+                    caller.add_signal_handler(sig, self.stop)
                     installed.append(sig)
+        served: asyncio.Future[int] = caller.create_future()
+        served.add_done_callback(_retrieve)  # (its error is raised below, unless cancelled)
+        serving = threading.Thread(
+            target=self._serve_in_thread,
+            args=(caller, served, contextvars.copy_context(), max_runs, until_idle),
+            name=f"{self.id}-runs",
+            daemon=True,  # one a shutdown gave up on must not hold up the interpreter's exit
+        )
+        serving.start()
+        try:
+            return await self._watch_over(served, stopped)
+        finally:
+            self._watch = None
+            for sig in installed:
+                caller.remove_signal_handler(sig)
+
+    async def _watch_over(self, served: asyncio.Future[int], stopped: asyncio.Event) -> int:
+        """What the serving thread returns (or raises), once it ended; on a stop, bounded
+        by :meth:`_shut_down`."""
+        told: asyncio.Future[Any] = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait([served, told], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.stop()
+            await self._shut_down(served)
+            raise
+        finally:
+            told.cancel()
+        if not served.done() and not await self._shut_down(served):
+            return self.completed
+        return served.result()
+
+    async def _shut_down(self, served: asyncio.Future[int]) -> bool:
+        """Wait for the serving thread to end after a stop: for ``shutdown_timeout``
+        seconds in any case (the runs' grace), then as long as the store answers (a sync
+        step still running in a thread is waited for and committed, guarantee 347). Once it
+        has not answered for :data:`STORE_PATIENCE` seconds, give up on the runs still
+        held (:meth:`_abandon`) and return False: waiting out the store's own retries
+        (``reconnect_timeout``, ``busy_timeout``) would only delay their takeover."""
+        assert self._stop_at is not None
+        grace = self._stop_at + self.shutdown_timeout - time.monotonic()
+        await asyncio.wait({served}, timeout=max(grace, 0.0))
+        answered, why = time.monotonic(), "no answer"
+        probe: asyncio.Future[str | None] | None = None
+        while not served.done():
+            left = answered + STORE_PATIENCE - time.monotonic()
+            if left <= 0:
+                self._abandon(why)
+                return False
+            if probe is None:
+                probe = _in_daemon_thread(self._probe)
+            both: list[asyncio.Future[Any]] = [served, probe]
+            await asyncio.wait(both, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if probe.done():
+                found, probe = probe.result(), None
+                if found is None:
+                    answered = time.monotonic()
+                else:
+                    why = found
+                await asyncio.wait({served}, timeout=_PROBE_EVERY)
+        return True
+
+    def _probe(self) -> str | None:
+        """One look at whether the store answers (no retries): None, or why not."""
+        try:
+            return self._queue.probe(_PROBE_EVERY * 2)
+        except Exception as exc:  # noqa: BLE001 - a probe reports, it never raises
+            return f"{type(exc).__name__}: {exc}"
+
+    def _abandon(self, why: str) -> None:
+        """Give up on the runs still held: say which, stop renewing their leases (so they
+        run out and other workers take the runs over) and leave them to the serving
+        thread, which hands them back if the store answers again before this process
+        ends."""
+        self._renewing.set()
+        with self._held_lock:
+            held = dict(self._held)
+        self.abandoned = sorted(held)
+        runs = ", ".join(f"{entry_id} (key {key!r})" for entry_id, key in sorted(held.items()))
+        said = [
+            f"stepstone: {self.id} stopped "
+            + (
+                f"without handing back queued runs {runs}"
+                if held
+                else "with a store call unfinished"
+            )
+            + f": its store {self.store.describe()} has not answered for {STORE_PATIENCE:g} s "
+            f"({' '.join(why.split())})."
+        ]
+        if held:
+            said.append(
+                "What they committed is kept: other workers take them over when their leases "
+                f"run out (lease_seconds={self.lease.seconds:g}, judged by the database's clock) "
+                "and resume each at its first uncommitted step."
+            )
+        if self._late_claim is not None and not self._late_claim.done():
+            said.append(
+                "A claim it had sent got no answer: runs it took, if any, are taken over the "
+                "same way."
+            )
+        log.error("%s", " ".join(said))
+
+    def _serve_in_thread(
+        self,
+        caller: asyncio.AbstractEventLoop,
+        served: asyncio.Future[int],
+        context: contextvars.Context,
+        max_runs: int | None,
+        until_idle: bool,
+    ) -> None:
+        """The serving thread: :meth:`_serve` on a loop of its own, then that loop's
+        clean-up (as ``asyncio.run`` does it: the tasks left are cancelled and awaited, the
+        executor's threads joined); its outcome goes to ``served`` once all that is done."""
+        outcome: tuple[bool, Any]
+        try:
+            with asyncio.Runner() as runner:
+                try:
+                    outcome = (True, runner.run(self._serve(max_runs, until_idle), context=context))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    outcome = (False, exc)
+        except BaseException as exc:  # noqa: BLE001 - the loop's clean-up failed
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the caller's loop is gone
+            caller.call_soon_threadsafe(_settle, served, outcome)
+
+    async def _serve(self, max_runs: int | None, until_idle: bool) -> int:
+        """Take and run queued runs until stopped, ``max_runs`` taken, or idle."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        if self._stopping.is_set():
+            self._stopped.set()
+        self._renewing.clear()
         renewer = threading.Thread(target=self._renew_loop, name=f"{self.id}-leases", daemon=True)
         renewer.start()
         taken = 0
         backoff = self.poll_interval  # between claims the store could not serve
         try:
             try:
-                await to_thread(self._expire_dead)
+                await self._store_call(self._expire_dead)
             except StoreError as exc:  # the database not up yet: the loop retries it
                 if isinstance(exc, StoreDamagedError) or until_idle:
                     raise  # (a batch run reports it: it would end at once anyway)
@@ -204,7 +377,7 @@ class Worker:
             while not self._stopping.is_set():
                 if self._loop.time() >= sweep_at:
                     with contextlib.suppress(StoreError):  # an outage: the next sweep retries
-                        await to_thread(self._expire_dead)
+                        await self._store_call(self._expire_dead)
                     sweep_at = self._loop.time() + 1.0
                 if max_runs is not None and taken >= max_runs:
                     if not self._tasks:
@@ -217,8 +390,12 @@ class Worker:
                 if max_runs is not None:
                     free = min(free, max_runs - taken)
                 if free > 0:
+                    claim = asyncio.ensure_future(to_thread(self._claim_next, free))
+                    if not await self._before_stop(claim):
+                        self._late_claim = claim  # _drain hands back what it takes
+                        break
                     try:
-                        entries = await to_thread(self._claim_next, free)
+                        entries = claim.result()
                     except StoreError as exc:
                         if isinstance(exc, StoreDamagedError) and until_idle and not self._tasks:
                             raise
@@ -233,7 +410,7 @@ class Worker:
                 if entries:
                     taken += len(entries)
                     with self._held_lock:
-                        self._held.update(e.id for e in entries)
+                        self._held.update((e.id, e.run_key) for e in entries)
                     for entry in entries:
                         self._tasks[entry.id] = asyncio.create_task(self._execute(entry))
                     continue
@@ -243,10 +420,30 @@ class Worker:
             await self._drain()
         finally:
             self._stopping.set()
+            self._renewing.set()
             renewer.join(timeout=5)
-            for sig in installed:
-                self._loop.remove_signal_handler(sig)
         return self.completed
+
+    async def _store_call(self, fn: Callable[[], None]) -> None:
+        """``fn()``, a call on the queue, in a thread; not waited for once the worker is
+        told to stop (it goes on in its thread; its error, if any, is dropped)."""
+        call = asyncio.ensure_future(to_thread(fn))
+        if await self._before_stop(call):
+            call.result()
+        else:
+            call.add_done_callback(_retrieve)
+
+    async def _before_stop(self, call: asyncio.Future[Any]) -> bool:
+        """Wait for ``call`` unless the worker is told to stop first; whether it ended. A
+        stopping worker does not wait for its store (a call may retry through an outage)."""
+        assert self._stopped is not None
+        if not call.done() and not self._stopping.is_set():
+            told = asyncio.ensure_future(self._stopped.wait())
+            try:
+                await asyncio.wait({call, told}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                told.cancel()
+        return call.done()
 
     async def _idle_wait(self, seconds: float | None = None) -> None:
         """Wait ``seconds`` (the poll interval by default), or until woken."""
@@ -256,17 +453,52 @@ class Worker:
             await asyncio.wait_for(self._wake.wait(), seconds or self.poll_interval)
 
     async def _drain(self) -> None:
-        """Let running runs finish for ``shutdown_timeout`` seconds, then stop the rest at
-        their current step (their checkpoints record where) and hand them back."""
-        if not self._tasks:
+        """Let running runs finish until ``shutdown_timeout`` seconds after the stop, then
+        stop the rest at their current step (their checkpoints record where) and hand them
+        back; hand back what a claim still out at the stop takes, untouched."""
+        waits: list[asyncio.Future[Any]] = list(self._tasks.values())
+        if self._late_claim is not None:
+            waits.append(asyncio.ensure_future(self._hand_back_claimed(self._late_claim)))
+        if not waits:
             return
-        _, pending = await asyncio.wait(list(self._tasks.values()), timeout=self.shutdown_timeout)
+        since = time.monotonic() if self._stop_at is None else self._stop_at
+        grace = max(0.0, since + self.shutdown_timeout - time.monotonic())
+        _, pending = await asyncio.wait(waits, timeout=grace)
         for entry_id, task in list(self._tasks.items()):
             if task in pending:
                 self._cancel_reason[entry_id] = "shutdown"
                 task.cancel()
         if pending:
             await asyncio.wait(pending)
+
+    async def _hand_back_claimed(self, claim: asyncio.Future[list[QueueEntry]]) -> None:
+        """A claim sent before the stop, answered after it: hand back what it took."""
+        try:
+            entries = await claim
+        except StoreError:
+            return  # it took nothing (a claim whose answer was lost looked itself up)
+        with self._held_lock:
+            self._held.update((e.id, e.run_key) for e in entries)
+        for entry in entries:
+            if await self._hand_back(entry.id, 0.0):
+                with self._held_lock:
+                    self._held.pop(entry.id, None)
+        self._late_claim = None
+
+    async def _hand_back(self, entry_id: str, delay: float) -> bool:
+        """Put a run this worker holds back in its queue, runnable after ``delay``
+        seconds; False (logged) when the store failed: its lease runs out instead."""
+        try:
+            await to_thread(self._queue.hand_back, entry_id, self.id, delay)
+        except StoreError as exc:
+            log.warning(
+                "stepstone: could not hand queued run %s back (%s); it is taken over when "
+                "its lease runs out",
+                entry_id,
+                exc,
+            )
+            return False
+        return True
 
     def _claim_next(self, limit: int) -> list[QueueEntry]:
         """Up to ``limit`` runs in one transaction, from the first queue (in turn) that
@@ -299,10 +531,11 @@ class Worker:
     # -- leases --------------------------------------------------------------------------
     def _renew_loop(self) -> None:
         # A thread, not a loop task: a step that blocks the event loop must not let the
-        # leases of this worker's runs run out.
-        while not self._stopping.wait(self.lease.renew_every):
+        # leases of this worker's runs run out. It renews for as long as the worker serves,
+        # through a shutdown's grace too (the runs finishing then keep their leases), until
+        # a shutdown gives up on its store (the leases are then left to run out).
+        while not self._renewing.wait(self.lease.renew_every):
             self._renew_once()
-        self._renew_once()
 
     def _renew_once(self) -> None:
         with self._held_lock:
@@ -342,7 +575,7 @@ class Worker:
             self._tasks.pop(entry.id, None)
             self._ended += 1
             with self._held_lock:
-                self._held.discard(entry.id)
+                self._held.pop(entry.id, None)
             self._cancel_reason.pop(entry.id, None)
             if self._wake is not None:
                 self._wake.set()
@@ -357,14 +590,13 @@ class Worker:
             if reason == "cancel":
                 await self._finish(entry, "cancelled", None, CANCELLED_RUNNING)
             elif reason == "shutdown":  # or cancelled, if its cancel was requested meanwhile
-                await to_thread(self._queue.hand_back, entry.id, self.id, 0.0)
+                await self._hand_back(entry.id, 0.0)
             return  # "lost": another worker holds it now; nothing of ours to record
         except ConcurrentRunError as exc:
             # The run's previous owner still holds the checkpoint (its lease, judged on the
             # host that wrote it, has not run out yet): try again a bit later.
             log.info("stepstone: queued run %s is still owned elsewhere (%s)", entry.id, exc)
-            delay = LeasePolicy.of(self.store).retry_after
-            await to_thread(self._queue.hand_back, entry.id, self.id, delay)
+            await self._hand_back(entry.id, LeasePolicy.of(self.store).retry_after)
             return
         except Exception as exc:  # noqa: BLE001 - recorded on the entry, the worker lives on
             if _store_failed(exc):
@@ -399,13 +631,24 @@ class Worker:
             exc,
             delay,
         )
-        with contextlib.suppress(StoreError):  # then its lease runs out instead
-            await to_thread(self._queue.hand_back, entry.id, self.id, delay)
+        await self._hand_back(entry.id, delay)
 
     async def _finish(
         self, entry: QueueEntry, status: str, result: str | None, error: str | None
     ) -> None:
-        if not await to_thread(self._queue.finish, entry.id, self.id, status, result, error):
+        try:
+            held = await to_thread(self._queue.finish, entry.id, self.id, status, result, error)
+        except StoreError as exc:
+            log.warning(
+                "stepstone: could not record that queued run %s ended %s (%s); it is taken "
+                "over when its lease runs out, and its checkpoint tells the next worker "
+                "where it stopped",
+                entry.id,
+                status,
+                exc,
+            )
+            return
+        if not held:
             log.warning(
                 "stepstone: queued run %s was no longer held by worker %s when it ended %s "
                 "(its lease ran out and another worker took it over)",
@@ -426,6 +669,47 @@ class Worker:
 _STORE_BACKOFF_MAX = 60.0
 #: The longest wait between two claims the store could not serve (seconds).
 _MAX_BACKOFF = 30.0
+#: After a stop and the runs' ``shutdown_timeout``, how long a worker waits for a store
+#: that does not answer before it gives up on the runs it still holds (seconds).
+STORE_PATIENCE = 5.0
+#: Seconds between two looks at whether the store answers, during a shutdown.
+_PROBE_EVERY = 0.5
+
+
+def _in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
+    """``fn()`` in a daemon thread of its own (a look at a store that may hang must not
+    hold up the interpreter's exit), as a future of the running loop."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def work() -> None:
+        outcome: tuple[bool, Any]
+        try:
+            outcome = (True, fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting loop
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(_settle, fut, outcome)
+
+    threading.Thread(target=work, name="stepstone-store-probe", daemon=True).start()
+    return fut
+
+
+def _settle(fut: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if fut.done():
+        return
+    ok, value = outcome
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Take the outcome of a call nobody waits for any more, so asyncio does not report
+    its error as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _store_failed(exc: BaseException) -> bool:

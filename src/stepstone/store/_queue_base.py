@@ -286,6 +286,13 @@ class QueueBackend(abc.ABC):
         """End ``worker``'s lease on ``id`` now (its process is gone)."""
 
     @abc.abstractmethod
+    def probe(self, timeout: float) -> str | None:
+        """One look, without the store's retries, at whether the queue's database answers
+        now (a worker shutting down asks before it gives up on it): None when it does,
+        else why not. Takes about ``timeout`` seconds at most (PostgreSQL: its connect
+        timeout, at least 2 s); never raises for an unreachable database."""
+
+    @abc.abstractmethod
     def set_limits(self, queue: str, *, concurrency: int | None, rate: float | None) -> None:
         """Queue-wide limits every worker obeys: at most ``concurrency`` running entries,
         at most ``rate`` entries started per second. None lifts a limit."""

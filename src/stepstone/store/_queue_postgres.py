@@ -14,6 +14,7 @@ Every primitive goes through the store backend's retry helpers: after a lost con
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -448,6 +449,18 @@ class PostgresQueue(QueueBackend):
             return cur.rowcount == 1
 
         return self.backend._read("expire a dead worker's lease", expire)
+
+    def probe(self, timeout: float) -> str | None:
+        # A connection of its own, not the pool's: the pool would wait out its turn and
+        # the backend retry for reconnect_timeout, which is what a probe must not do.
+        try:
+            with psycopg.connect(
+                self.backend.url, autocommit=True, connect_timeout=max(2, math.ceil(timeout))
+            ) as conn:
+                conn.execute("SELECT 1")
+        except (psycopg.Error, OSError) as exc:
+            return str(exc)
+        return None
 
     def set_limits(self, queue: str, *, concurrency: int | None, rate: float | None) -> None:
         self.backend._read(

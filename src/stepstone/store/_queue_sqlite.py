@@ -472,6 +472,25 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(expire)
 
+    def probe(self, timeout: float) -> str | None:
+        # A write lock, as every queue primitive takes: another process holding the file's
+        # lock (or a file gone, unreadable) is what keeps a worker from handing runs back.
+        try:
+            conn = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=rw",
+                uri=True,
+                timeout=timeout,
+                isolation_level=None,
+            )
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+        except (sqlite3.Error, OSError) as exc:
+            return str(exc)
+        return None
+
     @file_errors
     def set_limits(self, queue: str, *, concurrency: int | None, rate: float | None) -> None:
         self._write(

@@ -7,10 +7,12 @@ import json
 import re
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from stepstone import Agent, Plan, Runner, Step, Store, tool
-from stepstone.durable import pending_approvals, read_run
+from stepstone.durable import approve_call, pending_approvals, read_run
+from stepstone.exceptions import ApprovalTargetError
 from stepstone.testing import FunctionModel, call
 from tests.operate.conftest import open_args
 
@@ -138,6 +140,32 @@ def test_a_recorded_decision_is_never_replaced_silently(store_args: list[str]) -
         final = runner.resume_sync(agent, run_id="rf", thread_id="t")
         assert final.state == "completed" and ran == []  # the decision that stands: denied
         assert "too much" in final.tool_executions[0]["error"]["message"]
+
+
+def test_approve_call_never_replaces_a_recorded_decision_silently(
+    store_args: list[str],
+) -> None:
+    """guarantee 372: the Python API keeps the same rule: a different decision raises
+    ApprovalTargetError naming the one that stands and writes nothing, replace=True changes
+    it, and the same decision again changes nothing."""
+    with open_args(store_args) as store:
+        runner = Runner(store=store)
+        paused = runner.run_sync(
+            _refund_agent([]), user_message="Refund", run_id="rp", thread_id="t"
+        )
+        call_id = paused.pending_approvals[0]["call_id"]
+        key = next(k for k in store.keys() if "rp" in k)
+        first = approve_call(store, key, call_id)
+        assert (first["previous"], first["changed"]) == (None, True)
+        version = store.backend.run_get(key).version  # type: ignore[union-attr]
+        with pytest.raises(ApprovalTargetError, match="is already approved; nothing was changed"):
+            approve_call(store, key, call_id, decision="no")
+        assert approve_call(store, key, call_id)["changed"] is False
+        assert store.backend.run_get(key).version == version  # type: ignore[union-attr]
+        changed = approve_call(store, key, call_id, decision="no", replace=True)
+        assert (changed["previous"], changed["changed"]) == (True, True)
+        found = read_run(store, key)
+        assert found is not None and pending_approvals(*found)[0]["decision"] == "no"
 
 
 def test_an_explicit_decision_wins_over_a_recorded_one(store_args: list[str]) -> None:

@@ -123,7 +123,7 @@ def test_values_libpq_text_cannot_carry_go_through_a_cursor(store: Store, pg_url
     assert text_values([[0.5]]) is None
     assert text_values([True]) is None  # not a plain int: psycopg knows its type
     assert text_values([None, "é", 7, 0.5]) == [None, "é".encode(), b"7", b"0.5"]
-    assert text_values([["a\"b\\", None, "NULL", "é"], [1, -2], []]) == [
+    assert text_values([['a"b\\', None, "NULL", "é"], [1, -2], []]) == [
         '{"a\\"b\\\\",NULL,"NULL","é"}'.encode(),
         b"{1,-2}",
         b"{}",

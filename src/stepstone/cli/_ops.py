@@ -27,6 +27,7 @@ from rich.text import Text
 
 from stepstone.cli._debug import asked
 from stepstone.cli._render import progress_bar
+from stepstone.durable._approvals import approve_call, decision_text
 from stepstone.durable._inspect import (
     damage_report,
     diff_runs,
@@ -36,13 +37,7 @@ from stepstone.durable._inspect import (
     steps_done,
     stranded_runs,
 )
-from stepstone.durable._operate import (
-    cancel_run,
-    decide_call,
-    decision_text,
-    fork_run,
-    retry_run,
-)
+from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._queue import existing_queue, requeue_run
 from stepstone.durable._retention import PruneInterrupted, PruneReport, parse_age, prune
 from stepstone.exceptions import CorruptRecordError, StepstoneError
@@ -663,7 +658,7 @@ def approve_cmd(
     """Approve (or --deny) a tool call a paused run waits for; its next resume applies it."""
     with open_store(db, url, debug=debug) as store:
         decision: bool | str = True if deny is None else deny
-        done = decide_call(store, key, call_id, decision=decision, replace=replace)
+        done = approve_call(store, key, call_id, decision=decision, replace=replace)
         if as_json:
             _print_json(done)
             return

@@ -272,40 +272,80 @@ def _paused_agents(store: Store, key: str) -> list[RunHead]:
     return [h for h in list_runs(store, f"{key}:") if h.kind == AGENT_KIND]
 
 
+def decision_text(decision: bool | str | None) -> str:
+    """A recorded decision in words: ``approved``, ``denied (REASON)``, ``undecided``."""
+    if decision is None:
+        return "undecided"
+    if decision is True:
+        return "approved"
+    return "denied" if decision is False else f"denied ({decision})"
+
+
 def approve_call(
-    store: Store, key: str, call_id: str, *, decision: bool | str = True
+    store: Store,
+    key: str,
+    call_id: str,
+    *,
+    decision: bool | str = True,
+    replace: bool = False,
 ) -> dict[str, Any]:
     """Record ``decision`` for the tool call ``call_id`` a paused run waits on.
 
     ``key`` is the agent run's key, or the key of a Plan whose LLM step paused (the agent
     runs under it are searched). ``decision`` is True (run the call), False or a reason
-    (the model gets a refusal). Returns ``{key, run_key, call_id, tool, arguments,
-    decision}``; the next resume of the run applies it.
+    (the model gets a refusal); the next resume of the run applies it.
+
+    A decision already recorded for the call is never replaced silently: the same decision
+    again writes nothing (``changed`` is False); a different one is refused, naming the
+    decision that stands, unless ``replace`` (whoever decides saw it and changes it). The
+    check and the write are one compare-and-swap on the run as read, so of two decisions
+    given at once the second is refused (to be given again, seeing the first).
+
+    Returns:
+        ``{key, run_key, call_id, tool, arguments, decision, previous, changed}``:
+        ``previous`` is the decision that stood before (None if none).
 
     Raises:
-        ApprovalTargetError: no such run, the run is live or not paused, or it does not
-            wait for ``call_id`` (the message lists the ids it waits for).
+        ApprovalTargetError: no such run, the run is live or not paused, it does not wait
+            for ``call_id`` (the message lists the ids it waits for), or another decision
+            stands and ``replace`` is False.
     """
+    from stepstone.durable._inspect import missing_run  # (it reads approvals from here)
+
     if decision == "" or decision is None:
         raise ApprovalTargetError(
             f"an empty reason for denying {call_id!r}; pass --deny 'why' (the model reads it)"
         )
+    if store.backend.run_get(key) is None:
+        raise ApprovalTargetError(missing_run(store, key))
     waiting: list[str] = []
     for head in _paused_agents(store, key):
         rows = store.backend.run_journal(head.key)
         pending = pending_approvals(head, rows)
         waiting += [str(p["call_id"]) for p in pending]
         match = next((p for p in pending if p["call_id"] == call_id), None)
-        if match is not None:
-            _record(store, head, match, decision)
-            return {
-                "key": key,
-                "run_key": head.key,
-                "call_id": call_id,
-                "tool": match.get("tool"),
-                "arguments": match.get("arguments"),
-                "decision": decision,
-            }
+        if match is None:
+            continue
+        before = match.get("decision")
+        if before is None or (before != decision and replace):
+            _record(store, head, match, decision)  # refused if the run changed since read
+        elif before != decision:
+            raise ApprovalTargetError(
+                f"tool call {call_id!r} of run {head.key!r} is already "
+                f"{decision_text(before)}; nothing was changed. To change the decision to "
+                f"{decision_text(decision)}, give it again with replace=True "
+                "(`stepstone approve --replace`)"
+            )
+        return {
+            "key": key,
+            "run_key": head.key,
+            "call_id": call_id,
+            "tool": match.get("tool"),
+            "arguments": match.get("arguments"),
+            "decision": decision,
+            "previous": before,
+            "changed": before != decision,
+        }
     if not waiting:
         raise ApprovalTargetError(
             f"run {key!r} is not paused on a tool approval; `stepstone show {key}` shows its state"

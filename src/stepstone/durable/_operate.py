@@ -13,13 +13,11 @@ import json
 from typing import Any
 
 from stepstone.core._ids import new_origin
-from stepstone.durable._approvals import _paused_agents, _record, approve_call, pending_approvals
 from stepstone.durable._inspect import missing_run, rewind_steps
 from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._queue import existing_queue
 from stepstone.exceptions import (
-    ApprovalTargetError,
     CheckpointCorruptError,
     StoreKeyConflictError,
     UserError,
@@ -32,8 +30,6 @@ __all__ = [
     "a_kind",
     "cancel_error",
     "cancel_run",
-    "decide_call",
-    "decision_text",
     "fork_run",
     "retry_run",
 ]
@@ -397,60 +393,3 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
     written = store.backend.run_transact(key, decide)
     assert written is not None
     return written
-
-
-def decision_text(decision: bool | str | None) -> str:
-    """A recorded decision in words: ``approved``, ``denied (REASON)``, ``undecided``."""
-    if decision is None:
-        return "undecided"
-    if decision is True:
-        return "approved"
-    return "denied" if decision is False else f"denied ({decision})"
-
-
-def decide_call(
-    store: Store, key: str, call_id: str, *, decision: bool | str = True, replace: bool = False
-) -> dict[str, Any]:
-    """:func:`~stepstone.durable.approve_call` for operators: a decision already recorded
-    for the same pause is never replaced silently.
-
-    The same decision again writes nothing (``changed`` is False). A different one is
-    refused with an :class:`ApprovalTargetError` naming the decision that stands, unless
-    ``replace`` (the operator saw it and changes it). The check and the write are one
-    compare-and-swap on the version that was read, so of two operators deciding at once,
-    the second is refused (to try again, seeing the first one's decision). Returns what
-    ``approve_call`` returns, plus ``previous`` (the decision that stood before, or None)
-    and ``changed``.
-    """
-    if store.backend.run_get(key) is None:
-        raise ApprovalTargetError(missing_run(store, key))
-    for head in _paused_agents(store, key):
-        pending = pending_approvals(head, store.backend.run_journal(head.key))
-        match = next((p for p in pending if p["call_id"] == call_id), None)
-        if match is None:
-            continue
-        before = match.get("decision")
-        done = {
-            "key": key,
-            "run_key": head.key,
-            "call_id": call_id,
-            "tool": match.get("tool"),
-            "arguments": match.get("arguments"),
-            "decision": decision,
-            "previous": before,
-            "changed": before != decision,
-        }
-        if before is None or (before != decision and replace):
-            if decision == "" or decision is None:
-                break  # approve_call names the problem
-            _record(store, head, match, decision)  # refused if the head changed since read
-        elif before != decision:
-            raise ApprovalTargetError(
-                f"tool call {call_id!r} of run {head.key!r} is already "
-                f"{decision_text(before)}; nothing was changed. To change the decision to "
-                f"{decision_text(decision)}, run the command again with --replace"
-            )
-        return done
-    # Not waiting for call_id (or no such run): approve_call raises the error that says so.
-    found = approve_call(store, key, call_id, decision=decision)
-    return {**found, "previous": None, "changed": True}

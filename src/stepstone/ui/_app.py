@@ -29,8 +29,9 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from stepstone.durable._approvals import approve_call, decision_text
 from stepstone.durable._inspect import missing_run, query_runs, run_detail
-from stepstone.durable._operate import cancel_run, decide_call, decision_text, retry_run
+from stepstone.durable._operate import cancel_run, retry_run
 from stepstone.durable._retention import parse_age
 from stepstone.exceptions import StepstoneError
 from stepstone.store._base import RUN_STATUSES
@@ -259,7 +260,7 @@ class InspectorApp:
         # it, a decision recorded since the page was drawn is never replaced.
         replace = (params.get("replace") or [""])[0] == "1"
         decision: bool | str = True if deny is None else deny[0]
-        done = decide_call(self.store, key, call_id, decision=decision, replace=replace)
+        done = approve_call(self.store, key, call_id, decision=decision, replace=replace)
         verb = "approved" if deny is None else "denied"
         if not done["changed"]:
             outcome = f"{done['tool']} call {call_id} is already {decision_text(decision)}"

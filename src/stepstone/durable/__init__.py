@@ -48,6 +48,7 @@ from stepstone.durable._records import (
 )
 from stepstone.durable._retention import (
     PrunedRun,
+    PruneInterrupted,
     Pruner,
     PruneReport,
     plan_prune,
@@ -59,6 +60,7 @@ __all__ = [
     "ClaimResult",
     "LeasePolicy",
     "OwnedRun",
+    "PruneInterrupted",
     "PruneReport",
     "PrunedRun",
     "Pruner",

@@ -237,7 +237,10 @@ class QueueBackend(abc.ABC):
         Runnable: running with an expired lease (its worker died; taken first), or queued
         and due (highest priority first, then oldest). Expired entries whose cancel was
         requested are marked cancelled first, never taken, and expired entries that used
-        up ``max_attempts`` failed. The queue's limits (:meth:`set_limits`) are respected.
+        up ``max_attempts`` failed. A queued entry whose cancel was requested (an older
+        stepstone's hand-back left it so) is marked cancelled when the claim reaches it,
+        and the claim takes the next one in its place. The queue's limits
+        (:meth:`set_limits`) are respected.
         """
 
     @abc.abstractmethod

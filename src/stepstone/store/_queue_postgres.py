@@ -73,11 +73,18 @@ LIMIT %s FOR UPDATE SKIP LOCKED
 """
 
 _PICK_QUEUED_SQL = f"""
-SELECT id FROM stepstone_queue
+SELECT id, cancel_requested FROM stepstone_queue
 WHERE queue = %s AND status = 'queued' AND not_before <= {NOW}
 ORDER BY priority DESC, not_before, seq
 LIMIT %s FOR UPDATE SKIP LOCKED
 """
+
+# A queued entry whose cancel was requested is never taken: an older stepstone's hand-back
+# left such entries queued (it ignored the request), and the cancel was acknowledged while
+# the run ran. The claim that reaches one marks it cancelled instead.
+_SETTLE_SET = f"status = 'cancelled', lease_until = NULL, updated_at = {NOW}, error = %(cancelled)s"
+
+_SETTLE_SQL = f"UPDATE stepstone_queue SET {_SETTLE_SET} WHERE id = ANY(%(ids)s)"
 
 _TAKE_SET = f"""
 status = 'running', attempts = q.attempts + 1, worker = %(worker)s, host = %(host)s,
@@ -93,11 +100,13 @@ WHERE id = ANY(%(ids)s) RETURNING {QCOLS}
 # The whole claim of a queue without limits as one autocommit statement (one round trip,
 # no BEGIN/COMMIT): the sweeps of cancelled and poison entries, the pick of expired then
 # queued entries (each with SKIP LOCKED, so concurrent claims never wait on each other),
-# and the take. A queue that has limits takes nothing here and answers one row whose
-# ``limited`` is true; the claim then goes through the serialized path
-# (:meth:`PostgresQueue._claim_limited`). The sweeps and the pick of expired entries
-# select disjoint rows (by ``cancel_requested`` and ``attempts``): one statement must not
-# update a row twice.
+# and the take; picked queued entries whose cancel was requested are settled cancelled
+# instead of taken. Each row answered says what it is (its last column): an entry taken,
+# one entry settled (the claim is then sent again for the slots it left free), or
+# ``limited``: the queue has limits, nothing was taken, and the claim goes through the
+# serialized path (:meth:`PostgresQueue._claim_limited`). The sweeps, the settling and
+# the pick select disjoint rows (by ``cancel_requested`` and ``attempts``): one statement
+# must not update a row twice.
 _CLAIM_SQL = f"""
 WITH cancelled AS (
     UPDATE stepstone_queue SET {_CANCEL_SET}
@@ -125,15 +134,20 @@ WITH cancelled AS (
     ORDER BY priority DESC, lease_until
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), queued AS (
-    SELECT id, priority, not_before, seq FROM stepstone_queue
+    SELECT id, priority, not_before, seq, cancel_requested FROM stepstone_queue
     WHERE queue = %(queue)s AND status = 'queued' AND not_before <= {NOW}
     ORDER BY priority DESC, not_before, seq
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), settled AS (
+    UPDATE stepstone_queue SET {_SETTLE_SET}
+    WHERE id IN (SELECT id FROM queued WHERE cancel_requested)
+        AND NOT EXISTS (SELECT 1 FROM limited)
+    RETURNING id
 ), picked AS (
     SELECT id, row_number() OVER () AS ord FROM (
         (SELECT id FROM expired ORDER BY priority DESC, lease_until)
         UNION ALL
-        (SELECT id FROM queued ORDER BY priority DESC, not_before, seq)
+        (SELECT id FROM queued WHERE NOT cancel_requested ORDER BY priority DESC, not_before, seq)
     ) AS both_kinds
     WHERE NOT EXISTS (SELECT 1 FROM limited)
     LIMIT %(limit)s
@@ -142,9 +156,11 @@ WITH cancelled AS (
     FROM picked WHERE q.id = picked.id
     RETURNING {QCOLS}, picked.ord
 )
-SELECT {COLS}, ord, false FROM took
+SELECT {COLS}, ord, 'took' FROM took
 UNION ALL
-SELECT {", ".join("NULL" for _ in ENTRY_COLUMNS)}, NULL, true FROM limited
+SELECT {", ".join("NULL" for _ in ENTRY_COLUMNS)}, NULL, 'settled' FROM settled
+UNION ALL
+SELECT {", ".join("NULL" for _ in ENTRY_COLUMNS)}, NULL, 'limited' FROM limited
 """
 
 
@@ -232,6 +248,25 @@ class PostgresQueue(QueueBackend):
         limit: int = 1,
         held: Collection[str] = (),
     ) -> list[QueueEntry]:
+        taken: list[QueueEntry] = []
+        while True:
+            free = limit - len(taken)
+            got = self._claim_once(
+                queue, owner, lease_seconds, free, [*held, *(e.id for e in taken)]
+            )
+            if got is None:  # the queue has limits: take under the queue's lock
+                return taken + self._claim_limited(queue, owner, lease_seconds, free)
+            entries, settled = got
+            taken += entries
+            if not settled or len(taken) >= limit:
+                return taken
+            # entries it settled cancelled instead of taking them left slots free
+
+    def _claim_once(
+        self, queue: str, owner: Owner, lease_seconds: float, limit: int, held: Collection[str]
+    ) -> tuple[list[QueueEntry], int] | None:
+        """One claim statement: the entries it took and how many it settled cancelled,
+        or None when the queue has limits (it took nothing)."""
         params = {
             "queue": queue,
             "limit": limit,
@@ -239,7 +274,7 @@ class PostgresQueue(QueueBackend):
             **params_of(owner, lease_seconds),
         }
 
-        def take(deadline: float) -> list[tuple[Any, ...]] | None:
+        def take(deadline: float) -> tuple[list[tuple[Any, ...]], int] | None:
             with self.backend._connection(deadline - time.monotonic()) as conn:
                 session = conn.info.backend_pid
                 try:
@@ -249,10 +284,11 @@ class PostgresQueue(QueueBackend):
                         raise
                     lost = exc
                 else:
-                    if any(r[-1] for r in rows):
-                        return None  # the queue has limits: take under the queue's lock
-                    rows.sort(key=lambda r: int(r[-2]))
-                    return [r[:-2] for r in rows]
+                    kinds = [r[-1] for r in rows]
+                    if "limited" in kinds:
+                        return None
+                    took = sorted((r for r in rows if r[-1] == "took"), key=lambda r: int(r[-2]))
+                    return [r[:-2] for r in took], kinds.count("settled")
             # The statement may have committed without our hearing of it: once its server
             # session is gone it has committed or never will. This worker claims one
             # batch at a time, so what it holds beyond ``held`` is that batch.
@@ -266,13 +302,14 @@ class PostgresQueue(QueueBackend):
                 ).fetchall(),
             )
             if mine:
-                return list(mine)
+                return list(mine), 0
             raise Lost(lost) from lost  # nothing was taken: claim again
 
-        rows = self.backend._retry("take queued runs", take)
-        if rows is None:
-            return self._claim_limited(queue, owner, lease_seconds, limit)
-        return [entry_from_row(r) for r in rows]
+        got = self.backend._retry("take queued runs", take)
+        if got is None:
+            return None
+        rows, settled = got
+        return [entry_from_row(r) for r in rows], settled
 
     def _wait_gone(self, session: int, deadline: float) -> None:
         """Wait (until ``deadline``) for the server session ``session`` to end."""
@@ -313,9 +350,14 @@ class PostgresQueue(QueueBackend):
             if free <= 0:
                 return []
             ids = [r[0] for r in cur.execute(_PICK_EXPIRED_SQL, (queue, free)).fetchall()]
-            if len(ids) < free:
+            while len(ids) < free:
                 picked = cur.execute(_PICK_QUEUED_SQL, (queue, free - len(ids))).fetchall()
-                ids += [r[0] for r in picked]
+                cancelled = [r[0] for r in picked if r[1]]
+                if not cancelled:
+                    ids += [r[0] for r in picked]
+                    break
+                # settled: the next pick passes over them (and picks the others again)
+                cur.execute(_SETTLE_SQL, {"ids": cancelled, "cancelled": CANCELLED_RUNNING})
             if not ids:
                 return []
             rows = cur.execute(_TAKE_SQL, {**params_of(owner, lease_seconds), "ids": ids})

@@ -292,14 +292,7 @@ class SQLiteQueue(QueueBackend):
                 ).fetchall()
             ]
             if len(seqs) < free:
-                seqs += [
-                    r[0]
-                    for r in conn.execute(
-                        "SELECT seq FROM stepstone_queue WHERE queue = ? AND status = 'queued' "
-                        "AND not_before <= ? ORDER BY priority DESC, not_before, seq LIMIT ?",
-                        (queue, now, free - len(seqs)),
-                    ).fetchall()
-                ]
+                seqs += _pick_queued(conn, queue, now, free - len(seqs))
             taken = []
             for seq in seqs:
                 conn.execute(
@@ -540,6 +533,28 @@ def has_queue(path: str | os.PathLike[str]) -> bool:
         return False
     finally:
         conn.close()
+
+
+def _pick_queued(conn: sqlite3.Connection, queue: str, now: float, limit: int) -> list[int]:
+    """The seqs of up to ``limit`` due queued entries of ``queue``, in the order workers
+    take them. An entry whose cancel was requested is marked ``cancelled`` on the way,
+    never picked: an older stepstone's hand-back left such entries queued (it ignored the
+    request), and the cancel was acknowledged, so the run must not go on."""
+    while True:
+        rows = conn.execute(
+            "SELECT seq, CASE WHEN cancel_requested THEN 1 ELSE 0 END FROM stepstone_queue "
+            "WHERE queue = ? AND status = 'queued' AND not_before <= ? "
+            "ORDER BY priority DESC, not_before, seq LIMIT ?",
+            (queue, now, limit),
+        ).fetchall()
+        cancelled = [seq for seq, requested in rows if requested]
+        if not cancelled:
+            return [seq for seq, _ in rows]
+        conn.execute(
+            "UPDATE stepstone_queue SET status = 'cancelled', error = ?, lease_until = NULL, "
+            f"updated_at = ? WHERE seq IN ({', '.join('?' * len(cancelled))})",
+            (CANCELLED_RUNNING, now, *cancelled),
+        )
 
 
 def _columns() -> dict[str, tuple[str, ...]]:

@@ -75,7 +75,7 @@ def _assert_each_committed_step_ran_once(log: str, first_pid: int) -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.crash
+@pytest.mark.slow
 def test_sigterm_during_a_database_outage_exits_promptly_and_loses_nothing(
     own_pg_server: PgServer, tmp_path: Path
 ) -> None:
@@ -106,7 +106,7 @@ def test_sigterm_during_a_database_outage_exits_promptly_and_loses_nothing(
     _assert_each_committed_step_ran_once(log, first.pid)  # guarantee 222
 
 
-@pytest.mark.crash
+@pytest.mark.slow
 def test_sigterm_while_another_process_locks_the_sqlite_file_exits_promptly(
     tmp_path: Path,
 ) -> None:
@@ -134,6 +134,7 @@ def test_sigterm_while_another_process_locks_the_sqlite_file_exits_promptly(
     _assert_each_committed_step_ran_once(log, first.pid)  # guarantee 222
 
 
+@pytest.mark.slow
 def test_worker_run_returns_when_stopped_while_its_file_is_locked(tmp_path: Path) -> None:
     db, log = tmp_path / "q.sqlite", str(tmp_path / "log")
     with Store(db=db) as store:

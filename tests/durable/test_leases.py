@@ -179,9 +179,10 @@ def test_claims_stamp_the_lease_by_the_database_clock(behind: Store) -> None:
 def test_operators_judge_an_owner_by_the_database_clock(tmp_path: Path) -> None:
     # guarantee 242: a run live by the database's clock, whose owner is on another host,
     # is asked to stop by cancel and refused by retry, though by this host's clock (an
-    # hour ahead of the database's) its lease ran out long ago
+    # hour ahead of the database's) its lease ran out long ago (a Plan run: retry refuses
+    # other kinds of run whatever their owner)
     with Store(backend=_BehindSQLite(tmp_path / "o.sqlite"), lease_seconds=60) as store:
-        claim = claim_run(store, "job", kind=KIND, resume=False, first_step="a")
+        claim = claim_run(store, "job", kind="plan", resume=False, first_step="a")
         assert claim.run is not None
         claim.run.commit_sync(status="running", next_step="b", rows=[("step", "a", {})])
         claim.run.release()

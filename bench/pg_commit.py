@@ -8,7 +8,8 @@ this one run:
 * a durable Plan of N trivial steps, each returning a 1 KB payload stored with ``writes=``
   (N = 10 and 100), run the way a script runs it (``Agent(engine=plan)(task)``): wall time
   per step, everything included (step call, engine, commit), on a warm store;
-* the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode);
+* the same with ``PostgresBackend(prepare=False)`` (as behind PgBouncer in transaction mode:
+  each step commit one call of the server function ``stepstone_step_commit``);
 * the same awaited on an event loop (``await agent.run(task)``, as async code and workers
   run it), whose step commits go on async connections awaited on the loop;
 * the same steps without ``writes=``: each step's 1 KB output is journaled only (one

@@ -588,10 +588,19 @@ class Worker:
         except asyncio.CancelledError:
             reason = self._cancel_reason.get(entry.id, "shutdown")
             if reason == "cancel":
-                await self._finish(entry, "cancelled", None, CANCELLED_RUNNING)
+                # A cancel that reached the run inside its last step lets that step commit,
+                # which ends the run done: its entry says so, with the stored result (a
+                # resume of a done run runs nothing and gives it).
+                head = await to_thread(self.store.backend.run_get, entry.run_key)
+                if head is None or head.status != "done":
+                    await self._finish(entry, "cancelled", None, CANCELLED_RUNNING)
+                    return
+                out = await run(env)
             elif reason == "shutdown":  # or cancelled, if its cancel was requested meanwhile
                 await self._hand_back(entry.id, 0.0)
-            return  # "lost": another worker holds it now; nothing of ours to record
+                return
+            else:
+                return  # "lost": another worker holds it now; nothing of ours to record
         except ConcurrentRunError as exc:
             # The run's previous owner still holds the checkpoint (its lease, judged on the
             # host that wrote it, has not run out yet): try again a bit later.

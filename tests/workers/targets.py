@@ -66,7 +66,18 @@ def _padded(i: int) -> Any:
     return step
 
 
+def _gated(payload: Any) -> dict[str, Any]:
+    """Creates ``<log>.started``, then waits (up to a minute) for ``<log>.go``."""
+    cfg = _config(payload)
+    open(cfg["log"] + ".started", "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(cfg["log"] + ".go") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _logged(1)(payload)
+
+
 plan = Plan(*[Step(_logged(i)) for i in range(STEPS)], max_iterations=STEPS + 1)
+gated_plan = Plan(Step(_logged(0)), Step(_gated, name="gated"))
 big_plan = Plan(*[Step(_padded(i)) for i in range(STEPS)], max_iterations=STEPS + 1)
 long_plan = Plan(*[Step(_logged(i)) for i in range(40)], max_iterations=41)
 failing_plan = Plan(Step(_logged(0)), Step(_boom, name="boom"), Step(_logged(2)))

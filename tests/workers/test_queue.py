@@ -276,6 +276,32 @@ def test_cancel_a_queued_run_and_a_running_one(store: Store, tmp_path: Path) -> 
     assert running.cancel() is False  # already ended
 
 
+def test_a_cancel_that_reaches_a_run_in_its_last_step_leaves_the_entry_done(
+    store: Store, tmp_path: Path
+) -> None:
+    """guarantee 268: the last step, cancelled while it runs, still commits and ends the
+    run done; its queue entry says done too, with the run's result (it said 'cancelled
+    while running' of a run that had finished)."""
+    log = str(tmp_path / "log")
+    handle = submit(store, T + "gated_plan", task(log, "g"))
+    worker = _worker(store, lease_seconds=0.6)
+    thread = threading.Thread(target=worker.run, kwargs={"until_idle": True})
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(log + ".started") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert handle.cancel() is True
+    time.sleep(2.0)  # the worker's lease renewals (every 0.2 s) see the cancel
+    open(log + ".go", "w").close()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    head = store.backend.run_get(handle.entry().run_key)
+    assert head is not None and head.status == "done"
+    assert handle.status() == "done"
+    assert handle.result(timeout=1).ok
+    assert sorted(s for (name, s) in executions(log) if name == "g") == [0, 1]
+
+
 def test_a_cancel_requested_before_a_hand_back_ends_the_run_cancelled(store: Store) -> None:
     # guarantee 298: a worker stopping gracefully hands back the runs it still holds; one
     # whose cancel() had been acknowledged went back to the queue and ran to the end

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from types import TracebackType
 from typing import Literal
@@ -184,17 +184,7 @@ def prune(
     now = store.backend.clock() if now is None else now
     chosen, live = plan_prune(heads, policy, now=now)
     if dry_run:
-        deleted = [
-            PrunedRun(
-                key=h.key,
-                kind=h.kind,
-                status=h.status,
-                updated_at=h.updated_at,
-                reason=r,
-                values=tuple(_fork_values(store, h)),
-            )
-            for h, r in chosen
-        ]
+        deleted = [_pruned(h, r, _fork_values(store, h)) for h, r in chosen]
         return PruneReport(deleted=deleted, skipped_live=live, skipped_changed=[], dry_run=True)
     done: list[PrunedRun] = []
     changed: list[str] = []
@@ -206,16 +196,7 @@ def prune(
             if values is None:
                 changed.append(head.key)
             else:
-                done.append(
-                    PrunedRun(
-                        key=head.key,
-                        kind=head.kind,
-                        status=head.status,
-                        updated_at=head.updated_at,
-                        reason=reason,
-                        values=tuple(values),
-                    )
-                )
+                done.append(_pruned(head, reason, values))
             if progress is not None:
                 progress(i, len(chosen))
     except KeyboardInterrupt as exc:
@@ -227,6 +208,18 @@ def prune(
         )
         raise PruneInterrupted(partial, len(chosen)) from exc
     return PruneReport(deleted=done, skipped_live=live, skipped_changed=changed, dry_run=False)
+
+
+def _pruned(head: RunHead, reason: Reason, values: Iterable[str]) -> PrunedRun:
+    """What the report says of a run that went (or would go), with its values."""
+    return PrunedRun(
+        key=head.key,
+        kind=head.kind,
+        status=head.status,
+        updated_at=head.updated_at,
+        reason=reason,
+        values=tuple(values),
+    )
 
 
 def _fork_values(store: Store, head: RunHead) -> list[str]:

@@ -44,6 +44,7 @@ from stepstone.durable._queue import (
     queue_backend,
     resolve_target,
 )
+from stepstone.durable._records import run_head
 from stepstone.exceptions import (
     ConcurrentRunError,
     ConfigurationError,
@@ -591,7 +592,7 @@ class Worker:
                 # A cancel that reached the run inside its last step lets that step commit,
                 # which ends the run done: its entry says so, with the stored result (a
                 # resume of a done run runs nothing and gives it).
-                head = await to_thread(self.store.backend.run_get, entry.run_key)
+                head = await to_thread(run_head, self.store, entry.run_key)
                 if head is None or head.status != "done":
                     await self._finish(entry, "cancelled", None, CANCELLED_RUNNING)
                     return

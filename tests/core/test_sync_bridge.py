@@ -377,6 +377,9 @@ def test_ctrl_c_cancels_the_call_and_the_next_call_works() -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        # Ctrl-C as a terminal delivers it, also when the suite runs as a background job
+        # (whose children inherit SIGINT ignored, and Python then installs no handler)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as proc:
         try:
             assert proc.stdout is not None

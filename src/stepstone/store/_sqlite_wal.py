@@ -16,6 +16,7 @@ import os
 import sqlite3
 import struct
 import sys
+import time
 from pathlib import Path
 
 __all__ = ["WalTender", "wal_checksum", "wal_damage"]
@@ -139,7 +140,29 @@ def wal_damage(db: Path) -> str | None:
 
     Commits that recovery would drop but whose pages the main file already holds (the
     WAL was checkpointed) lose nothing and are not reported. Reads only; safe while other
-    processes use the store (a frame being written is not a commit yet)."""
+    processes use the store: a frame being written is not a commit yet, and a frame read
+    while a writer was writing it (its header new, its page not yet) is not damage. That
+    last one can look like damage when the frames after it were written meanwhile, so
+    damage counts only when it is found the same twice, the file read again between."""
+    seen: tuple[str, bytes] | None = None
+    for _ in range(_SCANS):
+        found = _scan(db)
+        if found is None:
+            return None
+        if found == seen:
+            return found[0]
+        seen = found
+        time.sleep(0.02)
+    return None  # different every time: a live writer's WAL, which no recovery reads
+
+
+#: At most this many reads of a WAL that seems damaged (see :func:`wal_damage`).
+_SCANS = 5
+
+
+def _scan(db: Path) -> tuple[str, bytes] | None:
+    """One read of the WAL for :func:`wal_damage`: what is wrong and the bytes it was
+    found in (the header and the first frame recovery stops at), or None."""
     try:
         f = open(f"{db}-wal", "rb")  # noqa: SIM115 - closed below
     except OSError:
@@ -183,6 +206,7 @@ def wal_damage(db: Path) -> str | None:
         broken = -1 if header_ok else 0  # the first frame recovery stops at
         seed = (c1, c2)  # the stored checksum of the frame before (of the header first)
         frames: list[tuple[int, bytes]] = []
+        evidence = head
         while True:
             data = f.read(frame)
             if len(data) < frame:
@@ -194,6 +218,7 @@ def wal_damage(db: Path) -> str | None:
             sound = wal_checksum(data[:8] + data[24:], seed, big) == (k1, k2)
             if broken < 0 and not sound:
                 broken = i
+                evidence += data
             if sound and commit:
                 written = i
                 if broken < 0:
@@ -211,7 +236,8 @@ def wal_damage(db: Path) -> str | None:
         )
         return (
             f"its WAL file ({db.name}-wal) holds committed transactions that SQLite would "
-            f"drop (frames {recovered + 2} to {written + 1} of {len(frames)}): {where}"
+            f"drop (frames {recovered + 2} to {written + 1} of {len(frames)}): {where}",
+            evidence,
         )
 
 

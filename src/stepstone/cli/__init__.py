@@ -19,7 +19,7 @@ from rich.console import Console
 from stepstone.cli import _check, _migrate, _ops, _ui
 from stepstone.cli import _debug as _debug_state
 from stepstone.cli._ops import split_values
-from stepstone.cli._render import entry_json, render_entry, render_runs
+from stepstone.cli._render import entry_json, key_width, render_entry, render_runs
 from stepstone.cli._runs import select_runs
 from stepstone.cli._worker import worker
 from stepstone.durable import database_now
@@ -256,8 +256,7 @@ def runs(
         typer.echo(json.dumps(out, default=str))
     else:
         # Never crop a key: widen the table past the terminal rather than cut one short.
-        longest = max((len(line.key) for line in lines), default=0)
-        console = Console(width=max(Console().width, longest + 120))
+        console = Console(width=key_width([line.key for line in lines], 120))
         render_runs(console, lines, now=now, total=total, offset=offset)
 
 

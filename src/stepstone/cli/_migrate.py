@@ -27,11 +27,10 @@ from stepstone.cli._ops import (
     JsonOption,
     OpsError,
     UrlOption,
-    key_table,
-    keyed_console,
     no_run,
     open_store,
 )
+from stepstone.cli._render import key_table, keyed_console
 from stepstone.durable import list_runs, run_head
 from stepstone.durable._operate import a_kind
 from stepstone.engines.graph import CompiledGraph

@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepstone.cli._debug import asked
-from stepstone.cli._render import progress_bar
+from stepstone.cli._render import key_table, keyed_console, progress_bar
 from stepstone.durable._approvals import approve_call, decision_text
 from stepstone.durable._inspect import (
     damage_report,
@@ -184,16 +184,15 @@ def prune_cmd(
         if policy is None:
             raise OpsError("pass --ttl AGE (e.g. 30d) and/or --keep-last N")
         with progress_bar("pruning", hidden=as_json or dry_run) as progress:
+            interrupted: PruneInterrupted | None = None
             try:
                 with _stop_between_runs(progress) as each_run:
                     report = prune(store, policy, dry_run=dry_run, progress=each_run)
             except PruneInterrupted as stopped:
-                interrupted: PruneInterrupted | None = stopped
-                report = stopped.report
-            else:
-                interrupted = None
-        left = 0 if interrupted is None else interrupted.total - len(report.deleted)
-        left -= len(report.skipped_changed) if interrupted is not None else 0
+                interrupted, report = stopped, stopped.report
+        left = 0
+        if interrupted is not None:
+            left = interrupted.total - len(report.deleted) - len(report.skipped_changed)
         if as_json:
             _print_json(_prune_json(report, interrupted=interrupted is not None, left=left))
         else:
@@ -318,28 +317,6 @@ def _console() -> Console:
     """The console of these commands: its text is printed as it is (keys, step names,
     payloads and error messages are the users'; a ``[/]`` in one is not markup)."""
     return Console(markup=False)
-
-
-def key_table(keys: list[str], key_column: str, *columns: str, title: str | None = None) -> Table:
-    """A table whose ``key_column`` shows every key whole (never cropped, so it can be
-    copied into the next command) and whose other columns wrap rather than crop; print it
-    with :func:`keyed_console`."""
-    table = Table(title=title)
-    for col in (key_column, *columns):
-        if col == key_column:
-            longest = max((len(k) for k in keys), default=len(col))
-            table.add_column(col, no_wrap=True, min_width=max(longest, len(col)))
-        else:
-            table.add_column(col, overflow="fold")
-    return table
-
-
-def keyed_console(keys: list[str], others: int = 60) -> Console:
-    """:func:`_console`, wide enough for the longest of ``keys`` and ``others`` columns of
-    other text: as `stepstone runs` does, a narrow terminal wraps the lines rather than
-    the table cropping a key."""
-    longest = max((len(k) for k in keys), default=0)
-    return Console(markup=False, width=max(Console().width, longest + others))
 
 
 def show_cmd(
@@ -669,13 +646,12 @@ def approve_cmd(
                 f"{decision_text(decision)}; nothing changed"
             )
             return
-        verb = "approved" if deny is None else f"denied ({deny})"
         instead = (
             f" (it was {decision_text(done['previous'])})" if done["previous"] is not None else ""
         )
         _console().print(
-            f"{key}{where}: {verb} {done['tool']} call {call_id}{instead}; the run's next "
-            "resume applies it"
+            f"{key}{where}: {decision_text(decision)} {done['tool']} call {call_id}{instead}; "
+            "the run's next resume applies it"
         )
 
 

@@ -17,7 +17,14 @@ from stepstone.cli._runs import RunLine, owner_state
 from stepstone.durable._inspect import steps_done
 from stepstone.store import StoreEntry
 
-__all__ = ["entry_json", "render_entry", "render_runs"]
+__all__ = [
+    "entry_json",
+    "key_table",
+    "key_width",
+    "keyed_console",
+    "render_entry",
+    "render_runs",
+]
 
 _STATUS_STYLE = {
     "done": "green",
@@ -147,6 +154,30 @@ def _render_graph(console: Console, entry: StoreEntry, state: dict[str, Any]) ->
     console.print_json(json.dumps(state.get("state"), default=str))
 
 
+def key_table(keys: list[str], key_column: str, *columns: str, title: str | None = None) -> Table:
+    """A table whose ``key_column`` shows every key whole (never cropped, so it can be
+    copied into the next command) and whose other columns wrap rather than crop; print it
+    on a console :func:`key_width` wide."""
+    table = Table(title=title)
+    longest = max((len(k) for k in keys), default=0)
+    table.add_column(key_column, no_wrap=True, min_width=max(longest, len(key_column)))
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    return table
+
+
+def key_width(keys: list[str], others: int) -> int:
+    """A console width for the longest of ``keys`` and ``others`` columns of other text:
+    a narrow terminal then wraps the lines rather than a table cropping a key."""
+    longest = max((len(k) for k in keys), default=0)
+    return max(Console().width, longest + others)
+
+
+def keyed_console(keys: list[str], others: int = 60) -> Console:
+    """A console without markup, :func:`key_width` wide."""
+    return Console(markup=False, width=key_width(keys, others))
+
+
 def render_runs(
     console: Console,
     lines: list[RunLine],
@@ -158,15 +189,16 @@ def render_runs(
     """Print one row per durable run; keys are printed whole so they can be copied.
     ``total`` (runs matching, all pages) and ``offset`` say which page this is."""
     now = time.time() if now is None else now
-    width = max((len(line.key) for line in lines), default=3)
     total = len(lines) if total is None else total
     title = f"{total} run(s)"
     if len(lines) < total:
         title += f", {offset + 1}-{offset + len(lines)} shown" if lines else ", none shown"
-    table = Table(title=title)
-    table.add_column("key", no_wrap=True, min_width=width)
-    for col in ("kind", "status", "next step", "steps", "owner", "updated", "error"):
-        table.add_column(col, overflow="fold")
+    table = key_table(
+        [line.key for line in lines],
+        "key",
+        *("kind", "status", "next step", "steps", "owner", "updated", "error"),
+        title=title,
+    )
     for line in lines:
         if line.head is None:
             table.add_row(

@@ -26,9 +26,9 @@ from stepstone.store._store import Store
 
 __all__ = [
     "damage_report",
-    "missing_run",
     "diff_runs",
     "filter_heads",
+    "missing_run",
     "query_runs",
     "owner_state",
     "run_detail",

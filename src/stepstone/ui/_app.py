@@ -59,10 +59,15 @@ class _HttpError(Exception):
         self.message = message
 
 
+def _one(params: dict[str, list[str]], name: str) -> str:
+    """The first value of ``name`` in the query, or "" when absent."""
+    return (params.get(name) or [""])[0]
+
+
 def _whole(params: dict[str, list[str]], name: str, least: int) -> int | None:
     """The whole number ``name`` (at least ``least``), or None when absent; anything else
     (``inf``, ``nan``, ``2.5``, ``-1``) is a 400 naming it."""
-    raw = (params.get(name) or [""])[0].strip()
+    raw = _one(params, name).strip()
     if raw == "":
         return None
     try:
@@ -80,7 +85,7 @@ def _whole(params: dict[str, list[str]], name: str, least: int) -> int | None:
 def _age(params: dict[str, list[str]], name: str) -> float | None:
     """The age ``name`` in seconds: a number of seconds or a number and a unit (``90s``,
     ``15m``, ``12h``, ``30d``, ``2w``, as the CLI takes), or None when absent."""
-    raw = (params.get(name) or [""])[0].strip()
+    raw = _one(params, name).strip()
     if raw == "":
         return None
     try:
@@ -110,7 +115,7 @@ def _cut_payloads(timeline: list[dict[str, Any]]) -> None:
     polls every second must not fetch a run's megabytes each time (``full=1`` gets them)."""
     for entry in timeline:
         payload = entry.get("payload")
-        if payload is None or (isinstance(payload, str) and len(payload) <= PAYLOAD_CHARS):
+        if payload is None:
             continue
         text = payload if isinstance(payload, str) else json.dumps(payload, default=str)
         if len(text) > PAYLOAD_CHARS:
@@ -202,7 +207,7 @@ class InspectorApp:
             self.store,
             statuses=statuses,
             kinds=_many(params, "kind"),
-            prefix=(params.get("prefix") or [""])[0] or None,
+            prefix=_one(params, "prefix") or None,
             older_than=_age(params, "older_than"),
             newer_than=_age(params, "newer_than"),
             limit=limit if limit is not None else self.page_size,
@@ -218,13 +223,13 @@ class InspectorApp:
         }
 
     def _run(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        key = (params.get("key") or [""])[0]
+        key = _one(params, "key")
         if not key:
             raise _HttpError("400 Bad Request", "pass ?key=RUN_KEY")
         detail = run_detail(self.store, key)
         if detail is None:
             raise _HttpError("404 Not Found", missing_run(self.store, key))
-        if (params.get("full") or [""])[0] != "1":
+        if _one(params, "full") != "1":
             _cut_payloads(detail["timeline"])
         return {**detail, "allow_actions": self.allow_actions}
 
@@ -238,13 +243,13 @@ class InspectorApp:
             raise _HttpError("403 Forbidden", "actions need the X-Stepstone-Action: 1 header")
 
     def _cancel(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        key = (params.get("key") or [""])[0]
+        key = _one(params, "key")
         reason = (params.get("reason") or ["cancelled from the web inspector"])[0]
         return {"key": key, "outcome": cancel_run(self.store, key, reason=reason)}
 
     def _retry(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        key = (params.get("key") or [""])[0]
-        step = (params.get("step") or [""])[0]
+        key = _one(params, "key")
+        step = _one(params, "step")
         head = retry_run(self.store, key, from_step=step)
         return {
             "key": key,
@@ -253,12 +258,12 @@ class InspectorApp:
         }
 
     def _approve(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        key = (params.get("key") or [""])[0]
-        call_id = (params.get("call_id") or [""])[0]
+        key = _one(params, "key")
+        call_id = _one(params, "call_id")
         deny = params.get("deny")
         # replace=1: the page showed a decision and the person chose another one; without
         # it, a decision recorded since the page was drawn is never replaced.
-        replace = (params.get("replace") or [""])[0] == "1"
+        replace = _one(params, "replace") == "1"
         decision: bool | str = True if deny is None else deny[0]
         done = approve_call(self.store, key, call_id, decision=decision, replace=replace)
         verb = "approved" if deny is None else "denied"

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,17 @@ def _one_step_plan(agent: Agent, store: Store, approvals: dict[str, Any] | None)
     return Agent(engine=plan)
 
 
+def _refund_plan(script: Script, store: Store, done: list[str]) -> Callable[..., Agent]:
+    """``plan(approvals)``: :func:`_one_step_plan` of a support agent scripted by
+    ``script`` whose refunds go to ``done``."""
+
+    def plan(approvals: dict[str, Any] | None = None) -> Agent:
+        llm = Agent(name="support", model=script.model(), tools=[_refund_tool(done)])
+        return _one_step_plan(llm, store, approvals)
+
+    return plan
+
+
 async def test_approval_inside_a_plan_step(tmp_path: Path) -> None:
     # guarantee 180, 181
     done: list[str] = []
@@ -141,11 +153,7 @@ async def test_unknown_call_id_in_a_plans_approvals_is_refused(tmp_path: Path) -
     done: list[str] = []
     script = Script({0: call("refund", order="o-1"), 1: "refunded"})
     with Store(db=tmp_path / "p.sqlite") as store:
-
-        def plan(approvals: dict[str, Any] | None = None) -> Agent:
-            llm = Agent(name="support", model=script.model(), tools=[_refund_tool(done)])
-            return _one_step_plan(llm, store, approvals)
-
+        plan = _refund_plan(script, store, done)
         env = await plan().run("refund o-1")
         [pending] = env.metadata["pending_approvals"]
         before = store.read("support-plan")
@@ -457,11 +465,7 @@ async def test_a_finished_plan_takes_only_the_decisions_it_applied(tmp_path: Pat
     done: list[str] = []
     script = Script({0: call("refund", order="o-1"), 1: "refunded"})
     with Store(db=tmp_path / "p.sqlite") as store:
-
-        def plan(approvals: dict[str, Any] | None = None) -> Agent:
-            llm = Agent(name="support", model=script.model(), tools=[_refund_tool(done)])
-            return _one_step_plan(llm, store, approvals)
-
+        plan = _refund_plan(script, store, done)
         env = await plan().run("refund o-1")
         [pending] = env.metadata["pending_approvals"]
         call_id = pending["call_id"]

@@ -22,6 +22,7 @@ store's retries; their leases run out and other workers take them over.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import json
@@ -582,8 +583,9 @@ class Worker:
                 self._wake.set()
 
     async def _execute_inner(self, entry: QueueEntry) -> None:
+        run: Callable[[Envelope[Any]], Awaitable[Envelope[Any]]] | None = None
         try:
-            run = self._engine(entry)
+            run = await self._engine(entry)
             env = Envelope.from_dict(json.loads(entry.task))
             out = await run(env)
         except asyncio.CancelledError:
@@ -592,8 +594,9 @@ class Worker:
                 # A cancel that reached the run inside its last step lets that step commit,
                 # which ends the run done: its entry says so, with the stored result (a
                 # resume of a done run runs nothing and gives it).
+                # (run is None: cancelled while its module was imported, before it started)
                 head = await to_thread(run_head, self.store, entry.run_key)
-                if head is None or head.status != "done":
+                if run is None or head is None or head.status != "done":
                     await self._finish(entry, "cancelled", None, CANCELLED_RUNNING)
                     return
                 out = await run(env)
@@ -667,12 +670,36 @@ class Worker:
                 status,
             )
 
-    def _engine(self, entry: QueueEntry) -> Callable[[Envelope[Any]], Awaitable[Envelope[Any]]]:
+    async def _engine(
+        self, entry: QueueEntry
+    ) -> Callable[[Envelope[Any]], Awaitable[Envelope[Any]]]:
         """How to run the entry's target durably under the entry's checkpoint key,
         resuming where an earlier attempt stopped."""
         from stepstone._worker_targets import queued_run  # imports the graph engine
 
-        return queued_run(resolve_target(entry.target, self.registry), self.store, entry)
+        return queued_run(await self._resolve(entry.target), self.store, entry)
+
+    async def _resolve(self, target: str) -> Any:
+        """The object ``target`` names, imported on the thread that called :meth:`run`
+        (for ``stepstone worker``, the main thread), not on the runs' own thread: a module
+        may install signal handlers when imported, which only the main thread can do."""
+        caller = self._watch[0] if self._watch is not None else None
+        if caller is None or target in self.registry:
+            return resolve_target(target, self.registry)
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def resolve() -> None:
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(resolve_target(target, self.registry))
+                except BaseException as exc:  # noqa: BLE001 - raised on the runs' loop
+                    done.set_exception(exc)
+
+        try:
+            caller.call_soon_threadsafe(resolve)
+        except RuntimeError:  # the caller's loop is gone (a shutdown gave up on us)
+            return resolve_target(target, self.registry)
+        return await asyncio.wrap_future(done)
 
 
 #: The longest wait before a run the store failed under is tried again (seconds).

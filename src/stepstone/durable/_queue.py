@@ -226,10 +226,17 @@ def resolve_target(target: str, registry: dict[str, Any] | None = None) -> Any:
         else:
             obj = importlib.import_module(mod_name)
     except Exception as exc:
+        missing = isinstance(exc, ModuleNotFoundError) and _is_part_of(exc.name, mod_name)
+        fix = (
+            "start the worker where that module is importable (--import-path DIR or "
+            "PYTHONPATH) or register it: Worker(registry={...})"
+            if missing
+            else "the module was found but its code failed: fix it (or what it needs at "
+            "import, such as a setting or a package) and the run can be retried"
+        )
         raise UserError(
             f"target {target!r}: cannot import module {mod_name!r} ({type(exc).__name__}: "
-            f"{exc}); start the worker where that module is importable (--import-path DIR "
-            "or PYTHONPATH) or register it: Worker(registry={...})"
+            f"{exc}); {fix}"
         ) from exc
     for part in attr.split("."):
         try:
@@ -240,6 +247,12 @@ def resolve_target(target: str, registry: dict[str, Any] | None = None) -> Any:
                 "name, or register it: Worker(registry={...})"
             ) from None
     return obj
+
+
+def _is_part_of(missing: str | None, mod_name: str) -> bool:
+    """Whether the module a ModuleNotFoundError names is ``mod_name`` or a package of it
+    (the target's module is not there, not one its code imports)."""
+    return missing is not None and (mod_name == missing or mod_name.startswith(missing + "."))
 
 
 def _split_path(path: str) -> tuple[str, str]:

@@ -205,7 +205,9 @@ class OwnedRun:
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
-        encoded = [(check_key(k, "writes= key"), self._encode(v, None, k)) for k, v in writes]
+        encoded = [
+            (check_key(k, "writes= key", new=True), self._encode(v, None, k)) for k, v in writes
+        ]
         return new, self._rows(rows), encoded
 
     def commit_sync(
@@ -459,7 +461,7 @@ def _claimer(
 ) -> tuple[Decide, Callable[[RunHead | None], ClaimResult | None]]:
     """The transaction callback of :func:`claim_run` and what turns the head it leaves
     into the :class:`ClaimResult` (the claim itself may run in a group commit)."""
-    check_key(key, f"{what} key")
+    check_key(key, f"{what} key", new=True)
     lease = LeasePolicy.of(store)
     uid = run_uid or new_uid()
     decision = _Decision()

@@ -196,7 +196,7 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
         TypeError, ValueError: ``to`` cannot be a key (not a non-empty string, or holds a
             NUL character); nothing is written.
     """
-    check_key(to, "fork's new key (to=)")
+    check_key(to, "fork's new key (to=)", new=True)
     head, rows = _read_sound(store, key)
     _plan_only(head, "fork")
     cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]

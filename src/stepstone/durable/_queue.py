@@ -32,7 +32,7 @@ from stepstone.exceptions import (
     UserError,
 )
 from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
-from stepstone.store._store import Store
+from stepstone.store._store import Store, key_problem, shown_key
 
 __all__ = [
     "INT_BOUND",
@@ -57,19 +57,21 @@ INT_BOUND = 2**31
 
 def check_name(name: str, value: Any) -> str:
     """``value`` if it can name a queue, a run key or a worker in every store: a non-empty
-    str without NUL characters or lone surrogates (which no database keeps in text).
+    str without NUL characters or lone surrogates (which no database keeps in text), of at
+    most ``MAX_KEY_BYTES`` bytes (PostgreSQL indexes queue names and keys).
 
     Raises:
         ConfigurationError: it cannot, naming it (ConfigurationTypeError: not a str).
     """
-    error = (
-        f"{name} must be a non-empty str without NUL characters or lone surrogates (text "
-        f"that is not Unicode), got {value!r}"
-    )
-    if not isinstance(value, str):
-        raise ConfigurationTypeError(error)
-    if not value or "\0" in value or not _unicode(value):
-        raise ConfigurationError(error)
+    if not isinstance(value, str) or not value or "\0" in value or not _unicode(value):
+        error = ConfigurationError if isinstance(value, str) else ConfigurationTypeError
+        raise error(
+            f"{name} must be a non-empty str without NUL characters or lone surrogates "
+            f"(text that is not Unicode), got {value!r:.200}"
+        )
+    problem = key_problem(value, new=True)
+    if problem is not None:
+        raise ConfigurationError(f"{name} {shown_key(value)} {problem}")
     return value
 
 

@@ -4,10 +4,11 @@ from stepstone.store._base import Backend, Claim, JournalRow, RunHead
 from stepstone.store._check import CheckProblem, CheckReport, check_store
 from stepstone.store._memory import MemoryBackend
 from stepstone.store._retention import Retention, VacuumReport, vacuum
-from stepstone.store._store import Store, StoreEntry
+from stepstone.store._store import MAX_KEY_BYTES, Store, StoreEntry
 from stepstone.store._views import register_run_view
 
 __all__ = [
+    "MAX_KEY_BYTES",
     "Backend",
     "CheckProblem",
     "CheckReport",

@@ -169,7 +169,8 @@ class Store:
 
     def write(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` (replacing a plain value; a checkpoint key refuses)."""
-        self.backend.kv_put(check_key(key), dumps(to_json_value(value, where=f"store[{key!r}]")))
+        text = dumps(to_json_value(value, where=f"store[{key!r}]"))
+        self.backend.kv_put(check_key(key, new=True), text)
 
     def delete(self, key: str) -> bool:
         """Delete the value or checkpoint (with its journal) under ``key``. True if found."""
@@ -212,7 +213,7 @@ class Store:
         """
         new_text = dumps(to_json_value(new, where=f"store[{key!r}]"))
         expected_json = None if expected is None else to_json_value(expected, warn=False)
-        return self.backend.kv_cas(check_key(key), expected_json, new_text, _text_equals)
+        return self.backend.kv_cas(check_key(key, new=True), expected_json, new_text, _text_equals)
 
     def setup(self) -> None:
         """Create or upgrade the backend's schema; idempotent and safe to run from several
@@ -263,7 +264,7 @@ class Store:
     async def awrite(self, key: str, value: Any) -> None:
         """Async :meth:`write`."""
         text = dumps(to_json_value(value, where=f"store[{key!r}]"))
-        await self._offload(self.backend.kv_put, check_key(key), text)
+        await self._offload(self.backend.kv_put, check_key(key, new=True), text)
 
     async def adelete(self, key: str) -> bool:
         """Async :meth:`delete`."""
@@ -312,11 +313,19 @@ def _decode(key: str, text: str) -> Any:
 NUL_IN_KEY = "contains a NUL character ('\\x00'), which no store can keep in a key; remove it"
 
 
-def key_problem(key: str) -> str | None:
+#: The longest key a new record may get, in UTF-8 bytes. PostgreSQL cannot index a longer
+#: one (a B-tree entry holds at most 2,704 bytes, the key's index entries add a little), and
+#: a key must work in every store, so a run built on SQLite moves to PostgreSQL as it is.
+MAX_KEY_BYTES = 2048
+
+
+def key_problem(key: str, *, new: bool = False) -> str | None:
     """Why no store can keep ``key`` (a str), for a message that names it, or None: a NUL
     character (:data:`NUL_IN_KEY`), or a lone surrogate (as ``os.fsdecode`` or
     ``errors='surrogateescape'`` make of bytes that are not UTF-8), which is not Unicode
-    text: neither SQLite nor PostgreSQL can encode it."""
+    text: neither SQLite nor PostgreSQL can encode it. With ``new`` (a key a record is
+    created under), also more than :data:`MAX_KEY_BYTES` bytes: reading or deleting a
+    longer key an older version stored is not refused."""
     if "\0" in key:
         return NUL_IN_KEY
     if not key.isascii():
@@ -328,17 +337,32 @@ def key_problem(key: str) -> str | None:
                 "is not Unicode text and no store can keep; remove it, or decode the bytes "
                 "it came from with errors='replace'"
             )
+    if new and len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES:
+        return (
+            f"is {len(key.encode())} bytes long in UTF-8, over the {MAX_KEY_BYTES} a key can "
+            "have in every store (PostgreSQL cannot index a longer one); use a shorter key, "
+            "e.g. a digest of this one: hashlib.sha256(key.encode()).hexdigest()"
+        )
     return None
 
 
-def check_key(key: Any, what: str = "store key") -> str:
+def shown_key(key: object, limit: int = 80) -> str:
+    """``repr(key)`` for a message, a str cut after ``limit`` characters (a refused key
+    may be megabytes long)."""
+    if not isinstance(key, str) or len(key) <= limit:
+        return repr(key)
+    return f"{key[:limit]!r}... ({len(key)} characters)"
+
+
+def check_key(key: Any, what: str = "store key", *, new: bool = False) -> str:
     """``key`` if it can be a key in every store: a non-empty string that
-    :func:`key_problem` finds nothing wrong with."""
+    :func:`key_problem` finds nothing wrong with (``new``: a key a record is created
+    under)."""
     if not isinstance(key, str) or not key:
-        raise TypeError(f"a {what} is a non-empty string, got {key!r}")
-    problem = key_problem(key)
+        raise TypeError(f"a {what} is a non-empty string, got {key!r:.200}")
+    problem = key_problem(key, new=new)
     if problem is not None:
-        raise ValueError(f"{what} {key!r} {problem}")
+        raise ValueError(f"{what} {shown_key(key)} {problem}")
     return key
 
 

@@ -17,7 +17,7 @@ from stepstone.core import Sentinel, Tool
 from stepstone.core._tool import is_agent_like
 from stepstone.engines.plan._step import Step
 from stepstone.exceptions import PlanCompileError
-from stepstone.store._store import key_problem
+from stepstone.store._store import key_problem, shown_key
 
 __all__ = ["CompiledPlan", "Unit", "check_tools", "compile_plan", "literal_values"]
 
@@ -100,9 +100,9 @@ def compile_plan(
             raise PlanCompileError(
                 f"step {s.step_name!r}: writes= must be a non-empty str, got {s.writes!r}"
             )
-        problem = None if s.writes is None else key_problem(s.writes)
+        problem = None if s.writes is None else key_problem(s.writes, new=True)
         if problem is not None:
-            raise PlanCompileError(f"step {s.step_name!r}: writes={s.writes!r} {problem}")
+            raise PlanCompileError(f"step {s.step_name!r}: writes={shown_key(s.writes)} {problem}")
     step_of: dict[str, Step] = {}
     for step in steps:
         for what, tp in (("input", step.input), ("output", step.output)):

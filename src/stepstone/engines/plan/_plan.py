@@ -54,7 +54,7 @@ from stepstone.exceptions import (
 )
 from stepstone.observability import Session
 from stepstone.store import RunHead, Store
-from stepstone.store._store import key_problem
+from stepstone.store._store import key_problem, shown_key
 
 __all__ = ["Plan", "PlanChangePolicy"]
 
@@ -159,9 +159,9 @@ class Plan:
             raise PlanCompileError(
                 f"checkpoint_key must be a non-empty str, got {checkpoint_key!r}"
             )
-        problem = None if checkpoint_key is None else key_problem(checkpoint_key)
+        problem = None if checkpoint_key is None else key_problem(checkpoint_key, new=True)
         if problem is not None:
-            raise PlanCompileError(f"checkpoint_key {checkpoint_key!r} {problem}")
+            raise PlanCompileError(f"checkpoint_key {shown_key(checkpoint_key)} {problem}")
         if store is not None and not isinstance(store, Store):
             raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
         if resume and store is None:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -684,7 +685,8 @@ class Worker:
         (for ``stepstone worker``, the main thread), not on the runs' own thread: a module
         may install signal handlers when imported, which only the main thread can do."""
         caller = self._watch[0] if self._watch is not None else None
-        if caller is None or target in self.registry:
+        imported = target.partition(":")[0] in sys.modules  # nothing left to import
+        if caller is None or imported or target in self.registry:
             return resolve_target(target, self.registry)
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
 

@@ -19,14 +19,21 @@ from rich.console import Console
 from stepstone.cli import _check, _migrate, _ops, _ui
 from stepstone.cli import _debug as _debug_state
 from stepstone.cli._ops import split_values
-from stepstone.cli._render import entry_json, key_width, render_entry, render_runs
+from stepstone.cli._render import (
+    entry_json,
+    key_width,
+    named_key,
+    render_entry,
+    render_runs,
+    visible,
+    visible_console,
+)
 from stepstone.cli._runs import select_runs
 from stepstone.cli._worker import worker
 from stepstone.durable import database_now
 from stepstone.engines._views import BUILTIN_KINDS
 from stepstone.exceptions import StepstoneError, StoreError
 from stepstone.store import Store
-from stepstone.store._base import printable_key
 
 __all__ = ["app", "main"]
 
@@ -113,8 +120,8 @@ def _message(exc: BaseException) -> str:
 
 def _fail(message: str, code: int) -> None:
     hint = "" if code == 2 else " (--debug shows the traceback)"
-    # printable: a message may quote text a damaged file holds (invalid UTF-8)
-    typer.echo(f"error: {printable_key(message)}{hint}", err=True)
+    # visible: a message may quote stored text (a newline, an escape sequence, invalid UTF-8)
+    typer.echo(f"error: {visible(message)}{hint}", err=True)
     raise typer.Exit(code)
 
 
@@ -160,6 +167,7 @@ def inspect(
 ) -> None:
     """Print a checkpoint (status, next step, completed steps, kv keys, history) or a value."""
     with _open_store(db, url) as store:
+        key = named_key(store, key)
         try:
             entry = store.read_entry(key)
         except Exception as exc:
@@ -174,7 +182,7 @@ def inspect(
         if as_json:
             typer.echo(json.dumps(entry_json(entry), default=str, ensure_ascii=False))
         else:
-            render_entry(Console(), entry, history=history)
+            render_entry(visible_console(markup=True), entry, history=history)
 
 
 def _age(value: str | None, option: str) -> float | None:
@@ -248,7 +256,7 @@ def runs(
             f"note: no run has kind {', '.join(map(repr, odd))}; stepstone's kinds are "
             f"{', '.join(BUILTIN_KINDS)}",
             err=True,
-        )
+        )  # repr: the kinds as typed, each character visible
     if as_json:
         # A bare list by default: scripts written for it keep working.
         listed = [line.to_json(now) for line in lines]
@@ -256,7 +264,7 @@ def runs(
         typer.echo(json.dumps(out, default=str))
     else:
         # Never crop a key: widen the table past the terminal rather than cut one short.
-        console = Console(width=key_width([line.key for line in lines], 120))
+        console = visible_console(markup=True, width=key_width([line.key for line in lines], 120))
         render_runs(console, lines, now=now, total=total, offset=offset)
 
 

@@ -13,12 +13,11 @@ from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from stepstone.cli._debug import asked
 from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, fail
-from stepstone.cli._render import progress_bar
+from stepstone.cli._render import progress_bar, visible_console
 from stepstone.exceptions import StoreDamagedError, StoreError
 from stepstone.store import CheckProblem, CheckReport, Store, check_store
 from stepstone.store._check import problem_text
@@ -102,7 +101,7 @@ def _report(report: CheckReport, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(report.to_json()))
         return
-    console = Console(highlight=False)
+    console = visible_console(markup=True, highlight=False)  # stored text: escape()d
     pages = "not checked"
     if report.file_checked:
         pages = "quick_check" if report.quick else "integrity_check"

@@ -18,7 +18,6 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from stepstone.agent import Agent
 from stepstone.cli._ops import (
@@ -30,7 +29,7 @@ from stepstone.cli._ops import (
     no_run,
     open_store,
 )
-from stepstone.cli._render import key_table, keyed_console
+from stepstone.cli._render import key_table, keyed_console, named_key, visible_console
 from stepstone.durable import list_runs, run_head
 from stepstone.durable._operate import a_kind
 from stepstone.engines.graph import CompiledGraph
@@ -169,6 +168,7 @@ def resume_cmd(
 ) -> None:
     """Resume a stopped run with the application's Plan or graph, where it stopped."""
     with open_store(db, url, debug=debug) as store:
+        key = named_key(store, key)
         head = run_head(store, key)
         if head is None:
             raise no_run(key, store)
@@ -207,7 +207,7 @@ def resume_cmd(
                 f"{stopped.get('message')}"
             )
         else:
-            Console(markup=False).print(f"{key}: {status}")
+            visible_console().print(f"{key}: {status}")
 
 
 def _check_kinds(key: str, head: RunHead, engine: Any, target: str) -> None:

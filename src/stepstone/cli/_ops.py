@@ -26,7 +26,15 @@ from rich.table import Table
 from rich.text import Text
 
 from stepstone.cli._debug import asked
-from stepstone.cli._render import key_table, keyed_console, progress_bar
+from stepstone.cli._render import (
+    key_table,
+    keyed_console,
+    named_key,
+    print_json,
+    progress_bar,
+    visible,
+    visible_console,
+)
 from stepstone.durable._approvals import approve_call, decision_text
 from stepstone.durable._inspect import (
     damage_report,
@@ -69,7 +77,7 @@ class OpsError(Exception):
 def fail(message: str, code: int = 1) -> None:
     """Print ``error: message`` on stderr and exit with status ``code`` (1: the command
     failed; 2: a wrong command line)."""
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {visible(message)}", err=True)  # stored text quoted in it, made visible
     raise typer.Exit(code)
 
 
@@ -314,9 +322,10 @@ def vacuum_cmd(
 
 
 def _console() -> Console:
-    """The console of these commands: its text is printed as it is (keys, step names,
-    payloads and error messages are the users'; a ``[/]`` in one is not markup)."""
-    return Console(markup=False)
+    """The console of these commands: keys, step names, payloads and error messages are
+    the users', so no markup (a ``[/]`` in one is text) and every character that is not
+    printable (a newline, an escape sequence) shown escaped (see ``visible``)."""
+    return visible_console()
 
 
 def show_cmd(
@@ -328,6 +337,7 @@ def show_cmd(
 ) -> None:
     """Everything about one run: status, owner, error, its record, its steps."""
     with open_store(db, url, debug=debug, read_only=True) as store:
+        key = named_key(store, key)
         detail = run_detail(store, key)
         if detail is None:
             raise no_run(key, store)
@@ -343,10 +353,11 @@ def show_cmd(
         console = _console()
         console.print(
             Text.assemble(
-                (key, "bold"),
-                f"  {detail['kind']} run  status ",
-                (str(detail["status"]), "bold"),
-                f"  next step {detail['next_step'] or '-'}  owner {detail['owner']}",
+                (visible(key), "bold"),
+                f"  {visible(detail['kind'])} run  status ",
+                (visible(detail["status"]), "bold"),
+                f"  next step {visible(detail['next_step'] or '-')}  owner "
+                f"{visible(detail['owner'])}",
             )
         )
         console.print(
@@ -360,16 +371,18 @@ def show_cmd(
                 Text.assemble(
                     "  ",
                     ("error", "red"),
-                    f" at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
-                    f"{err.get('message')}",
+                    visible(
+                        f" at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
+                        f"{err.get('message')}"
+                    ),
                 )
             )
         if detail.get("corrupt"):
-            console.print(Text.assemble("  ", ("corrupt", "red"), ": ", detail["corrupt"]))
+            console.print(Text.assemble("  ", ("corrupt", "red"), ": ", visible(detail["corrupt"])))
         _print_approvals(console, key, detail["pending_approvals"])
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
-        console.print_json(json.dumps(_cut_texts(detail["record"]), default=str))
+        print_json(console, _cut_texts(detail["record"]))
 
 
 #: Characters of one text of a run's record that `show` prints (``--json``: all).
@@ -444,6 +457,7 @@ def history_cmd(
 ) -> None:
     """The run's journal, step by step."""
     with open_store(db, url, debug=debug, read_only=True) as store:
+        key = named_key(store, key)
         found = read_salvaged(store.backend, key)
         if found is None:
             raise no_run(key, store)
@@ -468,7 +482,7 @@ def history_cmd(
         console = _console()
         console.print(table)
         if found.damaged:
-            console.print(Text.assemble(("corrupt", "red"), ": ", damage_report(found)))
+            console.print(Text.assemble(("corrupt", "red"), ": ", visible(damage_report(found))))
 
 
 def stranded_cmd(
@@ -512,6 +526,7 @@ def diff_cmd(
 ) -> None:
     """Where two runs diverged: steps, payloads, errors."""
     with open_store(db, url, debug=debug, read_only=True) as store:
+        key_a, key_b = named_key(store, key_a), named_key(store, key_b)
         result = diff_runs(store, key_a, key_b)
         if as_json:
             _print_json(result)
@@ -548,6 +563,7 @@ def cancel_cmd(
 ) -> None:
     """Cancel a run: a live owner stops at its next commit; a stopped run is marked now."""
     with open_store(db, url, debug=debug) as store:
+        key = named_key(store, key)
         outcome = cancel_run(store, key, reason=reason)
         if as_json:
             _print_json({"key": key, "outcome": outcome})
@@ -566,6 +582,7 @@ def fork_cmd(
 ) -> None:
     """Copy a run up to and including --at into a new paused run --to (resume it there)."""
     with open_store(db, url, debug=debug) as store:
+        key = named_key(store, key)
         head = fork_run(store, key, at=at, to=to)
         if as_json:
             _print_json({"key": head.key, "from": key, "next_step": head.next_step})
@@ -588,6 +605,7 @@ def retry_cmd(
 ) -> None:
     """Rewind a stopped run to --from STEP: its next resume=True run re-runs that step."""
     with open_store(db, url, debug=debug) as store:
+        key = named_key(store, key)
         head = retry_run(store, key, from_step=from_step)
         entry = requeue_run(store, key)  # a run from a queue: back in it, for a worker
         queue = existing_queue(store) if entry is None else None
@@ -634,6 +652,7 @@ def approve_cmd(
 ) -> None:
     """Approve (or --deny) a tool call a paused run waits for; its next resume applies it."""
     with open_store(db, url, debug=debug) as store:
+        key = named_key(store, key)
         decision: bool | str = True if deny is None else deny
         done = approve_call(store, key, call_id, decision=decision, replace=replace)
         if as_json:

@@ -1,30 +1,147 @@
-"""Rich rendering of checkpoints and runs, shared by `stepstone inspect`, `runs` and the demo."""
+"""Rich rendering of checkpoints and runs, shared by `stepstone inspect`, `runs` and the demo.
+
+Stored text (keys, step names, errors, queue targets) is the users' and may hold anything:
+every human-readable line shows it through :func:`visible`, so a newline in a key cannot
+split a row and an escape sequence cannot reach the terminal, and never as Rich markup.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
+from rich.highlighter import JSONHighlighter
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from stepstone.cli._runs import RunLine, owner_state
 from stepstone.durable._inspect import steps_done
-from stepstone.store import StoreEntry
+from stepstone.store import Store, StoreEntry
 
 __all__ = [
     "entry_json",
     "key_table",
     "key_width",
     "keyed_console",
+    "named_key",
+    "print_json",
     "render_entry",
     "render_runs",
+    "unescape",
+    "visible",
+    "visible_console",
 ]
+
+_SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def visible(text: object) -> str:
+    """``text`` as a terminal may show it: each character that is not printable written as
+    its escape, as Python writes it in a string literal: C0 and C1 control characters
+    (``\\n``, ``\\t``, ``\\x1b``, ``\\x85``), DEL, format characters such as bidi overrides
+    (``\\u202e``), separators other than the space (``\\xa0``, ``\\u2028``). A byte that was
+    not UTF-8 (kept as a lone surrogate) is written ``\\xNN``. Printable text, backslashes
+    included, is kept as it is, so the result is printable and holds no newline."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else _escape(c) for c in s)
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    if c in _SHORT:
+        return _SHORT[c]
+    if 0xDC80 <= n <= 0xDCFF:  # surrogateescape: a byte of invalid UTF-8
+        return f"\\x{n - 0xDC00:02x}"
+    if n < 0x100:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[ntr\\])")
+_LETTER = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """The text the escapes of :func:`visible` (and ``\\\\`` for a backslash) spell:
+    ``unescape(visible(key)) == key`` for a key holding no backslash."""
+
+    def one(m: re.Match[str]) -> str:
+        code = m.group(1)
+        if len(code) == 1:
+            return _LETTER[code]
+        n = int(code[1:], 16)
+        return chr(n) if n <= 0x10FFFF else m.group(0)
+
+    return _ESCAPE.sub(one, text)
+
+
+def named_key(store: Store, key: str) -> str:
+    """The key an operator named on the command line: ``key`` itself when the store holds
+    it; else, when ``key`` holds escapes as the tables print them (``a\\nb``, copied from a
+    table), the key they spell when the store holds that one; else ``key`` (whose error then
+    names it as it was typed)."""
+    if "\\" not in key:
+        return key
+    meant = unescape(key)
+    if meant == key or _holds(store, key):
+        return key
+    return meant if _holds(store, meant) else key
+
+
+def _holds(store: Store, key: str) -> bool:
+    return key in store.keys(prefix=key)
+
+
+class _VisibleConsole(Console):
+    """A console that shows every string it renders (table cells and titles included)
+    through :func:`visible`; Text objects are the caller's to make visible."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(visible(text), **kwargs)
+
+
+def visible_console(*, markup: bool = False, **kwargs: Any) -> Console:
+    """A console for stored text: each string it prints shown through :func:`visible`,
+    no emoji codes (``:smile:`` stays text), and no markup unless ``markup`` (then the
+    caller escapes stored text with ``rich.markup.escape``)."""
+    return _VisibleConsole(markup=markup, emoji=False, **kwargs)
+
+
+def print_json(console: Console, data: Any) -> None:
+    """Print ``data`` as indented, highlighted JSON whose strings show each character that
+    is not printable as a JSON escape (``\\u001b``, ``\\u202e``): still JSON, and safe on a
+    terminal. Other non-ASCII text (``é``, ``日本``) is printed as it is."""
+    text = json.dumps(data, indent=2, default=str, ensure_ascii=False)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() or c == "\n" else _json_escape(c) for c in text)
+    shown = JSONHighlighter()(Text(text))
+    shown.no_wrap = True
+    shown.overflow = "ignore"
+    console.print(shown, soft_wrap=True)
+
+
+def _json_escape(c: str) -> str:
+    n = ord(c)
+    if n < 0x10000:
+        return f"\\u{n:04x}"
+    n -= 0x10000  # a UTF-16 surrogate pair, as JSON writes a character beyond the BMP
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+
+
+def _m(value: Any) -> str:
+    """Stored ``value`` for a markup string: visible, and its ``[`` never markup."""
+    return escape(visible(value))
+
 
 _STATUS_STYLE = {
     "done": "green",
@@ -59,10 +176,10 @@ def entry_json(entry: StoreEntry) -> dict[str, Any]:
 
 def render_entry(console: Console, entry: StoreEntry, *, history: bool = True) -> None:
     """Print a plain value, or a checkpoint in the shape of the engine that wrote it."""
-    key = escape(entry.key)
+    key = _m(entry.key)
     if entry.kind == "value":
         console.print(f"[bold]{key}[/] is a plain value:")
-        console.print_json(json.dumps(entry.value, default=str))
+        print_json(console, entry.value)
         return
     state = entry.value
     if entry.run_kind == "replan" and isinstance(state, dict):
@@ -74,8 +191,8 @@ def render_entry(console: Console, entry: StoreEntry, *, history: bool = True) -
     elif entry.run_kind == "graph" and isinstance(state, dict):
         _render_graph(console, entry, state)
     else:
-        console.print(f"[bold]{key}[/]  {entry.run_kind} run  version {entry.version}:")
-        console.print_json(json.dumps(state, default=str))
+        console.print(f"[bold]{key}[/]  {_m(entry.run_kind)} run  version {entry.version}:")
+        print_json(console, state)
 
 
 def _or_dash(value: Any) -> str:
@@ -84,33 +201,33 @@ def _or_dash(value: Any) -> str:
 
 def _status(status: Any) -> str:
     style = _STATUS_STYLE.get(str(status), "white")
-    return f"[{style}]{escape(str(status))}[/]"
+    return f"[{style}]{_m(status)}[/]"
 
 
 def _render_error(console: Console, err: Any, where: str) -> None:
     if isinstance(err, dict):
         console.print(
-            f"  [red]error[/] at {where} {err.get(where) or err.get('step')!r}: "
-            f"{escape(str(err.get('type')))}: {escape(str(err.get('message')))}"
+            f"  [red]error[/] at {where} {_m(repr(err.get(where) or err.get('step')))}: "
+            f"{_m(err.get('type'))}: {_m(err.get('message'))}"
         )
     elif err:
-        console.print(f"  [red]error[/]: {escape(str(err))}")
+        console.print(f"  [red]error[/]: {_m(err)}")
 
 
 def _render_plan(
     console: Console, entry: StoreEntry, state: dict[str, Any], *, history: bool
 ) -> None:
     console.print(
-        f"[bold]{escape(entry.key)}[/]  plan run  status {_status(state.get('status'))}  "
-        f"next step [bold]{escape(_or_dash(state.get('next_step')))}[/]"
+        f"[bold]{_m(entry.key)}[/]  plan run  status {_status(state.get('status'))}  "
+        f"next step [bold]{_m(_or_dash(state.get('next_step')))}[/]"
     )
     console.print(
-        f"  run_uid {state.get('run_uid')}  iteration {state.get('iteration')}  "
+        f"  run_uid {_m(state.get('run_uid'))}  iteration {_m(state.get('iteration'))}  "
         f"version {entry.version}  updated {_when(entry.updated_at)}"
     )
-    console.print(f"  completed steps: {escape(str(state.get('completed_steps')))}")
+    console.print(f"  completed steps: {_m(state.get('completed_steps'))}")
     kv = state.get("kv") or {}
-    console.print(f"  kv keys: {escape(str(sorted(kv)))}")
+    console.print(f"  kv keys: {_m(sorted(kv))}")
     _render_error(console, state.get("error"), "step")
     if history and state.get("history"):
         table = Table(title="history", show_lines=False)
@@ -122,44 +239,45 @@ def _render_plan(
             env = item.get("envelope") or {}
             table.add_row(
                 str(i),
-                escape(str(item.get("step"))),
-                str(item.get("iteration")),
-                escape(_short(env.get("payload"))),
+                _m(item.get("step")),
+                _m(item.get("iteration")),
+                _m(_short(env.get("payload"))),
             )
         console.print(table)
 
 
 def _render_graph(console: Console, entry: StoreEntry, state: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{escape(entry.key)}[/]  graph run  status {_status(state.get('status'))}  "
-        f"next node [bold]{escape(_or_dash(state.get('next_node')))}[/]"
+        f"[bold]{_m(entry.key)}[/]  graph run  status {_status(state.get('status'))}  "
+        f"next node [bold]{_m(_or_dash(state.get('next_node')))}[/]"
     )
     console.print(
-        f"  invocation_id {state.get('invocation_id')}  "
-        f"correlation_id {escape(str(state.get('correlation_id')))}  "
-        f"attempt {state.get('attempt_index')}  version {entry.version}  "
+        f"  invocation_id {_m(state.get('invocation_id'))}  "
+        f"correlation_id {_m(state.get('correlation_id'))}  "
+        f"attempt {_m(state.get('attempt_index'))}  version {entry.version}  "
         f"updated {_when(entry.updated_at)}"
     )
     if state.get("resumed_from"):
-        console.print(f"  resumed from {state['resumed_from']}")
+        console.print(f"  resumed from {_m(state['resumed_from'])}")
     console.print(
-        f"  schema version {state.get('schema_version')!r}  "
-        f"serialization {state.get('serialization')}"
+        f"  schema version {_m(repr(state.get('schema_version')))}  "
+        f"serialization {_m(state.get('serialization'))}"
     )
     positions = state.get("completed_positions") or []
     names = [p[1] if isinstance(p, list) and len(p) > 1 else p for p in positions]
-    console.print(f"  completed nodes: {escape(str(names))}")
+    console.print(f"  completed nodes: {_m(names)}")
     _render_error(console, state.get("error"), "node")
     console.print("  state:")
-    console.print_json(json.dumps(state.get("state"), default=str))
+    print_json(console, state.get("state"))
 
 
 def key_table(keys: list[str], key_column: str, *columns: str, title: str | None = None) -> Table:
     """A table whose ``key_column`` shows every key whole (never cropped, so it can be
     copied into the next command) and whose other columns wrap rather than crop; print it
-    on a console :func:`key_width` wide."""
+    on a console :func:`keyed_console` made (which shows stored text through
+    :func:`visible`)."""
     table = Table(title=title)
-    longest = max((len(k) for k in keys), default=0)
+    longest = max((cell_len(visible(k)) for k in keys), default=0)
     table.add_column(key_column, no_wrap=True, min_width=max(longest, len(key_column)))
     for col in columns:
         table.add_column(col, overflow="fold")
@@ -167,15 +285,16 @@ def key_table(keys: list[str], key_column: str, *columns: str, title: str | None
 
 
 def key_width(keys: list[str], others: int) -> int:
-    """A console width for the longest of ``keys`` and ``others`` columns of other text:
-    a narrow terminal then wraps the lines rather than a table cropping a key."""
-    longest = max((len(k) for k in keys), default=0)
+    """A console width for the longest of ``keys`` (as :func:`visible` shows it) and
+    ``others`` columns of other text: a narrow terminal then wraps the lines rather than a
+    table cropping a key."""
+    longest = max((cell_len(visible(k)) for k in keys), default=0)
     return max(Console().width, longest + others)
 
 
 def keyed_console(keys: list[str], others: int = 60) -> Console:
-    """A console without markup, :func:`key_width` wide."""
-    return Console(markup=False, width=key_width(keys, others))
+    """A :func:`visible_console` (no markup), :func:`key_width` wide."""
+    return visible_console(width=key_width(keys, others))
 
 
 def render_runs(
@@ -202,12 +321,12 @@ def render_runs(
     for line in lines:
         if line.head is None:
             table.add_row(
-                escape(line.key),
+                _m(line.key),
                 "?",
                 "[red]corrupt[/]",
                 "-",
                 "-",
-                escape(str(line.corrupt)),
+                _m(line.corrupt),
                 "-",
                 "-",
             )
@@ -216,17 +335,17 @@ def render_runs(
         state, detail = owner_state(h, now)
         owner = "-" if state == "-" else f"[{'green' if state == 'live' else 'red'}]{state}[/]"
         if state != "-":
-            owner += f" ({escape(detail)})"
+            owner += f" ({_m(detail)})"
         err = line.error
         table.add_row(
-            escape(h.key),
-            escape(h.kind),
+            _m(h.key),
+            _m(h.kind),
             _status(h.status),
-            escape(_or_dash(h.next_step)),
+            _m(_or_dash(h.next_step)),
             str(steps_done(h)),
             owner,
             _when(h.updated_at),
-            f"[red]{escape(str(err.get('type')))}[/]" if err else "",
+            f"[red]{_m(err.get('type'))}[/]" if err else "",
         )
     console.print(table)
     if offset + len(lines) < total:

@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from stepstone.cli._render import visible_console
 from stepstone.exceptions import StepstoneError
 from stepstone.store import Store
 
@@ -57,12 +59,12 @@ def worker(
     """Take queued runs from the store and run them (until SIGTERM)."""
     from stepstone.worker import Worker
 
-    console = Console(stderr=True)
+    console = visible_console(markup=True, stderr=True)
     if (db is None) == (url is None):
         console.print("[red]error:[/] pass exactly one of --db PATH or --url URL")
         raise typer.Exit(2)
     if db is not None and not db.exists():
-        console.print(f"[red]error:[/] no store file at {db} (check the path)")
+        console.print(f"[red]error:[/] no store file at {escape(str(db))} (check the path)")
         raise typer.Exit(2)
     for folder in [Path.cwd(), *(import_path or [])]:
         if str(folder.resolve()) not in sys.path:
@@ -80,20 +82,22 @@ def worker(
             poll_interval=poll_interval,
         )
     except (StepstoneError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     # From here on SIGTERM/SIGINT stop the worker gracefully (the event loop takes the
     # signals over once it runs), so a supervisor may signal as soon as it reads this line.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: w.stop())
     console.print(
-        f"{w.id} (pid {os.getpid()}) serving {', '.join(w.queues)} from {store!r}, "
-        f"concurrency {concurrency}"
+        escape(
+            f"{w.id} (pid {os.getpid()}) serving {', '.join(w.queues)} from {store!r}, "
+            f"concurrency {concurrency}"
+        )
     )
     try:
         done = w.run(max_runs=max_runs, until_idle=until_idle)
     except StepstoneError as exc:
-        console.print(f"[red]error:[/] {w.id}: {exc}")
+        console.print(f"[red]error:[/] {escape(f'{w.id}: {exc}')}")
         raise typer.Exit(1) from None
     finally:
         if w.abandoned is None:

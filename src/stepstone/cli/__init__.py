@@ -21,7 +21,6 @@ from stepstone.cli import _debug as _debug_state
 from stepstone.cli._ops import split_values
 from stepstone.cli._render import (
     entry_json,
-    key_width,
     named_key,
     render_entry,
     render_runs,
@@ -263,9 +262,8 @@ def runs(
         out: Any = {"total": total, "runs": listed} if with_total else listed
         typer.echo(json.dumps(out, default=str))
     else:
-        # Never crop a key: widen the table past the terminal rather than cut one short.
-        console = visible_console(markup=True, width=key_width([line.key for line in lines], 120))
-        render_runs(console, lines, now=now, total=total, offset=offset)
+        # One line per run, keys whole: a row wider than the terminal wraps on it.
+        render_runs(Console(highlight=False), lines, now=now, total=total, offset=offset)
 
 
 _ops.register(app)

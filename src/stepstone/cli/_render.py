@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rich import box
 from rich.cells import cell_len
 from rich.console import Console
 from rich.highlighter import JSONHighlighter
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 
 from stepstone.cli._runs import RunLine, owner_state
 from stepstone.durable._inspect import steps_done
@@ -297,6 +298,10 @@ def keyed_console(keys: list[str], others: int = 60) -> Console:
     return visible_console(width=key_width(keys, others))
 
 
+#: Lines `stepstone runs` hands the terminal at once: the first ones show at once.
+_BATCH = 200
+
+
 def render_runs(
     console: Console,
     lines: list[RunLine],
@@ -305,51 +310,102 @@ def render_runs(
     total: int | None = None,
     offset: int = 0,
 ) -> None:
-    """Print one row per durable run; keys are printed whole so they can be copied.
-    ``total`` (runs matching, all pages) and ``offset`` say which page this is."""
+    """Print one row per durable run, one line each, under a title saying how many runs
+    match (``total``, all pages) and which page this is (``offset``).
+
+    The table is laid out here, not by Rich: its columns are as wide as their widest cell,
+    keys are printed whole (a row longer than the terminal wraps on it rather than being
+    cut), and the rows go out as they are made, in batches, so a listing of many thousands
+    of runs starts at once and costs milliseconds per thousand rows (Rich's own table lays
+    out every cell of every row before it prints the first)."""
     now = time.time() if now is None else now
     total = len(lines) if total is None else total
     title = f"{total} run(s)"
     if len(lines) < total:
         title += f", {offset + 1}-{offset + len(lines)} shown" if lines else ", none shown"
-    table = key_table(
-        [line.key for line in lines],
-        "key",
-        *("kind", "status", "next step", "steps", "owner", "updated", "error"),
-        title=title,
-    )
-    for line in lines:
-        if line.head is None:
-            table.add_row(
-                _m(line.key),
-                "?",
-                "[red]corrupt[/]",
-                "-",
-                "-",
-                _m(line.corrupt),
-                "-",
-                "-",
-            )
-            continue
-        h = line.head
-        state, detail = owner_state(h, now)
-        owner = "-" if state == "-" else f"[{'green' if state == 'live' else 'red'}]{state}[/]"
-        if state != "-":
-            owner += f" ({_m(detail)})"
-        err = line.error
-        table.add_row(
-            _m(h.key),
-            _m(h.kind),
-            _status(h.status),
-            _m(_or_dash(h.next_step)),
-            str(steps_done(h)),
-            owner,
-            _when(h.updated_at),
-            f"[red]{_m(err.get('type'))}[/]" if err else "",
-        )
-    console.print(table)
+    head = ("key", "kind", "status", "next step", "steps", "owner", "updated", "error")
+    rows = [_run_cells(line, now) for line in lines]
+    widths = [len(h) for h in head]
+    for row in rows:
+        for i, (text, _) in enumerate(row):
+            widths[i] = max(widths[i], cell_len(text))
+    edges = box.HEAVY_HEAD.substitute(console.options)
+    padded = [w + 2 for w in widths]
+    width = sum(padded) + len(padded) + 1
+    out = [Text(title.center(width).rstrip(), style="table.title"), Text(edges.get_top(padded))]
+    header = [(h, "table.header") for h in head]
+    out.append(_row(header, widths, edges.head_left, edges.head_vertical, edges.head_right))
+    out.append(Text(edges.get_row(padded, "head")))
+    for row in rows:
+        out.append(_row(row, widths, edges.mid_left, edges.mid_vertical, edges.mid_right))
+        if len(out) >= _BATCH:
+            _emit(console, out)
+            out = []
+    out.append(Text(edges.get_bottom(padded)))
+    _emit(console, out)
     if offset + len(lines) < total:
         console.print(f"more: --offset {offset + len(lines)} shows the next page")
+
+
+#: A cell of `stepstone runs`: its text and its style (the owner column's style colours
+#: only its first word, the state).
+_Cell = tuple[str, str]
+
+
+def _run_cells(line: RunLine, now: float) -> list[_Cell]:
+    """The cells of one run's row, stored text shown through :func:`visible`."""
+    if line.head is None:
+        return [
+            (visible(line.key), ""),
+            ("?", ""),
+            ("corrupt", "red"),
+            ("-", ""),
+            ("-", ""),
+            (visible(line.corrupt), ""),
+            ("-", ""),
+            ("-", ""),
+        ]
+    h = line.head
+    state, detail = owner_state(h, now)
+    owner = ("-", "")
+    if state != "-":
+        owner = (f"{state} ({visible(detail)})", "green" if state == "live" else "red")
+    err = line.error
+    return [
+        (visible(h.key), ""),
+        (visible(h.kind), ""),
+        (visible(h.status), _STATUS_STYLE.get(str(h.status), "white")),
+        (visible(_or_dash(h.next_step)), ""),
+        (str(steps_done(h)), ""),
+        owner,
+        (_when(h.updated_at), ""),
+        (visible(err.get("type")), "red") if err else ("", ""),
+    ]
+
+
+def _row(cells: list[_Cell], widths: list[int], left: str, between: str, right: str) -> Text:
+    """One line of the table; only the owner's state (its first word) takes its style."""
+    parts = [left]
+    spans: list[Span] = []
+    at = len(left)
+    for i, (text, style) in enumerate(cells):
+        if style:
+            styled = len(text.split(" ", 1)[0]) if i == _OWNER else len(text)
+            spans.append(Span(at + 1, at + 1 + styled, style))
+        gap = " " * (widths[i] - cell_len(text) + 1)
+        edge = between if i < len(cells) - 1 else right
+        parts += (" ", text, gap, edge)
+        at += 1 + len(text) + len(gap) + len(edge)
+    return Text("".join(parts), spans=spans)
+
+
+_OWNER = 5  # the owner column: only its state (live, dead) is coloured
+
+
+def _emit(console: Console, lines: list[Text]) -> None:
+    """Print ``lines`` as they are: no wrapping, no cropping, no highlighting."""
+    if lines:
+        console.print(Text("\n").join(lines), soft_wrap=True, highlight=False)
 
 
 @contextmanager

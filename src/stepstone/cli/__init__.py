@@ -2,6 +2,7 @@
 
 Every failure is one line on stderr, ``error: <what> ...`` naming the problem and the fix,
 with exit status 1 (2 for a wrong command line); ``--debug`` shows the traceback instead.
+Ctrl-C stops any command with ``interrupted`` on stderr and exit status 130.
 ``inspect`` and ``runs`` open the store read-only: they never create, migrate or write.
 """
 
@@ -15,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from stepstone.cli import _check, _migrate, _ops, _ui
 from stepstone.cli import _debug as _debug_state
@@ -38,7 +40,26 @@ __all__ = ["app", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+class _Commands(TyperGroup):
+    """The commands, run so that every one of them answers Ctrl-C alike: ``interrupted``
+    on stderr and exit status 130 (``--debug`` shows the traceback instead)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        # the command line as given (click empties ctx's copy before the command runs)
+        given = vars(ctx).get("_protected_args") or vars(ctx).get("protected_args") or []
+        debug = "--debug" in [*given, *ctx.args]
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            if _debug_state.asked(debug):
+                raise
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="stepstone: durable LLM-agent pipelines. Every step is committed before the next.",
     no_args_is_help=True,
     add_completion=False,

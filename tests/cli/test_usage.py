@@ -1,0 +1,112 @@
+"""Ctrl-C stops every command with `interrupted` on stderr and exit status 130 (real
+processes, real signals)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from stepstone import Store
+from stepstone.durable import claim_run
+
+
+def _start(*args: str, **kwargs: object) -> subprocess.Popen[bytes]:
+    """``stepstone ARGS`` as Ctrl-C reaches it: SIGINT at its default in the child, also
+    when these tests run as a background job (whose children inherit it ignored)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "stepstone.cli", *args],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "COLUMNS": "120"},
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+def _long_run(db: Path, steps: int) -> None:
+    with Store(db=db, durability="normal") as store:
+        run = claim_run(store, "long", kind="plan", resume=False, first_step="s0").run
+        assert run is not None
+        for s in range(steps):
+            last = s == steps - 1
+            run.commit_sync(
+                status="done" if last else "running",
+                next_step=None if last else f"s{s + 1}",
+                rows=[("step", f"s{s}", {"iteration": s + 1, "envelope": {"payload": s}})],
+            )
+        run.release()
+
+
+def _writing(proc: subprocess.Popen[bytes]) -> None:
+    """Return once ``proc`` has begun its output. Its output is many times the pipe's
+    capacity and nobody reads the pipe yet, so it cannot have ended: it is at work, or
+    blocked writing, mid-output, until the pipe is read."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while True:
+        held = fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        if int.from_bytes(held, sys.byteorder) > 0:
+            return
+        assert proc.poll() is None, "it ended before it printed anything"
+        assert time.monotonic() < deadline, "it never printed anything"
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads what a pipe holds (Linux)")
+@pytest.mark.parametrize("command", ["show", "history"])
+def test_ctrl_c_in_the_middle_of_a_long_output_says_interrupted(
+    tmp_path: Path, command: str
+) -> None:
+    # guarantee 228: before, these exited 130 without a word
+    db = tmp_path / "long.sqlite"
+    _long_run(db, 4000)
+    proc = _start(command, "long", "--db", str(db), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _writing(proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.decode() == "interrupted\n"
+    assert out  # what it printed before stays printed
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_ctrl_c_in_the_middle_of_a_check_says_interrupted(tmp_path: Path) -> None:
+    """guarantee 228: `check` is stopped while it checks (its progress bar, on a real
+    pseudo-terminal, shows it at work); before, it exited 130 without a word."""
+    db = tmp_path / "many.sqlite"
+    with Store(db=db, durability="normal") as store:
+        for i in range(20000):
+            run = claim_run(store, f"r{i:05d}", kind="plan", resume=False, first_step="s0").run
+            assert run is not None
+            run.commit_sync(status="done", next_step=None, rows=[("step", "s0", {"n": i})])
+            run.release()
+    leader, follower = pty.openpty()
+    try:
+        proc = _start("check", "--db", str(db), stdout=subprocess.PIPE, stderr=follower)
+    finally:
+        os.close(follower)
+    seen = b""
+    try:
+        while b"checking" not in seen:  # the bar is drawn while check_store works
+            chunk = os.read(leader, 65536)
+            assert chunk, "the check ended before it showed its progress"
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        try:
+            while chunk := os.read(leader, 65536):
+                seen += chunk
+        except OSError:  # the terminal's other end is closed: all read
+            pass
+    finally:
+        os.close(leader)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, seen)
+    assert seen.decode(errors="replace").rstrip().endswith("interrupted")
+    assert b"nothing is damaged" not in out

@@ -1,5 +1,6 @@
-"""Ctrl-C stops every command with `interrupted` on stderr and exit status 130 (real
-processes, real signals)."""
+"""A wrong command line answers alike in every command: one `error:` line naming the option,
+the value and what it takes, exit status 2; and Ctrl-C stops every command with
+`interrupted` on stderr and exit status 130 (real processes, real signals)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,51 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from stepstone import Store
+from stepstone.cli import app
 from stepstone.durable import claim_run
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    path = tmp_path / "s.sqlite"
+    Store(db=path).close()
+    return str(path)
+
+
+def test_a_bad_option_value_is_one_line_and_exit_status_2(db: str) -> None:
+    # guarantee 227
+    cases = [
+        (["runs", "--status", "FAILED"], ["'FAILED'", "claimed, running, paused, failed, done"]),
+        (["runs", "--status", "done,bogus"], ["'bogus'", "pass one of claimed"]),
+        (["runs", "--sort", "age"], ["'age'", "updated, created, key"]),
+        (["runs", "--limit", "0"], ["--limit", "'0'", ">= 1"]),
+        (["runs", "--limit", "ten"], ["--limit", "'ten'", ">= 1"]),
+        (["runs", "--offset", "-1"], ["--offset", "'-1'", ">= 0"]),
+        (["runs", "--older-than", "3x"], ["--older-than", "'3x'", "30d, 12h"]),
+        (["runs", "--newer-than", "soon"], ["--newer-than", "'soon'", "30d, 12h"]),
+        (["runs", "--bogus"], ["--bogus", "runs --help`"]),
+        (["queue", "--status", "bogus"], ["--status bogus", "queued, running, done"]),
+        (["queue", "--limit", "0"], ["--limit", "'0'", ">= 1"]),
+        (["ui", "--port", "70000"], ["--port", "'70000'", "from 0 to 65535"]),
+        (["ui", "--poll", "nan"], ["--poll", "'nan'", "seconds > 0"]),
+        (["worker", "--concurrency", "0"], ["--concurrency", "'0'", ">= 1"]),
+        (["show"], ["Missing argument", "show --help`"]),
+    ]
+    for args, said in cases:
+        result = runner.invoke(app, [*args, "--db", db], env={"COLUMNS": "200"})
+        err = result.stderr
+        assert result.exit_code == 2, (args, result.stdout, err)
+        assert err.startswith("error: ") and err.count("\n") == 1, (args, err)
+        assert all(s in err for s in said), (args, err)
+        assert "Traceback" not in result.stdout + err and result.stdout == "", args
+    result = runner.invoke(app, ["check"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: ") and "--db FILE or --url URL" in result.stderr
 
 
 def _start(*args: str, **kwargs: object) -> subprocess.Popen[bytes]:

@@ -1,9 +1,9 @@
 """The ``stepstone`` command: ``demo``, ``inspect`` and ``runs``.
 
 Every failure is one line on stderr, ``error: <what> ...`` naming the problem and the fix,
-with exit status 1 (2 for a wrong command line); ``--debug`` shows the traceback instead.
-Ctrl-C stops any command with ``interrupted`` on stderr and exit status 130.
-``inspect`` and ``runs`` open the store read-only: they never create, migrate or write.
+with exit status 1 (2 for a wrong command line, whatever the command); ``--debug`` shows the
+traceback instead. Ctrl-C stops any command with ``interrupted`` on stderr and exit status
+130. ``inspect`` and ``runs`` open the store read-only: they never create, migrate or write.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 from stepstone.cli import _check, _migrate, _ops, _ui
 from stepstone.cli import _debug as _debug_state
 from stepstone.cli._ops import split_values
+from stepstone.cli._options import UsageFailure, check_sort, whole, wrong_statuses
 from stepstone.cli._render import (
     entry_json,
     named_key,
@@ -40,10 +41,15 @@ __all__ = ["app", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: click's error for a wrong command line (typer's own copy of click, in recent typers)
+_ClickUsageError: type[Exception] = typer.BadParameter.__mro__[1]
+
 
 class _Commands(TyperGroup):
-    """The commands, run so that every one of them answers Ctrl-C alike: ``interrupted``
-    on stderr and exit status 130 (``--debug`` shows the traceback instead)."""
+    """The commands, run so that every one of them answers alike: a wrong command line
+    (an unknown option, a value an option does not take) is one ``error:`` line and exit
+    status 2, and Ctrl-C prints ``interrupted`` on stderr and exits with status 130
+    (``--debug`` shows the traceback instead)."""
 
     def invoke(self, ctx: Any) -> Any:
         # the command line as given (click empties ctx's copy before the command runs)
@@ -56,6 +62,12 @@ class _Commands(TyperGroup):
                 raise
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
+        except _ClickUsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError" or _debug_state.asked(debug):
+                raise
+            command = getattr(getattr(exc, "ctx", None), "command_path", "stepstone")
+            text = exc.format_message()  # type: ignore[attr-defined]
+            _fail(f"{text.rstrip('.')}; see `{command} --help`", 2)
 
 
 app = typer.Typer(
@@ -77,8 +89,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")]
 
 
-class _UsageError(Exception):
-    """A wrong command line: exit status 2."""
+_UsageError = UsageFailure
 
 
 def _version(value: bool) -> None:
@@ -239,8 +250,14 @@ def runs(
     sort: Annotated[
         str, typer.Option(help="key (A-Z), updated or created (most recent first).")
     ] = "key",
-    limit: Annotated[int | None, typer.Option(min=1, help="Show at most N runs (a page).")] = None,
-    offset: Annotated[int, typer.Option(min=0, help="Skip the first N matching runs.")] = 0,
+    limit: Annotated[
+        int | None,
+        typer.Option(parser=whole(1), metavar="N", help="Show at most N runs (a page)."),
+    ] = None,
+    offset: Annotated[
+        int,
+        typer.Option(parser=whole(0), metavar="M", help="Skip the first M matching runs."),
+    ] = 0,
     as_json: JsonOption = False,
     with_total: Annotated[
         bool,
@@ -254,13 +271,17 @@ def runs(
 ) -> None:
     """List the durable runs in a store, with their owner's state (live or dead)."""
     older, newer = _age(older_than, "--older-than"), _age(newer_than, "--newer-than")
-    kinds = split_values(kind)
+    kinds, statuses = split_values(kind), split_values(status)
+    wrong = wrong_statuses(statuses)
+    if wrong is not None:
+        raise wrong
+    check_sort(sort)
     with _open_store(db, url) as store:
         now = database_now(store)  # owners are judged by the database's clock
         total, lines = select_runs(
             store,
             prefix,
-            statuses=split_values(status),
+            statuses=statuses,
             kinds=kinds,
             older_than=older,
             newer_than=newer,

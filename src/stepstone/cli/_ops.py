@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepstone.cli._debug import asked
+from stepstone.cli._options import whole
 from stepstone.cli._render import (
     key_table,
     keyed_console,
@@ -685,7 +686,9 @@ def queue_cmd(
         list[str] | None,
         typer.Option(help=f"Only these statuses ({', '.join(_ENTRY_STATUSES)}; repeat)."),
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="Show the last N entries.")] = 50,
+    limit: Annotated[
+        int, typer.Option(parser=whole(1), metavar="N", help="Show the last N entries.")
+    ] = 50,
     db: DbOption = None,
     url: UrlOption = None,
     as_json: JsonOption = False,

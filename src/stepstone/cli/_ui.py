@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from stepstone.cli._ops import DbOption, DebugOption, UrlOption, open_store
+from stepstone.cli._options import seconds, whole
 from stepstone.ui import InspectorServer
 
 __all__ = ["register"]
@@ -38,12 +39,16 @@ def ui_cmd(
         "127.0.0.1"
     ),
     port: Annotated[
-        int, typer.Option(min=0, max=65535, help="TCP port (0: any free port).")
+        int,
+        typer.Option(parser=whole(0, 65535), metavar="PORT", help="TCP port (0: any free port)."),
     ] = 8765,
     allow_actions: Annotated[
         bool, typer.Option("--allow-actions", help="Let the page cancel runs.")
     ] = False,
-    poll: Annotated[float, typer.Option(help="Seconds between page refreshes.")] = 1.0,
+    poll: Annotated[
+        float,
+        typer.Option(parser=seconds(), metavar="SECONDS", help="Seconds between page refreshes."),
+    ] = 1.0,
     debug: DebugOption = False,
 ) -> None:
     """Serve a local web page listing runs and their timelines, updated live."""

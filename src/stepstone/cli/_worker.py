@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from stepstone.cli._options import whole
 from stepstone.cli._render import visible_console
 from stepstone.exceptions import StepstoneError
 from stepstone.store import Store
@@ -31,7 +32,8 @@ def worker(
         typer.Option("--queue", "-q", help="A queue to serve (repeat for several)."),
     ] = None,
     concurrency: Annotated[
-        int, typer.Option(help="Most runs this worker runs at once.", min=1)
+        int,
+        typer.Option(parser=whole(1), metavar="N", help="Most runs this worker runs at once."),
     ] = 4,
     lease_seconds: Annotated[
         float, typer.Option(help="Seconds a taken run stays ours without renewal.")
@@ -49,7 +51,8 @@ def worker(
         ),
     ] = None,
     max_runs: Annotated[
-        int | None, typer.Option(min=1, help="Exit after taking this many runs.")
+        int | None,
+        typer.Option(parser=whole(1), metavar="N", help="Exit after taking this many runs."),
     ] = None,
     until_idle: Annotated[
         bool, typer.Option(help="Exit when there is nothing left to take.")

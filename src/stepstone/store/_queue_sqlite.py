@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +42,7 @@ from stepstone.store._queue_base import (
     readable,
 )
 from stepstone.store._sqlite import damaged_definition, run_script, trigger_state
+from stepstone.store._sqlite_conns import ThreadConnections
 from stepstone.store._sqlite_errors import file_error, file_errors
 from stepstone.store._sqlite_rows import row_crc
 
@@ -119,10 +119,15 @@ CREATE TABLE IF NOT EXISTS stepstone_queue_limits (
 class SQLiteQueue(QueueBackend):
     """The queue in the SQLite file at ``path`` (the store's file)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+    ) -> None:
         self.path = Path(path)
         self.busy_timeout = busy_timeout
-        self._local = threading.local()
+        self._conns = ThreadConnections(self._connect)
         self._create()
 
     @file_errors
@@ -148,9 +153,10 @@ class SQLiteQueue(QueueBackend):
                 )
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            return conn
+        """This thread's connection (closed when the thread ends, or the queue closes)."""
+        return self._conns.get()
+
+    def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             str(self.path), timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
         )
@@ -158,7 +164,6 @@ class SQLiteQueue(QueueBackend):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-        self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
     @contextmanager
@@ -184,10 +189,8 @@ class SQLiteQueue(QueueBackend):
             return fn(conn)
 
     def close(self) -> None:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-        self._local = threading.local()
+        """Close every connection the queue opened, in any thread."""
+        self._conns.close_all()
 
     def now(self) -> float:
         return time.time()

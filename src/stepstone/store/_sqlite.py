@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from stepstone.store._base import (
     printable_key,
 )
 from stepstone.store._memory import run_key_conflict
+from stepstone.store._sqlite_conns import ThreadConnections
 from stepstone.store._sqlite_errors import file_error, file_errors, is_foreign
 from stepstone.store._sqlite_rows import (
     checked_head_row,
@@ -315,9 +315,7 @@ class SQLiteBackend(Backend):
         self.read_only = read_only
         self.durability = durability
         self.busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
+        self._conns = ThreadConnections(self._connect)
         self._closed = False
         self.schema_version = len(MIGRATIONS)
         self._kv, self._runs, self._journal = _TABLES
@@ -326,11 +324,15 @@ class SQLiteBackend(Backend):
         self.checkpoint_pages = checkpoint_pages
         tend = preallocate_wal and durability == "full"
         self._wal = WalTender(Path(f"{self.path}-wal")) if tend and not read_only else None
-        self._check_wal()
-        if read_only:
-            self._check_read_only()
-        else:
-            self._setup()
+        try:
+            self._check_wal()
+            if read_only:
+                self._check_read_only()
+            else:
+                self._setup()
+        except BaseException:
+            self.close()  # a store that failed to open keeps no connection open
+            raise
 
     def _check_wal(self) -> None:
         """Refuse a store whose WAL holds commits SQLite would silently drop (a changed
@@ -388,17 +390,10 @@ class SQLiteBackend(Backend):
         return conn
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            return conn
+        """This thread's connection (closed when the thread ends, or the store closes)."""
         if self._closed:
             raise StoreError(f"store {self.describe()} is closed")
-        conn = self._connect()
-        self._local.conn = conn
-        self._local.pid = os.getpid()
-        with self._conns_lock:
-            self._conns.append(conn)
-        return conn
+        return self._conns.get()
 
     @contextmanager
     def _tx(self, *, flush: bool = True) -> Iterator[sqlite3.Connection]:
@@ -508,14 +503,7 @@ class SQLiteBackend(Backend):
 
     def close(self) -> None:
         self._closed = True
-        with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            try:
-                conn.close()
-            except sqlite3.Error:
-                pass
-        self._local = threading.local()
+        self._conns.close_all()
 
     def describe(self) -> str:
         return f"sqlite:{self.path}"

@@ -340,6 +340,22 @@ def test_a_cancelled_run_whose_worker_died_is_never_taken_over(
     assert {name for name, _ in executions(log)} == {"other"}
 
 
+def test_a_queue_created_after_a_look_found_none_is_found(tmp_path: Path) -> None:
+    # guarantee 268: a long-lived process (the inspector) that once found no queue in the
+    # file still reaches the queue another store created since
+    from stepstone.durable._queue import existing_queue
+
+    db = tmp_path / "late.sqlite"
+    with Store(db=db) as watching:
+        assert existing_queue(watching) is None
+        with Store(db=db) as other:
+            handle = submit(other, T + "plan", task(str(tmp_path / "log"), "late"), key="late")
+        found = existing_queue(watching)
+        assert found is not None
+        cancel_run(watching, "late", reason="no longer needed")
+        assert RunHandle(watching, handle.id).status() == "cancelled"
+
+
 def test_an_operator_cancel_reaches_the_queue_entry(store: Store, tmp_path: Path) -> None:
     # guarantee 268: before, `stepstone cancel` marked the checkpoint failed, the entry
     # stayed running, and the next worker took the run over and finished it

@@ -18,7 +18,6 @@ SQL (a trigger drops their checksum).
 
 from __future__ import annotations
 
-import functools
 import os
 import sqlite3
 import time
@@ -520,9 +519,9 @@ class SQLiteQueue(QueueBackend):
         return self._write(prune)
 
 
-@functools.cache
 def has_queue(path: str | os.PathLike[str]) -> bool:
-    """Whether the SQLite file at ``path`` holds a work queue (read without creating one)."""
+    """Whether the SQLite file at ``path`` holds a work queue (read without creating one;
+    asked each time: another process may create one at any moment)."""
     try:
         conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error:

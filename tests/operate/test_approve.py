@@ -43,17 +43,23 @@ def _refund_agent(ran: list[str]) -> Agent:
     return Agent(model=FunctionModel(reply), tools=[refund], name="support")
 
 
+def _paused_refund(store: Store, ran: list[str]) -> tuple[Runner, Agent, str, str]:
+    """A run of :func:`_refund_agent` paused on its refund's approval: the runner, the
+    agent, the call's id and the run's key."""
+    runner = Runner(store=store)
+    agent = _refund_agent(ran)
+    paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
+    assert paused.state == "paused"
+    key = next(k for k in store.keys() if "rf" in k)
+    return runner, agent, paused.pending_approvals[0]["call_id"], key
+
+
 def test_approve_a_runner_run_then_resume_without_approvals(store_args: list[str]) -> None:
     # guarantee 290
     # a recorded decision is applied by the next resume
     ran: list[str] = []
     with open_args(store_args) as store:
-        runner = Runner(store=store)
-        agent = _refund_agent(ran)
-        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
-        assert paused.state == "paused"
-        call_id = paused.pending_approvals[0]["call_id"]
-        key = next(k for k in store.keys() if "rf" in k)
+        runner, agent, call_id, key = _paused_refund(store, ran)
 
         code, out, err = _run("approve", key, call_id, *store_args, "--json")
         assert code == 0, err
@@ -87,11 +93,7 @@ def test_deny_gives_the_model_the_reason(store_args: list[str]) -> None:
     # a recorded decision is applied by the next resume
     ran: list[str] = []
     with open_args(store_args) as store:
-        runner = Runner(store=store)
-        agent = _refund_agent(ran)
-        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
-        call_id = paused.pending_approvals[0]["call_id"]
-        key = next(k for k in store.keys() if "rf" in k)
+        runner, agent, call_id, key = _paused_refund(store, ran)
         code, out, err = _run("approve", key, call_id, "--deny", "over the limit", *store_args)
         assert code == 0, err
         assert f"denied (over the limit) refund call {call_id}" in " ".join(out.split())
@@ -108,11 +110,7 @@ def test_a_recorded_decision_is_never_replaced_silently(store_args: list[str]) -
     same decision again writes nothing."""
     ran: list[str] = []
     with open_args(store_args) as store:
-        runner = Runner(store=store)
-        agent = _refund_agent(ran)
-        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
-        call_id = paused.pending_approvals[0]["call_id"]
-        key = next(k for k in store.keys() if "rf" in k)
+        runner, agent, call_id, key = _paused_refund(store, ran)
         assert _run("approve", key, call_id, *store_args)[0] == 0  # operator A
 
         code, out, err = _run("approve", key, call_id, "--deny", "too much", *store_args)  # B
@@ -173,11 +171,7 @@ def test_an_explicit_decision_wins_over_a_recorded_one(store_args: list[str]) ->
     # approvals= passed to resume wins over a recorded decision
     ran: list[str] = []
     with open_args(store_args) as store:
-        runner = Runner(store=store)
-        agent = _refund_agent(ran)
-        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
-        call_id = paused.pending_approvals[0]["call_id"]
-        key = next(k for k in store.keys() if "rf" in k)
+        runner, agent, call_id, key = _paused_refund(store, ran)
         assert _run("approve", key, call_id, "--deny", "no", *store_args)[0] == 0
         final = runner.resume_sync(agent, run_id="rf", thread_id="t", approvals={call_id: True})
         assert final.state == "completed" and ran == ["o-42"]
@@ -227,11 +221,7 @@ def test_show_lists_phases_effects_replays_and_pending_approvals(store_args: lis
     # guarantee 293
     ran: list[str] = []
     with open_args(store_args) as store:
-        runner = Runner(store=store)
-        agent = _refund_agent(ran)
-        paused = runner.run_sync(agent, user_message="Refund o-42", run_id="rf", thread_id="t")
-        call_id = paused.pending_approvals[0]["call_id"]
-        key = next(k for k in store.keys() if "rf" in k)
+        runner, agent, call_id, key = _paused_refund(store, ran)
 
         code, out, err = _run("show", key, *store_args, "--json")
         assert code == 0, err

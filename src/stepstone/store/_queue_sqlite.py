@@ -118,12 +118,7 @@ CREATE TABLE IF NOT EXISTS stepstone_queue_limits (
 class SQLiteQueue(QueueBackend):
     """The queue in the SQLite file at ``path`` (the store's file)."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        busy_timeout: float = 30.0,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
         self.path = Path(path)
         self.busy_timeout = busy_timeout
         self._conns = ThreadConnections(self._connect)

@@ -71,11 +71,6 @@ class ThreadConnections:
         self._local.held = held
         return conn
 
-    def count(self) -> int:
-        """How many connections are open (those of threads still alive)."""
-        with self._lock:
-            return sum(1 for c in self._open if c.alive)
-
     def close_all(self) -> None:
         """Close every connection, in any thread; the next :meth:`get` opens a new one."""
         with self._lock:

@@ -89,9 +89,6 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")]
 
 
-_UsageError = UsageFailure
-
-
 def _version(value: bool) -> None:
     if value:
         from stepstone import __version__
@@ -125,12 +122,7 @@ def _fails_in_one_line(fn: F) -> F:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except KeyboardInterrupt:
-            if _debug_state.asked():
-                raise
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
-        except _UsageError as exc:
+        except UsageFailure as exc:
             if _debug_state.asked():
                 raise
             _fail(str(exc), 2)
@@ -158,7 +150,7 @@ def _fail(message: str, code: int) -> None:
 
 def _open_store(db: Path | None, url: str | None) -> Store:
     if (db is None) == (url is None):
-        raise _UsageError("pass exactly one of --db PATH or --url URL (see --help)")
+        raise UsageFailure("pass exactly one of --db PATH or --url URL (see --help)")
     if db is not None:
         return Store(db=db, read_only=True)
     return Store(url=url, read_only=True)
@@ -224,7 +216,7 @@ def _age(value: str | None, option: str) -> float | None:
     try:
         return parse_age(value).total_seconds()
     except ValueError as exc:
-        raise _UsageError(f"{option} {value!r}: {exc}") from None
+        raise UsageFailure(f"{option} {value!r}: {exc}") from None
 
 
 @app.command()

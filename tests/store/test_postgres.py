@@ -354,3 +354,20 @@ def test_gives_up_after_reconnect_timeout_with_a_clear_error(
         assert PASSWORD not in str(info.value)
     finally:
         backend.close()
+
+
+def test_the_connection_returned_last_serves_the_next_statement(store: Store) -> None:
+    # A run commits its steps one after another. Once its pool holds two idle connections
+    # (a second opened while the first was busy), psycopg_pool's own order would alternate
+    # its commits between two server processes, each with cold caches.
+    backend = store.backend
+    assert isinstance(backend, PostgresBackend)
+    store.write("warm", 1)
+    with backend._connection(5.0) as first, backend._connection(5.0) as second:
+        pids = {first.info.backend_pid, second.info.backend_pid}
+    assert len(pids) == 2  # both idle now, the first returned last
+    served = []
+    for _ in range(4):
+        with backend._connection(5.0) as conn:
+            served.append(conn.info.backend_pid)
+    assert served == [first.info.backend_pid] * 4

@@ -73,6 +73,7 @@ from stepstone.store._postgres_conn import (
     close_pool,
     connection_lost,
     one,
+    warmest_first,
 )
 from stepstone.store._postgres_errors import refused_connection, server_error
 from stepstone.store._postgres_schema import (
@@ -299,12 +300,14 @@ class PostgresBackend(Backend):
                 kwargs=self._kwargs,
                 min_size=self.min_size,
                 max_size=self.max_size,
-                open=True,
+                open=False,
                 name=f"stepstone-{os.getpid()}",
                 # Give up on a dead server quickly and reconnect on demand: the pool's own
                 # backoff would otherwise grow to minutes while our retries wait.
                 reconnect_timeout=_POOL_RECONNECT,
             )
+            warmest_first(pool)
+            pool.open()
             self._pool, self._pool_pid = pool, os.getpid()
             weakref.finalize(self, close_pool, pool, os.getpid())
             return pool

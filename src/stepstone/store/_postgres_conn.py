@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from typing import Any
 
 import psycopg
@@ -20,6 +21,7 @@ __all__ = [
     "Lost",
     "one",
     "Unknown",
+    "warmest_first",
 ]
 
 log = logging.getLogger("stepstone")
@@ -64,6 +66,38 @@ def close_pool(pool: ConnectionPool[Any], pid: int) -> None:
     # sessions on the server too).
     if os.getpid() == pid:
         pool.close()
+
+
+class _WarmestFirst(deque[Any]):
+    """A pool's idle connections, taken from the end they are returned to."""
+
+    def popleft(self) -> Any:
+        return self.pop()
+
+
+def warmest_first(pool: ConnectionPool[Any]) -> bool:
+    """Make ``pool`` (not opened yet) hand out the idle connection returned last: whether
+    it could.
+
+    psycopg_pool hands its idle connections out in turn: it returns them to one end of a
+    deque and takes them from the other. A run commits its steps one after another, and a
+    pool holds two idle connections as soon as a second was opened once while the first
+    was busy (a claim reading the server's clock does that). Its commits then alternate
+    between two server processes, each woken with cold caches: measured on a 2-core
+    machine, 10% more time per step (10-step runs 2.04-2.18x a raw upsert instead of
+    1.83-1.97x; 100-step runs 1.59-1.67x instead of 1.49-1.54x). Taken from the end they
+    are returned to, the connection that served the last statement serves the next one,
+    and connections opened for a burst stay idle until the pool closes them.
+
+    The pool's own shrinking takes from that end too, so it closes the most recently used
+    idle connection rather than the least: only how many stay open matters there. A
+    psycopg_pool that keeps its idle connections otherwise is left as it is (False).
+    """
+    idle = getattr(pool, "_pool", None)
+    if type(idle) is not deque or idle:
+        return False
+    pool._pool = _WarmestFirst()
+    return True
 
 
 def abandon(conn: Connection) -> None:

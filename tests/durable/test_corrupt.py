@@ -128,6 +128,15 @@ CORRUPTIONS = {
         "WHERE run_key = 'bad' AND kind = 'step'",
         "['envelope.encodinf']",
     ),
+    "plan steps row lists no steps": (
+        "UPDATE {journal} SET data = '{\"steps\": 5}' WHERE run_key = 'bad' AND kind = 'plan'",
+        "(the plan's steps) is not a list",
+    ),
+    "plan steps row entry damaged": (
+        "UPDATE {journal} SET data = replace(data, 'false', '0') "
+        "WHERE run_key = 'bad' AND kind = 'plan'",
+        "(the plan's steps) is not a list",
+    ),
     "journal envelope wrong shape": (
         'UPDATE {journal} SET data = \'{"envelope": {"error": 5}}\' '
         "WHERE run_key = 'bad' AND kind = 'step'",

@@ -64,7 +64,8 @@ def render_run(head: RunHead, rows: list[JournalRow]) -> Any:
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise CheckpointCorruptError(
             f"checkpoint {head.key!r} ({head.kind} run) cannot be decoded: {exc}; "
-            f"inspect it with `stepstone inspect --db ... {head.key}` or remove it with "
+            f"inspect it with `stepstone inspect --db FILE {head.key}` (`--url URL` for "
+            f"PostgreSQL) or remove it with "
             f"store.delete({head.key!r})"
         ) from exc
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import reprlib
 import time
 from typing import Any
 
@@ -238,7 +239,15 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
             kv[str(data["key"])] = data.get("value")
         elif row.kind == "plan" and row.name == "shape":
             steps = data.get("steps")
-            shape = steps if isinstance(steps, list) else None
+            if not _is_shape(steps):
+                # read as no shape, the run would pass for one from before shape rows, and
+                # its steps would be checked as loosely as those
+                raise corrupt_checkpoint(
+                    key,
+                    f"journal row {row.seq} (the plan's steps) is not a list of "
+                    f"[name, parallel, writes] entries: {reprlib.repr(steps)}",
+                )
+            shape = steps
         else:  # a byte flipped in its kind: skipping it would drop a step from the run
             raise corrupt_checkpoint(
                 key,
@@ -246,6 +255,18 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
                 "run never writes",
             )
     return Replay(applied, pending, kv, shape, direct, bands)
+
+
+def _is_shape(steps: Any) -> bool:
+    """Whether ``steps`` is what a shape row lists: ``[name, parallel, writes]`` per step."""
+    return isinstance(steps, list) and all(
+        isinstance(s, list)
+        and len(s) == 3
+        and isinstance(s[0], str)
+        and isinstance(s[1], bool)
+        and (s[2] is None or isinstance(s[2], str))
+        for s in steps
+    )
 
 
 def _apply_write(kv: dict[str, Any], data: dict[str, Any]) -> None:
@@ -257,8 +278,9 @@ def _apply_write(kv: dict[str, Any], data: dict[str, Any]) -> None:
 def corrupt_checkpoint(key: str, what: str) -> CheckpointCorruptError:
     """The error for the Plan checkpoint under ``key``, corrupt as ``what`` says."""
     return CheckpointCorruptError(
-        f"checkpoint {key!r} is corrupt: {what}. Inspect it with `stepstone inspect --db ... "
-        f"{key}`; to start over, remove it with store.delete({key!r})"
+        f"checkpoint {key!r} is corrupt: {what}. Inspect it with `stepstone inspect --db FILE "
+        f"{key}` (`--url URL` for PostgreSQL); to start over, remove it with "
+        f"store.delete({key!r})"
     )
 
 

@@ -102,6 +102,35 @@ class Encoded:
     text: str
 
 
+def _encode(key: str, value: Any, kind: str | None, name: Any) -> str:
+    """JSON text of an engine's already JSON-ready value (a journal row of ``kind`` and
+    ``name``, or with ``kind`` None the ``writes=`` value of key ``name``) for the run
+    under ``key``; a value that is not one is an engine bug, reported naming the run and
+    the value instead of a bare TypeError."""
+    if type(value) is Encoded:
+        return value.text
+    try:
+        return dumps(value)
+    except (TypeError, ValueError) as exc:
+        what = f"writes[{name!r}]" if kind is None else f"journal row {kind} {name!r}"
+        raise SerializationError(
+            f"run {key!r}: {what} is not JSON-ready ({exc}); nothing was written. "
+            "Engines convert values with to_json_value()/to_typed_json() before committing"
+        ) from exc
+
+
+def _journal_rows(
+    key: str, rows: Sequence[tuple[str, str | None, Any]], seq: int
+) -> list[JournalRow]:
+    """``(kind, name, json_data)`` rows of the run under ``key`` as journal rows numbered
+    from ``seq``."""
+    out: list[JournalRow] = []
+    for kind, name, data in rows:
+        out.append(JournalRow(seq, kind, name, _encode(key, data, kind, name)))
+        seq += 1
+    return out
+
+
 @dataclasses.dataclass(eq=False)
 class OwnedRun:
     """A run this process owns: commit steps through it, then :meth:`release` it.
@@ -170,28 +199,10 @@ class OwnedRun:
         )
 
     def _rows(self, rows: Sequence[tuple[str, str | None, Any]]) -> list[JournalRow]:
-        seq = self.head.journal_len
-        out: list[JournalRow] = []
-        for kind, name, data in rows:
-            out.append(JournalRow(seq, kind, name, self._encode(data, kind, name)))
-            seq += 1
-        return out
+        return _journal_rows(self.key, rows, self.head.journal_len)
 
     def _encode(self, value: Any, kind: str | None, name: Any) -> str:
-        """JSON text of an engine's already JSON-ready value (a journal row of ``kind`` and
-        ``name``, or with ``kind`` None the ``writes=`` value of key ``name``); a value that
-        is not one is an engine bug, reported naming the run and the value instead of a bare
-        TypeError."""
-        if type(value) is Encoded:
-            return value.text
-        try:
-            return dumps(value)
-        except (TypeError, ValueError) as exc:
-            what = f"writes[{name!r}]" if kind is None else f"journal row {kind} {name!r}"
-            raise SerializationError(
-                f"run {self.key!r}: {what} is not JSON-ready ({exc}); nothing was written. "
-                "Engines convert values with to_json_value()/to_typed_json() before committing"
-            ) from exc
+        return _encode(self.key, value, kind, name)
 
     def _prepare(
         self,
@@ -392,6 +403,7 @@ def claim_run(
     check_resume: Callable[[RunHead], Literal["fresh"] | None] | None = None,
     run_uid: str | None = None,
     what: str = "run",
+    first_rows: Sequence[tuple[str, str | None, Any]] = (),
 ) -> ClaimResult:
     """Claim ``key`` for a new run of ``kind`` (or take over a resumable one).
 
@@ -410,6 +422,11 @@ def claim_run(
             starts the run over instead (as ``resume=False`` would).
         run_uid: The new run's stamp (default: a fresh one).
         what: How to call the run in messages (``"Plan"``).
+        first_rows: Journal rows (``(kind, name, json_data)``, as for
+            :meth:`OwnedRun.commit`) a fresh run starts with, written in the claim's own
+            transaction: a run whose record means nothing without them (a graph
+            invocation's start row) never exists without them, whenever its process dies.
+            A run taken over (``"resumed"``) writes none.
 
     :func:`claim_empty` claims only a key that holds nothing.
 
@@ -429,6 +446,7 @@ def claim_run(
         check_resume=check_resume,
         run_uid=run_uid,
         what=what,
+        first_rows=first_rows,
     )
     claimed = finish(store.backend.run_claim(key, decide))
     assert claimed is not None  # only a claim_empty finds the key occupied
@@ -458,6 +476,7 @@ def _claimer(
     run_uid: str | None = None,
     what: str = "run",
     only_if_empty: bool = False,
+    first_rows: Sequence[tuple[str, str | None, Any]] = (),
 ) -> tuple[Decide, Callable[[RunHead | None], ClaimResult | None]]:
     """The transaction callback of :func:`claim_run` and what turns the head it leaves
     into the :class:`ClaimResult` (the claim itself may run in a group commit)."""
@@ -465,6 +484,7 @@ def _claimer(
     lease = LeasePolicy.of(store)
     uid = run_uid or new_uid()
     decision = _Decision()
+    start_rows = _journal_rows(key, first_rows, 0)  # encoded once, outside the transaction
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
         if only_if_empty and (head is not None or kv_text is not None):
@@ -522,14 +542,14 @@ def _claimer(
             next_step=first_step,
             version=(head.version + 1) if head is not None else 1,
             iteration=0,
-            journal_len=0,
+            journal_len=len(start_rows),
             # a stamp of this run of the key, kept by its resumes (an engine may give its
             # own): keys derived from the run differ from those of another run of the key
             meta={"origin": new_origin(), **(meta or {})},
             created_at=now,
             **base,
         )
-        return Claim(head=new, reset_journal=True, drop_kv=drop_kv)
+        return Claim(head=new, reset_journal=True, rows=start_rows, drop_kv=drop_kv)
 
     def finish(head: RunHead | None) -> ClaimResult | None:
         if decision.outcome == "occupied":

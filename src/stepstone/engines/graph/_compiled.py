@@ -450,25 +450,9 @@ class CompiledGraph(Generic[S]):
         metadata: dict[str, Any],
         origin: str,
     ) -> OwnedRun:
-        """Claim the new invocation's record and commit its start row."""
-        claim = claim_run(
-            cp.store,
-            cp.key(invocation_id),
-            kind=GRAPH_KIND,
-            resume=False,
-            first_step=resumes[0].node,
-            meta={
-                "format": RECORD_FORMAT,
-                "invocation_id": invocation_id,
-                "correlation_id": correlation_id,
-                "schema_version": self.state_cls.schema_version,
-                "serialization": cp.serialization,
-                "resumed_from": resumed_from,
-                "origin": origin,  # the first invocation of the chain (see scope)
-            },
-            what="graph invocation",
-        )
-        assert claim.run is not None
+        """Claim the new invocation's record with its start row, in one transaction: a
+        process killed at any moment leaves either no record or one that holds its start
+        (the frames and positions it resumes from), never a head without one."""
         frames = [
             Frame(
                 node=None if i == 0 else resumes[i - 1].node,
@@ -489,13 +473,25 @@ class CompiledGraph(Generic[S]):
             "metadata": metadata,
         }
         data = cp.codec.encode(plain, {"frames": [f.to_body() for f in frames]})
-        try:
-            claim.run.commit_sync(
-                status="running", next_step=resumes[0].node, rows=[("start", None, data)]
-            )
-        except BaseException:
-            claim.run.release()
-            raise
+        claim = claim_run(
+            cp.store,
+            cp.key(invocation_id),
+            kind=GRAPH_KIND,
+            resume=False,
+            first_step=resumes[0].node,
+            meta={
+                "format": RECORD_FORMAT,
+                "invocation_id": invocation_id,
+                "correlation_id": correlation_id,
+                "schema_version": self.state_cls.schema_version,
+                "serialization": cp.serialization,
+                "resumed_from": resumed_from,
+                "origin": origin,  # the first invocation of the chain (see scope)
+            },
+            what="graph invocation",
+            first_rows=[("start", None, data)],
+        )
+        assert claim.run is not None
         return claim.run
 
     async def _finish(self, run: _Run, status: str, exc: BaseException | None) -> None:

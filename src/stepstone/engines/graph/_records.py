@@ -1,7 +1,8 @@
 """Graph checkpoint records: positions, the saved record, its frames, the list filter.
 
 A graph invocation is one durable run of kind ``"graph"`` under ``<prefix><invocation_id>``,
-written through the kernel (``claim_run`` + one ``OwnedRun.commit`` per completed node).
+written through the kernel (``claim_run``, which writes the ``start`` row with the claim,
+then one ``OwnedRun.commit`` per completed node).
 Its journal holds one ``start`` row (the starting state, carried positions) and one
 ``node`` row per completed node: the node's position and a *patch* of the fields it
 changed (items appended to ``append`` fields, new values of the others). Bytes written per

@@ -27,6 +27,7 @@ from stepstone.testing.store_conformance._processes import (
 )
 from stepstone.testing.store_conformance._runs import (
     test_claim_empty_claims_only_a_key_holding_nothing,
+    test_claim_writes_a_fresh_runs_first_rows_with_it,
     test_commit_is_atomic_and_versioned,
     test_commit_writes_same_key_twice_last_wins,
     test_delete_removes_run_and_journal,
@@ -59,6 +60,7 @@ __all__ = [
     "test_cas_race_across_processes",
     "test_claim_empty_claims_only_a_key_holding_nothing",
     "test_claim_live_run_refused_across_store_objects",
+    "test_claim_writes_a_fresh_runs_first_rows_with_it",
     "test_commit_is_atomic_and_versioned",
     "test_commit_writes_same_key_twice_last_wins",
     "test_context_manager_closes",

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from stepstone.durable import ClaimResult, aclaim_empty, claim_empty, claim_run
+from stepstone.durable import ClaimResult, aclaim_empty, aclaim_run, claim_empty, claim_run
 from stepstone.exceptions import StoreKeyConflictError
 from stepstone.store._base import read_salvaged
 from stepstone.testing.store_conformance._spec import StoreSpec
@@ -67,6 +67,59 @@ def test_claim_empty_claims_only_a_key_holding_nothing(store_spec: StoreSpec) ->
     assert taken is None and store.backend.run_get("empty-1") == done
     assert empty is not None and empty.run is not None
     empty.run.release()
+
+
+def test_claim_writes_a_fresh_runs_first_rows_with_it(store_spec: StoreSpec) -> None:
+    """``claim_run(first_rows=...)`` journals a fresh run's first rows in the claim's own
+    transaction (the head counts them, later commits follow them), also through the
+    loop's group commit; a run started over gets the new ones only, and a run taken over
+    gets none."""
+    store = store_spec.open()
+    start = [("start", None, {"frames": [1]}), ("note", "n", "x")]
+    claimed = claim_run(
+        store, "first-1", kind="test", resume=False, first_step="a", first_rows=start
+    )
+    assert claimed.outcome == "fresh" and claimed.run is not None
+    head = store.backend.run_get("first-1")
+    assert head is not None and head.journal_len == 2 and head.status == "claimed"
+    rows = store.backend.run_journal("first-1")
+    assert [(r.seq, r.kind, r.name, r.data) for r in rows] == [
+        (0, "start", None, '{"frames":[1]}'),
+        (1, "note", "n", '"x"'),
+    ]
+    claimed.run.commit_sync(status="failed", next_step="a", rows=[("step", "a", 1)])
+    claimed.run.release()
+    assert [r.seq for r in store.backend.run_journal("first-1")] == [0, 1, 2]
+    taken = claim_run(store, "first-1", kind="test", resume=True, first_step="a", first_rows=start)
+    assert taken.outcome == "resumed" and taken.run is not None
+    assert [r.seq for r in store.backend.run_journal("first-1")] == [0, 1, 2]
+    taken.run.release()
+
+    async def concurrently() -> list[ClaimResult]:
+        # concurrent tasks: on SQLite the claims join the loop's group commit
+        return list(
+            await asyncio.gather(
+                *(
+                    aclaim_run(
+                        store,
+                        key,
+                        kind="test",
+                        resume=False,
+                        first_step="a",
+                        first_rows=[("start", None, key)],
+                    )
+                    for key in ("first-1", "first-2")
+                )
+            )
+        )
+
+    for claim in asyncio.run(concurrently()):
+        assert claim.outcome == "fresh" and claim.run is not None
+        claim.run.release()
+        head = store.backend.run_get(claim.head.key)
+        assert head is not None and head.journal_len == 1
+        rows = store.backend.run_journal(claim.head.key)
+        assert [(r.seq, r.kind, r.data) for r in rows] == [(0, "start", f'"{claim.head.key}"')]
 
 
 def test_commit_is_atomic_and_versioned(store_spec: StoreSpec) -> None:

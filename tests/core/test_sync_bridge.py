@@ -538,6 +538,19 @@ def test_a_thread_that_ends_closes_its_loop_and_executor() -> None:
     assert not any(t.is_alive() for t in workers)  # the executors' threads were joined
 
 
+def test_a_thread_that_ends_leaves_no_thread_in_threading_enumerate() -> None:
+    # guarantee 324: its loop is closed on the ending thread after threading forgot it;
+    # joining the executor's threads there registered a dummy thread in its place, which
+    # stayed in threading.enumerate() (and on 3.13 failed to go at interpreter exit)
+    call(here)  # this thread's own loop and executor, started before the count
+    before = set(threading.enumerate())
+    for _ in range(3):  # one at a time: a new thread could take an ended one's ident
+        thread = threading.Thread(target=call, args=(here,))
+        thread.start()
+        thread.join()
+    assert [t.name for t in threading.enumerate() if t not in before] == []
+
+
 def test_the_loop_comes_from_the_policy_and_the_main_loop_closes_at_exit() -> None:
     # guarantee 326, guarantee 324
     result = run_script(

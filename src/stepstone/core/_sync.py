@@ -38,6 +38,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from asyncio import selector_events
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
@@ -232,10 +233,14 @@ def may_block_loop() -> bool:
 
 class _Executor(ThreadPoolExecutor):
     """The private loop's default executor, which knows its unfinished jobs, so a call can
-    wait for the ones it started (``asyncio.run`` joined the executor's threads)."""
+    wait for the ones it started (``asyncio.run`` joined the executor's threads), and its
+    threads, so that closing it can wait for them without ``Thread.join`` (:meth:`close`)."""
 
     def __init__(self) -> None:
-        super().__init__(thread_name_prefix="asyncio")
+        self.threads: list[threading.Thread] = []
+        super().__init__(
+            thread_name_prefix="asyncio", initializer=_started, initargs=(self.threads,)
+        )
         self.running: set[Future[Any]] = set()
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
@@ -243,6 +248,28 @@ class _Executor(ThreadPoolExecutor):
         self.running.add(future)
         future.add_done_callback(self.running.discard)
         return future
+
+    def close(self) -> None:
+        """``shutdown(wait=True)``: stop the threads and wait until none is alive.
+
+        A bridge is closed on its own thread as that thread's state is torn down, after
+        ``threading`` forgot the thread, or on a thread started with ``_thread``.
+        ``Thread.join`` calls ``threading.current_thread()``, which on such a thread
+        registers a ``_DummyThread`` that is never removed: a dead thread named
+        ``Dummy-N`` stayed in ``threading.enumerate()`` (before 3.13), or its removal
+        failed at interpreter exit with "Exception ignored in _DeleteDummyThreadOnDel"
+        on stderr (3.13). ``is_alive()`` asks nothing of the calling thread."""
+        self.shutdown(wait=False)  # wakes the idle threads, which then exit
+        for thread in self.threads:
+            pause = 0.0001
+            while thread.is_alive():
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
+
+
+def _started(threads: list[threading.Thread]) -> None:
+    """An executor thread's first act: it tells its executor which thread it is."""
+    threads.append(threading.current_thread())
 
 
 #: How long closing what a loop kept open (SDK clients) may take before it is given up.
@@ -563,7 +590,7 @@ def _shut(loop: asyncio.AbstractEventLoop, executor: _Executor, kept: _Kept) -> 
             loop.run_until_complete(kept.close(everything=True))
     finally:
         kept.abandon()
-        executor.shutdown(wait=True)
+        executor.close()
         loop.close()
 
 

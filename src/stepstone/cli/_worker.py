@@ -36,7 +36,11 @@ def worker(
         typer.Option(parser=whole(1), metavar="N", help="Most runs this worker runs at once."),
     ] = 4,
     lease_seconds: Annotated[
-        float, typer.Option(help="Seconds a taken run stays ours without renewal.")
+        float,
+        typer.Option(
+            help="Seconds a taken run (its queue entry and its checkpoint) stays ours "
+            "without renewal."
+        ),
     ] = 30.0,
     shutdown_timeout: Annotated[
         float,
@@ -75,7 +79,12 @@ def worker(
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
-        store = Store(db=db) if db is not None else Store(url=url)
+        # The checkpoints' leases are the queue entries': a run whose worker stopped
+        # renewing for --lease-seconds is taken over then, not when a longer default runs out.
+        if db is not None:
+            store = Store(db=db, lease_seconds=lease_seconds)
+        else:
+            store = Store(url=url, lease_seconds=lease_seconds)
         w = Worker(
             store,
             queues=queue or ["default"],

@@ -4,12 +4,15 @@ schema versions. Behaviour every backend shares is in the conformance suite
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -216,3 +219,36 @@ def test_processes_sharing_one_file_lose_no_update(tmp_path: Path) -> None:
         assert proc.returncode == 0, err
     with Store(db=path) as store:
         assert store.read("counter") == 3 * per_process
+
+
+def _open_at_once(barrier: Any, paths: list[str], errors: Any) -> None:
+    """In a process of its own: open each new file in ``paths`` with the others at once."""
+    for path in paths:
+        barrier.wait(timeout=60)
+        try:
+            with Store(db=path) as store:
+                store.write("k", {"pid": os.getpid()})
+        except StoreError as exc:
+            errors.put(f"{path}: {exc}")
+
+
+def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    # guarantee 393: each switched the new file to WAL from a read lock, and SQLite
+    # answers the second upgrade with SQLITE_BUSY at once; that was reported as
+    # "not a SQLite database" in about half of the rounds
+    ctx = multiprocessing.get_context("spawn")
+    barrier, errors = ctx.Barrier(3), ctx.Queue()
+    paths = [str(tmp_path / f"new-{i}.sqlite") for i in range(15)]
+    procs = [ctx.Process(target=_open_at_once, args=(barrier, paths, errors)) for _ in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == []
+    for path in paths:
+        with Store(db=path) as store:
+            assert store.read("k")["pid"] in {proc.pid for proc in procs}

@@ -372,7 +372,18 @@ class SQLiteBackend(Backend):
         )
         conn.text_factory = lenient_text  # invalid UTF-8: CheckpointCorruptError, by key
         try:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = self._switch_to_wal(conn)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                conn.close()
+                raise StoreError(
+                    f"could not open {str(self.path)!r}: another process kept it locked "
+                    f"for {self.busy_timeout}s ({exc}); retry, or raise busy_timeout"
+                ) from exc
+            conn.close()
+            raise _not_a_store(
+                self.path, exc, "pass a stepstone store file, or a new path to create one"
+            ) from exc
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise _not_a_store(
@@ -388,6 +399,22 @@ class SQLiteBackend(Backend):
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         conn.execute(f"PRAGMA wal_autocheckpoint={self.checkpoint_pages}")
         return conn
+
+    def _switch_to_wal(self, conn: sqlite3.Connection) -> str:
+        """Put the file in WAL mode (a no-op once it is) and return the mode it is in.
+
+        Processes that open a new file at once each read it in rollback mode, and the
+        switch upgrades that read lock to a write lock: SQLite answers a second upgrade
+        with SQLITE_BUSY at once, without waiting (waiting could deadlock). The switch is
+        retried until the busy timeout; the other process has switched the file by then."""
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.002)
 
     def _conn(self) -> sqlite3.Connection:
         """This thread's connection (closed when the thread ends, or the store closes)."""
@@ -776,6 +803,12 @@ def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:
     if hi is None:
         return "key >= ?", (lo,)
     return "key >= ? AND key < ?", (lo, hi)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite answered SQLITE_BUSY (or one of its extended codes)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code & 0xFF) == sqlite3.SQLITE_BUSY if code is not None else "locked" in str(exc)
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -19,7 +20,7 @@ from stepstone.durable import claim_run
 from stepstone.exceptions import MissingExtraError, StoreError
 from stepstone.store import Store
 from stepstone.store._postgres import MIGRATIONS, PostgresBackend, migrate
-from stepstone.store._postgres_schema import prefix_bounds
+from stepstone.store._postgres_schema import SCHEMA_LOCK, prefix_bounds
 from tests.pgserver import PASSWORD, CutProxy, PgServer
 
 pytestmark = pytest.mark.postgres
@@ -127,6 +128,32 @@ def test_concurrent_setup_from_many_processes(pg_server: PgServer) -> None:
         assert _schema_versions(url) == list(range(1, len(MIGRATIONS) + 1))
     finally:
         pg_server.drop_database("t_concurrent_setup")
+
+
+def test_a_process_stalled_in_its_setup_blocks_no_other_opener(pg_url: str) -> None:
+    # guarantee 394: a process holding the schema lock (as one SIGSTOPped inside its own
+    # setup() does) kept every other process from opening the store, for as long as it
+    # stayed stopped
+    Store(url=pg_url).setup()
+    with psycopg.connect(pg_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        opened = threading.Event()
+
+        def open_store() -> None:
+            with Store(url=pg_url) as store:
+                store.setup()
+                store.write("stalled-setup", 1)
+            opened.set()
+
+        opener = threading.Thread(target=open_store, daemon=True)
+        opener.start()
+        try:
+            assert opened.wait(60), "the opener waited on the stalled process's lock"
+        finally:
+            holder.rollback()  # lets an opener still waiting go on
+            opener.join(60)
+    with Store(url=pg_url) as store:
+        assert store.read("stalled-setup") == 1
 
 
 # -- URLs and errors -----------------------------------------------------------------------

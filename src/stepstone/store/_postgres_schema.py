@@ -5,6 +5,7 @@ Tables are prefixed ``stepstone_`` so they can share a database (or schema) with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Sequence
@@ -456,14 +457,12 @@ def check_schema(
     conn: psycopg.Connection[Any], where: str, migrations: Sequence[str] = MIGRATIONS
 ) -> None:
     """Check, without writing, that ``conn``'s database holds a current stepstone schema."""
-    row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
-    if not (row and row[0]):
+    current = _version(conn)
+    if current is None:
         raise StoreError(
             f"{where} holds no stepstone store (no stepstone_schema table); check the "
             "database name, or open it writable once to create the schema"
         )
-    row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
-    current = int(row[0]) if row else 0
     if current != len(migrations):
         newer = current > len(migrations)
         raise StoreError(
@@ -473,12 +472,44 @@ def check_schema(
         )
 
 
+def _version(conn: psycopg.Connection[Any]) -> int | None:
+    """The schema version ``conn``'s database holds (None: no stepstone schema), read in a
+    transaction of its own: a migration commits in one transaction, so this sees it whole
+    or not at all."""
+    with conn.transaction():
+        row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
+        if not (row and row[0]):
+            return None
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
+        return int(row[0]) if row else 0
+
+
 def migrate(conn: psycopg.Connection[Any], migrations: Sequence[str] = MIGRATIONS) -> int:
     """Bring the schema of ``conn``'s database up to ``len(migrations)``; return the
     number of migrations applied. Runs in one transaction under a database-wide advisory
-    lock, so concurrent callers apply each migration exactly once."""
+    lock, so concurrent callers apply each migration exactly once. A schema already
+    current is seen without the lock: a process that stalls inside its own migration (a
+    frozen host, a debugger) never keeps the others from opening the store.
+
+    ``conn`` is in autocommit mode. The lock is the session's, taken in a transaction of
+    its own before the migration's: a server process caches what it looked up in the
+    catalog (that the schema table did not exist, above) and learns of other sessions'
+    changes when a transaction starts, not when an advisory lock it waited for is
+    granted."""
+    import psycopg  # the [postgres] extra, loaded already: conn is its connection
+
+    if _version(conn) == len(migrations):
+        return 0
+    conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
+    try:
+        return _migrate_locked(conn, migrations)
+    finally:
+        with contextlib.suppress(psycopg.Error):  # a lost connection released it anyway
+            conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK,))
+
+
+def _migrate_locked(conn: psycopg.Connection[Any], migrations: Sequence[str]) -> int:
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
         row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
         if not (row and row[0]):
             conn.execute(

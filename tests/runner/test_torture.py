@@ -4,11 +4,13 @@ moments (inside steps, inside commits, between them), resumed until they finish.
 Each iteration runs one pipeline on a real store (a SQLite file, or a PostgreSQL database
 of its own) from ``torture_worker.py``: Plans with ``writes=``, a parallel band, a routed
 loop and an LLM step; a graph with a loop; a ``Runner`` run whose tools have side effects
-and in-doubt policies, paused for approvals; runs queued to ``stepstone worker``
-processes. A seeded RNG chooses how often and when each attempt is killed: a random delay
-after the process is ready, or a random few side effects in (then at most 3 ms more, so
-the kill lands in the commit that follows a step). After every kill the driver stops the
-other processes (SIGSTOP), reads what the store holds and checks it, then lets them go on.
+and in-doubt policies, paused for approvals; a ``ReplanEngine`` run whose planner (a
+function or an LLM agent) plans rounds of parallel and sequential tasks, one of them an LLM
+agent; runs queued to ``stepstone worker`` processes. A seeded RNG chooses how often and
+when each attempt is killed: a random delay after the process is ready, or a random few
+side effects in (then at most 3 ms more, so the kill lands in the commit that follows a
+step). After every kill the driver stops the other processes (SIGSTOP), reads what the
+store holds and checks it, then lets them go on.
 
 What every kill and every finished iteration must satisfy:
 
@@ -17,7 +19,8 @@ What every kill and every finished iteration must satisfy:
 * a step committed at a kill never runs again after it (no log line written after the
   kill names it), and a step runs at most once plus once per kill that caught it in
   flight (it ran in the killed process, and its commit had not landed): guarantees 39, 43,
-  106, 160, 161, 191, 239 (an agent's tool declared ``in_doubt="fail"`` or ``"ask"`` is
+  106, 160, 161, 190, 191, 239 (a replan round's planner answer and each task's outcome,
+  190, 191; an agent's tool declared ``in_doubt="fail"`` or ``"ask"`` is
   never run again without a person's approval, 171, 173, 381);
 * every resume either finishes, pauses for a documented approval, or ends on a documented
   in-doubt failure, never on another error, and no run is left claimed or running;
@@ -86,9 +89,14 @@ def log_lines(log: Path) -> list[tuple[str, str, int]]:
 def _canonical(run: str) -> str:
     """A run's name in the log and in the checks: the LLM loop of a Plan's step, whose
     key holds the stamp of the Plan's run (``p0:<origin>:llm:13:llm``), is ``p0~llm``,
-    as its model calls are logged."""
+    as its model calls are logged; an LLM loop of a replan run, keyed by its place in the
+    run (``replan-run:<origin>:round2:task2:llm``, guarantee 191), is
+    ``replan-run~round2.task2``."""
     if run.endswith(":llm"):
-        return run.split(":", 1)[0] + "~llm"
+        parts = run.split(":")
+        if len(parts) >= 4 and parts[-3].startswith("round"):
+            return f"{parts[0]}~{parts[-3]}.{parts[-2]}"
+        return parts[0] + "~llm"
     return run
 
 
@@ -102,7 +110,8 @@ def _agent_run_id(key: str) -> str:
 def committed(store: Store) -> set[Step]:
     """Every step execution the store records as committed: a Plan's step rows (a band's
     branch rows included: a resume reuses them), a graph's completed positions, an agent
-    run's recorded outcomes."""
+    run's recorded outcomes, a replan run's planner answers (``round`` rows, as
+    ``plan:<n>``) and task outcomes (``task`` rows ``<n>.<i>``, as ``task:<n>.<i>``)."""
     out: set[Step] = set()
     backend = store.backend
     for head in backend.run_list(None):
@@ -120,6 +129,12 @@ def committed(store: Store) -> set[Step]:
                     out.add((run, f"model:{data['turn']}"))
                 else:
                     out.add((run, f"tool:{data['turn']}:{data['index']}"))
+        elif head.kind == "replan":  # guarantee 190, 191
+            for row in backend.run_journal(head.key):
+                if row.kind == "round":
+                    out.add((head.key, f"plan:{row.name}"))
+                elif row.kind == "task":
+                    out.add((head.key, f"task:{row.name}"))
     for record in StoreCheckpointer(store).list():
         for pos in record.completed_positions:
             out.add((record.correlation_id, f"{pos.node_name}@{pos.step}"))
@@ -231,7 +246,7 @@ class Trial:
         """The store checks clean and no run is left owned: a run still ``claimed`` or
         ``running`` (a graph invocation a resume superseded keeps that status, guarantee
         112) must have a dead owner that any process may take over at once (guarantee
-        121, 122), and every Plan and agent run ended."""
+        121, 122), and every Plan, agent and replan run ended."""
         with contextlib.closing(open_store(self.where, read_only=True)) as store:
             report = check_store(store)
             if not report.ok:
@@ -244,7 +259,7 @@ class Trial:
         unfinished = [
             (h.key, h.status)
             for h in heads
-            if h.kind in ("plan", "agent") and h.status not in ("done", "failed")
+            if h.kind in ("plan", "agent", "replan") and h.status not in ("done", "failed")
         ]
         if unfinished:
             raise self.fail(f"runs left unfinished: {unfinished}")
@@ -392,6 +407,8 @@ def reference(scenario: str, opts: dict[str, Any]) -> tuple[dict[str, Any], set[
                 result = asyncio.run(tw.run_plans(store, log, {**opts, "gather": True}))
             elif scenario == "graph":
                 result = asyncio.run(tw.run_graph(store, log, opts))
+            elif scenario == "replan":
+                result = asyncio.run(tw.run_replan(store, log, opts))
             else:
                 result = asyncio.run(_approve_all(store, log, opts))
         return result, {(r, s) for r, s, _ in log_lines(Path(log))}
@@ -531,6 +548,7 @@ OPTIONS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "plan": plan_options,
     "graph": lambda rng: {"run": "walk"},
     "agent": agent_options,
+    "replan": lambda rng: {"run": "replan-run", "llm_planner": rng.random() < 0.5},
 }
 
 
@@ -552,9 +570,9 @@ def each_seed(body: Callable[[int], object]) -> None:
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize("scenario", ["plan", "graph", "agent"])
+@pytest.mark.parametrize("scenario", ["plan", "graph", "agent", "replan"])
 def test_torture_sqlite(tmp_path: Path, scenario: str) -> None:
-    # guarantee 39, 40, 43, 106, 109, 157, 160, 161, 171, 172, 173, 182
+    # guarantee 39, 40, 43, 106, 109, 157, 160, 161, 171, 172, 173, 182, 190, 191, 197, 198
 
     def one(seed: int) -> None:
         where = tmp_path / f"{scenario}-{seed}.sqlite"
@@ -567,9 +585,9 @@ def test_torture_sqlite(tmp_path: Path, scenario: str) -> None:
 
 @pytest.mark.crash
 @pytest.mark.postgres
-@pytest.mark.parametrize("scenario", ["plan", "graph", "agent"])
+@pytest.mark.parametrize("scenario", ["plan", "graph", "agent", "replan"])
 def test_torture_postgres(tmp_path: Path, pg_server: Any, scenario: str) -> None:
-    # guarantee 39, 43, 106, 160, 161, 171, 172, 173
+    # guarantee 39, 43, 106, 160, 161, 171, 172, 173, 190, 191, 197, 198
 
     def one(seed: int) -> None:
         name = f"torture_{scenario}_{seed}"

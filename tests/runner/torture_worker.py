@@ -6,6 +6,7 @@ SIGKILLs at a random moment and starts again until the pipeline finishes:
     torture_worker.py plan  STORE LOG OPTIONS   # Plans (writes=, a band, a loop, an LLM step)
     torture_worker.py graph STORE LOG OPTIONS   # a graph with a loop, resumed by invocation
     torture_worker.py agent STORE LOG OPTIONS   # a Runner run whose tools have side effects
+    torture_worker.py replan STORE LOG OPTIONS  # a ReplanEngine run: planner, rounds of tasks
 
 STORE is a SQLite path or a ``postgresql://`` URL; OPTIONS is JSON (see each ``run_*``).
 The script prints ``ready`` once its store is open, then one JSON line with what the run
@@ -17,7 +18,10 @@ Every step, node, tool call and model call appends ``"<run> <step> <pid>"`` to L
 one ``write`` and an ``fsync`` before it returns (a tool adds its idempotency key), so the
 driver can count each side effect and tell which process made it. ``<step>`` names one
 execution: ``s4@7`` (a Plan step and the position it ran at), ``b@3`` (a graph node and
-its step), ``tool:2:1`` / ``model:2`` (an agent's call at turn 2, index 1).
+its step), ``tool:2:1`` / ``model:2`` (an agent's call at turn 2, index 1), ``task:2.1``
+/ ``plan:2`` (a replan run's task 1 of round 2, its function planner's answer for round 2).
+An LLM loop inside a replan run logs under ``<run>~round2.task2`` / ``<run>~round1.planner``
+(the place in the run its loop's key names).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +44,9 @@ from stepstone import (
     Agent,
     Envelope,
     Plan,
+    PlanRound,
+    ReplanEngine,
+    ReplanTask,
     Runner,
     RunnerConfig,
     Step,
@@ -396,6 +404,93 @@ async def run_agent(store: Store, log: str, opts: dict[str, Any]) -> dict[str, A
     }
 
 
+# -- ReplanEngine runs ------------------------------------------------------------------------
+#: Each working round's tasks (tool and whether parallel), then a round answering done.
+#: Task ``i`` of round ``r`` gets ``item="<r>.<i>"``: its place in the run, the name of
+#: its journal row. The LLM worker's loop is keyed by that place (``round2:task2``).
+REPLAN_ROUNDS: list[list[tuple[str, bool]]] = [
+    [("work", True), ("work", True), ("work", True), ("work", False)],
+    [("work", True), ("work", True), ("helper", True), ("work", False)],
+    [("work", True), ("work", True)],
+]
+#: Where the LLM worker runs: its model calls log under ``<run>~round2.task2``.
+REPLAN_HELPER = "round2.task2"
+
+
+def _replan_round(number: int, results: list[str]) -> PlanRound:
+    """The planner's answer for round ``number`` (1, 2...), given the results (or errors)
+    of every earlier task as the planner sees them."""
+    seen = digest(*results)
+    if number > len(REPLAN_ROUNDS):
+        return PlanRound(reasoning="all done", done=True, final_answer=seen)
+    tasks = []
+    for i, (name, parallel) in enumerate(REPLAN_ROUNDS[number - 1]):
+        kwargs = (
+            {"task": f"{number}.{i} {seen}"}
+            if name == "helper"
+            else {"item": f"{number}.{i}", "seen": seen}
+        )
+        tasks.append(ReplanTask(tool=name, kwargs=kwargs, parallel=parallel))
+    return PlanRound(reasoning=f"round {number}", tasks=tasks)
+
+
+def _from_prompt(prompt: str) -> tuple[int, list[str]]:
+    """The round an LLM planner is asked for, and the outcomes in its prompt's history."""
+    marker = "This is round "
+    number = int(prompt[prompt.rindex(marker) + len(marker) :].split()[0])
+    return number, re.findall(r"\] \w+\(.*\) -> (.*)$", prompt, re.MULTILINE)
+
+
+def build_replan(store: Store | None, log: str, run: str, *, llm_planner: bool) -> Agent:
+    """A replan run of ``REPLAN_ROUNDS`` (then done): ``work`` tasks with side effects and
+    one LLM worker (``helper``, on a scripted model, whose tools have side effects); the
+    planner a function (logs ``plan:<round>``) or, ``llm_planner``, an LLM agent on a
+    scripted model (logs ``model:0`` under ``<run>~round<n>.planner``)."""
+
+    def work(item: str, seen: str) -> str:
+        """Process one item with a side effect."""
+        effect(log, run, f"task:{item}")
+        return digest(item, seen)
+
+    helper = scripted_agent(log, f"{run}~{REPLAN_HELPER}", SIMPLE_TURNS, name="helper")
+    helper.description = "Does some work with tools."
+    planner: Any
+    if llm_planner:
+
+        def script(request: ModelRequest) -> Any:
+            number, results = _from_prompt(request.messages[-1].text)
+            effect(log, f"{run}~round{number}.planner", f"model:{request.turn}")
+            return _replan_round(number, results).model_dump()
+
+        planner = Agent(name="planner", model=FunctionModel(script), output=PlanRound)
+    else:
+
+        def planner(round: int, history: list[dict[str, Any]]) -> PlanRound:
+            effect(log, run, f"plan:{round}")
+            results = [str(t.get("result", t.get("error"))) for r in history for t in r["tasks"]]
+            return _replan_round(round, results)
+
+    engine = ReplanEngine(
+        store=store, checkpoint_key=run if store is not None else None, resume=store is not None
+    )
+    return Agent(engine=engine, tools=[planner, work, helper])
+
+
+async def run_replan(store: Store | None, log: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """OPTIONS: ``run`` (the checkpoint key), ``llm_planner`` (the planner an LLM agent).
+    Every attempt resumes the run (a done one gives its final answer, guarantee 197)."""
+    run = opts["run"]
+    agent = build_replan(store, log, run, llm_planner=opts["llm_planner"])
+    try:
+        env = await agent.run("process every item")
+    except ConcurrentRunError as exc:  # another process owns the run (guarantee 198)
+        return {run: {"concurrent": str(exc)}}
+    if not env.ok:
+        assert env.error is not None
+        return {run: {"error": env.error.to_dict()}}
+    return {run: {"payload": env.payload}}
+
+
 # -- targets of the queue scenarios (``tests.runner.torture_worker:<name>``) -----------------
 def _queued_fold(payload: Any) -> dict[str, Any]:
     if isinstance(payload, str):
@@ -462,6 +557,8 @@ async def _main(scenario: str, where: str, log: str, opts: dict[str, Any]) -> di
             return await run_plans(store, log, opts)
         if scenario == "graph":
             return await run_graph(store, log, opts)
+        if scenario == "replan":
+            return await run_replan(store, log, opts)
         return await run_agent(store, log, opts)
     finally:
         store.close()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sqlite3
 import statistics
@@ -99,9 +100,8 @@ def pages_per_step_commit(tmp: Path, size: int, n_steps: int = 60) -> float:
             ]
             agent = Agent(engine=Plan(*steps, store=store, checkpoint_key=key))
             if key == "probe":
-                with sqlite3.connect(path, isolation_level=None) as probe:
+                with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as probe:
                     probe.execute("PRAGMA wal_checkpoint(RESTART)")  # the next run: from 0
-                probe.close()
             assert agent("go").ok
         commits = wal_commits(path)[1:]  # without the claim
     return sum(commits) / len(commits)
@@ -154,7 +154,7 @@ def plan_run(
         OPEN_MS.append((time.perf_counter() - t0) * 1000)
     ms = timed_run(store, n_steps, "bench", writes)
     store.close()
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return ms, path.stat().st_size
 
@@ -253,7 +253,7 @@ def measure(tmp: Path, repeat: int) -> None:
     )
     empty = tmp / "empty.sqlite"
     Store(db=empty).close()  # the schema alone: pages every store has, whatever it holds
-    with sqlite3.connect(empty) as conn:
+    with contextlib.closing(sqlite3.connect(empty)) as conn, conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     fixed_bytes = empty.stat().st_size
     print()

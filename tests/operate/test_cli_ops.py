@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import time
@@ -222,7 +223,7 @@ def test_commands_never_write_to_a_database_that_is_not_a_stepstone_store(
     import sqlite3
 
     path = tmp_path / "app.sqlite"
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT)")
     before = path.read_bytes()
     code, _, err = _run(*command, "--db", str(path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_a_store_without_a_queue_lists_none_and_gets_none(tmp_path: Path) -> Non
     Store(db=db).close()
     result = runner.invoke(app, ["queue", "--db", str(db)])
     assert result.exit_code == 0 and "no queue entries" in result.stdout
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert "stepstone_queue" not in names
 

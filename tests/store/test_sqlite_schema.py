@@ -18,6 +18,7 @@ plain values, the same two Plan runs (now with their ``plan shape`` journal rows
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import sqlite3
@@ -39,7 +40,7 @@ FROZEN = sorted((Path(__file__).parent / "fixtures").glob("store_v*.sqlite"))
 
 
 def _tables(path: Path) -> set[str]:
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
     conn.close()
     return {str(r[0]) for r in rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_retry_puts_a_queued_run_back_in_its_queue(tmp_path: Path) -> None:
         Agent(engine=Plan(Step(_down), store=store, checkpoint_key="p"))("x")
     result = runner.invoke(app, ["retry", "p", "--from", "_down", "--db", str(plain)])
     assert result.exit_code == 0 and "resume=True runs it again" in result.output
-    with sqlite3.connect(plain) as conn:
+    with contextlib.closing(sqlite3.connect(plain)) as conn, conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert "stepstone_queue" not in tables
 

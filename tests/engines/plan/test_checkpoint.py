@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import sqlite3
@@ -666,7 +667,7 @@ def test_corrupt_checkpoint_names_the_key(store: Store, tmp_path: Path) -> None:
     c = Counter()
     c.fail.add("load")
     run(etl_plan(store, c, resume=True))
-    with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
+    with contextlib.closing(sqlite3.connect(tmp_path / "plan.sqlite")) as raw, raw:
         raw.execute(
             "UPDATE stepstone_journal SET data = '{not json' WHERE run_key = 'etl' AND seq = 1"
         )
@@ -719,7 +720,7 @@ def test_store_backends_and_delete(tmp_path: Path) -> None:
     # guarantee 45
     path = tmp_path / "wal.sqlite"
     Store(db=path).close()
-    with sqlite3.connect(path) as raw:
+    with contextlib.closing(sqlite3.connect(path)) as raw, raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     mem = Store()
     mem.write("k", 1)
@@ -732,7 +733,7 @@ def test_journal_grows_linearly_one_head(store: Store, tmp_path: Path) -> None:
     # with the plan.
     steps = [Step(lambda p, i=i: f"v{i}", name=f"s{i}", writes=f"w{i}") for i in range(30)]
     assert run(Plan(*steps, store=store, checkpoint_key="lin")).ok
-    with sqlite3.connect(tmp_path / "plan.sqlite") as raw:
+    with contextlib.closing(sqlite3.connect(tmp_path / "plan.sqlite")) as raw, raw:
         assert raw.execute("SELECT COUNT(*) FROM stepstone_runs").fetchone()[0] == 1
         kinds = [k for (k,) in raw.execute("SELECT kind FROM stepstone_journal ORDER BY seq")]
         assert kinds == ["plan"] + ["step"] * 30

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sqlite3
 import threading
@@ -627,7 +628,7 @@ def test_a_corrupt_record_names_its_key(tmp_path: Path) -> None:
         assert claim.run is not None
         claim.run.commit_sync(status="failed", next_step="round 1", rows=[("start", None, {})])
         claim.run.release()
-        with sqlite3.connect(tmp_path / "r.sqlite") as con:
+        with contextlib.closing(sqlite3.connect(tmp_path / "r.sqlite")) as con, con:
             con.execute("UPDATE stepstone_runs SET journal_len = 2 WHERE key = 'bad'")
         con.close()
         before = store.backend.run_get("bad")

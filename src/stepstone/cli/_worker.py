@@ -81,10 +81,7 @@ def worker(
     try:
         # The checkpoints' leases are the queue entries': a run whose worker stopped
         # renewing for --lease-seconds is taken over then, not when a longer default runs out.
-        if db is not None:
-            store = Store(db=db, lease_seconds=lease_seconds)
-        else:
-            store = Store(url=url, lease_seconds=lease_seconds)
+        store = Store(db=db, url=url, lease_seconds=lease_seconds)
         w = Worker(
             store,
             queues=queue or ["default"],

@@ -198,12 +198,6 @@ class OwnedRun:
             updated_at=now,
         )
 
-    def _rows(self, rows: Sequence[tuple[str, str | None, Any]]) -> list[JournalRow]:
-        return _journal_rows(self.key, rows, self.head.journal_len)
-
-    def _encode(self, value: Any, kind: str | None, name: Any) -> str:
-        return _encode(self.key, value, kind, name)
-
     def _prepare(
         self,
         status: str,
@@ -217,9 +211,10 @@ class OwnedRun:
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
         encoded = [
-            (check_key(k, "writes= key", new=True), self._encode(v, None, k)) for k, v in writes
+            (check_key(k, "writes= key", new=True), _encode(self.key, v, None, k))
+            for k, v in writes
         ]
-        return new, self._rows(rows), encoded
+        return new, _journal_rows(self.key, rows, self.head.journal_len), encoded
 
     def commit_sync(
         self,

@@ -473,15 +473,14 @@ def check_schema(
 
 
 def _version(conn: psycopg.Connection[Any]) -> int | None:
-    """The schema version ``conn``'s database holds (None: no stepstone schema), read in a
-    transaction of its own: a migration commits in one transaction, so this sees it whole
-    or not at all."""
-    with conn.transaction():
-        row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
-        if not (row and row[0]):
-            return None
-        row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
-        return int(row[0]) if row else 0
+    """The schema version ``conn``'s database holds (None: no stepstone schema). A
+    migration creates the table and records its versions in one transaction, so once the
+    table is seen, so are the versions that came with it."""
+    row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
+    if not (row and row[0]):
+        return None
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
+    return int(row[0]) if row else 0
 
 
 def migrate(conn: psycopg.Connection[Any], migrations: Sequence[str] = MIGRATIONS) -> int:
@@ -510,14 +509,13 @@ def migrate(conn: psycopg.Connection[Any], migrations: Sequence[str] = MIGRATION
 
 def _migrate_locked(conn: psycopg.Connection[Any], migrations: Sequence[str]) -> int:
     with conn.transaction():
-        row = conn.execute("SELECT to_regclass('stepstone_schema') IS NOT NULL").fetchone()
-        if not (row and row[0]):
+        current = _version(conn)
+        if current is None:
             conn.execute(
                 "CREATE TABLE stepstone_schema "
                 "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
             )
-        row = conn.execute("SELECT coalesce(max(version), 0) FROM stepstone_schema").fetchone()
-        current = int(row[0]) if row else 0
+            current = 0
         if current > len(migrations):
             raise StoreError(
                 f"database has stepstone schema version {current}, newer than this "

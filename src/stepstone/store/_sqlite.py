@@ -373,19 +373,13 @@ class SQLiteBackend(Backend):
         conn.text_factory = lenient_text  # invalid UTF-8: CheckpointCorruptError, by key
         try:
             mode = self._switch_to_wal(conn)
-        except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
-                conn.close()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
                 raise StoreError(
                     f"could not open {str(self.path)!r}: another process kept it locked "
                     f"for {self.busy_timeout}s ({exc}); retry, or raise busy_timeout"
                 ) from exc
-            conn.close()
-            raise _not_a_store(
-                self.path, exc, "pass a stepstone store file, or a new path to create one"
-            ) from exc
-        except sqlite3.DatabaseError as exc:
-            conn.close()
             raise _not_a_store(
                 self.path, exc, "pass a stepstone store file, or a new path to create one"
             ) from exc

@@ -398,3 +398,85 @@ def test_the_connection_returned_last_serves_the_next_statement(store: Store) ->
         with backend._connection(5.0) as conn:
             served.append(conn.info.backend_pid)
     assert served == [first.info.backend_pid] * 4
+
+
+def test_a_run_commits_its_steps_on_one_connection_past_the_pool(store: Store) -> None:
+    # guarantee 395
+    backend = store.backend
+    assert isinstance(backend, PostgresBackend)
+    run = claim_run(store, "spare", kind="test", resume=False, first_step="s0").run
+    assert run is not None
+    run.commit_sync(status="running", next_step="s1", rows=[("step", "s0", {"n": 0})])
+    pool = backend._pool_here()
+    before = pool.get_stats().get("requests_num", 0)
+    pids = set()
+    for i in range(1, 20):
+        run.commit_sync(status="running", next_step=f"s{i + 1}", rows=[("step", f"s{i}", {})])
+        with backend._connection(5.0) as conn:
+            pids.add(conn.info.backend_pid)
+    run.commit_sync(status="done", next_step=None)
+    run.release()
+    assert pool.get_stats().get("requests_num", 0) == before  # the pool was never asked
+    assert len(pids) == 1
+    assert [r.name for r in backend.run_journal("spare")] == [f"s{i}" for i in range(20)]
+
+
+def test_a_connection_left_in_a_transaction_is_never_kept_aside(store: Store) -> None:
+    # guarantee 395: the pool rolls it back, and the next statement never runs inside it
+    backend = store.backend
+    assert isinstance(backend, PostgresBackend)
+    store.write("k", 1)
+    with backend._connection(5.0) as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO stepstone_kv VALUES ('uncommitted', '1', 0)")
+    for _ in range(3):
+        with backend._connection(5.0) as conn:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    store.write("k", 2)
+    assert store.read("k") == 2
+    assert store.read("uncommitted") is None  # rolled back, never committed by a later write
+
+
+def test_closing_the_store_closes_the_connection_kept_aside(pg_url: str) -> None:
+    # guarantee 395
+    backend = PostgresBackend(pg_url)
+    backend.kv_put("a", "1")
+    backend.kv_put("a", "2")
+    with backend._connection(5.0) as conn:
+        kept = conn
+    backend.close()
+    assert kept.closed
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_uses_the_connection_its_parent_kept(store: Store) -> None:
+    # guarantee 395: the child opens its own; the parent's session goes on undisturbed
+    backend = store.backend
+    assert isinstance(backend, PostgresBackend)
+    store.write("parent", 1)
+    store.write("parent", 2)
+    with backend._connection(5.0) as conn:
+        parents = conn.info.backend_pid
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the server process that served it, then write
+        code = 1
+        try:
+            os.close(read)
+            with backend._connection(5.0) as conn:
+                os.write(write, str(conn.info.backend_pid).encode())
+            store.write("child", 1)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        childs = int(fh.read())
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert childs != parents
+    with backend._connection(5.0) as conn:
+        assert conn.info.backend_pid == parents
+    assert store.read("child") == 1
+    store.write("parent", 3)
+    assert store.read("parent") == 3

@@ -57,6 +57,7 @@ from stepstone.store._memory import run_key_conflict
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg import pq
     from psycopg.conninfo import conninfo_to_dict
     from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 except ImportError as exc:  # tested in a subprocess that blocks the import
@@ -106,6 +107,9 @@ log = logging.getLogger("stepstone")
 #: Seconds the connection pool keeps trying to add one connection before it gives up (and
 #: a waiting caller asks again: see PostgresBackend._getconn).
 _POOL_RECONNECT = 2.0
+
+#: Seconds between two returns of the spare connection to the pool (see _putconn).
+_SPARE_RENEW = 60.0
 
 T = TypeVar("T")
 
@@ -186,7 +190,12 @@ class PostgresBackend(Backend):
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()  # guards pool creation only, never a store operation
-        self._inherited: list[ConnectionPool[Any]] = []
+        # The connection returned last, kept out of the pool for the next caller (see
+        # _getconn); a forked child's copies of the parent's pool and spare are kept
+        # referenced in _inherited, never used.
+        self._spare: list[Connection] = []
+        self._spare_renew = 0.0
+        self._inherited: list[object] = []
         self._ready = False
         self._closed = False
         self._offset = 0.0  # server clock minus this host's clock, seconds
@@ -294,7 +303,8 @@ class PostgresBackend(Backend):
             if self._pool is not None:
                 # Forked: the parent's pool threads did not survive; keep its connections
                 # referenced (never closed from here) and open our own.
-                self._inherited.append(self._pool)
+                self._inherited += (self._pool, self._spare)
+                self._spare = []
             pool = ConnectionPool(
                 self.url,
                 kwargs=self._kwargs,
@@ -313,6 +323,10 @@ class PostgresBackend(Backend):
             return pool
 
     def _getconn(self, pool: ConnectionPool[Any], timeout: float) -> Connection:
+        try:
+            return self._spare.pop()
+        except IndexError:
+            pass
         # Wait in short turns: the pool makes one attempt (of _POOL_RECONNECT seconds) to
         # add a connection for the clients waiting when it ran out, and none for a client
         # still waiting after that attempt failed. A server back after a short restart
@@ -334,7 +348,37 @@ class PostgresBackend(Backend):
         try:
             yield conn
         finally:
-            pool.putconn(conn)
+            self._putconn(pool, conn)
+
+    def _putconn(self, pool: ConnectionPool[Any], conn: Connection) -> None:
+        """Give ``conn`` back: kept aside as the spare, which the next caller takes first
+        (the spare it replaces goes to the pool), or to the pool.
+
+        Every step commit takes a connection and gives it back, and psycopg_pool's
+        getconn and putconn (their locks, checks and bookkeeping) cost a run about 18 us
+        of CPU per step on a machine where the raw commit costs 300 us, measured A/B.
+        The spare skips them for a caller that takes a connection while none is in use
+        (a run committing its steps one after another), and, like the pool's own order
+        (:func:`warmest_first`), serves the next statement with the connection returned
+        last. It is still the pool's (checked out, counted in ``max_size``), and goes
+        back to the pool once every ``_SPARE_RENEW`` seconds so the pool's lifetime rules
+        still apply to it. A connection in a transaction, or broken, always goes to the
+        pool (which rolls it back or discards it).
+        """
+        if not self._closed and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+            now = time.monotonic()
+            if now < self._spare_renew:
+                spare = self._spare
+                spare.append(conn)
+                while len(spare) > 1:  # another thread's, returned before this one
+                    try:
+                        older = spare.pop(0)
+                    except IndexError:  # taken meanwhile
+                        break
+                    pool.putconn(older)
+                return
+            self._spare_renew = now + _SPARE_RENEW
+        pool.putconn(conn)
 
     def _retry(self, what: str, attempt: Callable[[float], T]) -> T:
         """Call ``attempt(deadline)`` until it does not raise Lost, for at most
@@ -547,14 +591,17 @@ class PostgresBackend(Backend):
                 raise Unknown(exc) from exc
             raise
         finally:
-            pool.putconn(conn)
+            self._putconn(pool, conn)
 
     def close(self) -> None:
         self._closed = True
         self._async.close()
         with self._pool_lock:
             pool, self._pool = self._pool, None
+            spare, self._spare = self._spare, []
         if pool is not None and self._pool_pid == os.getpid():
+            for conn in spare:
+                pool.putconn(conn)
             pool.close()
 
     # -- key/value -------------------------------------------------------------------------

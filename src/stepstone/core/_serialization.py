@@ -128,6 +128,9 @@ def to_typed_json(
 ) -> Any:
     """Like :func:`to_json_value`, but every value JSON cannot hold keeps a type tag, so
     :func:`from_typed_json` gives back an equal value of the same type."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:  # as _Encoder.convert, at once
+        return value
     return _convert(_Encoder(strict, warn, typed=True), value, where)
 
 

@@ -586,7 +586,13 @@ async def _call_target(fn: Any, env: Envelope[Any]) -> Any:
     if is_async:
         return await fn(*args, **kwargs)
     result = await call_sync(fn, *args, **kwargs)
+    if type(result) in _NOT_AWAITABLE:  # the usual results, without the ABC check
+        return result
     return await result if inspect.isawaitable(result) else result
+
+
+#: Result types a sync step function returns most, which are never awaitable.
+_NOT_AWAITABLE = frozenset({str, dict, list, int, float, bool, type(None), Envelope})
 
 
 def _aggregate(

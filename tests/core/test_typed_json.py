@@ -13,6 +13,7 @@ import pytest
 
 from stepstone.core._serialization import (
     ENCODING_VERSION,
+    compact_encoder,
     dumps,
     from_typed_json,
     to_json_value,
@@ -102,3 +103,45 @@ def test_other_values_warn_or_raise_naming_where() -> None:
         to_typed_json({"a": [0, Box(Opaque())]}, where="out")
     with pytest.raises(SerializationError, match=r"out key .* is a Opaque"):
         to_typed_json({Opaque(): 1}, where="out", strict=True)
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+@pytest.mark.parametrize("allow_nan", [True, False])
+def test_the_compact_encoder_writes_what_json_writes(ensure_ascii: bool, allow_nan: bool) -> None:
+    # The encoder behind dumps and the SQL stores' head meta builds its C encoder once; its
+    # text must stay byte for byte the standard library's, error for error.
+    fast = compact_encoder(ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+    plain = json.JSONEncoder(
+        ensure_ascii=ensure_ascii, separators=(",", ":"), allow_nan=allow_nan
+    ).encode
+    values: list[Any] = [
+        None,
+        True,
+        0,
+        -7,
+        2**70,
+        1.5,
+        1e300,
+        -0.0,
+        "",
+        "x" * 1000,
+        'é ☃ \udcff \x00 " \\',
+        [],
+        {},
+        [1, [2, [3, {"a": None}]]],
+        {"k": {"é": [1.25, "v", False]}, "2": 3},
+        {1: "a", 2.5: "b", False: "c", None: "d"},
+    ]
+    for value in values:
+        assert fast(value) == plain(value)
+    for bad in (float("nan"), [float("inf")], {"x": -math.inf}):
+        if allow_nan:
+            assert fast(bad) == plain(bad)
+        else:
+            with pytest.raises(ValueError):
+                plain(bad)
+            with pytest.raises(ValueError):
+                fast(bad)
+    for odd in (object(), {"k": {1, 2}}, [b"bytes"]):
+        with pytest.raises(TypeError, match="is not JSON serializable"):
+            fast(odd)

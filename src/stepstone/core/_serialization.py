@@ -59,6 +59,7 @@ from stepstone.exceptions import SerializationError, UnserializableValueWarning
 __all__ = [
     "ENCODING_VERSION",
     "SignedPickle",
+    "compact_encoder",
     "dumps",
     "from_typed_json",
     "json_equal",
@@ -75,9 +76,40 @@ _TAG = "$stepstone"
 _V1_MODEL_TAG = "$stepstone_model"
 
 
+def compact_encoder(*, ensure_ascii: bool, allow_nan: bool) -> Callable[[Any], str]:
+    """``json.JSONEncoder(ensure_ascii=..., separators=(",", ":"), allow_nan=...).encode``,
+    the same text, at about half the cost: ``JSONEncoder.encode`` builds its C encoder
+    anew on every call (for its table of containers being encoded, which finds a
+    container that holds itself), where this one builds it once. A container that holds
+    itself raises RecursionError instead of ValueError. Without the C encoder (another
+    Python implementation), the plain ``encode``."""
+    plain = json.JSONEncoder(
+        ensure_ascii=ensure_ascii, separators=(",", ":"), allow_nan=allow_nan
+    ).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return plain
+    strings = (
+        json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
+    )
+    try:
+        chunks = make(None, _no_default, strings, None, ":", ",", False, False, allow_nan)
+    except TypeError:  # a C encoder of another signature
+        return plain
+
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
+
+    return encode
+
+
+def _no_default(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 #: One encoder for :func:`dumps` (``json.dumps`` with options builds a new one per call).
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-_ESCAPED = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
+_ENCODE = compact_encoder(ensure_ascii=False, allow_nan=False)
+_ESCAPED = compact_encoder(ensure_ascii=True, allow_nan=False)
 
 
 def dumps(value: Any) -> str:

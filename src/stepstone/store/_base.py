@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stepstone.core._serialization import compact_encoder
 from stepstone.exceptions import CheckpointCorruptError, StoreError
 
 __all__ = [
@@ -89,8 +90,8 @@ class RunHead:
 HEAD_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunHead))
 
 #: A head's meta as the SQL backends store it: ``json.dumps(meta, separators=(",", ":"))``
-#: with one encoder (``json.dumps`` with options builds a new one per call, per commit).
-meta_text = json.JSONEncoder(separators=(",", ":")).encode
+#: with one encoder built once (``json.dumps`` builds one per call, per commit).
+meta_text = compact_encoder(ensure_ascii=True, allow_nan=True)
 
 _INT_COLUMNS = frozenset({"version", "iteration", "journal_len", "pid"})
 _FLOAT_COLUMNS = frozenset({"lease_until", "created_at", "updated_at"})

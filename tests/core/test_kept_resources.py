@@ -74,3 +74,6 @@ def test_a_failing_or_hanging_close_never_stops_the_loop_closing(
         messages = [r.getMessage() for r in caplog.records]
         assert any("kept open across sync calls" in m for m in messages), messages
         assert any(error in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+    # logged from a thread threading knows: the ended thread left no dummy thread behind
+    # (one stays in threading.enumerate() for good, and fails to clean up at exit on 3.13)
+    assert not any(isinstance(t, threading._DummyThread) for t in threading.enumerate())

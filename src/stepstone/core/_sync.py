@@ -335,13 +335,44 @@ class _Kept:
             results = [TimeoutError(f"not closed within {_CLOSE_TIMEOUT} s")] * len(chosen)
         for result, resource in zip(results, chosen, strict=True):
             if isinstance(result, BaseException):
-                loop.call_exception_handler(
+                _report(
+                    loop,
                     {
                         "message": f"error closing {resource.aclose!r}, kept open across "
                         "sync calls",
                         "exception": result,
-                    }
+                    },
                 )
+
+
+def _report(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """``loop.call_exception_handler(context)`` (which logs it), from a thread that
+    ``threading`` knows.
+
+    A bridge is closed on its own thread as that thread ends, when ``threading`` has
+    already let go of it: a log record made there asks ``threading.current_thread()`` for
+    its thread's name, which registers a dummy thread that stays in
+    ``threading.enumerate()`` for good (and on Python 3.13 fails to clean up at exit). Such
+    a thread hands the record to a short-lived thread of its own and waits for it."""
+    ident = threading.get_ident()
+    if any(t.ident == ident for t in threading.enumerate()):
+        loop.call_exception_handler(context)
+        return
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def report() -> None:
+        try:
+            loop.call_exception_handler(context)
+        finally:
+            done.release()
+
+    try:  # daemon given: Thread() would otherwise ask current_thread() for it
+        threading.Thread(target=report, name="stepstone-close-report", daemon=True).start()
+    except RuntimeError:  # interpreter shutdown: no new threads, report it here
+        loop.call_exception_handler(context)
+        return
+    done.acquire()  # not join(): that asks current_thread() too
 
 
 def keep_open(owner: object, aclose: Callable[[], Awaitable[object]]) -> LoopResource | None:

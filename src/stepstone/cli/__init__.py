@@ -151,9 +151,7 @@ def _fail(message: str, code: int) -> None:
 def _open_store(db: Path | None, url: str | None) -> Store:
     if (db is None) == (url is None):
         raise UsageFailure("pass exactly one of --db PATH or --url URL (see --help)")
-    if db is not None:
-        return Store(db=db, read_only=True)
-    return Store(url=url, read_only=True)
+    return Store(db=db, url=url, read_only=True)
 
 
 @app.command()

@@ -45,7 +45,7 @@ def check_cmd(
         fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
     store: Store | None = None
     try:
-        store = Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
+        store = Store(db=db, url=url, read_only=True)
         # A server connects on first use: connect now, and check the database holds a
         # stepstone store, so a wrong URL is one problem of opening it, as a file's is.
         store.setup()

@@ -99,18 +99,12 @@ def open_store(
     store: Store | None = None
     try:
         if not read_only:
-            probe = (
-                Store(db=db, read_only=True) if db is not None else Store(url=url, read_only=True)
-            )
+            probe = Store(db=db, url=url, read_only=True)
             try:
                 probe.setup()  # PostgreSQL connects here, and checks the schema is stepstone's
             finally:
                 probe.close()
-        store = (
-            Store(db=db, read_only=read_only)
-            if db is not None
-            else Store(url=url, read_only=read_only)
-        )
+        store = Store(db=db, url=url, read_only=read_only)
         yield store
     except typer.Exit:
         raise

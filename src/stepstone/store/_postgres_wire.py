@@ -28,13 +28,14 @@ PgBouncer in transaction mode.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 from collections.abc import Generator, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import errors, generators, pq
+from psycopg import errors, generators, pq, waiting
 
 __all__ = ["asend_commit", "send_commit"]
 
@@ -195,12 +196,40 @@ def send_commit(
 async def asend_commit(
     conn: psycopg.AsyncConnection[Any], sql: bytes, params: Sequence[Any], prepare: bool
 ) -> bool | None:
-    """:func:`send_commit` on an async connection, awaited on the running loop."""
+    """:func:`send_commit` on an async connection, awaited on the running loop.
+
+    Once sent, the statement runs to its answer even when the awaiting task is cancelled
+    meanwhile, and the cancellation is raised then (with the answer's error, if any, as
+    its cause): psycopg's own wait would ask the server to cancel the statement, and a
+    step whose commit did land would look lost to its run."""
     gen = _sendable(conn, sql, params, prepare)
     if gen is None:
         return None
     async with conn.lock:
-        return await conn.wait(gen)
+        return await _to_the_answer(gen, conn.pgconn.socket)
+
+
+_WAIT_INTERVAL = 0.1  # as psycopg's own waits: the longest sleep between two looks
+
+
+async def _to_the_answer(gen: Generator[Any, Any, bool], fileno: int) -> bool:
+    """Drive ``gen`` on the running loop until it returns, through cancellations."""
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            # A generator suspended by a cancellation resumes here: it takes the wait's
+            # first (empty) wake-up as one with nothing ready yet, and waits again.
+            moved = await waiting.wait_async(gen, fileno, interval=_WAIT_INTERVAL)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+            continue
+        except BaseException as exc:
+            if cancelled is not None:
+                raise cancelled from exc
+            raise
+        if cancelled is not None:
+            raise cancelled
+        return moved
 
 
 def _sendable(

@@ -191,7 +191,7 @@ class PostgresBackend(Backend):
         self._pool_pid = 0
         self._pool_lock = threading.Lock()  # guards pool creation only, never a store operation
         # The connection returned last, kept out of the pool for the next caller (see
-        # _getconn); a forked child's copies of the parent's pool and spare are kept
+        # _putconn); a forked child's copies of the parent's pool and spare are kept
         # referenced in _inherited, never used.
         self._spare: list[Connection] = []
         self._spare_renew = 0.0

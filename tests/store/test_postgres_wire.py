@@ -192,3 +192,74 @@ def test_an_async_commit_goes_the_same_way(store: Store, pg_url: str) -> None:
 
     assert asyncio.run(main()) == [True, False]
     assert [r.name for r in store.backend.run_journal("async-wire")][-1:] == ["s0"]
+
+
+def _cancel_while_locked(
+    store: Store, pg_url: str, key: str, hold: float, setting: str | None = None
+) -> tuple[BaseException, float, str]:
+    """An async commit of one step of ``key`` sent while another session holds the run's
+    head, its task cancelled twice while it waits; the lock goes after ``hold`` seconds.
+    What the task raised, how long it took, and the connection's state afterwards."""
+    import time
+
+    head = claimed_head(store, key)
+    _, sql, params = next_commit(head, "s0", {"i": 0})
+
+    async def main() -> tuple[BaseException, float, str]:
+        conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        blocker = await psycopg.AsyncConnection.connect(pg_url)
+        try:
+            if setting is not None:
+                await conn.execute(setting)
+            await blocker.execute("SELECT 1 FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,))
+            started = time.monotonic()
+            task = asyncio.ensure_future(asend_commit(conn, sql, params, True))
+            await asyncio.sleep(0.1)  # sent, and waiting for the lock
+            task.cancel()
+            await asyncio.sleep(0.05)
+            task.cancel()  # a second cancellation while it still waits
+            await asyncio.sleep(hold)
+            await blocker.commit()
+            try:
+                await task
+            except BaseException as exc:  # noqa: BLE001 - what the task raised is the result
+                raised = exc
+            else:
+                raise AssertionError("the cancelled commit returned")
+            took = time.monotonic() - started
+            await conn.execute("SELECT 1")  # the connection is usable again
+            return raised, took, conn.info.transaction_status.name
+        finally:
+            await conn.close()
+            await blocker.close()
+
+    return asyncio.run(main())
+
+
+def test_a_sent_async_commit_runs_to_its_answer_through_cancellations(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 346: cancelled (twice) while the server holds it on a lock, the statement is
+    not cancelled on the server: it lands once the lock goes, and then the cancellation is
+    raised; the connection is idle and usable."""
+    raised, took, state = _cancel_while_locked(store, pg_url, "cancel-wire", hold=0.4)
+    assert isinstance(raised, asyncio.CancelledError)
+    assert raised.__cause__ is None
+    assert took >= 0.4  # it waited for the answer
+    assert state == "IDLE"
+    assert [r.name for r in store.backend.run_journal("cancel-wire")] == ["s0"]
+
+
+def test_a_cancelled_async_commit_whose_answer_is_an_error_says_so(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 346: the answer of a cancelled commit is an error (here the lock's wait
+    timed out on the server): the cancellation is raised with that error as its cause,
+    and nothing landed."""
+    raised, _, state = _cancel_while_locked(
+        store, pg_url, "cancel-wire-error", hold=0.6, setting="SET lock_timeout = '300ms'"
+    )
+    assert isinstance(raised, asyncio.CancelledError)
+    assert isinstance(raised.__cause__, psycopg.errors.LockNotAvailable)
+    assert state == "IDLE"
+    assert list(store.backend.run_journal("cancel-wire-error")) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from stepstone import Envelope
 from stepstone.core._sync import cancel_point
-from stepstone.core._threads import STALL, call_sync, to_thread
+from stepstone.core._threads import STALL, call_sync, is_awaitable, to_thread
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var", default="unset")
 
@@ -295,3 +297,40 @@ def test_a_cancelled_call_sync_waits_on_a_loop_without_a_default_executor() -> N
         loop.close()
     assert ran == ["finished"]
     assert seen == ["result", "cancelled at the cancel point"]
+
+
+def test_is_awaitable_answers_as_inspect_does() -> None:
+    # The engines' check of a sync function's result: at once for the usual types, the
+    # same answer as inspect.isawaitable for every value.
+    async def coro() -> None:
+        pass
+
+    class Awaits:
+        def __await__(self):  # type: ignore[no-untyped-def]
+            yield
+
+    started = coro()
+    loop = asyncio.new_event_loop()
+    try:
+        values = [
+            "x",
+            {},
+            [],
+            1,
+            1.5,
+            True,
+            None,
+            Envelope(task="t"),
+            (1,),
+            b"b",
+            started,
+            Awaits(),
+            loop.create_future(),
+            object(),
+        ]
+        for value in values:
+            assert is_awaitable(value) == inspect.isawaitable(value), value
+        assert is_awaitable(started) and is_awaitable(Awaits())
+    finally:
+        started.close()
+        loop.close()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_che
 from pydantic import BaseModel, ConfigDict, create_model
 
 from stepstone.core._checks import check_bool
-from stepstone.core._threads import to_thread
+from stepstone.core._threads import is_awaitable, to_thread
 from stepstone.exceptions import ConfigurationError, ConfigurationTypeError
 
 if TYPE_CHECKING:
@@ -351,9 +351,7 @@ async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any)
     if is_async_callable(fn):
         return await fn(*args, **kwargs)
     result = await to_thread(fn, *args, **kwargs)
-    if inspect.isawaitable(result):
-        return await result
-    return result
+    return await result if is_awaitable(result) else result
 
 
 def _drop_auto_titles(schema: Any) -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from stepstone.core._envelope import Envelope
-from stepstone.core._threads import call_sync
+from stepstone.core._threads import call_sync, is_awaitable
 from stepstone.core._tool import is_async_callable
 from stepstone.engines.graph._builder import NodeSpec
 from stepstone.engines.graph._state import Reducer, State, append
@@ -41,7 +40,7 @@ async def call_node(spec: NodeSpec, state: State) -> Any:
     fn = spec.fn
     # a sync node: in a worker thread, or on the loop's thread when that starves nothing
     result = await fn(state) if is_async_callable(fn) else await call_sync(fn, state)
-    return await result if inspect.isawaitable(result) else result
+    return await result if is_awaitable(result) else result
 
 
 def project_in(spec: NodeSpec, sub: CompiledGraph[Any], state: State) -> State:

@@ -12,7 +12,7 @@ from typing import Any
 
 from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
 from stepstone.core._sync import cancel_point
-from stepstone.core._threads import call_sync
+from stepstone.core._threads import call_sync, is_awaitable
 from stepstone.core._tool import is_async_callable
 from stepstone.durable import OwnedRun
 from stepstone.durable._effects import DurableScope, bind_scope
@@ -586,13 +586,7 @@ async def _call_target(fn: Any, env: Envelope[Any]) -> Any:
     if is_async:
         return await fn(*args, **kwargs)
     result = await call_sync(fn, *args, **kwargs)
-    if type(result) in _NOT_AWAITABLE:  # the usual results, without the ABC check
-        return result
-    return await result if inspect.isawaitable(result) else result
-
-
-#: Result types a sync step function returns most, which are never awaitable.
-_NOT_AWAITABLE = frozenset({str, dict, list, int, float, bool, type(None), Envelope})
+    return await result if is_awaitable(result) else result
 
 
 def _aggregate(

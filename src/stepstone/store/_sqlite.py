@@ -41,7 +41,7 @@ from stepstone.store._base import (
 )
 from stepstone.store._memory import run_key_conflict
 from stepstone.store._sqlite_conns import ThreadConnections
-from stepstone.store._sqlite_errors import file_error, file_errors, is_foreign
+from stepstone.store._sqlite_errors import file_error, file_errors, is_busy, is_foreign
 from stepstone.store._sqlite_rows import (
     checked_head_row,
     checked_journal_row,
@@ -375,7 +375,7 @@ class SQLiteBackend(Backend):
             mode = self._switch_to_wal(conn)
         except sqlite3.DatabaseError as exc:
             conn.close()
-            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+            if is_busy(exc):
                 raise StoreError(
                     f"could not open {str(self.path)!r}: another process kept it locked "
                     f"for {self.busy_timeout}s ({exc}); retry, or raise busy_timeout"
@@ -406,7 +406,7 @@ class SQLiteBackend(Backend):
             try:
                 return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() >= deadline:
+                if not is_busy(exc) or time.monotonic() >= deadline:
                     raise
             time.sleep(0.002)
 
@@ -797,12 +797,6 @@ def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:
     if hi is None:
         return "key >= ?", (lo,)
     return "key >= ? AND key < ?", (lo, hi)
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    """Whether SQLite answered SQLITE_BUSY (or one of its extended codes)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return (code & 0xFF) == sqlite3.SQLITE_BUSY if code is not None else "locked" in str(exc)
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:

@@ -27,13 +27,13 @@ from typing import Any, TypeVar, cast
 
 from stepstone.exceptions import StoreDamagedError, StoreError, StoreFullError
 
-__all__ = ["file_error", "file_errors", "is_foreign"]
+__all__ = ["file_error", "file_errors", "is_busy", "is_foreign"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # SQLite's primary result codes (``sqlite3.Error.sqlite_errorcode`` carries the extended
 # code, whose low byte is the primary one).
-_READONLY, _IOERR, _CORRUPT, _CANTOPEN, _FULL, _NOTADB = 8, 10, 11, 14, 13, 26
+_BUSY, _READONLY, _IOERR, _CORRUPT, _CANTOPEN, _FULL, _NOTADB = 5, 8, 10, 11, 14, 13, 26
 
 
 def file_error(path: Path, exc: sqlite3.Error) -> StoreError | None:
@@ -76,6 +76,12 @@ def is_foreign(exc: sqlite3.Error) -> bool:
     """Whether SQLite found no database header at all (``SQLITE_NOTADB``: another kind of
     file, or a store whose first page was overwritten)."""
     return _primary_code(exc) == _NOTADB
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite answered ``SQLITE_BUSY`` (or one of its extended codes): another
+    connection holds the lock it needed."""
+    return _primary_code(exc) == _BUSY
 
 
 def _primary_code(exc: sqlite3.Error) -> int:

@@ -9,7 +9,9 @@ one run:
   workers are started first; the runs come due at once when every worker serves the
   queue. Runs per second from the first start to the last finish (the database's
   timestamps), the ratio to one worker, and the CPU seconds the workers and the server
-  spent per run meanwhile (psutil; they share the machine's cores);
+  spent per run meanwhile (psutil; they share the machine's cores). ``--wait-ms 2``
+  runs steps that each await 2 ms instead (as a step calling a service does), which
+  shows how workers scale when the steps, not the cores, set the pace;
 * recovery: a worker is SIGKILLed inside a 100-step run (20 ms steps) while a second
   worker stands by; the time from the kill until the run is done, and proof from the step
   log that no committed step ran again;
@@ -17,12 +19,13 @@ one run:
   and 2,000 other graph records in the store.
 
     python bench/pg_queue.py [--runs 200] [--workers 1 2 4] [--concurrency 4 8]
-        [--baseline-src OLD_CHECKOUT/src]
+        [--wait-ms 0 2] [--baseline-src OLD_CHECKOUT/src]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -60,7 +63,14 @@ def _logged(i: int) -> Any:
     return step
 
 
+async def waiting(payload: Any) -> Any:
+    cfg = json.loads(payload) if isinstance(payload, str) else payload
+    await asyncio.sleep(cfg["wait"])
+    return cfg
+
+
 plan = Plan(*[Step(trivial, name=f"s{i}") for i in range(10)])
+waiting_plan = Plan(*[Step(waiting, name=f"w{i}") for i in range(10)])
 long_plan = Plan(*[Step(_logged(i)) for i in range(100)], max_iterations=101)
 
 
@@ -123,9 +133,16 @@ def _spent(before: dict[int, float], after: dict[int, float]) -> float:
 
 
 def fan_out(
-    url: str, server: Any, workers: int, runs: int, concurrency: int, src: str | None = None
+    url: str,
+    server: Any,
+    workers: int,
+    runs: int,
+    concurrency: int,
+    wait: float = 0.0,
+    src: str | None = None,
 ) -> tuple[float, float, float]:
-    """Runs per second, and the workers' and the server's CPU seconds per run.
+    """Runs per second, and the workers' and the server's CPU seconds per run (steps that
+    each await ``wait`` seconds, or trivial ones).
 
     The workers are started (and have imported everything) before the runs come due: all
     of them are submitted not before a far-off time, and released at once when every
@@ -139,9 +156,12 @@ def fan_out(
         conn.execute("TRUNCATE stepstone_queue, stepstone_kv, stepstone_runs, stepstone_journal")
     with Store(url=url) as store:
         far = store.backend.clock() + 3600.0
-        handles = [
-            submit(store, "pg_queue:plan", "go", queue="bench", not_before=far) for _ in range(runs)
-        ]
+        target, task = (
+            ("pg_queue:waiting_plan", json.dumps({"wait": wait}))
+            if wait
+            else ("pg_queue:plan", "go")
+        )
+        handles = [submit(store, target, task, queue="bench", not_before=far) for _ in range(runs)]
         procs = [
             spawn(url, "--queue", "bench", "--concurrency", str(concurrency), stderr=True, src=src)
             for _ in range(workers)
@@ -296,6 +316,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
+    parser.add_argument(
+        "--wait-ms", type=float, nargs="+", default=[0.0], help="each step awaits this long"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--graph-records", type=int, nargs="+", default=[0, 2000])
     parser.add_argument("--skip", nargs="*", default=[], choices=["fanout", "recovery", "graph"])
@@ -325,7 +348,7 @@ def main() -> None:
             + " ".join(f"{x:.2f}" for x in os.getloadavg())
         )
         if "fanout" not in args.skip:
-            print(f"{args.runs} runs x 10 steps through the queue")
+            print(f"{args.runs} runs x 10 steps through the queue (wait: ms each step awaits)")
             codes: list[str | None] = (
                 [None]
                 if args.baseline_src is None
@@ -334,27 +357,38 @@ def main() -> None:
                     None,
                 ]
             )
-            sizes = [(src, c, w) for src in codes for c in args.concurrency for w in args.workers]
+            waits = [ms / 1000 for ms in args.wait_ms]
+            sizes = [
+                (src, wait, c, w)
+                for src in codes
+                for wait in waits
+                for c in args.concurrency
+                for w in args.workers
+            ]
             got: dict[Any, list[tuple[float, float, float]]] = {k: [] for k in sizes}
             for _ in range(args.repeat):  # interleaved, so drift hits every size alike
-                for src, c, w in sizes:
-                    got[(src, c, w)].append(fan_out(url, server, w, args.runs, c, src))
+                for src, wait, c, w in sizes:
+                    got[(src, wait, c, w)].append(fan_out(url, server, w, args.runs, c, wait, src))
             print(
-                f"{'code':>8} {'concurrency':>11} {'workers':>7} {'runs/s':>8} {'x 1 worker':>10} "
-                f"{'worker cpu ms/run':>17} {'server cpu ms/run':>17}   (medians of {args.repeat})"
+                f"{'code':>8} {'wait':>4} {'concurrency':>11} {'workers':>7} {'runs/s':>8} "
+                f"{'x 1 worker':>10} {'worker cpu ms/run':>17} {'server cpu ms/run':>17}"
+                f"   (medians of {args.repeat})"
             )
             for src in codes:
-                for c in args.concurrency:
-                    base = statistics.median(r for r, _, _ in got[(src, c, args.workers[0])])
-                    for w in args.workers:
-                        runs = got[(src, c, w)]
-                        rate = statistics.median(r for r, _, _ in runs)
-                        wcpu = statistics.median(x for _, x, _ in runs) * 1000
-                        scpu = statistics.median(x for _, _, x in runs) * 1000
-                        print(
-                            f"{'baseline' if src else 'this':>8} {c:>11} {w:>7} {rate:>8.1f} "
-                            f"{rate / base:>10.2f} {wcpu:>17.2f} {scpu:>17.2f}"
-                        )
+                for wait in waits:
+                    for c in args.concurrency:
+                        first = got[(src, wait, c, args.workers[0])]
+                        base = statistics.median(r for r, _, _ in first)
+                        for w in args.workers:
+                            runs = got[(src, wait, c, w)]
+                            rate = statistics.median(r for r, _, _ in runs)
+                            wcpu = statistics.median(x for _, x, _ in runs) * 1000
+                            scpu = statistics.median(x for _, _, x in runs) * 1000
+                            print(
+                                f"{'baseline' if src else 'this':>8} {wait * 1000:>4g} {c:>11} "
+                                f"{w:>7} {rate:>8.1f} {rate / base:>10.2f} {wcpu:>17.2f} "
+                                f"{scpu:>17.2f}"
+                            )
         if "recovery" not in args.skip:
             took, reran, executed = recovery(url, Path(tmp) / "steps.log")
             print()

@@ -393,7 +393,7 @@ class Worker:
                 if max_runs is not None:
                     free = min(free, max_runs - taken)
                 if free > 0:
-                    claim = asyncio.ensure_future(to_thread(self._claim_next, free))
+                    claim = asyncio.ensure_future(self._claim_next(free))
                     if not await self._before_stop(claim):
                         self._late_claim = claim  # _drain hands back what it takes
                         break
@@ -503,7 +503,7 @@ class Worker:
             return False
         return True
 
-    def _claim_next(self, limit: int) -> list[QueueEntry]:
+    async def _claim_next(self, limit: int) -> list[QueueEntry]:
         """Up to ``limit`` runs in one transaction, from the first queue (in turn) that
         has any."""
         with self._held_lock:
@@ -511,7 +511,7 @@ class Worker:
         for _ in range(len(self.queues)):
             queue = self.queues[0]
             self.queues.append(self.queues.pop(0))  # serve the queues in turn
-            entries = self._queue.claim(queue, self.owner, self.lease.seconds, limit, held)
+            entries = await self._queue.aclaim(queue, self.owner, self.lease.seconds, limit, held)
             if entries:
                 return entries
         return []
@@ -651,7 +651,7 @@ class Worker:
         self, entry: QueueEntry, status: str, result: str | None, error: str | None
     ) -> None:
         try:
-            held = await to_thread(self._queue.finish, entry.id, self.id, status, result, error)
+            held = await self._queue.afinish(entry.id, self.id, status, result, error)
         except StoreError as exc:
             log.warning(
                 "stepstone: could not record that queued run %s ended %s (%s); it is taken "

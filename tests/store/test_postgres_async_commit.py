@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from stepstone import Agent, Plan, Step
-from stepstone.exceptions import StoreKeyConflictError
+from stepstone.durable._kernel import aclaim_run
+from stepstone.exceptions import ConcurrentRunError, StoreKeyConflictError
 from stepstone.store import Store
 from stepstone.store._postgres import PostgresBackend
 from tests.pgserver import CutProxy
@@ -276,3 +277,60 @@ def test_a_commit_cancelled_while_its_connection_opens_frees_that_slot() -> None
         commits.close()
         backend.close()
         silent.close()
+
+
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_an_async_claim_whose_answer_is_lost_is_applied_once(
+    cut_proxy: CutProxy, pg_url: str, mode: str
+) -> None:
+    """guarantee 396: a new run's claim awaited on an event loop goes on an async
+    connection; cut before the server gets it, or after it ran it (sent unprepared, so the
+    cut message is the claim itself), the claim finds its own run stamp under the key or
+    claims again, and the run is claimed exactly once, by this call."""
+    key = f"cut-aclaim-{mode}"
+    with Store(backend=PostgresBackend(cut_proxy.url_for(pg_url), prepare=False)) as via:
+        warm = asyncio.run(
+            aclaim_run(via, f"{key}-warm", kind="test", resume=False, first_step="a")
+        )
+        assert warm.run is not None and async_conns(via).open_connections == 1
+        warm.run.release()
+        cut_proxy.arm(b"claim_fresh", mode)
+        claimed = asyncio.run(aclaim_run(via, key, kind="test", resume=False, first_step="a"))
+        assert cut_proxy.cuts == 1
+        assert claimed.outcome == "fresh" and claimed.run is not None
+        claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
+        claimed.run.release()
+    with Store(url=pg_url) as store:
+        head = store.backend.run_get(key)
+        assert head is not None and head.run_uid == claimed.head.run_uid
+        assert head.status == "done" and head.version == claimed.head.version + 1
+        assert [r.name for r in store.backend.run_journal(key)] == ["a"]
+        store.delete(key)
+        store.delete(f"{key}-warm")
+
+
+def test_an_async_claim_of_a_taken_key_decides_as_a_sync_one(pg_url: str) -> None:
+    """guarantee 396: from async code, a key whose run is done is answered done by a resume
+    and started over by a fresh claim; a key a live run owns is refused."""
+    with Store(url=pg_url) as store:
+        first = asyncio.run(
+            aclaim_run(store, "aclaim-taken", kind="test", resume=False, first_step="a")
+        )
+        assert first.run is not None
+        with pytest.raises(ConcurrentRunError):
+            asyncio.run(
+                aclaim_run(store, "aclaim-taken", kind="test", resume=False, first_step="a")
+            )
+        first.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
+        first.run.release()
+        done = asyncio.run(
+            aclaim_run(store, "aclaim-taken", kind="test", resume=True, first_step="a")
+        )
+        assert done.outcome == "done" and done.run is None
+        again = asyncio.run(
+            aclaim_run(store, "aclaim-taken", kind="test", resume=False, first_step="a")
+        )
+        assert again.outcome == "fresh" and again.run is not None
+        assert store.backend.run_journal("aclaim-taken") == []
+        again.run.release()
+        store.delete("aclaim-taken")

@@ -586,5 +586,8 @@ async def _aclaim(
         if claimed is None or claimed.run is None:
             leave(store.backend, key)
         return claimed
+    if store.backend.async_commit and not may_block_loop():
+        decide, finish = _claimer(store, key, only_if_empty=only_if_empty, **options)
+        return finish(await store.backend.arun_claim(key, decide))
     claim = claim_empty if only_if_empty else claim_run
     return await blocking_call(store, lambda: claim(store, key, **options))

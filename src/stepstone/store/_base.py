@@ -323,8 +323,9 @@ class Backend(abc.ABC):
     #: backends keep it False so a slow server never stalls the loop.
     commit_inline: bool = False
 
-    #: True when :meth:`arun_commit` commits from async code without a thread hop (on the
-    #: event loop); the kernel then calls it for the step commits of runs on a loop.
+    #: True when :meth:`arun_commit` and :meth:`arun_claim` commit from async code without
+    #: a thread hop (on the event loop); the kernel then calls them for the claims and step
+    #: commits of runs on a loop.
     async_commit: bool = False
 
     # -- key/value ---------------------------------------------------------------------
@@ -379,6 +380,10 @@ class Backend(abc.ABC):
         arguments, so a backend may also call it ahead (with what an empty key holds) to
         claim an empty key in fewer round trips."""
         return self.run_transact(key, decide)
+
+    async def arun_claim(self, key: str, decide: Decide) -> RunHead | None:
+        """:meth:`run_claim` awaited on the event loop (only when ``async_commit``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no async claim")
 
     @abc.abstractmethod
     def run_commit(

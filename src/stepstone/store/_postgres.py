@@ -7,9 +7,10 @@ Same records as SQLite (plain values, run heads, append-only journals) in tables
   match) whose journal rows and ``writes=`` values are inserted by the same statement, so
   they exist exactly when the head moved.
 * A run awaited on an event loop (a worker's runs, ``await agent.run(...)``) sends its
-  step commits on psycopg async connections, awaited on the loop, with no hop to a
-  thread (``_postgres_async``); everything else goes through the pool from the caller's
-  thread.
+  claim of an empty key and its step commits on psycopg async connections, awaited on
+  the loop, with no hop to a thread (``_postgres_async``), as a worker does its claims of
+  queue entries and its records of how runs ended; everything else goes through the pool
+  from the caller's thread.
 * Every write of a key first takes a transaction-level advisory lock per key (in a fixed
   order, so two writers never deadlock): this keeps a key from becoming a plain value
   and a run at once. ``run_transact`` also reads the head ``FOR UPDATE``, so no commit
@@ -40,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Literal, TypeVar
 
+from stepstone.core._threads import to_thread
 from stepstone.exceptions import MissingExtraError, StoreError
 from stepstone.store._base import (
     Backend,
@@ -63,7 +65,7 @@ try:
 except ImportError as exc:  # tested in a subprocess that blocks the import
     raise MissingExtraError(exc.name or "psycopg", "postgres") from exc
 
-from stepstone.store._postgres_async import AsyncCommits
+from stepstone.store._postgres_async import AsyncCommits, Failed
 from stepstone.store._postgres_commit import WHY_SQL, commit_statement
 from stepstone.store._postgres_conn import (
     Connection,
@@ -98,7 +100,7 @@ from stepstone.store._postgres_schema import (
     migrate,
     prefix_where,
 )
-from stepstone.store._postgres_wire import send_commit
+from stepstone.store._postgres_wire import moved, send_commit
 
 __all__ = ["MIGRATIONS", "Connection", "Cursor", "PostgresBackend", "migrate"]
 
@@ -702,13 +704,9 @@ class PostgresBackend(Backend):
         run) stands as it is; one that writes goes through the two-round-trip transaction,
         which reads and decides again under the lock."""
         self._refuse_if_read_only()
-        try:
-            guess = decide(None, None)
-        except Exception:  # noqa: BLE001 - this decide never starts a run under an empty key
-            guess = None
-        if guess is None or guess.rows or guess.drop_kv:
+        claim = _fresh_claim(decide)
+        if claim is None:
             return self._transact(key, decide, flush=False)
-        claim = guess
         found = self._retry("claim a run", lambda deadline: self._claim_fresh(deadline, claim))
         if found is True:
             return claim.head
@@ -716,6 +714,38 @@ class PostgresBackend(Backend):
         if decide(head, kv_text) is None:
             return head
         return self._transact(key, decide, flush=False)
+
+    async def arun_claim(self, key: str, decide: Decide) -> RunHead | None:
+        """:meth:`run_claim` awaited on the event loop: the one-statement claim of an empty
+        key is sent on an async connection (``_postgres_async``); anything else (a key
+        that holds something, a server error, a lost answer) goes to :meth:`run_claim` in
+        a thread, which decides again."""
+        self._refuse_if_read_only()
+        if not self._ready:  # a process's first claim sets the schema up
+            await asyncio.to_thread(self.setup)
+        claim = _fresh_claim(decide)
+        if claim is not None:
+            new = claim.head
+            try:
+                inserted = await self._async.send(
+                    CLAIM_FRESH_SQL, (lock_id(new.key), *head_to_row(new)), moved
+                )
+            except Failed as failed:
+                if failed.lost:
+                    return await to_thread(self._settle_claim, decide, new, failed.error)
+            else:
+                if inserted:
+                    return new
+        return await to_thread(self.run_claim, key, decide)
+
+    def _settle_claim(self, decide: Decide, new: RunHead, exc: psycopg.Error) -> RunHead | None:
+        """After a claim of an empty key whose answer was lost: ``new`` when it went in
+        (our new run_uid under the key says so), else :meth:`run_claim` again."""
+        current = self.run_get(new.key)
+        if current is not None and current.run_uid == new.run_uid:
+            return new
+        log.debug("stepstone: a claim's answer was lost (%s); claiming again", exc)
+        return self.run_claim(new.key, decide)
 
     def _claim_fresh(
         self, deadline: float, claim: Claim
@@ -916,3 +946,15 @@ class PostgresBackend(Backend):
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
         return heads_for_listing(rows)
+
+
+def _fresh_claim(decide: Decide) -> Claim | None:
+    """What ``decide`` would write under an empty key, when a one-statement claim can write
+    it (a head alone), else None."""
+    try:
+        guess = decide(None, None)
+    except Exception:  # noqa: BLE001 - this decide never starts a run under an empty key
+        return None
+    if guess is None or guess.rows or guess.drop_kv:
+        return None
+    return guess

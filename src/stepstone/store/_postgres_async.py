@@ -1,10 +1,14 @@
-"""Step commits on PostgreSQL from async code, on the event loop, without a thread.
+"""Step commits (and a worker's claims) on PostgreSQL from async code, on the event loop,
+without a thread.
 
 A run awaited on an event loop (a worker's runs, ``await agent.run(...)``,
 ``arun_many``) commits each step as one statement (``_postgres_commit``). Sent through the
 blocking backend, every commit would cost a hop to a worker thread and back (tens of
 microseconds of latency and CPU each, and the GIL shared with the loop). Here it is sent on
 a psycopg ``AsyncConnection`` instead, awaited on the loop itself.
+
+The same connections send a queued run's claim, a worker's claim of queue entries and its
+record of a run's end (``AsyncCommits.send``), each one statement with the same fallback.
 
 Only the common case runs here: the statement sent and the head moved. Anything else is
 handed, once, to the blocking backend in a thread, whose rules then decide: a commit that
@@ -31,7 +35,7 @@ import asyncio
 import os
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -39,14 +43,27 @@ from stepstone.core._threads import to_thread
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._postgres_commit import commit_statement
 from stepstone.store._postgres_conn import connection_lost
-from stepstone.store._postgres_wire import asend_commit
+from stepstone.store._postgres_wire import Reader, asend, moved
 
 if TYPE_CHECKING:
     from stepstone.store._postgres import PostgresBackend
 
-__all__ = ["AsyncCommits"]
+__all__ = ["AsyncCommits", "Failed"]
 
 AsyncConnection = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+
+
+class Failed(Exception):
+    """A statement sent by :meth:`AsyncCommits.send` failed: ``error``, the server's answer
+    or a broken connection; ``lost``: the connection broke after sending, so the statement
+    may have committed; ``session``: the server process of that connection."""
+
+    def __init__(self, error: psycopg.Error, lost: bool, session: int) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.lost = lost
+        self.session = session
 
 
 class AsyncCommits:
@@ -80,18 +97,44 @@ class AsyncCommits:
         writes: Sequence[tuple[str, str]],
     ) -> bool:
         """What ``backend.run_commit`` returns (or raises) for the same arguments."""
-        conn = await self._acquire()
-        if conn is None:  # all busy, closed, or the server refused a new connection
-            return await to_thread(backend.run_commit, head, expected_version, rows, writes)
         sql, params, _ = commit_statement(head, expected_version, rows, writes, self._prepare)
         try:
-            moved = await asend_commit(conn, sql, params, self._prepare)
+            landed = await self.send(sql, params, moved)
+        except Failed as failed:
+            return await to_thread(
+                backend.settle_commit,
+                head,
+                expected_version,
+                rows,
+                writes,
+                failed.error,
+                failed.lost,
+            )
+        if landed:
+            return True
+        # It changed nothing, or it could not be sent here (None): the blocking backend
+        # sends it (again) and says why.
+        return await to_thread(backend.run_commit, head, expected_version, rows, writes)
+
+    async def send(self, sql: bytes, params: Sequence[Any], read: Reader[T]) -> T | None:
+        """``read`` of the results of ``sql`` (one statement, ``%s`` or ``$n``
+        placeholders), sent on one of these connections and awaited on the loop; None when
+        it cannot go this way (every connection busy, closed, or refused by the server;
+        values that are not plain): the caller sends it through the blocking backend.
+
+        Raises:
+            Failed: the server answered an error, or the connection broke.
+        """
+        conn = await self._acquire()
+        if conn is None:  # all busy, closed, or the server refused a new connection
+            return None
+        session = conn.pgconn.backend_pid
+        try:
+            answer = await asend(conn, sql, params, self._prepare, read)
         except psycopg.Error as exc:
             lost = connection_lost(conn, exc)
             self._discard(conn)
-            return await to_thread(
-                backend.settle_commit, head, expected_version, rows, writes, exc, lost
-            )
+            raise Failed(exc, lost, session) from exc
         except asyncio.CancelledError as exc:
             # The statement ran to its answer first: the connection is idle again, unless
             # the answer was an error (then the cancellation's cause).
@@ -104,11 +147,7 @@ class AsyncCommits:
             self._discard(conn)
             raise
         self._release(conn)
-        if moved:
-            return True
-        # It changed nothing, or its values cannot be sent as plain text (None): the
-        # blocking backend sends it (again) and says why.
-        return await to_thread(backend.run_commit, head, expected_version, rows, writes)
+        return answer
 
     async def _acquire(self) -> AsyncConnection | None:
         with self._lock:

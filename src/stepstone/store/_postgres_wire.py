@@ -1,4 +1,5 @@
-"""A step commit sent with libpq's own calls, past psycopg's cursor layer.
+"""A step commit (and a worker's queue statements) sent with libpq's own calls, past
+psycopg's cursor layer.
 
 Every step of a run on PostgreSQL pays for one commit statement (``_postgres_commit``).
 Sent through a psycopg cursor, its 15 or so parameters go through psycopg's adapters, its
@@ -31,13 +32,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Generator, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors, generators, pq, waiting
 
-__all__ = ["asend_commit", "send_commit"]
+__all__ = ["asend", "asend_commit", "moved", "send_commit", "text_rows"]
+
+T = TypeVar("T")
+#: What turns a statement's results into its caller's answer (raising its error, if any).
+Reader = Callable[[list[pq.abc.PGresult], str], T]
 
 _STATE = "_stepstone_wire"  # per connection: its prepared names, or False (not UTF-8)
 _NAMES: dict[bytes, bytes] = {}  # statement text -> its prepared name, process-wide
@@ -127,18 +132,19 @@ def _state(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> set[
     return None if isinstance(state, bool) else state
 
 
-def _commit(
+def _send(
     pgconn: pq.abc.PGconn,
     prepared: set[bytes],
     sql: bytes,
     values: list[bytes | None],
     prepare: bool,
     encoding: str,
-) -> Generator[Any, Any, bool]:
-    """The send and its answer, as a psycopg wait generator: True when the head moved."""
+    read: Reader[T],
+) -> Generator[Any, Any, T]:
+    """The send and its answer, as a psycopg wait generator: ``read`` of the results."""
     if not prepare:
         pgconn.send_query_params(numbered(sql), values)
-        return _moved((yield from generators.execute(pgconn)), encoding)
+        return read((yield from generators.execute(pgconn)), encoding)
     # What this connection prepared can differ from what its session holds: psycopg's
     # cursors send DEALLOCATE ALL after a ROLLBACK or a DROP on the same connection (their
     # own statements may be stale then), and a pooler may switch sessions. A statement
@@ -158,7 +164,7 @@ def _commit(
         if _state_of(results[0]) == _NOT_PREPARED and attempt == 1:
             prepared.discard(name)  # the session lost it: prepare it again
             continue
-        return _moved(results, encoding)
+        return read(results, encoding)
     raise AssertionError("unreachable")
 
 
@@ -166,10 +172,28 @@ def _state_of(result: pq.abc.PGresult) -> bytes | None:
     return result.error_field(pq.DiagnosticField.SQLSTATE)
 
 
-def _moved(results: list[pq.abc.PGresult], encoding: str) -> bool:
+def moved(results: list[pq.abc.PGresult], encoding: str) -> bool:
+    """A :data:`Reader`: whether the statement's first column of its first row is true
+    (a commit that moved the head, an update that returned a row)."""
     result = results[0]
     _check(result, encoding)
-    return result.ntuples > 0 and result.get_value(0, 0) not in (None, b"0")
+    return result.ntuples > 0 and result.get_value(0, 0) not in (None, b"0", b"f")
+
+
+def text_rows(results: list[pq.abc.PGresult], encoding: str) -> list[tuple[str | None, ...]]:
+    """A :data:`Reader`: every row, each value as its text (None for NULL), for a caller
+    that parses its columns itself (numbers and ``t``/``f`` booleans as PostgreSQL
+    writes them)."""
+    result = results[0]
+    _check(result, encoding)
+    width = result.nfields
+    return [
+        tuple(
+            None if (v := result.get_value(r, c)) is None else bytes(v).decode(encoding)
+            for c in range(width)
+        )
+        for r in range(result.ntuples)
+    ]
 
 
 def _check(result: pq.abc.PGresult, encoding: str) -> None:
@@ -186,7 +210,7 @@ def send_commit(
     Raises:
         psycopg.Error: as the cursor would (a server error, a broken connection).
     """
-    gen = _sendable(conn, sql, params, prepare)
+    gen = _sendable(conn, sql, params, prepare, moved)
     if gen is None:
         return None
     with conn.lock:
@@ -196,13 +220,31 @@ def send_commit(
 async def asend_commit(
     conn: psycopg.AsyncConnection[Any], sql: bytes, params: Sequence[Any], prepare: bool
 ) -> bool | None:
-    """:func:`send_commit` on an async connection, awaited on the running loop.
+    """:func:`send_commit` on an async connection, awaited on the running loop (see
+    :func:`asend`)."""
+    return await asend(conn, sql, params, prepare, moved)
+
+
+async def asend(
+    conn: psycopg.AsyncConnection[Any],
+    sql: bytes,
+    params: Sequence[Any],
+    prepare: bool,
+    read: Reader[T],
+) -> T | None:
+    """Run ``sql`` (``%s`` placeholders) on an async connection, awaited on the running
+    loop: ``read`` of its results, or None when it must go through a cursor instead.
 
     Once sent, the statement runs to its answer even when the awaiting task is cancelled
     meanwhile, and the cancellation is raised then (with the answer's error, if any, as
     its cause): psycopg's own wait would ask the server to cancel the statement, and a
-    step whose commit did land would look lost to its run."""
-    gen = _sendable(conn, sql, params, prepare)
+    step whose commit did land would look lost to its run (a claim that did take a run,
+    not taken).
+
+    Raises:
+        psycopg.Error: as the cursor would (a server error, a broken connection).
+    """
+    gen = _sendable(conn, sql, params, prepare, read)
     if gen is None:
         return None
     async with conn.lock:
@@ -212,14 +254,14 @@ async def asend_commit(
 _WAIT_INTERVAL = 0.1  # as psycopg's own waits: the longest sleep between two looks
 
 
-async def _to_the_answer(gen: Generator[Any, Any, bool], fileno: int) -> bool:
+async def _to_the_answer(gen: Generator[Any, Any, T], fileno: int) -> T:
     """Drive ``gen`` on the running loop until it returns, through cancellations."""
     cancelled: asyncio.CancelledError | None = None
     while True:
         try:
             # A generator suspended by a cancellation resumes here: it takes the wait's
             # first (empty) wake-up as one with nothing ready yet, and waits again.
-            moved = await waiting.wait_async(gen, fileno, interval=_WAIT_INTERVAL)
+            answer = await waiting.wait_async(gen, fileno, interval=_WAIT_INTERVAL)
         except asyncio.CancelledError as exc:
             cancelled = exc
             continue
@@ -229,7 +271,7 @@ async def _to_the_answer(gen: Generator[Any, Any, bool], fileno: int) -> bool:
             raise
         if cancelled is not None:
             raise cancelled
-        return moved
+        return answer
 
 
 def _sendable(
@@ -237,11 +279,12 @@ def _sendable(
     sql: bytes,
     params: Sequence[Any],
     prepare: bool,
-) -> Generator[Any, Any, bool] | None:
-    """The commit on ``conn`` as a wait generator (nothing sent until it is run), or None
-    when it must go through a cursor."""
+    read: Reader[T],
+) -> Generator[Any, Any, T] | None:
+    """The statement on ``conn`` as a wait generator (nothing sent until it is run), or
+    None when it must go through a cursor."""
     values = text_values(params)
     prepared = _state(conn) if values is not None else None
     if values is None or prepared is None:
         return None
-    return _commit(conn.pgconn, prepared, sql, values, prepare, "utf-8")
+    return _send(conn.pgconn, prepared, sql, values, prepare, "utf-8", read)

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from stepstone.core._threads import to_thread
 from stepstone.exceptions import CorruptRecordError, UserError
 from stepstone.store._base import printable_key
 
@@ -123,7 +124,8 @@ def entry_from_row(row: Sequence[Any]) -> QueueEntry:
         raise CorruptRecordError(
             f"queue entry {printable_key(v['id'])!r} is corrupt ({exc}); it cannot run"
         ) from None
-    v["cancel_requested"] = bool(v["cancel_requested"])
+    flag = v["cancel_requested"]  # a bool, 0/1 (SQLite) or PostgreSQL's text "t"/"f"
+    v["cancel_requested"] = flag == "t" if isinstance(flag, str) else bool(flag)
     return QueueEntry(**v)
 
 
@@ -243,6 +245,18 @@ class QueueBackend(abc.ABC):
         (:meth:`set_limits`) are respected.
         """
 
+    async def aclaim(
+        self,
+        queue: str,
+        owner: Owner,
+        lease_seconds: float,
+        limit: int = 1,
+        held: Collection[str] = (),
+    ) -> list[QueueEntry]:
+        """:meth:`claim` awaited from async code (in a thread, unless the backend has an
+        async way)."""
+        return await to_thread(self.claim, queue, owner, lease_seconds, limit, held)
+
     @abc.abstractmethod
     def renew(self, ids: Sequence[str], worker: str, lease_seconds: float) -> dict[str, bool]:
         """Extend the leases of ``worker``'s running entries; returns ``{id:
@@ -253,6 +267,13 @@ class QueueBackend(abc.ABC):
         self, id: str, worker: str, status: str, result: str | None, error: str | None
     ) -> bool:
         """Record the outcome of an entry ``worker`` holds; False if it no longer does."""
+
+    async def afinish(
+        self, id: str, worker: str, status: str, result: str | None, error: str | None
+    ) -> bool:
+        """:meth:`finish` awaited from async code (in a thread, unless the backend has an
+        async way)."""
+        return await to_thread(self.finish, id, worker, status, result, error)
 
     @abc.abstractmethod
     def hand_back(self, id: str, worker: str, delay: float) -> bool:

@@ -13,16 +13,21 @@ Every primitive goes through the store backend's retry helpers: after a lost con
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import re
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import psycopg
 
+from stepstone.core._threads import to_thread
 from stepstone.store._postgres import Cursor, PostgresBackend
+from stepstone.store._postgres_async import Failed
 from stepstone.store._postgres_conn import Lost, connection_lost
+from stepstone.store._postgres_wire import moved, text_rows
 from stepstone.store._queue_base import (
     CANCELLED_RUNNING,
     ENTRY_COLUMNS,
@@ -164,6 +169,26 @@ SELECT {", ".join("NULL" for _ in ENTRY_COLUMNS)}, NULL, 'limited' FROM limited
 """
 
 
+def _numbered(sql: str) -> tuple[bytes, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` placeholders as libpq's ``$1``, ``$2``, ... (one number
+    per name), and the names in that order: a statement sent past psycopg's cursor."""
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return re.sub(r"%\((\w+)\)s", number, sql).encode(), tuple(names)
+
+
+_CLAIM_WIRE_SQL, _CLAIM_WIRE_NAMES = _numbered(_CLAIM_SQL)
+
+_FINISH_SQL = f"""
+UPDATE stepstone_queue SET status = %s, result = %s, error = %s, lease_until = NULL,
+    updated_at = {NOW}
+WHERE id = %s AND worker = %s AND status = 'running'
+"""
+_FINISH_RETURNING_SQL = f"{_FINISH_SQL} RETURNING 1".encode()
+
 # Another entry under a submission's run key that has not finished yet.
 _BUSY_KEY = """
 SELECT id FROM stepstone_queue
@@ -262,19 +287,66 @@ class PostgresQueue(QueueBackend):
                 return taken
             # entries it settled cancelled instead of taking them left slots free
 
+    async def aclaim(
+        self,
+        queue: str,
+        owner: Owner,
+        lease_seconds: float,
+        limit: int = 1,
+        held: Collection[str] = (),
+    ) -> list[QueueEntry]:
+        """:meth:`claim` with its statement sent on one of the backend's async connections
+        (``_postgres_async``), awaited on the loop; a queue with limits, a claim that
+        settled entries cancelled, a server error or a lost answer go on in a thread, as
+        :meth:`claim` does it."""
+        params = _claim_params(queue, owner, lease_seconds, limit)
+        try:
+            rows = await self.backend._async.send(
+                _CLAIM_WIRE_SQL, [params[name] for name in _CLAIM_WIRE_NAMES], text_rows
+            )
+        except Failed as failed:
+            if not failed.lost:  # an error undoes the statement: claim again, in a thread
+                return await to_thread(self.claim, queue, owner, lease_seconds, limit, held)
+            return await to_thread(
+                self._claim_lost, failed, queue, owner, lease_seconds, limit, held
+            )
+        if rows is None:  # it could not be sent that way
+            return await to_thread(self.claim, queue, owner, lease_seconds, limit, held)
+        kinds = {r[-1] for r in rows}
+        if "limited" in kinds:  # it took nothing
+            return await to_thread(self._claim_limited, queue, owner, lease_seconds, limit)
+        taken = _took(rows)
+        if "settled" in kinds and len(taken) < limit:  # settled entries left slots free
+            held = [*held, *(e.id for e in taken)]
+            taken += await to_thread(
+                self.claim, queue, owner, lease_seconds, limit - len(taken), held
+            )
+        return taken
+
+    def _claim_lost(
+        self,
+        failed: Failed,
+        queue: str,
+        owner: Owner,
+        lease_seconds: float,
+        limit: int,
+        held: Collection[str],
+    ) -> list[QueueEntry]:
+        """:meth:`aclaim` after its connection broke: what the claim took if it committed
+        unheard, else a claim again."""
+        deadline = time.monotonic() + self.backend.reconnect_timeout
+        return self._lost_claim(failed.session, deadline, owner, queue, held) or self.claim(
+            queue, owner, lease_seconds, limit, held
+        )
+
     def _claim_once(
         self, queue: str, owner: Owner, lease_seconds: float, limit: int, held: Collection[str]
     ) -> tuple[list[QueueEntry], int] | None:
         """One claim statement: the entries it took and how many it settled cancelled,
         or None when the queue has limits (it took nothing)."""
-        params = {
-            "queue": queue,
-            "limit": limit,
-            "cancelled": CANCELLED_RUNNING,
-            **params_of(owner, lease_seconds),
-        }
+        params = _claim_params(queue, owner, lease_seconds, limit)
 
-        def take(deadline: float) -> tuple[list[tuple[Any, ...]], int] | None:
+        def take(deadline: float) -> tuple[list[QueueEntry], int] | None:
             with self.backend._connection(deadline - time.monotonic()) as conn:
                 session = conn.info.backend_pid
                 try:
@@ -287,29 +359,32 @@ class PostgresQueue(QueueBackend):
                     kinds = [r[-1] for r in rows]
                     if "limited" in kinds:
                         return None
-                    took = sorted((r for r in rows if r[-1] == "took"), key=lambda r: int(r[-2]))
-                    return [r[:-2] for r in took], kinds.count("settled")
-            # The statement may have committed without our hearing of it: once its server
-            # session is gone it has committed or never will. This worker claims one
-            # batch at a time, so what it holds beyond ``held`` is that batch.
-            self._wait_gone(session, deadline)
-            mine = self.backend._read(
-                "look up a claim whose answer was lost",
-                lambda cur: cur.execute(
-                    f"SELECT {COLS} FROM stepstone_queue WHERE worker = %s AND queue = %s "
-                    "AND status = 'running' AND NOT (id = ANY(%s)) ORDER BY started_at, seq",
-                    (owner.worker, queue, sorted(held)),
-                ).fetchall(),
-            )
+                    return _took(rows), kinds.count("settled")
+            mine = self._lost_claim(session, deadline, owner, queue, held)
             if mine:
-                return list(mine), 0
+                return mine, 0
             raise Lost(lost) from lost  # nothing was taken: claim again
 
-        got = self.backend._retry("take queued runs", take)
-        if got is None:
-            return None
-        rows, settled = got
-        return [entry_from_row(r) for r in rows], settled
+        return self.backend._retry("take queued runs", take)
+
+    def _lost_claim(
+        self, session: int, deadline: float, owner: Owner, queue: str, held: Collection[str]
+    ) -> list[QueueEntry]:
+        """What a claim sent on the server session ``session``, whose answer was lost,
+        took: nothing if it did not commit."""
+        # The statement may have committed without our hearing of it: once its server
+        # session is gone it has committed or never will. This worker claims one batch at
+        # a time, so what it holds beyond ``held`` is that batch.
+        self._wait_gone(session, deadline)
+        rows = self.backend._read(
+            "look up a claim whose answer was lost",
+            lambda cur: cur.execute(
+                f"SELECT {COLS} FROM stepstone_queue WHERE worker = %s AND queue = %s "
+                "AND status = 'running' AND NOT (id = ANY(%s)) ORDER BY started_at, seq",
+                (owner.worker, queue, sorted(held)),
+            ).fetchall(),
+        )
+        return [entry_from_row(r) for r in rows]
 
     def _wait_gone(self, session: int, deadline: float) -> None:
         """Wait (until ``deadline``) for the server session ``session`` to end."""
@@ -384,12 +459,7 @@ class PostgresQueue(QueueBackend):
         self, id: str, worker: str, status: str, result: str | None, error: str | None
     ) -> bool:
         def finish(cur: Cursor) -> bool:
-            cur.execute(
-                f"UPDATE stepstone_queue SET status = %s, result = %s, error = %s, "
-                f"lease_until = NULL, updated_at = {NOW} "
-                "WHERE id = %s AND worker = %s AND status = 'running'",
-                (status, result, error, id, worker),
-            )
+            cur.execute(_FINISH_SQL, (status, result, error, id, worker))
             if cur.rowcount == 1:
                 return True
             # A retry after a lost answer finds its own write already there.
@@ -399,6 +469,21 @@ class PostgresQueue(QueueBackend):
             return row is not None and row[0] == status and row[1] == worker
 
         return self.backend._read("record a run's outcome", finish)
+
+    async def afinish(
+        self, id: str, worker: str, status: str, result: str | None, error: str | None
+    ) -> bool:
+        """:meth:`finish` with its update sent on one of the backend's async connections,
+        awaited on the loop; one that updated nothing, failed or could not be sent that way
+        is settled by :meth:`finish` in a thread (which finds its own write after a lost
+        answer)."""
+        with contextlib.suppress(Failed):
+            done = await self.backend._async.send(
+                _FINISH_RETURNING_SQL, (status, result, error, id, worker), moved
+            )
+            if done:
+                return True
+        return await to_thread(self.finish, id, worker, status, result, error)
 
     def hand_back(self, id: str, worker: str, delay: float) -> bool:
         def back(cur: Cursor) -> bool:
@@ -537,6 +622,21 @@ class PostgresQueue(QueueBackend):
 
         # idempotent: a retry after a lost answer deletes what is left to delete
         return int(self.backend._read("prune finished queue entries", prune))
+
+
+def _claim_params(queue: str, owner: Owner, lease_seconds: float, limit: int) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "limit": limit,
+        "cancelled": CANCELLED_RUNNING,
+        **params_of(owner, lease_seconds),
+    }
+
+
+def _took(rows: Sequence[Sequence[Any]]) -> list[QueueEntry]:
+    """The entries a claim statement took, in the order it picked them."""
+    took = sorted((r for r in rows if r[-1] == "took"), key=lambda r: int(r[-2]))
+    return [entry_from_row(r[:-2]) for r in took]
 
 
 def params_of(owner: Owner, lease_seconds: float) -> dict[str, Any]:

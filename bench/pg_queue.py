@@ -5,12 +5,12 @@ Starts its own throwaway server (``tests/pgserver.py``, loopback, fsync on), the
 one run:
 
 * fan-out: 200 runs of a 10-step durable Plan (trivial steps) submitted to one queue and
-  served by 1, 2 and 4 ``stepstone worker`` processes (concurrency 4, then 8, each). The
+  served by 1, 2 and 4 ``stepstone worker`` processes (concurrency 1, 4 and 8 each). The
   workers are started first; the runs come due at once when every worker serves the
   queue. Runs per second from the first start to the last finish (the database's
   timestamps), the ratio to one worker, and the CPU seconds the workers and the server
-  spent per run meanwhile (psutil; they share the machine's cores). ``--wait-ms 2``
-  runs steps that each await 2 ms instead (as a step calling a service does), which
+  spent per run meanwhile (psutil; they share the machine's cores). Then the same with
+  steps that each await 2 ms (``--wait-ms``; as a step calling a service does), which
   shows how workers scale when the steps, not the cores, set the pace;
 * recovery: a worker is SIGKILLed inside a 100-step run (20 ms steps) while a second
   worker stands by; the time from the kill until the run is done, and proof from the step
@@ -18,7 +18,7 @@ one run:
 * graph lookup: the time a worker takes to run a fresh queued one-node graph run beside 0
   and 2,000 other graph records in the store.
 
-    python bench/pg_queue.py [--runs 200] [--workers 1 2 4] [--concurrency 4 8]
+    python bench/pg_queue.py [--runs 200] [--workers 1 2 4] [--concurrency 1 4 8]
         [--wait-ms 0 2] [--baseline-src OLD_CHECKOUT/src]
 """
 
@@ -315,9 +315,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument(
-        "--wait-ms", type=float, nargs="+", default=[0.0], help="each step awaits this long"
+        "--wait-ms", type=float, nargs="+", default=[0.0, 2.0], help="each step awaits this long"
     )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--graph-records", type=int, nargs="+", default=[0, 2000])

@@ -14,10 +14,11 @@ import psycopg
 import pytest
 
 from stepstone import Agent, Plan, Step
-from stepstone.durable._kernel import aclaim_run
+from stepstone.durable._kernel import aclaim_run, claim_run
 from stepstone.exceptions import ConcurrentRunError, StoreKeyConflictError
 from stepstone.store import Store
 from stepstone.store._postgres import PostgresBackend
+from stepstone.store._postgres_schema import KEY_LOCK_CLASS, lock_id
 from tests.pgserver import CutProxy
 
 pytestmark = pytest.mark.postgres
@@ -334,3 +335,42 @@ def test_an_async_claim_of_a_taken_key_decides_as_a_sync_one(pg_url: str) -> Non
         assert store.backend.run_journal("aclaim-taken") == []
         again.run.release()
         store.delete("aclaim-taken")
+
+
+@pytest.mark.parametrize("awaited", [False, True])
+def test_a_claim_whose_session_still_runs_it_waits_for_that_session(
+    cut_proxy: CutProxy, pg_url: str, awaited: bool
+) -> None:
+    """guarantees 254, 396: a claim's connection (sync, or awaited on an async
+    connection) is cut while the server still waits to run it (a lock on the key holds it
+    back); the server session goes on and commits it later. The claim waits for that
+    session to end before it looks for its run stamp, so it finds its own claim rather
+    than claiming again (which would find the key owned, by itself)."""
+    key = f"cut-claim-held-{awaited}"
+    with Store(backend=PostgresBackend(cut_proxy.url_for(pg_url), prepare=False)) as via:
+        warm = asyncio.run(
+            aclaim_run(via, f"{key}-warm", kind="test", resume=False, first_step="a")
+        )
+        assert warm.run is not None
+        warm.run.release()
+        with psycopg.connect(pg_url, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", (KEY_LOCK_CLASS, lock_id(key)))
+            timer = threading.Timer(1.0, holder.execute, ("SELECT pg_advisory_unlock_all()",))
+            timer.start()
+            cut_proxy.arm(b"claim_fresh", "after")
+            try:
+                if awaited:
+                    claimed = asyncio.run(
+                        aclaim_run(via, key, kind="test", resume=False, first_step="a")
+                    )
+                else:
+                    claimed = claim_run(via, key, kind="test", resume=False, first_step="a")
+            finally:
+                timer.join()
+        assert cut_proxy.cuts == 1
+        assert claimed.outcome == "fresh" and claimed.run is not None
+        head = via.backend.run_get(key)
+        assert head is not None and head.run_uid == claimed.head.run_uid
+        claimed.run.release()
+        via.delete(key)
+        via.delete(f"{key}-warm")

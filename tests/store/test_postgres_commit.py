@@ -4,6 +4,7 @@ and a claim race for it, the pipelined claim, and the upgrade of an older schema
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -400,6 +401,43 @@ def test_a_claim_whose_commit_answer_is_lost_is_applied_once(
         assert head.status == "done" and head.version == claimed.head.version + 1
         assert [r.name for r in store.backend.run_journal(key)] == ["a"]
         store.delete(key)
+
+
+@pytest.mark.parametrize("awaited", [False, True])
+def test_a_commit_cut_while_its_session_still_runs_it_is_found_landed(
+    cut_proxy: CutProxy, pg_url: str, awaited: bool
+) -> None:
+    """guarantee 254: a step commit held back by a lock on its `writes=` key when its
+    connection is cut (sync, or awaited on an async connection); the server session goes on
+    and commits it once the lock is freed. The commit waits for that session to end before
+    it reads the head, so it finds its step landed, once, instead of sending it again and
+    reporting the run lost."""
+    key, wkey = f"held-commit-{awaited}", f"held-commit-w-{awaited}"
+    with Store(backend=PostgresBackend(cut_proxy.url_for(pg_url), prepare=False)) as via:
+        run = claim_run(via, key, kind="test", resume=False, first_step="a").run
+        assert run is not None
+        step = {"status": "done", "next_step": None, "rows": [("step", "a", 1)]}
+        with psycopg.connect(pg_url, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", (KEY_LOCK_CLASS, lock_id(wkey)))
+            timer = threading.Timer(1.0, holder.execute, ("SELECT pg_advisory_unlock_all()",))
+            timer.start()
+            cut_proxy.arm(b"stepstone_step_commit", "after")
+            try:
+                if awaited:
+                    asyncio.run(run.commit(**step, writes=[(wkey, 7)]))  # type: ignore[arg-type]
+                else:
+                    run.commit_sync(**step, writes=[(wkey, 7)])  # type: ignore[arg-type]
+            finally:
+                timer.join()
+        assert cut_proxy.cuts == 1
+        run.release()
+    with Store(url=pg_url) as store:
+        head = store.backend.run_get(key)
+        assert head is not None and head.status == "done"
+        assert [r.name for r in store.backend.run_journal(key)] == ["a"]
+        assert store.read(wkey) == 7
+        store.delete(key)
+        store.delete(wkey)
 
 
 def test_a_claim_of_an_empty_key_is_one_statement(cut_proxy: CutProxy, pg_url: str) -> None:

@@ -578,6 +578,7 @@ class PostgresBackend(Backend):
         # connection (on the connection, so it goes when the pool discards the connection).
         pool = self._pool_here()
         conn = self._getconn(pool, deadline - time.monotonic())
+        session = conn.pgconn.backend_pid  # (after a break libpq may no longer say)
         try:
             if commit:
                 moved = send_commit(conn, sql, params, self.prepare)
@@ -590,7 +591,7 @@ class PostgresBackend(Backend):
             return cur.execute(sql, params).fetchone()
         except psycopg.Error as exc:
             if connection_lost(conn, exc):
-                raise Unknown(exc) from exc
+                raise Unknown(exc, session) from exc
             raise
         finally:
             self._putconn(pool, conn)
@@ -732,20 +733,44 @@ class PostgresBackend(Backend):
                 )
             except Failed as failed:
                 if failed.lost:
-                    return await to_thread(self._settle_claim, decide, new, failed.error)
+                    return await to_thread(self._settle_claim, decide, new, failed)
             else:
                 if inserted:
                     return new
         return await to_thread(self.run_claim, key, decide)
 
-    def _settle_claim(self, decide: Decide, new: RunHead, exc: psycopg.Error) -> RunHead | None:
+    def _settle_claim(self, decide: Decide, new: RunHead, failed: Failed) -> RunHead | None:
         """After a claim of an empty key whose answer was lost: ``new`` when it went in
-        (our new run_uid under the key says so), else :meth:`run_claim` again."""
+        (our new run_uid under the key says so, once the session that ran it has ended),
+        else :meth:`run_claim` again."""
+        self._wait_unknown(Unknown(failed.error, failed.session))
         current = self.run_get(new.key)
         if current is not None and current.run_uid == new.run_uid:
             return new
-        log.debug("stepstone: a claim's answer was lost (%s); claiming again", exc)
+        log.debug("stepstone: a claim's answer was lost (%s); claiming again", failed.error)
         return self.run_claim(new.key, decide)
+
+    def _wait_unknown(self, unknown: Unknown) -> None:
+        """Before a statement whose answer was lost is looked for: wait (up to
+        ``reconnect_timeout``) for the session that ran it to end, as a statement held
+        back by a lock goes on running after its client is gone."""
+        if unknown.session is not None:
+            deadline = time.monotonic() + self.reconnect_timeout
+            self.wait_session_gone(unknown.session, deadline)
+
+    def wait_session_gone(self, session: int, deadline: float) -> None:
+        """Wait (until ``deadline``) for the server session ``session`` to end: a statement
+        it ran whose answer was lost has then committed or never will."""
+        while time.monotonic() < deadline:
+            alive = self._read(
+                "wait for a lost session to end",
+                lambda cur: one(
+                    cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (session,))
+                ),
+            )
+            if not alive:
+                return
+            time.sleep(0.05)
 
     def _claim_fresh(
         self, deadline: float, claim: Claim
@@ -758,6 +783,7 @@ class PostgresBackend(Backend):
             row = self._one_statement(deadline, CLAIM_FRESH_SQL, params)
         except Unknown as unknown:
             # Our run_uid is new: a head holding it means the statement went in.
+            self._wait_unknown(unknown)
             current = self.run_get(new.key)
             if current is not None and current.run_uid == new.run_uid:
                 return True
@@ -841,22 +867,23 @@ class PostgresBackend(Backend):
         expected_version: int,
         rows: Sequence[JournalRow],
         writes: Sequence[tuple[str, str]],
-        exc: psycopg.Error,
-        lost: bool,
+        failed: Failed,
     ) -> bool:
         """What ``run_commit`` returns for a commit sent on an async connection that
-        failed with ``exc``: ``lost``, the connection broke after sending, so the stored
-        head tells whether it landed; otherwise (a server error) it changed nothing and
-        is sent again here, where errors are reported as the store's."""
-        if lost:
+        failed: ``failed.lost``, the connection broke after sending, so the stored head
+        tells whether it landed; otherwise (a server error) it changed nothing and is sent
+        again here, where errors are reported as the store's."""
+        if failed.lost:
             try:
-                return self._commit_outcome(head, expected_version, Unknown(exc))
+                unknown = Unknown(failed.error, failed.session)
+                return self._commit_outcome(head, expected_version, unknown)
             except Lost:
                 pass  # it surely did not land
         return self.run_commit(head, expected_version, rows, writes)
 
     def _commit_outcome(self, head: RunHead, expected_version: int, unknown: Unknown) -> bool:
         """Whether a commit whose answer was lost applied; Lost when it surely did not."""
+        self._wait_unknown(unknown)
         # The statement may have committed: the stored head tells. Our run_uid with our
         # new version means it did (only this owner moves the head under this run_uid);
         # the expected version means it did not, so send it again.

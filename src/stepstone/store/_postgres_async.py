@@ -107,8 +107,7 @@ class AsyncCommits:
                 expected_version,
                 rows,
                 writes,
-                failed.error,
-                failed.lost,
+                failed,
             )
         if landed:
             return True

@@ -375,7 +375,7 @@ class PostgresQueue(QueueBackend):
         # The statement may have committed without our hearing of it: once its server
         # session is gone it has committed or never will. This worker claims one batch at
         # a time, so what it holds beyond ``held`` is that batch.
-        self._wait_gone(session, deadline)
+        self.backend.wait_session_gone(session, deadline)
         rows = self.backend._read(
             "look up a claim whose answer was lost",
             lambda cur: cur.execute(
@@ -385,19 +385,6 @@ class PostgresQueue(QueueBackend):
             ).fetchall(),
         )
         return [entry_from_row(r) for r in rows]
-
-    def _wait_gone(self, session: int, deadline: float) -> None:
-        """Wait (until ``deadline``) for the server session ``session`` to end."""
-        while time.monotonic() < deadline:
-            alive = self.backend._read(
-                "wait for a lost session to end",
-                lambda cur: _one(
-                    cur, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (session,)
-                ),
-            )
-            if not alive:
-                return
-            time.sleep(0.05)
 
     def _claim_limited(
         self, queue: str, owner: Owner, lease_seconds: float, limit: int

@@ -20,6 +20,7 @@ from stepstone.store import Store
 from stepstone.store._postgres import PostgresBackend
 from stepstone.store._postgres_schema import KEY_LOCK_CLASS, lock_id
 from tests.pgserver import CutProxy
+from tests.store.test_postgres_commit import claimed_once
 
 pytestmark = pytest.mark.postgres
 
@@ -298,16 +299,8 @@ def test_an_async_claim_whose_answer_is_lost_is_applied_once(
         cut_proxy.arm(b"claim_fresh", mode)
         claimed = asyncio.run(aclaim_run(via, key, kind="test", resume=False, first_step="a"))
         assert cut_proxy.cuts == 1
-        assert claimed.outcome == "fresh" and claimed.run is not None
-        claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
-        claimed.run.release()
-    with Store(url=pg_url) as store:
-        head = store.backend.run_get(key)
-        assert head is not None and head.run_uid == claimed.head.run_uid
-        assert head.status == "done" and head.version == claimed.head.version + 1
-        assert [r.name for r in store.backend.run_journal(key)] == ["a"]
-        store.delete(key)
-        store.delete(f"{key}-warm")
+        via.delete(f"{key}-warm")
+        claimed_once(pg_url, key, claimed)
 
 
 def test_an_async_claim_of_a_taken_key_decides_as_a_sync_one(pg_url: str) -> None:

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from stepstone.durable import claim_run
+from stepstone.durable._kernel import ClaimResult
 from stepstone.exceptions import ConcurrentRunError, StoreKeyConflictError
 from stepstone.store import Store
 from stepstone.store._postgres import MIGRATIONS, PostgresBackend, migrate
@@ -392,9 +393,16 @@ def test_a_claim_whose_commit_answer_is_lost_is_applied_once(
         cut_proxy.arm(b"COMMIT" if taken == "over a done run" else b"claim_fresh", mode)
         claimed = claim_run(via, key, kind="test", resume=False, first_step="a")
         assert cut_proxy.cuts == 1
-        assert claimed.outcome == "fresh" and claimed.run is not None
-        claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
-        claimed.run.release()
+        claimed_once(pg_url, key, claimed)
+
+
+def claimed_once(pg_url: str, key: str, claimed: ClaimResult) -> None:
+    """``claimed`` is a fresh claim of ``key``, and the only one: its run (its store still
+    open) commits one step and ends, and the store holds exactly that run (then the key is
+    deleted)."""
+    assert claimed.outcome == "fresh" and claimed.run is not None
+    claimed.run.commit_sync(status="done", next_step=None, rows=[("step", "a", 1)])
+    claimed.run.release()
     with Store(url=pg_url) as store:
         head = store.backend.run_get(key)
         assert head is not None and head.run_uid == claimed.head.run_uid

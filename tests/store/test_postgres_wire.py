@@ -18,7 +18,7 @@ from stepstone.store import Store
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._postgres import PostgresBackend
 from stepstone.store._postgres_commit import commit_statement
-from stepstone.store._postgres_wire import _STATE, asend_commit, send_commit, text_values
+from stepstone.store._postgres_wire import _STATE, asend, moved, send_commit, text_values
 
 pytestmark = pytest.mark.postgres
 
@@ -185,8 +185,8 @@ def test_an_async_commit_goes_the_same_way(store: Store, pg_url: str) -> None:
         conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
         try:
             _, sql, params = next_commit(head, "s0", {"i": 0})
-            first = await asend_commit(conn, sql, params, True)
-            return [first, await asend_commit(conn, sql, params, True)]  # stale the 2nd time
+            first = await asend(conn, sql, params, True, moved)
+            return [first, await asend(conn, sql, params, True, moved)]  # stale the 2nd time
         finally:
             await conn.close()
 
@@ -213,7 +213,7 @@ def _cancel_while_locked(
                 await conn.execute(setting)
             await blocker.execute("SELECT 1 FROM stepstone_runs WHERE key = %s FOR UPDATE", (key,))
             started = time.monotonic()
-            task = asyncio.ensure_future(asend_commit(conn, sql, params, True))
+            task = asyncio.ensure_future(asend(conn, sql, params, True, moved))
             await asyncio.sleep(0.1)  # sent, and waiting for the lock
             task.cancel()
             await asyncio.sleep(0.05)

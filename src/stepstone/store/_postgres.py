@@ -743,24 +743,20 @@ class PostgresBackend(Backend):
         """After a claim of an empty key whose answer was lost: ``new`` when it went in
         (our new run_uid under the key says so, once the session that ran it has ended),
         else :meth:`run_claim` again."""
-        self._wait_unknown(Unknown(failed.error, failed.session))
+        self.wait_session_gone(failed.session)
         current = self.run_get(new.key)
         if current is not None and current.run_uid == new.run_uid:
             return new
         log.debug("stepstone: a claim's answer was lost (%s); claiming again", failed.error)
         return self.run_claim(new.key, decide)
 
-    def _wait_unknown(self, unknown: Unknown) -> None:
-        """Before a statement whose answer was lost is looked for: wait (up to
-        ``reconnect_timeout``) for the session that ran it to end, as a statement held
-        back by a lock goes on running after its client is gone."""
-        if unknown.session is not None:
+    def wait_session_gone(self, session: int, deadline: float | None = None) -> None:
+        """Wait (until ``deadline``; default: ``reconnect_timeout`` from now) for the server
+        session ``session`` to end. Before a statement whose answer was lost is looked
+        for: one held back by a lock goes on running after its client is gone, and once
+        its session has ended it has committed or never will."""
+        if deadline is None:
             deadline = time.monotonic() + self.reconnect_timeout
-            self.wait_session_gone(unknown.session, deadline)
-
-    def wait_session_gone(self, session: int, deadline: float) -> None:
-        """Wait (until ``deadline``) for the server session ``session`` to end: a statement
-        it ran whose answer was lost has then committed or never will."""
         while time.monotonic() < deadline:
             alive = self._read(
                 "wait for a lost session to end",
@@ -783,7 +779,7 @@ class PostgresBackend(Backend):
             row = self._one_statement(deadline, CLAIM_FRESH_SQL, params)
         except Unknown as unknown:
             # Our run_uid is new: a head holding it means the statement went in.
-            self._wait_unknown(unknown)
+            self.wait_session_gone(unknown.session)
             current = self.run_get(new.key)
             if current is not None and current.run_uid == new.run_uid:
                 return True
@@ -883,7 +879,7 @@ class PostgresBackend(Backend):
 
     def _commit_outcome(self, head: RunHead, expected_version: int, unknown: Unknown) -> bool:
         """Whether a commit whose answer was lost applied; Lost when it surely did not."""
-        self._wait_unknown(unknown)
+        self.wait_session_gone(unknown.session)
         # The statement may have committed: the stored head tells. Our run_uid with our
         # new version means it did (only this owner moves the head under this run_uid);
         # the expected version means it did not, so send it again.

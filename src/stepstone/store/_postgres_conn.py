@@ -44,10 +44,10 @@ class Lost(Exception):
 
 class Unknown(Exception):
     """The connection broke after a statement was sent: it may or may not have committed.
-    ``session``: the server process that ran it, when known (it may still be running it:
-    once that process has ended, the statement has committed or never will)."""
+    ``session``: the server process that ran it (it may still be running it: once that
+    process has ended, the statement has committed or never will)."""
 
-    def __init__(self, cause: BaseException, session: int | None = None) -> None:
+    def __init__(self, cause: BaseException, session: int) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.session = session

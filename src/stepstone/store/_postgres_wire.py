@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import errors, generators, pq, waiting
 
-__all__ = ["asend", "asend_commit", "moved", "send_commit", "text_rows"]
+__all__ = ["asend", "moved", "send_commit", "text_rows"]
 
 T = TypeVar("T")
 #: What turns a statement's results into its caller's answer (raising its error, if any).
@@ -215,14 +215,6 @@ def send_commit(
         return None
     with conn.lock:
         return conn.wait(gen)
-
-
-async def asend_commit(
-    conn: psycopg.AsyncConnection[Any], sql: bytes, params: Sequence[Any], prepare: bool
-) -> bool | None:
-    """:func:`send_commit` on an async connection, awaited on the running loop (see
-    :func:`asend`)."""
-    return await asend(conn, sql, params, prepare, moved)
 
 
 async def asend(

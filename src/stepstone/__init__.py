@@ -36,6 +36,17 @@ from stepstone.engines._views import register_builtin_views as _register_builtin
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
 from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
+from stepstone.engines.workflow import (
+    BoundWorkflow,
+    StepContext,
+    Workflow,
+    WorkflowStep,
+    deprecate_patch,
+    patched,
+    step,
+    step_context,
+    workflow,
+)
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
@@ -66,10 +77,12 @@ from stepstone.exceptions import (
     ModelRefusalError,
     ModelRequestsBlockedError,
     NodeException,
+    NonDeterministicWorkflowError,
     PlanCompileError,
     PlanPaused,
     PlanRuntimeError,
     QueuedRunError,
+    ReplayedStepError,
     SerializationError,
     StaleCheckpointError,
     StepstoneError,
@@ -82,6 +95,7 @@ from stepstone.exceptions import (
     UnserializableValueWarning,
     UsageLimitExceeded,
     UserError,
+    WorkflowCorruptError,
 )
 from stepstone.observability import Event, EventType, Session
 from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
@@ -128,6 +142,16 @@ __all__ = [
     "KeywordEngine",
     "RunContext",
     "RunLocation",
+    # durable functions
+    "BoundWorkflow",
+    "StepContext",
+    "Workflow",
+    "WorkflowStep",
+    "deprecate_patch",
+    "patched",
+    "step",
+    "step_context",
+    "workflow",
     # durable agent runs
     "AgentResult",
     "Runner",
@@ -192,4 +216,8 @@ __all__ = [
     "ConcurrentGraphResumeError",
     "GraphCompileError",
     "NodeException",
+    # workflow errors
+    "NonDeterministicWorkflowError",
+    "ReplayedStepError",
+    "WorkflowCorruptError",
 ]

@@ -229,7 +229,9 @@ def runs(
     ] = None,
     kind: Annotated[
         list[str] | None,
-        typer.Option(help="Only runs of this kind: plan, graph, agent, replan (repeat it)."),
+        typer.Option(
+            help="Only runs of this kind: plan, graph, agent, replan, workflow (repeat it)."
+        ),
     ] = None,
     older_than: Annotated[
         str | None, typer.Option(help="Only runs last updated longer ago (30d, 12h, 15m).")

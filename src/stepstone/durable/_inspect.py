@@ -14,6 +14,7 @@ from typing import Any
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
+from stepstone.durable._operations import OPERATION_ROWS, operation_rows
 from stepstone.store._base import (
     RUN_STATUSES,
     JournalRow,
@@ -171,6 +172,8 @@ def _decode(row: JournalRow) -> Any:
 def steps_done(head: RunHead) -> int:
     """How many steps (journal rows) a run has committed, not counting the rows an engine
     journals about the run itself (a Plan's record of its steps, written once)."""
+    if head.kind == "workflow":  # its operations finished, not its intent and outcome rows
+        return head.iteration
     shape_rows = head.meta.get("shape_rows")
     return head.journal_len - (shape_rows if type(shape_rows) is int else 0)
 
@@ -197,6 +200,11 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
                 entry["writes"] = data["writes"]
             if data.get("band"):
                 entry["band"] = data["band"]
+        elif row.kind in OPERATION_ROWS and isinstance(data, dict) and "op" in data:
+            # a workflow's step (or other operation): named by position and step name
+            entry["name"] = f"{row.name} {data.get('name')}"
+            entry["payload"] = data.get("args" if row.kind == "intent" else "value")
+            entry["error"] = data.get("error")
         else:
             entry["payload"] = data
             entry["error"] = data.get("error") if isinstance(data, dict) else None
@@ -254,6 +262,8 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
     detail["pending_approvals"] = waiting_calls(store, head, rows)
     if head.kind == AGENT_KIND:
         detail["agent"] = agent_view(head, rows)
+    if head.kind == "workflow" and problem is None:
+        detail["operations"] = operation_rows(head, rows)
     return detail
 
 

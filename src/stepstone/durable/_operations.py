@@ -50,7 +50,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
 
-from stepstone.core._serialization import from_typed_json, to_typed_json
+from stepstone.core._serialization import from_typed_json, to_typed_json, untag
 from stepstone.core._sync import may_block_loop
 from stepstone.durable._effects import DurableScope, current_scope
 from stepstone.durable._hashing import hash_json
@@ -60,10 +60,11 @@ from stepstone.exceptions import (
     EffectInDoubtError,
     NonDeterministicWorkflowError,
     ReplayedStepError,
+    RunCancelledError,
     SerializationError,
     WorkflowCorruptError,
 )
-from stepstone.store._base import JournalRow
+from stepstone.store._base import JournalRow, RunHead
 
 __all__ = [
     "Call",
@@ -72,8 +73,10 @@ __all__ = [
     "OperationJournal",
     "Outcome",
     "current_journal",
+    "cut_rows",
     "error_data",
     "journaled",
+    "operation_rows",
     "rebuild_error",
 ]
 
@@ -297,6 +300,8 @@ def load_entries(
                 if "value" not in data and "error" not in data:
                     raise _corrupt(key, f"journal row {row.seq} (an outcome) has no value")
                 entry.outcome = data
+            elif "cancelled" in data:  # a cancel stopped the run before the call started
+                entry.rerun, entry.starts = True, entry.starts - 1
             else:
                 entry.failures.append(data)
         else:
@@ -489,6 +494,14 @@ class OperationJournal:
                 rows=[*taken, *rows],
                 writes=writes,
             )
+        except RunCancelledError as exc:
+            # An operator's cancel: the kernel committed these rows with the run marked
+            # failed. Intents among them never ran: say so, or a resume would take their
+            # calls for ones cut short by a crash (in doubt).
+            self._committed = max(self._committed, mark)
+            self._lost = exc
+            await self._not_started(taken, str(exc))
+            raise
         except BaseException as exc:
             if isinstance(exc, ConcurrentRunError) or not isinstance(exc, Exception):
                 self._lost = self._lost or exc  # nothing more may be written
@@ -502,6 +515,23 @@ class OperationJournal:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    async def _not_started(self, rows: Sequence[Row], why: str) -> None:
+        finished = {name for kind, name, _ in rows if kind == "outcome"}
+        marks: list[Row] = []
+        for kind, pos, data in rows:
+            if kind == "intent" and pos not in finished and pos is not None:
+                entry = self.entries.get(pos)
+                if entry is not None:
+                    entry.rerun = True
+                note = {"op": data["op"], "name": data["name"], "cancelled": why}
+                marks.append(("attempt", pos, note))
+        if not marks:
+            return
+        try:
+            await self.run.commit(status=self.run.head.status, next_step=None, rows=marks)
+        except Exception:  # noqa: BLE001 - the intents stay, read as in doubt
+            log.warning("stepstone: noting the calls a cancel stopped in %r failed", self.key)
 
     async def finish(
         self, status: str, rows: Sequence[Row] = (), meta: dict[str, Any] | None = None
@@ -698,16 +728,18 @@ class OperationJournal:
         """The run key of an LLM loop (an ``Agent`` call) started in the body: a position
         of its own, recorded, so a resume finds the same loop at the same place."""
         pos = self.position()
-        key = self.run.derived_key(f"{pos}:llm")
         entry = self.check(pos, "agent", "llm", None, check_args=False)
-        if entry is None or entry.outcome is None:
-            intent = {"op": "agent", "name": "llm", "args": None, "key": key}
-            self.entries[pos] = Entry("agent", "llm", intent)
-            self.add("intent", pos, intent)
-            outcome = {"op": "agent", "name": "llm", "value": key}
-            self.entries[pos].outcome = outcome
-            self.add("outcome", pos, outcome)
-            self.soon()
+        if entry is not None and isinstance(entry.intent.get("key"), str):
+            self.replayed += 1
+            return str(entry.intent["key"])
+        key = self.run.derived_key(f"{pos}:llm")
+        intent: dict[str, Any] = {"op": "agent", "name": "llm", "args": None, "key": key}
+        intent["at"] = round(time.time(), 3)
+        outcome = {"op": "agent", "name": "llm", "value": key}
+        self.entries[pos] = Entry("agent", "llm", intent, outcome)
+        self.add("intent", pos, intent)
+        self.add("outcome", pos, outcome)
+        self.soon()
         return key
 
 
@@ -718,6 +750,97 @@ def _same(value: Any) -> Any:
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def operation_rows(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]]:
+    """One entry per operation of the run, in position order: its position, kind and name,
+    status (``done``, ``failed``, ``running``, ``in doubt``), arguments, value or error (as
+    plain JSON), attempts, start time and duration in milliseconds.
+
+    Raises:
+        ValueError: a row cannot be decoded (the store reports the run as corrupt).
+    """
+    try:
+        entries, _ = load_entries(head.key, rows)
+    except WorkflowCorruptError as exc:
+        raise ValueError(str(exc)) from None
+    out: list[dict[str, Any]] = []
+    for pos, entry in iter_positions(entries):
+        outcome = entry.outcome
+        if outcome is None and entry.rerun:
+            state = "not run"  # a cancel (or a failed run's rewind) stopped it before it ran
+        elif outcome is None:
+            state = "running" if head.status in ("claimed", "running") else "in doubt"
+        else:
+            state = "failed" if "error" in outcome else "done"
+        item: dict[str, Any] = {
+            "position": pos,
+            "op": entry.op,
+            "name": entry.name,
+            "status": state,
+            "args": untag(entry.intent.get("args")),
+            "attempts": entry.starts + len(entry.failures),
+            "started_at": entry.intent.get("at"),
+            "ms": None if outcome is None else outcome.get("ms"),
+        }
+        if outcome is not None and "value" in outcome:
+            item["value"] = untag(outcome["value"])
+        if outcome is not None and "error" in outcome:
+            item["error"] = outcome["error"]
+        if entry.failures:
+            item["failed_attempts"] = entry.failures
+        for extra in ("key", "in_doubt"):
+            if extra in entry.intent:
+                item[extra] = entry.intent[extra]
+        out.append(item)
+    return out
+
+
+def find_position(key: str, entries: dict[str, Entry], spec: str) -> str:
+    """The position ``spec`` names in a run: a position (``"3"``, ``"1.0.0"``), a position
+    and its name (``"3 charge"``, as ``stepstone history`` shows them), or a step's name
+    (its last call, in position order).
+
+    Raises:
+        KeyError: no operation of the run is named so (the message lists them).
+    """
+    if spec in entries:
+        return spec
+    pos, _, name = spec.partition(" ")
+    if name and pos in entries and entries[pos].name == name:
+        return pos
+    named = [p for p, entry in iter_positions(entries) if entry.name == spec]
+    if named:
+        return named[-1]
+    shown = ", ".join(f"{p} {e.name}" for p, e in iter_positions(entries))
+    raise KeyError(f"run {key!r} has no step {spec!r} (its steps: {shown or 'none'})")
+
+
+def cut_rows(
+    key: str, rows: Sequence[JournalRow], spec: str, *, keep_it: bool
+) -> tuple[list[JournalRow], str, str]:
+    """The rows of a run that a rewind keeps: every row but those of the operation
+    ``spec`` names (kept when ``keep_it``) and of every operation after it in position
+    order, and but its result row; renumbered from 0. Returns them with the position and
+    the name of that operation.
+
+    Raises:
+        KeyError: see :func:`find_position`.
+        WorkflowCorruptError: a row does not decode.
+    """
+    entries, _ = load_entries(key, rows)
+    pos = find_position(key, entries, spec)
+    bound = _order(pos)
+    kept: list[JournalRow] = []
+    for row in rows:
+        if row.kind == "result":
+            continue
+        if row.kind in OPERATION_ROWS and row.name is not None:
+            order = _order(row.name)
+            if order > bound or (order == bound and not keep_it):
+                continue
+        kept.append(JournalRow(len(kept), row.kind, row.name, row.data))
+    return kept, pos, entries[pos].name
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

@@ -132,6 +132,7 @@ async function renderRun(key) {
   $("#actions").hidden = !(run.allow_actions && run.status !== "done");
   renderApprovals(run);
   renderAgent(run.agent);
+  renderOperations(run);
   const body = $("#timeline tbody");
   body.replaceChildren();
   const canRetry = run.allow_actions && run.owner !== "live" && run.kind === "plan";
@@ -183,6 +184,31 @@ function renderApprovals(run) {
     }
     tr.append(el("td", call.call_id), el("td", call.tool), el("td", short(call.arguments, 200), "payload"),
       el("td", call.reason || ""), cell);
+    body.append(tr);
+  }
+}
+
+function renderOperations(run) {
+  const ops = run.operations;
+  $("#workflow").hidden = !ops;
+  if (!ops) return;
+  const body = $("#operations tbody");
+  body.replaceChildren();
+  const canRetry = run.allow_actions && run.owner !== "live";
+  for (const op of ops) {
+    const tr = el("tr", null, op.error ? "row-error" : "");
+    tr.dataset.position = op.position;
+    const name = (op.op === "step" ? op.name : op.op + " " + op.name) + (op.key ? " (" + op.key + ")" : "");
+    const shown = op.error ? (op.error.type || "").split(":").pop() + ": " + (op.error.message || "") : short(op.value, 300);
+    const cell = el("td", shown, "payload");
+    if (canRetry && op.op === "step") {
+      const btn = el("button", "retry from here", "plain retry");
+      btn.type = "button";
+      btn.addEventListener("click", () => act("/api/retry?key=" + encodeURIComponent(run.key) + "&step=" + encodeURIComponent(op.position)));
+      cell.append(" ", btn);
+    }
+    tr.append(el("td", op.position), el("td", name), el("td", op.status), el("td", short(op.args, 200), "payload"),
+      cell, el("td", op.attempts), el("td", op.ms === null || op.ms === undefined ? "" : op.ms.toFixed(1)));
     body.append(tr);
   }
 }

@@ -11,7 +11,15 @@ from stepstone.engines.graph._checkpoint import (
 )
 from stepstone.engines.graph._compiled import CompiledGraph
 from stepstone.engines.graph._records import CheckpointFilter, CheckpointRecord, NodePosition
-from stepstone.engines.graph._state import Reducer, State, append
+from stepstone.engines.graph._state import (
+    Reducer,
+    State,
+    append,
+    concat_flatten,
+    last_write_wins,
+    merge,
+    merge_all,
+)
 
 __all__ = [
     "END",
@@ -26,4 +34,8 @@ __all__ = [
     "State",
     "StoreCheckpointer",
     "append",
+    "concat_flatten",
+    "last_write_wins",
+    "merge",
+    "merge_all",
 ]

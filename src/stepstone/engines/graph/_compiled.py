@@ -44,12 +44,16 @@ from stepstone.engines.graph._state import (
 )
 from stepstone.exceptions import (
     CheckpointRecordInvalid,
+    CheckpointSaveFailed,
     CheckpointStateMigrationFailed,
     ConcurrentGraphResumeError,
     ConcurrentRunError,
     ConfigurationError,
     ConfigurationTypeError,
+    EdgeException,
     NodeException,
+    RoutingError,
+    RunCancelledError,
     UserError,
 )
 
@@ -122,12 +126,24 @@ class _Run:
             plain = {"pos": pos.to_json(), "pop": pop, "push": [f.to_plain() for f in push]}
             body = {"patch": patch, "push": [f.to_body() for f in push]}
             data = self.checkpointer.codec.encode(plain, body)
-            await self.owned.commit(
-                status="running",
-                next_step=next_node,
-                iteration=len(self.positions) + 1,
-                rows=[("node", pos.node_name, data)],
-            )
+            try:
+                await self.owned.commit(
+                    status="running",
+                    next_step=next_node,
+                    iteration=len(self.positions) + 1,
+                    rows=[("node", pos.node_name, data)],
+                )
+            except (ConcurrentRunError, RunCancelledError):
+                raise  # ownership: the run is someone else's, or an operator stopped it
+            except Exception as exc:
+                raise CheckpointSaveFailed(
+                    f"invocation {self.invocation_id!r}: the checkpoint after node "
+                    f"{pos.node_name!r} could not be saved ({type(exc).__name__}: {exc}); "
+                    "the node's update is not in the record, so resuming runs it again: "
+                    f"invoke(resume_invocation={self.invocation_id!r})",
+                    invocation_id=self.invocation_id,
+                    node_name=pos.node_name,
+                ) from exc
         self.pending_push.clear()
         self.positions.append(pos)
 
@@ -420,7 +436,9 @@ class CompiledGraph(Generic[S]):
                 raise CheckpointStateMigrationFailed(
                     f"{where} was saved with serialization='pickle' at schema_version "
                     f"{version!r}; {cls.__name__} is at {cls.schema_version!r} and pickle "
-                    "records cannot be migrated (use serialization='json')"
+                    "records cannot be migrated (use serialization='json')",
+                    from_version=version,
+                    to_version=cls.schema_version,
                 )
             if not isinstance(saved, cls):
                 raise CheckpointRecordInvalid(
@@ -525,7 +543,7 @@ class CompiledGraph(Generic[S]):
         try:
             chosen = spec.router(state)
         except Exception as exc:
-            raise NodeException(
+            raise EdgeException(
                 f"the router after node {node!r} raised {type(exc).__name__}: {exc}",
                 node_name=node,
                 recoverable_state=state,
@@ -538,13 +556,13 @@ class CompiledGraph(Generic[S]):
             target = key if isinstance(key, str) else None
         if target is None or (target != _END_NAME and target not in self.nodes):
             allowed = [*self.nodes, _END_NAME] if spec.targets is None else spec.targets
-            err = ValueError(
+            raise RoutingError(
                 f"the router after node {node!r} returned {chosen!r}, which is not one of "
-                f"its targets {_choices(allowed)}"
+                f"its targets {_choices(allowed)}",
+                node_name=node,
+                recoverable_state=state,
+                namespace=ns,
             )
-            raise NodeException(
-                str(err), node_name=node, recoverable_state=state, namespace=ns
-            ) from err
         return target
 
     async def _execute(
@@ -579,7 +597,9 @@ class CompiledGraph(Generic[S]):
                     state, update, node=node, reducers=update_reducers(spec, graph)
                 )
                 patch = run.patch(new, set_fields, extend)
-            except NodeException:
+            except NodeException as exc:
+                if exc.node_name == node and not exc.namespace:
+                    exc.namespace = ns
                 raise
             except Exception as exc:
                 raise NodeException(

@@ -10,6 +10,7 @@ from stepstone.engines.graph._checkpoint import (
     StoreCheckpointer,
 )
 from stepstone.engines.graph._compiled import CompiledGraph
+from stepstone.engines.graph._observe import GraphEvent
 from stepstone.engines.graph._records import CheckpointFilter, CheckpointRecord, NodePosition
 from stepstone.engines.graph._state import (
     Reducer,
@@ -27,6 +28,7 @@ __all__ = [
     "CheckpointRecord",
     "CompiledGraph",
     "GraphBuilder",
+    "GraphEvent",
     "InMemoryCheckpointer",
     "NodePosition",
     "Reducer",

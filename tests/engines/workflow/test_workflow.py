@@ -644,3 +644,47 @@ def test_one_commit_per_step(store: Store) -> None:
     assert head.version == 1 + 10 + 1
     assert [r.kind for r in rows[:5]] == ["start", "intent", "outcome", "intent", "outcome"]
     assert json.loads(rows[-1].data) == {"value": 45}
+
+
+# -- agents inside workflows ------------------------------------------------------------------
+TOOL_RUNS: list[str] = []
+
+
+def lookup(city: str) -> str:
+    """Look a city's weather up."""
+    TOOL_RUNS.append(city)
+    return f"{city}: sunny"
+
+
+def test_an_agent_in_a_workflow_body_is_journaled_and_replayed(store: Store) -> None:
+    # guarantee 488
+    from stepstone import Agent, LLMEngine
+    from stepstone.testing import FakeModel, call
+
+    model = FakeModel([call("lookup", city="Paris"), "Paris is sunny"])
+    agent = Agent(name="weather", engine=LLMEngine(model), tools=[lookup])
+
+    @workflow(name="forecast")
+    async def forecast(city: str) -> str:
+        env = await agent.run(f"weather in {city}?")
+        text = await charge(str(env.payload), 1)
+        if FAIL.get("stop"):
+            raise KeyboardInterrupt
+        return text
+
+    TOOL_RUNS.clear()
+    FAIL["stop"] = True
+    with pytest.raises(KeyboardInterrupt):
+        forecast.using(store=store, key="w").run_sync("Paris")
+    FAIL.clear()
+    assert len(model.requests) == 2 and TOOL_RUNS == ["Paris"]
+    CALLS.clear()
+    assert forecast.using(store=store, key="w").run_sync("Paris") == (
+        "receipt-Paris is sunny-1"
+    )
+    assert len(model.requests) == 2 and TOOL_RUNS == ["Paris"]  # nothing asked or run again
+    assert CALLS == []
+    ops = store.read("w")["steps"]
+    assert [(o["position"], o["op"]) for o in ops] == [("0", "agent"), ("1", "step")]
+    loop_key = ops[0]["key"]
+    assert store.read(loop_key) is not None  # the agent's own run, under the loop's key

@@ -190,6 +190,9 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
         if row.kind == "plan":  # the Plan's own record of its steps, not something that ran
             continue
         data = _decode(row)
+        if row.kind in OPERATION_ROWS and isinstance(data, list):
+            out.extend(_operation_entries(row.seq, data))
+            continue
         entry: dict[str, Any] = {"seq": row.seq, "kind": row.kind, "name": row.name}
         if isinstance(data, dict) and isinstance(data.get("envelope"), dict):
             env = data["envelope"]
@@ -200,15 +203,31 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
                 entry["writes"] = data["writes"]
             if data.get("band"):
                 entry["band"] = data["band"]
-        elif row.kind in OPERATION_ROWS and isinstance(data, dict) and "op" in data:
-            # a workflow's step (or other operation): named by position and step name
-            entry["name"] = f"{row.name} {data.get('name')}"
-            entry["payload"] = data.get("args" if row.kind == "intent" else "value")
-            entry["error"] = data.get("error")
         else:
             entry["payload"] = data
             entry["error"] = data.get("error") if isinstance(data, dict) else None
         out.append(entry)
+    return out
+
+
+def _operation_entries(seq: int, records: list[Any]) -> list[dict[str, Any]]:
+    """The records of a workflow's ``ops`` row (its steps' intents, outcomes and failed
+    attempts), one timeline entry each, named by position and step."""
+    out: list[dict[str, Any]] = []
+    for record in records:
+        kind, pos, data = (
+            record if isinstance(record, list) and len(record) == 3 else ("damaged", None, {})
+        )
+        data = data if isinstance(data, dict) else {}
+        out.append(
+            {
+                "seq": seq,
+                "kind": kind,
+                "name": f"{pos} {data.get('name')}",
+                "payload": data.get("args" if kind == "intent" else "value"),
+                "error": data.get("error"),
+            }
+        )
     return out
 
 

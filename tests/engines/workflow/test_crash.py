@@ -37,9 +37,11 @@ def _committed(db: Path) -> set[str]:
             found = read_run(store, head.key)
             assert found is not None
             for row in found[1]:
-                data = json.loads(row.data)
-                if row.kind == "outcome" and data.get("name") == "work":
-                    out.add(data["value"]["label"])
+                if row.kind != "ops":
+                    continue
+                for kind, _pos, data in json.loads(row.data):
+                    if kind == "outcome" and data.get("name") == "work":
+                        out.add(data["value"]["label"])
     return out
 
 

@@ -642,7 +642,9 @@ def test_one_commit_per_step(store: Store) -> None:
     # the claim writes version 1; then one commit per step (the first step's intent, each
     # outcome with the next intent), and the last outcome with the result
     assert head.version == 1 + 10 + 1
-    assert [r.kind for r in rows[:5]] == ["start", "intent", "outcome", "intent", "outcome"]
+    # one journal row per commit: the step records it holds, then the result
+    assert [r.kind for r in rows] == ["start"] + ["ops"] * 11 + ["result"]
+    assert [[k, p] for k, p, _ in json.loads(rows[2].data)] == [["outcome", "0"], ["intent", "1"]]
     assert json.loads(rows[-1].data) == {"value": 45}
 
 
@@ -679,9 +681,7 @@ def test_an_agent_in_a_workflow_body_is_journaled_and_replayed(store: Store) -> 
     FAIL.clear()
     assert len(model.requests) == 2 and TOOL_RUNS == ["Paris"]
     CALLS.clear()
-    assert forecast.using(store=store, key="w").run_sync("Paris") == (
-        "receipt-Paris is sunny-1"
-    )
+    assert forecast.using(store=store, key="w").run_sync("Paris") == ("receipt-Paris is sunny-1")
     assert len(model.requests) == 2 and TOOL_RUNS == ["Paris"]  # nothing asked or run again
     assert CALLS == []
     ops = store.read("w")["steps"]

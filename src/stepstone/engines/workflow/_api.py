@@ -18,7 +18,6 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from stepstone.core._envelope import Envelope
 from stepstone.core._ids import new_uid
-from stepstone.core._serialization import from_typed_json
 from stepstone.core._sync import run_sync
 from stepstone.core._threads import call_sync
 from stepstone.durable._effects import DurableScope, bind_scope
@@ -31,7 +30,12 @@ from stepstone.durable._operations import (
 )
 from stepstone.durable._queue import RunHandle, check_name, check_number, submit
 from stepstone.engines.workflow._run import run_workflow
-from stepstone.engines.workflow._values import decode_args, encode_args, encode_value
+from stepstone.engines.workflow._values import (
+    decode_args,
+    decode_value,
+    encode_args,
+    encode_value,
+)
 from stepstone.exceptions import ConfigurationError, ConfigurationTypeError, UserError
 from stepstone.store import Store
 
@@ -151,6 +155,9 @@ class WorkflowStep(Generic[P, R]):
         self, journal: OperationJournal, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         data = encode_args(f"step {self.name!r}", self.fn, args, kwargs)
+        pos, found = journal.lookup("step", self.name, data, check_args=not self.args_may_change)
+        if found is not None and found.outcome is not None:
+            return journal.recorded_value(found, decode_value)  # a replay: no call
         workflow_name = journal.what
 
         async def invoke(call: Call) -> Outcome:
@@ -186,7 +193,9 @@ class WorkflowStep(Generic[P, R]):
             retry_delay=self.retry_delay,
             max_retry_delay=self.max_retry_delay,
             wait=self.in_doubt == "fail",
-            decode=from_typed_json,
+            decode=decode_value,
+            position=pos,
+            found=found,
         )
 
 
@@ -448,7 +457,7 @@ class Workflow(Generic[P, R]):
             self.name,
             data,
             invoke,
-            decode=from_typed_json,
+            decode=decode_value,
             position=pos,
             describe=lambda: {"key": key},
         )

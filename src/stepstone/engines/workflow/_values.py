@@ -17,7 +17,10 @@ from typing import Any
 from stepstone.core._serialization import from_typed_json, to_typed_json
 from stepstone.exceptions import SerializationError
 
-__all__ = ["decode_args", "encode_args", "encode_value"]
+__all__ = ["decode_args", "decode_value", "encode_args", "encode_value"]
+
+#: Values that are their own JSON (a float may not be: NaN and the infinities are tagged).
+_PLAIN = frozenset({str, int, bool, type(None)})
 
 
 def encode_args(
@@ -28,6 +31,9 @@ def encode_args(
     Raises:
         SerializationError: an argument the codec cannot hold, named by its parameter.
     """
+    plain = _PLAIN
+    if not kwargs and all(type(a) in plain for a in args):
+        return list(args)
     try:
         positional = to_typed_json(list(args), strict=True)
         if not kwargs:
@@ -77,6 +83,13 @@ def decode_args(data: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     else:
         args, kwargs = data, {}
     return tuple(from_typed_json(args)), dict(from_typed_json(kwargs))
+
+
+def decode_value(data: Any) -> Any:
+    """A value :func:`encode_value` recorded."""
+    if type(data) in _PLAIN:
+        return data
+    return from_typed_json(data)
 
 
 def encode_value(what: str, value: Any) -> Any:

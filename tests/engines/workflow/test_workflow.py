@@ -39,9 +39,15 @@ def _reset() -> Iterator[None]:
     FAIL.clear()
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(db=tmp_path / "wf.sqlite") as s:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        with Store(db=tmp_path / "wf.sqlite") as s:
+            yield s
+        return
+    with Store(url=request.getfixturevalue("pg_url")) as s:
+        for key in s.keys():
+            s.delete(key)
         yield s
 
 
@@ -567,7 +573,9 @@ def test_step_context_inside_a_step(store: Store) -> None:
 @step
 def sync_thread(n: int) -> str:
     import threading
+    import time
 
+    time.sleep(0.002)  # not a quick function: it stays off the loop's thread
     return threading.current_thread().name
 
 

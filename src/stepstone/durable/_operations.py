@@ -802,16 +802,23 @@ class OperationJournal:
     def loop_key(self) -> str:
         """The run key of an LLM loop (an ``Agent`` call) started in the body: a position
         of its own, recorded, so a resume finds the same loop at the same place."""
+        return self.child_key("agent", "llm", lambda pos: self.run.derived_key(f"{pos}:llm"))
+
+    def child_key(self, op: str, name: str, make: Callable[[str], str] | None = None) -> str:
+        """The key of a durable run of another engine started in the body (an agent loop,
+        a Plan): the next position, recorded with the key (``make(position)``, by default
+        ``"<this run's key>/<position>"``), so a resume finds the same run at the same
+        place; that run resumes itself."""
         pos = self.position()
-        entry = self.check(pos, "agent", "llm", None, check_args=False)
+        entry = self.check(pos, op, name, None, check_args=False)
         if entry is not None and isinstance(entry.intent.get("key"), str):
             self.replayed += 1
             return str(entry.intent["key"])
-        key = self.run.derived_key(f"{pos}:llm")
-        intent: dict[str, Any] = {"op": "agent", "name": "llm", "args": None, "key": key}
+        key = make(pos) if make is not None else f"{self.key}/{pos}"
+        intent: dict[str, Any] = {"op": op, "name": name, "args": None, "key": key}
         intent["at"] = round(time.time(), 3)
-        outcome = {"op": "agent", "name": "llm", "value": key}
-        self.entries[pos] = Entry("agent", "llm", intent, outcome)
+        outcome = {"op": op, "name": name, "value": key}
+        self.entries[pos] = Entry(op, name, intent, outcome)
         self.add("intent", pos, intent)
         self.add("outcome", pos, outcome)
         self.soon()

@@ -696,3 +696,39 @@ def test_an_agent_in_a_workflow_body_is_journaled_and_replayed(store: Store) -> 
     assert [(o["position"], o["op"]) for o in ops] == [("0", "agent"), ("1", "step")]
     loop_key = ops[0]["key"]
     assert store.read(loop_key) is not None  # the agent's own run, under the loop's key
+
+
+# -- plans inside workflows ---------------------------------------------------------------------
+PLAN_RUNS: list[str] = []
+
+
+def _plan_step(payload: Any) -> str:
+    PLAN_RUNS.append(str(payload))
+    return f"planned {payload}"
+
+
+def test_a_plan_in_a_workflow_body_is_a_child_run_found_again_on_resume(store: Store) -> None:
+    # guarantee 489
+    from stepstone import Agent, Plan, Step
+
+    planner = Agent(engine=Plan(Step(_plan_step, name="prepare")))
+
+    @workflow(name="with_plan")
+    async def with_plan(order_id: str) -> str:
+        env = await planner.run(order_id)
+        text = await charge(str(env.payload), 1)
+        if FAIL.get("stop"):
+            raise KeyboardInterrupt
+        return text
+
+    PLAN_RUNS.clear()
+    FAIL["stop"] = True
+    with pytest.raises(KeyboardInterrupt):
+        with_plan.using(store=store, key="wp").run_sync("o-8")
+    FAIL.clear()
+    CALLS.clear()
+    assert with_plan.using(store=store, key="wp").run_sync("o-8") == "receipt-planned o-8-1"
+    assert PLAN_RUNS == ["o-8"] and CALLS == []  # the plan's step and the charge replayed
+    ops = store.read("wp")["steps"]
+    assert [(o["position"], o["op"]) for o in ops] == [("0", "plan"), ("1", "step")]
+    assert ops[0]["key"] == "wp/0" and store.read("wp/0")["status"] == "done"

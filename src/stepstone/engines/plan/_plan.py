@@ -31,6 +31,7 @@ from stepstone.durable._approvals import (
     refusal_text,
 )
 from stepstone.durable._kernel import Encoded
+from stepstone.durable._operations import current_journal
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
     CHECKPOINT_VERSION,
@@ -229,6 +230,13 @@ class Plan:
             approvals=self.approvals,
         )
         meta = {"checkpoint_version": CHECKPOINT_VERSION, "fingerprint": self._compiled.fingerprint}
+        if ctx.location is None and self.store is None:
+            # In a workflow's body, a plan without a store is a child run of the workflow,
+            # under a key of its position there: a replay of the workflow finds it again.
+            journal = current_journal()
+            if journal is not None:
+                child = RunLocation(store=journal.store, key=journal.child_key("plan", "plan"))
+                ctx = dataclasses.replace(ctx, location=child)
         store, key, resume = self._where(ctx.location)
         if store is None or key is None:
             return await PlanRun.fresh(**settings, meta=meta).execute(first)

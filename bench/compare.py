@@ -15,7 +15,8 @@ Each system keeps one store file for the whole bench (a long-lived store); every
 new run in it. Runs of the systems alternate, round after round, and each run is paired
 with raw commits of a 1 KB row (WAL, ``synchronous=FULL``, 50 before and 50 after it), so
 the ratio to the raw commit cancels the disk's drift. The figures: the median wall time
-per step over the rounds, and the median ratio to the raw commit.
+per step over the rounds, the median ratio to the raw commit, and the median CPU time per
+step of the whole process (all its threads), which a busy disk does not move.
 
 LangGraph and DBOS are not stepstone's dependencies; install them beside it to compare:
 
@@ -41,7 +42,7 @@ from typing import Any
 from stepstone import Agent, Plan, Step, Store
 
 PAYLOAD = "x" * 1000
-Runner = Callable[[int, str], float]  # runs N steps under a new run id, returns seconds
+Runner = Callable[[int, str], tuple[float, float]]  # N steps, a new run id -> (wall s, CPU s)
 
 
 class RawCommit:
@@ -73,9 +74,9 @@ def stepstone_runner(path: Path) -> Runner:
     def run(n: int, run_id: str) -> float:
         steps = [Step(step, name=f"s{i}") for i in range(n)]
         agent = Agent(engine=Plan(*steps, store=store, checkpoint_key=run_id))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         env = agent("go")
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start, time.process_time() - cpu
         assert env.ok and env.payload == PAYLOAD, env.error
         return elapsed
 
@@ -112,9 +113,9 @@ def langgraph_runner(path: Path) -> Runner | str:
     def run(n: int, run_id: str) -> float:
         app = graph(n)
         config = {"configurable": {"thread_id": run_id}, "recursion_limit": n + 10}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = app.invoke({"out": ""}, config, durability="sync")
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start, time.process_time() - cpu
         assert out["out"] == PAYLOAD
         return elapsed
 
@@ -144,9 +145,9 @@ def dbos_runner(path: Path) -> Runner | str:
 
     def run(n: int, run_id: str) -> float:
         with SetWorkflowID(run_id):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             out = pipeline(n)
-            elapsed = time.perf_counter() - start
+            elapsed = time.perf_counter() - start, time.process_time() - cpu
         assert out == PAYLOAD
         return elapsed
 
@@ -182,24 +183,27 @@ def main() -> int:
     )
     for name, run in systems.items():  # warm up: imports, first statements, schema
         run(args.steps[0], f"warm-{name}")
-    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for r in range(args.rounds):
         for n in args.steps:
             for name, run in systems.items():
                 before = raw.ms()
-                per_step = run(n, f"r{r}-n{n}") * 1000 / n
+                wall, cpu = run(n, f"r{r}-n{n}")
                 after = raw.ms()
-                pair = (per_step, per_step / ((before + after) / 2))
-                results.setdefault((name, n), []).append(pair)
+                per_step = wall * 1000 / n
+                got = (per_step, per_step / ((before + after) / 2), cpu * 1000 / n)
+                results.setdefault((name, n), []).append(got)
     raws = [raw.ms() for _ in range(3)]
     print(f"raw FULL commit now: {min(raws):.3f}-{max(raws):.3f} ms")
-    print("\n| system | steps | ms per step | x raw FULL commit |\n|---|---:|---:|---:|")
+    print("\n| system | steps | ms per step | x raw FULL commit | CPU ms per step |")
+    print("|---|---:|---:|---:|---:|")
     for n in args.steps:
         for name in systems:
-            got = results[(name, n)]
-            ms = statistics.median(p for p, _ in got)
-            ratio = statistics.median(x for _, x in got)
-            print(f"| {name} | {n} | {ms:.2f} | {ratio:.1f}x |")
+            rows = results[(name, n)]
+            ms = statistics.median(row[0] for row in rows)
+            ratio = statistics.median(row[1] for row in rows)
+            cpu = statistics.median(row[2] for row in rows)
+            print(f"| {name} | {n} | {ms:.2f} | {ratio:.1f}x | {cpu:.2f} |")
     return 0
 
 

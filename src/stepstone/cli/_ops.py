@@ -199,7 +199,7 @@ def prune_cmd(
         if as_json:
             _print_json(_prune_json(report, interrupted=interrupted is not None, left=left))
         else:
-            _print_prune(report)
+            _print_prune(report, min_age)
         if interrupted is not None:
             typer.echo(
                 f"interrupted: deleted {len(report.deleted)} of the {interrupted.total} "
@@ -259,12 +259,14 @@ def _prune_json(report: PruneReport, *, interrupted: bool = False, left: int = 0
         ],
         "skipped_live": report.skipped_live,
         "skipped_changed": report.skipped_changed,
+        "skipped_young": report.skipped_young,
+        "min_age_seconds": report.min_age,
         "interrupted": interrupted,
         "left": left,
     }
 
 
-def _print_prune(report: PruneReport) -> None:
+def _print_prune(report: PruneReport, min_age: str) -> None:
     verb = "would delete" if report.dry_run else "deleted"
     keys = [r.key for r in report.deleted[:200]]
     out = keyed_console(keys)
@@ -286,6 +288,13 @@ def _print_prune(report: PruneReport) -> None:
         out.print(f"kept {len(report.skipped_live)} live run(s): {report.skipped_live[:10]}")
     if report.skipped_changed:
         out.print(f"left {len(report.skipped_changed)} run(s) that changed meanwhile")
+    if report.skipped_young:
+        young = report.skipped_young
+        out.print(
+            f"kept {len(young)} run(s) the policy selects but updated less than --min-age "
+            f"{min_age} ago: {young[:10]}{' ...' if len(young) > 10 else ''} (a smaller "
+            "--min-age lets them go)"
+        )
 
 
 def vacuum_cmd(
@@ -716,7 +725,7 @@ def queue_cmd(
                 e.status + (" (cancel asked)" if e.cancel_requested else ""),
                 f"{e.attempts}/{e.max_attempts}",
                 e.target,
-                _short(e.error or "", 60),
+                " ".join((e.error or "").split()),  # whole: it wraps in its cell
             )
         keyed_console(keys, 100).print(table if entries else "no queue entries")
 

@@ -14,6 +14,7 @@ from typing import Any
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
+from stepstone.durable._queue import existing_queue
 from stepstone.store._base import (
     RUN_STATUSES,
     JournalRow,
@@ -22,6 +23,7 @@ from stepstone.store._base import (
     journal_problem,
     read_salvaged,
 )
+from stepstone.store._queue_base import QueueEntry
 from stepstone.store._store import Store
 
 __all__ = [
@@ -322,11 +324,30 @@ def missing_run(store: Store, key: str) -> str:
     if not near and key[:3]:
         near, how = [k for k in keys if k.startswith(key[:3])], "starting like it"
     text = f"no run under key {key!r} in {store!r}"
+    entry = _entry_without_run(store, key)
+    if entry is not None:
+        return (
+            f"{text}: its queue entry {entry.id} is {entry.status} and never got a "
+            f"checkpoint ({' '.join(str(entry.error).split())[:200]}); once that is fixed, "
+            f"put it back in its queue with `stepstone requeue {entry.id[:12]}`"
+        )
     if near:
         more = f" (and {len(near) - 10} more)" if len(near) > 10 else ""
         shown = ", ".join(repr(k) for k in near[:10])
         return f"{text}; runs {how}: {shown}{more}"
     return f"{text}; list them with `stepstone runs`"
+
+
+def _entry_without_run(store: Store, key: str) -> QueueEntry | None:
+    """The latest queue entry of ``key`` when it failed or was cancelled (a run with no
+    checkpoint: its target did not import), else None."""
+    queue = existing_queue(store)
+    if queue is None or queue.active_entry(key) is not None:
+        return None
+    entries = [e for e in queue.entries(None, None) if e.run_key == key]
+    if not entries or entries[-1].status not in ("failed", "cancelled"):
+        return None
+    return entries[-1]
 
 
 def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""What operators see (issue 36): the small things the commands said wrong or not at all,
+on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from stepstone import Worker, submit
+from stepstone.cli import app
+from tests.operate._runs import done_run
+from tests.operate.conftest import open_args
+from tests.workers.targets import make_plan, task
+
+runner = CliRunner()
+ENV = {"COLUMNS": "200"}
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), env=ENV)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _json(*args: str) -> object:
+    code, out, err = _run(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_prune_says_which_runs_min_age_kept(store_args: list[str]) -> None:
+    # guarantee 434: before, a dry run listed nothing and did not say why
+    with open_args(store_args) as store:
+        for i in range(3):
+            done_run(store, f"job-{i}")
+    args = ["prune", "--keep-last", "1", *store_args]  # --min-age: 5m by default
+    dry = _json(*args, "--dry-run")
+    assert isinstance(dry, dict) and dry["deleted"] == []
+    assert sorted(dry["skipped_young"]) == ["job-0", "job-1"] and dry["min_age_seconds"] == 300
+    code, out, _ = _run(*args, "--dry-run")
+    assert code == 0 and "would delete 0 run(s)" in out
+    assert "kept 2 run(s) the policy selects but updated less than --min-age 5m ago" in out
+    code, out, _ = _run(*args, "--min-age", "0s", "--dry-run")
+    assert code == 0 and "would delete 2 run(s)" in out and "--min-age" not in out
+
+
+def test_queue_prints_errors_whole(store_args: list[str]) -> None:
+    # guarantee 432: before, the error column was cut to 60 characters ending in "…"
+    with open_args(store_args) as store:
+        h = submit(store, "i36b_not_deployed_yet:nightly", "go", key="wrap-1")
+        Worker(store, poll_interval=0.05).run(until_idle=True)
+        error = " ".join(str(h.entry().error).split())
+    assert len(error) > 150 and error.endswith("Worker(registry={...})")
+    wide = runner.invoke(app, ["queue", *store_args], env={"COLUMNS": "600"})
+    assert wide.exit_code == 0 and error in wide.stdout and "…" not in wide.stdout
+    narrow = runner.invoke(app, ["queue", *store_args], env={"COLUMNS": "100"})
+    assert narrow.exit_code == 0 and "…" not in narrow.stdout
+    assert "Worker(registry={...})" in narrow.stdout  # the end of it, wrapped in its cell
+
+
+def test_an_entry_that_never_got_a_checkpoint_is_requeued_from_the_shell(
+    store_args: list[str], tmp_path: Path
+) -> None:
+    # guarantee 427: before, only Python's requeue_run() could (and only by run key)
+    log = str(tmp_path / "log")
+    target = "i36b_deployed_later:plan"
+    with open_args(store_args) as store:
+        h = submit(store, target, task(log, "late"), key="late-1")
+        Worker(store, poll_interval=0.05).run(until_idle=True)
+        assert h.status() == "failed" and "cannot import module" in str(h.entry().error)
+        assert store.backend.run_get("late-1") is None  # no checkpoint to rewind
+        code, _, err = _run("retry", "late-1", "--from", "extract", *store_args)
+        assert code == 1 and "no run under key 'late-1'" in err
+        assert f"`stepstone requeue {h.id[:12]}`" in err  # what to do instead
+        code, out, err = _run("requeue", h.id[:12], *store_args)  # as `queue` prints it
+        assert code == 0, err
+        assert f"queue entry {h.id} (run late-1) is queued again in queue default" in out
+        assert h.status() == "queued" and h.entry().attempts == 0 and h.entry().error is None
+        code, _, err = _run("requeue", "late-1", *store_args)  # by run key: already queued
+        assert code == 1 and "is queued: a worker runs it; nothing was changed" in err
+        # the fix is deployed: the worker can load the target
+        Worker(store, poll_interval=0.05, registry={target: make_plan()}).run(until_idle=True)
+        assert h.result(timeout=5).ok and store.read("late-1")["status"] == "done"
+    code, _, err = _run("requeue", "late-1", *store_args, "--json")
+    assert code == 1 and "is done; nothing was changed" in err and "stepstone retry" in err
+    code, _, err = _run("requeue", "nothing-like-it", *store_args)
+    assert code == 1 and "no queue entry 'nothing-like-it'" in err

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from stepstone import Worker, submit
 from stepstone.cli import app
-from tests.operate._runs import done_run
+from tests.operate._runs import done_run, failed_run
 from tests.operate.conftest import open_args
 from tests.workers.targets import make_plan, task
 
@@ -86,3 +86,28 @@ def test_an_entry_that_never_got_a_checkpoint_is_requeued_from_the_shell(
     assert code == 1 and "is done; nothing was changed" in err and "stepstone retry" in err
     code, _, err = _run("requeue", "nothing-like-it", *store_args)
     assert code == 1 and "no queue entry 'nothing-like-it'" in err
+
+
+def test_history_and_diff_show_the_failed_step_and_its_error(store_args: list[str]) -> None:
+    # guarantee 425: before, history's error column was empty and diff said "ends here"
+    with open_args(store_args) as store:
+        done_run(store, "good", payload="rows")  # extract -> "rows", load -> "rows!"
+        failed_run(store, "bad")  # extract -> "rows", validate raises
+    hist = _json("history", "bad", *store_args)
+    assert isinstance(hist, list) and [(e["seq"], e["kind"], e["name"]) for e in hist] == [
+        (1, "step", "extract"),
+        (None, "failed", "validate"),
+    ]
+    assert hist[1]["error"]["type"] == "ValueError" and hist[1]["error"]["message"] == "bad row 7"
+    code, out, _ = _run("history", "bad", *store_args)
+    assert code == 0 and "bad: 1 journal row(s), then failed" in out
+    assert "validate" in out and "ValueError: bad row 7" in out
+    diff = _json("diff", "good", "bad", *store_args)
+    assert isinstance(diff, dict) and diff["same_prefix"] == 1 and not diff["identical"]
+    first = diff["first_difference"]
+    assert first["a"]["name"] == "load" and first["b"]["kind"] == "failed"
+    assert first["b"]["error"]["message"] == "bad row 7"
+    code, out, _ = _run("diff", "good", "bad", *store_args)
+    assert code == 0 and "ends here" not in out
+    assert "good: #2 step load: rows!" in out
+    assert "bad: failed validate: error ValueError: bad row 7" in out

@@ -42,7 +42,7 @@ from stepstone.durable._inspect import (
     diff_runs,
     missing_run,
     run_detail,
-    salvaged_timeline,
+    run_timeline,
     steps_done,
     stranded_runs,
 )
@@ -143,6 +143,14 @@ def _short(value: Any, width: int = 70) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _error_text(err: Any, width: int = 70) -> str:
+    """A recorded error as ``Type: message`` (cut to ``width``), or its JSON when it is
+    not one."""
+    if isinstance(err, dict) and ("type" in err or "message" in err):
+        return _short(f"{err.get('type')}: {err.get('message')}", width)
+    return _short(err, width)
 
 
 def _size(n: int) -> str:
@@ -465,21 +473,24 @@ def history_cmd(
         found = read_salvaged(store.backend, key)
         if found is None:
             raise no_run(key, store)
-        entries = salvaged_timeline(found)
+        entries = run_timeline(found)
         if as_json:
             if not payloads:
                 for e in entries:
                     e.pop("payload", None)
             _print_json(entries)
             return
-        table = Table(title=f"{key}: {len(entries)} journal row(s)")
+        rows = sum(1 for e in entries if e["seq"] is not None)
+        stop = "" if rows == len(entries) else f", then {entries[-1]['kind']}"
+        table = Table(title=f"{key}: {rows} journal row(s){stop}")
         for col in ("seq", "kind", "name", "error"):
             table.add_column(col)
         if payloads:
             table.add_column("payload")
         for e in entries:
             err = e.get("error")
-            cells = [str(e["seq"]), e["kind"], str(e["name"]), _short(err) if err else ""]
+            seq = "-" if e["seq"] is None else str(e["seq"])
+            cells = [seq, e["kind"], str(e["name"]), _error_text(err) if err else ""]
             if payloads:
                 cells.append(_short(e.get("payload")))
             table.add_row(*cells)
@@ -553,8 +564,13 @@ def diff_cmd(
                 if e is None:
                     console.print(f"  {key}: ends here")
                 else:
-                    what = f"error {_short(e['error'])}" if e.get("error") else _short(e["payload"])
-                    console.print(f"  {key}: #{e['seq']} {e['kind']} {e['name']}: {what}")
+                    what = (
+                        f"error {_error_text(e['error'])}"
+                        if e.get("error")
+                        else _short(e["payload"])
+                    )
+                    at = "" if e["seq"] is None else f"#{e['seq']} "
+                    console.print(f"  {key}: {at}{e['kind']} {e['name']}: {what}")
 
 
 def cancel_cmd(

@@ -36,6 +36,7 @@ __all__ = [
     "run_detail",
     "rewind_steps",
     "run_summary",
+    "run_timeline",
     "salvaged_timeline",
     "stranded_runs",
     "timeline",
@@ -226,18 +227,15 @@ def salvaged_timeline(found: Salvaged) -> list[dict[str, Any]]:
     return entries
 
 
-def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
-    """Everything about one run: summary, head meta, its timeline, the tool calls it waits
-    on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
-    with their replay counts and its final state (see :func:`agent_view`)."""
-    found = read_salvaged(store.backend, key)
-    if found is None:
-        return None
-    head, rows = found.head, found.rows
+def run_timeline(found: Salvaged) -> list[dict[str, Any]]:
+    """A run's timeline as operators see it (``show``, ``history``, ``diff``, the
+    inspector): :func:`salvaged_timeline`, then, for a failed or paused run, the step it
+    stopped at (which committed no row of its own) with its error, as the last entry
+    (``seq`` None, kind ``"failed"`` or ``"paused"``)."""
     steps = salvaged_timeline(found)
+    head = found.head
     err = _error_of(head)
     if err is not None and head.status in ("failed", "paused"):
-        # The step that failed or paused committed no row of its own: show it last.
         steps.append(
             {
                 "seq": None,
@@ -247,6 +245,19 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
                 "error": err,
             }
         )
+    return steps
+
+
+def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
+    """Everything about one run: summary, head meta, its timeline, the tool calls it waits
+    on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
+    with their replay counts and its final state (see :func:`agent_view`)."""
+    found = read_salvaged(store.backend, key)
+    if found is None:
+        return None
+    head, rows = found.head, found.rows
+    steps = run_timeline(found)
+    err = _error_of(head)
     now = database_now(store) if now is None else now
     detail = {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
     problem = damage_report(found) if found.damaged else journal_problem(head, rows)
@@ -356,12 +367,14 @@ def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
     Raises:
         KeyError: one of the keys holds no run (the message names it).
     """
-    heads = {k: store.backend.run_get(k) for k in (key_a, key_b)}
-    for k, h in heads.items():
-        if h is None:
+    found = {k: read_salvaged(store.backend, k) for k in (key_a, key_b)}
+    heads = {k: f.head if f is not None else None for k, f in found.items()}
+    for k, f in found.items():
+        if f is None:
             raise KeyError(missing_run(store, k))
-    a = timeline(store.backend.run_journal(key_a))
-    b = timeline(store.backend.run_journal(key_b))
+    fa, fb = found[key_a], found[key_b]
+    assert fa is not None and fb is not None
+    a, b = run_timeline(fa), run_timeline(fb)
     same = 0
     while same < min(len(a), len(b)) and _comparable(a[same]) == _comparable(b[same]):
         same += 1

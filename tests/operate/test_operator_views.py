@@ -4,12 +4,19 @@ on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
 from stepstone import Worker, submit
 from stepstone.cli import app
+from stepstone.ui import InspectorServer
+from tests.operate._graph_crash import trip_graph
 from tests.operate._runs import done_run, failed_run
 from tests.operate.conftest import open_args
 from tests.workers.targets import make_plan, task
@@ -111,3 +118,62 @@ def test_history_and_diff_show_the_failed_step_and_its_error(store_args: list[st
     assert code == 0 and "ends here" not in out
     assert "good: #2 step load: rows!" in out
     assert "bad: failed validate: error ValueError: bad row 7" in out
+
+
+def _stranded_invocation(store_args: list[str]) -> str:
+    """The key of a graph invocation whose process died in its last node."""
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "_graph_crash.py"), *store_args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 9, proc.stderr
+    with open_args(store_args) as store:
+        (head,) = [h for h in store.backend.run_list("graph:") if h.status == "running"]
+    return head.key
+
+
+def test_a_resumed_graph_invocation_is_superseded_not_stranded(store_args: list[str]) -> None:
+    # guarantee 423, 424: before, the resumed invocation stayed "dead" in `stranded`,
+    # `runs` and the inspector, and its resume lock was listed as a run
+    old = _stranded_invocation(store_args)
+    stranded = _json("stranded", *store_args)
+    assert isinstance(stranded, list) and [s["key"] for s in stranded] == [old]
+    with open_args(store_args) as store:
+        final = trip_graph(store).invoke(resume_invocation=old.removeprefix("graph:"))
+        assert final.trace == ["book", "pack", "leave"]
+        graphs = [h.key for h in store.backend.run_list("graph:") if h.kind == "graph"]
+        (new,) = [key for key in graphs if key != old]
+        assert store.backend.run_get(old + "#resume") is not None  # the lock is still there
+    assert _json("stranded", *store_args) == []
+    listed = _json("runs", *store_args)
+    assert isinstance(listed, list)
+    assert sorted(r["key"] for r in listed) == sorted([old, new])  # no "#resume" row
+    by_key = {r["key"]: r for r in listed}
+    assert by_key[old]["owner"]["state"] == "superseded"
+    assert by_key[old]["superseded_by"] == new and by_key[new]["superseded_by"] is None
+    code, out, _ = _run("runs", *store_args)
+    assert code == 0 and f"superseded by {new}" in out and "dead" not in out
+    assert "#resume" not in out
+    shown = _json("show", old, *store_args)
+    assert isinstance(shown, dict)
+    assert shown["owner"] == "superseded" and shown["superseded_by"] == new
+    code, out, _ = _run("show", old, *store_args)
+    assert code == 0 and f"superseded by {new}" in out
+    locks = _json("runs", "--kind", "graph.resume", *store_args)  # named: listed
+    assert isinstance(locks, list) and [r["key"] for r in locks] == [old + "#resume"]
+    with open_args(store_args) as store, InspectorServer(store, port=0).start() as server:
+        runs = _get(server.url + "api/runs")["runs"]
+        assert sorted(r["key"] for r in runs) == sorted([old, new])
+        (was,) = [r for r in runs if r["key"] == old]
+        assert was["owner"] == "superseded" and was["superseded_by"] == new
+        one = _get(server.url + "api/run?key=" + urllib.parse.quote(old))
+        assert one["owner"] == "superseded" and one["superseded_by"] == new
+        narrow = _get(server.url + "api/runs?prefix=" + urllib.parse.quote(old))["runs"]
+        assert [r["superseded_by"] for r in narrow] == [new]  # its successor lies outside
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())

@@ -389,6 +389,15 @@ def show_cmd(
                     ),
                 )
             )
+        if detail.get("superseded_by"):
+            console.print(
+                Text.assemble(
+                    "  ",
+                    ("superseded", "yellow"),
+                    f" by {visible(detail['superseded_by'])}: that run took it over; "
+                    "look there, or resume that one",
+                )
+            )
         if detail.get("corrupt"):
             console.print(Text.assemble("  ", ("corrupt", "red"), ": ", visible(detail["corrupt"])))
         _print_approvals(console, key, detail["pending_approvals"])

@@ -25,6 +25,7 @@ from stepstone.store._base import (
 )
 from stepstone.store._queue_base import QueueEntry
 from stepstone.store._store import Store
+from stepstone.store._views import is_internal_kind
 
 __all__ = [
     "damage_report",
@@ -38,17 +39,67 @@ __all__ = [
     "run_summary",
     "run_timeline",
     "salvaged_timeline",
+    "source_key",
     "stranded_runs",
+    "successors",
     "timeline",
 ]
 
 
-def owner_state(head: RunHead, *, now: float | None = None) -> str:
-    """``"live"``, ``"dead"`` (a claimed/running run nobody executes: stranded) or
-    ``"none"`` (a paused, failed or done run has no owner)."""
+def owner_state(
+    head: RunHead, *, now: float | None = None, superseded_by: str | None = None
+) -> str:
+    """``"live"``, ``"dead"`` (a claimed/running run nobody executes: stranded),
+    ``"superseded"`` (a claimed/running run whose owner died and that another run took
+    over: ``superseded_by``, see :func:`successors`) or ``"none"`` (a paused, failed or
+    done run has no owner)."""
     if head.status not in LIVE_STATUSES:
         return "none"
-    return "live" if owner_alive(head, now=now) else "dead"
+    if owner_alive(head, now=now):
+        return "live"
+    return "dead" if superseded_by is None else "superseded"
+
+
+def source_key(head: RunHead) -> str | None:
+    """The key of the run that ``head``'s run took over, or None: a graph invocation
+    resumed from another records the other's invocation id (``meta["resumed_from"]``),
+    and both live under one prefix (``graph:<invocation_id>``)."""
+    source, own = head.meta.get("resumed_from"), head.meta.get("invocation_id")
+    if not (isinstance(source, str) and source and isinstance(own, str) and own):
+        return None
+    if not head.key.endswith(own):
+        return None
+    return head.key[: len(head.key) - len(own)] + source
+
+
+def successors(
+    store: Store, heads: Sequence[RunHead], *, prefix: str | None = None
+) -> dict[str, str]:
+    """For each run of ``heads`` that another run took over (a graph invocation resumed
+    under a new invocation id), the key of the run that did: the latest one, when it was
+    resumed more than once. ``heads`` were listed under ``prefix``; the runs that may
+    have taken them over are looked up under their own prefix when it lies outside it."""
+    pool = list(heads)
+    seen = {h.key for h in heads}
+    outside: set[str] = set()
+    for head in heads:
+        own = head.meta.get("invocation_id")
+        if isinstance(own, str) and own and head.key.endswith(own):
+            where = head.key[: len(head.key) - len(own)]
+            if prefix is not None and not where.startswith(prefix):
+                outside.add(where)
+    for where in sorted(outside):
+        pool += [h for h in store.backend.run_list(where) if h.key not in seen]
+    wanted = {h.key for h in heads}
+    latest: dict[str, RunHead] = {}
+    for head in pool:
+        source = source_key(head)
+        if source is None or source not in wanted or source == head.key:
+            continue
+        known = latest.get(source)
+        if known is None or (head.created_at, head.key) > (known.created_at, known.key):
+            latest[source] = head
+    return {source: head.key for source, head in latest.items()}
 
 
 def _error_of(head: RunHead) -> dict[str, Any] | None:
@@ -56,11 +107,14 @@ def _error_of(head: RunHead) -> dict[str, Any] | None:
     return err if isinstance(err, dict) else None
 
 
-def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
-    """One run as a JSON-ready dict (the row of ``stepstone runs --json`` and the web list)."""
+def run_summary(
+    head: RunHead, *, now: float | None = None, superseded_by: str | None = None
+) -> dict[str, Any]:
+    """One run as a JSON-ready dict (the row of ``stepstone runs --json`` and the web
+    list); ``superseded_by``: the run that took it over (:func:`successors`)."""
     now = time.time() if now is None else now
     err = _error_of(head)
-    state = owner_state(head, now=now)
+    state = owner_state(head, now=now, superseded_by=superseded_by)
     return {
         "key": head.key,
         "kind": head.kind,
@@ -79,6 +133,7 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
         "duration_seconds": round(head.updated_at - head.created_at, 3),
         "error_type": None if err is None else err.get("type"),
         "cancel_requested": bool(head.meta.get("cancel_requested")),
+        "superseded_by": superseded_by,
     }
 
 
@@ -96,7 +151,9 @@ def filter_heads(
     now: float | None = None,
 ) -> list[RunHead]:
     """``heads`` that match the filters, sorted: ``updated`` and ``created`` put the most
-    recent first, ``key`` sorts by key. Ages are seconds since the last commit.
+    recent first, ``key`` sorts by key. Ages are seconds since the last commit. Records
+    of an internal kind (an engine's bookkeeping, such as a graph's resume lock) are left
+    out unless ``kinds`` names theirs.
 
     Raises:
         ValueError: an unknown status or sort (the message lists the valid ones).
@@ -111,7 +168,7 @@ def filter_heads(
         h
         for h in heads
         if (not statuses or h.status in statuses)
-        and (not kinds or h.kind in kinds)
+        and (h.kind in kinds if kinds else not is_internal_kind(h.kind))
         and (older_than is None or now - h.updated_at >= older_than)
         and (newer_than is None or now - h.updated_at <= newer_than)
     ]
@@ -161,7 +218,8 @@ def query_runs(
         now=now,
     )
     page = out[offset : None if limit is None else offset + limit]
-    return len(out), [run_summary(h, now=now) for h in page]
+    taken = successors(store, page, prefix=prefix or None)
+    return len(out), [run_summary(h, now=now, superseded_by=taken.get(h.key)) for h in page]
 
 
 def _decode(row: JournalRow) -> Any:
@@ -259,7 +317,9 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
     steps = run_timeline(found)
     err = _error_of(head)
     now = database_now(store) if now is None else now
-    detail = {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
+    taken = successors(store, [head], prefix=key).get(key)
+    summary = run_summary(head, now=now, superseded_by=taken)
+    detail = {**summary, "meta": head.meta, "error": err, "timeline": steps}
     problem = damage_report(found) if found.damaged else journal_problem(head, rows)
     if problem is not None:  # shown as it is, to see what is left; a resume refuses it
         detail["corrupt"] = f"the record is corrupt: {problem}"
@@ -303,12 +363,19 @@ def rewind_steps(found: Salvaged) -> list[str]:
 
 def stranded_runs(store: Store, *, now: float | None = None) -> list[dict[str, Any]]:
     """Runs left ``claimed``/``running`` by an owner that died and nobody resumed, oldest
-    first (resume them with ``resume=True``, or delete them)."""
+    first (resume them with ``resume=True``, or delete them). A run another run took
+    over (a graph invocation resumed under a new id) is not stranded, and neither is an
+    engine's bookkeeping (a resume lock)."""
     now = database_now(store) if now is None else now
+    heads = store.backend.run_list(None)
+    taken = successors(store, heads)
     out = [
         run_summary(h, now=now)
-        for h in store.backend.run_list(None)
-        if h.status in LIVE_STATUSES and not owner_alive(h, now=now)
+        for h in heads
+        if h.status in LIVE_STATUSES
+        and not owner_alive(h, now=now)
+        and h.key not in taken
+        and not is_internal_kind(h.kind)
     ]
     out.sort(key=lambda s: s["updated_at"])
     return out

@@ -6,6 +6,7 @@ function here only reads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from stepstone.store._store import Store
 from stepstone.store._views import is_internal_kind
 
 __all__ = [
+    "ResumeVerdict",
     "damage_report",
     "diff_runs",
     "filter_heads",
@@ -44,6 +46,28 @@ __all__ = [
     "successors",
     "timeline",
 ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeVerdict:
+    """What resuming one stored run with the current code would do
+    (``stepstone migrate --dry-run``: each engine decides it with its resume's own
+    checks, nothing written).
+
+    Attributes:
+        verdict: ``current`` (resumes where it stopped), ``done`` (finished: runs
+            nothing), ``corrupt`` (refused: the record is damaged), ``live`` (refused: a
+            live process owns it or resumes it), ``gone`` (no such run), or an engine's
+            own: a Plan's ``changed`` (another version of the plan wrote it; resumes by
+            step name), ``restarts`` (starts over) and ``stale`` (refused with
+            ``StaleCheckpointError``), a graph's ``migrates`` and ``no chain``.
+        detail: Why, in a few words (a refusal: the error's first sentence).
+        runs: Whether the resume runs steps.
+    """
+
+    verdict: str
+    detail: str
+    runs: bool
 
 
 def owner_state(

@@ -44,7 +44,7 @@ def test_example_crash_and_approval_stories(tmp_path: Path) -> None:
 def test_docs_code_blocks_run(tmp_path: Path) -> None:
     text = (ROOT / "docs" / "agents.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     for i, block in enumerate(blocks):
         script = tmp_path / f"block{i}.py"
         script.write_text(block)
@@ -71,6 +71,14 @@ def test_docs_code_blocks_run(tmp_path: Path) -> None:
         "run_terminal",
         "['run_started', 'step_started', 'pre_llm', 'post_llm']",
     ]
+    ids = subprocess.run(
+        [sys.executable, str(tmp_path / "block1.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        check=True,
+    ).stdout.splitlines()
+    assert ids == ["[('bill-1', 't-7', 'done')]", "t-7"]  # guarantee 400
 
 
 def test_readme_durable_agent_block_runs(tmp_path: Path) -> None:

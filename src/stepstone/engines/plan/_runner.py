@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import json
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -77,6 +78,9 @@ class PlanRun:
     #: Journal rows the run's first commit carries (the plan's shape, on a fresh start).
     start_rows: list[tuple[str, str | None, Any]] = dataclasses.field(default_factory=list)
     approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
+    #: The ``writes=`` values committed so far (a resumed run starts from its journal's),
+    #: latest per key, some still as the encoded text the commit sent.
+    written: dict[str, Any] = dataclasses.field(default_factory=dict)
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _current: str | None = None
 
@@ -163,9 +167,14 @@ class PlanRun:
             pending=replay.pending,
             meta=meta,
             approvals=approvals,
+            written=dict(replay.kv),
         )
         out.prev = last_output(plan, replay, start)
         return out
+
+    def kv(self) -> dict[str, Any]:
+        """The run's ``writes=`` values, as ``store.read(key)["kv"]`` shows them."""
+        return {k: json.loads(v.text) if type(v) is Encoded else v for k, v in self.written.items()}
 
     @property
     def run_id(self) -> str | None:
@@ -198,6 +207,7 @@ class PlanRun:
                 rows=start + (rows or []),
                 writes=[(self.writes_prefix + k, v) for k, v in writes or []],
             )
+            self.written.update(writes or [])
         if self.session is not None:
             self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, next_step=next_step)
 

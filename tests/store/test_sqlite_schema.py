@@ -14,6 +14,10 @@ plain values, the same two Plan runs (now with their ``plan shape`` journal rows
 ``"final"``; ``etl-failed``, ``extract`` done with ``writes="raw"`` and ``broken`` raising
 ``ValueError: bad row 7``), and one finished graph run under ``graph:<uuid>`` (one node
 ``inc`` adding 1 to ``n=41``).
+
+``fixtures/store_v3.sqlite`` is frozen the same way: schema version 3 (a checksum, ``crc``,
+on every row), written through the public API with the same records as ``store_v2``, then
+switched to ``journal_mode=DELETE``.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from stepstone.store._base import printable_key
 __all__ = [
     "CANCELLED_RUNNING",
     "ENTRY_COLUMNS",
+    "NEVER",
     "FINAL_STATUSES",
     "QueueBackend",
     "QueueEntry",
@@ -41,6 +42,9 @@ FINAL_STATUSES = ("done", "failed", "cancelled")
 #: The error of an entry cancelled after it started (by its worker, or by the claim that
 #: finds its worker gone).
 CANCELLED_RUNNING = "cancelled while running"
+#: The ``not_before`` of an entry parked with no time limit (waiting for a message only):
+#: the last second of the year 9999, a time that stays a plain number everywhere.
+NEVER = 253402300799.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,6 +284,17 @@ class QueueBackend(abc.ABC):
         """Put an entry ``worker`` holds back in the queue (not counted as an attempt),
         runnable again after ``delay`` seconds; one whose cancel was requested ends
         ``cancelled`` instead."""
+
+    def park(
+        self, id: str, worker: str, run_key: str, wake_at: float, topics: Sequence[str]
+    ) -> bool:
+        """Put an entry ``worker`` holds back in the queue while its run waits (not counted
+        as an attempt): runnable at ``wake_at`` (the database's clock; :data:`NEVER` for a
+        wait with no time limit), or at once when a message on one of ``topics`` is
+        pending for its run (``run_key``), now or when one is sent later (the send makes
+        it runnable: ``Backend.message_send``). One whose cancel was requested ends
+        ``cancelled`` instead. False when ``worker`` no longer holds it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot park a run")
 
     @abc.abstractmethod
     def requeue(self, run_key: str) -> str | None:

@@ -488,6 +488,37 @@ class PostgresQueue(QueueBackend):
 
         return self.backend._read("hand a run back to its queue", back)
 
+    def park(
+        self, id: str, worker: str, run_key: str, wake_at: float, topics: Sequence[str]
+    ) -> bool:
+        # Under the run key's advisory lock, which a message's send takes too (see
+        # PostgresBackend.message_send): a message stored before the park makes the entry
+        # runnable at once here; one stored after finds it parked and makes it runnable.
+        def back(cur: Cursor) -> bool:
+            cur.execute(
+                "UPDATE stepstone_queue SET "
+                "status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "error = CASE WHEN cancel_requested THEN %(cancelled)s ELSE error END, "
+                "attempts = greatest(attempts - 1, 0), worker = NULL, host = NULL, pid = NULL, "
+                "pid_start = NULL, lease_until = NULL, "
+                f"not_before = CASE WHEN EXISTS (SELECT 1 FROM stepstone_messages m "
+                "WHERE m.run_key = %(key)s AND m.topic = ANY(%(topics)s) "
+                f"AND m.consumed_at IS NULL) THEN {NOW} ELSE %(wake)s END, "
+                f"updated_at = {NOW} "
+                "WHERE id = %(id)s AND worker = %(worker)s AND status = 'running'",
+                {
+                    "cancelled": CANCELLED_RUNNING,
+                    "key": run_key,
+                    "topics": list(topics),
+                    "wake": wake_at,
+                    "id": id,
+                    "worker": worker,
+                },
+            )
+            return cur.rowcount == 1
+
+        return self.backend._transaction("park a run", [run_key], back)
+
     def requeue(self, run_key: str) -> str | None:
         def requeue(cur: Cursor) -> str | None:
             row = cur.execute(

@@ -386,6 +386,35 @@ class SQLiteQueue(QueueBackend):
         return self._write(back)
 
     @file_errors
+    def park(
+        self, id: str, worker: str, run_key: str, wake_at: float, topics: Sequence[str]
+    ) -> bool:
+        def back(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            due = wake_at
+            if topics and _has_table(conn, "stepstone_messages"):
+                marks = ", ".join("?" * len(topics))
+                pending = conn.execute(
+                    "SELECT 1 FROM stepstone_messages WHERE run_key = ? "
+                    f"AND topic IN ({marks}) AND consumed_at IS NULL LIMIT 1",
+                    (run_key, *topics),
+                ).fetchone()
+                if pending is not None:
+                    due = now  # a message came before the park: runnable at once
+            cur = conn.execute(
+                "UPDATE stepstone_queue SET "
+                "status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "error = CASE WHEN cancel_requested THEN ? ELSE error END, "
+                "attempts = max(attempts - 1, 0), worker = NULL, host = NULL, pid = NULL, "
+                "pid_start = NULL, lease_until = NULL, not_before = ?, updated_at = ? "
+                "WHERE id = ? AND worker = ? AND status = 'running'",
+                (CANCELLED_RUNNING, due, now, id, worker),
+            )
+            return cur.rowcount == 1
+
+        return self._write(back)
+
+    @file_errors
     def requeue(self, run_key: str) -> str | None:
         def requeue(conn: sqlite3.Connection) -> str | None:
             rows = conn.execute(
@@ -562,6 +591,13 @@ def _columns() -> dict[str, tuple[str, ...]]:
         return {t: _table_columns(conn, t) for t in ("stepstone_queue", "stepstone_queue_limits")}
     finally:
         conn.close()
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
 
 
 def _table_columns(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:

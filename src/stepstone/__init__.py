@@ -30,6 +30,7 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
@@ -70,6 +71,7 @@ from stepstone.exceptions import (
     PlanPaused,
     PlanRuntimeError,
     QueuedRunError,
+    RunFinishedError,
     SerializationError,
     StaleCheckpointError,
     StepstoneError,
@@ -145,6 +147,12 @@ __all__ = [
     "prune_queue",
     "set_queue_limits",
     "submit",
+    # time and messages
+    "RunOutcome",
+    "StreamItem",
+    "StreamReader",
+    "asend",
+    "send",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -169,6 +177,7 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "QueuedRunError",
+    "RunFinishedError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",

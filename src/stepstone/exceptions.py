@@ -14,6 +14,7 @@ The tree::
         │   ├── MissingExtraError (+ImportError)  an optional dependency is not installed
         │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
         │   ├── ApprovalTargetError     an approval names no paused run or no call it waits on
+        │   ├── RunFinishedError        a message sent to a run that finished (none would read it)
         │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
         ├── ConcurrentRunError (+RuntimeError)   another live run owns the run record
         │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
@@ -116,6 +117,7 @@ __all__ = [
     "PlannerOutputError",
     "QueuedRunError",
     "RunCancelledError",
+    "RunFinishedError",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -137,6 +139,11 @@ class StepstoneError(Exception):
 
 class UserError(StepstoneError):
     """The API was used wrongly; the message says how to call it instead."""
+
+
+class RunFinishedError(UserError):
+    """A message was sent to a run that has finished (``done``): no receive would ever
+    read it, so nothing was stored."""
 
 
 class ConfigurationError(UserError, ValueError):

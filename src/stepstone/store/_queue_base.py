@@ -307,6 +307,10 @@ class QueueBackend(abc.ABC):
     def active_entry(self, run_key: str) -> str | None:
         """The id of the entry under ``run_key`` that is queued or running, or None."""
 
+    def latest_entry(self, run_key: str) -> QueueEntry | None:
+        """The entry submitted last under ``run_key`` (whatever its status), or None."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look entries up by key")
+
     @abc.abstractmethod
     def get(self, id: str) -> QueueEntry | None:
         """The entry, or None."""

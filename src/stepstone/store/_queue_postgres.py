@@ -549,6 +549,16 @@ class PostgresQueue(QueueBackend):
         )
         return None if row is None else str(row[0])
 
+    def latest_entry(self, run_key: str) -> QueueEntry | None:
+        row = self.backend._read(
+            "read a queued run",
+            lambda cur: cur.execute(
+                f"SELECT {COLS} FROM stepstone_queue WHERE run_key = %s ORDER BY seq DESC LIMIT 1",
+                (run_key,),
+            ).fetchone(),
+        )
+        return None if row is None else entry_from_row(row)
+
     def get(self, id: str) -> QueueEntry | None:
         row = self.backend._read(
             "read a queued run",

@@ -450,6 +450,15 @@ class SQLiteQueue(QueueBackend):
         return None if got is None else str(got[0])
 
     @file_errors
+    def latest_entry(self, run_key: str) -> QueueEntry | None:
+        row = self._conn().execute(
+            f"SELECT {COLS} FROM stepstone_queue WHERE run_key = ? ORDER BY seq DESC LIMIT 1",
+            (run_key,),
+        )
+        got = row.fetchone()
+        return None if got is None else _entry(got)
+
+    @file_errors
     def get(self, id: str) -> QueueEntry | None:
         row = self._conn().execute(f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (id,))
         got = row.fetchone()

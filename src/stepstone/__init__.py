@@ -32,6 +32,7 @@ from stepstone.core import (
 )
 from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
@@ -149,9 +150,13 @@ __all__ = [
     "submit",
     # time and messages
     "RunOutcome",
+    "Schedule",
+    "ScheduleInfo",
     "StreamItem",
     "StreamReader",
     "asend",
+    "list_schedules",
+    "schedule",
     "send",
     # errors
     "AgentCheckpointCorruptionError",

@@ -47,6 +47,7 @@ from stepstone.durable._queue import (
     resolve_target,
 )
 from stepstone.durable._records import run_head
+from stepstone.durable._schedules import fire_due
 from stepstone.exceptions import (
     ConcurrentRunError,
     ConfigurationError,
@@ -377,11 +378,16 @@ class Worker:
                     raise  # (a batch run reports it: it would end at once anyway)
                 log.warning("stepstone: %s cannot reach its store yet: %s", self.id, exc)
             sweep_at = self._loop.time() + 1.0
+            schedules_at = self._loop.time()
             while not self._stopping.is_set():
                 if self._loop.time() >= sweep_at:
                     with contextlib.suppress(StoreError):  # an outage: the next sweep retries
                         await self._store_call(self._expire_dead)
                     sweep_at = self._loop.time() + 1.0
+                if self._loop.time() >= schedules_at:
+                    with contextlib.suppress(StoreError):  # an outage: the next look retries
+                        await self._store_call(self._fire_schedules)
+                    schedules_at = self._loop.time() + SCHEDULES_EVERY
                 if max_runs is not None and taken >= max_runs:
                     if not self._tasks:
                         break
@@ -515,6 +521,13 @@ class Worker:
             if entries:
                 return entries
         return []
+
+    def _fire_schedules(self) -> None:
+        """Queue the runs of the due ticks of the schedules of this worker's queues (any
+        number of workers may do it at once: each tick queues one run)."""
+        queued = fire_due(self._queue, self.queues)
+        if queued:
+            log.info("stepstone: %s queued %d scheduled run(s)", self.id, queued)
 
     def _expire_dead(self) -> None:
         """End the leases of entries held by dead worker processes on this host, so they
@@ -704,6 +717,8 @@ class Worker:
         return await asyncio.wrap_future(done)
 
 
+#: Seconds between a worker's looks at the schedules of its queues.
+SCHEDULES_EVERY = 1.0
 #: The longest wait before a run the store failed under is tried again (seconds).
 _STORE_BACKOFF_MAX = 60.0
 #: The longest wait between two claims the store could not serve (seconds).

@@ -1,16 +1,19 @@
-"""``stepstone send``, ``events`` and ``stream``: messages to a run, its events and its
-streams, from the command line.
+"""``stepstone send``, ``events``, ``stream`` and ``schedules``: messages to a run, its
+events and its streams, and the store's schedules, from the command line.
 
-``send`` writes (one message; the store must already be a stepstone store); ``events``
-and ``stream`` only read (the store is opened read-only).
+``send`` and ``schedules`` write (the store must already be a stepstone store; listing the
+schedules opens it writable, since a SQLite file gets its queue's tables on first use);
+``events`` and ``stream`` only read (the store is opened read-only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from stepstone.cli._ops import (
     DbOption,
@@ -23,6 +26,7 @@ from stepstone.cli._ops import (
 from stepstone.cli._render import visible, visible_console
 from stepstone.core._serialization import untag
 from stepstone.durable._messages import StreamReader, events, run_outcome, send
+from stepstone.durable._schedules import Schedule, list_schedules
 
 __all__ = ["register"]
 
@@ -120,7 +124,117 @@ def stream_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``send``, ``events`` and ``stream`` to ``app``."""
+    """Add ``send``, ``events``, ``stream`` and ``schedules`` to ``app``."""
     app.command("send")(send_cmd)
     app.command("events")(events_cmd)
     app.command("stream")(stream_cmd)
+    app.add_typer(schedules_app, name="schedules")
+
+
+# -- schedules -----------------------------------------------------------------------------
+schedules_app = typer.Typer(
+    help="List the schedules in a store; pause, resume or delete one.",
+    no_args_is_help=False,
+    invoke_without_command=True,
+)
+
+
+def _when(moment: Any) -> str:
+    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@schedules_app.callback()
+def schedules_cmd(
+    ctx: typer.Context,
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """List the schedules (or: schedules pause|resume|delete NAME)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with open_store(db, url, debug=debug) as store:
+        found = list_schedules(store)
+    if as_json:
+        out = [
+            {
+                **dataclasses.asdict(info),
+                "next_tick": info.next_tick.isoformat(),
+                "last_tick": None if info.last_tick is None else info.last_tick.isoformat(),
+            }
+            for info in found
+        ]
+        typer.echo(json.dumps(out))
+        return
+    console = visible_console()
+    if not found:
+        console.print("no schedules")
+        return
+    table = Table(title=f"{len(found)} schedule{'' if len(found) == 1 else 's'}")
+    for column in ("name", "cron", "target", "queue", "state", "next tick", "last tick"):
+        table.add_column(column)
+    for info in found:
+        cron = info.cron if info.timezone == "UTC" else f"{info.cron} ({info.timezone})"
+        state = "paused" if info.paused else f"active, catch_up={info.catch_up}"
+        table.add_row(
+            info.name,
+            cron,
+            info.target,
+            info.queue,
+            state,
+            "-" if info.paused else _when(info.next_tick),
+            _when(info.last_tick),
+        )
+    console.print(table)
+
+
+def _change(what: str, name: str, db: Any, url: Any, as_json: bool, debug: bool) -> None:
+    with open_store(db, url, debug=debug) as store:
+        handle = Schedule(store, name)
+        if what == "delete":
+            if not handle.delete():
+                fail(f"no schedule {name!r}; `stepstone schedules` lists them")
+        else:
+            getattr(handle, what)()
+    done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[what]
+    if as_json:
+        typer.echo(json.dumps({"name": name, "done": done}))
+    else:
+        typer.echo(visible(f"schedule {name} {done}"))
+
+
+@schedules_app.command("pause")
+def schedules_pause(
+    name: Annotated[str, typer.Argument(help="The schedule's name.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Pause a schedule: it queues no run until resumed."""
+    _change("pause", name, db, url, as_json, debug)
+
+
+@schedules_app.command("resume")
+def schedules_resume(
+    name: Annotated[str, typer.Argument(help="The schedule's name.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Resume a schedule from its next tick after now (ticks while paused are skipped)."""
+    _change("resume", name, db, url, as_json, debug)
+
+
+@schedules_app.command("delete")
+def schedules_delete(
+    name: Annotated[str, typer.Argument(help="The schedule's name.")],
+    db: DbOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Delete a schedule (the runs it queued stay)."""
+    _change("delete", name, db, url, as_json, debug)

@@ -275,7 +275,7 @@ def _split_path(path: str) -> tuple[str, str]:
     return mod_name, attr
 
 
-def _target_path(target: Any) -> str:
+def target_path(target: Any) -> str:
     """The import path of what ``submit`` was given to run: the path itself, or that of
     a Plan, a compiled graph, an Agent (the objects with a ``submit`` method) or a
     function.
@@ -295,6 +295,26 @@ def _target_path(target: Any) -> str:
         )
     _split_path(path)
     return path
+
+
+def start_envelope(task: Any) -> Envelope[Any]:
+    """The start envelope of a queued run of ``task``: the Envelope itself, one made of a
+    task string, or (for a graph) of its initial state model.
+
+    Raises:
+        UserError: ``task`` is none of them.
+    """
+    if not isinstance(task, str | Envelope | BaseModel):
+        raise UserError(
+            f"task must be a str, an Envelope or (for a graph) its state model instance, got "
+            f"{type(task).__name__} {task!r:.80}; wrap other values in Envelope(task=..., "
+            "payload=...)"
+        )
+    if isinstance(task, BaseModel):  # a graph's initial state
+        return Envelope(task=type(task).__name__, payload=task.model_dump(mode="json"))
+    if isinstance(task, Envelope):
+        return task
+    return Envelope.from_task(str(task))
 
 
 def submit(
@@ -349,22 +369,8 @@ def submit(
             f"not_before must be a unix time (seconds, the database's clock) or a datetime, "
             f"got {not_before!r}"
         )
-    if not isinstance(task, str | Envelope | BaseModel):
-        raise UserError(
-            f"task must be a str, an Envelope or (for a graph) its state model instance, got "
-            f"{type(task).__name__} {task!r:.80}; wrap other values in Envelope(task=..., "
-            "payload=...)"
-        )
-    path = _target_path(target)
-    if isinstance(task, BaseModel):  # a graph's initial state
-        env: Envelope[Any] = Envelope(
-            task=type(task).__name__,
-            payload=task.model_dump(mode="json"),
-        )
-    elif isinstance(task, Envelope):
-        env = task
-    else:
-        env = Envelope.from_task(str(task))
+    env = start_envelope(task)
+    path = target_path(target)
     text = json.dumps(env.to_dict(where="submitted task", strict=True), separators=(",", ":"))
     qb = queue_backend(store)
     uid = new_uid()

@@ -408,6 +408,24 @@ MIGRATIONS: list[str] = [
         FOR EACH ROW EXECUTE FUNCTION stepstone_notify_run();
     CREATE TRIGGER stepstone_streams_notify AFTER INSERT ON stepstone_streams
         FOR EACH ROW EXECUTE FUNCTION stepstone_notify_run();
+    -- Schedules (store/_queue_base.py, ScheduleRow): a queued run at every cron tick.
+    CREATE TABLE stepstone_schedules (
+        name TEXT COLLATE "C" PRIMARY KEY,
+        target TEXT NOT NULL,
+        cron TEXT NOT NULL,
+        timezone TEXT NOT NULL,
+        queue TEXT COLLATE "C" NOT NULL,
+        task TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        catch_up TEXT NOT NULL,
+        grace DOUBLE PRECISION NOT NULL,
+        paused BOOLEAN NOT NULL,
+        next_tick DOUBLE PRECISION NOT NULL,
+        last_tick DOUBLE PRECISION,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
     """,
 ]
 

@@ -31,17 +31,23 @@ from stepstone.store._postgres_wire import moved, text_rows
 from stepstone.store._queue_base import (
     CANCELLED_RUNNING,
     ENTRY_COLUMNS,
+    SCHEDULE_COLUMNS,
     Owner,
     QueueBackend,
     QueueEntry,
+    ScheduleRow,
+    TickEntry,
     entry_from_row,
     free_slots,
     key_in_use,
     rate_window,
     readable,
+    schedule_from_row,
 )
 
 __all__ = ["PostgresQueue"]
+
+_SCHEDULE_COLS = ", ".join(SCHEDULE_COLUMNS)
 
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 COLS = ", ".join(ENTRY_COLUMNS)
@@ -548,6 +554,109 @@ class PostgresQueue(QueueBackend):
             ).fetchone(),
         )
         return None if row is None else str(row[0])
+
+    # -- schedules -------------------------------------------------------------------------
+    def schedule_put(self, row: ScheduleRow) -> None:
+        marks = ", ".join(["%s"] * len(SCHEDULE_COLUMNS))
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in SCHEDULE_COLUMNS[1:])
+        values = tuple(getattr(row, c) for c in SCHEDULE_COLUMNS)
+        self.backend._read(
+            "store a schedule",
+            lambda cur: cur.execute(
+                f"INSERT INTO stepstone_schedules ({_SCHEDULE_COLS}) VALUES ({marks}) "
+                f"ON CONFLICT (name) DO UPDATE SET {updates}",
+                values,
+            ),
+        )
+
+    def schedule_get(self, name: str) -> ScheduleRow | None:
+        row = self.backend._read(
+            "read a schedule",
+            lambda cur: cur.execute(
+                f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules WHERE name = %s", (name,)
+            ).fetchone(),
+        )
+        return None if row is None else schedule_from_row(row)
+
+    def schedules(self) -> list[ScheduleRow]:
+        rows = self.backend._read(
+            "list schedules",
+            lambda cur: cur.execute(
+                f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules ORDER BY name"
+            ).fetchall(),
+        )
+        return [schedule_from_row(r) for r in rows]
+
+    def schedule_pause(self, name: str, paused: bool, next_tick: float | None) -> bool:
+        def pause(cur: Cursor) -> bool:
+            cur.execute(
+                "UPDATE stepstone_schedules SET paused = %s, "
+                f"next_tick = coalesce(%s, next_tick), updated_at = {NOW} WHERE name = %s",
+                (paused, next_tick, name),
+            )
+            return cur.rowcount == 1
+
+        return self.backend._read("pause or resume a schedule", pause)
+
+    def schedule_delete(self, name: str) -> bool:
+        def delete(cur: Cursor) -> bool:
+            cur.execute("DELETE FROM stepstone_schedules WHERE name = %s", (name,))
+            return cur.rowcount == 1
+
+        return self.backend._read("delete a schedule", delete)
+
+    def schedules_due(self, queues: Sequence[str]) -> list[ScheduleRow]:
+        rows = self.backend._read(
+            "find due schedules",
+            lambda cur: cur.execute(
+                f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules WHERE NOT paused "
+                f"AND next_tick <= {NOW} AND queue = ANY(%s) ORDER BY next_tick",
+                (list(queues),),
+            ).fetchall(),
+        )
+        return [schedule_from_row(r) for r in rows]
+
+    def schedule_fire(
+        self, name: str, expected_next: float, new_next: float, entries: Sequence[TickEntry]
+    ) -> list[str] | None:
+        last = max((e.tick for e in entries), default=None)
+
+        def fire(cur: Cursor) -> list[str] | None:
+            row = cur.execute(
+                "UPDATE stepstone_schedules SET next_tick = %s, "
+                f"last_tick = coalesce(%s, last_tick), updated_at = {NOW} "
+                "WHERE name = %s AND next_tick = %s AND NOT paused "
+                "RETURNING queue, target, priority, max_attempts",
+                (new_next, last, name, expected_next),
+            ).fetchone()
+            if row is None:
+                return None
+            queue, target, priority, max_attempts = row
+            queued: list[str] = []
+            for entry in entries:
+                got = cur.execute(
+                    "INSERT INTO stepstone_queue (id, queue, target, task, run_key, priority, "
+                    "not_before, dedupe_key, status, attempts, max_attempts, created_at, "
+                    f"updated_at) VALUES (%s, %s, %s, %s, %s, %s, {NOW}, %s, 'queued', 0, %s, "
+                    f"{NOW}, {NOW}) ON CONFLICT DO NOTHING RETURNING id",
+                    (
+                        entry.id,
+                        queue,
+                        target,
+                        entry.task,
+                        entry.run_key,
+                        priority,
+                        entry.dedupe_key,
+                        max_attempts,
+                    ),
+                ).fetchone()
+                if got is not None:
+                    queued.append(str(got[0]))
+            return queued
+
+        # One transaction (retried whole after a lost connection unless it committed):
+        # the next tick moves exactly when its runs are queued.
+        return self.backend._transaction("queue a schedule's runs", [], fire)
 
     def latest_entry(self, run_key: str) -> QueueEntry | None:
         row = self.backend._read(

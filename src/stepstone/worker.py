@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import os
@@ -48,17 +49,19 @@ from stepstone.durable._queue import (
 )
 from stepstone.durable._records import run_head
 from stepstone.durable._schedules import fire_due
+from stepstone.durable._waiting import Parking, parked_by
 from stepstone.exceptions import (
     ConcurrentRunError,
     ConfigurationError,
     ConfigurationTypeError,
     CorruptRecordError,
+    RunParked,
     StoreDamagedError,
     StoreError,
     UserError,
 )
 from stepstone.store import Store
-from stepstone.store._queue_base import CANCELLED_RUNNING, Owner, QueueEntry
+from stepstone.store._queue_base import CANCELLED_RUNNING, NEVER, Owner, QueueEntry
 
 __all__ = ["Worker"]
 
@@ -83,9 +86,14 @@ class Worker:
             finish before they are stopped at their current step and handed back (a
             finite number >= 0).
         name: This worker's id in the queue (default: a fresh one).
+        park_after: A run that waits (a durable sleep, a receive) longer than this many
+            seconds gives its slot back: its queue entry comes back at its wake time, or
+            when a message it waits for arrives (a finite number >= 0). A receive waits this
+            long in the worker first; a cancel reaches a waiting run at once.
 
     Attributes:
         completed: How many runs this worker finished.
+        parked: How many times a waiting run gave this worker's slot back.
         abandoned: None, unless a shutdown gave up on a store that stopped answering: then
             the ids of the queued runs it could not hand back (perhaps none, when all it
             left was a store call of its own). Their leases run out and other workers take
@@ -112,6 +120,7 @@ class Worker:
         registry: dict[str, Any] | None = None,
         shutdown_timeout: float = 30.0,
         name: str | None = None,
+        park_after: float = 5.0,
     ) -> None:
         if isinstance(queues, str):
             queues = [queues]
@@ -124,6 +133,7 @@ class Worker:
         lease = LeasePolicy(lease_seconds)
         poll = check_number("poll_interval", poll_interval, 0, above=True)
         shutdown = check_number("shutdown_timeout", shutdown_timeout, 0)
+        self.park_after = check_number("park_after", park_after, 0)
         if registry is not None and not isinstance(registry, Mapping):
             raise ConfigurationTypeError(
                 f"registry must map targets to engines, e.g. registry={{'orders:plan': plan}}, "
@@ -152,6 +162,7 @@ class Worker:
             pid_start=process_start_time(os.getpid()),
         )
         self.completed = 0
+        self.parked = 0
         self.abandoned: list[str] | None = None
         self._ended = 0
         self._queue = queue_backend(self.store)
@@ -598,10 +609,14 @@ class Worker:
 
     async def _execute_inner(self, entry: QueueEntry) -> None:
         run: Callable[[Envelope[Any]], Awaitable[Envelope[Any]]] | None = None
+        parked_by(Parking(self.park_after, functools.partial(self._check_cancel, entry.id)))
         try:
             run = await self._engine(entry)
             env = Envelope.from_dict(json.loads(entry.task))
             out = await run(env)
+        except RunParked as parked:
+            await self._park(entry, parked)
+            return
         except asyncio.CancelledError:
             reason = self._cancel_reason.get(entry.id, "shutdown")
             if reason == "cancel":
@@ -642,6 +657,34 @@ class Worker:
         self._store_failures.pop(entry.id, None)
         await self._finish(entry, "done" if out.ok else "failed", text, _error_text(out))
         self.completed += 1
+
+    async def _park(self, entry: QueueEntry, parked: RunParked) -> None:
+        """The run waits longer than :attr:`park_after`: put its entry back, runnable at
+        its wake time or when a message on its topics comes (a cancel requested meanwhile
+        ends it cancelled); False from the store (logged): its lease runs out instead."""
+        wake = NEVER if parked.wake_at is None else parked.wake_at
+        try:
+            held = await to_thread(
+                self._queue.park, entry.id, self.id, entry.run_key, wake, parked.topics
+            )
+        except StoreError as exc:
+            log.warning(
+                "stepstone: could not park queued run %s (%s); it is taken over when its "
+                "lease runs out, and waits again",
+                entry.id,
+                exc,
+            )
+            return
+        if held:
+            self.parked += 1
+            log.debug("stepstone: %s parked queued run %s: %s", self.id, entry.id, parked)
+
+    def _check_cancel(self, entry_id: str) -> None:
+        """A waiting run's look at its cancel (from a thread): stop the run now when one
+        was requested, as a lease renewal that finds it would."""
+        found = self._queue.get(entry_id)
+        if found is not None and found.cancel_requested:
+            self._cancel_from_thread(entry_id, "cancel")
 
     async def _hand_back_later(self, entry: QueueEntry, exc: Exception) -> None:
         """The store failed under the run (``_store_failed``). What it committed is kept:

@@ -688,7 +688,12 @@ class PostgresQueue(QueueBackend):
                 "WHERE id = %s AND status IN ('queued', 'running')",
                 (id,),
             )
-            row = cur.execute("SELECT status FROM stepstone_queue WHERE id = %s", (id,)).fetchone()
+            row = cur.execute(
+                "SELECT status, CASE WHEN cancel_requested THEN "
+                "pg_notify('stepstone', 'r:' || left(md5(run_key), 16)) END "
+                "FROM stepstone_queue WHERE id = %s",
+                (id,),
+            ).fetchone()  # a run waiting in its worker hears of its cancel at once
             return None if row is None else str(row[0])
 
         return self.backend._read("cancel a queued run", cancel)

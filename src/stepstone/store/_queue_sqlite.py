@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from stepstone.exceptions import CorruptRecordError, StoreError
 from stepstone.store._base import lenient_text, printable_key
+from stepstone.store._changes import run_topic
 from stepstone.store._queue_base import (
     CANCELLED_RUNNING,
     ENTRY_COLUMNS,
@@ -44,7 +45,7 @@ from stepstone.store._queue_base import (
     readable,
     schedule_from_row,
 )
-from stepstone.store._sqlite import damaged_definition, run_script, trigger_state
+from stepstone.store._sqlite import damaged_definition, publish, run_script, trigger_state
 from stepstone.store._sqlite_conns import ThreadConnections
 from stepstone.store._sqlite_errors import file_error, file_errors
 from stepstone.store._sqlite_rows import row_crc
@@ -497,10 +498,19 @@ class SQLiteQueue(QueueBackend):
                 "updated_at = ? WHERE id = ? AND status IN ('queued', 'running')",
                 (time.time(), id),
             )
-            row = conn.execute("SELECT status FROM stepstone_queue WHERE id = ?", (id,)).fetchone()
+            row = conn.execute(
+                "SELECT status, run_key, cancel_requested FROM stepstone_queue WHERE id = ?",
+                (id,),
+            ).fetchone()
+            if row is not None and row[2]:
+                woken.append(str(row[1]))
             return None if row is None else str(row[0])
 
-        return self._write(cancel)
+        woken: list[str] = []
+        status = self._write(cancel)
+        for key in woken:  # a run waiting in a worker of this process hears of it at once
+            publish(self.path, run_topic(key))
+        return status
 
     @file_errors
     def running_on(self, host: str) -> list[QueueEntry]:

@@ -68,7 +68,7 @@ from stepstone.store._sqlite_rows import (
 )
 from stepstone.store._sqlite_wal import WalTender, wal_damage
 
-__all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
+__all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend", "publish"]
 
 #: What a run keeps beside its journal (``store/_extras.py``): its timers, the messages sent
 #: to it, its events and its streams. Row-id tables with a key index, as the journal (a
@@ -234,6 +234,16 @@ _FEEDS_LOCK = threading.Lock()
 
 #: How often a waiter on a SQLite store looks again for what other processes changed.
 POLL_INTERVAL = 0.1
+
+
+def publish(path: Path, topic: str) -> None:
+    """Wake this process's waiters of ``topic`` on the store file at ``path`` (if any
+    store of this process has it open)."""
+    with _FEEDS_LOCK:
+        feed = _FEEDS.get(str(path.resolve()))
+    if feed is not None:
+        feed.publish(topic)
+
 
 #: Table names of older schema versions that differ from :data:`_TABLES`, for reading a
 #: store read-only without migrating it.

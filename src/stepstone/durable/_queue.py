@@ -46,6 +46,7 @@ __all__ = [
     "import_path_of",
     "prune_queue",
     "queue_backend",
+    "requeue_entry",
     "set_queue_limits",
     "submit",
 ]
@@ -452,6 +453,83 @@ def requeue_run(store: Store, key: str) -> str | None:
     """
     queue = existing_queue(store)
     return None if queue is None else queue.requeue(key)
+
+
+#: The fewest characters of an entry id that name it (``stepstone queue`` prints 12).
+MIN_ID_CHARS = 6
+
+
+def requeue_entry(store: Store, ref: str) -> QueueEntry:
+    """Put a failed or cancelled queue entry back in its queue, runnable at once, its
+    attempts, result and error cleared: what ``stepstone requeue`` does. Unlike
+    :func:`requeue_run`, it needs no run under the entry's key, so it also sends back an
+    entry that never got a checkpoint (its target failed to import, and the fix is
+    deployed now).
+
+    Args:
+        store: The store holding the queue.
+        ref: The entry's id, the start of it that ``stepstone queue`` prints (at least
+            :data:`MIN_ID_CHARS` characters, naming one entry), or the run key of its
+            latest entry.
+
+    Returns:
+        The entry as it is now (``queued``).
+
+    Raises:
+        UserError: no entry answers to ``ref`` (or several do), it is still queued or
+            running, it is done, or it is not the latest entry of its run; the message
+            says what to do. Nothing was changed.
+    """
+    queue = existing_queue(store)
+    if queue is None:
+        raise UserError(
+            f"{store!r} has no work queue (no run was ever submitted to it), so no entry "
+            f"{ref!r}; list entries with `stepstone queue`"
+        )
+    entries = queue.entries(None, None)
+    entry = _entry_named(entries, ref)
+    shown = f"queue entry {entry.id} (run {entry.run_key!r})"
+    if entry.status in ("queued", "running"):
+        raise UserError(f"{shown} is {entry.status}: a worker runs it; nothing was changed")
+    latest = [e for e in entries if e.run_key == entry.run_key][-1]
+    if latest.id != entry.id:
+        raise UserError(
+            f"{shown} is not the latest entry of its run; the latest is {latest.id} "
+            f"({latest.status}): requeue that one. Nothing was changed"
+        )
+    if entry.status == "done":
+        raise UserError(
+            f"{shown} is done; nothing was changed. To run some of its steps again, rewind "
+            f"the run with `stepstone retry {entry.run_key} --from STEP`, which puts the "
+            "entry back in the queue"
+        )
+    requeued = queue.requeue(entry.run_key)
+    after = queue.get(entry.id) if requeued is not None else None
+    if after is None:
+        raise UserError(f"{shown} changed while it was being requeued; look at it again")
+    return after
+
+
+def _entry_named(entries: list[QueueEntry], ref: str) -> QueueEntry:
+    """The entry ``ref`` names: by id, by the start of its id, or by its run key (the
+    latest entry of that run)."""
+    for entry in entries:
+        if entry.id == ref:
+            return entry
+    by_id = [e for e in entries if len(ref) >= MIN_ID_CHARS and e.id.startswith(ref)]
+    if len(by_id) > 1:
+        raise UserError(
+            f"{ref!r} starts the ids of {len(by_id)} queue entries; give more of the id"
+        )
+    if by_id:
+        return by_id[0]
+    by_key = [e for e in entries if e.run_key == ref]
+    if by_key:
+        return by_key[-1]
+    raise UserError(
+        f"no queue entry {ref!r}: give an entry id (at least {MIN_ID_CHARS} characters, "
+        "as `stepstone queue` prints it) or the run key of an entry"
+    )
 
 
 def existing_queue(store: Store) -> QueueBackend | None:

@@ -628,9 +628,9 @@ class SQLiteBackend(Backend):
         return f"sqlite:{self.path}"
 
     def integrity(self, *, quick: bool = False) -> list[str] | None:
-        """SQLite's ``integrity_check`` (or ``quick_check``) of the file, at most 100 lines,
-        on a read-only connection of its own (the file is read as the last commit left it,
-        WAL included)."""
+        """SQLite's ``integrity_check`` (or ``quick_check``) of the file, at most 100 of its
+        answers, each finding a line of its own, on a read-only connection of its own (the
+        file is read as the last commit left it, WAL included)."""
         conn = self._connect_read_only()
         try:
             pragma = "quick_check" if quick else "integrity_check"
@@ -639,7 +639,16 @@ class SQLiteBackend(Backend):
             return [f"{exc} ({getattr(exc, 'sqlite_errorname', 'error')})"]
         finally:
             conn.close()
-        return [] if lines == ["ok"] else lines
+        if lines == ["ok"]:
+            return []
+        # One answer row may hold several findings, one a line, under a header naming the
+        # database ("*** in database main ***"): a report lists each finding on its own.
+        return [
+            part
+            for line in lines
+            for part in line.splitlines()
+            if part.strip() and not part.startswith("*** in database ")
+        ]
 
     @file_errors
     def checksums(self) -> str | None:

@@ -84,3 +84,48 @@ def test_events_and_stream_print_what_the_run_wrote(tmp_path: Path) -> None:
     assert [line.get("offset") for line in lines[:-1]] == [0, 1, 2, 3]
     assert lines[3] == {"offset": 3, "value": {"pct": 99}, "attempt": 1}
     assert lines[-1] == {"next_offset": 4, "ended": "done"}
+
+
+def test_show_says_what_a_run_waits_for_and_lists_its_events_streams_and_mail(
+    tmp_path: Path,
+) -> None:
+    # guarantee 514
+    from stepstone.store._extras import ExtraWrites, Timer
+
+    db = _store(tmp_path)
+    with Store(db=db) as store:
+        claimed = claim_run(store, "w", kind="plan", resume=False, first_step="a")
+        assert claimed.run is not None
+        now = store.backend.clock()
+        claimed.run.commit_sync(
+            status="running",
+            next_step="a",
+            rows=[("t", None, {})],
+            extras=ExtraWrites(
+                events=(("stage", encode_value("charged", "e")),),
+                stream=(("progress", encode_value(1, "s")),),
+                timers=(
+                    Timer(run_key="w", name="0", wake_at=now + 3600, topic=None, since=now),
+                    Timer(run_key="w", name="1", wake_at=None, topic="approval", since=now),
+                    Timer(run_key="w", name="2", wake_at=now - 1, topic=None, since=now),
+                ),
+            ),
+        )
+        from stepstone import send
+
+        send(store, "w", "approval", {"ok": True})
+        claimed.run.release()
+    as_json = cli("show", "w", "--db", str(db), "--json")
+    detail = json.loads(as_json.stdout)
+    assert [(w["name"], w["state"], w["topic"]) for w in detail["waiting"]] == [
+        ("0", "sleeping", None),
+        ("1", "waiting", "approval"),
+        ("2", "due", None),
+    ]
+    assert detail["events"] == {"stage": "charged"}
+    assert detail["streams"] == [{"name": "progress", "length": 1}]
+    assert [m["topic"] for m in detail["messages"]["pending"]] == ["approval"]
+    text = cli("show", "w", "--db", str(db)).stdout
+    assert "sleeping until" in text and "waiting for a message on 'approval'" in text
+    assert 'stage: "charged"' in text and "progress: 1 value(s)" in text
+    assert "1 pending on 'approval'" in text

@@ -401,6 +401,7 @@ def show_cmd(
         if detail.get("corrupt"):
             console.print(Text.assemble("  ", ("corrupt", "red"), ": ", visible(detail["corrupt"])))
         _print_approvals(console, key, detail["pending_approvals"])
+        _print_time_and_messages(console, detail)
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
         print_json(console, _cut_texts(detail["record"]))
@@ -420,6 +421,41 @@ def _cut_texts(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_cut_texts(v) for v in value]
     return value
+
+
+def _print_time_and_messages(console: Console, detail: dict[str, Any]) -> None:
+    """What the run waits for, its events, streams and pending messages (one line each)."""
+    for wait in detail.get("waiting", ()):
+        until = "no time limit" if wait["until"] is None else f"until {_when(wait['until'])}"
+        if wait["state"] == "sleeping":
+            said = f"sleeping {until}"
+        elif wait["state"] == "waiting":
+            said = f"waiting for a message on {wait['topic']!r}, {until}"
+        else:
+            said = f"woken ({until.replace('until', 'due')}): it goes on any moment"
+        console.print(Text.assemble("  ", ("waits", "yellow"), visible(f" {said}")))
+    for name, value in detail.get("events", {}).items():
+        shown = _cut_texts(json.dumps(value, ensure_ascii=False, default=str))
+        console.print(Text.assemble("  ", ("event", "cyan"), visible(f" {name}: {shown}")))
+    for stream in detail.get("streams", ()):
+        console.print(
+            Text.assemble(
+                "  ",
+                ("stream", "cyan"),
+                visible(f" {stream['name']}: {stream['length']} value(s)"),
+            )
+        )
+    messages = detail.get("messages") or {}
+    pending = messages.get("pending") or []
+    if pending:
+        topics = sorted({m["topic"] for m in pending})
+        console.print(
+            Text.assemble(
+                "  ",
+                ("messages", "cyan"),
+                visible(f" {len(pending)} pending on {', '.join(map(repr, topics))}"),
+            )
+        )
 
 
 def _print_approvals(console: Console, key: str, calls: list[dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepstone.core._serialization import untag
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
@@ -43,6 +44,7 @@ __all__ = [
     "salvaged_timeline",
     "source_key",
     "stranded_runs",
+    "time_and_messages",
     "successors",
     "timeline",
 ]
@@ -349,9 +351,64 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
         detail["corrupt"] = f"the record is corrupt: {problem}"
     # Tool calls it waits on (its own, or those of a paused Plan's LLM steps).
     detail["pending_approvals"] = waiting_calls(store, head, rows)
+    detail.update(time_and_messages(store, key, now=now))
     if head.kind == AGENT_KIND:
         detail["agent"] = agent_view(head, rows)
     return detail
+
+
+def time_and_messages(store: Store, key: str, *, now: float | None = None) -> dict[str, Any]:
+    """What a run waits for, its events, its streams and its messages, JSON-ready (what
+    ``stepstone show`` and the inspector print under the run):
+
+    * ``waiting``: its timers, each ``{"name", "state", "until", "topic", "since"}``;
+      ``state`` is ``"sleeping"`` (a time, no topic), ``"waiting"`` (for a message on
+      ``topic``, until ``until`` or without a limit) or ``"due"`` (its time has come: the
+      run wakes, or a worker takes it, any moment);
+    * ``events``: name to last value (as plain JSON), with ``events_at``, when each was set;
+    * ``streams``: ``{"name", "length"}`` for each stream;
+    * ``messages``: ``{"pending": [{"id", "topic", "sent_at"}...], "consumed": count}``.
+
+    A value that does not decode is shown as its stored text."""
+    now = database_now(store) if now is None else now
+    backend = store.backend
+    waiting: list[dict[str, Any]] = []
+    for timer in backend.timers(key):
+        if timer.wake_at is not None and timer.wake_at <= now:
+            state = "due"
+        else:
+            state = "sleeping" if timer.topic is None else "waiting"
+        waiting.append(
+            {
+                "name": timer.name,
+                "state": state,
+                "until": timer.wake_at,
+                "topic": timer.topic,
+                "since": timer.since,
+            }
+        )
+    found = backend.events(key)
+    messages = backend.messages(key)
+    pending = [
+        {"id": m.id, "topic": m.topic, "sent_at": m.sent_at}
+        for m in messages
+        if m.consumed_at is None
+    ]
+    return {
+        "waiting": waiting,
+        "events": {e.name: _plain(e.data) for e in found},
+        "events_at": {e.name: e.updated_at for e in found},
+        "streams": [{"name": name, "length": n} for name, n in backend.streams(key)],
+        "messages": {"pending": pending, "consumed": len(messages) - len(pending)},
+    }
+
+
+def _plain(text: str) -> Any:
+    """A stored value (typed JSON) as plain JSON, or its text when it does not decode."""
+    try:
+        return untag(json.loads(text))
+    except ValueError:
+        return text
 
 
 def damage_report(found: Salvaged) -> str:

@@ -30,7 +30,9 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
@@ -87,6 +89,8 @@ from stepstone.exceptions import (
     ReducerError,
     ReplayedStepError,
     RoutingError,
+    RunFinishedError,
+    RunParked,
     SerializationError,
     StaleCheckpointError,
     StateValidationError,
@@ -174,6 +178,16 @@ __all__ = [
     "prune_queue",
     "set_queue_limits",
     "submit",
+    # time and messages
+    "RunOutcome",
+    "Schedule",
+    "ScheduleInfo",
+    "StreamItem",
+    "StreamReader",
+    "asend",
+    "list_schedules",
+    "schedule",
+    "send",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -198,6 +212,8 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "QueuedRunError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",

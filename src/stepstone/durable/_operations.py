@@ -67,6 +67,7 @@ from stepstone.exceptions import (
     WorkflowCorruptError,
 )
 from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._extras import ExtraWrites
 
 __all__ = [
     "Call",
@@ -153,6 +154,8 @@ class Outcome:
         value: What the operation returns now (default: ``data``).
         rows: More journal rows of this run, ``(kind, name, json_data)``.
         writes: Store values, ``(key, json_value)``.
+        extras: The run's timers, messages consumed, events and stream values
+            (:class:`~stepstone.store._extras.ExtraWrites`), written with the outcome.
     """
 
     data: Any
@@ -160,6 +163,7 @@ class Outcome:
     rows: Sequence[Row] = ()
     writes: Sequence[tuple[str, Any]] = ()
     has_value: bool = False
+    extras: ExtraWrites | None = None
 
     @classmethod
     def of(cls, data: Any, value: Any, **extra: Any) -> Outcome:
@@ -217,7 +221,9 @@ async def journaled(
         if options.get("outside") == "refuse":
             raise RuntimeError(f"{op} {name!r} can only be called inside a workflow")
         result = await invoke(Call(key="", position="", name=name, attempt=1, idempotency_key=""))
-        return result.value if isinstance(result, Outcome) and result.has_value else result
+        if isinstance(result, Outcome):
+            return result.value if result.has_value else result.data
+        return result
     options.pop("outside", None)
     return await journal.operation(op, name, input, invoke, **options)
 
@@ -390,6 +396,7 @@ class OperationJournal:
         self._rows: list[Row] = []  # operation records, committed as one ops row
         self._extra: list[Row] = []  # rows of their own (an Outcome's)
         self._writes: list[tuple[str, Any]] = []
+        self._extras: list[ExtraWrites] = []
         self._appended = 0
         self._committed = 0
         self._flushing = False
@@ -498,6 +505,14 @@ class OperationJournal:
         """Buffer ``writes=`` values for the next commit."""
         self._writes.extend(writes)
 
+    def add_extras(self, extras: ExtraWrites) -> int:
+        """Buffer the run's timers, consumed messages, events or stream values for the next
+        commit (an event set by the body goes with the next step's commit); returns the
+        mark :meth:`commit` waits for."""
+        self._extras.append(extras)
+        self._appended += 1
+        return self._appended
+
     def soon(self) -> None:
         """Commit what is buffered within a turn of the event loop, unless an operation's
         commit takes it first (the usual case: the next step's intent)."""
@@ -507,7 +522,7 @@ class OperationJournal:
 
     def _commit_late(self) -> None:
         self._scheduled = False
-        pending = self._rows or self._extra or self._writes
+        pending = self._rows or self._extra or self._writes or self._extras
         if pending and not self._flushing and self._late is None and not self.closed:
             loop = asyncio.get_running_loop()
             self._late = loop.create_task(self._flush_quietly(), context=_BARE.copy())
@@ -546,8 +561,8 @@ class OperationJournal:
     async def _flush(
         self, status: str, rows: Sequence[Row] = (), meta: dict[str, Any] | None = None
     ) -> None:
-        taken, extra, writes = self._rows, self._extra, self._writes
-        self._rows, self._extra, self._writes = [], [], []
+        taken, extra, writes, extras = self._rows, self._extra, self._writes, self._extras
+        self._rows, self._extra, self._writes, self._extras = [], [], [], []
         mark = self._appended
         self._flushing = True
         ops: list[Row] = []
@@ -561,6 +576,7 @@ class OperationJournal:
                 meta=meta,
                 rows=[*ops, *extra, *rows],
                 writes=writes,
+                extras=_merged(extras),
             )
         except RunCancelledError as exc:
             # An operator's cancel: the kernel committed these rows with the run marked
@@ -574,6 +590,7 @@ class OperationJournal:
             if isinstance(exc, ConcurrentRunError) or not isinstance(exc, Exception):
                 self._lost = self._lost or exc  # nothing more may be written
             self._rows[:0], self._extra[:0], self._writes[:0] = taken, extra, writes
+            self._extras[:0] = extras
             raise
         else:
             self._committed = max(self._committed, mark)
@@ -760,13 +777,17 @@ class OperationJournal:
                 self.raised.append((exc, pos))
                 raise
             ms = round((time.perf_counter() - started) * 1000, 3)
+            extras = None
             if isinstance(result, Outcome):
                 data, rows, writes = result.data, result.rows, result.writes
                 value = result.value if result.has_value else data
+                extras = result.extras or None
             else:
                 data, value, rows, writes = result, result, (), ()
             self._record(pos, op, name, {"value": data}, attempt, ms, rows, writes)
-            if wait or rows or writes:
+            if extras is not None:
+                self.add_extras(extras)
+            if wait or rows or writes or extras is not None:
                 await self.commit()
             else:
                 self.soon()
@@ -823,6 +844,21 @@ class OperationJournal:
         self.add("outcome", pos, outcome)
         self.soon()
         return key
+
+
+def _merged(extras: list[ExtraWrites]) -> ExtraWrites | None:
+    """The extra records of several operations as one commit's (in order)."""
+    if not extras:
+        return None
+    if len(extras) == 1:
+        return extras[0]
+    return ExtraWrites(
+        consume=tuple(c for e in extras for c in e.consume),
+        events=tuple(v for e in extras for v in e.events),
+        stream=tuple(v for e in extras for v in e.stream),
+        timers=tuple(v for e in extras for v in e.timers),
+        clear_timers=tuple(v for e in extras for v in e.clear_timers),
+    )
 
 
 def _same(value: Any) -> Any:

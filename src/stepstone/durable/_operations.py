@@ -66,8 +66,9 @@ from stepstone.exceptions import (
     SerializationError,
     WorkflowCorruptError,
 )
-from stepstone.store._base import JournalRow, RunHead
+from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._extras import ExtraWrites
+from stepstone.store._store import Store
 
 __all__ = [
     "Call",
@@ -81,6 +82,7 @@ __all__ = [
     "journaled",
     "operation_rows",
     "rebuild_error",
+    "settle_operation",
 ]
 
 log = logging.getLogger("stepstone")
@@ -966,6 +968,85 @@ def cut_rows(
             continue
         kept.append(JournalRow(len(kept), row.kind, row.name, row.data))
     return kept, pos, entries[pos].name
+
+
+def settle_operation(
+    store: Store, key: str, step: str, *, happened: bool, value: Any = None
+) -> RunHead:
+    """Settle a workflow step left in doubt (``in_doubt="fail"``): an operator records what
+    the call did, and the run goes on from there at its next resume.
+
+    Args:
+        store: The run's store.
+        key: The run's key.
+        step: The step (a position, ``"<position> <name>"`` or a step name).
+        happened: True: it took effect and returned ``value`` (replayed as its result);
+            False: it did not (the resume runs it as a new call).
+        value: Its result when it happened (a JSON value, or one the typed codec holds).
+
+    Returns:
+        The run's head, ``paused`` when the run had stopped on that step (``failed``).
+
+    Raises:
+        KeyError: no run under ``key``, or no such step.
+        UserError: the run is not a workflow run, is live, or the step is not in doubt.
+    """
+    from stepstone.durable._kernel import ownership_error
+    from stepstone.durable._leases import owner_alive
+    from stepstone.durable._records import read_run
+    from stepstone.exceptions import UserError
+
+    found = read_run(store, key)
+    if found is None:
+        raise KeyError(f"no run under key {key!r} in {store!r}")
+    head, rows = found
+    if head.kind != "workflow":
+        raise UserError(f"run {key!r} is a {head.kind} run, not a workflow run; nothing changed")
+    entries, _ = load_entries(key, rows)
+    pos = find_position(key, entries, step)
+    entry = entries[pos]
+    if entry.outcome is not None or entry.rerun:
+        raise UserError(
+            f"step {pos} {entry.name!r} of run {key!r} is not in doubt (it has an outcome, or "
+            "never started); nothing changed"
+        )
+    if happened:
+        data = to_typed_json(value, strict=True, where=f"the settled value of step {pos}")
+        settled = {"happened": True, "at": round(time.time(), 3)}
+        outcome = {"op": entry.op, "name": entry.name, "value": data, "settled": settled}
+        record: list[Any] = ["outcome", pos, outcome]
+    else:
+        note = {"op": entry.op, "name": entry.name, "cancelled": "settled: it did not happen"}
+        record = ["attempt", pos, note]
+    text = json.dumps([record], ensure_ascii=False, separators=(",", ":"))
+
+    def decide(cur: RunHead | None, _kv: str | None) -> Claim:
+        if cur is None or cur.version != head.version:
+            raise ownership_error(
+                head.kind, f"run {key!r} changed while it was being settled; try again"
+            )
+        now = store.backend.clock()
+        if owner_alive(cur, now=now):
+            raise UserError(f"run {key!r} is live; settle a step only while no process runs it")
+        error = cur.meta.get("error")
+        failed_here = (
+            cur.status == "failed"
+            and isinstance(error, dict)
+            and str(error.get("type", "")).endswith("EffectInDoubtError")
+        )
+        meta = {k: v for k, v in cur.meta.items() if not (failed_here and k == "error")}
+        new = cur.replace(
+            status="paused" if failed_here else cur.status,
+            version=cur.version + 1,
+            journal_len=cur.journal_len + 1,
+            updated_at=now,
+            meta={**meta, "settled": {"step": f"{pos} {entry.name}", "happened": happened}},
+        )
+        return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
+
+    written = store.backend.run_transact(key, decide)
+    assert written is not None
+    return written
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

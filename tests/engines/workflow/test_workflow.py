@@ -732,3 +732,26 @@ def test_a_plan_in_a_workflow_body_is_a_child_run_found_again_on_resume(store: S
     ops = store.read("wp")["steps"]
     assert [(o["position"], o["op"]) for o in ops] == [("0", "plan"), ("1", "step")]
     assert ops[0]["key"] == "wp/0" and store.read("wp/0")["status"] == "done"
+
+
+def test_a_step_in_doubt_is_settled_by_hand_and_the_run_goes_on(store: Store) -> None:
+    # guarantee 491
+    from stepstone.durable._operations import settle_operation
+
+    for key, happened in (("s1", True), ("s2", False)):
+        CALLS.clear()
+        FAIL["die_in_step"] = True
+        with pytest.raises(KeyboardInterrupt):
+            pays.using(store=store, key=key).run_sync("o", "fail")
+        FAIL.clear()
+        with pytest.raises(EffectInDoubtError):
+            pays.using(store=store, key=key).run_sync("o", "fail")
+        head = settle_operation(store, key, "pay_once", happened=happened, value="paid by hand")
+        assert head.status == "paused"
+        result = pays.using(store=store, key=key).run_sync("o", "fail")
+        if happened:  # its recorded result is replayed: the call is not made again
+            assert result == "paid by hand" and CALLS == [("pay_once", 1)]
+        else:  # it did not happen: the resume makes the call
+            assert result == "paid" and CALLS == [("pay_once", 1), ("pay_once", 1)]
+        with pytest.raises(UserError, match="not in doubt"):
+            settle_operation(store, key, "0", happened=True)

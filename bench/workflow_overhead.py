@@ -84,14 +84,18 @@ async def long_run(n: int) -> str:
         await trivial(i)
     if CRASH[0]:
         raise KeyboardInterrupt  # the process stops after its last step
-    return await first_new()
+    return str(await first_new())
+
+
+CPU: dict[str, list[float]] = {"stepstone": [], "dbos": []}  # CPU ms per step, per run
 
 
 def stepstone_ms(path: Path, n: int) -> float:
     store = Store(db=path)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     assert steps.using(store=store, key="bench").run_sync(n) == n * (n - 1) // 2
     ms = (time.perf_counter() - t0) * 1000 / n
+    CPU["stepstone"].append((time.process_time() - c0) * 1000 / n)
     store.close()
     return ms
 
@@ -123,9 +127,10 @@ class Dbos:
 
     def ms(self, n: int) -> float:
         self.runs += 1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with self.set_id(f"bench-{self.runs}"):
             assert self.workflow(n) == n * (n - 1) // 2
+        CPU["dbos"].append((time.process_time() - c0) * 1000 / n)
         return (time.perf_counter() - t0) * 1000 / n
 
     def close(self) -> None:
@@ -158,15 +163,26 @@ def overhead(tmp: Path, repeat: int, with_dbos: bool) -> None:
     finally:
         if dbos is not None:
             dbos.close()
+    CPU["stepstone"] = CPU["stepstone"][-repeat:]
+    CPU["dbos"] = CPU["dbos"][-repeat:]
     ms, ratio = statistics.median(m for m, _ in ours), statistics.median(x for _, x in ours)
     spread = f"{min(x for _, x in ours):.2f}-{max(x for _, x in ours):.2f}"
-    print(f"stepstone, 100-step workflow, FULL: {ms:.3f} ms/step = {ratio:.2f}x raw ({spread})")
+    cpu = statistics.median(CPU["stepstone"])
+    print(
+        f"stepstone, 100-step workflow, FULL: {ms:.3f} ms/step = {ratio:.2f}x raw ({spread}), "
+        f"CPU {cpu:.3f} ms/step"
+    )
     if theirs:
         dms, dratio = (
             statistics.median(m for m, _ in theirs),
             statistics.median(x for _, x in theirs),
         )
-        print(f"DBOS, same workflow, SQLite:        {dms:.3f} ms/step = {dratio:.2f}x raw")
+        dspread = f"{min(x for _, x in theirs):.2f}-{max(x for _, x in theirs):.2f}"
+        dcpu = statistics.median(CPU["dbos"])
+        print(
+            f"DBOS, same workflow, SQLite:        {dms:.3f} ms/step = {dratio:.2f}x raw "
+            f"({dspread}), CPU {dcpu:.3f} ms/step ({dcpu / cpu:.1f}x stepstone's)"
+        )
         ours_over, dbos_over = ms - ms / ratio, dms - dms / dratio  # per step, over raw
         more = f"{dbos_over / ours_over:.0f}x" if ours_over > 0.005 else "n/a (ours is ~0)"
         print(

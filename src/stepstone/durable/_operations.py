@@ -13,9 +13,10 @@ kernel journal, as the LLM loop's calls are (:mod:`._effects`):
   is the ``k``-th such task to make an operation, and this is its ``i``-th. So the
   positions of one task never depend on the timing of another, and tasks created together
   are numbered in the order they start, which is the order they were created in;
-* an ``intent`` row (the operation's name, its JSON input and the input's hash) is
-  committed before the operation runs; an ``outcome`` row (its JSON value, or its error)
-  after it; a failed attempt that is retried leaves an ``attempt`` row;
+* an ``intent`` record (the operation's name, its JSON input and the input's hash) is
+  committed before the operation runs; an ``outcome`` record (its JSON value, or its
+  error) after it; a failed attempt that is retried leaves an ``attempt`` record. The
+  records of one commit are one journal row of kind ``ops``;
 * on resume, the body runs again from its start and every operation whose outcome is
   recorded returns it (or raises its error) without running; another name, or another
   input, at a recorded position is :class:`~stepstone.exceptions.NonDeterministicWorkflowError`;
@@ -697,6 +698,11 @@ class OperationJournal:
             EffectInDoubtError: in doubt and ``in_doubt="fail"``.
             Exception: the operation's error (recorded), or the recorded one replayed.
         """
+        if self.closed:
+            raise RuntimeError(
+                f"{self.what} (key {self.key!r}) has ended: {op} {name!r} was called from a "
+                "task it started and did not wait for; await every task the body starts"
+            )
         if found is _UNSET:
             pos = self.position() if position is None else position
             entry = self.check(pos, op, name, args, check_args=check_args)

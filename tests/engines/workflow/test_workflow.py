@@ -755,3 +755,25 @@ def test_a_step_in_doubt_is_settled_by_hand_and_the_run_goes_on(store: Store) ->
             assert result == "paid" and CALLS == [("pay_once", 1), ("pay_once", 1)]
         with pytest.raises(UserError, match="not in doubt"):
             settle_operation(store, key, "0", happened=True)
+
+
+LEAKED: list[asyncio.Task[Any]] = []
+
+
+@workflow
+async def leaks(order_id: str) -> str:
+    async def later() -> str:
+        await asyncio.sleep(0.05)
+        return await charge(order_id, 9)  # after the run ended
+
+    LEAKED.append(asyncio.create_task(later()))
+    return await charge(order_id, 1)
+
+
+async def test_a_step_called_after_its_run_ended_is_refused(store: Store) -> None:
+    # guarantee 483: nothing is written into a run that ended
+    LEAKED.clear()
+    assert await leaks.using(store=store, key="leak").run("o") == "receipt-o-1"
+    with pytest.raises(RuntimeError, match="has ended"):
+        await LEAKED[0]
+    assert store.read("leak")["status"] == "done" and len(store.read("leak")["steps"]) == 1

@@ -30,7 +30,9 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
@@ -74,6 +76,8 @@ from stepstone.exceptions import (
     QueuedRunError,
     ReducerError,
     RoutingError,
+    RunFinishedError,
+    RunParked,
     SerializationError,
     StaleCheckpointError,
     StateValidationError,
@@ -151,6 +155,16 @@ __all__ = [
     "prune_queue",
     "set_queue_limits",
     "submit",
+    # time and messages
+    "RunOutcome",
+    "Schedule",
+    "ScheduleInfo",
+    "StreamItem",
+    "StreamReader",
+    "asend",
+    "list_schedules",
+    "schedule",
+    "send",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -175,6 +189,8 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "QueuedRunError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",

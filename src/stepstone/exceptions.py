@@ -3,7 +3,8 @@
 The tree::
 
     BaseException
-    └── PlanPaused                      a step asks the Plan to halt cooperatively (not an error)
+    ├── PlanPaused                      a step asks the Plan to halt cooperatively (not an error)
+    └── RunParked                       a waiting run gives its worker's slot back (not an error)
     Exception
     └── StepstoneError                  base of every error stepstone raises
         ├── UserError                   you used the API wrong; fix the call, do not retry
@@ -14,6 +15,7 @@ The tree::
         │   ├── MissingExtraError (+ImportError)  an optional dependency is not installed
         │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
         │   ├── ApprovalTargetError     an approval names no paused run or no call it waits on
+        │   ├── RunFinishedError        a message sent to a run that finished (none would read it)
         │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
         ├── ConcurrentRunError (+RuntimeError)   another live run owns the run record
         │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
@@ -129,6 +131,8 @@ __all__ = [
     "ReducerError",
     "RoutingError",
     "RunCancelledError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
     "StateValidationError",
@@ -155,6 +159,13 @@ class UserError(StepstoneError):
     """The API was used wrongly; the message says how to call it instead."""
 
     category: ClassVar[str] = "user_error"
+
+
+class RunFinishedError(UserError):
+    """A message was sent to a run that has finished (``done``): no receive would ever
+    read it, so nothing was stored."""
+
+    category: ClassVar[str] = "run_finished"
 
 
 class ConfigurationError(UserError, ValueError):
@@ -718,6 +729,40 @@ class PlanPaused(BaseException):
         #: (``call_id, tool, arguments, turn, index, reason``); the paused envelope's
         #: ``metadata["pending_approvals"]`` shows them.
         self.pending_approvals: list[Any] = list(pending_approvals or [])
+
+
+class RunParked(BaseException):
+    """A signal, not an error: the run waits (a durable sleep, a receive) longer than the
+    worker running it keeps a slot for a waiting run (``Worker(park_after=...)``), so it
+    stops here and its worker puts its queue entry back, runnable at ``wake_at`` or when a
+    message on one of ``topics`` arrives. The wait is recorded in the run's journal: when a
+    worker takes the run again, it resumes into the same wait, which is then over or
+    shorter.
+
+    Derives from ``BaseException`` so ``except Exception`` in user code does not swallow
+    it. Only raised inside runs a worker runs.
+
+    Attributes:
+        key: The waiting run's key.
+        wake_at: Until when it waits (unix time, the database's clock); None: no time
+            limit (a receive without a timeout).
+        topics: The topics whose next message ends the wait.
+    """
+
+    category: ClassVar[str] = "run_parked"
+
+    def __init__(
+        self, key: str, wake_at: float | None = None, topics: tuple[str, ...] = ()
+    ) -> None:
+        until = "no time limit" if wake_at is None else f"until {wake_at:.3f}"
+        on = f", or a message on {', '.join(map(repr, topics))}" if topics else ""
+        super().__init__(f"run {key!r} waits ({until}{on}): parked by its worker")
+        self.key = key
+        self.wake_at = wake_at
+        self.topics = topics
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.wake_at, self.topics))
 
 
 class UnserializableValueWarning(UserWarning):

@@ -26,6 +26,7 @@ from stepstone.exceptions import (
     ConcurrentPlanRunError,
     PlanPaused,
     PlanRuntimeError,
+    RunParked,
     SerializationError,
 )
 from stepstone.observability import EventType, Session
@@ -280,7 +281,8 @@ class PlanRun:
         }
         try:
             run.commit_sync(
-                status="failed",
+                # a wait its worker parked: resumed at that step when the worker takes it again
+                status="paused" if isinstance(exc, RunParked) else "failed",
                 next_step=self._current,
                 iteration=self.iteration,
                 meta=self._meta(error),

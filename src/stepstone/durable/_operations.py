@@ -159,6 +159,9 @@ class Outcome:
         writes: Store values, ``(key, json_value)``.
         extras: The run's timers, messages consumed, events and stream values
             (:class:`~stepstone.store._extras.ExtraWrites`), written with the outcome.
+        summary: A small JSON dict kept beside the outcome for people (a model turn's
+            model, tokens, cost and tool calls), shown by ``stepstone show`` and the
+            inspector; never replayed.
     """
 
     data: Any
@@ -167,6 +170,7 @@ class Outcome:
     writes: Sequence[tuple[str, Any]] = ()
     has_value: bool = False
     extras: ExtraWrites | None = None
+    summary: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, data: Any, value: Any, **extra: Any) -> Outcome:
@@ -786,13 +790,18 @@ class OperationJournal:
                 raise
             ms = round((time.perf_counter() - started) * 1000, 3)
             extras = None
+            recorded: dict[str, Any]
             if isinstance(result, Outcome):
                 data, rows, writes = result.data, result.rows, result.writes
                 value = result.value if result.has_value else data
                 extras = result.extras or None
+                recorded = {"value": data}
+                if result.summary:
+                    recorded["summary"] = result.summary
             else:
                 data, value, rows, writes = result, result, (), ()
-            self._record(pos, op, name, {"value": data}, attempt, ms, rows, writes)
+                recorded = {"value": data}
+            self._record(pos, op, name, recorded, attempt, ms, rows, writes)
             if extras is not None:
                 self.add_extras(extras)
             if wait or rows or writes or extras is not None:
@@ -822,6 +831,33 @@ class OperationJournal:
             self.add_row(*row)
         if writes:
             self.add_writes(writes)
+
+    def record_done(
+        self,
+        pos: str,
+        op: str,
+        name: str,
+        args: Any,
+        value: Any,
+        *,
+        ms: float = 0.0,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        """Record at ``pos`` (taken with :meth:`lookup`) an operation that already ran,
+        without committing its intent first: its intent and outcome are buffered and
+        committed with the next operation's intent (or within a turn of the loop). For
+        calls a crash may safely repeat (a read, a validation, an event handed to a
+        handler): a crash before that commit runs them again on resume."""
+        intent: dict[str, Any] = {"op": op, "name": name, "args": args}
+        intent["at"] = round(time.time(), 3)
+        outcome: dict[str, Any] = {"op": op, "name": name, "value": value, "ms": ms}
+        if summary:
+            outcome["summary"] = summary
+        self.entries[pos] = Entry(op, name, intent, outcome)
+        self.done += 1
+        self.add("intent", pos, intent)
+        self.add("outcome", pos, outcome)
+        self.soon()
 
     def scope(self, key: str) -> DurableScope:
         """The durable scope the body runs in: LLM loops started in it take a position of
@@ -913,6 +949,8 @@ def operation_rows(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]
             item["value"] = untag(outcome["value"])
         if outcome is not None and "error" in outcome:
             item["error"] = outcome["error"]
+        if outcome is not None and isinstance(outcome.get("summary"), dict):
+            item["summary"] = outcome["summary"]
         if entry.failures:
             item["failed_attempts"] = entry.failures
         for extra in ("key", "in_doubt"):

@@ -3,20 +3,15 @@ calls (two sequential, one alone, two in parallel), on pydantic-ai's OpenAI mode
 a loopback OpenAI-wire server whose answers are a function of the conversation so far
 (:func:`reply`), so a request sent again gets the same answer.
 
-Each tool appends ``<effect> <idempotency key> <pid>`` to the effects log and skips the
-effect when its idempotency key is already there (what an external API that deduplicates
-requests does), and appends ``<effect> <pid>`` to the attempts log every time it runs.
-The environment variable ``SHOP_KILL_AT`` (``answer:charge``, ``inside:charge``,
-``between:reserve-a``, ``inside:notify-seller``) makes the process SIGKILL itself once at
-that point: after the model answered with the charge call, before the tool ran; inside a
-tool after its effect; after one sequential tool returned, before the next started; inside
-one of two tools run in parallel.
+Tools count their effects with :mod:`tests.integrations.effects`. ``SHOP_KILL_AT``
+(``answer:charge``, ``inside:charge``, ``between:reserve-a``, ``inside:notify-seller``)
+kills the process once at that point: after the model answered with the charge call,
+before the tool ran; inside a tool after its effect; after one sequential tool returned,
+before the next started; inside one of two tools run in parallel.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +23,11 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import ToolDefinition
 
-import stepstone
 from stepstone import workflow
 from stepstone.integrations.pydantic_ai import StepstoneDurability
 from stepstone.providers import ToolCall
 from stepstone.testing import RecordedRequest, Reply
+from tests.integrations.effects import die_at, effect
 
 
 def reply(request: RecordedRequest) -> Any:
@@ -77,7 +72,7 @@ class _Killer(AbstractCapability[Any]):
         self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: ModelResponse
     ) -> ModelResponse:
         if any(isinstance(p, ToolCallPart) and p.tool_name == "charge" for p in response.parts):
-            self.shop.die_at("answer:charge")
+            die_at(self.shop.logs, "answer:charge")
         return response
 
     async def after_tool_execute(
@@ -90,7 +85,7 @@ class _Killer(AbstractCapability[Any]):
         result: Any,
     ) -> Any:
         if call.tool_call_id == "r-a":
-            self.shop.die_at("between:reserve-a")
+            die_at(self.shop.logs, "between:reserve-a")
         return result
 
 
@@ -99,7 +94,6 @@ class Shop:
 
     def __init__(self, base_url: str, logs: Path) -> None:
         self.logs = logs
-        self.kill_at = os.environ.get("SHOP_KILL_AT", "")
         provider = OpenAIProvider(base_url=base_url, api_key="test")
         model = OpenAIChatModel("gpt-4o-mini", provider=provider)
         self.agent: Agent[None, str] = Agent(
@@ -109,49 +103,20 @@ class Shop:
         self.agent.tool_plain(self.charge)
         self.agent.tool_plain(self.notify)
 
-    def die_at(self, where: str) -> None:
-        marker = self.logs / "killed"
-        if where == self.kill_at and not marker.exists():
-            marker.write_text(where)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def _effect(self, effect: str, label: str) -> None:
-        key = stepstone.step_context().idempotency_key
-        with open(self.logs / "attempts.log", "a", encoding="ascii") as fh:
-            fh.write(f"{effect} {os.getpid()}\n")
-        effects = self.logs / "effects.log"
-        seen = effects.read_text().split() if effects.exists() else []
-        if key not in seen:
-            with open(effects, "a", encoding="ascii") as fh:
-                fh.write(f"{effect} {key} {os.getpid()}\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        self.die_at(f"inside:{label}")
-
     def reserve(self, item: str) -> str:
         """Reserve one item."""
-        self._effect(f"reserve-{item}", f"reserve-{item}")
+        effect(self.logs, f"reserve-{item}", f"reserve-{item}")
         return f"reserved {item}"
 
     def charge(self, cents: int) -> str:
         """Charge the customer."""
-        self._effect(f"charge-{cents}", "charge")
+        effect(self.logs, f"charge-{cents}", "charge")
         return f"receipt-{cents}"
 
     async def notify(self, who: str) -> str:
         """Tell someone."""
-        self._effect(f"notify-{who}", f"notify-{who}")
+        effect(self.logs, f"notify-{who}", f"notify-{who}")
         return f"told {who}"
-
-
-def effects(logs: Path) -> list[str]:
-    path = logs / "effects.log"
-    return [line.split()[0] for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def attempts(logs: Path) -> list[str]:
-    path = logs / "attempts.log"
-    return [line.split()[0] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @workflow

@@ -459,6 +459,55 @@ def test_v1_checkpoint_without_history_resumes_and_aggregator_falls_back(store: 
     assert state["completed_steps"][-1] == "after"
 
 
+@pytest.mark.parametrize("status", ["running", "claimed"])
+def test_an_old_format_running_checkpoint_is_not_overwritten_by_a_fresh_run(
+    store: Store, status: str
+) -> None:
+    # guarantee 404: before, a resume=False run claimed the key over it without a word
+    old = {
+        "next_step": "transform",
+        "kv": {"raw": "old-raw"},
+        "completed_steps": ["extract"],
+        "status": status,
+        "run_uid": "0ld",
+        "checkpoint_version": 2,
+        "history": [],
+    }
+    store.write("etl", old)
+    c = Counter()
+    with pytest.raises(ConcurrentPlanRunError) as caught:
+        run(etl_plan(store, c))
+    message = str(caught.value)
+    assert (
+        f"checkpoint_key 'etl' holds a Plan checkpoint in an older format with status {status!r}"
+        in message
+    )
+    assert "resume=True" in message and "store.delete('etl')" in message
+    assert c.calls == {} and store.read("etl") == old  # nothing ran, nothing was written
+    env = run(etl_plan(store, c, resume=True))  # the fix: it is imported and continued
+    assert env.ok and "extract" not in c.calls
+    assert store.read("etl")["kv"]["raw"] == "old-raw"
+
+
+def test_an_old_format_failed_checkpoint_is_started_over_by_a_fresh_run(store: Store) -> None:
+    # guarantee 404: only claimed and running ones may have a live writer
+    store.write(
+        "etl",
+        {
+            "next_step": "transform",
+            "kv": {"raw": "old"},
+            "completed_steps": ["extract"],
+            "status": "failed",
+            "run_uid": "0ld",
+            "checkpoint_version": 2,
+            "history": [],
+        },
+    )
+    c = Counter()
+    assert run(etl_plan(store, c)).ok and c.calls["extract"] == 1
+    assert store.read("etl")["kv"]["raw"] == "extract(batch)"
+
+
 # -- concurrency ---------------------------------------------------------------------------
 
 

@@ -657,7 +657,7 @@ def loop_plan(
 
 
 def test_loop_resume_continues_iteration_counter(store: Store) -> None:
-    # guarantee 32, 59
+    # guarantee 59, 130
     counter = {"n": 0}
     assert not run(loop_plan(store, counter, crash_at=3)).ok
     # the counter counts routed re-visits that completed: work(n=2); not the failed n=3
@@ -668,7 +668,7 @@ def test_loop_resume_continues_iteration_counter(store: Store) -> None:
 
 
 def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) -> None:
-    # guarantee 32, 33 + known fault: the counter restarting on resume
+    # guarantee 33, 130 + known fault: the counter restarting on resume
     counter = {"n": 0}
     env = run(loop_plan(store, counter, crash_at=2, max_iterations=2))
     assert not env.ok
@@ -681,6 +681,33 @@ def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) ->
     # work ran: n=1 (first visit), n=2 (re-visit, failed: not counted), after the resume
     # n=3 and n=4 (re-visits 1 and 2 = the cap); the third re-visit is refused
     assert counter["n"] == 4
+
+
+MAX_ITERATIONS_RULE = (
+    "`max_iterations` (default 100) caps routed re-visits: each time a step, or a parallel "
+    "band counted once, completes again after it already completed in the run; first visits "
+    "and failed or paused attempts never count, and a resumed run goes on counting from its "
+    "journal."
+)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("``", "`").split())
+
+
+def test_max_iterations_has_one_rule_said_the_same_everywhere(store: Store) -> None:
+    # guarantee 130: before, guarantee 32 said it counted every executed step
+    root = Path(__file__).resolve().parents[3]
+    guarantees = (root / "docs" / "guarantees.md").read_text("utf-8")
+    assert MAX_ITERATIONS_RULE in _flat(
+        re.search(r"^130\. .*?(?=^\d+\. )", guarantees, re.M | re.S)[0]
+    )
+    assert re.search(r"^32\. Withdrawn\b", guarantees, re.M)
+    assert MAX_ITERATIONS_RULE in _flat((root / "docs" / "plans.md").read_text("utf-8"))
+    assert MAX_ITERATIONS_RULE in _flat((Plan.__doc__ or "") + (Plan.__init__.__doc__ or ""))
+    # the rule, run: a straight plan longer than the cap finishes
+    steps = [Step(Counter().step(f"s{i}")) for i in range(5)]
+    assert run(Plan(*steps, store=store, checkpoint_key="long", max_iterations=1)).ok
 
 
 # -- stale checkpoints, corruption, conflicts ---------------------------------------------

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from stepstone.core import is_agent_like
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._migrate import Migrate, MigrationRegistry
+from stepstone.engines.graph._observe import Observer, check_observers
 from stepstone.engines.graph._state import State
 from stepstone.exceptions import GraphCompileError
 
@@ -108,6 +109,7 @@ class GraphBuilder(Generic[S]):
         self._entry: str | None = None
         self._checkpointer: StoreCheckpointer | None = None
         self._migrations = MigrationRegistry(state_cls)
+        self._observers: list[Observer] = []
 
     def _add(self, spec: NodeSpec) -> GraphBuilder[S]:
         if not isinstance(spec.name, str) or not spec.name or spec.name == _END_NAME:
@@ -262,6 +264,15 @@ class GraphBuilder(Generic[S]):
         self._checkpointer = checkpointer
         return self
 
+    def with_observer(self, observer: Observer) -> GraphBuilder[S]:
+        """Tell ``observer(event)`` (sync or async) of every invoke of the graph: each node's
+        start and end, each checkpoint saved, and the run's end (a
+        :class:`~stepstone.graph.GraphEvent`). It runs beside the graph, never holds a node
+        up, and what it raises is logged and dropped: it cannot change a run's outcome.
+        ``invoke(observers=[...])`` adds observers for one invoke."""
+        self._observers.extend(check_observers([observer], "with_observer"))
+        return self
+
     def with_state_migration(
         self, from_version: str, to_version: str, migrate: Migrate
     ) -> GraphBuilder[S]:
@@ -301,4 +312,5 @@ class GraphBuilder(Generic[S]):
             entry=entry,
             checkpointer=self._checkpointer,
             migrations=self._migrations,
+            observers=tuple(self._observers),
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -24,6 +24,15 @@ from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._codec import check_metadata
 from stepstone.engines.graph._migrate import MigrationRegistry
 from stepstone.engines.graph._nodes import call_node, project_in, project_out, update_reducers
+from stepstone.engines.graph._observe import (
+    EventKind,
+    GraphEvent,
+    Observer,
+    Observers,
+    Pending,
+    check_observers,
+    drain,
+)
 from stepstone.engines.graph._records import (
     GRAPH_KIND,
     LOCK_KIND,
@@ -44,12 +53,16 @@ from stepstone.engines.graph._state import (
 )
 from stepstone.exceptions import (
     CheckpointRecordInvalid,
+    CheckpointSaveFailed,
     CheckpointStateMigrationFailed,
     ConcurrentGraphResumeError,
     ConcurrentRunError,
     ConfigurationError,
     ConfigurationTypeError,
+    EdgeException,
     NodeException,
+    RoutingError,
+    RunCancelledError,
     UserError,
 )
 
@@ -87,9 +100,23 @@ class _Run:
     checkpointer: StoreCheckpointer | None
     owned: OwnedRun | None
     invocation_id: str
+    correlation_id: str
     attempt: int
     positions: list[NodePosition]
+    observers: Observers
     pending_push: list[Frame] = dataclasses.field(default_factory=list)
+
+    def emit(self, kind: EventKind, extra: tuple[Observer, ...] = (), **fields: Any) -> None:
+        """Tell the observers (no event is made when there are none)."""
+        if self.observers or extra:
+            event = GraphEvent(
+                kind=kind,
+                invocation_id=self.invocation_id,
+                correlation_id=self.correlation_id,
+                attempt_index=self.attempt,
+                **fields,
+            )
+            self.observers.emit(event, extra)
 
     def next_step(self, ns: tuple[str, ...]) -> int:
         steps = [p.step for p in self.positions if p.namespace == ns]
@@ -122,12 +149,24 @@ class _Run:
             plain = {"pos": pos.to_json(), "pop": pop, "push": [f.to_plain() for f in push]}
             body = {"patch": patch, "push": [f.to_body() for f in push]}
             data = self.checkpointer.codec.encode(plain, body)
-            await self.owned.commit(
-                status="running",
-                next_step=next_node,
-                iteration=len(self.positions) + 1,
-                rows=[("node", pos.node_name, data)],
-            )
+            try:
+                await self.owned.commit(
+                    status="running",
+                    next_step=next_node,
+                    iteration=len(self.positions) + 1,
+                    rows=[("node", pos.node_name, data)],
+                )
+            except (ConcurrentRunError, RunCancelledError):
+                raise  # ownership: the run is someone else's, or an operator stopped it
+            except Exception as exc:
+                raise CheckpointSaveFailed(
+                    f"invocation {self.invocation_id!r}: the checkpoint after node "
+                    f"{pos.node_name!r} could not be saved ({type(exc).__name__}: {exc}); "
+                    "the node's update is not in the record, so resuming runs it again: "
+                    f"invoke(resume_invocation={self.invocation_id!r})",
+                    invocation_id=self.invocation_id,
+                    node_name=pos.node_name,
+                ) from exc
         self.pending_push.clear()
         self.positions.append(pos)
 
@@ -148,8 +187,11 @@ class CompiledGraph(Generic[S]):
         entry: str,
         checkpointer: StoreCheckpointer | None,
         migrations: MigrationRegistry,
+        observers: tuple[Observer, ...] = (),
     ) -> None:
         self.state_cls = state_cls
+        self.observers = observers
+        self._deliveries = Pending()
         self.nodes = nodes
         self.edges = edges
         self.entry = entry
@@ -168,18 +210,36 @@ class CompiledGraph(Generic[S]):
         correlation_id: str | None = None,
         resume_invocation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        observers: Sequence[Observer] | None = None,
     ) -> S:
-        """Synchronous :meth:`ainvoke` (not from inside a running event loop)."""
+        """Synchronous :meth:`ainvoke` (not from inside a running event loop). It returns
+        once its observers were told everything (its event loop ends with the call)."""
+
+        async def invoke_and_drain() -> S:
+            try:
+                return await self.ainvoke(
+                    state,
+                    correlation_id=correlation_id,
+                    resume_invocation=resume_invocation,
+                    metadata=metadata,
+                    observers=observers,
+                )
+            finally:
+                await self.drain_observers()
+
         return run_sync(
-            self.ainvoke(
-                state,
-                correlation_id=correlation_id,
-                resume_invocation=resume_invocation,
-                metadata=metadata,
-            ),
-            sync_name="graph.invoke(...)",
-            async_name="graph.ainvoke(...)",
+            invoke_and_drain(), sync_name="graph.invoke(...)", async_name="graph.ainvoke(...)"
         )
+
+    async def drain_observers(self, timeout: float | None = None) -> bool:
+        """Wait until the observers of this graph's invokes on this event loop were told
+        every event so far. Call it before the loop ends (``asyncio.run`` cancels what is
+        left); the sync :meth:`invoke` does it itself.
+
+        Returns:
+            False when ``timeout`` seconds passed first (the deliveries go on).
+        """
+        return await drain(self._deliveries, timeout)
 
     async def ainvoke(
         self,
@@ -188,6 +248,7 @@ class CompiledGraph(Generic[S]):
         correlation_id: str | None = None,
         resume_invocation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        observers: Sequence[Observer] | None = None,
     ) -> S:
         """Run the graph to ``END`` and return the final state.
 
@@ -204,6 +265,9 @@ class CompiledGraph(Generic[S]):
                 if its ``schema_version`` differs.
             metadata: JSON data stored with the record (str, int, float, bool, None,
                 lists and dicts with str keys).
+            observers: Functions ``fn(event)`` (sync or async) told of this invoke's
+                node starts and ends, saves and end, after those of
+                ``GraphBuilder.with_observer``; see :meth:`drain_observers`.
 
         Raises:
             ConfigurationError: ``correlation_id`` is not a non-empty str or None, or
@@ -218,6 +282,10 @@ class CompiledGraph(Generic[S]):
                 ``resume_invocation`` cannot be loaded.
         """
         _check_invoke_options(correlation_id, metadata)
+        told = Observers(
+            (*self.observers, *check_observers(observers, "invoke(observers=...)")),
+            self._deliveries,
+        )
         cp = self.checkpointer
         invocation_id = str(uuid.uuid4())
         lock: OwnedRun | None = None
@@ -287,8 +355,10 @@ class CompiledGraph(Generic[S]):
                 checkpointer=cp,
                 owned=owned,
                 invocation_id=invocation_id,
+                correlation_id=correlation_id,
                 attempt=attempt,
                 positions=positions,
+                observers=told,
             )
             top = resumes[0]
             try:
@@ -298,14 +368,22 @@ class CompiledGraph(Generic[S]):
             except NodeException as exc:
                 exc.invocation_id = invocation_id if run.owned is not None else None
                 await self._finish(run, "failed", exc)
+                run.emit("run_end", status="failed", error=exc)
                 raise
             except BaseException as exc:
                 await self._finish(run, "failed", exc)
+                run.emit("run_end", status="failed", error=exc)
                 raise
-            await self._finish(run, "done", None)
+            try:
+                await self._finish(run, "done", None)
+            except BaseException as exc:
+                run.emit("run_end", status="failed", error=exc)
+                raise
+            run.emit("run_end", status="done", state=final)
             await cancel_point()  # one held back while the last node's thread finished
             return final
         finally:
+            told.close()
             if lock is not None:
                 await blocking_call(lock.store, _release_lock, lock)
 
@@ -420,7 +498,9 @@ class CompiledGraph(Generic[S]):
                 raise CheckpointStateMigrationFailed(
                     f"{where} was saved with serialization='pickle' at schema_version "
                     f"{version!r}; {cls.__name__} is at {cls.schema_version!r} and pickle "
-                    "records cannot be migrated (use serialization='json')"
+                    "records cannot be migrated (use serialization='json')",
+                    from_version=version,
+                    to_version=cls.schema_version,
                 )
             if not isinstance(saved, cls):
                 raise CheckpointRecordInvalid(
@@ -525,7 +605,7 @@ class CompiledGraph(Generic[S]):
         try:
             chosen = spec.router(state)
         except Exception as exc:
-            raise NodeException(
+            raise EdgeException(
                 f"the router after node {node!r} raised {type(exc).__name__}: {exc}",
                 node_name=node,
                 recoverable_state=state,
@@ -538,13 +618,13 @@ class CompiledGraph(Generic[S]):
             target = key if isinstance(key, str) else None
         if target is None or (target != _END_NAME and target not in self.nodes):
             allowed = [*self.nodes, _END_NAME] if spec.targets is None else spec.targets
-            err = ValueError(
+            raise RoutingError(
                 f"the router after node {node!r} returned {chosen!r}, which is not one of "
-                f"its targets {_choices(allowed)}"
+                f"its targets {_choices(allowed)}",
+                node_name=node,
+                recoverable_state=state,
+                namespace=ns,
             )
-            raise NodeException(
-                str(err), node_name=node, recoverable_state=state, namespace=ns
-            ) from err
         return target
 
     async def _execute(
@@ -557,10 +637,13 @@ class CompiledGraph(Generic[S]):
         step: int,
         inner: list[_Resume],
     ) -> Any:
+        extra = graph.observers if graph is not self else ()
         while node != _END_NAME:
             await cancel_point()  # a Ctrl-C during the last node stops the run here
             spec = graph.nodes[node]
             pop = 0
+            where = {"node_name": node, "namespace": ns, "step": step}
+            run.emit("node_start", extra, state=state, **where)
             try:
                 if spec.subgraph is not None:
                     update, pop = await self._run_subgraph(run, graph, spec, state, ns, step, inner)
@@ -579,21 +662,29 @@ class CompiledGraph(Generic[S]):
                     state, update, node=node, reducers=update_reducers(spec, graph)
                 )
                 patch = run.patch(new, set_fields, extend)
-            except NodeException:
+            except NodeException as exc:
+                if exc.node_name == node and not exc.namespace:
+                    exc.namespace = ns
+                run.emit("node_end", extra, error=exc, **where)
                 raise
             except Exception as exc:
-                raise NodeException(
+                failed = NodeException(
                     f"node {node!r} raised {type(exc).__name__}: {exc}",
                     node_name=node,
                     recoverable_state=state,
                     namespace=ns,
-                ) from exc
+                )
+                run.emit("node_end", extra, error=failed, **where)
+                raise failed from exc
             route_error: NodeException | None = None
             try:
                 nxt: str | None = graph._route(node, new, ns)
             except NodeException as exc:
                 route_error, nxt = exc, None
+            run.emit("node_end", extra, state=new, error=route_error, **where)
             await run.save(NodePosition(ns, node, step, run.attempt), patch, pop, nxt)
+            if run.owned is not None:
+                run.emit("checkpoint_saved", extra, state=new, **where)
             if route_error is not None:
                 raise route_error
             assert nxt is not None

@@ -11,7 +11,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
+from stepstone.core import Envelope, ErrorInfo, Sentinel, Tool, is_agent_like
 from stepstone.core._sync import cancel_point
 from stepstone.core._threads import call_sync, is_awaitable
 from stepstone.core._tool import is_async_callable
@@ -223,10 +223,17 @@ class PlanRun:
         return self._stamp(env)
 
     async def _pause(self, entry: str, step: str, exc: PlanPaused) -> Envelope[Any]:
-        env = Envelope.error_envelope(exc, retryable=True, task=self.start.task)
-        assert env.error is not None
+        # The message names the step that paused: the caller sees where the run waits
+        # without reading the checkpoint (metadata["step"] carries the name alone).
+        message = exc.message if isinstance(exc.message, str) else str(exc)
+        error = ErrorInfo(
+            type=type(exc).__name__,
+            message=f"Plan paused at step {step!r}: {message}",
+            retryable=True,
+        )
+        env: Envelope[Any] = Envelope(task=self.start.task, payload=None, error=error)
         await self._commit(
-            status="paused", next_step=entry, error={"step": step, **env.error.to_dict()}
+            status="paused", next_step=entry, error={"step": step, **error.to_dict()}
         )
         self._emit(EventType.PLAN_PAUSED, step=step, message=exc.message)
         env.metadata["step"] = step

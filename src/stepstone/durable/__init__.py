@@ -4,8 +4,9 @@ records (``read_run``, ``run_head``, ``list_runs``, ``delete_run`` and their asy
 
 Also what operators use on runs from outside their owner: read models (``query_runs``,
 ``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run``,
-``retry_run`` (and ``requeue_run`` for a run that came from a queue), ``approve_call`` and
-``prune`` with a :class:`~stepstone.store.Retention` policy.
+``retry_run`` (and ``requeue_run`` for a run that came from a queue), ``approve_call``,
+``settle_effect`` (with ``in_doubt_effects``) and ``prune`` with a
+:class:`~stepstone.store.Retention` policy.
 """
 
 from stepstone.durable._approvals import (
@@ -55,6 +56,7 @@ from stepstone.durable._retention import (
     prune,
     prune_run,
 )
+from stepstone.durable._settle import in_doubt_effects, settle_effect
 
 __all__ = [
     "ClaimResult",
@@ -80,6 +82,7 @@ __all__ = [
     "describe_owner",
     "diff_runs",
     "fork_run",
+    "in_doubt_effects",
     "list_runs",
     "owner_alive",
     "owner_state",
@@ -96,6 +99,7 @@ __all__ = [
     "run_detail",
     "run_head",
     "run_summary",
+    "settle_effect",
     "stranded_runs",
     "timeline",
 ]

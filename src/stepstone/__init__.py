@@ -30,12 +30,25 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
-from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
+from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step, StepToken
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
+from stepstone.engines.workflow import (
+    BoundWorkflow,
+    StepContext,
+    Workflow,
+    WorkflowStep,
+    deprecate_patch,
+    patched,
+    step,
+    step_context,
+    workflow,
+)
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
@@ -43,6 +56,7 @@ from stepstone.exceptions import (
     CheckpointFlushError,
     CheckpointNotFound,
     CheckpointRecordInvalid,
+    CheckpointSaveFailed,
     CheckpointStateMigrationChainAmbiguous,
     CheckpointStateMigrationError,
     CheckpointStateMigrationFailed,
@@ -53,6 +67,7 @@ from stepstone.exceptions import (
     ConfigurationError,
     ConfigurationTypeError,
     CorruptRecordError,
+    EdgeException,
     EffectInDoubtError,
     GraphCompileError,
     IncompleteStreamError,
@@ -66,12 +81,19 @@ from stepstone.exceptions import (
     ModelRefusalError,
     ModelRequestsBlockedError,
     NodeException,
+    NonDeterministicWorkflowError,
     PlanCompileError,
     PlanPaused,
     PlanRuntimeError,
     QueuedRunError,
+    ReducerError,
+    ReplayedStepError,
+    RoutingError,
+    RunFinishedError,
+    RunParked,
     SerializationError,
     StaleCheckpointError,
+    StateValidationError,
     StepstoneError,
     StoreDamagedError,
     StoreError,
@@ -82,6 +104,7 @@ from stepstone.exceptions import (
     UnserializableValueWarning,
     UsageLimitExceeded,
     UserError,
+    WorkflowCorruptError,
 )
 from stepstone.observability import Event, EventType, Session
 from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
@@ -101,6 +124,7 @@ __all__ = [
     "ErrorInfo",
     "Plan",
     "Step",
+    "StepToken",
     "Store",
     "StoreEntry",
     "from_parallel",
@@ -128,6 +152,16 @@ __all__ = [
     "KeywordEngine",
     "RunContext",
     "RunLocation",
+    # durable functions
+    "BoundWorkflow",
+    "StepContext",
+    "Workflow",
+    "WorkflowStep",
+    "deprecate_patch",
+    "patched",
+    "step",
+    "step_context",
+    "workflow",
     # durable agent runs
     "AgentResult",
     "Runner",
@@ -145,6 +179,16 @@ __all__ = [
     "prune_queue",
     "set_queue_limits",
     "submit",
+    # time and messages
+    "RunOutcome",
+    "Schedule",
+    "ScheduleInfo",
+    "StreamItem",
+    "StreamReader",
+    "asend",
+    "list_schedules",
+    "schedule",
+    "send",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -169,6 +213,8 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "QueuedRunError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -185,11 +231,20 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFound",
     "CheckpointRecordInvalid",
+    "CheckpointSaveFailed",
     "CheckpointStateMigrationChainAmbiguous",
     "CheckpointStateMigrationError",
     "CheckpointStateMigrationFailed",
     "CheckpointStateMigrationMissing",
     "ConcurrentGraphResumeError",
+    "EdgeException",
     "GraphCompileError",
     "NodeException",
+    "ReducerError",
+    "RoutingError",
+    "StateValidationError",
+    # workflow errors
+    "NonDeterministicWorkflowError",
+    "ReplayedStepError",
+    "WorkflowCorruptError",
 ]

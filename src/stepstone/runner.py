@@ -24,7 +24,7 @@ from stepstone.agent import Agent
 from stepstone.core._checks import check_bool, check_number
 from stepstone.core._serialization import to_json_value
 from stepstone.core._sync import run_sync
-from stepstone.durable import list_runs
+from stepstone.durable import in_doubt_effects, list_runs, settle_effect
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.llm._durable import (
     DurableSettings,
@@ -220,7 +220,7 @@ class Runner:
         agent: Agent,
         *,
         run_id: str,
-        thread_id: str,
+        thread_id: str | None,
         user_message: str | None,
         context: dict[str, Any] | None,
         approvals: dict[str, Any] | None,
@@ -264,13 +264,16 @@ class Runner:
             agent: An LLM agent.
             user_message: The task.
             context: A JSON dict kept with the run (restored on resume).
-            thread_id: The conversation thread (default: a fresh id).
+            thread_id: The conversation thread (default: the stored run's thread, or a
+                fresh id for a new run).
             run_id: The run's idempotency key (default: a fresh id). Running again with
                 the id of a crashed run continues it; of a finished run returns its result.
+                ``runner.runs()`` and ``stepstone runs`` list the ids a store holds.
 
         Raises:
-            UserError: an empty id, ``run_id`` already used for another message, or a
-                ``context`` that is not a dict.
+            UserError: an empty id, ``run_id`` already used for another message, a
+                ``thread_id`` other than the stored run's, or a ``context`` that is not a
+                dict.
             SerializationError: ``context`` holds a value JSON cannot hold.
             ConcurrentRunError: a live process is running this ``run_id``.
         """
@@ -283,9 +286,7 @@ class Runner:
         return await self._go(
             agent,
             run_id=_check_id("run_id", run_id if run_id is not None else uuid.uuid4().hex),
-            thread_id=_check_id(
-                "thread_id", thread_id if thread_id is not None else uuid.uuid4().hex
-            ),
+            thread_id=None if thread_id is None else _check_id("thread_id", thread_id),
             user_message=user_message,
             context=context,
             approvals=None,
@@ -297,10 +298,13 @@ class Runner:
         agent: Agent,
         *,
         run_id: str,
-        thread_id: str,
+        thread_id: str | None = None,
         approvals: dict[str, bool | str] | None = None,
     ) -> AgentResult:
         """Continue run ``run_id`` from its last committed phase.
+
+        ``run_id`` alone names the run: ``thread_id`` defaults to the stored run's thread,
+        and one that contradicts it is an error.
 
         A finished run returns its stored result (no model or tool call), except one that
         failed on a retryable error (a rate limit, a provider outage: ``result.error`` has
@@ -314,12 +318,13 @@ class Runner:
         Raises:
             AgentCheckpointCorruptionError: no checkpoint for ``run_id``, or a malformed
                 one (nothing is written).
+            UserError: a ``thread_id`` other than the stored run's.
             ConcurrentRunError: a live process owns the run.
         """
         return await self._go(
             agent,
             run_id=_check_id("run_id", run_id),
-            thread_id=_check_id("thread_id", thread_id),
+            thread_id=None if thread_id is None else _check_id("thread_id", thread_id),
             user_message=None,
             context=None,
             approvals=approvals,
@@ -353,7 +358,7 @@ class Runner:
         agent: Agent,
         *,
         run_id: str,
-        thread_id: str,
+        thread_id: str | None = None,
         approvals: dict[str, bool | str] | None = None,
     ) -> AgentResult:
         """Synchronous :meth:`resume` (not from inside a running event loop)."""
@@ -361,6 +366,53 @@ class Runner:
             self.resume(agent, run_id=run_id, thread_id=thread_id, approvals=approvals),
             sync_name="runner.resume_sync(...)",
             async_name="await runner.resume(...)",
+        )
+
+    # -- calls in doubt ----------------------------------------------------------------------
+    def in_doubt(self, run_id: str) -> list[dict[str, Any]]:
+        """The calls of run ``run_id`` (and its subagents) that started before a crash and
+        have no recorded outcome: ``{run_key, position, kind, name, call_id, turn, index,
+        live}`` each.
+
+        Raises:
+            UserError: no run ``run_id`` in this store.
+        """
+        return in_doubt_effects(self.store, checkpoint_latest_key(run_id))
+
+    def settle(
+        self,
+        run_id: str,
+        effect: str,
+        *,
+        happened: bool,
+        result: Any = None,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """Record what a call in doubt of run ``run_id`` did, so the run can go on.
+
+        A tool declared ``in_doubt="fail"`` that was running when its process died stops the
+        run (``EffectInDoubtError``). Check the outside world, then settle the call:
+        ``happened=True`` with the ``result`` it returned (the run's next resume gives it to
+        the model as the call's result, without calling the tool), or ``happened=False``
+        (the next resume calls the tool again). ``effect`` is the call id the error names,
+        or its position (``"tool:2:0"``, from :meth:`in_doubt`). Then
+        ``runner.resume(agent, run_id=...)`` continues the run from there.
+
+        Returns:
+            ``{key, run_key, position, kind, name, call_id, happened, result, status}``.
+
+        Raises:
+            UserError: no such run or call in doubt, or a result for a call that did not
+                happen (see :func:`stepstone.durable.settle_effect`).
+            ConcurrentRunError: a live process owns the run.
+        """
+        return settle_effect(
+            self.store,
+            checkpoint_latest_key(run_id),
+            effect,
+            happened=happened,
+            result=result,
+            note=note,
         )
 
     # -- inspection ------------------------------------------------------------------------

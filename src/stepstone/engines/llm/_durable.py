@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import time
+import uuid
 from typing import Any
 
 from pydantic import BaseModel
@@ -34,6 +35,7 @@ from stepstone.durable._effects import (
 from stepstone.durable._kernel import claim_run, describe_owner
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import read_run as kernel_read_run
+from stepstone.durable._settle import settled_since_last_phase
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
 from stepstone.engines.llm._output import type_adapter, wants_structured
@@ -335,7 +337,7 @@ async def run_durable(
     store: Store,
     key: str,
     run_id: str,
-    thread_id: str,
+    thread_id: str | None,
     user_message: str | None,
     context: dict[str, Any] | None,
     ctx: RunContext,
@@ -351,12 +353,14 @@ async def run_durable(
 
     A finished run gives its stored result, unless ``retry_failed`` (a failed one runs
     again from where it stopped) or ``retry_retryable`` and it failed on a retryable error.
+    ``thread_id=None`` takes the stored run's thread (a fresh id for a new run).
 
     Raises:
         AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a malformed
             latest record (nothing written).
         ConcurrentRunError: a live process owns the run.
-        UserError: ``approvals`` is not a mapping of call ids to True, False or a reason,
+        UserError: ``thread_id`` contradicts the stored run's thread, ``approvals`` is not
+            a mapping of call ids to True, False or a reason,
             or (unless ``retry_failed``) names a call the run does not wait on and did not
             decide that way already (see :func:`_settle`).
     """
@@ -378,10 +382,16 @@ async def run_durable(
         raise corrupt_agent_run(
             key, run_id, f"its latest record belongs to run {record['run_id']!r}"
         )
-    if record is not None and record["thread_id"] != thread_id:
+    # The store knows a run's thread: ``thread_id=None`` takes it (or a fresh one).
+    known = record["thread_id"] if record is not None else None
+    if known is None and head is not None and isinstance(head.meta.get("thread_id"), str):
+        known = head.meta["thread_id"]
+    if thread_id is None:
+        thread_id = known if known is not None else uuid.uuid4().hex
+    elif known is not None and known != thread_id:
         raise UserError(
-            f"agent run {run_id!r} belongs to thread {record['thread_id']!r}, not "
-            f"{thread_id!r}; pass thread_id={record['thread_id']!r}"
+            f"agent run {run_id!r} belongs to thread {known!r}, not {thread_id!r}; "
+            f"pass thread_id={known!r} or leave thread_id out"
         )
     started = user_message
     if head is not None and contents.messages:
@@ -405,7 +415,9 @@ async def run_durable(
         if record["phase"] == "run_terminal" and isinstance(stored, dict):
             state = stored.get("state")
             again = state != "completed" and (
-                retry_failed or (retry_retryable and _retryable(stored.get("error")))
+                retry_failed
+                or settled_since_last_phase(rows)  # a call in doubt settled since it ended
+                or (retry_retryable and _retryable(stored.get("error")))
             )
             if state in TERMINAL_STATES and not again:
                 return stored

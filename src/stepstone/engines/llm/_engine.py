@@ -12,6 +12,7 @@ from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast, overlo
 
 from stepstone.core import Envelope, RunContext, Tool, payload_text
 from stepstone.core._run_context import resolve_run_context
+from stepstone.core._tokens import TokenSink, claim_tokens
 from stepstone.durable._effects import current_scope
 from stepstone.engines.llm._calls import (
     _STREAM_RESULT,
@@ -19,6 +20,7 @@ from stepstone.engines.llm._calls import (
     MALFORMED_CALL_NOTE,
     ModelCalls,
     RunState,
+    TokenQueue,
     last_stream_result,
 )
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
@@ -33,13 +35,14 @@ from stepstone.engines.llm._settings import (
 )
 from stepstone.engines.llm._tools import ToolBatch
 from stepstone.exceptions import (
+    ConfigurationError,
     MaxTurnsExceeded,
     UserError,
 )
 from stepstone.observability import EventType, Session
-from stepstone.providers._base import Provider
+from stepstone.providers._base import Provider, SDKClientMixin
 from stepstone.providers._pricing import estimate_cost
-from stepstone.providers._registry import create_provider
+from stepstone.providers._registry import create_provider, routing_table
 from stepstone.providers._types import (
     CacheConfig,
     Message,
@@ -233,7 +236,10 @@ class LLMEngine(ProviderRouting):
     def get_provider(self) -> Provider:
         """The provider adapter (built on first use; raises MissingExtraError without its SDK)."""
         if self._provider_obj is None:
-            self._provider_obj = create_provider(self.provider)
+            provider = create_provider(self.provider)
+            if self.settings.routed_by_default:
+                _check_default_route(self.model, provider)
+            self._provider_obj = provider
         return self._provider_obj
 
     async def aclose(self) -> None:
@@ -438,8 +444,27 @@ class LLMEngine(ProviderRouting):
         tools: list[Tool],
         output_type: type,
         state: RunState,
-        sink: asyncio.Queue[str | None] | None = None,
+        sink: TokenQueue | None = None,
         hooks: LoopHooks | None = None,
+    ) -> Any:
+        # A caller up the stack that streams this run (Plan.stream) gets its text as it
+        # comes; what the loop calls meanwhile (an agent as a tool) streams nothing there.
+        with claim_tokens() as claimed:
+            if sink is None and claimed is not None:
+                sink = _Forward(claimed)
+            return await self._turns(
+                env, tools=tools, output_type=output_type, state=state, sink=sink, hooks=hooks
+            )
+
+    async def _turns(
+        self,
+        env: Envelope[Any],
+        *,
+        tools: list[Tool],
+        output_type: type,
+        state: RunState,
+        sink: TokenQueue | None,
+        hooks: LoopHooks | None,
     ) -> Any:
         provider = self.get_provider()
         effects = hooks.effects if hooks is not None else self.effects
@@ -551,7 +576,7 @@ class LLMEngine(ProviderRouting):
         provider: Provider,
         request: ModelRequest,
         state: RunState,
-        sink: asyncio.Queue[str | None] | None,
+        sink: TokenQueue | None,
         effects: EffectHandler | None = None,
     ) -> ModelResponse:
         key = EffectKey(
@@ -612,3 +637,36 @@ class LLMEngine(ProviderRouting):
             },
         )
         return response
+
+
+class _Forward:
+    """A token queue that hands each piece of text to a caller's sink (see
+    :func:`~stepstone.core._tokens.claim_tokens`)."""
+
+    def __init__(self, sink: TokenSink) -> None:
+        self.sink = sink
+
+    async def put(self, item: str | None) -> None:
+        if item:
+            await self.sink(item)
+
+
+def _check_default_route(model: str, provider: Provider) -> None:
+    """Refuse a model no alias or rule routes when the default provider it went to cannot
+    be used (no API key): the model is most likely not that provider's, and saying only
+    that the key is missing would send its user after the wrong fix."""
+    if not isinstance(provider, SDKClientMixin):
+        return
+    try:
+        provider._resolve_api_key()
+    except UserError as exc:
+        table = routing_table()
+        raise ConfigurationError(
+            f"no provider recognises model {model!r}: no alias or rule routes it "
+            f"({table.describe()}), so it went to the default provider {provider.name!r}, "
+            f"which cannot be used ({exc}). "
+            f"If {model!r} is not a model of {provider.name!r}, name its provider: "
+            f"LLMEngine({model!r}, provider='openai'), or route it: "
+            f"LLMEngine.register_provider_rule({model.split('-')[0]!r}, '<provider>', "
+            "kind='startswith')"
+        ) from exc

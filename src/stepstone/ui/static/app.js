@@ -34,7 +34,22 @@ function ownerText(run) {
   if (run.owner === "live" && run.cancel_requested) return "live, cancel requested";
   if (run.owner === "live") return "live (lease " + Math.max(0, Math.round(run.lease_expires_in)) + " s)";
   if (run.owner === "dead") return "dead (stranded)";
+  if (run.owner === "superseded") return "superseded by " + run.superseded_by;
   return "—";
+}
+
+function ownerCell(run, tag) {
+  // A run another run took over links to it.
+  const cell = el(tag, null, run.owner === "dead" ? "owner-dead" : "");
+  if (run.superseded_by) {
+    cell.append((run.owner === "superseded" ? "superseded" : ownerText(run) + ", superseded") + " by ");
+    const link = el("a", run.superseded_by, "superseded-by");
+    link.href = "#run=" + encodeURIComponent(run.superseded_by);
+    cell.append(link);
+  } else {
+    cell.textContent = ownerText(run);
+  }
+  return cell;
 }
 
 function currentKey() {
@@ -87,7 +102,7 @@ async function renderList() {
     const statusCell = el("td");
     statusCell.append(statusBadge(run.status));
     tr.append(keyCell, el("td", run.kind), statusCell,
-      el("td", ownerText(run), run.owner === "dead" ? "owner-dead" : ""),
+      ownerCell(run, "td"),
       el("td", run.steps), el("td", run.next_step || ""), el("td", when(run.updated_at)),
       el("td", run.error_type || "", run.error_type ? "owner-dead" : ""));
     body.append(tr);
@@ -113,7 +128,7 @@ async function renderRun(key) {
     el("span", " " + run.kind + " run"),
     el("span", "steps " + run.steps),
     el("span", "next step " + (run.next_step || "—")),
-    el("span", "owner " + ownerText(run)),
+    el("span", "owner "), ownerCell(run, "span"),
     el("span", "updated " + when(run.updated_at)),
     el("span", "ran " + run.duration_seconds.toFixed(1) + " s since its first claim"),
   );
@@ -131,7 +146,9 @@ async function renderRun(key) {
   }
   $("#actions").hidden = !(run.allow_actions && run.status !== "done");
   renderApprovals(run);
+  renderWaits(run);
   renderAgent(run.agent);
+  renderOperations(run);
   const body = $("#timeline tbody");
   body.replaceChildren();
   const canRetry = run.allow_actions && run.owner !== "live" && run.kind === "plan";
@@ -184,6 +201,61 @@ function renderApprovals(run) {
     tr.append(el("td", call.call_id), el("td", call.tool), el("td", short(call.arguments, 200), "payload"),
       el("td", call.reason || ""), cell);
     body.append(tr);
+  }
+}
+
+function renderOperations(run) {
+  const ops = run.operations;
+  $("#workflow").hidden = !ops;
+  if (!ops) return;
+  const body = $("#operations tbody");
+  body.replaceChildren();
+  const canRetry = run.allow_actions && run.owner !== "live";
+  for (const op of ops) {
+    const tr = el("tr", null, op.error ? "row-error" : "");
+    tr.dataset.position = op.position;
+    const name = (op.op === "step" ? op.name : op.op + " " + op.name) + (op.key ? " (" + op.key + ")" : "");
+    const shown = op.error ? (op.error.type || "").split(":").pop() + ": " + (op.error.message || "") : short(op.value, 300);
+    const cell = el("td", shown, "payload");
+    if (canRetry && op.op === "step") {
+      const btn = el("button", "retry from here", "plain retry");
+      btn.type = "button";
+      btn.addEventListener("click", () => act("/api/retry?key=" + encodeURIComponent(run.key) + "&step=" + encodeURIComponent(op.position)));
+      cell.append(" ", btn);
+    }
+    tr.append(el("td", op.position), el("td", name), el("td", op.status), el("td", short(op.args, 200), "payload"),
+      cell, el("td", op.attempts), el("td", op.ms === null || op.ms === undefined ? "" : op.ms.toFixed(1)));
+    body.append(tr);
+  }
+}
+
+function renderWaits(run) {
+  // What the run waits for, its events, streams and pending messages (time_and_messages).
+  const items = [];
+  for (const w of run.waiting || []) {
+    const until = w.until === null ? "no time limit" : "until " + when(w.until);
+    const said = w.state === "sleeping" ? "sleeping " + until
+      : w.state === "waiting" ? "waiting for a message on '" + w.topic + "', " + until
+      : "woken (due " + (w.until === null ? "now" : when(w.until)) + "): it goes on any moment";
+    items.push(["waits", said]);
+  }
+  for (const [name, value] of Object.entries(run.events || {})) {
+    items.push(["event", name + ": " + short(value, 200)]);
+  }
+  for (const s of run.streams || []) items.push(["stream", s.name + ": " + s.length + " value(s)"]);
+  const pending = ((run.messages || {}).pending) || [];
+  if (pending.length) {
+    const topics = [...new Set(pending.map((m) => m.topic))].sort();
+    items.push(["messages", pending.length + " pending on " + topics.map((t) => "'" + t + "'").join(", ")]);
+  }
+  $("#waits").hidden = items.length === 0;
+  const list = $("#waits-list");
+  list.replaceChildren();
+  for (const [what, text] of items) {
+    const li = el("li");
+    li.dataset.what = what;
+    li.append(el("strong", what), " " + text);
+    list.append(li);
   }
 }
 

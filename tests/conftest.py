@@ -88,11 +88,12 @@ def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]
         pg_server.drop_database(name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def chromium() -> Iterator[Any]:
-    """One headless Chromium (Debian's, driven by Playwright) for the whole session (each
-    xdist worker has its own); a test opens a fresh context of it (``new_context()``), its
-    own cookies and storage, and closes it. Skips without Chromium, fails under CI=true."""
+    """A headless Chromium (Debian's, driven by Playwright): a test opens a fresh context of
+    it (``new_context()``). Skips without Chromium, fails under CI=true. One per test, not
+    per session: while Playwright's sync API is started it marks its event loop as running
+    on the thread, and a later test's sync call (``run_sync()``) would refuse to run."""
     from tests.operate._browser import launch
 
     yield from launch()

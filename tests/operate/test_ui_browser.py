@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def browser(chromium: Any) -> Iterator[Any]:
-    """A page in a fresh context (its own cookies and storage) of the session's Chromium."""
+    """A page in a fresh context of a headless Chromium."""
     context = chromium.new_context(viewport={"width": 1200, "height": 640})
     try:
         page = context.new_page()

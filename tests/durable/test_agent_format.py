@@ -1,0 +1,69 @@
+"""Agent journal formats: what a run shows stays the same whatever format wrote it.
+
+The fixture holds runs journaled by the first agent journal format and every view of them
+as that stepstone showed them (see ``agent_runs.py``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from stepstone import Store
+from stepstone.store import Claim, JournalRow, RunHead
+from tests.durable.agent_runs import views, write_runs
+
+FIXTURE = Path(__file__).with_name("fixtures") / "agent_journal_v1.json.gz"
+
+
+def frozen() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(gzip.decompress(FIXTURE.read_bytes()))
+    return data
+
+
+def load_frozen(store: Store) -> None:
+    """Put the fixture's runs, heads and journal rows as they were written, in ``store``."""
+    for run in frozen()["runs"]:
+        head = RunHead(**run["head"])
+        rows = [JournalRow(*r) for r in run["rows"]]
+        store.backend.run_transact(
+            head.key, lambda h, kv, head=head, rows=rows: Claim(head=head, rows=rows)
+        )
+
+
+_TIMES = {"timestamp_ms", "started_at_s", "at_ms"}
+_ORIGIN = re.compile(r"plan:[0-9a-f]{12}:llm")
+
+
+def _untimed(value: Any) -> Any:
+    """``value`` with every time a run took replaced (they differ from run to run)."""
+    if isinstance(value, dict):
+        return {k: 0 if k in _TIMES else _untimed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def comparable(shown: dict[str, Any]) -> Any:
+    """Views of a run with its times and the Plan's random origin taken out."""
+    return json.loads(_ORIGIN.sub("plan:ORIGIN:llm", json.dumps(_untimed(shown))))
+
+
+def test_runs_journaled_in_the_first_format_show_what_they_showed(tmp_path: Path) -> None:
+    # guarantee 450
+    with Store(db=tmp_path / "old.sqlite") as store:
+        load_frozen(store)
+        shown = views(store)
+    assert shown == frozen()["views"]
+
+
+def test_the_same_runs_show_the_same_views_in_the_current_format(tmp_path: Path) -> None:
+    # guarantee 450
+    db = tmp_path / "new.sqlite"
+    write_runs(db)
+    with Store(db=db) as store:
+        shown = views(store)
+    assert comparable(shown) == comparable(frozen()["views"])

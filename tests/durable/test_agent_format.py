@@ -48,8 +48,36 @@ def _untimed(value: Any) -> Any:
 
 
 def comparable(shown: dict[str, Any]) -> Any:
-    """Views of a run with its times and the Plan's random origin taken out."""
-    return json.loads(_ORIGIN.sub("plan:ORIGIN:llm", json.dumps(_untimed(shown))))
+    """Views of runs with their times and the Plan's random origin taken out, and the count
+    of journal rows (``steps``, the commits of a run in the current format)."""
+    out = json.loads(_ORIGIN.sub("plan:ORIGIN:llm", json.dumps(_untimed(shown))))
+    for key, entry in out.items():
+        if key != "runs":
+            entry["show"].pop("steps")
+    return out
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where ``a`` and ``b`` differ (paths, at most 20), to read a failure."""
+    if type(a) is not type(b):
+        return [f"{path}: {a!r:.200} != {b!r:.200}"]
+    if isinstance(a, dict):
+        out = [f"{path}/{k}: only on one side" for k in set(a) ^ set(b)]
+        if not out and list(a) != list(b):
+            out.append(f"{path}: keys in another order {list(a)} != {list(b)}")
+        for k in a:
+            if k in b:
+                out += differences(a[k], b[k], f"{path}/{k}")
+        return out[:20]
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items != {len(b)}"]
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in differences(x, y, f"{path}[{i}]")
+        ][:20]
+    return [] if a == b else [f"{path}: {a!r:.200} != {b!r:.200}"]
 
 
 def test_runs_journaled_in_the_first_format_show_what_they_showed(tmp_path: Path) -> None:
@@ -57,7 +85,7 @@ def test_runs_journaled_in_the_first_format_show_what_they_showed(tmp_path: Path
     with Store(db=tmp_path / "old.sqlite") as store:
         load_frozen(store)
         shown = views(store)
-    assert shown == frozen()["views"]
+    assert shown == frozen()["views"], differences(shown, frozen()["views"])
 
 
 def test_the_same_runs_show_the_same_views_in_the_current_format(tmp_path: Path) -> None:
@@ -66,4 +94,5 @@ def test_the_same_runs_show_the_same_views_in_the_current_format(tmp_path: Path)
     write_runs(db)
     with Store(db=db) as store:
         shown = views(store)
-    assert comparable(shown) == comparable(frozen()["views"])
+    now, then = comparable(shown), comparable(frozen()["views"])
+    assert now == then, differences(now, then)

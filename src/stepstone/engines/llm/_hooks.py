@@ -15,7 +15,8 @@ from typing import Any
 
 from stepstone.core import Tool, payload_text
 from stepstone.core._serialization import to_json_value
-from stepstone.durable._effects import DurableScope, EffectJournal, bind_scope, hash_json
+from stepstone.durable._agent_journal import AgentJournal
+from stepstone.durable._effects import DurableScope, bind_scope, hash_json
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._effects import EffectKey, _jsonable
 from stepstone.exceptions import AgentCheckpointCorruptionError, PlanPaused
@@ -123,7 +124,7 @@ class JournaledEffects:
 
     def __init__(
         self,
-        journal: EffectJournal,
+        journal: AgentJournal,
         *,
         store_scope: DurableScope,
         decisions: dict[tuple[int, int, str], Any],
@@ -328,7 +329,7 @@ class LoopHooks:
     has its answer committed when the next turn starts, before the next model request.
     """
 
-    journal: EffectJournal
+    journal: AgentJournal
     effects: JournaledEffects
     provider: str
     requested_model: str

@@ -59,10 +59,7 @@ def run(path: Path, *, approve: bool) -> None:
             return
         assert env.error is not None
         state = store.read(f"refund-{ORDER}")
-        print(
-            f"{state['status']} at {state['next_step']}: {env.error.type}: "
-            f"{env.error.message} (retryable={env.error.retryable})"
-        )
+        print(f"{state['status']}: {env.error.message} (retryable={env.error.retryable})")
 
 
 def main(argv: list[str]) -> None:

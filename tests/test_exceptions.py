@@ -24,6 +24,7 @@ from stepstone.exceptions import (
     ConfigurationTypeError,
     CorruptRecordError,
     PlanPaused,
+    RunParked,
     StepstoneError,
     StoreError,
     UserError,
@@ -39,7 +40,7 @@ def _classes() -> list[type[BaseException]]:
 
 
 def test_every_error_has_one_root() -> None:
-    signals = {PlanPaused}
+    signals = {PlanPaused, RunParked}
     for cls in _classes():
         if cls in signals or issubclass(cls, Warning):
             continue
@@ -95,7 +96,7 @@ def test_misuse_is_a_user_error() -> None:
 def test_every_error_pickles(cls: type[BaseException]) -> None:
     if cls is exc_mod.MissingExtraError:
         err: BaseException = cls("psycopg", "postgres")  # type: ignore[call-arg]
-    elif cls is exc_mod.NodeException:
+    elif issubclass(cls, exc_mod.NodeException):
         err = cls("boom", node_name="n")  # type: ignore[call-arg]
     else:
         err = cls("message naming ids")
@@ -143,3 +144,44 @@ def test_llm_engine_misuse_is_a_configuration_error(
 def test_unknown_model_names_a_fix() -> None:
     with pytest.raises(ConfigurationError, match="is a provider name"):
         LLMEngine("anthropic")
+
+
+def test_every_error_has_its_own_stable_category() -> None:
+    # guarantee 593
+    seen: dict[str, str] = {}
+    for cls in _classes():
+        if issubclass(cls, Warning):
+            continue
+        category = cls.__dict__.get("category")
+        assert isinstance(category, str), f"{cls.__name__} declares no category of its own"
+        assert category.isidentifier() and category == category.lower(), category
+        assert category not in seen, f"{cls.__name__} reuses {seen[category]}'s category"
+        seen[category] = cls.__name__
+    # the strings are part of the API: these never change
+    assert exc_mod.ReducerError.category == "reducer_error"
+    assert exc_mod.StateValidationError.category == "state_validation_error"
+    assert exc_mod.RoutingError.category == "routing_error"
+    assert exc_mod.EdgeException.category == "edge_exception"
+    assert exc_mod.CheckpointSaveFailed.category == "checkpoint_save_failed"
+    assert exc_mod.CheckpointNotFound.category == "checkpoint_not_found"
+    assert exc_mod.NodeException.category == "node_exception"
+
+
+def test_typed_graph_errors_pickle_with_their_attributes() -> None:
+    # guarantee 593
+    err = exc_mod.ReducerError(
+        "refused", node_name="n", field="tags", reducer="append", namespace=("sub",)
+    )
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.field, back.reducer, back.node_name, back.namespace) == (
+        "tags",
+        "append",
+        "n",
+        ("sub",),
+    )
+    assert isinstance(back, TypeError) and isinstance(back, exc_mod.NodeException)
+    mig = exc_mod.CheckpointStateMigrationMissing("no chain", from_version="v1", to_version="v3")
+    back_mig = pickle.loads(pickle.dumps(mig))
+    assert (back_mig.from_version, back_mig.to_version) == ("v1", "v3")
+    saved = exc_mod.CheckpointSaveFailed("disk", invocation_id="i", node_name="n")
+    assert pickle.loads(pickle.dumps(saved)).invocation_id == "i"

@@ -30,7 +30,9 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
@@ -43,6 +45,7 @@ from stepstone.exceptions import (
     CheckpointFlushError,
     CheckpointNotFound,
     CheckpointRecordInvalid,
+    CheckpointSaveFailed,
     CheckpointStateMigrationChainAmbiguous,
     CheckpointStateMigrationError,
     CheckpointStateMigrationFailed,
@@ -53,6 +56,7 @@ from stepstone.exceptions import (
     ConfigurationError,
     ConfigurationTypeError,
     CorruptRecordError,
+    EdgeException,
     EffectInDoubtError,
     GraphCompileError,
     IncompleteStreamError,
@@ -70,8 +74,13 @@ from stepstone.exceptions import (
     PlanPaused,
     PlanRuntimeError,
     QueuedRunError,
+    ReducerError,
+    RoutingError,
+    RunFinishedError,
+    RunParked,
     SerializationError,
     StaleCheckpointError,
+    StateValidationError,
     StepstoneError,
     StoreDamagedError,
     StoreError,
@@ -145,6 +154,16 @@ __all__ = [
     "prune_queue",
     "set_queue_limits",
     "submit",
+    # time and messages
+    "RunOutcome",
+    "Schedule",
+    "ScheduleInfo",
+    "StreamItem",
+    "StreamReader",
+    "asend",
+    "list_schedules",
+    "schedule",
+    "send",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -169,6 +188,8 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "QueuedRunError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -185,11 +206,16 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFound",
     "CheckpointRecordInvalid",
+    "CheckpointSaveFailed",
     "CheckpointStateMigrationChainAmbiguous",
     "CheckpointStateMigrationError",
     "CheckpointStateMigrationFailed",
     "CheckpointStateMigrationMissing",
     "ConcurrentGraphResumeError",
+    "EdgeException",
     "GraphCompileError",
     "NodeException",
+    "ReducerError",
+    "RoutingError",
+    "StateValidationError",
 ]

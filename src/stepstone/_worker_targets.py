@@ -206,7 +206,8 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
     The task envelope's payload is the initial state (its JSON form); the result's
     payload is the final state's JSON form.
     """
-    checkpointer = _EntryCheckpointer(store, entry.run_key, graph.checkpointer)
+    own = graph.checkpointer if isinstance(graph.checkpointer, StoreCheckpointer) else None
+    checkpointer = _EntryCheckpointer(store, entry.run_key, own)
     durable: CompiledGraph[Any] = CompiledGraph(
         state_cls=graph.state_cls,
         nodes=graph.nodes,
@@ -214,6 +215,7 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
         entry=graph.entry,
         checkpointer=checkpointer,
         migrations=graph.migrations,
+        observers=graph.observers,
     )
 
     async def run(env: Envelope[Any]) -> Envelope[Any]:

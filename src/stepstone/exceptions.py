@@ -3,7 +3,8 @@
 The tree::
 
     BaseException
-    └── PlanPaused                      a step asks the Plan to halt cooperatively (not an error)
+    ├── PlanPaused                      a step asks the Plan to halt cooperatively (not an error)
+    └── RunParked                       a waiting run gives its worker's slot back (not an error)
     Exception
     └── StepstoneError                  base of every error stepstone raises
         ├── UserError                   you used the API wrong; fix the call, do not retry
@@ -14,6 +15,7 @@ The tree::
         │   ├── MissingExtraError (+ImportError)  an optional dependency is not installed
         │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
         │   ├── ApprovalTargetError     an approval names no paused run or no call it waits on
+        │   ├── RunFinishedError        a message sent to a run that finished (none would read it)
         │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
         ├── ConcurrentRunError (+RuntimeError)   another live run owns the run record
         │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
@@ -49,10 +51,15 @@ The tree::
         │   └── ModelLengthError        the answer was cut off at the output-token cap
         ├── UsageLimitExceeded          a run's token / cost / request budget is spent
         ├── NodeException               a graph node raised; __cause__ is the original error
+        │   ├── ReducerError (+TypeError)   a field's reducer refused a node's update
+        │   ├── StateValidationError (+ValueError)  an update does not fit the state
+        │   ├── EdgeException           a conditional edge's router raised
+        │   └── RoutingError            a router returned something not among its targets
         ├── QueuedRunError              a queued run ended without a result (or is unknown)
         ├── RunCancelledError           an operator cancelled the run while it ran
         └── CheckpointError             a graph checkpoint cannot be used as asked
             ├── CheckpointNotFound      no record under that invocation_id
+            ├── CheckpointSaveFailed    a checkpoint could not be saved after a node
             ├── CheckpointRecordInvalid (see CorruptRecordError above)
             └── CheckpointStateMigrationError   a saved state cannot reach the current schema
                 ├── CheckpointStateMigrationMissing         no chain of registered migrations
@@ -62,6 +69,10 @@ The tree::
     Warning
     └── UserWarning
         └── UnserializableValueWarning  a value JSON cannot hold was stored as its str()
+
+Every class has a ``category``: a stable snake_case string (``"reducer_error"``,
+``"checkpoint_not_found"``...) to log, count or match on instead of a class name.
+Migration errors also carry ``from_version`` and ``to_version``.
 
 ``(+X)`` marks a builtin base kept so callers that catch ``X`` keep working: a bad argument
 is still a ``ValueError``, a live owner still a ``RuntimeError``.
@@ -76,7 +87,7 @@ arguments are kept in ``args``) so it can cross process boundaries.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "AgentCheckpointCorruptionError",
@@ -86,16 +97,18 @@ __all__ = [
     "CheckpointFlushError",
     "CheckpointNotFound",
     "CheckpointRecordInvalid",
+    "CheckpointSaveFailed",
     "CheckpointStateMigrationChainAmbiguous",
     "CheckpointStateMigrationError",
     "CheckpointStateMigrationFailed",
     "CheckpointStateMigrationMissing",
+    "ConcurrentGraphResumeError",
+    "ConcurrentPlanRunError",
     "ConcurrentRunError",
     "ConfigurationError",
     "ConfigurationTypeError",
     "CorruptRecordError",
-    "ConcurrentGraphResumeError",
-    "ConcurrentPlanRunError",
+    "EdgeException",
     "EffectInDoubtError",
     "GraphCompileError",
     "IncompleteStreamError",
@@ -115,9 +128,14 @@ __all__ = [
     "PlanRuntimeError",
     "PlannerOutputError",
     "QueuedRunError",
+    "ReducerError",
+    "RoutingError",
     "RunCancelledError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
+    "StateValidationError",
     "StepstoneError",
     "StoreDamagedError",
     "StoreError",
@@ -134,9 +152,20 @@ __all__ = [
 class StepstoneError(Exception):
     """Base class of every error stepstone raises (``PlanPaused`` is a signal, not an error)."""
 
+    category: ClassVar[str] = "error"
+
 
 class UserError(StepstoneError):
     """The API was used wrongly; the message says how to call it instead."""
+
+    category: ClassVar[str] = "user_error"
+
+
+class RunFinishedError(UserError):
+    """A message was sent to a run that has finished (``done``): no receive would ever
+    read it, so nothing was stored."""
+
+    category: ClassVar[str] = "run_finished"
 
 
 class ConfigurationError(UserError, ValueError):
@@ -145,17 +174,25 @@ class ConfigurationError(UserError, ValueError):
     Still a ``ValueError``, so ``except ValueError`` around a constructor keeps working.
     """
 
+    category: ClassVar[str] = "configuration_error"
+
 
 class ConfigurationTypeError(ConfigurationError, TypeError):
     """An argument has the wrong type (also a ``TypeError``)."""
+
+    category: ClassVar[str] = "configuration_type_error"
 
 
 class PlanCompileError(UserError):
     """A Plan is invalid. Raised at construction, before any step or LLM call runs."""
 
+    category: ClassVar[str] = "plan_compile_error"
+
 
 class MissingExtraError(UserError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
+
+    category: ClassVar[str] = "missing_extra"
 
     def __init__(self, package: str, extra: str) -> None:
         super().__init__(
@@ -171,9 +208,13 @@ class MissingExtraError(UserError, ImportError):
 class StoreKeyConflictError(UserError):
     """A store key already holds a value of another kind (a plain value vs a checkpoint)."""
 
+    category: ClassVar[str] = "store_key_conflict"
+
 
 class StoreError(StepstoneError):
     """The store could not complete an operation."""
+
+    category: ClassVar[str] = "store_error"
 
 
 class StoreDamagedError(StoreError):
@@ -181,11 +222,15 @@ class StoreDamagedError(StoreError):
     data or a damaged index); the message names the store and how to check and recover it.
     The operation that met the damage wrote nothing."""
 
+    category: ClassVar[str] = "store_damaged"
+
 
 class StoreFullError(StoreError):
     """The disk holding the store (its SQLite file, or the PostgreSQL server's data) is
     full; nothing of the operation was written. A run stopped by it continues after its
     last committed step once there is space again (``resume=True``)."""
+
+    category: ClassVar[str] = "store_full"
 
 
 class CorruptRecordError(StoreError):
@@ -197,15 +242,21 @@ class CorruptRecordError(StoreError):
             journal row that does not match its checksum, say); else None.
     """
 
+    category: ClassVar[str] = "corrupt_record"
+
     fault: str | None = None
 
 
 class CheckpointCorruptError(CorruptRecordError):
     """A stored Plan checkpoint exists but cannot be decoded; the message names the key."""
 
+    category: ClassVar[str] = "plan_checkpoint_corrupt"
+
 
 class SerializationError(StepstoneError):
     """A value cannot be persisted (``strict=True``), or a signed pickle was refused."""
+
+    category: ClassVar[str] = "serialization_error"
 
 
 class ToolTimeoutError(StepstoneError):
@@ -214,9 +265,13 @@ class ToolTimeoutError(StepstoneError):
     The LLM engine reports it to the model as an ``is_error`` tool result; the run goes on.
     """
 
+    category: ClassVar[str] = "tool_timeout"
+
 
 class StreamStallError(StepstoneError):
     """A provider stream sent nothing for longer than ``stream_idle_timeout`` seconds."""
+
+    category: ClassVar[str] = "stream_stall"
 
 
 class ModelAPIError(StepstoneError):
@@ -236,6 +291,8 @@ class ModelAPIError(StepstoneError):
             server asked for is longer than ``LLMEngine(max_retry_wait=...)``, so a durable
             run can be resumed then instead of sleeping with its lease held.
     """
+
+    category: ClassVar[str] = "model_api_error"
 
     def __init__(
         self,
@@ -266,13 +323,19 @@ class ModelAPIError(StepstoneError):
 class ModelRateLimitError(ModelAPIError):
     """The provider rate-limited the request (HTTP 429 or a rate-limit stream event)."""
 
+    category: ClassVar[str] = "model_rate_limit"
+
 
 class ModelOverloadedError(ModelAPIError):
     """The provider is overloaded (Anthropic 529 / ``overloaded_error``, Gemini 503)."""
 
+    category: ClassVar[str] = "model_overloaded"
+
 
 class IncompleteStreamError(ModelAPIError):
     """A provider stream ended without its terminal event; the partial answer was dropped."""
+
+    category: ClassVar[str] = "incomplete_stream"
 
 
 class ModelOutcomeError(StepstoneError):
@@ -286,6 +349,8 @@ class ModelOutcomeError(StepstoneError):
         raw_stop_reason: The provider's own value (``"max_tokens"``, ``"SAFETY"``...).
         text: What the model said (a refusal's explanation, the truncated answer).
     """
+
+    category: ClassVar[str] = "model_outcome"
 
     retryable = False
     retry_after: float | None = None
@@ -316,10 +381,14 @@ class ModelOutcomeError(StepstoneError):
 class ModelRefusalError(ModelOutcomeError):
     """The model refused, or the provider's content filter / safety system blocked it."""
 
+    category: ClassVar[str] = "model_refusal"
+
 
 class ModelLengthError(ModelOutcomeError):
     """The answer was cut off at the output-token cap (raise ``max_tokens``, or pass
     ``LLMEngine(continue_on_length=N)`` to ask the model to go on)."""
+
+    category: ClassVar[str] = "model_length"
 
 
 class UsageLimitExceeded(StepstoneError):
@@ -331,6 +400,8 @@ class UsageLimitExceeded(StepstoneError):
         value: The run's value for that limit when it stopped.
         maximum: The configured cap.
     """
+
+    category: ClassVar[str] = "usage_limit_exceeded"
 
     retryable = False
 
@@ -357,9 +428,13 @@ def _rebuild(cls: type[Exception], message: str, state: dict[str, Any]) -> Excep
 class MaxTurnsExceeded(StepstoneError):
     """The LLM tool-calling loop used all of ``max_turns`` without a final answer."""
 
+    category: ClassVar[str] = "max_turns_exceeded"
+
 
 class AgentCheckpointCorruptionError(CorruptRecordError):
     """An agent-run checkpoint is missing, malformed, or its recorded effects disagree."""
+
+    category: ClassVar[str] = "agent_checkpoint_corrupt"
 
 
 class EffectInDoubtError(StepstoneError):
@@ -369,10 +444,14 @@ class EffectInDoubtError(StepstoneError):
     again (it may or may not have taken effect).
     """
 
+    category: ClassVar[str] = "effect_in_doubt"
+
 
 class CheckpointFlushError(StepstoneError):
     """An agent run's buffered checkpoint records could not be committed at its end
     (the flush failed or exceeded ``RunnerConfig.checkpoint_flush_timeout_s``)."""
+
+    category: ClassVar[str] = "checkpoint_flush_failed"
 
 
 class GraphCompileError(UserError):
@@ -380,6 +459,8 @@ class GraphCompileError(UserError):
 
     The message names the node (or edge) at fault and how to fix it.
     """
+
+    category: ClassVar[str] = "graph_compile_error"
 
 
 class NodeException(StepstoneError):
@@ -407,6 +488,8 @@ class NodeException(StepstoneError):
             graph.invoke(state, resume_invocation=exc.invocation_id)
     """
 
+    category: ClassVar[str] = "node_exception"
+
     def __init__(
         self,
         message: str,
@@ -422,41 +505,101 @@ class NodeException(StepstoneError):
         self.invocation_id = invocation_id
         self.namespace = namespace
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            _rebuild_node_exception,
-            (
-                str(self),
-                self.node_name,
-                self.recoverable_state,
-                self.invocation_id,
-                self.namespace,
-            ),
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
+
+
+class ReducerError(NodeException, TypeError):
+    """A field's reducer refused a node's update (``append`` given something that is not a
+    list, ``merge`` a value that is not a dict...). Also a ``TypeError``.
+
+    Attributes:
+        field: The state field whose reducer failed.
+        reducer: The reducer's name (``"append"``, ``"merge"``...).
+
+    ``__cause__`` is the reducer's own error. The node's update was not applied or saved.
+    """
+
+    category: ClassVar[str] = "reducer_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node_name: str = "",
+        field: str = "",
+        reducer: str = "",
+        recoverable_state: object = None,
+        invocation_id: str | None = None,
+        namespace: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(
+            message,
+            node_name=node_name,
+            recoverable_state=recoverable_state,
+            invocation_id=invocation_id,
+            namespace=namespace,
         )
+        self.field = field
+        self.reducer = reducer
 
 
-def _rebuild_node_exception(
-    message: str,
-    node_name: str,
-    recoverable_state: object,
-    invocation_id: str | None,
-    namespace: tuple[str, ...],
-) -> NodeException:
-    return NodeException(
-        message,
-        node_name=node_name,
-        recoverable_state=recoverable_state,
-        invocation_id=invocation_id,
-        namespace=namespace,
-    )
+class StateValidationError(NodeException, ValueError):
+    """A node's update does not fit the state: an unknown field, or a new state that does
+    not validate. Also a ``ValueError``; ``__cause__`` is pydantic's error, if any."""
+
+    category: ClassVar[str] = "state_validation_error"
+
+
+class EdgeException(NodeException):
+    """The router of a conditional edge raised. ``node_name`` is the node the edge leaves
+    (its completion is saved first); ``__cause__`` is the router's error."""
+
+    category: ClassVar[str] = "edge_exception"
+
+
+class RoutingError(NodeException):
+    """A router returned something that is not one of its targets (an unknown node name,
+    a value missing from its ``targets`` mapping). ``node_name`` is the node it leaves."""
+
+    category: ClassVar[str] = "routing_error"
 
 
 class CheckpointError(StepstoneError):
     """Base of the graph checkpoint errors below."""
 
+    category: ClassVar[str] = "checkpoint_error"
+
 
 class CheckpointNotFound(CheckpointError):
     """No graph checkpoint record exists under the requested ``invocation_id``."""
+
+    category: ClassVar[str] = "checkpoint_not_found"
+
+
+class CheckpointSaveFailed(CheckpointError):
+    """A graph checkpoint could not be saved after a node (or a fan-out branch) completed.
+
+    ``__cause__`` is the checkpointer's error. The node's update is not in the record, so
+    resuming runs that node again. Ownership conflicts keep their own type
+    (:class:`ConcurrentRunError`, :class:`RunCancelledError`).
+
+    Attributes:
+        invocation_id: The invocation whose save failed.
+        node_name: The node whose completion was being saved.
+    """
+
+    category: ClassVar[str] = "checkpoint_save_failed"
+
+    def __init__(
+        self, message: str, *, invocation_id: str | None = None, node_name: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.invocation_id = invocation_id
+        self.node_name = node_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
 
 
 class CheckpointRecordInvalid(CheckpointError, CorruptRecordError):
@@ -466,23 +609,48 @@ class CheckpointRecordInvalid(CheckpointError, CorruptRecordError):
     key: stepstone never unpickles data it cannot authenticate.
     """
 
+    category: ClassVar[str] = "checkpoint_record_invalid"
+
 
 class CheckpointStateMigrationError(CheckpointError):
-    """Base of the errors raised while migrating a saved state to the current schema."""
+    """Base of the errors raised while migrating a saved state to the current schema.
+
+    Attributes:
+        from_version: The ``schema_version`` the record was saved at.
+        to_version: The ``schema_version`` of the state class it was loaded into.
+    """
+
+    category: ClassVar[str] = "checkpoint_state_migration"
+
+    def __init__(
+        self, message: str, *, from_version: str | None = None, to_version: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.from_version = from_version
+        self.to_version = to_version
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
 
 
 class CheckpointStateMigrationMissing(CheckpointStateMigrationError):
     """No chain of ``with_state_migration`` edges leads from the saved schema version to
     the state class's ``schema_version``."""
 
+    category: ClassVar[str] = "checkpoint_state_migration_missing"
+
 
 class CheckpointStateMigrationChainAmbiguous(CheckpointStateMigrationError):
     """Two different shortest chains of migrations lead to the current schema version."""
+
+    category: ClassVar[str] = "checkpoint_state_migration_chain_ambiguous"
 
 
 class CheckpointStateMigrationFailed(CheckpointStateMigrationError):
     """A migration function raised, returned something else than a dict, or its result
     does not validate against the current state class (``__cause__`` says why)."""
+
+    category: ClassVar[str] = "checkpoint_state_migration_failed"
 
 
 class PlanRuntimeError(StepstoneError, RuntimeError):
@@ -492,9 +660,13 @@ class PlanRuntimeError(StepstoneError, RuntimeError):
     the step and the route target, and ``__cause__`` is the original exception.
     """
 
+    category: ClassVar[str] = "plan_runtime_error"
+
 
 class StaleCheckpointError(PlanRuntimeError):
     """A saved checkpoint points at a step the current Plan does not have."""
+
+    category: ClassVar[str] = "stale_checkpoint"
 
 
 class ConcurrentRunError(StepstoneError, RuntimeError):
@@ -507,10 +679,14 @@ class ConcurrentRunError(StepstoneError, RuntimeError):
     taken over by a resume. Nothing is written when this is raised.
     """
 
+    category: ClassVar[str] = "concurrent_run"
+
 
 class ConcurrentPlanRunError(ConcurrentRunError):
     """Another live run owns this Plan's ``checkpoint_key`` (the Plan-facing name of
     :class:`ConcurrentRunError`; its message speaks of Plan options)."""
+
+    category: ClassVar[str] = "concurrent_plan_run"
 
 
 class ConcurrentGraphResumeError(ConcurrentRunError):
@@ -519,6 +695,8 @@ class ConcurrentGraphResumeError(ConcurrentRunError):
     Two resumes of one record never both execute: the second gets this error. Wait for the
     other one, or resume the record it produces.
     """
+
+    category: ClassVar[str] = "concurrent_graph_resume"
 
 
 class PlanPaused(BaseException):
@@ -538,6 +716,8 @@ class PlanPaused(BaseException):
             return task
     """
 
+    category: ClassVar[str] = "plan_paused"
+
     retryable = True  # a pause waits for something external: resuming may succeed
 
     def __init__(
@@ -549,6 +729,40 @@ class PlanPaused(BaseException):
         #: (``call_id, tool, arguments, turn, index, reason``); the paused envelope's
         #: ``metadata["pending_approvals"]`` shows them.
         self.pending_approvals: list[Any] = list(pending_approvals or [])
+
+
+class RunParked(BaseException):
+    """A signal, not an error: the run waits (a durable sleep, a receive) longer than the
+    worker running it keeps a slot for a waiting run (``Worker(park_after=...)``), so it
+    stops here and its worker puts its queue entry back, runnable at ``wake_at`` or when a
+    message on one of ``topics`` arrives. The wait is recorded in the run's journal: when a
+    worker takes the run again, it resumes into the same wait, which is then over or
+    shorter.
+
+    Derives from ``BaseException`` so ``except Exception`` in user code does not swallow
+    it. Only raised inside runs a worker runs.
+
+    Attributes:
+        key: The waiting run's key.
+        wake_at: Until when it waits (unix time, the database's clock); None: no time
+            limit (a receive without a timeout).
+        topics: The topics whose next message ends the wait.
+    """
+
+    category: ClassVar[str] = "run_parked"
+
+    def __init__(
+        self, key: str, wake_at: float | None = None, topics: tuple[str, ...] = ()
+    ) -> None:
+        until = "no time limit" if wake_at is None else f"until {wake_at:.3f}"
+        on = f", or a message on {', '.join(map(repr, topics))}" if topics else ""
+        super().__init__(f"run {key!r} waits ({until}{on}): parked by its worker")
+        self.key = key
+        self.wake_at = wake_at
+        self.topics = topics
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.wake_at, self.topics))
 
 
 class UnserializableValueWarning(UserWarning):
@@ -566,6 +780,8 @@ class ModelRequestsBlockedError(UserError):
     addresses (test servers) stay allowed.
     """
 
+    category: ClassVar[str] = "model_requests_blocked"
+
 
 class MaxRoundsExceeded(StepstoneError):
     """A ReplanEngine run reached ``max_rounds`` without its planner answering ``done=True``.
@@ -573,6 +789,8 @@ class MaxRoundsExceeded(StepstoneError):
     Surfaces as an error envelope and leaves the run ``failed``; a ``resume=True`` run with
     a higher ``max_rounds`` continues from the last round.
     """
+
+    category: ClassVar[str] = "max_rounds_exceeded"
 
 
 class PlannerOutputError(StepstoneError):
@@ -582,10 +800,14 @@ class PlannerOutputError(StepstoneError):
     ``failed`` at that round, and a ``resume=True`` run asks the planner again.
     """
 
+    category: ClassVar[str] = "planner_output"
+
 
 class QueuedRunError(StepstoneError):
     """A queued run ended without a result (cancelled, its target could not be loaded, or
     its workers kept dying), or its id is unknown."""
+
+    category: ClassVar[str] = "queued_run"
 
 
 class RunCancelledError(StepstoneError):
@@ -595,8 +817,12 @@ class RunCancelledError(StepstoneError):
     marked ``failed`` with this error, and nothing else ran. ``resume=True`` continues it.
     """
 
+    category: ClassVar[str] = "run_cancelled"
+
 
 class ApprovalTargetError(UserError):
     """An approval decision (``stepstone approve``, the inspector's Approve button) names a
     run that does not exist, is not paused on a tool approval, or does not wait for that
     call id; the message lists the ids the run waits for."""
+
+    category: ClassVar[str] = "approval_target"

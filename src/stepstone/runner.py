@@ -234,7 +234,7 @@ class Runner:
         agent: Agent,
         *,
         run_id: str,
-        thread_id: str,
+        thread_id: str | None,
         user_message: str | None,
         context: dict[str, Any] | None,
         approvals: dict[str, Any] | None,
@@ -278,13 +278,16 @@ class Runner:
             agent: An LLM agent.
             user_message: The task.
             context: A JSON dict kept with the run (restored on resume).
-            thread_id: The conversation thread (default: a fresh id).
+            thread_id: The conversation thread (default: the stored run's thread, or a
+                fresh id for a new run).
             run_id: The run's idempotency key (default: a fresh id). Running again with
                 the id of a crashed run continues it; of a finished run returns its result.
+                ``runner.runs()`` and ``stepstone runs`` list the ids a store holds.
 
         Raises:
-            UserError: an empty id, ``run_id`` already used for another message, or a
-                ``context`` that is not a dict.
+            UserError: an empty id, ``run_id`` already used for another message, a
+                ``thread_id`` other than the stored run's, or a ``context`` that is not a
+                dict.
             SerializationError: ``context`` holds a value JSON cannot hold.
             ConcurrentRunError: a live process is running this ``run_id``.
         """
@@ -297,9 +300,7 @@ class Runner:
         return await self._go(
             agent,
             run_id=_check_id("run_id", run_id if run_id is not None else uuid.uuid4().hex),
-            thread_id=_check_id(
-                "thread_id", thread_id if thread_id is not None else uuid.uuid4().hex
-            ),
+            thread_id=None if thread_id is None else _check_id("thread_id", thread_id),
             user_message=user_message,
             context=context,
             approvals=None,
@@ -311,10 +312,13 @@ class Runner:
         agent: Agent,
         *,
         run_id: str,
-        thread_id: str,
+        thread_id: str | None = None,
         approvals: dict[str, bool | str] | None = None,
     ) -> AgentResult:
         """Continue run ``run_id`` from its last committed phase.
+
+        ``run_id`` alone names the run: ``thread_id`` defaults to the stored run's thread,
+        and one that contradicts it is an error.
 
         A finished run returns its stored result (no model or tool call), except one that
         failed on a retryable error (a rate limit, a provider outage: ``result.error`` has
@@ -328,12 +332,13 @@ class Runner:
         Raises:
             AgentCheckpointCorruptionError: no checkpoint for ``run_id``, or a malformed
                 one (nothing is written).
+            UserError: a ``thread_id`` other than the stored run's.
             ConcurrentRunError: a live process owns the run.
         """
         return await self._go(
             agent,
             run_id=_check_id("run_id", run_id),
-            thread_id=_check_id("thread_id", thread_id),
+            thread_id=None if thread_id is None else _check_id("thread_id", thread_id),
             user_message=None,
             context=None,
             approvals=approvals,
@@ -367,7 +372,7 @@ class Runner:
         agent: Agent,
         *,
         run_id: str,
-        thread_id: str,
+        thread_id: str | None = None,
         approvals: dict[str, bool | str] | None = None,
     ) -> AgentResult:
         """Synchronous :meth:`resume` (not from inside a running event loop)."""

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from stepstone import Agent, Plan, Step, Store
 from stepstone.cli import app
 from stepstone.store import check_store
-from tests.store.damage import damage_page, damage_table
+from tests.store.damage import damage_page, damage_table, settle
 
 runner = CliRunner()
 
@@ -156,3 +156,21 @@ def test_damage_that_quotes_invalid_utf8_is_reported_printably(tmp_path: Path) -
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stdout + proc.stderr
         assert "k\\xffy" in proc.stdout + proc.stderr
+
+
+def test_each_finding_of_sqlite_is_a_line_of_its_own(tmp_path: Path) -> None:
+    """guarantee 433: SQLite answers several findings in one text, a newline between
+    them; the report lists each on its own line, never a literal ``\\n``."""
+    db = _store(tmp_path / "s.sqlite")
+    settle(db)
+    with open(db, "r+b") as fh:  # the header's freelist: a trunk page that is a table's
+        fh.seek(32)
+        fh.write((5).to_bytes(4, "big") + (2).to_bytes(4, "big"))
+    result = _check("--db", str(db))
+    assert result.exit_code == 1, result.output
+    assert "\\n" not in result.output and "*** in database" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("  file: ")]
+    assert len(lines) == 3 and "Main freelist" in lines[0], result.output
+    report = json.loads(_check("--db", str(db), "--json").output)
+    files = [p["detail"] for p in report["problems"] if p["where"] == "file"]
+    assert len(files) == len(lines) and not any("\n" in d for d in files)

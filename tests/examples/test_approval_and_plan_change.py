@@ -20,7 +20,8 @@ def test_approval_and_plan_change_example(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()
     assert out[:5] == [
-        f"poll {i}: PlanPaused (quote for ACME waits for a manager)" for i in range(1, 6)
+        f"poll {i}: PlanPaused (Plan paused at step 'approve': quote for ACME waits for a manager)"
+        for i in range(1, 6)
     ]
     assert out[5] == "approved: sent ACME: 2499.80 (two seats), valid 30 Jun 2026"
     assert out[6] == "stored: {'customer': 'ACME', 'total': '1249.90', 'valid_until': '2026-06-30'}"

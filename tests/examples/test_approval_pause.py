@@ -20,8 +20,8 @@ def _run(*args: str) -> list[str]:
 def test_pause_poll_approve_resume(tmp_path: Path) -> None:
     db = str(tmp_path / "refunds.sqlite")
     paused = (
-        "paused at wait_for_approval: PlanPaused: waiting for a manager to approve order-7 "
-        "(retryable=True)"
+        "paused: Plan paused at step 'wait_for_approval': waiting for a manager to approve "
+        "order-7 (retryable=True)"
     )
     assert _run(db) == ["  propose: drafting a refund for order-7", paused]
     assert _run(db) == [paused]  # polling: propose does not run again

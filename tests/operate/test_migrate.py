@@ -91,12 +91,19 @@ graphs.build(graphs.V1, {str(db)!r}).invoke(graphs.V1(), correlation_id="g1")
     out = _cli(tmp_path, "--target", "plans:current", "--dry-run", "--db", str(db), "--json")
     assert out.returncode == 0, out.stderr
     verdicts = {r["key"]: r["verdict"] for r in json.loads(out.stdout)}
-    assert verdicts == {"broken": "stale", "fine": "current", "older": "changed"}
+    # guarantee 426: what a resume of each would do (a done run: nothing; a changed plan:
+    # refused, as on_plan_change="fail" refuses it)
+    assert verdicts == {"broken": "stale", "fine": "done", "older": "stale"}
 
     out = _cli(tmp_path, "--target", "graphs:with_chain", "--dry-run", "--db", str(db), "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert [(r["verdict"], r["detail"]) for r in rows] == [("migrates", "v1 -> v2")]
+    assert [(r["verdict"], r["detail"]) for r in rows] == [
+        (
+            "done",
+            "finished: a resume makes a new record and runs no node (its state migrates v1 -> v2)",
+        )
+    ]
     out = _cli(tmp_path, "--target", "graphs:without_chain", "--dry-run", "--db", str(db))
     assert out.returncode == 0 and "no chain" in out.stdout
 

@@ -333,6 +333,49 @@ async def test_crash_mid_batch_resumes_replaying_finished_tools(
     assert [t["tool"] for t in result.tool_executions] == ["charge"] * 3
 
 
+@pytest.mark.parametrize("how", ["run", "resume", "run_sync", "resume_sync"])
+async def test_a_crashed_run_continues_from_its_run_id_alone(store: Store, how: str) -> None:
+    # guarantee 400: the store knows the thread. Before, run_id="r1" without the thread
+    # raised "belongs to thread 't'; pass thread_id=".
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    runner = await _crashed_run(store, Script(two_turns()), ledger)
+    listed = runner.runs()
+    assert [(r["run_id"], r["thread_id"], r["status"]) for r in listed] == [("r1", "t", "running")]
+    again = Script(two_turns())
+    agent = make(again, ledger)
+    if how == "run":
+        result = await runner.run(agent, user_message="bill", run_id="r1")
+    elif how == "resume":
+        result = await runner.resume(agent, run_id="r1")
+    else:  # the sync forms, on a thread of their own (this test's loop is running)
+        call_it = (
+            (lambda: runner.run_sync(agent, user_message="bill", run_id="r1"))
+            if how == "run_sync"
+            else (lambda: runner.resume_sync(agent, run_id="r1"))
+        )
+        result = await asyncio.to_thread(call_it)
+    assert result.state == "completed" and result.thread_id == "t"
+    assert again.asked == [2] and ledger.done == ["a", "b", "c", "c"]  # "c" was in doubt
+    assert runner.runs()[0]["status"] == "done"
+
+
+async def test_a_thread_id_that_contradicts_the_stored_one_is_refused(store: Store) -> None:
+    # guarantee 166, 400
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    runner = await _crashed_run(store, Script(two_turns()), ledger)
+    before = store.backend.run_get(checkpoint_latest_key("r1"))
+    agent = make(Script(two_turns()), ledger)
+    with pytest.raises(UserError, match="belongs to thread 't', not 'u'; pass thread_id='t'"):
+        await runner.run(agent, user_message="bill", run_id="r1", thread_id="u")
+    with pytest.raises(UserError, match="belongs to thread 't', not 'u'"):
+        await runner.resume(agent, run_id="r1", thread_id="u")
+    assert store.backend.run_get(checkpoint_latest_key("r1")) == before
+    fresh = await runner.run(agent, user_message="bill", run_id="new")
+    assert fresh.thread_id and fresh.thread_id != "t"  # a new run gets a fresh thread
+
+
 async def test_snapshot_has_every_runtime_key(store: Store) -> None:
     # guarantee 93, 96, 103
     runner = Runner(store=store)
@@ -723,6 +766,7 @@ async def test_ids_and_idempotent_run_ids(store: Store) -> None:
     for bad in ("", None):
         with pytest.raises(UserError, match="run_id"):
             await runner.resume(agent, run_id=bad, thread_id="t")  # type: ignore[arg-type]
+    for bad in ("", 7):  # None is the stored run's thread (guarantee 400)
         with pytest.raises(UserError, match="thread_id"):
             await runner.resume(agent, run_id="x", thread_id=bad)  # type: ignore[arg-type]
     with pytest.raises(UserError, match="run_id"):

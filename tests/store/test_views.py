@@ -182,3 +182,14 @@ def test_no_module_registers_a_view_as_an_import_side_effect(restore_views: None
 
 def test_builtin_kinds_are_the_engines_kinds() -> None:
     assert {GRAPH_KIND, AGENT_KIND, REPLAN_KIND, "plan"} == set(BUILTIN_KINDS)
+
+
+def test_internal_kinds_are_the_engines_bookkeeping() -> None:
+    # guarantee 424: the graph's resume lock is the one record kind that is not a run
+    from stepstone.engines._views import INTERNAL_KINDS
+    from stepstone.engines.graph._records import LOCK_KIND
+    from stepstone.store._views import is_internal_kind
+
+    assert INTERNAL_KINDS == (LOCK_KIND,)
+    assert is_internal_kind(LOCK_KIND)
+    assert not any(is_internal_kind(kind) for kind in BUILTIN_KINDS)

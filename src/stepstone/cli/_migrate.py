@@ -31,11 +31,13 @@ from stepstone.cli._ops import (
 )
 from stepstone.cli._render import key_table, keyed_console, named_key, visible_console
 from stepstone.durable import list_runs, run_head
+from stepstone.durable._inspect import successors
 from stepstone.durable._operate import a_kind
-from stepstone.engines.graph import CompiledGraph
+from stepstone.engines.graph import CompiledGraph, StoreCheckpointer
+from stepstone.engines.graph._verdict import graph_resume_verdict
 from stepstone.engines.plan import Plan
-from stepstone.exceptions import CheckpointStateMigrationError
-from stepstone.store import RunHead
+from stepstone.engines.plan._verdict import resume_verdict
+from stepstone.store import RunHead, Store
 
 __all__ = ["register"]
 
@@ -78,33 +80,53 @@ def load_object(spec: str) -> Any:
     return obj
 
 
-def plan_verdict(plan: Plan, head: RunHead) -> tuple[str, str]:
-    """``(verdict, detail)`` for one Plan checkpoint against ``plan``."""
-    compiled = plan._compiled
-    nxt = head.next_step
-    if (
-        head.status != "done"
-        and nxt is not None
-        and (nxt not in compiled.unit_of or compiled.band_of(nxt).entry != nxt)
-    ):
-        return "stale", f"stopped at {nxt!r}, which the plan no longer has"
-    saved = head.meta.get("fingerprint")
-    if saved not in (None, compiled.fingerprint):
-        return "changed", "written by another version of the plan (steps changed)"
-    return "current", "matches the plan"
+def resume_plan(engine: Plan, store: Store, key: str) -> Plan:
+    """The Plan ``stepstone resume`` runs for ``key``: the target's steps and settings,
+    recorded under ``key`` in ``store``, resumed. ``migrate --dry-run`` judges a run with
+    this same Plan, so what it says is what the resume does."""
+    return Plan(
+        *engine.steps,
+        max_iterations=engine.max_iterations,
+        store=store,
+        checkpoint_key=key,
+        resume=True,
+        strict=engine.strict,
+        on_plan_change=engine.on_plan_change,
+    )
 
 
-def graph_verdict(graph: CompiledGraph[Any], head: RunHead) -> tuple[str, str]:
-    """``(verdict, detail)`` for one graph record against ``graph``'s state schema."""
-    target = graph.state_cls.schema_version
-    saved = head.meta.get("schema_version")
-    if not target or saved in (None, target):
-        return "current", f"schema {saved or target or '-'}"
-    try:
-        chain = graph.migrations.chain(str(saved), target)
-    except CheckpointStateMigrationError as exc:
-        return "no chain", str(exc).split(";", 1)[0]
-    return "migrates", " -> ".join([chain[0][0], *(b for _, b, _ in chain)])
+def resume_graph(graph: CompiledGraph[Any], store: Store) -> CompiledGraph[Any]:
+    """``graph`` recording in ``store`` (the store named on the command line), with its
+    own checkpointer's prefix, serialization and pickle key: what ``stepstone resume``
+    resumes a record with, and what ``migrate --dry-run`` judges it with."""
+    own = graph.checkpointer
+    cp = (
+        StoreCheckpointer(store)
+        if not isinstance(own, StoreCheckpointer)
+        else StoreCheckpointer(
+            store, prefix=own.prefix, serialization=own.serialization, pickle_key=own.codec.signer
+        )
+    )
+    return CompiledGraph(
+        state_cls=graph.state_cls,
+        nodes=graph.nodes,
+        edges=graph.edges,
+        entry=graph.entry,
+        checkpointer=cp,
+        migrations=graph.migrations,
+    )
+
+
+def invocation_of(graph: CompiledGraph[Any], key: str) -> str:
+    """The invocation id of the graph record under ``key``."""
+    cp = graph.checkpointer
+    prefix = cp.prefix if isinstance(cp, StoreCheckpointer) else "graph:"
+    if not key.startswith(prefix):
+        raise OpsError(
+            f"{key!r} is not a record of this graph (its checkpointer keeps records under "
+            f"{prefix!r}); pass the graph that saved it"
+        )
+    return key[len(prefix) :]
 
 
 def migrate_cmd(
@@ -127,16 +149,24 @@ def migrate_cmd(
             )
         obj = load_target(target)
         kind = "plan" if isinstance(obj, Plan) else "graph"
+        graph = resume_graph(obj, store) if isinstance(obj, CompiledGraph) else None
         rows: list[dict[str, Any]] = []
         for head in list_runs(store, prefix):
             if head.kind != kind:
                 continue
             if isinstance(obj, Plan):
-                verdict, detail = plan_verdict(obj, head)
+                said = resume_verdict(resume_plan(obj, store, head.key), store, head.key)
             else:
-                verdict, detail = graph_verdict(obj, head)
+                assert graph is not None
+                said = graph_resume_verdict(graph, invocation_of(graph, head.key))
             rows.append(
-                {"key": head.key, "status": head.status, "verdict": verdict, "detail": detail}
+                {
+                    "key": head.key,
+                    "status": head.status,
+                    "verdict": said.verdict,
+                    "detail": said.detail,
+                    "runs_steps": said.runs,
+                }
             )
         if as_json:
             sys.stdout.write(json.dumps(rows, indent=2) + "\n")
@@ -175,29 +205,29 @@ def resume_cmd(
         obj = load_object(target)
         engine = obj.engine if isinstance(obj, Agent) else obj
         _check_kinds(key, head, engine, target)
+        went_on = key
         if isinstance(engine, CompiledGraph):
-            # A graph resumes through its own checkpointer (which holds the record).
-            engine.invoke(resume_invocation=key.removeprefix("graph:"))
+            # A graph resumes from the record in this store, with its own codec and prefix.
+            graph = resume_graph(engine, store)
+            graph.invoke(resume_invocation=invocation_of(graph, key))
+            # it went on under a new invocation id: report that record
+            went_on = successors(store, [head], prefix=key).get(key, key)
         elif isinstance(engine, Plan):
-            plan = Plan(
-                *engine.steps,
-                max_iterations=engine.max_iterations,
-                store=store,
-                checkpoint_key=key,
-                resume=True,
-                strict=engine.strict,
-            )
+            plan = resume_plan(engine, store, key)
             runner = copy.copy(obj) if isinstance(obj, Agent) else Agent(engine=plan)
             runner.engine = plan
             runner(task)
         else:
             raise OpsError(f"{target!r} is a {type(obj).__name__}, not a Plan or a compiled graph")
-        after = run_head(store, key)
+        after = run_head(store, went_on)
         status = after.status if after is not None else "gone"
         err = after.meta.get("error") if after is not None else None
         stopped = err if status != "done" and isinstance(err, dict) else None  # its error
         if as_json:
-            sys.stdout.write(json.dumps({"key": key, "status": status, "error": err}) + "\n")
+            out = {"key": key, "status": status, "error": err}
+            if went_on != key:
+                out["resumed_as"] = went_on
+            sys.stdout.write(json.dumps(out) + "\n")
             if stopped is not None:
                 raise typer.Exit(1)
         elif stopped is not None:
@@ -207,7 +237,8 @@ def resume_cmd(
                 f"{stopped.get('message')}"
             )
         else:
-            visible_console().print(f"{key}: {status}")
+            also = f" (resumed as {went_on})" if went_on != key else ""
+            visible_console().print(f"{key}: {status}{also}")
 
 
 def _check_kinds(key: str, head: RunHead, engine: Any, target: str) -> None:

@@ -42,7 +42,7 @@ from stepstone.durable._inspect import (
     diff_runs,
     missing_run,
     run_detail,
-    salvaged_timeline,
+    run_timeline,
     steps_done,
     stranded_runs,
 )
@@ -145,6 +145,14 @@ def _short(value: Any, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _error_text(err: Any, width: int = 70) -> str:
+    """A recorded error as ``Type: message`` (cut to ``width``), or its JSON when it is
+    not one."""
+    if isinstance(err, dict) and ("type" in err or "message" in err):
+        return _short(f"{err.get('type')}: {err.get('message')}", width)
+    return _short(err, width)
+
+
 def _size(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} KB"
 
@@ -199,7 +207,7 @@ def prune_cmd(
         if as_json:
             _print_json(_prune_json(report, interrupted=interrupted is not None, left=left))
         else:
-            _print_prune(report)
+            _print_prune(report, min_age)
         if interrupted is not None:
             typer.echo(
                 f"interrupted: deleted {len(report.deleted)} of the {interrupted.total} "
@@ -259,12 +267,14 @@ def _prune_json(report: PruneReport, *, interrupted: bool = False, left: int = 0
         ],
         "skipped_live": report.skipped_live,
         "skipped_changed": report.skipped_changed,
+        "skipped_young": report.skipped_young,
+        "min_age_seconds": report.min_age,
         "interrupted": interrupted,
         "left": left,
     }
 
 
-def _print_prune(report: PruneReport) -> None:
+def _print_prune(report: PruneReport, min_age: str) -> None:
     verb = "would delete" if report.dry_run else "deleted"
     keys = [r.key for r in report.deleted[:200]]
     out = keyed_console(keys)
@@ -286,6 +296,13 @@ def _print_prune(report: PruneReport) -> None:
         out.print(f"kept {len(report.skipped_live)} live run(s): {report.skipped_live[:10]}")
     if report.skipped_changed:
         out.print(f"left {len(report.skipped_changed)} run(s) that changed meanwhile")
+    if report.skipped_young:
+        young = report.skipped_young
+        out.print(
+            f"kept {len(young)} run(s) the policy selects but updated less than --min-age "
+            f"{min_age} ago: {young[:10]}{' ...' if len(young) > 10 else ''} (a smaller "
+            "--min-age lets them go)"
+        )
 
 
 def vacuum_cmd(
@@ -372,9 +389,19 @@ def show_cmd(
                     ),
                 )
             )
+        if detail.get("superseded_by"):
+            console.print(
+                Text.assemble(
+                    "  ",
+                    ("superseded", "yellow"),
+                    f" by {visible(detail['superseded_by'])}: that run took it over; "
+                    "look there, or resume that one",
+                )
+            )
         if detail.get("corrupt"):
             console.print(Text.assemble("  ", ("corrupt", "red"), ": ", visible(detail["corrupt"])))
         _print_approvals(console, key, detail["pending_approvals"])
+        _print_time_and_messages(console, detail)
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
         print_json(console, _cut_texts(detail["record"]))
@@ -394,6 +421,41 @@ def _cut_texts(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_cut_texts(v) for v in value]
     return value
+
+
+def _print_time_and_messages(console: Console, detail: dict[str, Any]) -> None:
+    """What the run waits for, its events, streams and pending messages (one line each)."""
+    for wait in detail.get("waiting", ()):
+        until = "no time limit" if wait["until"] is None else f"until {_when(wait['until'])}"
+        if wait["state"] == "sleeping":
+            said = f"sleeping {until}"
+        elif wait["state"] == "waiting":
+            said = f"waiting for a message on {wait['topic']!r}, {until}"
+        else:
+            said = f"woken ({until.replace('until', 'due')}): it goes on any moment"
+        console.print(Text.assemble("  ", ("waits", "yellow"), visible(f" {said}")))
+    for name, value in detail.get("events", {}).items():
+        shown = _cut_texts(json.dumps(value, ensure_ascii=False, default=str))
+        console.print(Text.assemble("  ", ("event", "cyan"), visible(f" {name}: {shown}")))
+    for stream in detail.get("streams", ()):
+        console.print(
+            Text.assemble(
+                "  ",
+                ("stream", "cyan"),
+                visible(f" {stream['name']}: {stream['length']} value(s)"),
+            )
+        )
+    messages = detail.get("messages") or {}
+    pending = messages.get("pending") or []
+    if pending:
+        topics = sorted({m["topic"] for m in pending})
+        console.print(
+            Text.assemble(
+                "  ",
+                ("messages", "cyan"),
+                visible(f" {len(pending)} pending on {', '.join(map(repr, topics))}"),
+            )
+        )
 
 
 def _print_approvals(console: Console, key: str, calls: list[dict[str, Any]]) -> None:
@@ -456,21 +518,24 @@ def history_cmd(
         found = read_salvaged(store.backend, key)
         if found is None:
             raise no_run(key, store)
-        entries = salvaged_timeline(found)
+        entries = run_timeline(found)
         if as_json:
             if not payloads:
                 for e in entries:
                     e.pop("payload", None)
             _print_json(entries)
             return
-        table = Table(title=f"{key}: {len(entries)} journal row(s)")
+        rows = sum(1 for e in entries if e["seq"] is not None)
+        stop = "" if rows == len(entries) else f", then {entries[-1]['kind']}"
+        table = Table(title=f"{key}: {rows} journal row(s){stop}")
         for col in ("seq", "kind", "name", "error"):
             table.add_column(col)
         if payloads:
             table.add_column("payload")
         for e in entries:
             err = e.get("error")
-            cells = [str(e["seq"]), e["kind"], str(e["name"]), _short(err) if err else ""]
+            seq = "-" if e["seq"] is None else str(e["seq"])
+            cells = [seq, e["kind"], str(e["name"]), _error_text(err) if err else ""]
             if payloads:
                 cells.append(_short(e.get("payload")))
             table.add_row(*cells)
@@ -544,8 +609,13 @@ def diff_cmd(
                 if e is None:
                     console.print(f"  {key}: ends here")
                 else:
-                    what = f"error {_short(e['error'])}" if e.get("error") else _short(e["payload"])
-                    console.print(f"  {key}: #{e['seq']} {e['kind']} {e['name']}: {what}")
+                    what = (
+                        f"error {_error_text(e['error'])}"
+                        if e.get("error")
+                        else _short(e["payload"])
+                    )
+                    at = "" if e["seq"] is None else f"#{e['seq']} "
+                    console.print(f"  {key}: {at}{e['kind']} {e['name']}: {what}")
 
 
 def cancel_cmd(
@@ -716,7 +786,7 @@ def queue_cmd(
                 e.status + (" (cancel asked)" if e.cancel_requested else ""),
                 f"{e.attempts}/{e.max_attempts}",
                 e.target,
-                _short(e.error or "", 60),
+                " ".join((e.error or "").split()),  # whole: it wraps in its cell
             )
         keyed_console(keys, 100).print(table if entries else "no queue entries")
 

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Span, Text
 
-from stepstone.cli._runs import RunLine, owner_state
+from stepstone.cli._runs import RunLine
 from stepstone.durable._inspect import steps_done
 from stepstone.store import Store, StoreEntry
 
@@ -366,9 +366,11 @@ def _run_cells(line: RunLine, now: float) -> list[_Cell]:
             ("-", ""),
         ]
     h = line.head
-    state, detail = owner_state(h, now)
+    state, detail = line.owner(now)
     owner = ("-", "")
-    if state != "-":
+    if state == "superseded":
+        owner = (f"superseded {visible(detail)}", "yellow")
+    elif state != "-":
         owner = (f"{state} ({visible(detail)})", "green" if state == "live" else "red")
     err = line.error
     return [

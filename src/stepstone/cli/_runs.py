@@ -9,7 +9,7 @@ from typing import Any
 from stepstone.core._ids import host_id, process_alive
 from stepstone.durable import list_runs as kernel_list_runs
 from stepstone.durable import owner_alive, run_head
-from stepstone.durable._inspect import filter_heads, steps_done
+from stepstone.durable._inspect import filter_heads, steps_done, successors
 from stepstone.store import RunHead, Store
 from stepstone.store._check import problem_text
 
@@ -25,6 +25,8 @@ class RunLine:
     key: str
     head: RunHead | None = None
     corrupt: str | None = None
+    #: The run that took this one over (a graph invocation resumed under a new id).
+    superseded_by: str | None = None
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -46,7 +48,7 @@ class RunLine:
             "version": h.version,
             "iteration": h.iteration,
             "owner": {
-                "state": owner_state(h, now)[0],
+                "state": self.owner(now)[0],
                 "host": h.host,
                 "pid": h.pid,
                 "lease_until": h.lease_until,
@@ -56,7 +58,17 @@ class RunLine:
             "steps": steps_done(h),
             "created_at": h.created_at,
             "updated_at": h.updated_at,
+            "superseded_by": self.superseded_by,
         }
+
+    def owner(self, now: float) -> tuple[str, str]:
+        """``(state, detail)`` of the run's owner (:func:`owner_state`), ``superseded``
+        with the run that took it over when its owner died and another run did."""
+        assert self.head is not None
+        state, detail = owner_state(self.head, now)
+        if state == "dead" and self.superseded_by is not None:
+            return "superseded", f"by {self.superseded_by}"
+        return state, detail
 
 
 def list_runs(store: Store, prefix: str | None) -> list[RunLine]:
@@ -100,8 +112,9 @@ def select_runs(
     so a filter never hides a broken run."""
     lines = list_runs(store, prefix)
     heads = [line.head for line in lines if line.head is not None]
+    taken = successors(store, heads, prefix=prefix)
     picked: list[RunLine] = [
-        RunLine(key=h.key, head=h)
+        RunLine(key=h.key, head=h, superseded_by=taken.get(h.key))
         for h in filter_heads(
             heads,
             statuses=statuses,

@@ -20,6 +20,7 @@ from stepstone.durable._inspect import (
     query_runs,
     run_detail,
     run_summary,
+    run_timeline,
     stranded_runs,
     timeline,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "run_detail",
     "run_head",
     "run_summary",
+    "run_timeline",
     "stranded_runs",
     "timeline",
 ]

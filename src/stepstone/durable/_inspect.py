@@ -6,15 +6,18 @@ function here only reads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepstone.core._serialization import untag
 from stepstone.durable._agent_journal import AGENT_KIND
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._journal_format import ENTRIES_KIND, expand
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
+from stepstone.durable._queue import existing_queue
 from stepstone.store._base import (
     RUN_STATUSES,
     JournalRow,
@@ -23,9 +26,12 @@ from stepstone.store._base import (
     journal_problem,
     read_salvaged,
 )
+from stepstone.store._queue_base import QueueEntry
 from stepstone.store._store import Store
+from stepstone.store._views import is_internal_kind
 
 __all__ = [
+    "ResumeVerdict",
     "damage_report",
     "diff_runs",
     "filter_heads",
@@ -35,18 +41,92 @@ __all__ = [
     "run_detail",
     "rewind_steps",
     "run_summary",
+    "run_timeline",
     "salvaged_timeline",
+    "source_key",
     "stranded_runs",
+    "time_and_messages",
+    "successors",
     "timeline",
 ]
 
 
-def owner_state(head: RunHead, *, now: float | None = None) -> str:
-    """``"live"``, ``"dead"`` (a claimed/running run nobody executes: stranded) or
-    ``"none"`` (a paused, failed or done run has no owner)."""
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeVerdict:
+    """What resuming one stored run with the current code would do
+    (``stepstone migrate --dry-run``: each engine decides it with its resume's own
+    checks, nothing written).
+
+    Attributes:
+        verdict: ``current`` (resumes where it stopped), ``done`` (finished: runs
+            nothing), ``corrupt`` (refused: the record is damaged), ``live`` (refused: a
+            live process owns it or resumes it), ``gone`` (no such run), or an engine's
+            own: a Plan's ``changed`` (another version of the plan wrote it; resumes by
+            step name), ``restarts`` (starts over) and ``stale`` (refused with
+            ``StaleCheckpointError``), a graph's ``migrates`` and ``no chain``.
+        detail: Why, in a few words (a refusal: the error's first sentence).
+        runs: Whether the resume runs steps.
+    """
+
+    verdict: str
+    detail: str
+    runs: bool
+
+
+def owner_state(
+    head: RunHead, *, now: float | None = None, superseded_by: str | None = None
+) -> str:
+    """``"live"``, ``"dead"`` (a claimed/running run nobody executes: stranded),
+    ``"superseded"`` (a claimed/running run whose owner died and that another run took
+    over: ``superseded_by``, see :func:`successors`) or ``"none"`` (a paused, failed or
+    done run has no owner)."""
     if head.status not in LIVE_STATUSES:
         return "none"
-    return "live" if owner_alive(head, now=now) else "dead"
+    if owner_alive(head, now=now):
+        return "live"
+    return "dead" if superseded_by is None else "superseded"
+
+
+def source_key(head: RunHead) -> str | None:
+    """The key of the run that ``head``'s run took over, or None: a graph invocation
+    resumed from another records the other's invocation id (``meta["resumed_from"]``),
+    and both live under one prefix (``graph:<invocation_id>``)."""
+    source, own = head.meta.get("resumed_from"), head.meta.get("invocation_id")
+    if not (isinstance(source, str) and source and isinstance(own, str) and own):
+        return None
+    if not head.key.endswith(own):
+        return None
+    return head.key[: len(head.key) - len(own)] + source
+
+
+def successors(
+    store: Store, heads: Sequence[RunHead], *, prefix: str | None = None
+) -> dict[str, str]:
+    """For each run of ``heads`` that another run took over (a graph invocation resumed
+    under a new invocation id), the key of the run that did: the latest one, when it was
+    resumed more than once. ``heads`` were listed under ``prefix``; the runs that may
+    have taken them over are looked up under their own prefix when it lies outside it."""
+    pool = list(heads)
+    seen = {h.key for h in heads}
+    outside: set[str] = set()
+    for head in heads:
+        own = head.meta.get("invocation_id")
+        if isinstance(own, str) and own and head.key.endswith(own):
+            where = head.key[: len(head.key) - len(own)]
+            if prefix is not None and not where.startswith(prefix):
+                outside.add(where)
+    for where in sorted(outside):
+        pool += [h for h in store.backend.run_list(where) if h.key not in seen]
+    wanted = {h.key for h in heads}
+    latest: dict[str, RunHead] = {}
+    for head in pool:
+        source = source_key(head)
+        if source is None or source not in wanted or source == head.key:
+            continue
+        known = latest.get(source)
+        if known is None or (head.created_at, head.key) > (known.created_at, known.key):
+            latest[source] = head
+    return {source: head.key for source, head in latest.items()}
 
 
 def _error_of(head: RunHead) -> dict[str, Any] | None:
@@ -54,11 +134,14 @@ def _error_of(head: RunHead) -> dict[str, Any] | None:
     return err if isinstance(err, dict) else None
 
 
-def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
-    """One run as a JSON-ready dict (the row of ``stepstone runs --json`` and the web list)."""
+def run_summary(
+    head: RunHead, *, now: float | None = None, superseded_by: str | None = None
+) -> dict[str, Any]:
+    """One run as a JSON-ready dict (the row of ``stepstone runs --json`` and the web
+    list); ``superseded_by``: the run that took it over (:func:`successors`)."""
     now = time.time() if now is None else now
     err = _error_of(head)
-    state = owner_state(head, now=now)
+    state = owner_state(head, now=now, superseded_by=superseded_by)
     return {
         "key": head.key,
         "kind": head.kind,
@@ -77,6 +160,7 @@ def run_summary(head: RunHead, *, now: float | None = None) -> dict[str, Any]:
         "duration_seconds": round(head.updated_at - head.created_at, 3),
         "error_type": None if err is None else err.get("type"),
         "cancel_requested": bool(head.meta.get("cancel_requested")),
+        "superseded_by": superseded_by,
     }
 
 
@@ -94,7 +178,9 @@ def filter_heads(
     now: float | None = None,
 ) -> list[RunHead]:
     """``heads`` that match the filters, sorted: ``updated`` and ``created`` put the most
-    recent first, ``key`` sorts by key. Ages are seconds since the last commit.
+    recent first, ``key`` sorts by key. Ages are seconds since the last commit. Records
+    of an internal kind (an engine's bookkeeping, such as a graph's resume lock) are left
+    out unless ``kinds`` names theirs.
 
     Raises:
         ValueError: an unknown status or sort (the message lists the valid ones).
@@ -109,7 +195,7 @@ def filter_heads(
         h
         for h in heads
         if (not statuses or h.status in statuses)
-        and (not kinds or h.kind in kinds)
+        and (h.kind in kinds if kinds else not is_internal_kind(h.kind))
         and (older_than is None or now - h.updated_at >= older_than)
         and (newer_than is None or now - h.updated_at <= newer_than)
     ]
@@ -159,7 +245,8 @@ def query_runs(
         now=now,
     )
     page = out[offset : None if limit is None else offset + limit]
-    return len(out), [run_summary(h, now=now) for h in page]
+    taken = successors(store, page, prefix=prefix or None)
+    return len(out), [run_summary(h, now=now, superseded_by=taken.get(h.key)) for h in page]
 
 
 def _decode(row: JournalRow) -> Any:
@@ -243,18 +330,15 @@ def timeline_of(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
     return out
 
 
-def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
-    """Everything about one run: summary, head meta, its timeline, the tool calls it waits
-    on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
-    with their replay counts and its final state (see :func:`agent_view`)."""
-    found = read_salvaged(store.backend, key)
-    if found is None:
-        return None
-    head, rows = found.head, found.rows
+def run_timeline(found: Salvaged) -> list[dict[str, Any]]:
+    """A run's timeline as operators see it (``show``, ``history``, ``diff``, the
+    inspector): :func:`salvaged_timeline`, then, for a failed or paused run, the step it
+    stopped at (which committed no row of its own) with its error, as the last entry
+    (``seq`` None, kind ``"failed"`` or ``"paused"``)."""
     steps = salvaged_timeline(found)
+    head = found.head
     err = _error_of(head)
     if err is not None and head.status in ("failed", "paused"):
-        # The step that failed or paused committed no row of its own: show it last.
         steps.append(
             {
                 "seq": None,
@@ -264,16 +348,86 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
                 "error": err,
             }
         )
+    return steps
+
+
+def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
+    """Everything about one run: summary, head meta, its timeline, the tool calls it waits
+    on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
+    with their replay counts and its final state (see :func:`agent_view`)."""
+    found = read_salvaged(store.backend, key)
+    if found is None:
+        return None
+    head, rows = found.head, found.rows
+    steps = run_timeline(found)
+    err = _error_of(head)
     now = database_now(store) if now is None else now
-    detail = {**run_summary(head, now=now), "meta": head.meta, "error": err, "timeline": steps}
+    taken = successors(store, [head], prefix=key).get(key)
+    summary = run_summary(head, now=now, superseded_by=taken)
+    detail = {**summary, "meta": head.meta, "error": err, "timeline": steps}
     problem = damage_report(found) if found.damaged else journal_problem(head, rows)
     if problem is not None:  # shown as it is, to see what is left; a resume refuses it
         detail["corrupt"] = f"the record is corrupt: {problem}"
     # Tool calls it waits on (its own, or those of a paused Plan's LLM steps).
     detail["pending_approvals"] = waiting_calls(store, head, rows)
+    detail.update(time_and_messages(store, key, now=now))
     if head.kind == AGENT_KIND:
         detail["agent"] = agent_view(head, rows)
     return detail
+
+
+def time_and_messages(store: Store, key: str, *, now: float | None = None) -> dict[str, Any]:
+    """What a run waits for, its events, its streams and its messages, JSON-ready (what
+    ``stepstone show`` and the inspector print under the run):
+
+    * ``waiting``: its timers, each ``{"name", "state", "until", "topic", "since"}``;
+      ``state`` is ``"sleeping"`` (a time, no topic), ``"waiting"`` (for a message on
+      ``topic``, until ``until`` or without a limit) or ``"due"`` (its time has come: the
+      run wakes, or a worker takes it, any moment);
+    * ``events``: name to last value (as plain JSON), with ``events_at``, when each was set;
+    * ``streams``: ``{"name", "length"}`` for each stream;
+    * ``messages``: ``{"pending": [{"id", "topic", "sent_at"}...], "consumed": count}``.
+
+    A value that does not decode is shown as its stored text."""
+    now = database_now(store) if now is None else now
+    backend = store.backend
+    waiting: list[dict[str, Any]] = []
+    for timer in backend.timers(key):
+        if timer.wake_at is not None and timer.wake_at <= now:
+            state = "due"
+        else:
+            state = "sleeping" if timer.topic is None else "waiting"
+        waiting.append(
+            {
+                "name": timer.name,
+                "state": state,
+                "until": timer.wake_at,
+                "topic": timer.topic,
+                "since": timer.since,
+            }
+        )
+    found = backend.events(key)
+    messages = backend.messages(key)
+    pending = [
+        {"id": m.id, "topic": m.topic, "sent_at": m.sent_at}
+        for m in messages
+        if m.consumed_at is None
+    ]
+    return {
+        "waiting": waiting,
+        "events": {e.name: _plain(e.data) for e in found},
+        "events_at": {e.name: e.updated_at for e in found},
+        "streams": [{"name": name, "length": n} for name, n in backend.streams(key)],
+        "messages": {"pending": pending, "consumed": len(messages) - len(pending)},
+    }
+
+
+def _plain(text: str) -> Any:
+    """A stored value (typed JSON) as plain JSON, or its text when it does not decode."""
+    try:
+        return untag(json.loads(text))
+    except ValueError:
+        return text
 
 
 def damage_report(found: Salvaged) -> str:
@@ -309,12 +463,19 @@ def rewind_steps(found: Salvaged) -> list[str]:
 
 def stranded_runs(store: Store, *, now: float | None = None) -> list[dict[str, Any]]:
     """Runs left ``claimed``/``running`` by an owner that died and nobody resumed, oldest
-    first (resume them with ``resume=True``, or delete them)."""
+    first (resume them with ``resume=True``, or delete them). A run another run took
+    over (a graph invocation resumed under a new id) is not stranded, and neither is an
+    engine's bookkeeping (a resume lock)."""
     now = database_now(store) if now is None else now
+    heads = store.backend.run_list(None)
+    taken = successors(store, heads)
     out = [
         run_summary(h, now=now)
-        for h in store.backend.run_list(None)
-        if h.status in LIVE_STATUSES and not owner_alive(h, now=now)
+        for h in heads
+        if h.status in LIVE_STATUSES
+        and not owner_alive(h, now=now)
+        and h.key not in taken
+        and not is_internal_kind(h.kind)
     ]
     out.sort(key=lambda s: s["updated_at"])
     return out
@@ -341,11 +502,30 @@ def missing_run(store: Store, key: str) -> str:
     if not near and key[:3]:
         near, how = [k for k in keys if k.startswith(key[:3])], "starting like it"
     text = f"no run under key {key!r} in {store!r}"
+    entry = _entry_without_run(store, key)
+    if entry is not None:
+        return (
+            f"{text}: its queue entry {entry.id} is {entry.status} and never got a "
+            f"checkpoint ({' '.join(str(entry.error).split())[:200]}); once that is fixed, "
+            f"put it back in its queue with `stepstone requeue {entry.id[:12]}`"
+        )
     if near:
         more = f" (and {len(near) - 10} more)" if len(near) > 10 else ""
         shown = ", ".join(repr(k) for k in near[:10])
         return f"{text}; runs {how}: {shown}{more}"
     return f"{text}; list them with `stepstone runs`"
+
+
+def _entry_without_run(store: Store, key: str) -> QueueEntry | None:
+    """The latest queue entry of ``key`` when it failed or was cancelled (a run with no
+    checkpoint: its target did not import), else None."""
+    queue = existing_queue(store)
+    if queue is None or queue.active_entry(key) is not None:
+        return None
+    entries = [e for e in queue.entries(None, None) if e.run_key == key]
+    if not entries or entries[-1].status not in ("failed", "cancelled"):
+        return None
+    return entries[-1]
 
 
 def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
@@ -354,12 +534,14 @@ def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
     Raises:
         KeyError: one of the keys holds no run (the message names it).
     """
-    heads = {k: store.backend.run_get(k) for k in (key_a, key_b)}
-    for k, h in heads.items():
-        if h is None:
+    found = {k: read_salvaged(store.backend, k) for k in (key_a, key_b)}
+    heads = {k: f.head if f is not None else None for k, f in found.items()}
+    for k, f in found.items():
+        if f is None:
             raise KeyError(missing_run(store, k))
-    a = timeline(expand(store.backend.run_journal(key_a)))
-    b = timeline(expand(store.backend.run_journal(key_b)))
+    fa, fb = found[key_a], found[key_b]
+    assert fa is not None and fb is not None
+    a, b = run_timeline(fa), run_timeline(fb)
     same = 0
     while same < min(len(a), len(b)) and _comparable(a[same]) == _comparable(b[same]):
         same += 1

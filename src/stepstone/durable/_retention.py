@@ -61,12 +61,17 @@ class PruneReport:
         skipped_live: Keys that matched the policy but whose owner is alive.
         skipped_changed: Keys that changed between judging and deleting (left alone).
         dry_run: Nothing was written.
+        skipped_young: Keys that matched the policy but were updated less than its
+            ``min_age`` ago (kept).
+        min_age: The policy's ``min_age`` in seconds, which kept ``skipped_young``.
     """
 
     deleted: list[PrunedRun]
     skipped_live: list[str]
     skipped_changed: list[str]
     dry_run: bool
+    skipped_young: list[str] = dataclasses.field(default_factory=list)
+    min_age: float = 0.0
 
 
 class PruneInterrupted(KeyboardInterrupt):
@@ -106,9 +111,18 @@ def plan_prune(
 
     Pure: reads nothing, writes nothing (``prune`` and ``prune --dry-run`` share it).
     """
+    chosen, live, _ = _plan(heads, retention, now=now)
+    return chosen, live
+
+
+def _plan(
+    heads: list[RunHead], retention: Retention, *, now: float | None = None
+) -> tuple[list[tuple[RunHead, Reason]], list[str], list[str]]:
+    """:func:`plan_prune`, and the keys the policy selects but ``min_age`` keeps."""
     now = time.time() if now is None else now
     chosen: dict[str, tuple[RunHead, Reason]] = {}
     live: list[str] = []
+    young: list[str] = []
     min_age = retention.min_age.total_seconds()
     ttl = retention.ttl.total_seconds() if retention.ttl is not None else None
     for prefix in retention.prefixes:
@@ -129,7 +143,11 @@ def plan_prune(
                 reason = "ttl"
             elif retention.keep_last is not None and rank >= retention.keep_last:
                 reason = "keep_last"
-            if reason is None or age < min_age or head.key in chosen:
+            if reason is None or head.key in chosen:
+                continue
+            if age < min_age:
+                if head.key not in young:
+                    young.append(head.key)
                 continue
             if owner_alive(head):  # liveness is judged on the real clock, whatever ``now`` says
                 if head.key not in live:
@@ -137,7 +155,7 @@ def plan_prune(
                 continue
             chosen[head.key] = (head, reason)
     ordered = sorted(chosen.values(), key=lambda c: (c[0].updated_at, c[0].key))
-    return ordered, live
+    return ordered, live, [key for key in young if key not in chosen]
 
 
 def prune(
@@ -182,10 +200,18 @@ def prune(
     groups = policy.prefixes
     heads = store.backend.run_list(groups[0] or None if len(groups) == 1 else None)
     now = store.backend.clock() if now is None else now
-    chosen, live = plan_prune(heads, policy, now=now)
+    chosen, live, young = _plan(heads, policy, now=now)
+    min_age = policy.min_age.total_seconds()
     if dry_run:
         deleted = [_pruned(h, r, _fork_values(store, h)) for h, r in chosen]
-        return PruneReport(deleted=deleted, skipped_live=live, skipped_changed=[], dry_run=True)
+        return PruneReport(
+            deleted=deleted,
+            skipped_live=live,
+            skipped_changed=[],
+            dry_run=True,
+            skipped_young=young,
+            min_age=min_age,
+        )
     done: list[PrunedRun] = []
     changed: list[str] = []
     if progress is not None:
@@ -204,10 +230,22 @@ def prune(
             raise
         # What is gone is gone: say so, rather than lose the report with the interrupt.
         partial = PruneReport(
-            deleted=done, skipped_live=live, skipped_changed=changed, dry_run=False
+            deleted=done,
+            skipped_live=live,
+            skipped_changed=changed,
+            dry_run=False,
+            skipped_young=young,
+            min_age=min_age,
         )
         raise PruneInterrupted(partial, len(chosen)) from exc
-    return PruneReport(deleted=done, skipped_live=live, skipped_changed=changed, dry_run=False)
+    return PruneReport(
+        deleted=done,
+        skipped_live=live,
+        skipped_changed=changed,
+        dry_run=False,
+        skipped_young=young,
+        min_age=min_age,
+    )
 
 
 def _pruned(head: RunHead, reason: Reason, values: Iterable[str]) -> PrunedRun:

@@ -118,6 +118,24 @@ class RoutingTable:
     rules: tuple[tuple[RuleKind, str, str], ...]
     default: str | None
 
+    def matches(self, model: str) -> bool:
+        """Whether an alias or a rule routes ``model`` (False: only the default would)."""
+        key = model.lower()
+        return key in self.aliases or any(
+            (kind == "startswith" and key.startswith(pattern))
+            or (kind == "contains" and pattern in key)
+            for kind, pattern, _ in self.rules
+        )
+
+    def describe(self) -> str:
+        """The rules as one line: ``claude* -> anthropic, ..., otherwise anthropic``."""
+        rules = [
+            f"{pattern}* -> {provider}" if kind == "startswith" else f"*{pattern}* -> {provider}"
+            for kind, pattern, provider in self.rules
+        ]
+        rest = f"otherwise {self.default}" if self.default else "otherwise an error"
+        return ", ".join([*rules, rest])
+
     def route(self, model: str) -> str:
         """The provider for ``model``; ConfigurationError when nothing matches."""
         key = model.lower()

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -180,6 +180,19 @@ class Store:
         """Sorted keys of values and checkpoints, optionally only those with ``prefix``."""
         return self.backend.kv_keys(_prefix(prefix))
 
+    def __contains__(self, key: object) -> bool:
+        """``key in store``: whether ``key`` holds a value or a checkpoint. Two point reads
+        by key (nothing is listed or decoded); a key no store can hold (not a string, empty,
+        with a NUL) is simply not in it."""
+        if not isinstance(key, str) or not key or key_problem(key, new=False) is not None:
+            return False
+        return self.backend.kv_get(key) is not None or self.backend.run_get(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        """``for key in store``: the keys of values and checkpoints, sorted, as
+        :meth:`keys` lists them when the loop starts (the loop may write or delete)."""
+        return iter(self.keys())
+
     def items(self, prefix: str | None = None, *, kind: ItemKind = None) -> list[tuple[str, Any]]:
         """``(key, value)`` pairs of everything :meth:`read` can read, sorted by key.
 
@@ -279,6 +292,10 @@ class Store:
     ) -> list[tuple[str, Any]]:
         """Async :meth:`items`."""
         return await self._offload(functools.partial(self.items, prefix, kind=kind))
+
+    async def acontains(self, key: str) -> bool:
+        """Async ``key in store``."""
+        return await self._offload(self.__contains__, key)
 
     async def acompare_and_swap(self, key: str, expected: Any, new: Any) -> bool:
         """Async :meth:`compare_and_swap`."""

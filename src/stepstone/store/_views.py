@@ -17,7 +17,15 @@ from typing import Any
 from stepstone.exceptions import CheckpointCorruptError, ConfigurationTypeError
 from stepstone.store._base import JournalRow, RunHead, journal_problem
 
-__all__ = ["RunView", "generic_view", "has_run_view", "register_run_view", "render_run"]
+__all__ = [
+    "RunView",
+    "generic_view",
+    "has_run_view",
+    "is_internal_kind",
+    "register_internal_kind",
+    "register_run_view",
+    "render_run",
+]
 
 RunView = Callable[[RunHead, list[JournalRow]], Any]
 
@@ -44,6 +52,24 @@ def register_run_view(kind: str, view: RunView) -> None:
             f"value, got {view!r}"
         )
     _VIEWS[kind] = view
+
+
+_INTERNAL: set[str] = set()
+
+
+def register_internal_kind(kind: str) -> None:
+    """Mark run records of ``kind`` as an engine's own bookkeeping (a lock, a marker), not
+    runs: operators' listings (``stepstone runs``, ``stranded``, the inspector) leave them
+    out unless asked for that kind by name. Reading, pruning and checking them is
+    unchanged."""
+    if not isinstance(kind, str) or not kind:
+        raise ConfigurationTypeError(f"run kind must be a non-empty string, got {kind!r}")
+    _INTERNAL.add(kind)
+
+
+def is_internal_kind(kind: str) -> bool:
+    """Whether records of ``kind`` are bookkeeping, not runs (:func:`register_internal_kind`)."""
+    return kind in _INTERNAL
 
 
 def has_run_view(kind: str) -> bool:

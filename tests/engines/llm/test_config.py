@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from stepstone import Agent, LLMEngine, NativeTool
+from stepstone import Agent, ConfigurationError, LLMEngine, NativeTool, UserError
 from stepstone.engines.llm import DEFAULT_STREAM_IDLE_TIMEOUT, CacheConfig, ThinkingConfig
 from stepstone.engines.llm._routing import ProviderRouting
 from stepstone.testing import FakeModel
@@ -217,3 +217,23 @@ def test_agent_string_shorthand_passes_options() -> None:
     agent = Agent("gpt-4o", max_turns=4, temperature=0.2)
     assert isinstance(agent.engine, LLMEngine)
     assert (agent.engine.max_turns, agent.engine.temperature) == (4, 0.2)
+
+
+def test_a_model_no_rule_routes_is_reported_as_unrecognised(
+    routing: type[ProviderRouting], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """guarantee 435: a model name no alias or rule routes goes to the default provider;
+    when that one cannot be used (no API key), the error names the model and the routing
+    rules, instead of only asking for an Anthropic key."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ConfigurationError) as info:
+        Agent(engine=LLMEngine("llama3-70b"))("hi")
+    said = str(info.value)
+    assert "no provider recognises model 'llama3-70b'" in said
+    assert "claude* -> anthropic" in said and "otherwise anthropic" in said  # the rules
+    assert "no API key for anthropic" in said  # why the default could not take it
+    assert "register_provider_rule('llama3'" in said  # the fix
+    with pytest.raises(UserError) as known:  # a model a rule routes: not "unrecognised"
+        Agent(engine=LLMEngine("claude-sonnet-4-6"))("hi")
+    assert not isinstance(known.value, ConfigurationError)
+    assert "recognises" not in str(known.value)

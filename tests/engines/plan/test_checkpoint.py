@@ -348,13 +348,32 @@ def test_pause_and_resume_reinvokes_the_paused_step(store: Store) -> None:
     env = run(etl_plan(store, c, resume=True))
     assert not env.ok and env.error is not None
     assert env.error.type == "PlanPaused" and env.error.retryable is True
-    assert env.error.message == "validate waits for approval"
+    # guarantee 595: the message names the step that paused
+    assert env.error.message == "Plan paused at step 'validate': validate waits for approval"
+    assert env.metadata["step"] == "validate"
     state = store.read("etl")
     assert state["status"] == "paused" and state["next_step"] == "validate"  # guarantee 19, 21
     assert state["error"]["type"] == "PlanPaused"
     c.pause.clear()
     assert run(etl_plan(store, c, resume=True)).ok
     assert c.calls["validate"] == 2 and c.calls["extract"] == 1  # guarantee 20
+
+
+def test_a_pause_in_a_parallel_band_names_the_branch(store: Store) -> None:
+    # guarantee 595
+    def waits(task: str) -> str:
+        raise PlanPaused("the bank has not answered")
+
+    plan = Plan(
+        Step(lambda t: "ok", name="quote", parallel=True),
+        Step(waits, name="payment", parallel=True),
+        store=store,
+        checkpoint_key="band-pause",
+    )
+    env = run(plan)
+    assert env.error is not None
+    assert env.error.message == "Plan paused at step 'payment': the bank has not answered"
+    assert store.read("band-pause")["error"]["message"] == env.error.message
 
 
 def test_pause_is_base_exception_with_message() -> None:

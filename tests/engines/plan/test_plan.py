@@ -124,6 +124,38 @@ def test_compile_validates_every_context_item_and_sentinel() -> None:
         Plan()
 
 
+def test_a_sentinel_naming_a_later_step_is_a_compile_error() -> None:
+    # guarantee 403: before, these compiled and the step got None (or the start input)
+    ran: list[str] = []
+    for make in (
+        lambda: Plan(Step(echo("a", ran), task=from_step("b")), Step(echo("b", ran))),
+        lambda: Plan(Step(echo("a", ran), context=["note", from_step("b")]), Step(echo("b", ran))),
+        lambda: Plan(
+            Step(echo("a", ran), task=from_parallel_all("b")),
+            Step(echo("b", ran), parallel=True),
+            Step(echo("c", ran), parallel=True),
+        ),
+    ):
+        with pytest.raises(
+            PlanCompileError, match=r"step 'a': .* names step 'b', which is declared after it"
+        ):
+            make()
+    with pytest.raises(PlanCompileError, match=r"names step 'a', which is this step itself"):
+        Plan(Step(echo("a", ran), task=from_step("a")))
+    with pytest.raises(PlanCompileError, match=r"names step 'b', which runs in the same parallel"):
+        Plan(
+            Step(echo("a", ran), parallel=True, context=from_parallel("b")),
+            Step(echo("b", ran), parallel=True),
+        )
+    # a loop that routes back reads the later step's output with from_prev
+    plan = Plan(
+        Step(echo("draft", ran)),
+        Step(echo("review", ran), routes={"draft": lambda e: len(ran) < 3}),
+    )
+    assert run(plan).payload == "review(draft(review(draft(t))))"
+    assert ran == ["draft", "review", "draft", "review"]
+
+
 class Row(BaseModel):
     n: int
 

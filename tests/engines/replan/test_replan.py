@@ -454,6 +454,38 @@ def test_failed_task_resumes_mid_round_without_rerunning_siblings(tmp_path: Path
     assert [c["round"] for c in script.calls] == [1, 2]  # round 1 not re-planned
 
 
+def test_a_task_returning_an_error_envelope_fails_the_run(tmp_path: Path) -> None:
+    # guarantee 192, 402: before, the envelope was stored as the task's result and the run
+    # could finish ok
+    from stepstone import Envelope, ErrorInfo
+
+    down = {"on": True}
+
+    def lookup(item: str) -> Any:
+        """Look an item up."""
+        if down["on"]:
+            info = ErrorInfo(type="LookupFailed", message=f"no record of {item}")
+            return Envelope(task=item, payload=None, error=info)
+        return item.upper()
+
+    script = Script(_round_of(["a", "b"], sequential=("b",)), done("all"))
+    with Store(db=tmp_path / "r.sqlite") as store:
+        opts = {"store": store, "checkpoint_key": "env"}
+        env = agent_for(script, named("work", lookup), **opts)("go")
+        assert not env.ok and env.error is not None
+        assert (env.error.type, env.error.message) == ("LookupFailed", "no record of a")
+        assert (env.metadata["round"], env.metadata["task"], env.metadata["tool"]) == (1, 0, "work")
+        record = store.read("env")
+        assert record["status"] == "failed" and record["next_step"] == "round 1"
+        assert record["error"]["type"] == "LookupFailed" and record["error"]["task"] == 0
+        assert [t.get("result") for t in record["rounds"][0]["tasks"]] == [None, None]
+        down["on"] = False
+        again = agent_for(script, named("work", lookup), resume=True, **opts)("go")
+        assert again.ok and again.payload == "all"
+        tasks = store.read("env")["rounds"][0]["tasks"]
+        assert [t.get("result") for t in tasks] == ["A", "B"]
+
+
 def test_paused_task_pauses_the_run_and_resumes_at_it(tmp_path: Path) -> None:
     # guarantee 192
     flaky = Flaky()

@@ -10,15 +10,33 @@ from stepstone.engines.graph._checkpoint import (
     StoreCheckpointer,
 )
 from stepstone.engines.graph._compiled import CompiledGraph
-from stepstone.engines.graph._records import CheckpointFilter, CheckpointRecord, NodePosition
-from stepstone.engines.graph._state import Reducer, State, append
+from stepstone.engines.graph._observe import GraphEvent
+from stepstone.engines.graph._protocol import Checkpointer
+from stepstone.engines.graph._records import (
+    CheckpointFilter,
+    CheckpointRecord,
+    FanOutProgress,
+    NodePosition,
+)
+from stepstone.engines.graph._state import (
+    Reducer,
+    State,
+    append,
+    concat_flatten,
+    last_write_wins,
+    merge,
+    merge_all,
+)
 
 __all__ = [
     "END",
     "CheckpointFilter",
     "CheckpointRecord",
+    "Checkpointer",
     "CompiledGraph",
+    "FanOutProgress",
     "GraphBuilder",
+    "GraphEvent",
     "InMemoryCheckpointer",
     "NodePosition",
     "Reducer",
@@ -26,4 +44,8 @@ __all__ = [
     "State",
     "StoreCheckpointer",
     "append",
+    "concat_flatten",
+    "last_write_wins",
+    "merge",
+    "merge_all",
 ]

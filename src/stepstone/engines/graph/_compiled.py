@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -18,38 +18,50 @@ from stepstone.durable import (
     owner_alive,
     run_head,
 )
-from stepstone.durable._effects import DurableScope, bind_scope
+from stepstone.durable._effects import bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._codec import check_metadata
+from stepstone.engines.graph._fanout import run_fan_out
 from stepstone.engines.graph._migrate import MigrationRegistry
 from stepstone.engines.graph._nodes import call_node, project_in, project_out, update_reducers
+from stepstone.engines.graph._observe import (
+    Observer,
+    Observers,
+    Pending,
+    check_observers,
+    drain,
+)
+from stepstone.engines.graph._protocol import Checkpointer
 from stepstone.engines.graph._records import (
-    GRAPH_KIND,
     LOCK_KIND,
-    RECORD_FORMAT,
     CheckpointRecord,
+    FanOutAt,
     Frame,
     NodePosition,
     RawRecord,
 )
+from stepstone.engines.graph._run import GraphRun
+from stepstone.engines.graph._sink import JournalSink, RecordSink, Sink, load_record
 from stepstone.engines.graph._state import (
-    Patch,
     State,
     apply_update,
     dump_state,
-    json_patch,
-    object_patch,
     reducers_of,
 )
 from stepstone.exceptions import (
+    CheckpointNotFound,
     CheckpointRecordInvalid,
+    CheckpointSaveFailed,
     CheckpointStateMigrationFailed,
     ConcurrentGraphResumeError,
     ConcurrentRunError,
     ConfigurationError,
     ConfigurationTypeError,
+    EdgeException,
     NodeException,
+    RoutingError,
+    RunCancelledError,
     UserError,
 )
 
@@ -71,67 +83,6 @@ class _Resume:
     last: tuple[str, int] | None = None  # the frame's last completed node, carried over
 
 
-def _state_out(cp: StoreCheckpointer | None, state: State | None) -> Any:
-    """A state as a record holds it: itself for a pickle checkpointer, else its JSON form."""
-    if state is None:
-        return None
-    if cp is not None and cp.serialization == "pickle":
-        return state
-    return dump_state(state)
-
-
-@dataclasses.dataclass(slots=True, kw_only=True)
-class _Run:
-    """One invoke: its kernel run (None without a checkpointer) and its positions."""
-
-    checkpointer: StoreCheckpointer | None
-    owned: OwnedRun | None
-    invocation_id: str
-    attempt: int
-    positions: list[NodePosition]
-    pending_push: list[Frame] = dataclasses.field(default_factory=list)
-
-    def next_step(self, ns: tuple[str, ...]) -> int:
-        steps = [p.step for p in self.positions if p.namespace == ns]
-        return max(steps) + 1 if steps else 0
-
-    def state_out(self, state: State | None) -> Any:
-        return _state_out(self.checkpointer, state)
-
-    def patch(self, new: State, set_fields: list[str], extend: dict[str, list[Any]]) -> Patch:
-        if self.checkpointer is not None and self.checkpointer.serialization == "pickle":
-            return object_patch(new, set_fields, extend)
-        return json_patch(new, set_fields, extend, f"node update of {type(new).__name__}")
-
-    def scope(self, ns: tuple[str, ...], node: str, step: int) -> DurableScope | None:
-        """An LLM loop inside this node visit journals under a key of its position."""
-        if self.owned is None:
-            return None
-        # The chain's origin (see ``_start``), not the invocation id: a resume is a new
-        # invocation of the same chain and must find the same loop at the same node
-        # position; a fresh invocation starts a chain of its own, even under the same
-        # correlation id.
-        origin = self.owned.head.meta["origin"]
-        where = "/".join((*ns, node))
-        return DurableScope(store=self.owned.store, key=f"graph:{origin}:{where}:{step}")
-
-    async def save(self, pos: NodePosition, patch: Patch, pop: int, next_node: str | None) -> None:
-        """Commit one completed node (head + journal row, one transaction)."""
-        if self.owned is not None and self.checkpointer is not None:
-            push = self.pending_push
-            plain = {"pos": pos.to_json(), "pop": pop, "push": [f.to_plain() for f in push]}
-            body = {"patch": patch, "push": [f.to_body() for f in push]}
-            data = self.checkpointer.codec.encode(plain, body)
-            await self.owned.commit(
-                status="running",
-                next_step=next_node,
-                iteration=len(self.positions) + 1,
-                rows=[("node", pos.node_name, data)],
-            )
-        self.pending_push.clear()
-        self.positions.append(pos)
-
-
 class CompiledGraph(Generic[S]):
     """A validated graph, ready to run. Build it with ``GraphBuilder(...).compile()``.
 
@@ -146,10 +97,13 @@ class CompiledGraph(Generic[S]):
         nodes: dict[str, NodeSpec],
         edges: dict[str, EdgeSpec],
         entry: str,
-        checkpointer: StoreCheckpointer | None,
+        checkpointer: Checkpointer | None,
         migrations: MigrationRegistry,
+        observers: tuple[Observer, ...] = (),
     ) -> None:
         self.state_cls = state_cls
+        self.observers = observers
+        self._deliveries = Pending()
         self.nodes = nodes
         self.edges = edges
         self.entry = entry
@@ -168,18 +122,36 @@ class CompiledGraph(Generic[S]):
         correlation_id: str | None = None,
         resume_invocation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        observers: Sequence[Observer] | None = None,
     ) -> S:
-        """Synchronous :meth:`ainvoke` (not from inside a running event loop)."""
+        """Synchronous :meth:`ainvoke` (not from inside a running event loop). It returns
+        once its observers were told everything (its event loop ends with the call)."""
+
+        async def invoke_and_drain() -> S:
+            try:
+                return await self.ainvoke(
+                    state,
+                    correlation_id=correlation_id,
+                    resume_invocation=resume_invocation,
+                    metadata=metadata,
+                    observers=observers,
+                )
+            finally:
+                await self.drain_observers()
+
         return run_sync(
-            self.ainvoke(
-                state,
-                correlation_id=correlation_id,
-                resume_invocation=resume_invocation,
-                metadata=metadata,
-            ),
-            sync_name="graph.invoke(...)",
-            async_name="graph.ainvoke(...)",
+            invoke_and_drain(), sync_name="graph.invoke(...)", async_name="graph.ainvoke(...)"
         )
+
+    async def drain_observers(self, timeout: float | None = None) -> bool:
+        """Wait until the observers of this graph's invokes on this event loop were told
+        every event so far. Call it before the loop ends (``asyncio.run`` cancels what is
+        left); the sync :meth:`invoke` does it itself.
+
+        Returns:
+            False when ``timeout`` seconds passed first (the deliveries go on).
+        """
+        return await drain(self._deliveries, timeout)
 
     async def ainvoke(
         self,
@@ -188,6 +160,7 @@ class CompiledGraph(Generic[S]):
         correlation_id: str | None = None,
         resume_invocation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        observers: Sequence[Observer] | None = None,
     ) -> S:
         """Run the graph to ``END`` and return the final state.
 
@@ -204,6 +177,9 @@ class CompiledGraph(Generic[S]):
                 if its ``schema_version`` differs.
             metadata: JSON data stored with the record (str, int, float, bool, None,
                 lists and dicts with str keys).
+            observers: Functions ``fn(event)`` (sync or async) told of this invoke's
+                node starts and ends, saves and end, after those of
+                ``GraphBuilder.with_observer``; see :meth:`drain_observers`.
 
         Raises:
             ConfigurationError: ``correlation_id`` is not a non-empty str or None, or
@@ -218,6 +194,10 @@ class CompiledGraph(Generic[S]):
                 ``resume_invocation`` cannot be loaded.
         """
         _check_invoke_options(correlation_id, metadata)
+        told = Observers(
+            (*self.observers, *check_observers(observers, "invoke(observers=...)")),
+            self._deliveries,
+        )
         cp = self.checkpointer
         invocation_id = str(uuid.uuid4())
         lock: OwnedRun | None = None
@@ -230,7 +210,7 @@ class CompiledGraph(Generic[S]):
                     )
                 # The whole record is loaded and checked before the lock is written: a
                 # record that cannot be resumed leaves every byte as it was.
-                raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
+                raw = await load_record(cp, resume_invocation)
                 if correlation_id is not None and correlation_id != raw.correlation_id:
                     raise UserError(
                         f"invocation {resume_invocation!r} belongs to correlation_id "
@@ -238,21 +218,23 @@ class CompiledGraph(Generic[S]):
                         "when resuming"
                     )
                 resumes = self._prepare_resume(raw)
-                lock = await blocking_call(
-                    cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
-                )
-                current = await blocking_call(
-                    cp.store, run_head, cp.store, cp.key(resume_invocation)
-                )
-                if current != raw.head:  # saved again before the lock: load what it is now
-                    raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
-                    resumes = self._prepare_resume(raw)
+                if isinstance(cp, StoreCheckpointer):
+                    lock = await blocking_call(
+                        cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
+                    )
+                    current = await blocking_call(
+                        cp.store, run_head, cp.store, cp.key(resume_invocation)
+                    )
+                    if current != raw.head:  # saved again before the lock: load it again
+                        raw = await load_record(cp, resume_invocation)
+                        resumes = self._prepare_resume(raw)
                 correlation_id = raw.correlation_id
                 # chains started before origins were recorded keep their correlation id
-                origin = raw.head.meta.get("origin") or correlation_id
+                origin = raw.origin or correlation_id
                 attempt = raw.attempt + 1
                 positions = list(raw.positions)
                 meta = {**raw.metadata, **(metadata or {})}
+                fan_outs = raw.fan_outs
             else:
                 if state is None or not isinstance(state, self.state_cls):
                     raise UserError(
@@ -266,29 +248,24 @@ class CompiledGraph(Generic[S]):
                 attempt = 0
                 positions = []
                 meta = dict(metadata or {})
-            owned = (
-                await blocking_call(
-                    cp.store,
-                    self._start,
-                    cp,
-                    invocation_id,
-                    attempt,
-                    positions,
-                    resumes,
-                    correlation_id,
-                    resume_invocation,
-                    meta,
-                    origin,
-                )
-                if cp is not None
-                else None
-            )
-            run = _Run(
-                checkpointer=cp,
-                owned=owned,
+                fan_outs = {}
+            run = GraphRun(
+                sink=None,
                 invocation_id=invocation_id,
+                correlation_id=correlation_id,
                 attempt=attempt,
                 positions=positions,
+                observers=told,
+                fan_done={at: dict(done) for at, done in fan_outs.items()},
+            )
+            run.sink = await self._start(
+                run,
+                cp,
+                resumes,
+                resumed_from=resume_invocation,
+                metadata=meta,
+                origin=origin,
+                fan_outs=fan_outs,
             )
             top = resumes[0]
             try:
@@ -296,16 +273,24 @@ class CompiledGraph(Generic[S]):
                     run, self, top.state, (), top.node, top.step, resumes[1:]
                 )
             except NodeException as exc:
-                exc.invocation_id = invocation_id if run.owned is not None else None
+                exc.invocation_id = invocation_id if run.sink is not None else None
                 await self._finish(run, "failed", exc)
+                run.emit("run_end", status="failed", error=exc)
                 raise
             except BaseException as exc:
                 await self._finish(run, "failed", exc)
+                run.emit("run_end", status="failed", error=exc)
                 raise
-            await self._finish(run, "done", None)
+            try:
+                await self._finish(run, "done", None)
+            except BaseException as exc:
+                run.emit("run_end", status="failed", error=exc)
+                raise
+            run.emit("run_end", status="done", state=final)
             await cancel_point()  # one held back while the last node's thread finished
             return final
         finally:
+            told.close()
             if lock is not None:
                 await blocking_call(lock.store, _release_lock, lock)
 
@@ -331,9 +316,18 @@ class CompiledGraph(Generic[S]):
     def load_record(self, invocation_id: str) -> CheckpointRecord:
         """The record of ``invocation_id`` with its state typed and migrated to this
         graph's state classes (the saved record itself is not rewritten)."""
-        if self.checkpointer is None:
+        cp = self.checkpointer
+        if cp is None:
             raise UserError("load_record needs a checkpointer (with_checkpointer(...))")
-        raw = self.checkpointer.load_raw(invocation_id)
+        raw = cp.load_raw(invocation_id) if isinstance(cp, StoreCheckpointer) else None
+        if raw is None:
+            loaded = cp.load(invocation_id)
+            if loaded is None:
+                raise CheckpointNotFound(
+                    f"{type(cp).__name__}.load({invocation_id!r}) returned None: a "
+                    "checkpointer raises CheckpointNotFound for a missing record"
+                )
+            raw = RawRecord.of(loaded)
         resumes = self._prepare_resume(raw)
         rec = raw.public()
         return dataclasses.replace(
@@ -420,7 +414,9 @@ class CompiledGraph(Generic[S]):
                 raise CheckpointStateMigrationFailed(
                     f"{where} was saved with serialization='pickle' at schema_version "
                     f"{version!r}; {cls.__name__} is at {cls.schema_version!r} and pickle "
-                    "records cannot be migrated (use serialization='json')"
+                    "records cannot be migrated (use serialization='json')",
+                    from_version=version,
+                    to_version=cls.schema_version,
                 )
             if not isinstance(saved, cls):
                 raise CheckpointRecordInvalid(
@@ -438,83 +434,77 @@ class CompiledGraph(Generic[S]):
                 "with_state_migration() or declare a new schema_version"
             ) from exc
 
-    def _start(
+    async def _start(
         self,
-        cp: StoreCheckpointer,
-        invocation_id: str,
-        attempt: int,
-        positions: list[NodePosition],
+        run: GraphRun,
+        cp: Any,
         resumes: list[_Resume],
-        correlation_id: str,
+        *,
         resumed_from: str | None,
         metadata: dict[str, Any],
         origin: str,
-    ) -> OwnedRun:
-        """Claim the new invocation's record with its start row, in one transaction: a
-        process killed at any moment leaves either no record or one that holds its start
-        (the frames and positions it resumes from), never a head without one."""
+        fan_outs: dict[FanOutAt, dict[int, Any]],
+    ) -> Sink | None:
+        """Save the new invocation's first record (its frames, carried positions and
+        unfinished fan-outs) before any node runs."""
+        if cp is None:
+            return None
+        pickled = isinstance(cp, StoreCheckpointer) and cp.serialization == "pickle"
+
+        def out(state: State | None) -> Any:
+            return state if pickled or state is None else dump_state(state)
+
         frames = [
             Frame(
                 node=None if i == 0 else resumes[i - 1].node,
                 step=None if i == 0 else resumes[i - 1].step,
                 ns=r.ns,
-                state=_state_out(cp, r.state),
-                initial=_state_out(cp, r.initial),
+                state=out(r.state),
+                initial=out(r.initial),
                 schema_version=r.graph.state_cls.schema_version,
                 last=r.last,
             )
             for i, r in enumerate(resumes)
         ]
-        plain = {
-            "frames": [f.to_plain() for f in frames],
-            "positions": [p.to_json() for p in positions],
-            "attempt": attempt,
+        start: dict[str, Any] = {
+            "invocation_id": run.invocation_id,
+            "frames": frames,
+            "positions": run.positions,
+            "attempt": run.attempt,
+            "correlation_id": run.correlation_id,
             "resumed_from": resumed_from,
             "metadata": metadata,
+            "fan_outs": fan_outs,
         }
-        data = cp.codec.encode(plain, {"frames": [f.to_body() for f in frames]})
-        claim = claim_run(
-            cp.store,
-            cp.key(invocation_id),
-            kind=GRAPH_KIND,
-            resume=False,
-            first_step=resumes[0].node,
-            meta={
-                "format": RECORD_FORMAT,
-                "invocation_id": invocation_id,
-                "correlation_id": correlation_id,
-                "schema_version": self.state_cls.schema_version,
-                "serialization": cp.serialization,
-                "resumed_from": resumed_from,
-                "origin": origin,  # the first invocation of the chain (see scope)
-            },
-            what="graph invocation",
-            first_rows=[("start", None, data)],
-        )
-        assert claim.run is not None
-        return claim.run
+        if isinstance(cp, StoreCheckpointer):
+            return await blocking_call(
+                cp.store,
+                lambda: JournalSink.start(cp, **start, origin=origin, first_node=resumes[0].node),
+            )
+        return await RecordSink.start(cp, **start)
 
-    async def _finish(self, run: _Run, status: str, exc: BaseException | None) -> None:
-        owned = run.owned
-        if owned is None:
+    async def _finish(self, run: GraphRun, status: str, exc: BaseException | None) -> None:
+        sink = run.sink
+        if sink is None:
             return
+        error = None
+        if exc is not None:
+            cause = exc.__cause__ if isinstance(exc, NodeException) else exc
+            error = {
+                "type": type(cause).__name__,
+                "message": str(cause),
+                "node": getattr(exc, "node_name", None),
+            }
         try:
-            meta = dict(owned.head.meta)
-            if exc is not None:
-                cause = exc.__cause__ if isinstance(exc, NodeException) else exc
-                meta["error"] = {
-                    "type": type(cause).__name__,
-                    "message": str(cause),
-                    "node": getattr(exc, "node_name", None),
-                }
-            await owned.commit(status=status, next_step=None, meta=meta)
+            async with run.lock:
+                await sink.finish(status, error)
         except Exception:
             if exc is None:
                 raise
             # The node's failure is what the caller must see; the record stays "running"
-            # with a dead owner, which resumes exactly like "failed".
+            # (with a dead owner, in a journal), which resumes exactly like "failed".
         finally:
-            owned.release()
+            sink.release()
 
     # -- execution -----------------------------------------------------------------------
     def _route(self, node: str, state: State, ns: tuple[str, ...]) -> str:
@@ -525,7 +515,7 @@ class CompiledGraph(Generic[S]):
         try:
             chosen = spec.router(state)
         except Exception as exc:
-            raise NodeException(
+            raise EdgeException(
                 f"the router after node {node!r} raised {type(exc).__name__}: {exc}",
                 node_name=node,
                 recoverable_state=state,
@@ -538,18 +528,18 @@ class CompiledGraph(Generic[S]):
             target = key if isinstance(key, str) else None
         if target is None or (target != _END_NAME and target not in self.nodes):
             allowed = [*self.nodes, _END_NAME] if spec.targets is None else spec.targets
-            err = ValueError(
+            raise RoutingError(
                 f"the router after node {node!r} returned {chosen!r}, which is not one of "
-                f"its targets {_choices(allowed)}"
+                f"its targets {_choices(allowed)}",
+                node_name=node,
+                recoverable_state=state,
+                namespace=ns,
             )
-            raise NodeException(
-                str(err), node_name=node, recoverable_state=state, namespace=ns
-            ) from err
         return target
 
     async def _execute(
         self,
-        run: _Run,
+        run: GraphRun,
         graph: CompiledGraph[Any],
         state: Any,
         ns: tuple[str, ...],
@@ -557,43 +547,64 @@ class CompiledGraph(Generic[S]):
         step: int,
         inner: list[_Resume],
     ) -> Any:
+        extra = graph.observers if graph is not self else ()
         while node != _END_NAME:
             await cancel_point()  # a Ctrl-C during the last node stops the run here
             spec = graph.nodes[node]
             pop = 0
+            where = {"node_name": node, "namespace": ns, "step": step}
+            run.emit("node_start", extra, state=state, **where)
             try:
-                if spec.subgraph is not None:
-                    update, pop = await self._run_subgraph(run, graph, spec, state, ns, step, inner)
-                    inner = []
-                else:
-                    with bind_scope(run.scope(ns, node, step)):
-                        update = await call_node(spec, state)
-                if update is None:
-                    update = {}
-                if not isinstance(update, Mapping):
-                    raise TypeError(
-                        f"node {node!r} returned {type(update).__name__}; return a dict of "
-                        "the fields to update (or None)"
+                if spec.fan is not None:
+                    new, set_fields, extend = await run_fan_out(
+                        self, run, graph, spec, state, ns, step, extra
                     )
-                new, set_fields, extend = apply_update(
-                    state, update, node=node, reducers=update_reducers(spec, graph)
-                )
+                else:
+                    if spec.subgraph is not None:
+                        update, pop = await self._run_subgraph(
+                            run, graph, spec, state, ns, step, inner
+                        )
+                        inner = []
+                    else:
+                        with bind_scope(run.scope(ns, node, step)):
+                            update = await call_node(spec, state)
+                    if update is None:
+                        update = {}
+                    if not isinstance(update, Mapping):
+                        raise TypeError(
+                            f"node {node!r} returned {type(update).__name__}; return a dict "
+                            "of the fields to update (or None)"
+                        )
+                    new, set_fields, extend = apply_update(
+                        state, update, node=node, reducers=update_reducers(spec, graph)
+                    )
                 patch = run.patch(new, set_fields, extend)
-            except NodeException:
+            except (CheckpointSaveFailed, ConcurrentRunError, RunCancelledError) as exc:
+                run.emit("node_end", extra, error=exc, **where)
+                raise  # the run's own failure (a save, its ownership), not the node's
+            except NodeException as exc:
+                if exc.node_name == node and not exc.namespace:
+                    exc.namespace = ns
+                run.emit("node_end", extra, error=exc, **where)
                 raise
             except Exception as exc:
-                raise NodeException(
+                failed = NodeException(
                     f"node {node!r} raised {type(exc).__name__}: {exc}",
                     node_name=node,
                     recoverable_state=state,
                     namespace=ns,
-                ) from exc
+                )
+                run.emit("node_end", extra, error=failed, **where)
+                raise failed from exc
             route_error: NodeException | None = None
             try:
                 nxt: str | None = graph._route(node, new, ns)
             except NodeException as exc:
                 route_error, nxt = exc, None
+            run.emit("node_end", extra, state=new, error=route_error, **where)
             await run.save(NodePosition(ns, node, step, run.attempt), patch, pop, nxt)
+            if run.saves:
+                run.emit("checkpoint_saved", extra, state=new, **where)
             if route_error is not None:
                 raise route_error
             assert nxt is not None
@@ -602,7 +613,7 @@ class CompiledGraph(Generic[S]):
 
     async def _run_subgraph(
         self,
-        run: _Run,
+        run: GraphRun,
         graph: CompiledGraph[Any],
         spec: NodeSpec,
         state: State,

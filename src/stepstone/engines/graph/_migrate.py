@@ -84,13 +84,17 @@ class MigrationRegistry:
             raise CheckpointStateMigrationMissing(
                 f"no migration chain from schema_version {from_version!r} to {to_version!r} "
                 f"for {name} (registered edges: {known or 'none'}); register one with "
-                f"GraphBuilder(...).with_state_migration({from_version!r}, ..., migrate)"
+                f"GraphBuilder(...).with_state_migration({from_version!r}, ..., migrate)",
+                from_version=from_version,
+                to_version=to_version,
             )
         if count[to_version] > 1:
             raise CheckpointStateMigrationChainAmbiguous(
                 f"{count[to_version]} different shortest migration chains lead from "
                 f"{from_version!r} to {to_version!r} for {name}; remove an edge so that "
-                "one chain is the shortest"
+                "one chain is the shortest",
+                from_version=from_version,
+                to_version=to_version,
             )
         path = [to_version]
         while path[-1] != from_version:
@@ -112,13 +116,17 @@ class MigrationRegistry:
                     raise CheckpointStateMigrationFailed(
                         f"migration {a!r} -> {b!r} of {cls.__name__} raised "
                         f"{type(exc).__name__}: {exc} (loading {where}); fix the migration "
-                        "function, the saved record is unchanged"
+                        "function, the saved record is unchanged",
+                        from_version=from_version,
+                        to_version=target,
                     ) from exc
                 if not isinstance(out, dict):
                     raise CheckpointStateMigrationFailed(
                         f"migration {a!r} -> {b!r} of {cls.__name__} returned "
                         f"{type(out).__name__}, not a dict (loading {where}); return the "
-                        "state dict at the new version, e.g. {**state, 'new_field': ''}"
+                        "state dict at the new version, e.g. {**state, 'new_field': ''}",
+                        from_version=from_version,
+                        to_version=target,
                     )
                 current = out
             try:
@@ -127,6 +135,8 @@ class MigrationRegistry:
                 raise CheckpointStateMigrationFailed(
                     f"the state migrated from {from_version!r} to {target!r} does not "
                     f"validate as {cls.__name__} (loading {where}): {exc}; make the last "
-                    "migration fill every new required field"
+                    "migration fill every new required field",
+                    from_version=from_version,
+                    to_version=target,
                 ) from exc
         return cls.model_validate(current)

@@ -72,11 +72,12 @@ def project_out(
         before, after = getattr(initial, field), getattr(final, field)
         if before == after:
             continue
-        if parent.reducers.get(field) is append:
+        reducer = parent.reducers.get(field)
+        if reducer is not None and reducer.extends is not None:
             before_l, after_l = list(before or ()), list(after or ())
             if after_l[: len(before_l)] != before_l:
                 raise ValueError(
-                    f"subgraph node {spec.name!r} rewrote the `append` field {field!r} "
+                    f"subgraph node {spec.name!r} rewrote the `{reducer.name}` field {field!r} "
                     "instead of appending to it; pass outputs=lambda sub: {...}"
                 )
             out[field] = after_l[len(before_l) :]
@@ -88,8 +89,9 @@ def project_out(
 def update_reducers(spec: NodeSpec, parent: CompiledGraph[Any]) -> Mapping[str, Reducer]:
     """The reducers ``spec``'s update goes through in ``parent``. A subgraph node without
     ``outputs=`` hands back the subgraph's final values, which started from the parent's
-    and so already hold them: only its ``append`` fields (just the added items, see
-    :func:`project_out`) are reduced."""
+    and so already hold them: only its list fields whose reducer extends them (``append``,
+    ``concat_flatten``) take the items the subgraph added (see :func:`project_out`), which
+    are appended as they are."""
     if spec.subgraph is None or spec.outputs is not None:
         return parent.reducers
-    return {field: r for field, r in parent.reducers.items() if r is append}
+    return {field: append for field, r in parent.reducers.items() if r.extends is not None}

@@ -8,12 +8,17 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from stepstone.core._serialization import to_json_value
+from stepstone.exceptions import ReducerError, StateValidationError
 
 __all__ = [
     "Patch",
     "Reducer",
     "State",
     "append",
+    "concat_flatten",
+    "last_write_wins",
+    "merge",
+    "merge_all",
     "apply_patch",
     "apply_update",
     "dump_state",
@@ -56,17 +61,29 @@ class Reducer:
     """How a field merges a node's update into its current value.
 
     Put one in the field's ``Annotated`` metadata. ``Reducer(fn)`` wraps any
-    ``fn(current, update) -> new`` function; :data:`append` is the built-in list reducer,
-    and the only one checkpointed as a delta (other reducers save the merged value).
+    ``fn(current, update) -> new`` function. The built-ins are :data:`append`,
+    :data:`concat_flatten`, :data:`merge`, :data:`merge_all` and :data:`last_write_wins`
+    (a field without a reducer behaves as ``last_write_wins``).
 
     Args:
-        fn: ``fn(current, update) -> new value``.
+        fn: ``fn(current, update) -> new value``. Raise ``TypeError`` or ``ValueError`` to
+            refuse an update; the engine reports it as a ``ReducerError`` naming the field.
         name: Shown in errors (default: the function's name).
+        extends: For a reducer whose result is always ``[*current, *items]``: a function
+            ``update -> items``. Such a field is checkpointed as a delta (only the new
+            items are written); other reducers save the merged value.
     """
 
-    def __init__(self, fn: Callable[[Any, Any], Any], *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any, Any], Any],
+        *,
+        name: str | None = None,
+        extends: Callable[[Any], list[Any]] | None = None,
+    ) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "reducer")
+        self.name: str = name or str(getattr(fn, "__name__", "reducer"))
+        self.extends = extends
 
     def __call__(self, current: Any, update: Any) -> Any:
         return self.fn(current, update)
@@ -75,18 +92,113 @@ class Reducer:
         return f"Reducer({self.name})"
 
 
-def _append(current: Any, update: Any) -> list[Any]:
-    if not isinstance(update, (list, tuple)):
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _list_current(reducer: str, current: Any) -> list[Any]:
+    """``current`` of a list field (None counts as empty); anything else is refused: a
+    string would otherwise be taken apart into its characters."""
+    if current is None:
+        return []
+    if not isinstance(current, (list, tuple)):
         raise TypeError(
-            f"an `append` field takes a list of new items, got {type(update).__name__} "
-            f"{update!r}; return [item] instead of item"
+            f"`{reducer}` keeps a list, but the field's current value is {_shown(current)}; "
+            f"declare the field as a list, e.g. Annotated[list[str], {reducer}] = []"
         )
-    return [*(current or ()), *update]
+    return list(current)
 
 
-#: The list reducer: a node's update (a list) is added to the end of the field.
+def _list_update(reducer: str, update: Any, hint: str) -> list[Any]:
+    if not isinstance(update, (list, tuple)):
+        raise TypeError(f"`{reducer}` takes a list of new items, got {_shown(update)}; {hint}")
+    return list(update)
+
+
+def _dict_current(reducer: str, current: Any) -> dict[Any, Any]:
+    if current is None:
+        return {}
+    if not isinstance(current, Mapping):
+        raise TypeError(
+            f"`{reducer}` keeps a dict, but the field's current value is {_shown(current)}; "
+            f"declare the field as a dict, e.g. Annotated[dict[str, int], {reducer}] = {{}}"
+        )
+    return dict(current)
+
+
+def _append_items(update: Any) -> list[Any]:
+    return _list_update("append", update, "return [item] instead of item")
+
+
+def _append(current: Any, update: Any) -> list[Any]:
+    items = _append_items(update)
+    return [*_list_current("append", current), *items]
+
+
+def _flatten_items(update: Any) -> list[Any]:
+    lists = _list_update("concat_flatten", update, "return a list of lists, e.g. [[a, b], [c]]")
+    out: list[Any] = []
+    for i, part in enumerate(lists):
+        if not isinstance(part, (list, tuple)):
+            raise TypeError(
+                f"`concat_flatten` takes a list of lists, but item [{i}] is {_shown(part)}; "
+                f"wrap it: [{part!r}], or use `append` for single items"
+            )
+        out.extend(part)
+    return out
+
+
+def _concat_flatten(current: Any, update: Any) -> list[Any]:
+    items = _flatten_items(update)
+    return [*_list_current("concat_flatten", current), *items]
+
+
+def _merge(current: Any, update: Any) -> dict[Any, Any]:
+    if not isinstance(update, Mapping):
+        raise TypeError(
+            f"`merge` takes a dict of keys to set, got {_shown(update)}; return "
+            "{'key': value}, or use `merge_all` for a list of dicts"
+        )
+    return {**_dict_current("merge", current), **update}
+
+
+def _merge_all(current: Any, update: Any) -> dict[Any, Any]:
+    parts = _list_update("merge_all", update, "return a list of dicts, or use `merge` for one dict")
+    out = _dict_current("merge_all", current)
+    for i, part in enumerate(parts):
+        if not isinstance(part, Mapping):
+            raise TypeError(
+                f"`merge_all` takes a list of dicts, but item [{i}] is {_shown(part)}; "
+                "return a dict for each item"
+            )
+        out.update(part)
+    return out
+
+
+def _last_write_wins(current: Any, update: Any) -> Any:
+    return update
+
+
+#: Adds a node's update (a list) at the end of the field:
 #: ``trace: Annotated[list[str], append] = []``; a node returns ``{"trace": ["node_a"]}``.
-append = Reducer(_append, name="append")
+append = Reducer(_append, name="append", extends=_append_items)
+
+#: Adds the items of each list of a node's update (a list of lists) at the end of the
+#: field: ``{"hits": [["a", "b"], ["c"]]}`` adds ``"a", "b", "c"``.
+concat_flatten = Reducer(_concat_flatten, name="concat_flatten", extends=_flatten_items)
+
+#: Updates the field (a dict) with a node's update (a dict): keys it names are replaced,
+#: the others kept.
+merge = Reducer(_merge, name="merge")
+
+#: Updates the field (a dict) with each dict of a node's update (a list of dicts), in
+#: order: a later dict wins on a key both set.
+merge_all = Reducer(_merge_all, name="merge_all")
+
+#: The update replaces the field's value: what a field without a reducer does. Declare it
+#: to say so explicitly.
+last_write_wins = Reducer(_last_write_wins, name="last_write_wins")
 
 
 def reducers_of(cls: type[State]) -> dict[str, Reducer]:
@@ -110,19 +222,21 @@ def apply_update(
     """Merge a node's ``update`` into ``state``.
 
     Returns:
-        The new state, the fields set to a new value (last write wins, or a reducer other
-        than :data:`append`), and the items each :data:`append` field gained.
+        The new state, the fields set to a new value (last write wins, or a reducer without
+        ``extends``), and the items each extending field (``append``...) gained.
 
     Raises:
-        TypeError, ValueError: an unknown field, a reducer refusing the value, or a new
-            state that does not validate (the engine wraps them in ``NodeException``).
+        StateValidationError: an unknown field, or a new state that does not validate.
+        ReducerError: a field's reducer refused the value (it names the field).
     """
     cls = type(state)
     unknown = sorted(k for k in update if k not in cls.model_fields)
     if unknown:
-        raise ValueError(
+        raise StateValidationError(
             f"node {node!r} returned unknown field(s) {unknown} for {cls.__name__}; "
-            f"its fields are {sorted(cls.model_fields)}"
+            f"its fields are {sorted(cls.model_fields)}",
+            node_name=node,
+            recoverable_state=state,
         )
     merged: dict[str, Any] = {}
     extend: dict[str, list[Any]] = {}
@@ -130,14 +244,28 @@ def apply_update(
         reducer = reducers.get(field)
         if reducer is None:
             merged[field] = value
-        else:
+            continue
+        try:
             merged[field] = reducer(getattr(state, field), value)
-            if reducer is append:
-                extend[field] = list(value)
+            if reducer.extends is not None:
+                extend[field] = list(reducer.extends(value))
+        except Exception as exc:
+            raise ReducerError(
+                f"node {node!r}: the `{reducer.name}` reducer of field {field!r} of "
+                f"{cls.__name__} refused the update: {exc}",
+                node_name=node,
+                field=field,
+                reducer=reducer.name,
+                recoverable_state=state,
+            ) from exc
     try:
         new = cls.model_validate({**dict(state), **merged})
     except ValidationError as exc:
-        raise ValueError(f"node {node!r} returned an update that does not validate: {exc}") from exc
+        raise StateValidationError(
+            f"node {node!r} returned an update that does not validate: {exc}",
+            node_name=node,
+            recoverable_state=state,
+        ) from exc
     return new, [f for f in merged if f not in extend], extend
 
 

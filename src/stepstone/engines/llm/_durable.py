@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from typing import Any
 
 from pydantic import BaseModel
@@ -177,7 +178,7 @@ def _result(
     text = completed and not wants_structured(output_type) and isinstance(payload, str)
     return {
         "run_id": call.run_id,
-        "thread_id": call.thread_id,
+        "thread_id": call.thread,
         "state": outcome["state"],
         "final_text": payload if text else hooks.final_text,
         "final_structured": _structured(payload, output_type) if completed else None,
@@ -289,7 +290,7 @@ class _Call:
     store: Store
     key: str
     run_id: str
-    thread_id: str
+    thread_id: str | None  # as asked (None: the stored run's)
     user_message: str | None
     context: dict[str, Any] | None
     ctx: RunContext
@@ -298,6 +299,8 @@ class _Call:
     retry_failed: bool
     retry_retryable: bool
     system_context: str | None
+    #: The run's thread, once the record is read (:func:`_identify`).
+    thread: str = ""
 
     def corrupt(self, what: str) -> AgentCheckpointCorruptionError:
         return corrupt_agent_run(self.key, self.run_id, what)
@@ -335,8 +338,10 @@ def _read(store: Store, key: str, run_id: str) -> _Found:
     return _Found(head, AgentLog.load(key, run_id, rows))
 
 
-def _first_message(call: _Call, found: _Found) -> str:
-    """The user message the run started with, once the record is known to be this run's.
+def _identify(call: _Call, found: _Found) -> tuple[_Call, str]:
+    """``call`` with the run's thread (``thread_id=None`` takes the stored run's, or a fresh
+    one for a new run), and the user message the run started with, once the record is
+    known to be this run's.
 
     Raises:
         AgentCheckpointCorruptionError: ``must_exist`` and no record, or a record of
@@ -352,11 +357,38 @@ def _first_message(call: _Call, found: _Found) -> str:
         )
     if record is not None and record["run_id"] != run_id:
         raise call.corrupt(f"its latest record belongs to run {record['run_id']!r}")
-    if record is not None and record["thread_id"] != call.thread_id:
+    call = dataclasses.replace(call, thread=_thread_of(call, found))
+    return call, _first_message(call, found)
+
+
+def _thread_of(call: _Call, found: _Found) -> str:
+    """The run's thread: the stored one, which ``thread_id=None`` takes (a fresh one for a
+    new run).
+
+    Raises:
+        UserError: ``thread_id`` contradicts the stored run's thread.
+    """
+    record, head, thread_id = found.latest, found.head, call.thread_id
+    known = record["thread_id"] if record is not None else None
+    if known is None and head is not None and isinstance(head.meta.get("thread_id"), str):
+        known = head.meta["thread_id"]
+    if thread_id is None:
+        return known if known is not None else uuid.uuid4().hex
+    if known is not None and known != thread_id:
         raise UserError(
-            f"agent run {run_id!r} belongs to thread {record['thread_id']!r}, not "
-            f"{call.thread_id!r}; pass thread_id={record['thread_id']!r}"
+            f"agent run {call.run_id!r} belongs to thread {known!r}, not {thread_id!r}; "
+            f"pass thread_id={known!r} or leave thread_id out"
         )
+    return thread_id
+
+
+def _first_message(call: _Call, found: _Found) -> str:
+    """The user message the run started with.
+
+    Raises:
+        AgentCheckpointCorruptionError: a record without its first message.
+        UserError: another user message than the run's.
+    """
     started = call.user_message
     if found.head is not None and found.log.messages:
         started = found.log.messages[0].get("text")
@@ -364,12 +396,12 @@ def _first_message(call: _Call, found: _Found) -> str:
             raise call.corrupt("its first message has no text")
     if started is None:
         raise AgentCheckpointCorruptionError(
-            f"agent run {run_id!r}: the checkpoint has no user message to resume from"
+            f"agent run {call.run_id!r}: the checkpoint has no user message to resume from"
         )
     if call.user_message is not None and found.head is not None and call.user_message != started:
         raise UserError(
-            f"run_id {run_id!r} already exists with another user_message; a run_id is the "
-            "run's idempotency key: pass a new run_id for a new task, or call "
+            f"run_id {call.run_id!r} already exists with another user_message; a run_id is "
+            "the run's idempotency key: pass a new run_id for a new task, or call "
             "runner.resume() to continue this one"
         )
     return started
@@ -398,7 +430,7 @@ async def _claim(call: _Call, found: _Found) -> tuple[OwnedRun | None, AgentLog]
         ConcurrentRunError: a live process owns the run.
     """
     store, key, run_id = call.store, call.key, call.run_id
-    meta = {"run_id": run_id, "thread_id": call.thread_id, "agent": call.ctx.agent_name}
+    meta = {"run_id": run_id, "thread_id": call.thread, "agent": call.ctx.agent_name}
     try:
         claim = await store._offload(
             lambda: claim_run(
@@ -431,7 +463,7 @@ async def run_durable(
     store: Store,
     key: str,
     run_id: str,
-    thread_id: str,
+    thread_id: str | None,
     user_message: str | None,
     context: dict[str, Any] | None,
     ctx: RunContext,
@@ -447,12 +479,14 @@ async def run_durable(
 
     A finished run gives its stored result, unless ``retry_failed`` (a failed one runs
     again from where it stopped) or ``retry_retryable`` and it failed on a retryable error.
+    ``thread_id=None`` takes the stored run's thread (a fresh id for a new run).
 
     Raises:
         AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a damaged
             record (nothing written).
         ConcurrentRunError: a live process owns the run.
-        UserError: ``approvals`` is not a mapping of call ids to True, False or a reason,
+        UserError: ``thread_id`` contradicts the stored run's thread, ``approvals`` is not
+            a mapping of call ids to True, False or a reason,
             or (unless ``retry_failed``) names a call the run does not wait on and did not
             decide that way already (see :func:`_settle`).
     """
@@ -472,7 +506,7 @@ async def run_durable(
     )
     approvals = check_approvals(approvals)  # before anything is read: the Plan's own check
     found = await store._offload(_read, store, key, run_id)
-    started = _first_message(call, found)
+    call, started = _identify(call, found)
     if approvals and not retry_failed:  # a Plan's step passes all of the Plan's decisions
         approvals = await _settle(call, found, approvals)
     stored = _finished(call, found.latest)
@@ -512,7 +546,7 @@ class _AgentRun:
             owned,
             log,
             run_id=call.run_id,
-            thread_id=call.thread_id,
+            thread_id=call.thread,
             async_writes=settings.async_writes,
             coalesce=settings.coalesce,
             queue_maxsize=settings.queue_maxsize,

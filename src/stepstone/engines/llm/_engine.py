@@ -33,13 +33,14 @@ from stepstone.engines.llm._settings import (
 )
 from stepstone.engines.llm._tools import ToolBatch
 from stepstone.exceptions import (
+    ConfigurationError,
     MaxTurnsExceeded,
     UserError,
 )
 from stepstone.observability import EventType, Session
-from stepstone.providers._base import Provider
+from stepstone.providers._base import Provider, SDKClientMixin
 from stepstone.providers._pricing import estimate_cost
-from stepstone.providers._registry import create_provider
+from stepstone.providers._registry import create_provider, routing_table
 from stepstone.providers._types import (
     CacheConfig,
     Message,
@@ -233,7 +234,10 @@ class LLMEngine(ProviderRouting):
     def get_provider(self) -> Provider:
         """The provider adapter (built on first use; raises MissingExtraError without its SDK)."""
         if self._provider_obj is None:
-            self._provider_obj = create_provider(self.provider)
+            provider = create_provider(self.provider)
+            if self.settings.routed_by_default:
+                _check_default_route(self.model, provider)
+            self._provider_obj = provider
         return self._provider_obj
 
     async def aclose(self) -> None:
@@ -612,3 +616,24 @@ class LLMEngine(ProviderRouting):
             },
         )
         return response
+
+
+def _check_default_route(model: str, provider: Provider) -> None:
+    """Refuse a model no alias or rule routes when the default provider it went to cannot
+    be used (no API key): the model is most likely not that provider's, and saying only
+    that the key is missing would send its user after the wrong fix."""
+    if not isinstance(provider, SDKClientMixin):
+        return
+    try:
+        provider._resolve_api_key()
+    except UserError as exc:
+        table = routing_table()
+        raise ConfigurationError(
+            f"no provider recognises model {model!r}: no alias or rule routes it "
+            f"({table.describe()}), so it went to the default provider {provider.name!r}, "
+            f"which cannot be used ({exc}). "
+            f"If {model!r} is not a model of {provider.name!r}, name its provider: "
+            f"LLMEngine({model!r}, provider='openai'), or route it: "
+            f"LLMEngine.register_provider_rule({model.split('-')[0]!r}, '<provider>', "
+            "kind='startswith')"
+        ) from exc

@@ -8,7 +8,7 @@ from typing import Any, Final, Literal, cast
 
 from stepstone.exceptions import ConfigurationError, ConfigurationTypeError
 from stepstone.providers._base import Provider
-from stepstone.providers._registry import is_provider_name, route_model
+from stepstone.providers._registry import is_provider_name, route_model, routing_table
 from stepstone.providers._types import CacheConfig, NativeTool, ThinkingConfig, UsageLimits
 
 __all__ = ["DEFAULT_STREAM_IDLE_TIMEOUT", "UNSET", "LLMSettings", "Unset"]
@@ -69,6 +69,8 @@ class LLMSettings:
     stream_buffer: int = 64
     cache: CacheConfig | None = None
     strict_multimodal: bool = False
+    #: True when no alias or rule named the model's provider: the default one was taken.
+    routed_by_default: bool = False
 
     @classmethod
     def from_arguments(
@@ -130,6 +132,9 @@ class LLMSettings:
         return cls(
             model=model_name,
             provider=provider_name,
+            routed_by_default=(
+                provider is None and isinstance(model, str) and not routing_table().matches(model)
+            ),
             thinking=thinking,
             max_turns=max_turns,
             tool_choice=tool_choice,

@@ -220,6 +220,21 @@ def _check_sentinels(step: Step, plan: CompiledPlan) -> None:
                 f"step {step.step_name!r}: {where}={item!r} must name a parallel=True step; "
                 f"use from_step({item.name!r}) for a sequential one"
             )
+        if plan.unit_of[item.name] >= plan.unit_of[step.step_name]:
+            # Its output does not exist yet when this step first runs.
+            where_it_is = (
+                "is this step itself"
+                if item.name == step.step_name
+                else "runs in the same parallel band"
+                if plan.unit_of[item.name] == plan.unit_of[step.step_name]
+                else "is declared after it"
+            )
+            raise PlanCompileError(
+                f"step {step.step_name!r}: {where}={item!r} names step {item.name!r}, which "
+                f"{where_it_is}, so it has no output when step {step.step_name!r} runs; name "
+                "a step declared earlier (a step that a route sends back to gets the later "
+                "step's output with from_prev)"
+            )
     for i, src in enumerate(step.sources):
         if not callable(getattr(src, "text", None)):
             raise PlanCompileError(

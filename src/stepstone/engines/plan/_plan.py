@@ -271,10 +271,13 @@ class Plan:
                 "cached": True,
             }
             # A caller's location (a queue's worker) asks for the run's result: the last
-            # step's output, as the run that finished it returned.
-            last = last_output(self._compiled, rep, env) if ctx.location is not None else None
-            if last is not None:
-                return dataclasses.replace(last, metadata={**last.metadata, **cached})
+            # step's output, as the run that finished it returned, with the kv beside it.
+            # Inline, the payload is the kv, with the last output beside it.
+            last = last_output(self._compiled, rep, env)
+            if ctx.location is not None and last is not None:
+                meta = {**last.metadata, **cached, "kv": rep.kv}
+                return dataclasses.replace(last, metadata=meta)
+            cached["last_output"] = last.payload if last is not None else None
             return Envelope(task=env.task, payload=rep.kv, metadata=cached)
         if claim.outcome != "resumed":
             runner = PlanRun.fresh(
@@ -284,7 +287,7 @@ class Plan:
                 writes_prefix=writes_prefix,
                 shape=self._shape_row(),
             )
-            return await runner.execute(first)
+            return self._result(await runner.execute(first), runner, ctx)
         try:
             assert claim.previous is not None
             runner = PlanRun.resumed(
@@ -297,7 +300,15 @@ class Plan:
         except BaseException:
             claim.run.release()  # a corrupt journal: leave the key to a later resume
             raise
-        return await runner.execute(claim.head.next_step)
+        return self._result(await runner.execute(claim.head.next_step), runner, ctx)
+
+    @staticmethod
+    def _result(out: Envelope[Any], runner: PlanRun, ctx: RunContext) -> Envelope[Any]:
+        """A finished run's envelope; for a caller's location (a queue's worker) with the
+        run's kv in ``metadata["kv"]``, as a done run's cached result carries it."""
+        if ctx.location is None or not out.ok:
+            return out
+        return dataclasses.replace(out, metadata={**out.metadata, "kv": runner.kv()})
 
     def _check_approvals(self, store: Store, head: RunHead) -> None:
         """Refuse decisions for calls the run's LLM steps do not wait on (a typo would

@@ -6,11 +6,12 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import json
 import typing
 from collections.abc import Mapping
 from typing import Any
 
-from stepstone.core import Envelope, Sentinel, Tool, is_agent_like
+from stepstone.core import Envelope, ErrorInfo, Sentinel, Tool, is_agent_like
 from stepstone.core._sync import cancel_point
 from stepstone.core._threads import call_sync, is_awaitable
 from stepstone.core._tool import is_async_callable
@@ -24,6 +25,7 @@ from stepstone.exceptions import (
     ConcurrentPlanRunError,
     PlanPaused,
     PlanRuntimeError,
+    RunParked,
     SerializationError,
 )
 from stepstone.observability import EventType, Session
@@ -77,6 +79,9 @@ class PlanRun:
     #: Journal rows the run's first commit carries (the plan's shape, on a fresh start).
     start_rows: list[tuple[str, str | None, Any]] = dataclasses.field(default_factory=list)
     approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
+    #: The ``writes=`` values committed so far (a resumed run starts from its journal's),
+    #: latest per key, some still as the encoded text the commit sent.
+    written: dict[str, Any] = dataclasses.field(default_factory=dict)
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _current: str | None = None
 
@@ -163,9 +168,14 @@ class PlanRun:
             pending=replay.pending,
             meta=meta,
             approvals=approvals,
+            written=dict(replay.kv),
         )
         out.prev = last_output(plan, replay, start)
         return out
+
+    def kv(self) -> dict[str, Any]:
+        """The run's ``writes=`` values, as ``store.read(key)["kv"]`` shows them."""
+        return {k: json.loads(v.text) if type(v) is Encoded else v for k, v in self.written.items()}
 
     @property
     def run_id(self) -> str | None:
@@ -198,6 +208,7 @@ class PlanRun:
                 rows=start + (rows or []),
                 writes=[(self.writes_prefix + k, v) for k, v in writes or []],
             )
+            self.written.update(writes or [])
         if self.session is not None:
             self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, next_step=next_step)
 
@@ -213,10 +224,17 @@ class PlanRun:
         return self._stamp(env)
 
     async def _pause(self, entry: str, step: str, exc: PlanPaused) -> Envelope[Any]:
-        env = Envelope.error_envelope(exc, retryable=True, task=self.start.task)
-        assert env.error is not None
+        # The message names the step that paused: the caller sees where the run waits
+        # without reading the checkpoint (metadata["step"] carries the name alone).
+        message = exc.message if isinstance(exc.message, str) else str(exc)
+        error = ErrorInfo(
+            type=type(exc).__name__,
+            message=f"Plan paused at step {step!r}: {message}",
+            retryable=True,
+        )
+        env: Envelope[Any] = Envelope(task=self.start.task, payload=None, error=error)
         await self._commit(
-            status="paused", next_step=entry, error={"step": step, **env.error.to_dict()}
+            status="paused", next_step=entry, error={"step": step, **error.to_dict()}
         )
         self._emit(EventType.PLAN_PAUSED, step=step, message=exc.message)
         env.metadata["step"] = step
@@ -262,7 +280,8 @@ class PlanRun:
         }
         try:
             run.commit_sync(
-                status="failed",
+                # a wait its worker parked: resumed at that step when the worker takes it again
+                status="paused" if isinstance(exc, RunParked) else "failed",
                 next_step=self._current,
                 iteration=self.iteration,
                 meta=self._meta(error),

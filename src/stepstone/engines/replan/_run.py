@@ -339,7 +339,8 @@ class ReplanRun:
 
     async def _dispatch(self, number: int, index: int, task: Task) -> dict[str, Any]:
         """Run one task; its outcome (``result`` or planner-visible ``error``) as journal
-        data. A tool that raises or pauses stops the run (``_Stop``), resumable here."""
+        data. A tool that raises, pauses or returns an error envelope stops the run
+        (``_Stop``), resumable here."""
         where = {"round": number, "task": index, "tool": task.tool}
         self._emit(EventType.STEP_START, step=task.tool, round=number, index=index)
         tool = self.tools.get(task.tool)
@@ -369,6 +370,14 @@ class ReplanRun:
             env = Envelope.error_envelope(exc, task=self.task, metadata=where)
             self._emit(EventType.STEP_ERROR, step=task.tool, round=number, error=_error(exc))
             raise _Stop("failed", {**where, **_error(exc)}, env) from None
+        if isinstance(result, Envelope) and result.error is not None:
+            # An error envelope is the task's error, as a Plan step returning one fails.
+            error = {**where, **result.error.to_dict()}
+            env = Envelope(task=self.task, payload=None, metadata=dict(where), error=result.error)
+            self._emit(
+                EventType.STEP_ERROR, step=task.tool, round=number, error=result.error.to_dict()
+            )
+            raise _Stop("failed", error, env)
         value = to_typed_json(result, where=f"round {number} task {index} ({task.tool}) result")
         return {"result": value}
 

@@ -246,3 +246,25 @@ def test_read_only_open_reads_and_refuses_writes(store_spec: StoreSpec) -> None:
         with pytest.raises(StoreError, match="read-only"):
             ro.delete("ro")
     assert store.read("ro") == {"v": 1}
+
+
+def test_in_and_iteration_see_values_and_checkpoints(store_spec: StoreSpec) -> None:
+    """guarantee 594: ``key in store`` says whether a key holds a value or a checkpoint,
+    ``for key in store`` walks the sorted keys as ``keys()`` lists them when it starts."""
+    store = store_spec.open()
+    store.write("b", 1)
+    store.write("a", {"x": 1})
+    run = claim_run(store, "run:1", kind="test", resume=False, first_step="s0").run
+    assert run is not None
+    assert "a" in store and "b" in store and "run:1" in store
+    assert "c" not in store
+    for not_a_key in ("", "k\0x", 5, None, ("a",)):
+        assert not_a_key not in store  # never an error: no store can hold it
+    assert list(store) == ["a", "b", "run:1"] == store.keys()
+    for key in store:  # deleting while walking: the walk is over a snapshot
+        if key != "run:1":
+            store.delete(key)
+    assert list(store) == ["run:1"]
+    assert asyncio.run(store.acontains("run:1")) is True
+    assert asyncio.run(store.acontains("a")) is False
+    run.release()

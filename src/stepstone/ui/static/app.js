@@ -34,7 +34,22 @@ function ownerText(run) {
   if (run.owner === "live" && run.cancel_requested) return "live, cancel requested";
   if (run.owner === "live") return "live (lease " + Math.max(0, Math.round(run.lease_expires_in)) + " s)";
   if (run.owner === "dead") return "dead (stranded)";
+  if (run.owner === "superseded") return "superseded by " + run.superseded_by;
   return "—";
+}
+
+function ownerCell(run, tag) {
+  // A run another run took over links to it.
+  const cell = el(tag, null, run.owner === "dead" ? "owner-dead" : "");
+  if (run.superseded_by) {
+    cell.append((run.owner === "superseded" ? "superseded" : ownerText(run) + ", superseded") + " by ");
+    const link = el("a", run.superseded_by, "superseded-by");
+    link.href = "#run=" + encodeURIComponent(run.superseded_by);
+    cell.append(link);
+  } else {
+    cell.textContent = ownerText(run);
+  }
+  return cell;
 }
 
 function currentKey() {
@@ -87,7 +102,7 @@ async function renderList() {
     const statusCell = el("td");
     statusCell.append(statusBadge(run.status));
     tr.append(keyCell, el("td", run.kind), statusCell,
-      el("td", ownerText(run), run.owner === "dead" ? "owner-dead" : ""),
+      ownerCell(run, "td"),
       el("td", run.steps), el("td", run.next_step || ""), el("td", when(run.updated_at)),
       el("td", run.error_type || "", run.error_type ? "owner-dead" : ""));
     body.append(tr);
@@ -113,7 +128,7 @@ async function renderRun(key) {
     el("span", " " + run.kind + " run"),
     el("span", "steps " + run.steps),
     el("span", "next step " + (run.next_step || "—")),
-    el("span", "owner " + ownerText(run)),
+    el("span", "owner "), ownerCell(run, "span"),
     el("span", "updated " + when(run.updated_at)),
     el("span", "ran " + run.duration_seconds.toFixed(1) + " s since its first claim"),
   );

@@ -465,11 +465,12 @@ class EffectJournal:
             self._latest = None
         return items
 
-    async def _sync_point(self) -> None:
+    async def _sync_point(self, alone: bool = False) -> None:
         # Let concurrent calls that finish in the same loop tick add their entries first,
-        # so one transaction (and one fsync) commits them all.
+        # so one transaction (and one fsync) commits them all (``alone``: there are none).
         mark = self._appended
-        await asyncio.sleep(0)
+        if not alone:
+            await asyncio.sleep(0)
         await self.flush(upto=mark)
 
     async def close(self) -> None:
@@ -575,12 +576,15 @@ class EffectJournal:
         commit_intent: bool = True,
         commit_outcome: bool = True,
         after_outcome: Callable[[], None] | None = None,
+        alone: bool = False,
     ) -> tuple[dict[str, Any], bool]:
         """Run (or replay) one effect; returns ``(outcome_data, replayed)``.
 
         ``invoke`` returns the outcome as a JSON dict (errors encoded by the caller, so a
         failed call is replayed as the same failure). ``after_outcome`` runs once the
-        outcome is buffered, before its commit (to add rows that belong in it).
+        outcome is buffered, before its commit (to add entries that belong in it).
+        ``alone``: no other effect of the run runs at the same time, so its commits do
+        not wait a loop iteration for others to join them.
 
         Raises:
             AgentCheckpointCorruptionError: see :meth:`recorded`.
@@ -610,7 +614,7 @@ class EffectJournal:
             self.intents[pos] = intent
             self._append(("intent", pos, intent))
             if commit_intent:
-                await self._sync_point()
+                await self._sync_point(alone)
         data = await invoke()
         self.record_outcome(
             kind=kind,
@@ -624,7 +628,7 @@ class EffectJournal:
         if after_outcome is not None:
             after_outcome()
         if commit_outcome:
-            await self._sync_point()
+            await self._sync_point(alone)
         return data, False
 
     def record_outcome(

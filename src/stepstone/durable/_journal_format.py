@@ -105,43 +105,66 @@ def _same(a: Any, b: Any) -> bool:
     and ``1.0``, or ``True`` and ``1``, are not the same, as their JSON texts differ)."""
     if a is b:
         return True
-    if type(a) is not type(b):
+    t = type(a)
+    if t is not type(b):
         return False
-    if type(a) is dict:
-        return len(a) == len(b) and all(
-            k == k2 and _same(v, v2) for (k, v), (k2, v2) in zip(a.items(), b.items(), strict=True)
-        )
-    if type(a) is list:
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if t is dict:
+        if len(a) != len(b):
+            return False
+        for (k, v), (k2, v2) in zip(a.items(), b.items(), strict=True):
+            if k != k2 or not (v is v2 or _same(v, v2)):
+                return False
+        return True
+    if t is list:
+        return len(a) == len(b) and all(x is y or _same(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
 
 
-def _same_keys(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return len(a) == len(b) and all(k == k2 and type(k) is str for k, k2 in zip(a, b, strict=True))
-
-
 def changes(before: dict[str, Any], after: dict[str, Any]) -> list[list[Any]] | None:
-    """The ``[key, ..., value]`` paths that turn ``before`` into ``after``, or None when
-    ``after`` is not ``before`` with some values changed (other keys, or keys in another
-    order). Objects with the same keys in the same order are compared inside; any other
-    changed value is given whole."""
-    if not _same_keys(before, after):
+    """The ``[key, value]`` and ``[key, subkey, value]`` paths that turn ``before`` into
+    ``after``, or None when ``after`` is not ``before`` with some values changed (other
+    keys, keys in another order, or keys that are not text). An object value with the same
+    keys is compared inside, one level deep; any other changed value is given whole.
+
+    Written for speed (an agent turn compares a dozen records): no recursion, and the
+    values are compared by identity first (most are the very objects of the record
+    before)."""
+    if len(before) != len(after):
         return None
     out: list[list[Any]] = []
-    _diff(before, after, [], out)
+    for (key, old), (key2, new) in zip(before.items(), after.items()):  # noqa: B905
+        if key != key2 or type(key) is not str:
+            return None
+        if old is new:
+            continue
+        kind = type(old)
+        if kind is type(new):
+            if kind is dict:
+                inner = _inner(key, old, new)
+                if inner is not None:
+                    out += inner
+                    continue
+            elif kind is list:
+                if _same(old, new):
+                    continue
+            elif old == new:
+                continue
+        out.append([key, new])
     return out
 
 
-def _diff(
-    before: dict[str, Any], after: dict[str, Any], path: list[Any], out: list[list[Any]]
-) -> None:
-    for (key, old), new in zip(before.items(), after.values(), strict=True):
-        if _same(old, new):
-            continue
-        if type(old) is dict and type(new) is dict and old and _same_keys(old, new):
-            _diff(old, new, [*path, key], out)
-        else:
-            out.append([*path, key, new])
+def _inner(key: str, before: dict[str, Any], after: dict[str, Any]) -> list[list[Any]] | None:
+    """:func:`changes` inside the value of ``key`` (paths of two keys), or None when its
+    keys differ."""
+    if len(before) != len(after) or not before:
+        return None
+    out: list[list[Any]] = []
+    for (sub, old), (sub2, new) in zip(before.items(), after.items()):  # noqa: B905
+        if sub != sub2 or type(sub) is not str:
+            return None
+        if old is not new and not _same(old, new):
+            out.append([key, sub, new])
+    return out
 
 
 def apply_changes(before: dict[str, Any], paths: Any) -> dict[str, Any]:
@@ -244,10 +267,14 @@ def _intent(data: dict[str, Any]) -> list[Any]:
 def _says(intent: dict[str, Any], outcome: dict[str, Any]) -> bool:
     """Whether ``intent`` is the intent of ``outcome``: the same position, name, call id and
     input hash (an outcome entry that refers to it is expanded with its fields)."""
-    return all(
-        _same(intent.get(k), outcome.get(k))
-        for k in ("kind", "turn", "index", "name", "call_id", "input_hash", HASH_VERSION)
-    )
+    for k in _SAID:
+        a, b = intent.get(k), outcome.get(k)
+        if a is not b and (type(a) is not type(b) or a != b):
+            return False
+    return True
+
+
+_SAID = ("kind", "turn", "index", "name", "call_id", "input_hash", HASH_VERSION)
 
 
 def _outcome(

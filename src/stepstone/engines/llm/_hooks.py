@@ -134,6 +134,8 @@ class JournaledEffects:
         self.decisions = decisions
         self.pending: list[dict[str, Any]] = []
         self.on_drained: Callable[[int], None] | None = None
+        #: How many calls of the current tool batch run as effects (set by LoopHooks).
+        self.batch_size = 0
         self._chain = ""
         self._hashed = 0
         # Outcomes a later model request depends on (a model answer, a refusal) recorded so
@@ -288,6 +290,7 @@ class JournaledEffects:
                 call_id=key.call_id,
                 policy="rerun" if policy == "ask" else policy,
                 after_outcome=drained,
+                alone=self.batch_size == 1,
             )
         except PlanPaused as paused:
             if kind != "subagent":
@@ -427,6 +430,7 @@ class LoopHooks:
             for i, c in enumerate(calls)
             if self._runs_as_effect(i, c, tool_map)
         )
+        self.effects.batch_size = len(self._expected)
         if self._live_turn != turn and all(
             self.journal.has_outcome(_kind(tool_map, c), turn, i) for i, c in enumerate(calls)
         ):

@@ -40,10 +40,14 @@ from stepstone.testing import FunctionModel, Reply, call
 ROOT = Path(__file__).resolve().parents[2]
 USAGE = Usage(input_tokens=120, output_tokens=30, cache_read_tokens=4)
 
+#: Every tool call that ran in this process, as ``"tool arguments"`` (what must not run twice).
+RAN: list[str] = []
+
 
 @tool
 async def lookup(n: int) -> str:
     """Look a number up."""
+    RAN.append(f"lookup {n}")
     return f"value {n}: " + "v" * 200
 
 
@@ -62,6 +66,7 @@ async def broken(why: str) -> str:
 @tool(requires_approval=True)
 async def refund(order: str, amount: int) -> str:
     """Refund an order."""
+    RAN.append(f"refund {order}")
     return f"refunded {amount} on {order}"
 
 
@@ -70,6 +75,7 @@ def explode(n: int) -> str:
     """Dies in the crash scenario's child process (nothing is recorded after its intent)."""
     if os.environ.get("STEPSTONE_TEST_DIE") == "1":
         os._exit(0)
+    RAN.append(f"explode {n}")
     return f"exploded {n}"
 
 

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from stepstone import Store
+from stepstone import Runner, Store
 from stepstone.store import Claim, JournalRow, RunHead
-from tests.durable.agent_runs import views, write_runs
+from tests.durable.agent_runs import RAN, approval_agent, crash_agent, views, write_runs
 
 FIXTURE = Path(__file__).with_name("fixtures") / "agent_journal_v1.json.gz"
 
@@ -96,3 +96,56 @@ def test_the_same_runs_show_the_same_views_in_the_current_format(tmp_path: Path)
         shown = views(store)
     now, then = comparable(shown), comparable(frozen()["views"])
     assert now == then, differences(now, then)
+
+
+def _kinds(store: Store, key: str) -> list[str]:
+    return [row.kind for row in store.backend.run_journal(key)]
+
+
+async def test_a_run_paused_in_the_first_format_resumes_in_the_current_one(
+    tmp_path: Path,
+) -> None:
+    # guarantee 453
+    key = "agent:approval-held:checkpoint:latest"
+    with Store(db=tmp_path / "old.sqlite") as store:
+        load_frozen(store)
+        old = frozen()["views"][key]
+        call_id = old["read"]["payload"]["terminal_result"]["pending_approvals"][0]["call_id"]
+        runner = Runner(store=store)
+        RAN.clear()
+        done = await runner.resume(
+            approval_agent(), run_id="approval-held", thread_id="t3", approvals={call_id: True}
+        )
+        assert done.state == "completed" and done.final_text == "refund handled"
+        assert RAN == ["refund o-1"]  # lookup ran in the old run: replayed
+        assert done.replayed_effect_count >= 2
+        kinds = _kinds(store, key)
+        assert "entries" not in kinds[: len(old["history"])]  # the old rows, kept
+        assert set(kinds[len(old["history"]) :]) == {"entries"}  # then one row per commit
+        chain = runner.checkpoints("approval-held")
+        assert chain[: len(old["checkpoints"])] == old["checkpoints"]
+        assert [c["phase"] for c in chain[len(old["checkpoints"]) :]][:1] == ["run_started"]
+        assert chain[-1]["phase"] == "run_terminal" and store.read(key) == chain[-1]
+        again = await runner.resume(approval_agent(), run_id="approval-held", thread_id="t3")
+        assert again == done and RAN == ["refund o-1"]
+
+
+async def test_a_run_killed_in_the_first_format_resumes_in_the_current_one(
+    tmp_path: Path,
+) -> None:
+    # guarantee 453, 160: its tool call in doubt runs again (in_doubt="rerun"), the one
+    # it finished before is replayed
+    key = "agent:crash:checkpoint:latest"
+    with Store(db=tmp_path / "old.sqlite") as store:
+        load_frozen(store)
+        RAN.clear()
+        done = await Runner(store=store).resume(crash_agent(), run_id="crash", thread_id="t7")
+        assert done.state == "completed" and done.final_text == "survived"
+        assert RAN == ["explode 6"]
+        assert [e["content"] for e in done.tool_executions] == [
+            "value 5: " + "v" * 200,
+            "exploded 6",
+        ]
+        snapshot = Runner(store=store).snapshot("crash")
+        assert snapshot["llm_calls"] == 3 and snapshot["state"] == "completed"
+        assert _kinds(store, key)[-1] == "entries"

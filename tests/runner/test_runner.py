@@ -876,7 +876,7 @@ async def test_runner_without_store_is_in_memory() -> None:
 
 
 async def test_bytes_per_turn_do_not_grow(store: Store) -> None:
-    # guarantee 189
+    # guarantee 189, 452
     def replies(turns: int) -> dict[int, Any]:
         out: dict[int, Any] = {t: call("charge", order=f"o{t}") for t in range(turns)}
         out[turns] = "done"
@@ -893,6 +893,46 @@ async def test_bytes_per_turn_do_not_grow(store: Store) -> None:
         # tool calls once)
         assert max(len(r.data) for r in rows[:-1]) < 4000
     assert sizes[40] < sizes[5] * 1.2
+
+
+@pytest.mark.parametrize("async_writes", [True, False])
+async def test_a_turn_is_two_journal_rows_of_at_most_3_kb(
+    tmp_path: Path, async_writes: bool
+) -> None:
+    """guarantee 452: a turn that runs one tool returning 200 bytes is committed as two
+    journal rows, and the database file grows by at most 3 KB a turn, as much at turn 300
+    as at turn 30."""
+
+    @tool
+    async def lookup(n: int) -> str:
+        """Look a number up."""
+        return "r" * 200
+
+    def agent(turns: int) -> Agent:
+        def reply(turn: int) -> Any:
+            return call("lookup", n=turn) if turn < turns else "done"
+
+        script = Script({t: reply(t) for t in range(turns + 1)})
+        return Agent(model=script.model(), tools=[lookup], max_turns=turns + 2)
+
+    config = RunnerConfig(checkpoint_async_writes=async_writes, checkpoint_flush_interval_s=600)
+    with Store(db=tmp_path / "empty.sqlite"):
+        pass
+    empty = (tmp_path / "empty.sqlite").stat().st_size
+    grew: dict[int, float] = {}
+    for turns in (30, 300):
+        db = tmp_path / f"t{turns}.sqlite"
+        with Store(db=db) as store:
+            result = await Runner(store=store, config=config).run(
+                agent(turns), user_message="go", run_id="r"
+            )
+            assert result.state == "completed"
+            rows = store.backend.run_journal(checkpoint_latest_key("r"))
+            # two a turn, the last answer's with the end (sync: and the start on its own)
+            assert len(rows) == 2 * turns + (1 if async_writes else 2)
+        grew[turns] = (db.stat().st_size - empty) / turns  # closed: the WAL is in the file
+        assert grew[turns] <= 3000, grew
+    assert grew[300] <= grew[30] * 1.2
 
 
 async def test_structured_output_is_kept_and_replayed(tmp_path: Path) -> None:

@@ -253,15 +253,19 @@ class JournaledEffects:
                 # carrying the same decision does not run it a third time.
                 await self.save()
         via = f"{kind}:{key.turn}:{key.index}/"
-        child = DurableScope(
-            store=self.scope.store,
-            key=f"{j.run.key}/{kind}:{key.turn}:{key.index}",
-            approvals=child_approvals(self.scope.approvals, via),
+        child = (  # a subagent journals its own run, under a key of this call's position
+            DurableScope(
+                store=self.scope.store,
+                key=f"{j.run.key}/{kind}:{key.turn}:{key.index}",
+                approvals=child_approvals(self.scope.approvals, via),
+            )
+            if kind == "subagent"
+            else None
         )
 
         async def call() -> dict[str, Any]:
             try:
-                with bind_scope(child if kind == "subagent" else None):
+                with bind_scope(child):
                     value = await invoke()
             except Exception as exc:  # noqa: BLE001 - recorded, then shown to the model
                 return {

@@ -36,8 +36,19 @@ from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules,
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
-from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
+from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step, StepToken
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
+from stepstone.engines.workflow import (
+    BoundWorkflow,
+    StepContext,
+    Workflow,
+    WorkflowStep,
+    deprecate_patch,
+    patched,
+    step,
+    step_context,
+    workflow,
+)
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
@@ -70,11 +81,13 @@ from stepstone.exceptions import (
     ModelRefusalError,
     ModelRequestsBlockedError,
     NodeException,
+    NonDeterministicWorkflowError,
     PlanCompileError,
     PlanPaused,
     PlanRuntimeError,
     QueuedRunError,
     ReducerError,
+    ReplayedStepError,
     RoutingError,
     RunFinishedError,
     RunParked,
@@ -91,6 +104,7 @@ from stepstone.exceptions import (
     UnserializableValueWarning,
     UsageLimitExceeded,
     UserError,
+    WorkflowCorruptError,
 )
 from stepstone.observability import Event, EventType, Session
 from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
@@ -110,6 +124,7 @@ __all__ = [
     "ErrorInfo",
     "Plan",
     "Step",
+    "StepToken",
     "Store",
     "StoreEntry",
     "from_parallel",
@@ -137,6 +152,16 @@ __all__ = [
     "KeywordEngine",
     "RunContext",
     "RunLocation",
+    # durable functions
+    "BoundWorkflow",
+    "StepContext",
+    "Workflow",
+    "WorkflowStep",
+    "deprecate_patch",
+    "patched",
+    "step",
+    "step_context",
+    "workflow",
     # durable agent runs
     "AgentResult",
     "Runner",
@@ -218,4 +243,8 @@ __all__ = [
     "ReducerError",
     "RoutingError",
     "StateValidationError",
+    # workflow errors
+    "NonDeterministicWorkflowError",
+    "ReplayedStepError",
+    "WorkflowCorruptError",
 ]

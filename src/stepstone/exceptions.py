@@ -26,7 +26,8 @@ The tree::
         │   └── CorruptRecordError      a stored run record cannot be decoded or used
         │       ├── CheckpointCorruptError          a Plan checkpoint
         │       ├── CheckpointRecordInvalid         a graph record (also a CheckpointError)
-        │       └── AgentCheckpointCorruptionError  an agent-run checkpoint, or its effects
+        │       ├── AgentCheckpointCorruptionError  an agent-run checkpoint, or its effects
+        │       └── WorkflowCorruptError            a workflow run's journal
         ├── PlanRuntimeError (+RuntimeError)  a Plan misbehaved at run time (a route raised)
         │   └── StaleCheckpointError    resume target no longer exists in the Plan
         ├── SerializationError          a value cannot be persisted (strict mode) or a
@@ -36,7 +37,11 @@ The tree::
         ├── MaxTurnsExceeded            the LLM loop hit max_turns
         ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
         ├── EffectInDoubtError          a non-idempotent call started before a crash, outcome
-        │                               unknown (the tool's in_doubt="fail")
+        │                               unknown (the tool's or step's in_doubt="fail")
+        ├── NonDeterministicWorkflowError  a resumed workflow called another step (or other
+        │                               arguments) at a position its journal recorded
+        ├── ReplayedStepError           a step's recorded error, replayed where its exception
+        │                               class cannot be rebuilt
         ├── CheckpointFlushError        an agent run's terminal checkpoint flush failed or
         │                               timed out
         ├── PlannerOutputError          a ReplanEngine planner answered something else than
@@ -146,6 +151,9 @@ __all__ = [
     "UnserializableValueWarning",
     "UsageLimitExceeded",
     "UserError",
+    "NonDeterministicWorkflowError",
+    "ReplayedStepError",
+    "WorkflowCorruptError",
 ]
 
 
@@ -438,13 +446,50 @@ class AgentCheckpointCorruptionError(CorruptRecordError):
 
 
 class EffectInDoubtError(StepstoneError):
-    """A tool declared ``in_doubt="fail"`` started before a crash and has no recorded outcome.
+    """A tool or workflow step declared ``in_doubt="fail"`` started before a crash and has
+    no recorded outcome.
 
-    The message names the run, the tool, the turn and the call id; the call is not run
+    The message names the run, the call and where it was made; the call is not run
     again (it may or may not have taken effect).
     """
 
     category: ClassVar[str] = "effect_in_doubt"
+
+
+class WorkflowCorruptError(CorruptRecordError):
+    """A workflow run's journal cannot be read back (a malformed or damaged row)."""
+
+    category: ClassVar[str] = "workflow_corrupt"
+
+
+class NonDeterministicWorkflowError(StepstoneError):
+    """A resumed workflow did not call what its journal recorded at a position.
+
+    The message names the run, the position, the recorded call and the current one, and
+    the ways out: ``stepstone.patched("id")`` around the change, or a new key.
+    """
+
+    category: ClassVar[str] = "workflow_nondeterministic"
+
+
+class ReplayedStepError(StepstoneError):
+    """The recorded error of a step (or child workflow), replayed where its exception class
+    cannot be imported or rebuilt from its arguments.
+
+    Attributes:
+        type: The original exception's class, ``"module:QualName"``.
+        message: Its text.
+    """
+
+    category: ClassVar[str] = "replayed_step_error"
+
+    def __init__(self, message: str, type: str = "Exception") -> None:
+        super().__init__(message, type)
+        self.message = message
+        self.type = type
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
 
 
 class CheckpointFlushError(StepstoneError):

@@ -404,6 +404,8 @@ def show_cmd(
         _print_time_and_messages(console, detail)
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
+        if detail.get("operations") is not None:
+            _print_operations(console, detail["operations"])
         print_json(console, _cut_texts(detail["record"]))
 
 
@@ -500,6 +502,30 @@ def _print_agent(console: Console, agent: dict[str, Any]) -> None:
             str(e["state"]),
             str(e["replays"]),
             _short(err, 60) if err else "",
+        )
+    console.print(table)
+
+
+def _print_operations(console: Console, ops: list[dict[str, Any]]) -> None:
+    """A workflow run's steps (and other operations), one row each, in position order."""
+    table = Table(title=f"{len(ops)} step(s) and other operation(s)")
+    for col in ("position", "step", "status", "arguments", "value or error", "tries", "ms"):
+        table.add_column(col, overflow="fold")
+    for op in ops:
+        name = op["name"] if op["op"] == "step" else f"{op['op']} {op['name']}"
+        if op.get("key"):
+            name += f" ({op['key']})"
+        shown = op.get("error") if "error" in op else op.get("value", "")
+        if isinstance(shown, dict) and "message" in shown and "type" in shown:
+            shown = f"{str(shown['type']).rpartition(':')[2]}: {shown['message']}"
+        table.add_row(
+            visible(str(op["position"])),
+            visible(name),
+            str(op["status"]),
+            _short(op.get("args"), 50),
+            _short(shown, 60) if shown != "" else "",
+            str(op["attempts"]),
+            "" if op.get("ms") is None else f"{op['ms']:.1f}",
         )
     console.print(table)
 

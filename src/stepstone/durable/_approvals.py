@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from stepstone.durable._agent_journal import AGENT_KIND
-from stepstone.durable._journal_format import Entry, read_entries
+from stepstone.durable._journal_format import Entry, entries_of
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import list_runs
 from stepstone.exceptions import ApprovalTargetError, UserError
@@ -77,16 +77,9 @@ def check_approvals(approvals: Any, *, error: type[UserError] = UserError) -> di
     return dict(approvals)
 
 
-def _entries(rows: Sequence[JournalRow] | Sequence[Entry]) -> Sequence[Entry]:
-    """The entries of an agent run's journal (rows that do not decode left out)."""
-    if rows and isinstance(rows[0], JournalRow):
-        return read_entries(cast("Sequence[JournalRow]", rows), strict=False)
-    return cast("Sequence[Entry]", rows)
-
-
 def _terminal(rows: Sequence[JournalRow] | Sequence[Entry]) -> dict[str, Any]:
     """The ``terminal_result`` of the run's latest phase record, when that is terminal."""
-    for entry in reversed(_entries(rows)):
+    for entry in reversed(entries_of(rows)):
         if entry.kind != "phase":
             continue
         data = entry.data
@@ -160,7 +153,7 @@ def applied_decisions(
     asked: dict[str, dict[str, Any]] = {}
     started: set[str] = set()
     refused: dict[str, str] = {}
-    for row in _entries(rows):
+    for row in entries_of(rows):
         data = row.data
         if row.kind == "phase" and data.get("phase") == "run_terminal":
             payload = data.get("payload")
@@ -389,7 +382,7 @@ def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> d
     phases: list[dict[str, Any]] = []
     starts: list[int] = []
     effects: dict[str, dict[str, Any]] = {}
-    entries = _entries(rows)
+    entries = entries_of(rows)
     for row in entries:
         data = row.data
         if row.kind == "phase":

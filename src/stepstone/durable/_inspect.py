@@ -17,6 +17,7 @@ from stepstone.durable._agent_journal import AGENT_KIND
 from stepstone.durable._approvals import agent_view, waiting_calls
 from stepstone.durable._journal_format import ENTRIES_KIND, expand
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
+from stepstone.durable._operations import OPERATION_ROWS, operation_rows
 from stepstone.durable._queue import existing_queue
 from stepstone.store._base import (
     RUN_STATUSES,
@@ -259,6 +260,8 @@ def _decode(row: JournalRow) -> Any:
 def steps_done(head: RunHead) -> int:
     """How many steps (journal rows) a run has committed, not counting the rows an engine
     journals about the run itself (a Plan's record of its steps, written once)."""
+    if head.kind == "workflow":  # its operations finished, not its intent and outcome rows
+        return head.iteration
     shape_rows = head.meta.get("shape_rows")
     return head.journal_len - (shape_rows if type(shape_rows) is int else 0)
 
@@ -275,6 +278,9 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
         if row.kind == "plan":  # the Plan's own record of its steps, not something that ran
             continue
         data = _decode(row)
+        if row.kind in OPERATION_ROWS and isinstance(data, list):
+            out.extend(_operation_entries(row.seq, data))
+            continue
         entry: dict[str, Any] = {"seq": row.seq, "kind": row.kind, "name": row.name}
         if isinstance(data, dict) and isinstance(data.get("envelope"), dict):
             env = data["envelope"]
@@ -289,6 +295,27 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
             entry["payload"] = data
             entry["error"] = data.get("error") if isinstance(data, dict) else None
         out.append(entry)
+    return out
+
+
+def _operation_entries(seq: int, records: list[Any]) -> list[dict[str, Any]]:
+    """The records of a workflow's ``ops`` row (its steps' intents, outcomes and failed
+    attempts), one timeline entry each, named by position and step."""
+    out: list[dict[str, Any]] = []
+    for record in records:
+        kind, pos, data = (
+            record if isinstance(record, list) and len(record) == 3 else ("damaged", None, {})
+        )
+        data = data if isinstance(data, dict) else {}
+        out.append(
+            {
+                "seq": seq,
+                "kind": kind,
+                "name": f"{pos} {data.get('name')}",
+                "payload": data.get("args" if kind == "intent" else "value"),
+                "error": data.get("error"),
+            }
+        )
     return out
 
 
@@ -373,6 +400,8 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
     detail.update(time_and_messages(store, key, now=now))
     if head.kind == AGENT_KIND:
         detail["agent"] = agent_view(head, rows)
+    if head.kind == "workflow" and problem is None:
+        detail["operations"] = operation_rows(head, rows)
     return detail
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from stepstone.core._serialization import dumps
 from stepstone.store._base import JournalRow
@@ -54,6 +54,7 @@ __all__ = [
     "HASH_VERSION",
     "apply_changes",
     "changes",
+    "entries_of",
     "expand",
     "position",
     "read_entries",
@@ -450,6 +451,14 @@ def read_entries(rows: Sequence[JournalRow], *, strict: bool = True) -> list[Ent
             if strict:
                 raise
     return out
+
+
+def entries_of(rows: Sequence[JournalRow] | Sequence[Entry]) -> Sequence[Entry]:
+    """The entries of a journal given as its rows (those that do not decode left out, as
+    :func:`read_entries` with ``strict=False``), or already as entries."""
+    if rows and isinstance(rows[0], JournalRow):
+        return read_entries(cast("Sequence[JournalRow]", rows), strict=False)
+    return cast("Sequence[Entry]", rows)
 
 
 def expand(rows: Sequence[JournalRow]) -> list[JournalRow]:

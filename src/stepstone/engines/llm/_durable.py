@@ -36,6 +36,7 @@ from stepstone.durable._journal_format import read_entries
 from stepstone.durable._kernel import OwnedRun, claim_run, describe_owner
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import read_run as kernel_read_run
+from stepstone.durable._settle import settled_since_last_phase
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
 from stepstone.engines.llm._output import type_adapter, wants_structured
@@ -407,16 +408,20 @@ def _first_message(call: _Call, found: _Found) -> str:
     return started
 
 
-def _finished(call: _Call, record: dict[str, Any] | None) -> dict[str, Any] | None:
+def _finished(call: _Call, found: _Found) -> dict[str, Any] | None:
     """The stored result of a run that ended (None: the run goes on): a finished run
-    gives it, unless it failed and ``retry_failed``, or on a retryable error and
+    gives it, unless it failed and ``retry_failed``, or a call it was in doubt about was
+    settled since (``settle_effect``), or it failed on a retryable error and
     ``retry_retryable``."""
+    record = found.latest
     stored = record["payload"].get("terminal_result") if record is not None else None
     if record is None or record["phase"] != "run_terminal" or not isinstance(stored, dict):
         return None
     state = stored.get("state")
     again = state != "completed" and (
-        call.retry_failed or (call.retry_retryable and _retryable(stored.get("error")))
+        call.retry_failed
+        or settled_since_last_phase(found.log.effects.entries)
+        or (call.retry_retryable and _retryable(stored.get("error")))
     )
     return stored if state in TERMINAL_STATES and not again else None
 
@@ -509,14 +514,14 @@ async def run_durable(
     call, started = _identify(call, found)
     if approvals and not retry_failed:  # a Plan's step passes all of the Plan's decisions
         approvals = await _settle(call, found, approvals)
-    stored = _finished(call, found.latest)
+    stored = _finished(call, found)
     if stored is not None:  # a finished run: its result (the decisions given were its own)
         return stored
     # Decisions an operator recorded (`stepstone approve`) apply unless the caller decides.
     approvals = {**recorded_approvals(found.head, found.log.effects.entries), **approvals}
     owned, log = await _claim(call, found)
     if owned is None:  # it finished between our read and the claim
-        result = _finished(call, (await store._offload(_read, store, key, run_id)).latest)
+        result = _finished(call, await store._offload(_read, store, key, run_id))
         assert result is not None
         return result
     try:

@@ -22,13 +22,13 @@ outcome rows by position can be settled this way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from stepstone.core._envelope import payload_text
 from stepstone.core._serialization import to_json_value
 from stepstone.durable._hashing import hash_json
+from stepstone.durable._journal_format import Entry, entries_of
 from stepstone.durable._kernel import _journal_rows, ownership_error
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import list_runs
@@ -50,42 +50,31 @@ SETTLED = "settled"
 _INTENT_FIELDS = ("kind", "name", "turn", "index", "call_id", "input_hash", "input_hash_version")
 
 
-def _load(row: JournalRow) -> Any:
-    try:
-        return json.loads(row.data)
-    except ValueError:
-        return None
-
-
 def not_happened(data: Any) -> bool:
     """Whether an outcome's ``data`` is a settlement saying the call did not happen."""
     settled = data.get(SETTLED) if isinstance(data, dict) else None
     return isinstance(settled, dict) and settled.get("happened") is False
 
 
-def settled_since_last_phase(rows: Sequence[JournalRow]) -> bool:
+def settled_since_last_phase(rows: Sequence[JournalRow] | Sequence[Entry]) -> bool:
     """Whether an outcome was settled after the run's last phase record (a run that ended,
     then was settled: its next resume continues instead of returning how it ended)."""
-    for row in reversed(rows):
-        if row.kind == "phase":
+    for entry in reversed(entries_of(rows)):
+        if entry.kind == "phase":
             return False
-        if row.kind == "outcome":
-            data = _load(row)
-            inner = data.get("data") if isinstance(data, dict) else None
+        if entry.kind == "outcome":
+            inner = entry.data.get("data")
             if isinstance(inner, dict) and SETTLED in inner:
                 return True
     return False
 
 
-def _doubtful(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
+def _doubtful(rows: Sequence[JournalRow] | Sequence[Entry]) -> list[dict[str, Any]]:
     """The calls of a journal with an intent and no outcome after it, in journal order."""
     latest: dict[str, dict[str, Any] | None] = {}
-    for row in rows:
-        if row.kind not in ("intent", "outcome") or row.name is None:
-            continue
-        data = _load(row)
-        if isinstance(data, dict):
-            latest[row.name] = data if row.kind == "intent" else None
+    for entry in entries_of(rows):
+        if entry.kind in ("intent", "outcome") and entry.name is not None:
+            latest[entry.name] = entry.data if entry.kind == "intent" else None
     out = []
     for position, intent in latest.items():
         if intent is None or intent.get("kind") == "model":  # a model call is asked again

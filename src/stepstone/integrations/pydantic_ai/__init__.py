@@ -25,9 +25,10 @@ if TYPE_CHECKING:
         StepConfig,
         StepstoneDurability,
         StepstoneOperationBackend,
+        approval_results,
     )
 
-__all__ = ["StepConfig", "StepstoneDurability", "StepstoneOperationBackend"]
+__all__ = ["StepConfig", "StepstoneDurability", "StepstoneOperationBackend", "approval_results"]
 
 
 def __getattr__(name: str) -> Any:

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict, cast
 
+from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
 from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
@@ -57,10 +58,11 @@ from pydantic_core import to_jsonable_python
 
 from stepstone.durable._operations import Call, OperationJournal, Outcome, current_journal
 from stepstone.engines.workflow import step_body
-from stepstone.exceptions import ConfigurationError
+from stepstone.exceptions import ApprovalPendingError, ConfigurationError, UserError
+from stepstone.integrations._approval import ask_approval
 from stepstone.integrations._turns import turn_summary
 
-__all__ = ["StepConfig", "StepstoneDurability", "StepstoneOperationBackend"]
+__all__ = ["StepConfig", "StepstoneDurability", "StepstoneOperationBackend", "approval_results"]
 
 InDoubt = Literal["rerun", "fail"]
 
@@ -294,14 +296,19 @@ class StepstoneDurability(BaseDurabilityCapability[AgentDepsT]):
                     return base
                 return {**base, **_checked_config(f"tool {tool_name!r} metadata", own)}
 
-            default_model = self.default_model_id or "default"
             self._backend = StepstoneOperationBackend(
-                namer=JournalOperationNamer(self.name, default_model_id=default_model),
+                namer=self.namer,
                 config=RoleBasedOperationConfig(
                     model={}, event={}, capability={}, tool=base, resolve_tool=resolve_tool
                 ),
             )
         return self._backend
+
+    @property
+    def namer(self) -> JournalOperationNamer:
+        """The names the run's operations are journaled under (persisted data)."""
+        default_model = self.default_model_id or "default"
+        return JournalOperationNamer(self.name, default_model_id=default_model)
 
     def get_default_run_id(self) -> str | None:
         """The run id of an agent run started in a workflow's body: its own position there,
@@ -345,3 +352,55 @@ def _checked_config(what: str, config: Any) -> StepConfig:
             f"(stop the run until it is settled by hand), got {in_doubt!r}"
         )
     return cast(StepConfig, dict(config))
+
+
+def approval_results(requests: DeferredToolRequests) -> DeferredToolResults:
+    """The decisions for the tool calls an agent run deferred for approval, asked through
+    the workflow's journal: inside a workflow's body, each call is asked at a position of
+    its own; a call nobody decided yet stops the run (``ApprovalPendingError``, the run is
+    ``paused``) until ``stepstone approve KEY CALL_ID`` (or ``--deny 'why'``) decides it,
+    from any process; running the key again then continues with the decisions.
+
+    ::
+
+        result = await agent.run(ticket, output_type=[str, DeferredToolRequests])
+        if isinstance(result.output, DeferredToolRequests):
+            result = await agent.run(
+                message_history=result.all_messages(),
+                deferred_tool_results=approval_results(result.output),
+            )
+
+    Raises:
+        ApprovalPendingError: a call has no decision yet (all of them are asked first).
+        UserError: called outside a workflow's body.
+    """
+    journal = current_journal()
+    if journal is None:
+        raise UserError(
+            "approval_results() asks through a workflow's journal: call it inside a "
+            "@workflow body (outside one, decide with DeferredToolResults yourself)"
+        )
+    decided: dict[str, bool | ToolDenied] = {}
+    pending: list[dict[str, Any]] = []
+    for part in requests.approvals:
+        arguments = part.args_as_dict()
+        decision = ask_approval(
+            journal, journal.position(), part.tool_name, part.tool_call_id, arguments
+        )
+        if decision is None:
+            pending.append(
+                {"call_id": part.tool_call_id, "tool": part.tool_name, "arguments": arguments}
+            )
+        elif decision is True:
+            decided[part.tool_call_id] = True
+        else:
+            reason = decision if isinstance(decision, str) else "The tool call was denied."
+            decided[part.tool_call_id] = ToolDenied(reason)
+    if pending:
+        ids = ", ".join(str(c["call_id"]) for c in pending)
+        raise ApprovalPendingError(
+            f"run {journal.key!r} waits for approval of tool call(s) {ids}; approve each with "
+            f"`stepstone approve {journal.key} CALL_ID` (or --deny 'why'), then run it again",
+            calls=pending,
+        )
+    return DeferredToolResults(approvals=dict(decided))

@@ -1,5 +1,5 @@
 """Agents of both frameworks in a workflow, in real subprocesses SIGKILLed inside their
-tool loop, then resumed (guarantees 530, 533, 534, 540, 541, 542).
+tool loop, then resumed (guarantees 530, 533, 534, 539-542).
 
 A pydantic-ai agent with ``StepstoneDurability`` (:mod:`tests.integrations.pai_shop`) and
 an OpenAI Agents SDK desk run by ``DurableRunner``, a triage agent handing off to a billing
@@ -125,7 +125,7 @@ def test_sigkill_inside_the_tool_loop_then_resume(
 
 @pytest.mark.crash
 def test_a_keyed_durable_runner_run_resumes_after_a_kill(tmp_path: Path) -> None:
-    # guarantee 540, 541
+    # guarantee 540, 542
     shop = importlib.import_module("tests.integrations.oa_shop")
     with LoopbackServer(OpenAIDialect(), respond=shop.reply) as server:
         db, logs = tmp_path / "shop.sqlite", tmp_path / "logs"

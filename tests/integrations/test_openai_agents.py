@@ -1,6 +1,6 @@
 """``DurableRunner`` in-process: keyed runs and runs inside a workflow, a streamed run
 replayed, tools that need approval decided from another process, clear errors, model
-turns shown per turn (guarantees 540-545)."""
+turns shown per turn (guarantees 537, 538, 540, 542-544)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def _agent(client: AsyncOpenAI, refunds: list[int], *, approval: bool = False) -
 async def test_a_keyed_run_records_and_a_finished_key_returns_its_output(
     tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
 ) -> None:
-    # guarantee 540
+    # guarantee 540, 542
     refunds: list[int] = []
     server.push(call("refund", order=42), "refunded order 42")
     with Store(db=tmp_path / "oa.sqlite") as store:
@@ -80,7 +80,7 @@ async def test_a_keyed_run_records_and_a_finished_key_returns_its_output(
 async def test_a_failed_workflow_resumes_without_asking_the_model_again(
     tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
 ) -> None:
-    # guarantee 540, 541
+    # guarantee 540
     refunds: list[int] = []
     server.push(call("refund", order=7), "refunded order 7")
     flaky = {"left": 1}
@@ -139,7 +139,7 @@ async def test_a_streamed_run_in_a_workflow_streams_then_replays(
 async def test_a_tool_that_needs_approval_pauses_until_another_process_approves(
     tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
 ) -> None:
-    # guarantee 542
+    # guarantee 537
     db = tmp_path / "oa.sqlite"
     refunds: list[int] = []
     server.push(call("refund", order=42), "refunded order 42")
@@ -176,7 +176,7 @@ async def test_a_tool_that_needs_approval_pauses_until_another_process_approves(
 async def test_a_denied_tool_call_is_not_run_and_the_model_reads_why(
     tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
 ) -> None:
-    # guarantee 542
+    # guarantee 537
     db = tmp_path / "oa.sqlite"
     refunds: list[int] = []
     server.push(call("refund", order=9), "could not refund")

@@ -292,7 +292,7 @@ def test_a_denied_tool_call_gives_the_model_the_reason(tmp_path: Path) -> None:
 
 
 def test_event_stream_handler_calls_are_journaled_and_replayed(tmp_path: Path) -> None:
-    # guarantee 536
+    # guarantee 535, 536
     seen: list[str] = []
     flaky = {"left": 1}
 

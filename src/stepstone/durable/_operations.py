@@ -100,6 +100,10 @@ Row = tuple[str, str | None, Any]
 OPS = "ops"
 OPERATION_ROWS = (OPS,)
 
+#: Seconds a ``lazy`` outcome (and a call recorded after it ran) waits for the next
+#: operation's commit to take it before it is committed alone.
+LAZY_COMMIT_DELAY = 0.05
+
 
 @dataclasses.dataclass(slots=True)
 class Entry:
@@ -411,6 +415,7 @@ class OperationJournal:
         self._flushing = False
         self._waiters: list[asyncio.Future[None]] = []
         self._scheduled = False
+        self._lazy: asyncio.TimerHandle | None = None
         self._late: asyncio.Task[None] | None = None
         self._lost: BaseException | None = None
         self._next_step: str | None = run.head.next_step
@@ -522,19 +527,38 @@ class OperationJournal:
         self._appended += 1
         return self._appended
 
-    def soon(self) -> None:
-        """Commit what is buffered within a turn of the event loop, unless an operation's
-        commit takes it first (the usual case: the next step's intent)."""
-        if not self._scheduled and not self.closed:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._commit_late)
+    def soon(self, delay: float = 0.0) -> None:
+        """Commit what is buffered within a turn of the event loop (or, with ``delay``,
+        within that many seconds), unless an operation's commit takes it first (the usual
+        case: the next step's intent)."""
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        if delay <= 0:
+            if not self._scheduled:
+                self._scheduled = True
+                loop.call_soon(self._commit_late)
+        elif self._lazy is None and not self._scheduled:
+            self._lazy = loop.call_later(delay, self._commit_lazily)
 
     def _commit_late(self) -> None:
         self._scheduled = False
+        self._start_late()
+
+    def _commit_lazily(self) -> None:
+        self._lazy = None
+        self._start_late()
+
+    def _start_late(self) -> None:
         pending = self._rows or self._extra or self._writes or self._extras
         if pending and not self._flushing and self._late is None and not self.closed:
             loop = asyncio.get_running_loop()
             self._late = loop.create_task(self._flush_quietly(), context=_BARE.copy())
+
+    def _drop_lazy(self) -> None:
+        if self._lazy is not None:
+            self._lazy.cancel()
+            self._lazy = None
 
     async def _flush_quietly(self) -> None:
         try:
@@ -634,6 +658,7 @@ class OperationJournal:
         """The run's last commit: what is buffered, ``rows``, the terminal ``status`` and
         ``meta`` (waits for a commit in flight first)."""
         self.closed = True
+        self._drop_lazy()
         while self._flushing:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -646,6 +671,7 @@ class OperationJournal:
         """Commit what is buffered (a run stopping without a verdict: cancelled, or its
         process shutting down), best effort."""
         self.closed = True
+        self._drop_lazy()
         try:
             await self.commit()
         except BaseException:  # noqa: BLE001 - what is not committed runs again on resume
@@ -670,6 +696,7 @@ class OperationJournal:
         position: str | None = None,
         found: Entry | object | None = _UNSET,
         describe: Callable[[], dict[str, Any]] | None = None,
+        lazy: bool = False,
     ) -> Any:
         """Run (or replay) the next operation of the calling task.
 
@@ -695,6 +722,10 @@ class OperationJournal:
             position: Use this position (taken with :meth:`position`) instead of the next.
             found: What :meth:`lookup` found at ``position`` (the check is not made again).
             describe: More fields for the intent row (what a view shows).
+            lazy: Leave a value outcome for the next operation's commit for up to
+                :data:`LAZY_COMMIT_DELAY` seconds before committing it alone (code that
+                makes many operations with a little work between them, such as an agent
+                framework's tool loop, then pays one commit per operation).
 
         Returns:
             The value (``invoke``'s, or the recorded one decoded).
@@ -748,7 +779,7 @@ class OperationJournal:
         self._next_step = f"{pos} {name}"
         await self.commit(self.add("intent", pos, intent))
         return await self._attempts(
-            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait
+            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait, lazy
         )
 
     async def _attempts(
@@ -763,6 +794,7 @@ class OperationJournal:
         retry_delay: float,
         max_retry_delay: float,
         wait: bool,
+        lazy: bool = False,
     ) -> Any:
         idem = self.run.derived_key(f"{pos}:{name}")
         failed = 0
@@ -809,7 +841,7 @@ class OperationJournal:
             if wait or rows or writes or extras is not None:
                 await self.commit()
             else:
-                self.soon()
+                self.soon(LAZY_COMMIT_DELAY if lazy else 0.0)
             return value
 
     def _record(
@@ -849,7 +881,8 @@ class OperationJournal:
         without committing its intent first: its intent and outcome are buffered and
         committed with the next operation's intent (or within a turn of the loop). For
         calls a crash may safely repeat (a read, a validation, an event handed to a
-        handler): a crash before that commit runs them again on resume."""
+        handler, a model answer): a crash before that commit runs them again on resume.
+        Committed with the next operation, or alone after :data:`LAZY_COMMIT_DELAY`."""
         intent: dict[str, Any] = {"op": op, "name": name, "args": args}
         intent["at"] = round(time.time(), 3)
         outcome: dict[str, Any] = {"op": op, "name": name, "value": value, "ms": ms}
@@ -859,7 +892,7 @@ class OperationJournal:
         self.done += 1
         self.add("intent", pos, intent)
         self.add("outcome", pos, outcome)
-        self.soon()
+        self.soon(LAZY_COMMIT_DELAY)
 
     def scope(self, key: str) -> DurableScope:
         """The durable scope the body runs in: LLM loops started in it take a position of

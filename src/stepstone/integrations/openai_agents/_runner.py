@@ -2,11 +2,12 @@
 
 Built on the SDK's public extension points, as other durable runners for it are: the
 starting agent is cloned with its model wrapped (a ``Model`` whose ``get_response`` /
-``stream_response`` is one operation of the workflow run), its function tools' invokers
-wrapped (each call one operation), its handoffs wrapped (the agent a handoff returns is
-wrapped the same way), its MCP servers wrapped (each ``call_tool`` one operation,
-``list_tools`` recorded), and the run config's model provider wrapped (models the SDK looks
-up by name). Tools that need approval ask through an operation of their own, so the answer
+``stream_response`` is one operation of the workflow run, recorded when the answer is
+complete and committed with the next operation), its function tools' invokers wrapped
+(each call one operation, its intent committed before it runs), its handoffs wrapped
+(the agent a handoff returns is wrapped the same way), its MCP servers wrapped (each
+``call_tool`` one operation), and the run config's model provider wrapped (models the SDK
+looks up by name). Tools that need approval ask through an operation of their own, so the answer
 given from any process, hours later, is what the resumed run sees.
 
 Positions: the tool calls a model answer asks for take their positions right after the
@@ -17,9 +18,9 @@ place.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -144,24 +145,24 @@ class DurableModel(Model):
         if journal is None:
             return await self.model.get_response(*args, **kwargs)
         name = _model_name(self.model)
-
-        async def invoke(call: Call) -> Outcome:
-            with step_body(journal, call):
+        pos, found = journal.lookup("model", "model", {"model": name}, check_args=False)
+        if found is not None and found.outcome is not None:
+            response: ModelResponse = journal.recorded_value(found, _RESPONSE.validate_python)
+        else:
+            started = time.perf_counter()
+            with step_body(journal, _call(journal, pos, "model")):
                 response = await self.model.get_response(*args, **kwargs)
-            data = _RESPONSE.dump_python(response, mode="json")
-            return Outcome.of(data, response, summary=_summary(response, name))
-
-        response = await journal.operation(
-            "model",
-            "model",
-            {"model": name},
-            invoke,
-            check_args=False,
-            decode=_RESPONSE.validate_python,
-        )
-        tools = args[3] if len(args) > 3 else kwargs.get("tools", [])
-        self._take_positions(journal, response, list(tools or []))
-        return response  # type: ignore[no-any-return]
+            journal.record_done(
+                pos,
+                "model",
+                "model",
+                {"model": name},
+                _RESPONSE.dump_python(response, mode="json"),
+                ms=round((time.perf_counter() - started) * 1000, 3),
+                summary=_summary(response, name),
+            )
+        self._take_positions(journal, response, _tools(args, kwargs))
+        return response
 
     async def stream_response(
         self, *args: Any, **kwargs: Any
@@ -176,52 +177,38 @@ class DurableModel(Model):
         if found is not None and found.outcome is not None:
             response = journal.recorded_value(found, Response.model_validate)
         else:
-            queue: asyncio.Queue[Any] = asyncio.Queue()
-            done = object()
-
-            async def invoke(call: Call) -> Outcome:
-                final: Response | None = None
-                try:
-                    with step_body(journal, call):
-                        async for event in self.model.stream_response(*args, **kwargs):
-                            if isinstance(event, ResponseCompletedEvent):
-                                final = event.response
-                            else:
-                                queue.put_nowait(event)
-                finally:
-                    queue.put_nowait(done)
-                if final is None:
-                    raise UserError(f"model {name!r} ended its stream without a completed response")
-                data = final.model_dump(mode="json")
-                turn = _summary(_as_model_response(final), name)
-                return Outcome.of(data, final, summary=turn)
-
-            task = asyncio.ensure_future(
-                journal.operation(
-                    "model",
-                    "model.stream",
-                    {"model": name},
-                    invoke,
-                    check_args=False,
-                    position=pos,
-                    found=found,
-                    decode=Response.model_validate,
-                )
+            started = time.perf_counter()
+            final: Response | None = None
+            with step_body(journal, _call(journal, pos, "model.stream")):
+                async for event in self.model.stream_response(*args, **kwargs):
+                    if isinstance(event, ResponseCompletedEvent):
+                        final = event.response
+                    else:
+                        yield event
+            if final is None:
+                raise UserError(f"model {name!r} ended its stream without a completed response")
+            response = final
+            journal.record_done(
+                pos,
+                "model",
+                "model.stream",
+                {"model": name},
+                final.model_dump(mode="json"),
+                ms=round((time.perf_counter() - started) * 1000, 3),
+                summary=_summary(_as_model_response(final), name),
             )
-            try:
-                while (event := await queue.get()) is not done:
-                    yield event
-                response = await task
-            finally:
-                if not task.done():
-                    task.cancel()
-        self._take_positions(journal, _as_model_response(response), list(_tools(args, kwargs)))
+        self._take_positions(journal, _as_model_response(response), _tools(args, kwargs))
         yield ResponseCompletedEvent(
             type="response.completed", response=response, sequence_number=0
         )
 
     async def close(self) -> None:
         await self.model.close()
+
+
+def _call(journal: OperationJournal, pos: str, name: str) -> Call:
+    """The call a model request recorded after it ran is made as (its scope's key)."""
+    return Call(journal.key, pos, name, 1, journal.run.derived_key(f"{pos}:{name}"))
 
 
 def _tools(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -291,6 +278,7 @@ def _wrap_tool(tool: FunctionTool, state: _State) -> FunctionTool:
             position=pos,
             found=found,
             decode=decode_value,
+            lazy=True,
         )
 
     needs = tool.needs_approval
@@ -357,6 +345,7 @@ class _DurableMCPServer(MCPServer):
             {"args": arguments},
             invoke,
             decode=CallToolResult.model_validate,
+            lazy=True,
         )
 
     async def list_prompts(self, *args: Any, **kwargs: Any) -> Any:

@@ -8,12 +8,13 @@ operation of the workflow run the agent is in (the kernel's ``current_journal()`
 
 Inside a workflow's body:
 
-* a model request, a tool call and a capability's durable operation each commit an intent
-  before they run and an outcome after (the outcome rides with the next intent's commit):
-  on resume a recorded outcome is replayed and the call is not made again;
-* tool-argument validation, tool discovery and event-stream handler calls are recorded
-  after they ran, committed with the next operation (a crash before that commit runs them
-  again);
+* a tool call and a capability's durable operation each commit an intent before they
+  run and an outcome after (the outcome rides with the next intent's commit): on resume
+  a recorded outcome is replayed and the call is not made again;
+* a model request, tool-argument validation, tool discovery and event-stream handler calls
+  are recorded after they ran, committed with the next operation (a crash before that
+  commit makes them again, as it would a call in flight), so a turn of the tool loop
+  costs one commit;
 * values are journaled as JSON (``JSON_CODEC``), under the names
   :class:`pydantic_ai.durable_exec.JournalOperationNamer` gives (``support__model.request``,
   ``support__function_toolset__tools.call_tool:refund``...): persisted data, pinned by a
@@ -82,9 +83,11 @@ class StepConfig(TypedDict, total=False):
     in_doubt: InDoubt
 
 
-#: The intent of each operation kind: (op, light). A light operation is recorded after it
-#: ran, without an intent commit of its own.
-_LIGHT = frozenset({"validate", "discover", "event"})
+#: Operations recorded after they ran, without an intent commit of their own: a crash
+#: before the next commit asks them again, as it would one in flight. A model request is
+#: one: an intent committed first would cost a commit per turn and change nothing (a
+#: request cut short is sent again either way).
+_LIGHT = frozenset({"model", "validate", "discover", "event"})
 
 
 def _jsonable(value: Any) -> Any:
@@ -183,8 +186,7 @@ class StepstoneOperationBackend(CallableOperationBackend[StepConfig]):
         async def invoke(call: Call) -> Outcome:
             with step_body(journal, call):
                 payload = await body()
-            summary = model_turn_summary(payload) if op == "model" else None
-            return Outcome.of(payload, payload, summary=summary)
+            return Outcome.of(payload, payload)
 
         return await journal.operation(
             op,
@@ -194,6 +196,7 @@ class StepstoneOperationBackend(CallableOperationBackend[StepConfig]):
             check_args=op == "tool",
             in_doubt=in_doubt,
             wait=in_doubt == "fail",
+            lazy=True,
         )
 
 
@@ -214,7 +217,8 @@ async def _light(
     with step_body(journal, call):
         payload = await body()
     ms = round((time.perf_counter() - started) * 1000, 3)
-    journal.record_done(pos, op, name, args, payload, ms=ms)
+    summary = model_turn_summary(payload) if op == "model" else None
+    journal.record_done(pos, op, name, args, payload, ms=ms, summary=summary)
     return payload
 
 

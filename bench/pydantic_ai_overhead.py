@@ -211,6 +211,121 @@ async def pydantic_ai(tmp: Path, n: int, repeat: int, with_dbos: bool) -> None:
             bench.dbos.destroy()
 
 
+def agents_sdk_model() -> Any:
+    """A scripted Agents SDK ``Model``: one ``lookup`` call per turn, then the answer."""
+    import json
+
+    from agents import Model, ModelResponse, Usage
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
+
+    class Scripted(Model):
+        async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+            items = args[1] if len(args) > 1 else kwargs["input"]
+            n = sum(
+                1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"
+            )
+            output: list[Any]
+            if n < TURNS[0]:
+                args_json = json.dumps({"i": n})
+                output = [
+                    ResponseFunctionToolCall(
+                        type="function_call", call_id=f"c{n}", name="lookup", arguments=args_json
+                    )
+                ]
+            else:
+                text = ResponseOutputText(
+                    type="output_text", text=f"looked up {n} things", annotations=[]
+                )
+                output = [
+                    ResponseOutputMessage(
+                        type="message", id="m", role="assistant", status="completed", content=[text]
+                    )
+                ]
+            usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
+            return ModelResponse(output=output, usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    return Scripted()
+
+
+async def agents_sdk(tmp: Path, n: int, repeat: int, with_dbos: bool) -> None:
+    from agents import Agent as SDKAgent
+    from agents import Runner, function_tool, set_tracing_disabled
+
+    from stepstone.integrations.openai_agents import DurableRunner
+
+    set_tracing_disabled(True)
+    TURNS[0] = n
+    runs = [0]
+
+    def sdk_agent(tool: Callable[[int], str]) -> Any:
+        async def lookup(i: int) -> str:
+            """Look something up."""
+            return tool(i)
+
+        return SDKAgent(name="desk", tools=[function_tool(lookup)], model=agents_sdk_model())
+
+    plain_agent, ours_agent = sdk_agent(lookup_body), sdk_agent(lookup_body)
+
+    async def plain() -> float:
+        t0 = time.perf_counter()
+        await Runner.run(plain_agent, "look things up", max_turns=n + 5)
+        return (time.perf_counter() - t0) * 1000
+
+    @workflow
+    async def ours_wf(k: int) -> str:
+        result = await DurableRunner.run(ours_agent, "look things up", max_turns=n + 5)
+        return str(result.final_output)
+
+    async def ours() -> float:
+        runs[0] += 1
+        store = Store(db=tmp / f"sdk-{runs[0]}.sqlite")
+        t0 = time.perf_counter()
+        assert await ours_wf.using(store=store, key="bench").run(n) == f"looked up {n} things"
+        ms = (time.perf_counter() - t0) * 1000
+        store.close()
+        return ms
+
+    ways: dict[str, Callable[[], Awaitable[float]]] = {"stepstone": ours}
+    dbos: Any = None
+    if with_dbos:
+        from dbos import DBOS, SetWorkflowID
+        from dbos_openai_agents import DBOSRunner
+
+        DBOS(
+            config={"name": "bench-sdk", "system_database_url": f"sqlite:///{tmp}/dbos-sdk.sqlite"}
+        )
+        theirs_agent = sdk_agent(DBOS.step(name="sdk_lookup")(lookup_body))
+
+        @DBOS.workflow()
+        async def theirs_wf(k: int) -> str:
+            result = await DBOSRunner.run(theirs_agent, "look things up", max_turns=n + 5)
+            return str(result.final_output)
+
+        async def theirs() -> float:
+            runs[0] += 1
+            t0 = time.perf_counter()
+            with SetWorkflowID(f"sdk-{runs[0]}"):
+                assert await theirs_wf(n) == f"looked up {n} things"
+            return (time.perf_counter() - t0) * 1000
+
+        DBOS.launch()
+        dbos = DBOS
+        ways["DBOS"] = theirs
+    try:
+        title = f"OpenAI Agents SDK, {n} turns, one tool call per turn, SQLite:"
+        report(title, await measure(tmp, plain, ways, repeat))
+    finally:
+        if dbos is not None:
+            dbos.destroy()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -228,6 +343,20 @@ def main() -> None:
             with_dbos = False
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(pydantic_ai(Path(tmp), args.turns, args.repeat, with_dbos))
+    try:
+        import agents  # noqa: F401
+    except ImportError:
+        print("openai-agents is not installed: no Agents SDK comparison")
+        return
+    sdk_dbos = with_dbos
+    if sdk_dbos:
+        try:
+            import dbos_openai_agents  # noqa: F401
+        except ImportError:
+            print("dbos-openai-agents is not installed: measuring DurableRunner alone")
+            sdk_dbos = False
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(agents_sdk(Path(tmp), args.turns, args.repeat, sdk_dbos))
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ OPERATION_ROWS = (OPS,)
 
 #: Seconds a ``lazy`` outcome (and a call recorded after it ran) waits for the next
 #: operation's commit to take it before it is committed alone.
-LAZY_COMMIT_DELAY = 0.05
+LAZY_COMMIT_DELAY = 0.25
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,6 +1,6 @@
 """``DurableRunner`` in-process: keyed runs and runs inside a workflow, a streamed run
 replayed, tools that need approval decided from another process, clear errors, model
-turns shown per turn (guarantees 537, 538, 540, 542-544)."""
+turns shown per turn (guarantees 537, 538, 540, 542-545)."""
 
 from __future__ import annotations
 
@@ -204,3 +204,43 @@ def test_without_a_workflow_or_a_key_the_runner_says_what_to_pass(server: Loopba
     with pytest.raises(UserError, match="inside a @workflow"):
         DurableRunner.run_streamed(agent, "hi")
     assert server.requests == []
+
+
+async def test_mcp_server_tool_calls_are_journaled_and_replayed(
+    tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
+) -> None:
+    # guarantee 545
+    from agents.mcp import MCPServerStdio
+
+    log = tmp_path / "mcp.log"
+    script = Path(__file__).with_name("mcp_docs_server.py")
+    server.push(call("search_docs", query="refunds"), "read the docs")
+    flaky = {"left": 1}
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    params = {"command": sys.executable, "args": [str(script), str(log)]}
+    async with MCPServerStdio(params=params, name="docs") as docs:  # type: ignore[arg-type]
+        model = OpenAIChatCompletionsModel("gpt-4o-mini", client)
+        agent = Agent(name="support", instructions="Help.", model=model, mcp_servers=[docs])
+
+        @workflow(store=Store(db=tmp_path / "oa.sqlite"), key="mcp")
+        async def handle(ticket: str) -> str:
+            return await after(str((await DurableRunner.run(agent, ticket)).final_output))
+
+        with pytest.raises(ConnectionError):
+            await handle.run("how do refunds work?")
+        calls = [line for line in log.read_text().splitlines() if line.startswith("call")]
+        assert calls == ["call refunds"]
+        assert await handle.run("how do refunds work?") == "read the docs"
+    assert [line for line in log.read_text().splitlines() if line.startswith("call")] == calls
+    steps = Store(db=tmp_path / "oa.sqlite").read("mcp")["steps"]
+    assert [s["args"] for s in steps if s["name"] == "mcp:docs:search_docs"] == [
+        {"args": {"query": "refunds"}}
+    ]
+    assert len(server.requests) == 2

@@ -1,7 +1,7 @@
 """``StepstoneDurability`` in-process: transparent outside a workflow, names pinned, a
 failed run resumed without asking the model again, usage counted once, tool calls that
 need approval decided from another process, event-stream handler calls journaled, model
-turns shown per turn (guarantees 530-538)."""
+turns shown per turn (guarantees 530-538, 545)."""
 
 from __future__ import annotations
 
@@ -370,3 +370,48 @@ def test_show_and_the_run_view_list_model_turns_with_tokens_and_cost(tmp_path: P
     assert "gpt-4o-mini" in shown.output and " out · $" in shown.output
     assert 'charge({"cents": 1299})' in shown.output
     assert EXPECTED.startswith("done: ")
+
+
+def test_mcp_tool_calls_are_journaled_with_one_session_per_run(tmp_path: Path) -> None:
+    # guarantee 530, 545
+    from fastmcp.client.transports import PythonStdioTransport
+    from pydantic_ai.mcp import MCPToolset
+
+    log = tmp_path / "mcp.log"
+    server = Path(__file__).with_name("mcp_docs_server.py")
+    docs = MCPToolset(PythonStdioTransport(server, args=[str(log)]), id="docs")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        n = sum(1 for m in messages if m.kind == "response")
+        if n < 2:
+            query = ["refunds", "returns"][n]
+            call = ToolCallPart("search_docs", {"query": query}, tool_call_id=f"m{n}")
+            return ModelResponse(parts=[call])
+        return ModelResponse(parts=[TextPart("read the docs")])
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(model), name="support", toolsets=[docs], capabilities=[StepstoneDurability()]
+    )
+    flaky = {"left": 1}
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    @workflow(store=Store(db=tmp_path / "wf.sqlite"), key="mcp")
+    async def handle(ticket: str) -> str:
+        return await after((await agent.run(ticket)).output)
+
+    with pytest.raises(ConnectionError):
+        handle.run_sync("how do refunds work?")
+    lines = log.read_text().splitlines()
+    assert [line.split()[0] for line in lines].count("session") == 1  # one session per run
+    assert [line for line in lines if line.startswith("call")] == ["call refunds", "call returns"]
+    steps = Store(db=tmp_path / "wf.sqlite").read("mcp")["steps"]
+    calls = [s for s in steps if s["name"] == "support__mcp_server__docs.call_tool"]
+    assert [s["args"]["args"] for s in calls] == [{"query": "refunds"}, {"query": "returns"}]
+    assert handle.run_sync("how do refunds work?") == "read the docs"
+    assert log.read_text().splitlines() == lines  # replayed: no session, no call

@@ -142,39 +142,61 @@ class PydanticAI:
         return (time.perf_counter() - t0) * 1000
 
 
+async def timed(run: Callable[[], Awaitable[float]]) -> tuple[float, float]:
+    """(wall ms, CPU ms of the process, its threads included) of one run."""
+    c0 = time.process_time()
+    ms = await run()
+    return ms, (time.process_time() - c0) * 1000
+
+
+Found = dict[str, tuple[float, float, float, float, float]]
+
+
 async def measure(
     tmp: Path,
     plain: Callable[[], Awaitable[float]],
     ways: dict[str, Callable[[], Awaitable[float]]],
     repeat: int,
-) -> dict[str, tuple[float, float, float, float]]:
-    """Per way: (median overhead ms per turn, min, max, median overhead / raw commit)."""
+) -> Found:
+    """Per way: (median overhead ms per turn, min, max, median overhead / raw commit,
+    median CPU overhead ms per turn)."""
     for run in [plain, *ways.values()]:  # first-run costs (imports, threads, caches)
         await run()
     over: dict[str, list[float]] = {name: [] for name in ways}
+    cpu: dict[str, list[float]] = {name: [] for name in ways}
     raw: list[float] = []
     for r in range(repeat):
         raw.append(raw_commit_ms(tmp / f"raw-{r}-a.sqlite"))
         for name, run in ways.items():
-            base = await plain()
-            over[name].append((await run() - base) / TURNS[0])
+            base, base_cpu = await timed(plain)
+            ms, cpu_ms = await timed(run)
+            over[name].append((ms - base) / TURNS[0])
+            cpu[name].append((cpu_ms - base_cpu) / TURNS[0])
         raw.append(raw_commit_ms(tmp / f"raw-{r}-b.sqlite"))
     commit = statistics.median(raw)
     return {
-        name: (statistics.median(v), min(v), max(v), statistics.median(v) / commit)
+        name: (
+            statistics.median(v),
+            min(v),
+            max(v),
+            statistics.median(v) / commit,
+            statistics.median(cpu[name]),
+        )
         for name, v in over.items()
     }
 
 
-def report(title: str, found: dict[str, tuple[float, float, float, float]]) -> None:
+def report(title: str, found: Found) -> None:
     print(title)
-    for name, (ms, lo, hi, raw) in found.items():
+    for name, (ms, lo, hi, raw, cpu) in found.items():
         print(
-            f"  {name:<10} {ms:6.3f} ms/turn overhead ({lo:.3f}-{hi:.3f}) = {raw:.2f}x a raw commit"
+            f"  {name:<10} {ms:6.3f} ms/turn overhead ({lo:.3f}-{hi:.3f}) = {raw:.2f}x a raw "
+            f"commit; CPU {cpu:.3f} ms/turn"
         )
     if "DBOS" in found and "stepstone" in found:
         ours, theirs = found["stepstone"][0], found["DBOS"][0]
         print(f"  -> stepstone's overhead per turn is {ours / theirs:.2f} of DBOS's (goal <= 0.33)")
+        print(f"     CPU: {found['stepstone'][4] / found['DBOS'][4]:.2f} of DBOS's")
 
 
 async def pydantic_ai(tmp: Path, n: int, repeat: int, with_dbos: bool) -> None:
@@ -204,7 +226,7 @@ async def pydantic_ai(tmp: Path, n: int, repeat: int, with_dbos: bool) -> None:
             )
         print(
             "  stepstone overhead per turn by run length: "
-            + ", ".join(f"{size} turns {v[0]:.3f} ms" for size, v in flat)
+            + ", ".join(f"{size} turns {v[0]:.3f} ms (CPU {v[4]:.3f})" for size, v in flat)
         )
     finally:
         if bench.dbos is not None:

@@ -129,3 +129,25 @@ def test_show_says_what_a_run_waits_for_and_lists_its_events_streams_and_mail(
     assert "sleeping until" in text and "waiting for a message on 'approval'" in text
     assert 'stage: "charged"' in text and "progress: 1 value(s)" in text
     assert "1 pending on 'approval'" in text
+
+
+def test_check_reads_a_runs_messages_events_and_streams(tmp_path: Path) -> None:
+    # guarantee 504: a changed byte in a stream value is found by `stepstone check`
+    import sqlite3
+
+    db = _store(tmp_path)
+    with Store(db=db) as store:
+        claimed = claim_run(store, "r", kind="plan", resume=False, first_step="a")
+        assert claimed.run is not None
+        claimed.run.release()
+        store.backend.stream_append("r", "log", encode_value("hello", "s"), None)
+        store.backend.event_set("r", "stage", encode_value("ok", "e"))
+    assert cli("check", "--db", str(db)).returncode == 0
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE stepstone_streams SET data = '\"hellO\"'")  # beneath the checksum
+    conn.commit()
+    conn.close()
+    found = cli("check", "--db", str(db), "--json")
+    assert found.returncode == 1
+    (problem,) = json.loads(found.stdout)["problems"]
+    assert problem["key"] == "r" and "value 0 of stream 'log'" in problem["detail"]

@@ -146,6 +146,7 @@ async function renderRun(key) {
   }
   $("#actions").hidden = !(run.allow_actions && run.status !== "done");
   renderApprovals(run);
+  renderWaits(run);
   renderAgent(run.agent);
   renderOperations(run);
   const body = $("#timeline tbody");
@@ -225,6 +226,36 @@ function renderOperations(run) {
     tr.append(el("td", op.position), el("td", name), el("td", op.status), el("td", short(op.args, 200), "payload"),
       cell, el("td", op.attempts), el("td", op.ms === null || op.ms === undefined ? "" : op.ms.toFixed(1)));
     body.append(tr);
+  }
+}
+
+function renderWaits(run) {
+  // What the run waits for, its events, streams and pending messages (time_and_messages).
+  const items = [];
+  for (const w of run.waiting || []) {
+    const until = w.until === null ? "no time limit" : "until " + when(w.until);
+    const said = w.state === "sleeping" ? "sleeping " + until
+      : w.state === "waiting" ? "waiting for a message on '" + w.topic + "', " + until
+      : "woken (due " + (w.until === null ? "now" : when(w.until)) + "): it goes on any moment";
+    items.push(["waits", said]);
+  }
+  for (const [name, value] of Object.entries(run.events || {})) {
+    items.push(["event", name + ": " + short(value, 200)]);
+  }
+  for (const s of run.streams || []) items.push(["stream", s.name + ": " + s.length + " value(s)"]);
+  const pending = ((run.messages || {}).pending) || [];
+  if (pending.length) {
+    const topics = [...new Set(pending.map((m) => m.topic))].sort();
+    items.push(["messages", pending.length + " pending on " + topics.map((t) => "'" + t + "'").join(", ")]);
+  }
+  $("#waits").hidden = items.length === 0;
+  const list = $("#waits-list");
+  list.replaceChildren();
+  for (const [what, text] of items) {
+    const li = el("li");
+    li.dataset.what = what;
+    li.append(el("strong", what), " " + text);
+    list.append(li);
   }
 }
 

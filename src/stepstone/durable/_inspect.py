@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepstone.core._serialization import untag
+from stepstone.durable._agent_journal import AGENT_KIND
 from stepstone.durable._approvals import agent_view, waiting_calls
-from stepstone.durable._effects import AGENT_KIND
+from stepstone.durable._journal_format import ENTRIES_KIND, expand
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
 from stepstone.durable._operations import OPERATION_ROWS, operation_rows
 from stepstone.durable._queue import existing_queue
@@ -321,21 +322,39 @@ def _operation_entries(seq: int, records: list[Any]) -> list[dict[str, Any]]:
 def salvaged_timeline(found: Salvaged) -> list[dict[str, Any]]:
     """:func:`timeline` of a run read by ``read_salvaged``, each damaged row in its place
     (kind ``"damaged"``, what is wrong with it as its error), to see what is left around
-    it."""
-    entries = timeline(found.rows)
-    if found.damaged:
-        entries += [
+    it. A journal of entries rows (``durable/_journal_format.py``) shows one entry per
+    journal entry, as the first format wrote them, numbered in order."""
+    damaged = [
+        JournalRow(seq, _DAMAGED, None, fault) for seq, fault in sorted(found.damaged.items())
+    ]
+    rows = sorted([*found.rows, *damaged], key=lambda row: row.seq)
+    if not any(row.kind == ENTRIES_KIND for row in rows):
+        rows = [*found.rows, *damaged]  # numbered as stored (a damaged row keeps its seq)
+        return sorted(timeline_of(rows), key=lambda entry: entry["seq"])
+    return timeline_of(expand(rows))
+
+
+_DAMAGED = "\x00damaged"
+
+
+def timeline_of(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
+    """:func:`timeline` of ``rows``, in which rows of kind ``_DAMAGED`` stand for damaged
+    rows (their data says what is wrong)."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.kind != _DAMAGED:
+            out += timeline([row])
+            continue
+        out.append(
             {
-                "seq": seq,
+                "seq": row.seq,
                 "kind": "damaged",
                 "name": None,
                 "payload": None,
-                "error": {"type": "CheckpointCorruptError", "message": fault},
+                "error": {"type": "CheckpointCorruptError", "message": row.data},
             }
-            for seq, fault in found.damaged.items()
-        ]
-        entries.sort(key=lambda entry: entry["seq"])
-    return entries
+        )
+    return out
 
 
 def run_timeline(found: Salvaged) -> list[dict[str, Any]]:

@@ -33,8 +33,9 @@ class ServerConfig:
 
     Attributes:
         store: The store it serves (runs, queue, messages, streams, webhooks).
-        host: The interface it is bound to; off loopback a ``token`` is required, and on
-            loopback the ``Host`` header must name this machine (against DNS rebinding).
+        host: The interface it is bound to; off loopback a server that takes writes needs a
+            ``token``, and on loopback the ``Host`` header must name this machine (against
+            DNS rebinding).
         import_paths: Folders targets may be imported from; ``POST /runs`` imports no
             module from anywhere else.
         registry: Targets by name, looked up before importing.
@@ -68,7 +69,7 @@ class ServerConfig:
                 "the token must be at least 16 characters (a random one: "
                 "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
-        if self.token is None and not is_loopback(self.host):
+        if self.token is None and self.actions and not is_loopback(self.host):
             raise ConfigurationError(
                 f"serving on {self.host}, off loopback, needs a token: pass --token-file FILE "
                 "(clients send it as `Authorization: Bearer TOKEN`), or keep --host 127.0.0.1"

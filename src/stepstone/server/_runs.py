@@ -15,8 +15,10 @@ from stepstone.durable._inspect import diff_runs, missing_run, query_runs, run_d
 from stepstone.durable._messages import send
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._queue import existing_queue, requeue_run, submit
+from stepstone.durable._records import run_head
 from stepstone.engines.workflow import Workflow
 from stepstone.exceptions import UserError
+from stepstone.runner import checkpoint_latest_key
 from stepstone.server._config import ServerConfig
 from stepstone.server._http import HttpError
 from stepstone.server._targets import Targets
@@ -150,7 +152,12 @@ def start_run(config: ServerConfig, targets: Targets, body: Any) -> dict[str, An
         max_attempts=_field(body, "max_attempts", int, 3),
     )
     entry = handle.entry()
-    out = {"key": entry.run_key, "id": entry.id, "queue": entry.queue, "status": entry.status}
+    out: dict[str, Any] = {
+        "key": entry.run_key,
+        "id": entry.id,
+        "queue": entry.queue,
+        "status": entry.status,
+    }
     if webhook is not None:
         from stepstone.server._webhooks import subscribe
 
@@ -183,7 +190,7 @@ def _result(entry: QueueEntry | None) -> tuple[Any, Any]:
         env = Envelope.from_dict(json.loads(entry.result))
     except (ValueError, TypeError, UserError):
         return None, None
-    error = None if env.error is None else env.error.model_dump(mode="json")
+    error = None if env.error is None else env.error.to_dict()
     return env.to_dict(where="result").get("payload"), error
 
 
@@ -194,6 +201,12 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
     queue = existing_queue(store)
     entry = queue.latest_entry(key) if queue is not None else None
     detail = run_detail(store, key)
+    if detail is None and entry is not None:
+        # a queued agent run records its checkpoint under its run id's own key
+        agent_key = checkpoint_latest_key(key)
+        detail = run_detail(store, agent_key)
+        if detail is not None:
+            detail["key"], detail["record_key"] = key, agent_key
     if detail is None:
         if entry is None:
             raise HttpError(404, missing_run(store, key))
@@ -268,9 +281,7 @@ def list_runs(
 
     bad = sorted(set(statuses) - set(RUN_STATUSES))
     if bad:
-        raise HttpError(
-            400, f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}"
-        )
+        raise HttpError(400, f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}")
     limit = config.page_size if limit is None else limit
     total, runs = query_runs(
         config.store,
@@ -305,7 +316,7 @@ def resume(config: ServerConfig, key: str) -> dict[str, Any]:
     queue = existing_queue(store)
     entry = queue.latest_entry(key) if queue is not None else None
     if entry is None:
-        if store.backend.run_get(key) is None:
+        if run_head(store, key) is None:
             raise HttpError(404, missing_run(store, key))
         raise HttpError(
             409,
@@ -314,7 +325,7 @@ def resume(config: ServerConfig, key: str) -> dict[str, Any]:
         )
     if entry.status not in FINAL_STATUSES:
         raise HttpError(409, f"run {key!r} is {entry.status} in its queue: a worker has it")
-    head = store.backend.run_get(key)
+    head = run_head(store, key)
     if entry.status == "done" and (head is None or head.status == "done"):
         raise HttpError(409, f"run {key!r} is done; rewind it with /retry?from=STEP first")
     requeued = requeue_run(store, key)
@@ -370,8 +381,13 @@ def approve(
     if deny is None and body.get("approve", True) is not True:
         raise HttpError(400, 'pass {"approve": true} or {"deny": "why"}')
     decision: bool | str = True if deny is None else deny
+    record = key
+    if run_head(config.store, key) is None:
+        record = checkpoint_latest_key(key)  # a queued agent run, named by its run id
+        if run_head(config.store, record) is None:
+            record = key
     done = approve_call(
-        config.store, key, call_id, decision=decision, replace=body.get("replace") is True
+        config.store, record, call_id, decision=decision, replace=body.get("replace") is True
     )
     if not done["changed"]:
         outcome = f"{done['tool']} call {call_id} is already {decision_text(decision)}"
@@ -380,7 +396,7 @@ def approve(
         outcome = f"{verb} {done['tool']} call {call_id}"
     done["requeued"] = None
     if resume_after and body.get("resume", True) is not False:
-        detail = run_detail(config.store, key) or {}
+        detail = run_detail(config.store, record) or {}
         undecided = [p for p in detail.get("pending_approvals", []) if p.get("decision") is None]
         if not undecided:
             done["requeued"] = requeue_run(config.store, key)

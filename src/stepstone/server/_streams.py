@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from stepstone.core._threads import to_thread
-from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader
+from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, stream_items
 from stepstone.store import Store
 
 __all__ = ["StreamHub", "StreamHubs"]
@@ -68,7 +68,8 @@ class StreamHub:
         offset = start
         while offset < self.base:  # older than what the hub holds: from the store
             older = await to_thread(
-                self.store.backend.stream_read,
+                stream_items,
+                self.store,
                 self.key,
                 self.name,
                 offset,
@@ -76,11 +77,11 @@ class StreamHub:
             )
             if not older:
                 break
-            for entry in older:
-                if entry.offset >= self.base:
+            for item in older:
+                if item.offset >= self.base:
                     break
-                yield StreamItem.of(entry)
-                offset = entry.offset + 1
+                yield item
+                offset = item.offset + 1
         offset = max(offset, self.base)
         while True:
             index = offset - self.base
@@ -95,9 +96,9 @@ class StreamHub:
                 yield self.outcome
                 return
             async with self._changed:
-                if offset - self.base >= len(self.items) and self.outcome is None:
-                    if self.failed is None:
-                        await self._changed.wait()
+                caught_up = offset - self.base >= len(self.items)
+                if caught_up and self.outcome is None and self.failed is None:
+                    await self._changed.wait()
 
 
 class StreamHubs:

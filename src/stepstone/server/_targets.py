@@ -111,5 +111,3 @@ class Targets:
             return resolve_target(target)
         except UserError as exc:
             raise TargetError(str(exc)) from None
-
-

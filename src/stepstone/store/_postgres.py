@@ -1116,7 +1116,8 @@ class PostgresBackend(Backend):
             lambda cur: (
                 cur.execute(
                     f"INSERT INTO stepstone_webhooks ({_WEBHOOK_COLS}) "
-                    f"VALUES ({', '.join(['%s'] * len(WEBHOOK_COLUMNS))}) ON CONFLICT (id) DO NOTHING",
+                    f"VALUES ({', '.join(['%s'] * len(WEBHOOK_COLUMNS))}) "
+                    "ON CONFLICT (id) DO NOTHING",
                     record.row(),
                 ).rowcount
             ),

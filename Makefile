@@ -49,6 +49,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/pg_commit.py
 	$(PY) bench/pg_queue.py
 	$(PY) bench/sqlite_group.py
+	$(PY) bench/workflow_overhead.py
 	$(PY) bench/llm_overhead.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/prune_cost.py --mb 256

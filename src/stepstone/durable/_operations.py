@@ -49,6 +49,7 @@ import importlib
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -305,12 +306,41 @@ def _collector_paused() -> Iterator[None]:
     rows are tens of thousands of new objects that live on, and on every few hundred of
     them the collector would walk all that were made before (measured: two thirds of the
     time a 10,000-step journal took to decode). Nothing decoded here holds a cycle."""
-    enabled = gc.isenabled()
-    gc.disable()
+    pause_collector()
     try:
         yield
     finally:
-        if enabled:
+        resume_collector()
+
+
+class _Collector:
+    """Pauses of the cyclic garbage collector, counted (runs resumed at once each hold one
+    until they reach their first new operation); it runs again when the last one ends, if
+    it ran before the first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pauses = 0
+        self.was_enabled = False
+
+
+_collector = _Collector()
+
+
+def pause_collector() -> None:
+    """Pause the cyclic garbage collector (see :class:`_Collector`)."""
+    with _collector.lock:
+        if _collector.pauses == 0:
+            _collector.was_enabled = gc.isenabled()
+            gc.disable()
+        _collector.pauses += 1
+
+
+def resume_collector() -> None:
+    """End one :func:`pause_collector`."""
+    with _collector.lock:
+        _collector.pauses -= 1
+        if _collector.pauses == 0 and _collector.was_enabled:
             gc.enable()
 
 
@@ -420,6 +450,21 @@ class OperationJournal:
         self._lost: BaseException | None = None
         self._next_step: str | None = run.head.next_step
         self.closed = False
+        self._paused = False  # holds a collector pause while it replays
+
+    def pause_while_replaying(self) -> None:
+        """Pause the cyclic garbage collector until the body reaches its first operation
+        with nothing recorded (or ends): a replay makes few cycles, while the collector,
+        walking the decoded journal over and over, costs a tenth of a long replay."""
+        if not self._paused and self.entries:
+            pause_collector()
+            self._paused = True
+
+    def end_replay(self) -> None:
+        """Resume the collector paused by :meth:`pause_while_replaying`."""
+        if self._paused:
+            self._paused = False
+            resume_collector()
 
     # -- positions -----------------------------------------------------------------------
     def enter(self) -> contextvars.Token[_Cursor | None]:
@@ -748,6 +793,8 @@ class OperationJournal:
             pos, entry = position, found  # type: ignore[assignment]
         if entry is not None and entry.outcome is not None:
             return self.recorded_value(entry, decode or _same)
+        if self._paused:
+            self.end_replay()  # the first operation past what the journal recorded
         attempt = 1
         if entry is not None:  # started before: in doubt, or a failed run's error
             if not entry.rerun and in_doubt == "fail":

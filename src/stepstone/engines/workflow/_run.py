@@ -120,7 +120,11 @@ async def run_workflow(
             entries, others = load_entries(key, rows, rerun if isinstance(rerun, list) else ())
             _check_start(key, name, others, start)
         journal = OperationJournal(run, entries, what=what, iteration=head.iteration)
-        return await _drive(journal, body, args, kwargs, name)
+        journal.pause_while_replaying()
+        try:
+            return await _drive(journal, body, args, kwargs, name)
+        finally:
+            journal.end_replay()
     finally:
         run.release()
 

@@ -1,7 +1,7 @@
 """``StepstoneDurability`` in-process: transparent outside a workflow, names pinned, a
 failed run resumed without asking the model again, usage counted once, tool calls that
 need approval decided from another process, event-stream handler calls journaled, model
-turns shown per turn (guarantees 530-538, 545)."""
+turns shown per turn (guarantees 530-538, 545, 546)."""
 
 from __future__ import annotations
 
@@ -415,3 +415,34 @@ def test_mcp_tool_calls_are_journaled_with_one_session_per_run(tmp_path: Path) -
     assert [s["args"]["args"] for s in calls] == [{"query": "refunds"}, {"query": "returns"}]
     assert handle.run_sync("how do refunds work?") == "read the docs"
     assert log.read_text().splitlines() == lines  # replayed: no session, no call
+
+
+def test_run_stream_in_a_workflow_streams_then_replays(tmp_path: Path) -> None:
+    # guarantee 546
+    shop = Counted()
+    flaky = {"left": 1}
+    chunks: list[str] = []
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    @workflow(store=Store(db=tmp_path / "wf.sqlite"), key="streamed")
+    async def handle(ticket: str) -> str:
+        async with shop.agent.run_stream(ticket) as streamed:
+            async for text in streamed.stream_output(debounce_by=None):
+                chunks.append(text)
+            output = await streamed.get_output()
+        return await after(output)
+
+    with pytest.raises(ConnectionError):
+        handle.run_sync("refund please")
+    assert chunks[-1] == "refunded 40 and 41"
+    assert shop.requests == 3 and shop.refunds == [40, 41]
+    assert handle.run_sync("refund please") == "refunded 40 and 41"
+    assert shop.requests == 3 and shop.refunds == [40, 41]  # replayed, not asked again
+    steps = Store(db=tmp_path / "wf.sqlite").read("streamed")["steps"]
+    assert [s["name"] for s in steps if s["op"] == "model"] == ["support__model.request_stream"] * 3

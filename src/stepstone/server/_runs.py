@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from stepstone.core import Envelope
 from stepstone.durable._approvals import approve_call, decision_text
-from stepstone.durable._inspect import diff_runs, missing_run, query_runs, run_detail
+from stepstone.durable._inspect import LIST_GROUPS, diff_runs, missing_run, run_detail, run_listing
 from stepstone.durable._messages import send
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._queue import existing_queue, requeue_run, submit
@@ -200,11 +200,11 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
     store = config.store
     queue = existing_queue(store)
     entry = queue.latest_entry(key) if queue is not None else None
-    detail = run_detail(store, key)
+    detail = run_detail(store, key, diagram=True)
     if detail is None and entry is not None:
         # a queued agent run records its checkpoint under its run id's own key
         agent_key = checkpoint_latest_key(key)
-        detail = run_detail(store, agent_key)
+        detail = run_detail(store, agent_key, diagram=True)
         if detail is not None:
             detail["key"], detail["record_key"] = key, agent_key
     if detail is None:
@@ -221,6 +221,7 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
             "events": {},
             "streams": [],
             "error": None,
+            "diagram": None,
         }
     if not full:
         from stepstone.server._pages import cut_payloads
@@ -236,12 +237,32 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
 
     detail["webhooks"] = deliveries(store, key)
     detail["actions"] = available_actions(detail, config)
+    detail["retry_from"] = retry_steps(detail) if "retry" in detail["actions"] else []
     return detail
+
+
+#: The kinds of run ``retry`` can rewind (``retry_run``).
+RETRY_KINDS = ("plan", "workflow")
+
+
+def retry_steps(detail: dict[str, Any]) -> list[str]:
+    """The steps ``/retry?from=STEP`` takes for this run, in order: a Plan's step names
+    (each once, and the step it stopped at), a workflow's step positions."""
+    if detail.get("kind") == "workflow":
+        return [op["position"] for op in detail.get("operations") or () if op["op"] == "step"]
+    names: dict[str, None] = {}
+    for entry in detail.get("timeline") or ():
+        if entry.get("kind") == "step" and entry.get("name"):
+            names.setdefault(str(entry["name"]), None)
+    if detail.get("next_step"):
+        names.setdefault(str(detail["next_step"]), None)
+    return list(names)
 
 
 def available_actions(detail: dict[str, Any], config: ServerConfig) -> list[str]:
     """The actions that can apply to the run now (none on a read-only server): never
-    ``cancel`` on a run that ended cancelled or done, never ``resume`` on a live one."""
+    ``cancel`` on a run that ended cancelled or done, never ``resume`` on a live one,
+    ``retry`` only on a stopped Plan or workflow run."""
     if not config.actions:
         return []
     status, owner = detail.get("status"), detail.get("owner")
@@ -254,7 +275,8 @@ def available_actions(detail: dict[str, Any], config: ServerConfig) -> list[str]
         out.append("cancel")
     if status in ("paused", "failed") and entry and entry.get("status") in FINAL_STATUSES:
         out.append("resume")
-    if status in ("paused", "failed", "done") and owner != "live" and detail.get("kind"):
+    stopped = status in ("paused", "failed", "done") and owner != "live"
+    if stopped and detail.get("kind") in RETRY_KINDS and not detail.get("corrupt"):
         out.append("retry")
     if detail.get("pending_approvals"):
         out.append("approve")
@@ -275,15 +297,19 @@ def list_runs(
     newer_than: float | None,
     limit: int | None,
     offset: int,
+    group: str | None = None,
 ) -> dict[str, Any]:
-    """``GET /runs``: a page of runs with the total that match."""
+    """``GET /runs``: a page of runs with the total that match and the counts of each
+    status and group (``stranded``, ``waiting``, ``queued``)."""
     from stepstone.store._base import RUN_STATUSES
 
     bad = sorted(set(statuses) - set(RUN_STATUSES))
     if bad:
         raise HttpError(400, f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}")
+    if group is not None and group not in LIST_GROUPS:
+        raise HttpError(400, f"unknown group {group!r}; pass one of {', '.join(LIST_GROUPS)}")
     limit = config.page_size if limit is None else limit
-    total, runs = query_runs(
+    found = run_listing(
         config.store,
         statuses=statuses,
         kinds=kinds,
@@ -294,11 +320,14 @@ def list_runs(
         offset=offset,
         error_text=error_text,
         queue=queue,
+        group=group,
     )
+    total, runs = found["total"], found["runs"]
     more = offset + len(runs) < total
     return {
         "total": total,
         "runs": runs,
+        "counts": found["counts"],
         "limit": limit,
         "offset": offset,
         "next_offset": offset + len(runs) if more else None,
@@ -411,4 +440,12 @@ def diff(config: ServerConfig, a: str, b: str) -> dict[str, Any]:
     """``GET /diff?a=KEY&b=KEY``: where two runs diverged, side by side."""
     if not a or not b:
         raise HttpError(400, "pass ?a=KEY&b=KEY")
-    return diff_runs(config.store, a, b)
+    from stepstone.server._pages import cut_payloads
+
+    out = diff_runs(config.store, a, b)
+    for part in ("same", "only_a", "only_b"):
+        cut_payloads(out[part])
+    first = out["first_difference"]
+    if first is not None:
+        cut_payloads([e for e in (first["a"], first["b"]) if e is not None])
+    return out

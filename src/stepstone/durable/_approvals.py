@@ -247,6 +247,11 @@ def waiting_calls(store: Store, head: RunHead, rows: list[JournalRow]) -> list[d
     that holds it: the run itself, or the LLM steps of a paused Plan (or graph)."""
     if head.status != "paused":
         return []
+    if head.kind == "workflow":  # calls its agents (stepstone.integrations) asked about
+        from stepstone.durable._operations import pending_operation_approvals
+
+        asked = pending_operation_approvals(head, rows)
+        return [{**c, "run_key": head.key} for c in asked if c["decision"] is None]
     if head.kind == AGENT_KIND:
         return [{**p, "run_key": head.key} for p in pending_approvals(head, rows)]
     out: list[dict[str, Any]] = []
@@ -313,8 +318,13 @@ def approve_call(
         raise ApprovalTargetError(
             f"an empty reason for denying {call_id!r}; pass --deny 'why' (the model reads it)"
         )
-    if store.backend.run_get(key) is None:
+    found = store.backend.run_get(key)
+    if found is None:
         raise ApprovalTargetError(missing_run(store, key))
+    if found.kind == "workflow":  # a call an integration's agent asked about
+        from stepstone.durable._operations import approve_operation
+
+        return approve_operation(store, key, call_id, decision, replace=replace)
     waiting: list[str] = []
     for head in _paused_agents(store, key):
         rows = store.backend.run_journal(head.key)

@@ -221,11 +221,15 @@ def query_runs(
     offset: int = 0,
     sort: str = "updated",
     now: float | None = None,
+    error_text: str | None = None,
+    queue: str | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Runs matching the filters, most recently updated first (or as ``sort`` says):
     ``(total, page)``.
 
-    ``older_than``/``newer_than`` are ages in seconds since the last commit.
+    ``older_than``/``newer_than`` are ages in seconds since the last commit;
+    ``error_text``: runs whose error (type and message) holds it, in any case;
+    ``queue``: runs submitted to that work queue.
 
     Raises:
         ValueError: a negative ``limit`` or ``offset``, an unknown status or sort.
@@ -245,9 +249,22 @@ def query_runs(
         sort=sort,
         now=now,
     )
+    if error_text:
+        needle = error_text.casefold()
+        out = [h for h in out if needle in _error_words(h).casefold()]
+    if queue is not None:
+        found = existing_queue(store)
+        keys = {e.run_key for e in found.entries(queue, None)} if found is not None else set()
+        out = [h for h in out if h.key in keys]
     page = out[offset : None if limit is None else offset + limit]
     taken = successors(store, page, prefix=prefix or None)
     return len(out), [run_summary(h, now=now, superseded_by=taken.get(h.key)) for h in page]
+
+
+def _error_words(head: RunHead) -> str:
+    """A run's error as one line of text (``type: message``), "" when it has none."""
+    err = _error_of(head)
+    return "" if err is None else f"{err.get('type')}: {err.get('message')}"
 
 
 def _decode(row: JournalRow) -> Any:

@@ -33,7 +33,7 @@ from stepstone.durable._kernel import _journal_rows, ownership_error
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import list_runs
 from stepstone.exceptions import UserError
-from stepstone.store._base import Claim, JournalRow, RunHead
+from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent
 from stepstone.store._store import Store
 
 __all__ = [
@@ -105,6 +105,39 @@ def _runs(store: Store, key: str) -> list[RunHead]:
     return [head, *nested]
 
 
+def _workflow_run(store: Store, key: str) -> RunHead | None:
+    """The head under ``key`` when it is a workflow run (settled through
+    :func:`~stepstone.durable._operations.settle_operation`), else None."""
+    head = store.backend.run_get(key)
+    return head if head is not None and head.kind == "workflow" else None
+
+
+def workflow_in_doubt(store: Store, head: RunHead) -> list[dict[str, Any]]:
+    """The steps in doubt of the workflow run ``head``, as :func:`in_doubt_effects` lists
+    calls (``position`` the step's position, ``name`` its name)."""
+    from stepstone.durable._operations import (
+        operation_rows,
+    )  # (it imports _effects, which imports this)
+
+    found = read_consistent(store.backend, head.key)
+    rows = found[1] if found is not None else []
+    live = owner_alive(head)
+    return [
+        {
+            "run_key": head.key,
+            "position": op["position"],
+            "kind": op["op"],
+            "name": op["name"],
+            "call_id": None,
+            "turn": None,
+            "index": None,
+            "live": live,
+        }
+        for op in operation_rows(head, rows)
+        if op["status"] in ("in doubt", "running") and op["op"] == "step"
+    ]
+
+
 def in_doubt_effects(store: Store, key: str) -> list[dict[str, Any]]:
     """The calls in doubt in the run under ``key`` and the runs nested in it, each as
     ``{run_key, position, kind, name, call_id, turn, index, live}`` (``live``: a process
@@ -113,6 +146,9 @@ def in_doubt_effects(store: Store, key: str) -> list[dict[str, Any]]:
     Raises:
         UserError: no run under ``key``.
     """
+    workflow = _workflow_run(store, key)
+    if workflow is not None:
+        return workflow_in_doubt(store, workflow)
     out: list[dict[str, Any]] = []
     for head in _runs(store, key):
         live = owner_alive(head)
@@ -166,6 +202,22 @@ def settle_effect(
     if note is not None and not isinstance(note, str):
         raise UserError(f"note= must be a string or None, got {note!r:.100}")
     value = to_json_value(result, where="settle_effect(result=...)", strict=True)
+    workflow = _workflow_run(store, key)
+    if workflow is not None:  # its steps are operations of the kernel's operation journal
+        from stepstone.durable._operations import settle_operation
+
+        step_head = settle_operation(store, key, effect, happened=happened, value=value)
+        return {
+            "key": key,
+            "run_key": key,
+            "position": effect,
+            "kind": "step",
+            "name": effect,
+            "call_id": None,
+            "happened": happened,
+            "result": value if happened else None,
+            "status": step_head.status,
+        }
     found = [
         (head, e)
         for head in _runs(store, key)

@@ -909,7 +909,7 @@ class SQLiteBackend(Backend):
         writes: Sequence[tuple[str, str]],
         extras: ExtraWrites,
     ) -> bool:
-        key = head.key
+        key = extras.key or head.key  # whose records
         with self._tx() as conn:
             cur = conn.execute(
                 head_update_sql(self._runs), head_commit_params(head, expected_version)
@@ -918,7 +918,7 @@ class SQLiteBackend(Backend):
                 return False
             if rows:
                 conn.executemany(
-                    journal_insert_sql(self._journal), [journal_params(key, r) for r in rows]
+                    journal_insert_sql(self._journal), [journal_params(head.key, r) for r in rows]
                 )
             now = head.updated_at
             if writes:

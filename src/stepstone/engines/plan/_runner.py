@@ -525,7 +525,9 @@ class PlanRun:
         key = env.metadata.get("idempotency_key")
         if self.run is None or not isinstance(key, str):
             return None
-        return DurableScope(store=self.run.store, key=key, approvals=self.approvals)
+        return DurableScope(
+            store=self.run.store, key=key, approvals=self.approvals, address=self.run.key
+        )
 
     async def _invoke(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:
         """Call the step's target; exceptions become error envelopes (PlanPaused and

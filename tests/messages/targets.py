@@ -59,10 +59,15 @@ async def approval(log: str, wait: float, reminder: float) -> str:
     return f"approved by {answer['by']}" if answer["ok"] else "refused"
 
 
+@step(name="now")
+def now() -> float:
+    return time.time()
+
+
 @workflow
 async def napper(seconds: float) -> float:
-    """Sleeps durably; returns how long after its start it woke (wall clock)."""
-    start = time.time()
+    """Sleeps durably; returns how long after its start (journaled) it woke."""
+    start = await now()
     await stepstone.sleep(seconds)
     return time.time() - start
 

@@ -42,7 +42,7 @@ from stepstone.store._base import (
     prefix_bounds,
     printable_key,
 )
-from stepstone.store._changes import ChangeFeed, run_topic
+from stepstone.store._changes import ChangeFeed, queue_topic, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._memory import consumed_already, run_key_conflict
 from stepstone.store._sqlite_conns import ThreadConnections
@@ -982,17 +982,21 @@ class SQLiteBackend(Backend):
                 (run_key, topic, data, now, message_crc(run_key, topic, data, now)),
             )
             mid = int(cur.lastrowid or 0)
+            woken: list[tuple[Any, ...]] = []
             if conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stepstone_queue'"
             ).fetchone():
                 # A run a worker parked waiting for this topic: runnable now (same transaction).
-                conn.execute(
+                woken = conn.execute(
                     "UPDATE stepstone_queue SET not_before = ?, updated_at = ? "
                     "WHERE run_key = ? AND status = 'queued' AND not_before > ? AND EXISTS "
-                    "(SELECT 1 FROM stepstone_timers WHERE run_key = ? AND topic = ?)",
+                    "(SELECT 1 FROM stepstone_timers WHERE run_key = ? AND topic = ?) "
+                    "RETURNING queue",
                     (now, now, run_key, now, run_key, topic),
-                )
+                ).fetchall()
         self._feed.publish(run_topic(run_key))
+        for (queue,) in woken:  # the workers of this process take it at once
+            self._feed.publish(queue_topic(str(queue)))
         return mid
 
     def _message(self, row: Sequence[Any]) -> Message:

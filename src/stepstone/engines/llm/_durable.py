@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -34,6 +35,8 @@ from stepstone.durable._effects import (
 )
 from stepstone.durable._kernel import claim_run, describe_owner
 from stepstone.durable._leases import owner_alive
+from stepstone.durable._messages import encode_value
+from stepstone.durable._records import blocking_call
 from stepstone.durable._records import read_run as kernel_read_run
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
@@ -61,6 +64,8 @@ __all__ = [
     "run_durable",
     "run_in_scope",
 ]
+
+log = logging.getLogger("stepstone")
 
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 _REQUIRED = ("run_id", "thread_id", "phase", "payload")
@@ -346,9 +351,13 @@ async def run_durable(
     retry_failed: bool,
     system_context: str | None = None,
     retry_retryable: bool = False,
+    address: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the durable LLM run under ``key`` with the agent's tools, output
     type, name and session from ``ctx``; returns its terminal result dict.
+
+    With the engine's ``stream_to``, the model's text is written to that stream of the run
+    ``address`` names (default: ``run_id``) as it comes.
 
     A finished run gives its stored result, unless ``retry_failed`` (a failed one runs
     again from where it stopped) or ``retry_retryable`` and it failed on a retryable error.
@@ -463,6 +472,7 @@ async def run_durable(
             decisions=decisions,
             settings=settings,
             system_context=system_context,
+            address=run_id if address is None else address,
         )
     finally:
         owned.release()
@@ -483,6 +493,7 @@ async def _drive(
     decisions: dict[tuple[int, int, str], Any],
     settings: DurableSettings,
     system_context: str | None,
+    address: str,
 ) -> dict[str, Any]:
     journal = EffectJournal(
         owned,
@@ -516,9 +527,15 @@ async def _drive(
     env = Envelope.from_task(user_message, context=system_context)
     outcome: dict[str, Any] = {"state": "completed", "error": None, "pending_approvals": []}
     payload: Any = None
+    tokens = _TokenStream.start(engine, store, address, contents)
     try:
         payload = await engine._loop(
-            env, tools=list(ctx.tools), output_type=ctx.output_type, state=state, hooks=hooks
+            env,
+            tools=list(ctx.tools),
+            output_type=ctx.output_type,
+            state=state,
+            hooks=hooks,
+            sink=None if tokens is None else tokens.sink,
         )
     except AgentPaused as paused:
         outcome = {"state": "paused", "error": None, "pending_approvals": paused.pending}
@@ -535,6 +552,9 @@ async def _drive(
     except BaseException:  # cancellation, KeyboardInterrupt: a crash, resumable
         await journal.close()
         raise
+    finally:
+        if tokens is not None:
+            await tokens.close()
     await journal.close()
     if outcome["error"] is not None and outcome["error"]["type"] == CheckpointFlushError.__name__:
         # The store failed mid-run: no terminal record, so the run stays resumable.
@@ -602,6 +622,7 @@ async def run_in_scope(
         thread_id=scope.key,
         approvals=scope.approvals,
         pause_raises=True,
+        address=scope.run_address,  # its tokens go to the stream of the run it is part of
     )
 
 
@@ -647,6 +668,7 @@ async def _run_journaled(
     thread_id: str,
     approvals: dict[str, Any] | None,
     pause_raises: bool,
+    address: str | None = None,
 ) -> Envelope[Any]:
     started = time.perf_counter()
     result = await run_durable(
@@ -663,6 +685,7 @@ async def _run_journaled(
         must_exist=False,
         retry_failed=True,
         system_context=env.context,
+        address=address,
     )
     metadata = {
         "model": engine.model,
@@ -699,3 +722,56 @@ async def _run_journaled(
     if wants_structured(ctx.output_type):
         payload = type_adapter(ctx.output_type).validate_python(result["final_structured"])
     return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)
+
+
+class _TokenStream:
+    """The model's text of one durable LLM run, written to a stream of its run as it comes
+    (``LLMEngine(stream_to=...)``): ``{"text": ...}`` values, the tokens that came while
+    the previous value was written joined into the next, each carrying the run's attempt
+    (1, then one more for every resume: a model call that runs again after a crash writes
+    its text again)."""
+
+    def __init__(self, store: Store, address: str, name: str, attempt: int, size: int) -> None:
+        self.store = store
+        self.address = address
+        self.name = name
+        self.attempt = attempt
+        self.sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=size)
+        self.task = asyncio.create_task(self._pump())
+
+    @classmethod
+    def start(
+        cls, engine: Any, store: Store, address: str, contents: JournalContents
+    ) -> _TokenStream | None:
+        name = getattr(engine.settings, "stream_to", None)
+        if not name:
+            return None
+        # this run's own start is recorded already (the journal shares the list)
+        starts = sum(1 for p in contents.phases if p.get("phase") == "run_started")
+        return cls(store, address, name, max(starts, 1), engine.settings.stream_buffer)
+
+    async def _pump(self) -> None:
+        backend = self.store.backend
+        done = False
+        while not done:
+            parts: list[str] = []
+            token = await self.sink.get()
+            while token is not None:
+                parts.append(token)
+                if self.sink.empty():
+                    break
+                token = self.sink.get_nowait()
+            done = token is None
+            if parts:
+                text = encode_value({"text": "".join(parts)}, f"stream {self.name!r}")
+                await blocking_call(
+                    self.store, backend.stream_append, self.address, self.name, text, self.attempt
+                )
+
+    async def close(self) -> None:
+        """Write what is left and stop (the loop ended, or was stopped)."""
+        await self.sink.put(None)
+        try:
+            await self.task
+        except Exception:
+            log.warning("stepstone: writing the stream %r failed", self.name, exc_info=True)

@@ -98,3 +98,9 @@ async def _waiting_step(payload: Any) -> str:
 
 
 waiting_plan = Plan(Step(_noted, name="first"), Step(_waiting_step, name="wait"))
+
+
+@workflow
+async def greet(name: str, punct: str = "!") -> str:
+    """A scheduled workflow's arguments come with every run."""
+    return f"hello {name}{punct}"

@@ -37,7 +37,7 @@ from stepstone.durable._time import recv, set_event, sleep, sleep_until, write_s
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
-from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
+from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step, StepToken
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
 from stepstone.engines.workflow import (
     BoundWorkflow,
@@ -125,6 +125,7 @@ __all__ = [
     "ErrorInfo",
     "Plan",
     "Step",
+    "StepToken",
     "Store",
     "StoreEntry",
     "from_parallel",

@@ -24,7 +24,7 @@ from stepstone.agent import Agent
 from stepstone.core._checks import check_bool, check_number
 from stepstone.core._serialization import to_json_value
 from stepstone.core._sync import run_sync
-from stepstone.durable import list_runs
+from stepstone.durable import in_doubt_effects, list_runs, settle_effect
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.llm._durable import (
     DurableSettings,
@@ -366,6 +366,53 @@ class Runner:
             self.resume(agent, run_id=run_id, thread_id=thread_id, approvals=approvals),
             sync_name="runner.resume_sync(...)",
             async_name="await runner.resume(...)",
+        )
+
+    # -- calls in doubt ----------------------------------------------------------------------
+    def in_doubt(self, run_id: str) -> list[dict[str, Any]]:
+        """The calls of run ``run_id`` (and its subagents) that started before a crash and
+        have no recorded outcome: ``{run_key, position, kind, name, call_id, turn, index,
+        live}`` each.
+
+        Raises:
+            UserError: no run ``run_id`` in this store.
+        """
+        return in_doubt_effects(self.store, checkpoint_latest_key(run_id))
+
+    def settle(
+        self,
+        run_id: str,
+        effect: str,
+        *,
+        happened: bool,
+        result: Any = None,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """Record what a call in doubt of run ``run_id`` did, so the run can go on.
+
+        A tool declared ``in_doubt="fail"`` that was running when its process died stops the
+        run (``EffectInDoubtError``). Check the outside world, then settle the call:
+        ``happened=True`` with the ``result`` it returned (the run's next resume gives it to
+        the model as the call's result, without calling the tool), or ``happened=False``
+        (the next resume calls the tool again). ``effect`` is the call id the error names,
+        or its position (``"tool:2:0"``, from :meth:`in_doubt`). Then
+        ``runner.resume(agent, run_id=...)`` continues the run from there.
+
+        Returns:
+            ``{key, run_key, position, kind, name, call_id, happened, result, status}``.
+
+        Raises:
+            UserError: no such run or call in doubt, or a result for a call that did not
+                happen (see :func:`stepstone.durable.settle_effect`).
+            ConcurrentRunError: a live process owns the run.
+        """
+        return settle_effect(
+            self.store,
+            checkpoint_latest_key(run_id),
+            effect,
+            happened=happened,
+            result=result,
+            note=note,
         )
 
     # -- inspection ------------------------------------------------------------------------

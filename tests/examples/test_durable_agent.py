@@ -79,6 +79,21 @@ def test_docs_code_blocks_run(tmp_path: Path) -> None:
         check=True,
     ).stdout.splitlines()
     assert ids == ["[('bill-1', 't-7', 'done')]", "t-7"]  # guarantee 400
+    settled = subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / f"block{next(i for i, b in enumerate(blocks) if 'settle' in b)}.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        check=True,
+    ).stdout.splitlines()
+    assert settled == [  # guarantee 405
+        "EffectInDoubtError",
+        "['call_0_0']",
+        "completed moved x1 (ledger entry 7781)",
+    ]
 
 
 def test_docs_opening_block_prints_what_it_says(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from stepstone.cli import _check, _messages, _migrate, _ops, _requeue, _ui
+from stepstone.cli import _check, _messages, _migrate, _ops, _requeue, _settle, _ui
 from stepstone.cli import _debug as _debug_state
 from stepstone.cli._ops import split_values
 from stepstone.cli._options import UsageFailure, check_sort, whole, wrong_statuses
@@ -306,6 +306,7 @@ _migrate.register(app)
 _check.register(app)
 _messages.register(app)
 _requeue.register(app)
+_settle.register(app)
 
 
 def main() -> None:

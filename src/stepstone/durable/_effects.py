@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from stepstone.durable._hashing import INPUT_HASH_VERSION, InputHash, hash_json
 from stepstone.durable._kernel import OwnedRun
+from stepstone.durable._settle import not_happened
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointFlushError,
@@ -197,6 +198,8 @@ class JournalContents:
                 )
             if row.kind in ("intent", "outcome"):
                 _check_effect_row(key, run_id, row, data)
+                if row.kind == "intent":  # a new try at a call settled as not happened
+                    out.outcomes.pop(str(row.name), None)
                 (out.intents if row.kind == "intent" else out.outcomes)[str(row.name)] = data
                 intent = out.intents.get(str(row.name))
                 if intent is not None and (
@@ -542,6 +545,10 @@ class EffectJournal:
         if outcome is None:
             return None
         data = outcome.get("data")
+        if not_happened(data):  # settled by a person: it runs as a new call
+            del self.outcomes[pos]
+            self.intents.pop(pos, None)
+            return None
         if hash_json(data) != outcome.get("output_hash"):
             raise self._corrupt(
                 f"the recorded outcome of the {kind} call {name!r} at turn {turn}, index "

@@ -314,3 +314,13 @@ def test_sigkill_mid_fan_out_then_resume_runs_only_the_unfinished_branches(
     for i in range(10):
         resumed = starts[f"start {i}"] - before[f"start {i}"]
         assert resumed == (0 if i in saved else 1), (i, saved, starts)
+
+
+def test_agent_branches_of_a_durable_graph_journal_their_llm_loops_apart() -> None:
+    # guarantee 601: each branch's LLM loop has a key of its own (the branch's index)
+    store = Store()
+    agent = Agent(engine=LLMEngine(FakeModel(["first", "second"])), name="summarise")
+    graph = _fan(agent, StoreCheckpointer(store), into="pages", concurrency=1)
+    assert graph.invoke(Batch(urls=["u1", "u2"])).pages == ["first", "second"]
+    loops = [k for k in store.keys() if k.startswith("agent:") or "[" in k]
+    assert any("fetch:0[0]" in k for k in loops) and any("fetch:0[1]" in k for k in loops)

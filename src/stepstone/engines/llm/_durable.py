@@ -38,6 +38,7 @@ from stepstone.durable._leases import owner_alive
 from stepstone.durable._messages import encode_value
 from stepstone.durable._records import blocking_call
 from stepstone.durable._records import read_run as kernel_read_run
+from stepstone.durable._settle import settled_since_last_phase
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
 from stepstone.engines.llm._output import type_adapter, wants_structured
@@ -423,7 +424,9 @@ async def run_durable(
         if record["phase"] == "run_terminal" and isinstance(stored, dict):
             state = stored.get("state")
             again = state != "completed" and (
-                retry_failed or (retry_retryable and _retryable(stored.get("error")))
+                retry_failed
+                or settled_since_last_phase(rows)  # a call in doubt settled since it ended
+                or (retry_retryable and _retryable(stored.get("error")))
             )
             if state in TERMINAL_STATES and not again:
                 return stored

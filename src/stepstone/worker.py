@@ -49,7 +49,7 @@ from stepstone.durable._queue import (
 )
 from stepstone.durable._records import run_head
 from stepstone.durable._schedules import fire_due
-from stepstone.durable._waiting import Parking, parked_by
+from stepstone.durable._waiting import Parking, parked_by, watch_queues
 from stepstone.exceptions import (
     ConcurrentRunError,
     ConfigurationError,
@@ -61,7 +61,7 @@ from stepstone.exceptions import (
     UserError,
 )
 from stepstone.store import Store
-from stepstone.store._changes import Subscription, queue_topic
+from stepstone.store._changes import Subscription
 from stepstone.store._queue_base import CANCELLED_RUNNING, NEVER, Owner, QueueEntry
 
 __all__ = ["Worker"]
@@ -382,7 +382,7 @@ class Worker:
         renewer.start()
         # A parked run made runnable by a message wakes the worker at once (PostgreSQL's
         # NOTIFY, or a send in this process), not at its next poll.
-        told = self.store.backend.changes().subscribe([queue_topic(q) for q in self.queues])
+        told = watch_queues(self.store, self.queues)
         relay = asyncio.create_task(self._relay(told))
         taken = 0
         backoff = self.poll_interval  # between claims the store could not serve

@@ -209,7 +209,10 @@ async def _wait(
                     # with RunCancelledError and raises it
                     await run.commit(status=run.head.status, next_step=run.head.next_step)
             waited = time.monotonic() - started
-            step = sub.feed.poll if left is None else min(left, sub.feed.poll)
+            # A receive looks at every poll; a plain sleep, which only a cancel (or a change
+            # of its run: a notification) can end early, at least a second apart.
+            every = sub.feed.poll if topic is not None else max(sub.feed.poll, _SLEEP_LOOK)
+            step = every if left is None else min(left, every)
             if park is not None:
                 await to_thread(park.check)  # the worker stops the run at once if cancelled
                 long = left is None or left > park.after
@@ -217,7 +220,15 @@ async def _wait(
                     raise RunParked(where.address, wake_at, () if topic is None else (topic,))
                 if topic is not None:
                     step = min(step, max(0.0, park.after - waited))
-            await sub.await_change(step)
+            until = time.monotonic() + step
+            while not await sub.await_change(max(0.0, until - time.monotonic())):
+                if time.monotonic() >= until:
+                    break
+
+
+#: The longest a sleep waits between two looks at its run (seconds): how soon an
+#: operator's cancel reaches a sleeping run that is not on a worker.
+_SLEEP_LOOK = 1.0
 
 
 async def sleep(seconds: float) -> None:

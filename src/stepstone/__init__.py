@@ -52,6 +52,7 @@ from stepstone.engines.workflow import (
 )
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
+    ApprovalPendingError,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFlushError,
@@ -197,6 +198,7 @@ __all__ = [
     "write_stream",
     # errors
     "AgentCheckpointCorruptionError",
+    "ApprovalPendingError",
     "CheckpointCorruptError",
     "CheckpointFlushError",
     "ConcurrentPlanRunError",

@@ -18,6 +18,12 @@ plain values, the same two Plan runs (now with their ``plan shape`` journal rows
 ``fixtures/store_v3.sqlite`` is frozen the same way: schema version 3 (a checksum, ``crc``,
 on every row), written through the public API with the same records as ``store_v2``, then
 switched to ``journal_mode=DELETE``.
+
+``fixtures/store_v4.sqlite`` is frozen the same way: schema version 4 (timers, messages,
+events and streams beside the journal; no times on journal rows), with the records of
+``store_v3`` and a finished agent run ``agent:bill-1:checkpoint:latest`` (run id ``bill-1``,
+thread ``t1``: the model called ``lookup(order="o-42")``, which returned
+``"order o-42 ok"``, then answered ``"Done."``).
 """
 
 from __future__ import annotations
@@ -367,6 +373,8 @@ def test_every_frozen_store_upgrades_to_exactly_a_new_stores_layout(
         "stepstone_messages",
         "stepstone_events",
         "stepstone_streams",
+        # guarantee 570: the webhook outbox
+        "stepstone_webhooks",
     }
 
 

@@ -14,12 +14,12 @@ reads.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepstone.durable._effects import AGENT_KIND
+from stepstone.durable._agent_journal import AGENT_KIND
+from stepstone.durable._journal_format import Entry, entries_of
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import list_runs
 from stepstone.exceptions import ApprovalTargetError, UserError
@@ -77,20 +77,13 @@ def check_approvals(approvals: Any, *, error: type[UserError] = UserError) -> di
     return dict(approvals)
 
 
-def _load(row: JournalRow) -> Any:
-    try:
-        return json.loads(row.data)
-    except ValueError:
-        return None
-
-
-def _terminal(rows: list[JournalRow]) -> dict[str, Any]:
+def _terminal(rows: Sequence[JournalRow] | Sequence[Entry]) -> dict[str, Any]:
     """The ``terminal_result`` of the run's latest phase record, when that is terminal."""
-    for row in reversed(rows):
-        if row.kind != "phase":
+    for entry in reversed(entries_of(rows)):
+        if entry.kind != "phase":
             continue
-        data = _load(row)
-        if not isinstance(data, dict) or data.get("phase") != "run_terminal":
+        data = entry.data
+        if data.get("phase") != "run_terminal":
             return {}
         payload = data.get("payload")
         result = payload.get("terminal_result") if isinstance(payload, dict) else None
@@ -98,7 +91,9 @@ def _terminal(rows: list[JournalRow]) -> dict[str, Any]:
     return {}
 
 
-def pending_approvals(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]]:
+def pending_approvals(
+    head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]
+) -> list[dict[str, Any]]:
     """The tool calls a paused agent run waits on (``call_id, tool, arguments, turn,
     index, reason``), each with the ``decision`` an operator recorded for it (or None)."""
     if head.kind != AGENT_KIND or head.status != "paused":
@@ -120,7 +115,9 @@ def pending_approvals(head: RunHead, rows: list[JournalRow]) -> list[dict[str, A
     return out
 
 
-def recorded_approvals(head: RunHead | None, rows: list[JournalRow]) -> dict[str, bool | str]:
+def recorded_approvals(
+    head: RunHead | None, rows: Sequence[JournalRow] | Sequence[Entry]
+) -> dict[str, bool | str]:
     """The decisions recorded by :func:`approve_call` for the calls the run waits on now,
     by call id (what its next resume applies when the caller passes none for them)."""
     if head is None:
@@ -132,7 +129,7 @@ def recorded_approvals(head: RunHead | None, rows: list[JournalRow]) -> dict[str
     }
 
 
-def paused_on(rows: list[JournalRow]) -> list[dict[str, Any]]:
+def paused_on(rows: Sequence[JournalRow] | Sequence[Entry]) -> list[dict[str, Any]]:
     """The calls an agent run's latest record says it waits on (a paused ``run_terminal``),
     whatever its head says: a resume that died before it committed anything leaves them so."""
     result = _terminal(rows)
@@ -145,7 +142,9 @@ _REFUSED = "not approved: "
 _CALLS = ("tool:", "subagent:")
 
 
-def applied_decisions(store: Store, key: str, rows: list[JournalRow]) -> dict[str, set[bool | str]]:
+def applied_decisions(
+    store: Store, key: str, rows: Sequence[JournalRow] | Sequence[Entry]
+) -> dict[str, set[bool | str]]:
     """The decisions the agent run under ``key`` (``rows``: its journal) has applied, by call
     id, for every call it paused on: True once the call started (it was approved, or it ran
     before it was in doubt), the reason once it was refused (``"refused"`` for False). A
@@ -154,10 +153,8 @@ def applied_decisions(store: Store, key: str, rows: list[JournalRow]) -> dict[st
     asked: dict[str, dict[str, Any]] = {}
     started: set[str] = set()
     refused: dict[str, str] = {}
-    for row in rows:
-        data = _load(row)
-        if not isinstance(data, dict):
-            continue
+    for row in entries_of(rows):
+        data = row.data
         if row.kind == "phase" and data.get("phase") == "run_terminal":
             payload = data.get("payload")
             result = payload.get("terminal_result") if isinstance(payload, dict) else None
@@ -250,6 +247,11 @@ def waiting_calls(store: Store, head: RunHead, rows: list[JournalRow]) -> list[d
     that holds it: the run itself, or the LLM steps of a paused Plan (or graph)."""
     if head.status != "paused":
         return []
+    if head.kind == "workflow":  # calls its agents (stepstone.integrations) asked about
+        from stepstone.durable._operations import pending_operation_approvals
+
+        asked = pending_operation_approvals(head, rows)
+        return [{**c, "run_key": head.key} for c in asked if c["decision"] is None]
     if head.kind == AGENT_KIND:
         return [{**p, "run_key": head.key} for p in pending_approvals(head, rows)]
     out: list[dict[str, Any]] = []
@@ -316,8 +318,13 @@ def approve_call(
         raise ApprovalTargetError(
             f"an empty reason for denying {call_id!r}; pass --deny 'why' (the model reads it)"
         )
-    if store.backend.run_get(key) is None:
+    found = store.backend.run_get(key)
+    if found is None:
         raise ApprovalTargetError(missing_run(store, key))
+    if found.kind == "workflow":  # a call an integration's agent asked about
+        from stepstone.durable._operations import approve_operation
+
+        return approve_operation(store, key, call_id, decision, replace=replace)
     waiting: list[str] = []
     for head in _paused_agents(store, key):
         rows = store.backend.run_journal(head.key)
@@ -379,16 +386,15 @@ def _record(store: Store, head: RunHead, pending: dict[str, Any], decision: bool
     store.backend.run_transact(head.key, decide)
 
 
-def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
+def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> dict[str, Any]:
     """An agent run's journal for operators: its phases, its effects (each with how many
     times a resumed run replayed it) and the approvals it waits on."""
     phases: list[dict[str, Any]] = []
     starts: list[int] = []
     effects: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        data = _load(row)
-        if not isinstance(data, dict):
-            continue
+    entries = entries_of(rows)
+    for row in entries:
+        data = row.data
         if row.kind == "phase":
             phases.append(
                 {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
@@ -421,11 +427,11 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
         # Every run started after an outcome was committed replays it instead of calling.
         e["replays"] = 0 if seq is None else sum(1 for s in starts if s > seq)
         listed.append(e)
-    result = _terminal(rows)
+    result = _terminal(entries)
     return {
         "phases": phases,
         "effects": listed,
-        "pending_approvals": pending_approvals(head, rows),
+        "pending_approvals": pending_approvals(head, entries),
         "agent_state": result.get("state"),
         "final_text": result.get("final_text"),
     }

@@ -22,18 +22,18 @@ outcome rows by position can be settled this way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from stepstone.core._envelope import payload_text
 from stepstone.core._serialization import to_json_value
 from stepstone.durable._hashing import hash_json
+from stepstone.durable._journal_format import Entry, entries_of
 from stepstone.durable._kernel import _journal_rows, ownership_error
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import list_runs
 from stepstone.exceptions import UserError
-from stepstone.store._base import Claim, JournalRow, RunHead
+from stepstone.store._base import Claim, JournalRow, RunHead, read_consistent
 from stepstone.store._store import Store
 
 __all__ = [
@@ -50,42 +50,31 @@ SETTLED = "settled"
 _INTENT_FIELDS = ("kind", "name", "turn", "index", "call_id", "input_hash", "input_hash_version")
 
 
-def _load(row: JournalRow) -> Any:
-    try:
-        return json.loads(row.data)
-    except ValueError:
-        return None
-
-
 def not_happened(data: Any) -> bool:
     """Whether an outcome's ``data`` is a settlement saying the call did not happen."""
     settled = data.get(SETTLED) if isinstance(data, dict) else None
     return isinstance(settled, dict) and settled.get("happened") is False
 
 
-def settled_since_last_phase(rows: Sequence[JournalRow]) -> bool:
+def settled_since_last_phase(rows: Sequence[JournalRow] | Sequence[Entry]) -> bool:
     """Whether an outcome was settled after the run's last phase record (a run that ended,
     then was settled: its next resume continues instead of returning how it ended)."""
-    for row in reversed(rows):
-        if row.kind == "phase":
+    for entry in reversed(entries_of(rows)):
+        if entry.kind == "phase":
             return False
-        if row.kind == "outcome":
-            data = _load(row)
-            inner = data.get("data") if isinstance(data, dict) else None
+        if entry.kind == "outcome":
+            inner = entry.data.get("data")
             if isinstance(inner, dict) and SETTLED in inner:
                 return True
     return False
 
 
-def _doubtful(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
+def _doubtful(rows: Sequence[JournalRow] | Sequence[Entry]) -> list[dict[str, Any]]:
     """The calls of a journal with an intent and no outcome after it, in journal order."""
     latest: dict[str, dict[str, Any] | None] = {}
-    for row in rows:
-        if row.kind not in ("intent", "outcome") or row.name is None:
-            continue
-        data = _load(row)
-        if isinstance(data, dict):
-            latest[row.name] = data if row.kind == "intent" else None
+    for entry in entries_of(rows):
+        if entry.kind in ("intent", "outcome") and entry.name is not None:
+            latest[entry.name] = entry.data if entry.kind == "intent" else None
     out = []
     for position, intent in latest.items():
         if intent is None or intent.get("kind") == "model":  # a model call is asked again
@@ -116,6 +105,39 @@ def _runs(store: Store, key: str) -> list[RunHead]:
     return [head, *nested]
 
 
+def _workflow_run(store: Store, key: str) -> RunHead | None:
+    """The head under ``key`` when it is a workflow run (settled through
+    :func:`~stepstone.durable._operations.settle_operation`), else None."""
+    head = store.backend.run_get(key)
+    return head if head is not None and head.kind == "workflow" else None
+
+
+def workflow_in_doubt(store: Store, head: RunHead) -> list[dict[str, Any]]:
+    """The steps in doubt of the workflow run ``head``, as :func:`in_doubt_effects` lists
+    calls (``position`` the step's position, ``name`` its name)."""
+    from stepstone.durable._operations import (
+        operation_rows,
+    )  # (it imports _effects, which imports this)
+
+    found = read_consistent(store.backend, head.key)
+    rows = found[1] if found is not None else []
+    live = owner_alive(head)
+    return [
+        {
+            "run_key": head.key,
+            "position": op["position"],
+            "kind": op["op"],
+            "name": op["name"],
+            "call_id": None,
+            "turn": None,
+            "index": None,
+            "live": live,
+        }
+        for op in operation_rows(head, rows)
+        if op["status"] in ("in doubt", "running") and op["op"] == "step"
+    ]
+
+
 def in_doubt_effects(store: Store, key: str) -> list[dict[str, Any]]:
     """The calls in doubt in the run under ``key`` and the runs nested in it, each as
     ``{run_key, position, kind, name, call_id, turn, index, live}`` (``live``: a process
@@ -124,6 +146,9 @@ def in_doubt_effects(store: Store, key: str) -> list[dict[str, Any]]:
     Raises:
         UserError: no run under ``key``.
     """
+    workflow = _workflow_run(store, key)
+    if workflow is not None:
+        return workflow_in_doubt(store, workflow)
     out: list[dict[str, Any]] = []
     for head in _runs(store, key):
         live = owner_alive(head)
@@ -177,6 +202,22 @@ def settle_effect(
     if note is not None and not isinstance(note, str):
         raise UserError(f"note= must be a string or None, got {note!r:.100}")
     value = to_json_value(result, where="settle_effect(result=...)", strict=True)
+    workflow = _workflow_run(store, key)
+    if workflow is not None:  # its steps are operations of the kernel's operation journal
+        from stepstone.durable._operations import settle_operation
+
+        step_head = settle_operation(store, key, effect, happened=happened, value=value)
+        return {
+            "key": key,
+            "run_key": key,
+            "position": effect,
+            "kind": "step",
+            "name": effect,
+            "call_id": None,
+            "happened": happened,
+            "result": value if happened else None,
+            "status": step_head.status,
+        }
     found = [
         (head, e)
         for head in _runs(store, key)

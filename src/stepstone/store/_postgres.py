@@ -998,7 +998,7 @@ class PostgresBackend(Backend):
         extras: ExtraWrites,
     ) -> bool:
         self._refuse_if_read_only()
-        key = head.key
+        key = extras.key or head.key  # whose records
 
         def commit(cur: Cursor) -> bool:
             if writes:
@@ -1015,7 +1015,7 @@ class PostgresBackend(Backend):
                 return False
             if rows:
                 cur.executemany(
-                    INSERT_JOURNAL_SQL, [(key, r.seq, r.kind, r.name, r.data) for r in rows]
+                    INSERT_JOURNAL_SQL, [(head.key, r.seq, r.kind, r.name, r.data) for r in rows]
                 )
             now = head.updated_at
             if writes:
@@ -1048,7 +1048,7 @@ class PostgresBackend(Backend):
                 )
             return True
 
-        keys = [key, *(w for w, _ in writes)]
+        keys = [head.key, key, *(w for w, _ in writes)]
         return self._transaction("commit a step with its records", keys, commit)
 
     def message_send(

@@ -42,7 +42,7 @@ from stepstone.store._base import (
     prefix_bounds,
     printable_key,
 )
-from stepstone.store._changes import ChangeFeed, run_topic
+from stepstone.store._changes import ChangeFeed, queue_topic, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._memory import consumed_already, run_key_conflict
 from stepstone.store._sqlite_conns import ThreadConnections
@@ -947,7 +947,7 @@ class SQLiteBackend(Backend):
         writes: Sequence[tuple[str, str]],
         extras: ExtraWrites,
     ) -> bool:
-        key = head.key
+        key = extras.key or head.key  # whose records
         with self._tx() as conn:
             cur = conn.execute(
                 head_update_sql(self._runs), head_commit_params(head, expected_version)
@@ -956,7 +956,7 @@ class SQLiteBackend(Backend):
                 return False
             if rows:
                 conn.executemany(
-                    journal_insert_sql(self._journal), [journal_params(key, r) for r in rows]
+                    journal_insert_sql(self._journal), [journal_params(head.key, r) for r in rows]
                 )
             now = head.updated_at
             if writes:
@@ -1020,17 +1020,21 @@ class SQLiteBackend(Backend):
                 (run_key, topic, data, now, message_crc(run_key, topic, data, now)),
             )
             mid = int(cur.lastrowid or 0)
+            woken: list[tuple[Any, ...]] = []
             if conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stepstone_queue'"
             ).fetchone():
                 # A run a worker parked waiting for this topic: runnable now (same transaction).
-                conn.execute(
+                woken = conn.execute(
                     "UPDATE stepstone_queue SET not_before = ?, updated_at = ? "
                     "WHERE run_key = ? AND status = 'queued' AND not_before > ? AND EXISTS "
-                    "(SELECT 1 FROM stepstone_timers WHERE run_key = ? AND topic = ?)",
+                    "(SELECT 1 FROM stepstone_timers WHERE run_key = ? AND topic = ?) "
+                    "RETURNING queue",
                     (now, now, run_key, now, run_key, topic),
-                )
+                ).fetchall()
         self._feed.publish(run_topic(run_key))
+        for (queue,) in woken:  # the workers of this process take it at once
+            self._feed.publish(queue_topic(str(queue)))
         return mid
 
     def _message(self, row: Sequence[Any]) -> Message:

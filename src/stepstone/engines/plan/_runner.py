@@ -526,7 +526,9 @@ class PlanRun:
         key = env.metadata.get("idempotency_key")
         if self.run is None or not isinstance(key, str):
             return None
-        return DurableScope(store=self.run.store, key=key, approvals=self.approvals)
+        return DurableScope(
+            store=self.run.store, key=key, approvals=self.approvals, address=self.run.key
+        )
 
     async def _invoke(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:
         """Call the step's target (its LLM text streamed when the run is: ``Plan.stream``)."""

@@ -489,24 +489,40 @@ def history_cmd(
                     e.pop("payload", None)
             _print_json(entries)
             return
-        rows = sum(1 for e in entries if e["seq"] is not None)
-        stop = "" if rows == len(entries) else f", then {entries[-1]['kind']}"
-        table = Table(title=f"{key}: {rows} journal row(s){stop}")
-        for col in ("seq", "kind", "name", "error"):
-            table.add_column(col)
-        if payloads:
-            table.add_column("payload")
-        for e in entries:
-            err = e.get("error")
-            seq = "-" if e["seq"] is None else str(e["seq"])
-            cells = [seq, e["kind"], str(e["name"]), _error_text(err) if err else ""]
-            if payloads:
-                cells.append(_short(e.get("payload")))
-            table.add_row(*cells)
         console = _console()
-        console.print(table)
+        console.print(_history_table(key, found.head.kind, entries, payloads=payloads))
         if found.damaged:
             console.print(Text.assemble(("corrupt", "red"), ": ", visible(damage_report(found))))
+
+
+def _history_table(key: str, kind: str, entries: list[dict[str, Any]], *, payloads: bool) -> Table:
+    """The table of ``stepstone history``: one row per entry of the run's timeline."""
+    if kind == "agent":
+        turns = sum(1 for e in entries if e["kind"] == "model")
+        calls = sum(1 for e in entries if e["kind"] in ("tool", "subagent"))
+        runs = sum(1 for e in entries if e["kind"] == "run")
+        what = f"agent run, {turns} turn(s), {calls} tool call(s), {runs} run(s)"
+    else:
+        rows = sum(1 for e in entries if e["seq"] is not None)
+        stop = "" if rows == len(entries) else f", then {entries[-1]['kind']}"
+        what = f"{rows} journal row(s){stop}"
+    detailed = any(e.get("detail") for e in entries)
+    table = Table(title=f"{key}: {what}")
+    for col in ("seq", "kind", "name", *(("what",) if detailed else ()), "error"):
+        table.add_column(col, overflow="fold")
+    if payloads:
+        table.add_column("payload", overflow="fold")
+    for e in entries:
+        err = e.get("error")
+        seq = "-" if e["seq"] is None else str(e["seq"])
+        cells = [seq, e["kind"], str(e["name"])]
+        if detailed:
+            cells.append(str(e.get("detail") or ""))
+        cells.append(_error_text(err) if err else "")
+        if payloads:
+            cells.append(_short(e.get("payload")))
+        table.add_row(*cells)
+    return table
 
 
 def stranded_cmd(

@@ -9,7 +9,7 @@ from typing import Any
 from stepstone.core._ids import host_id, process_alive
 from stepstone.durable import list_runs as kernel_list_runs
 from stepstone.durable import owner_alive, run_head
-from stepstone.durable._inspect import filter_heads, steps_done, successors
+from stepstone.durable._inspect import damaged_runs, filter_heads, steps_done, successors
 from stepstone.store import RunHead, Store
 from stepstone.store._check import problem_text
 
@@ -27,6 +27,8 @@ class RunLine:
     corrupt: str | None = None
     #: The run that took this one over (a graph invocation resumed under a new id).
     superseded_by: str | None = None
+    #: What is wrong with a journal row of it that does not read (its head reads).
+    damaged: str | None = None
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -59,6 +61,7 @@ class RunLine:
             "created_at": h.created_at,
             "updated_at": h.updated_at,
             "superseded_by": self.superseded_by,
+            "damaged": self.damaged,
         }
 
     def owner(self, now: float) -> tuple[str, str]:
@@ -113,8 +116,9 @@ def select_runs(
     lines = list_runs(store, prefix)
     heads = [line.head for line in lines if line.head is not None]
     taken = successors(store, heads, prefix=prefix)
+    faults = damaged_runs(store, prefix)
     picked: list[RunLine] = [
-        RunLine(key=h.key, head=h, superseded_by=taken.get(h.key))
+        RunLine(key=h.key, head=h, superseded_by=taken.get(h.key), damaged=faults.get(h.key))
         for h in filter_heads(
             heads,
             statuses=statuses,

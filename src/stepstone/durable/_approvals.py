@@ -27,6 +27,7 @@ from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = [
+    "agent_timeline",
     "agent_view",
     "applied_decisions",
     "approve_call",
@@ -380,8 +381,11 @@ def _record(store: Store, head: RunHead, pending: dict[str, Any], decision: bool
 
 
 def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
-    """An agent run's journal for operators: its phases, its effects (each with how many
-    times a resumed run replayed it) and the approvals it waits on."""
+    """An agent run's journal for operators: its phases (a run's start says whether it
+    resumed; its end, the state it ended in), its effects (each with the row it started
+    at, what it did, and how many times a resumed run replayed it) and the approvals it
+    waits on. The one place the operator views read an agent run's row kinds
+    (:func:`agent_timeline` is built on it)."""
     phases: list[dict[str, Any]] = []
     starts: list[int] = []
     effects: dict[str, dict[str, Any]] = {}
@@ -390,11 +394,19 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
         if not isinstance(data, dict):
             continue
         if row.kind == "phase":
-            phases.append(
-                {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
-            )
+            phase = {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
+            given = data.get("payload")
+            payload: dict[str, Any] = given if isinstance(given, dict) else {}
             if data.get("phase") == "run_started":
                 starts.append(row.seq)
+                phase["resumed"] = bool(payload.get("resumed"))
+            elif data.get("phase") == "run_terminal":
+                ended = payload.get("terminal_result")
+                result: dict[str, Any] = ended if isinstance(ended, dict) else {}
+                phase["state"] = payload.get("state") or result.get("state")
+                phase["final_text"] = payload.get("final_text")
+                phase["error"] = result.get("error")
+            phases.append(phase)
         elif row.kind in ("intent", "outcome") and row.name is not None:
             e = effects.setdefault(
                 row.name,
@@ -407,6 +419,7 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
                     "index": data.get("index"),
                     "state": "in doubt",
                     "error": None,
+                    "seq": row.seq,
                     "_seq": None,
                 },
             )
@@ -415,11 +428,21 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
                 e["state"] = "done"
                 e["error"] = out.get("error") if isinstance(out, dict) else None
                 e["_seq"] = row.seq
+                if isinstance(out, dict):
+                    e.update(_did(e["kind"], out))
+    calls = {  # the arguments of each tool call, as the model asked for it
+        c.get("id"): c.get("arguments")
+        for e in effects.values()
+        for c in e.get("tool_calls") or ()
+        if isinstance(c, dict)
+    }
     listed = []
     for e in effects.values():
         seq = e.pop("_seq")
         # Every run started after an outcome was committed replays it instead of calling.
         e["replays"] = 0 if seq is None else sum(1 for s in starts if s > seq)
+        if e["kind"] != "model" and e.get("call_id") in calls:
+            e["arguments"] = calls[e["call_id"]]
         listed.append(e)
     result = _terminal(rows)
     return {
@@ -429,3 +452,84 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
         "agent_state": result.get("state"),
         "final_text": result.get("final_text"),
     }
+
+
+def _did(kind: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """What an effect's recorded outcome says it did: a model call's text and the tool
+    calls it asked for (name and arguments), a tool or subagent call's result."""
+    if kind == "model":
+        asked = [
+            {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
+            for c in out.get("tool_calls") or ()
+            if isinstance(c, dict)
+        ]
+        return {"text": out.get("text"), "tool_calls": asked}
+    return {"content": out.get("content")}
+
+
+def agent_timeline(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """An agent run as operators follow it, from :func:`agent_view`: one entry per run
+    start (``run``: ``started``, or ``resumed`` where a resume took over), model turn
+    (``model``, named by the model, with the tool calls it asked for), tool or subagent
+    call (named by the tool, with its arguments and result) and run end (``end``, named by
+    the state it ended in), in journal order. Each entry has ``seq``, ``kind``, ``name``,
+    ``payload``, ``error`` and a one-line ``detail``."""
+    out: list[dict[str, Any]] = []
+    for p in view["phases"]:
+        if p["phase"] == "run_started":
+            name = "resumed" if p.get("resumed") else "started"
+            out.append(_entry(p["seq"], "run", name, None, None, f"run {name}"))
+        elif p["phase"] == "run_terminal":
+            error = p.get("error")
+            said = f"ended {p.get('state')}"
+            if p.get("final_text"):
+                said += f": {_brief(p['final_text'])}"
+            out.append(_entry(p["seq"], "end", p.get("state"), p.get("final_text"), error, said))
+    for e in view["effects"]:
+        extra = {"turn": e.get("turn"), "state": e["state"], "replays": e["replays"]}
+        if e["kind"] == "model":
+            asked = e.get("tool_calls") or []
+            said = f"turn {e.get('turn')}: " + (
+                ", ".join(_call(c.get("name"), c.get("arguments")) for c in asked)
+                if asked
+                else _brief(e.get("text") or "")
+            )
+            payload = {"text": e.get("text"), "tool_calls": asked} if "text" in e else None
+        else:
+            said = _call(e.get("name"), e.get("arguments"))
+            if "content" in e:
+                said += f" -> {_brief(e.get('content'))}"
+            payload = e.get("content")
+            extra.update(call_id=e.get("call_id"), arguments=e.get("arguments"))
+        if e["state"] != "done":
+            said += " (in doubt: no outcome recorded)"
+        entry = _entry(e["seq"], e["kind"] or "effect", e.get("name"), payload, e["error"], said)
+        out.append({**entry, **extra})
+    out.sort(key=lambda entry: entry["seq"])
+    return out
+
+
+def _entry(seq: int, kind: str, name: Any, payload: Any, error: Any, detail: str) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "kind": kind,
+        "name": name,
+        "payload": payload,
+        "error": error,
+        "detail": detail,
+    }
+
+
+def _call(name: Any, arguments: Any) -> str:
+    """``lookup(order='o-42')``: a call as a line shows it."""
+    if isinstance(arguments, dict):
+        args = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    else:
+        args = "" if arguments is None else repr(arguments)
+    return f"{name}({args})"
+
+
+def _brief(value: Any, width: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return repr(text if len(text) <= width else text[: width - 3] + "...")

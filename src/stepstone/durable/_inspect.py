@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from stepstone.durable._approvals import agent_view, waiting_calls
+from stepstone.durable._approvals import agent_timeline, agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
 from stepstone.durable._queue import existing_queue
@@ -30,10 +30,13 @@ from stepstone.store._views import is_internal_kind
 
 __all__ = [
     "ResumeVerdict",
+    "agent_key",
+    "damaged_runs",
     "damage_report",
     "diff_runs",
     "filter_heads",
     "missing_run",
+    "named_run",
     "query_runs",
     "owner_state",
     "run_detail",
@@ -131,11 +134,23 @@ def _error_of(head: RunHead) -> dict[str, Any] | None:
     return err if isinstance(err, dict) else None
 
 
+def damaged_runs(store: Store, prefix: str | None = None) -> dict[str, str]:
+    """The runs under ``prefix`` with a journal row that does not read (a byte changed on
+    the disk: its checksum no longer matches), each with what is wrong with its first one;
+    its head alone would list it as if nothing were. One pass over the journal."""
+    return store.backend.journal_faults(prefix or None)
+
+
 def run_summary(
-    head: RunHead, *, now: float | None = None, superseded_by: str | None = None
+    head: RunHead,
+    *,
+    now: float | None = None,
+    superseded_by: str | None = None,
+    damaged: str | None = None,
 ) -> dict[str, Any]:
     """One run as a JSON-ready dict (the row of ``stepstone runs --json`` and the web
-    list); ``superseded_by``: the run that took it over (:func:`successors`)."""
+    list); ``superseded_by``: the run that took it over (:func:`successors`);
+    ``damaged``: what is wrong with a journal row of it (:func:`damaged_runs`)."""
     now = time.time() if now is None else now
     err = _error_of(head)
     state = owner_state(head, now=now, superseded_by=superseded_by)
@@ -158,6 +173,7 @@ def run_summary(
         "error_type": None if err is None else err.get("type"),
         "cancel_requested": bool(head.meta.get("cancel_requested")),
         "superseded_by": superseded_by,
+        "damaged": damaged,
     }
 
 
@@ -243,7 +259,11 @@ def query_runs(
     )
     page = out[offset : None if limit is None else offset + limit]
     taken = successors(store, page, prefix=prefix or None)
-    return len(out), [run_summary(h, now=now, superseded_by=taken.get(h.key)) for h in page]
+    faults = damaged_runs(store, prefix)
+    return len(out), [
+        run_summary(h, now=now, superseded_by=taken.get(h.key), damaged=faults.get(h.key))
+        for h in page
+    ]
 
 
 def _decode(row: JournalRow) -> Any:
@@ -254,8 +274,13 @@ def _decode(row: JournalRow) -> Any:
 
 
 def steps_done(head: RunHead) -> int:
-    """How many steps (journal rows) a run has committed, not counting the rows an engine
-    journals about the run itself (a Plan's record of its steps, written once)."""
+    """How many steps a run has committed: journal rows, not counting the rows an engine
+    journals about the run itself (a Plan's record of its steps, written once); for an
+    agent run, its effects done (model turns, tool and subagent calls), which its head
+    counts (one written before that count: its turns)."""
+    if head.kind == AGENT_KIND:
+        effects = head.meta.get("effects")
+        return effects if type(effects) is int else head.iteration
     shape_rows = head.meta.get("shape_rows")
     return head.journal_len - (shape_rows if type(shape_rows) is int else 0)
 
@@ -295,27 +320,37 @@ def salvaged_timeline(found: Salvaged) -> list[dict[str, Any]]:
     it."""
     entries = timeline(found.rows)
     if found.damaged:
-        entries += [
-            {
-                "seq": seq,
-                "kind": "damaged",
-                "name": None,
-                "payload": None,
-                "error": {"type": "CheckpointCorruptError", "message": fault},
-            }
-            for seq, fault in found.damaged.items()
-        ]
+        entries += _damaged(found)
         entries.sort(key=lambda entry: entry["seq"])
     return entries
+
+
+def _damaged(found: Salvaged) -> list[dict[str, Any]]:
+    """An entry for each journal row of ``found`` that does not read."""
+    return [
+        {
+            "seq": seq,
+            "kind": "damaged",
+            "name": None,
+            "payload": None,
+            "error": {"type": "CheckpointCorruptError", "message": fault},
+        }
+        for seq, fault in found.damaged.items()
+    ]
 
 
 def run_timeline(found: Salvaged) -> list[dict[str, Any]]:
     """A run's timeline as operators see it (``show``, ``history``, ``diff``, the
     inspector): :func:`salvaged_timeline`, then, for a failed or paused run, the step it
     stopped at (which committed no row of its own) with its error, as the last entry
-    (``seq`` None, kind ``"failed"`` or ``"paused"``)."""
-    steps = salvaged_timeline(found)
+    (``seq`` None, kind ``"failed"`` or ``"paused"``). An agent run's timeline is its
+    turns, tool calls and resumes (:func:`agent_timeline`), not its journal rows."""
     head = found.head
+    if head.kind == AGENT_KIND:
+        steps = agent_timeline(agent_view(head, found.rows)) + _damaged(found)
+        steps.sort(key=lambda entry: entry["seq"])
+    else:
+        steps = salvaged_timeline(found)
     err = _error_of(head)
     if err is not None and head.status in ("failed", "paused"):
         steps.append(
@@ -342,7 +377,8 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
     err = _error_of(head)
     now = database_now(store) if now is None else now
     taken = successors(store, [head], prefix=key).get(key)
-    summary = run_summary(head, now=now, superseded_by=taken)
+    fault = found.damaged[min(found.damaged)] if found.damaged else None
+    summary = run_summary(head, now=now, superseded_by=taken, damaged=fault)
     detail = {**summary, "meta": head.meta, "error": err, "timeline": steps}
     problem = damage_report(found) if found.damaged else journal_problem(head, rows)
     if problem is not None:  # shown as it is, to see what is left; a resume refuses it
@@ -412,6 +448,21 @@ def _comparable(entry: dict[str, Any]) -> tuple[Any, ...]:
 def _end(head: RunHead) -> dict[str, Any]:
     """Where a run stands, beyond its journal: its status, next step and error."""
     return {"status": head.status, "next_step": head.next_step, "error": _error_of(head)}
+
+
+def agent_key(run_id: str) -> str:
+    """The key of the agent run ``run_id`` (``Runner.run(..., run_id=...)``)."""
+    return f"agent:{run_id}:checkpoint:latest"
+
+
+def named_run(store: Store, name: str) -> str:
+    """The key of the run an operator names: ``name`` itself when the store holds it;
+    else the key of the agent run whose ``run_id`` is ``name`` when there is one (``bill-1``
+    for ``agent:bill-1:checkpoint:latest``); else ``name``."""
+    if name in store.backend.kv_keys(name):  # a listing: nothing decoded (it may be damaged)
+        return name
+    key = agent_key(name)
+    return key if key in store.backend.kv_keys(key) else name
 
 
 def missing_run(store: Store, key: str) -> str:

@@ -449,6 +449,13 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Idempotent."""
 
+    def journal_faults(self, prefix: str | None) -> dict[str, str]:
+        """For each run under ``prefix`` (all when None) with a journal row that does not
+        read (a byte changed beneath the store, found by the row's checksum), what is
+        wrong with its first such row, by run key. One pass over the journal, for an
+        operator's listing; backends whose rows carry no checksum return ``{}``."""
+        return {}
+
     def headless_journal_keys(self) -> list[str]:
         """Keys that hold journal rows but no run head (a head lost to damage; a store
         never leaves them: a run and its rows are deleted together). For ``stepstone

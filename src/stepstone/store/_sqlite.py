@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from stepstone.exceptions import StoreDamagedError, StoreError
+from stepstone.exceptions import CheckpointCorruptError, StoreDamagedError, StoreError
 from stepstone.store._base import (
     HEAD_COLUMNS,
     Backend,
@@ -777,6 +777,27 @@ class SQLiteBackend(Backend):
             .fetchone()
         )
         return None if found is None else self._journal_row(key, found)
+
+    @file_errors
+    def journal_faults(self, prefix: str | None) -> dict[str, str]:
+        if not self._checksums:
+            return {}
+        where, args = _prefix_sql(prefix) if prefix else ("1", ())
+        rows = self._conn().execute(
+            f"SELECT run_key, {self._journal_cols} FROM {self._journal} "
+            f"WHERE {where.replace('key', 'run_key')} ORDER BY run_key, seq",
+            args,
+        )
+        faults: dict[str, str] = {}
+        for row in rows:
+            key = row[0]
+            if key in faults:
+                continue
+            try:
+                self._journal_row(key, row[1:])
+            except CheckpointCorruptError as exc:
+                faults[key] = exc.fault or str(exc)
+        return faults
 
     @file_errors
     def headless_journal_keys(self) -> list[str]:

@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from stepstone.durable._approvals import approve_call, decision_text
-from stepstone.durable._inspect import missing_run, query_runs, run_detail
+from stepstone.durable._inspect import missing_run, named_run, query_runs, run_detail
 from stepstone.durable._operate import cancel_run, retry_run
 from stepstone.durable._retention import parse_age
 from stepstone.exceptions import StepstoneError
@@ -226,7 +226,7 @@ class InspectorApp:
         key = _one(params, "key")
         if not key:
             raise _HttpError("400 Bad Request", "pass ?key=RUN_KEY")
-        detail = run_detail(self.store, key)
+        detail = run_detail(self.store, named_run(self.store, key))
         if detail is None:
             raise _HttpError("404 Not Found", missing_run(self.store, key))
         if _one(params, "full") != "1":

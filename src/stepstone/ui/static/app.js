@@ -101,6 +101,12 @@ async function renderList() {
     keyCell.append(link);
     const statusCell = el("td");
     statusCell.append(statusBadge(run.status));
+    if (run.damaged) {
+      // Its head reads, a journal row does not: say so where the status is.
+      const flag = el("span", "damaged", "badge status-failed damaged-flag");
+      flag.title = run.damaged;
+      statusCell.append(" ", flag);
+    }
     tr.append(keyCell, el("td", run.kind), statusCell,
       ownerCell(run, "td"),
       el("td", run.steps), el("td", run.next_step || ""), el("td", when(run.updated_at)),
@@ -164,8 +170,9 @@ async function renderRun(key) {
     if (entry.payload_chars) {
       payload.append(el("span", " (" + entry.payload_chars + " characters; all of it: stepstone history KEY --payloads --json)", "muted cut"));
     }
-    tr.append(el("td", entry.seq), el("td", entry.kind), el("td", entry.name || ""),
-      payload, errCell);
+    const nameCell = el("td", entry.name || "");
+    if (entry.detail) nameCell.append(el("div", entry.detail, "muted detail"));
+    tr.append(el("td", entry.seq), el("td", entry.kind), nameCell, payload, errCell);
     body.append(tr);
   }
   markLive(" · " + run.steps + " step(s)");

@@ -14,6 +14,12 @@ plain values, the same two Plan runs (now with their ``plan shape`` journal rows
 ``"final"``; ``etl-failed``, ``extract`` done with ``writes="raw"`` and ``broken`` raising
 ``ValueError: bad row 7``), and one finished graph run under ``graph:<uuid>`` (one node
 ``inc`` adding 1 to ``n=41``).
+
+``fixtures/store_v3.sqlite`` is frozen too: schema version 3 (a checksum on every row, no
+times on journal rows), written the same way. It holds the same values, Plan runs and graph
+run, and a finished agent run ``agent:bill-1:checkpoint:latest`` (run id ``bill-1``, thread
+``t1``: the model called ``lookup(order="o-42")``, which returned ``"order o-42 ok"``, then
+answered ``"Done."``).
 """
 
 from __future__ import annotations

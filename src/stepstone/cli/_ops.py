@@ -153,6 +153,29 @@ def _error_text(err: Any, width: int = 70) -> str:
     return _short(err, width)
 
 
+def clock_time(ts: float | None) -> str:
+    """``07:15:41.455``: a time of day (local) to the millisecond; ``-`` when unknown."""
+    if ts is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
+def span(seconds: float | None) -> str:
+    """A duration as a person reads it (``850 us``, ``12.3 ms``, ``4.20 s``, ``3 min 7 s``,
+    ``2 h 5 min``); ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
 def _size(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} KB"
 
@@ -403,7 +426,19 @@ def show_cmd(
         _print_approvals(console, key, detail["pending_approvals"])
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
+        entries = detail["timeline"]
+        shown = entries[-SHOWN_ENTRIES:]
+        console.print(_history_table(key, detail["kind"], shown, payloads=False))
+        if len(shown) < len(entries):
+            console.print(
+                f"  ... and {len(entries) - len(shown)} earlier entries: `stepstone history "
+                f"{key}` lists them all"
+            )
         print_json(console, _cut_texts(detail["record"]))
+
+
+#: Entries of a run's timeline that `show` prints (the last ones; ``history``: all).
+SHOWN_ENTRIES = 20
 
 
 #: Characters of one text of a run's record that `show` prints (``--json``: all).
@@ -508,8 +543,10 @@ def _history_table(key: str, kind: str, entries: list[dict[str, Any]], *, payloa
         what = f"{rows} journal row(s){stop}"
     detailed = any(e.get("detail") for e in entries)
     table = Table(title=f"{key}: {what}")
-    for col in ("seq", "kind", "name", *(("what",) if detailed else ()), "error"):
-        table.add_column(col, overflow="fold")
+    columns = ("seq", "kind", "name", *(("what",) if detailed else ()), "started", "took", "gap")
+    for col in (*columns, "error"):
+        justify = "right" if col in ("took", "gap") else "left"
+        table.add_column(col, overflow="fold", justify=justify)  # type: ignore[arg-type]
     if payloads:
         table.add_column("payload", overflow="fold")
     for e in entries:
@@ -518,6 +555,11 @@ def _history_table(key: str, kind: str, entries: list[dict[str, Any]], *, payloa
         cells = [seq, e["kind"], str(e["name"])]
         if detailed:
             cells.append(str(e.get("detail") or ""))
+        cells += [
+            clock_time(e.get("started_at")),
+            span(e.get("duration_seconds")),
+            span(e.get("gap_seconds")),
+        ]
         cells.append(_error_text(err) if err else "")
         if payloads:
             cells.append(_short(e.get("payload")))

@@ -395,6 +395,7 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
             continue
         if row.kind == "phase":
             phase = {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
+            phase["started_at"], phase["committed_at"] = row.started_at, row.committed_at
             given = data.get("payload")
             payload: dict[str, Any] = given if isinstance(given, dict) else {}
             if data.get("phase") == "run_started":
@@ -421,6 +422,12 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
                     "error": None,
                     "seq": row.seq,
                     "_seq": None,
+                    # when the commit that wrote its intent started (the call ran within
+                    # that commit's span when its outcome came in the same one), until
+                    # the commit of its outcome
+                    "started_at": row.started_at,
+                    "committed_at": None,
+                    "_intent_at": row.committed_at,
                 },
             )
             if row.kind == "outcome":
@@ -428,6 +435,11 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
                 e["state"] = "done"
                 e["error"] = out.get("error") if isinstance(out, dict) else None
                 e["_seq"] = row.seq
+                e["committed_at"] = row.committed_at
+                intent_at, outcome_at = e["_intent_at"], row.committed_at
+                # an intent committed before the call: the call began then
+                if intent_at is not None and outcome_at is not None and intent_at < outcome_at:
+                    e["started_at"] = intent_at
                 if isinstance(out, dict):
                     e.update(_did(e["kind"], out))
     calls = {  # the arguments of each tool call, as the model asked for it
@@ -439,6 +451,7 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
     listed = []
     for e in effects.values():
         seq = e.pop("_seq")
+        e.pop("_intent_at")
         # Every run started after an outcome was committed replays it instead of calling.
         e["replays"] = 0 if seq is None else sum(1 for s in starts if s > seq)
         if e["kind"] != "model" and e.get("call_id") in calls:
@@ -476,17 +489,20 @@ def agent_timeline(view: dict[str, Any]) -> list[dict[str, Any]]:
     ``payload``, ``error`` and a one-line ``detail``."""
     out: list[dict[str, Any]] = []
     for p in view["phases"]:
+        times = {"started_at": p.get("started_at"), "committed_at": p.get("committed_at")}
         if p["phase"] == "run_started":
             name = "resumed" if p.get("resumed") else "started"
-            out.append(_entry(p["seq"], "run", name, None, None, f"run {name}"))
+            out.append({**_entry(p["seq"], "run", name, None, None, f"run {name}"), **times})
         elif p["phase"] == "run_terminal":
             error = p.get("error")
             said = f"ended {p.get('state')}"
             if p.get("final_text"):
                 said += f": {_brief(p['final_text'])}"
-            out.append(_entry(p["seq"], "end", p.get("state"), p.get("final_text"), error, said))
+            entry = _entry(p["seq"], "end", p.get("state"), p.get("final_text"), error, said)
+            out.append({**entry, **times})
     for e in view["effects"]:
         extra = {"turn": e.get("turn"), "state": e["state"], "replays": e["replays"]}
+        extra.update(started_at=e.get("started_at"), committed_at=e.get("committed_at"))
         if e["kind"] == "model":
             asked = e.get("tool_calls") or []
             said = f"turn {e.get('turn')}: " + (

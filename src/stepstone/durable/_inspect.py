@@ -6,6 +6,7 @@ function here only reads.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import time
@@ -47,6 +48,7 @@ __all__ = [
     "source_key",
     "stranded_runs",
     "successors",
+    "with_times",
     "timeline",
 ]
 
@@ -298,6 +300,7 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
             continue
         data = _decode(row)
         entry: dict[str, Any] = {"seq": row.seq, "kind": row.kind, "name": row.name}
+        entry["started_at"], entry["committed_at"] = row.started_at, row.committed_at
         if isinstance(data, dict) and isinstance(data.get("envelope"), dict):
             env = data["envelope"]
             entry["payload"] = env.get("payload")
@@ -360,9 +363,36 @@ def run_timeline(found: Salvaged) -> list[dict[str, Any]]:
                 "name": err.get("step") or err.get("node"),
                 "payload": None,
                 "error": err,
+                "started_at": None,
+                "committed_at": head.updated_at,  # when it was recorded
             }
         )
-    return steps
+    return with_times(steps, created_at=head.created_at)
+
+
+def with_times(entries: list[dict[str, Any]], *, created_at: float) -> list[dict[str, Any]]:
+    """``entries`` (a timeline, in journal order) with how long each one's work took
+    (``duration_seconds``: from its start to its commit) and the gap before it
+    (``gap_seconds``: from the last commit made before it started, or the run's creation,
+    to its start: time spent between steps, stranded after a crash, or waiting to be
+    resumed). None where a time is unknown (rows written before journal rows had times).
+    Every entry gets ``started_at`` and ``committed_at`` (None when unknown)."""
+    commits: list[float] = []  # the commit times seen so far, sorted
+    for entry in entries:
+        started, committed = entry.get("started_at"), entry.get("committed_at")
+        entry["started_at"], entry["committed_at"] = started, committed
+        entry["duration_seconds"] = (
+            round(committed - started, 6) if started is not None and committed is not None else None
+        )
+        gap = None
+        if started is not None:
+            at = bisect.bisect_right(commits, started)
+            before = commits[at - 1] if at else created_at
+            gap = round(max(started - before, 0.0), 6)
+        entry["gap_seconds"] = gap
+        if committed is not None:
+            bisect.insort(commits, committed)
+    return entries
 
 
 def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:

@@ -120,13 +120,17 @@ def _encode(key: str, value: Any, kind: str | None, name: Any) -> str:
 
 
 def _journal_rows(
-    key: str, rows: Sequence[tuple[str, str | None, Any]], seq: int
+    key: str,
+    rows: Sequence[tuple[str, str | None, Any]],
+    seq: int,
+    started: float | None = None,
+    committed: float | None = None,
 ) -> list[JournalRow]:
     """``(kind, name, json_data)`` rows of the run under ``key`` as journal rows numbered
-    from ``seq``."""
+    from ``seq``, with the times of the work they record."""
     out: list[JournalRow] = []
     for kind, name, data in rows:
-        out.append(JournalRow(seq, kind, name, _encode(key, data, kind, name)))
+        out.append(JournalRow(seq, kind, name, _encode(key, data, kind, name), started, committed))
         seq += 1
     return out
 
@@ -198,6 +202,11 @@ class OwnedRun:
             updated_at=now,
         )
 
+    def clock(self) -> float:
+        """Now, on the database's clock (:meth:`Backend.clock`): when a step starts, for
+        the ``started=`` of its commit."""
+        return self.store.backend.clock()
+
     def _prepare(
         self,
         status: str,
@@ -206,7 +215,11 @@ class OwnedRun:
         meta: dict[str, Any] | None,
         rows: Sequence[tuple[str, str | None, Any]],
         writes: Sequence[tuple[str, Any]],
+        started: float | None = None,
     ) -> tuple[RunHead, list[JournalRow], list[tuple[str, str]]]:
+        # By default the work began when this run last committed (or was claimed): the
+        # head's updated_at, read before it moves on.
+        began = self.head.updated_at if started is None else started
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
@@ -214,7 +227,8 @@ class OwnedRun:
             (check_key(k, "writes= key", new=True), _encode(self.key, v, None, k))
             for k, v in writes
         ]
-        return new, _journal_rows(self.key, rows, self.head.journal_len), encoded
+        journal = _journal_rows(self.key, rows, self.head.journal_len, began, new.updated_at)
+        return new, journal, encoded
 
     def commit_sync(
         self,
@@ -225,16 +239,21 @@ class OwnedRun:
         meta: dict[str, Any] | None = None,
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
+        started: float | None = None,
     ) -> None:
         """Commit one step: new head, journal rows (``(kind, name, json_data)``) and
         ``writes`` (``(key, json_value)``), in one transaction. A row's data or a value
-        may be :class:`Encoded` (already JSON text).
+        may be :class:`Encoded` (already JSON text). Each row records when its work
+        started (``started``, a :meth:`clock` time; by default when this run last
+        committed or was claimed) and when it committed (the new head's time).
 
         Raises:
             ConcurrentRunError: another run took the key over (this run's lease had
                 expired); nothing was written (``ConcurrentPlanRunError`` for a Plan).
         """
-        new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
+        new, journal, encoded = self._prepare(
+            status, next_step, iteration, meta, rows, writes, started
+        )
         if not self.store.backend.run_commit(new, self.head.version, journal, encoded):
             new = self._cancelled(new, journal, encoded)
         self.head = new
@@ -248,13 +267,16 @@ class OwnedRun:
         meta: dict[str, Any] | None = None,
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
+        started: float | None = None,
     ) -> None:
         """Async :meth:`commit_sync`. Local files (``Backend.commit_inline``) commit on the
         loop thread, grouped with the commits of other runs on the same loop that are ready
         at the same moment (one transaction, one fsync; each run's compare-and-swap still
         checked on its own); PostgreSQL on an async connection awaited on the loop
         (``Backend.async_commit``); other network backends from a worker thread."""
-        new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
+        new, journal, encoded = self._prepare(
+            status, next_step, iteration, meta, rows, writes, started
+        )
         backend = self.store.backend
         if may_block_loop():  # a sync call's private loop: nothing else to run meanwhile
             ok = backend.run_commit(new, self.head.version, journal, encoded)
@@ -479,7 +501,9 @@ def _claimer(
     lease = LeasePolicy.of(store)
     uid = run_uid or new_uid()
     decision = _Decision()
-    start_rows = _journal_rows(key, first_rows, 0)  # encoded once, outside the transaction
+    # encoded once, outside the transaction; they record the claim: its start, and its
+    # commit (the claim's time, set inside the transaction)
+    start_rows = _journal_rows(key, first_rows, 0, store.backend.clock() if first_rows else None)
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
         if only_if_empty and (head is not None or kv_text is not None):
@@ -544,7 +568,8 @@ def _claimer(
             created_at=now,
             **base,
         )
-        return Claim(head=new, reset_journal=True, rows=start_rows, drop_kv=drop_kv)
+        stamped = [dataclasses.replace(r, committed_at=now) for r in start_rows]
+        return Claim(head=new, reset_journal=True, rows=stamped, drop_kv=drop_kv)
 
     def finish(head: RunHead | None) -> ClaimResult | None:
         if decision.outcome == "occupied":

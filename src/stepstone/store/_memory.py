@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -131,7 +132,10 @@ class MemoryBackend(Backend):
                 if wkey in self._runs:
                     raise run_key_conflict(wkey)
             self._runs[head.key] = head
-            self._journal.setdefault(head.key, []).extend(rows)
+            at = head.updated_at  # every row's committed_at: the commit's time
+            self._journal.setdefault(head.key, []).extend(
+                r if r.committed_at == at else dataclasses.replace(r, committed_at=at) for r in rows
+            )
             for wkey, text in writes:
                 self._kv[wkey] = text
             return True

@@ -814,7 +814,10 @@ class PostgresBackend(Backend):
             if claim.rows:
                 conn.cursor().executemany(
                     INSERT_JOURNAL_SQL,
-                    [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
+                    [
+                        (key, r.seq, r.kind, r.name, r.data, r.started_at, r.committed_at)
+                        for r in claim.rows
+                    ],
                 )
             return claim.head
 
@@ -926,18 +929,18 @@ class PostgresBackend(Backend):
         rows = self._read(
             "read a journal",
             lambda cur: cur.execute(
-                "SELECT seq, kind, name, data FROM stepstone_journal "
+                "SELECT seq, kind, name, data, started_at, committed_at FROM stepstone_journal "
                 "WHERE run_key = %s AND seq >= %s ORDER BY seq",
                 (key, since_seq),
             ).fetchall(),
         )
-        return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
+        return [journal_row(key, *row) for row in rows]
 
     def run_journal_row(self, key: str, seq: int) -> JournalRow | None:
         found = self._read(
             "read a journal row",
             lambda cur: cur.execute(
-                "SELECT seq, kind, name, data FROM stepstone_journal "
+                "SELECT seq, kind, name, data, started_at, committed_at FROM stepstone_journal "
                 "WHERE run_key = %s AND seq = %s",
                 (key, seq),
             ).fetchone(),

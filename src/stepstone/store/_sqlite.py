@@ -58,7 +58,7 @@ from stepstone.store._sqlite_rows import (
 )
 from stepstone.store._sqlite_wal import WalTender, wal_damage
 
-__all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend"]
+__all__ = ["JOURNAL_TIMES", "MIGRATIONS", "SCHEMA", "TIMES_VERSION", "SQLiteBackend"]
 
 #: Schema changes in order; the list index + 1 is the schema version recorded in
 #: ``stepstone_schema``. Never edit an entry, append a new one (and update
@@ -115,6 +115,15 @@ MIGRATIONS: list[str] = [
     + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal"),
 ]
 
+#: When the work a journal row records started and when its commit was made (database
+#: clock), for operators; older rows keep NULL. Not covered by a row's checksum: a time
+#: never steers a run (as a head's lease).
+JOURNAL_TIMES = """
+    ALTER TABLE stepstone_journal ADD COLUMN started_at REAL;
+    ALTER TABLE stepstone_journal ADD COLUMN committed_at REAL;
+"""
+MIGRATIONS.append(JOURNAL_TIMES)
+
 #: The current schema, created in one go in a new file (running version 1 there would
 #: collide with an application's own ``kv`` table).
 SCHEMA = """
@@ -149,6 +158,8 @@ SCHEMA = """
         name TEXT,
         data TEXT NOT NULL,
         crc INTEGER,
+        started_at REAL,
+        committed_at REAL,
         PRIMARY KEY (run_key, seq)
     );
 """ + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal")
@@ -188,11 +199,17 @@ _COLUMNS = (
 #: The schema version from which every row carries a checksum (``crc``).
 _CRC_VERSION = 3
 
+#: The schema version from which journal rows carry their times.
+TIMES_VERSION = MIGRATIONS.index(JOURNAL_TIMES) + 1
+
 
 def _columns_of(version: int) -> tuple[tuple[str, ...], ...]:
     """The columns of the kv, runs and journal tables of schema ``version``."""
     extra = ("crc",) if version >= _CRC_VERSION else ()
-    return tuple(columns + extra for columns in _COLUMNS)
+    kv, runs, journal = (columns + extra for columns in _COLUMNS)
+    if version >= TIMES_VERSION:
+        journal += ("started_at", "committed_at")
+    return kv, runs, journal
 
 
 #: A URL given where a file path belongs (``postgresql://...``, ``sqlite:///x.db``), also
@@ -320,6 +337,7 @@ class SQLiteBackend(Backend):
         self.schema_version = len(MIGRATIONS)
         self._kv, self._runs, self._journal = _TABLES
         self._checksums = True  # rows carry a crc: every store but an older one read-only
+        self._times = True  # journal rows carry their times: likewise
         self.preallocate_wal = preallocate_wal
         self.checkpoint_pages = checkpoint_pages
         tend = preallocate_wal and durability == "full"
@@ -521,6 +539,7 @@ class SQLiteBackend(Backend):
         self.schema_version = version
         self._kv, self._runs, self._journal = _tables_of(version)
         self._checksums = version >= _CRC_VERSION
+        self._times = version >= TIMES_VERSION
 
     def close(self) -> None:
         self._closed = True
@@ -591,11 +610,15 @@ class SQLiteBackend(Backend):
 
     @property
     def _journal_cols(self) -> str:
-        return f"seq, kind, name, data{', crc' if self._checksums else ''}"
+        crc = ", crc" if self._checksums else ""
+        return f"seq, kind, name, data{crc}{', started_at, committed_at' if self._times else ''}"
 
     def _journal_row(self, key: str, row: Sequence[Any]) -> JournalRow:
         """A journal row selected as :attr:`_journal_cols`, its checksum checked, decoded."""
-        return journal_row(key, *(checked_journal_row(key, *row) if self._checksums else row))
+        body, times = (row[:-2], row[-2:]) if self._times else (row, ())
+        return journal_row(
+            key, *(checked_journal_row(key, *body) if self._checksums else body), *times
+        )
 
     # -- key/value -----------------------------------------------------------------------
     @file_errors
@@ -734,7 +757,8 @@ class SQLiteBackend(Backend):
                 return False
             if rows:
                 conn.executemany(
-                    journal_insert_sql(self._journal), [journal_params(head.key, r) for r in rows]
+                    journal_insert_sql(self._journal),
+                    [journal_params(head.key, r, head.updated_at) for r in rows],
                 )
             if writes:
                 for wkey, _ in writes:

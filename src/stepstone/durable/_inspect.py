@@ -17,6 +17,7 @@ from stepstone.durable._approvals import agent_timeline, agent_view, waiting_cal
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
 from stepstone.durable._queue import existing_queue
+from stepstone.exceptions import CorruptRecordError
 from stepstone.store._base import (
     RUN_STATUSES,
     JournalRow,
@@ -26,7 +27,7 @@ from stepstone.store._base import (
     read_salvaged,
 )
 from stepstone.store._queue_base import QueueEntry
-from stepstone.store._store import Store
+from stepstone.store._store import Store, key_problem
 from stepstone.store._views import is_internal_kind
 
 __all__ = [
@@ -489,10 +490,20 @@ def named_run(store: Store, name: str) -> str:
     """The key of the run an operator names: ``name`` itself when the store holds it;
     else the key of the agent run whose ``run_id`` is ``name`` when there is one (``bill-1``
     for ``agent:bill-1:checkpoint:latest``); else ``name``."""
-    if name in store.backend.kv_keys(name):  # a listing: nothing decoded (it may be damaged)
+    if _holds(store, name):
         return name
     key = agent_key(name)
-    return key if key in store.backend.kv_keys(key) else name
+    return key if _holds(store, key) else name
+
+
+def _holds(store: Store, key: str) -> bool:
+    """Whether ``key`` holds a run or a value (one that does not decode holds one too)."""
+    if not key or key_problem(key, new=False) is not None:
+        return False  # a key no store can hold
+    try:
+        return store.backend.run_get(key) is not None or store.backend.kv_get(key) is not None
+    except CorruptRecordError:
+        return True
 
 
 def missing_run(store: Store, key: str) -> str:

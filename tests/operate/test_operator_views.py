@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from stepstone import Agent, Runner, Store, Worker, submit, tool
 from stepstone.cli import app
+from stepstone.durable._inspect import damaged_runs
 from stepstone.testing import FunctionModel, call
 from stepstone.ui import InspectorServer
 from tests.operate._graph_crash import trip_graph
@@ -248,6 +249,9 @@ def test_runs_flags_a_run_with_a_damaged_journal_row(tmp_path: Path) -> None:
     assert listed["fine"]["damaged"] is None
     code, out, _ = _run("runs", "--db", str(db))
     assert code == 0 and "done, damaged" in out
+    many = ["agent:bill-2:checkpoint:latest", "fine", *(f"absent-{i}" for i in range(300))]
+    with Store(db=db, read_only=True) as store:  # a listing of most of a store: one pass
+        assert list(damaged_runs(store, many)) == ["agent:bill-2:checkpoint:latest"]
     with Store(db=db, read_only=True) as store, InspectorServer(store, port=0).start() as server:
         runs = {r["key"]: r for r in _get(server.url + "api/runs")["runs"]}
         assert "does not match its checksum" in runs["agent:bill-2:checkpoint:latest"]["damaged"]

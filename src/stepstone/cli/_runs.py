@@ -116,9 +116,8 @@ def select_runs(
     lines = list_runs(store, prefix)
     heads = [line.head for line in lines if line.head is not None]
     taken = successors(store, heads, prefix=prefix)
-    faults = damaged_runs(store, prefix)
     picked: list[RunLine] = [
-        RunLine(key=h.key, head=h, superseded_by=taken.get(h.key), damaged=faults.get(h.key))
+        RunLine(key=h.key, head=h, superseded_by=taken.get(h.key))
         for h in filter_heads(
             heads,
             statuses=statuses,
@@ -132,7 +131,11 @@ def select_runs(
     picked += [line for line in lines if line.head is None]
     if sort == "key":
         picked.sort(key=lambda line: line.key)
-    return len(picked), picked[offset : None if limit is None else offset + limit]
+    page = picked[offset : None if limit is None else offset + limit]
+    faults = damaged_runs(store, [line.key for line in page if line.head is not None])
+    if faults:  # what the page lists: its runs' journals read
+        page = [dataclasses.replace(line, damaged=faults.get(line.key)) for line in page]
+    return len(picked), page
 
 
 def owner_state(head: RunHead, now: float | None = None) -> tuple[str, str]:

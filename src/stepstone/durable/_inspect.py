@@ -137,11 +137,11 @@ def _error_of(head: RunHead) -> dict[str, Any] | None:
     return err if isinstance(err, dict) else None
 
 
-def damaged_runs(store: Store, prefix: str | None = None) -> dict[str, str]:
-    """The runs under ``prefix`` with a journal row that does not read (a byte changed on
+def damaged_runs(store: Store, keys: Sequence[str]) -> dict[str, str]:
+    """Those of the runs ``keys`` with a journal row that does not read (a byte changed on
     the disk: its checksum no longer matches), each with what is wrong with its first one;
-    its head alone would list it as if nothing were. One pass over the journal."""
-    return store.backend.journal_faults(prefix or None)
+    its head alone would list it as if nothing were. Reads every row of their journals."""
+    return store.backend.journal_faults(keys)
 
 
 def run_summary(
@@ -262,7 +262,7 @@ def query_runs(
     )
     page = out[offset : None if limit is None else offset + limit]
     taken = successors(store, page, prefix=prefix or None)
-    faults = damaged_runs(store, prefix)
+    faults = damaged_runs(store, [h.key for h in page])
     return len(out), [
         run_summary(h, now=now, superseded_by=taken.get(h.key), damaged=faults.get(h.key))
         for h in page

@@ -477,11 +477,11 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Idempotent."""
 
-    def journal_faults(self, prefix: str | None) -> dict[str, str]:
-        """For each run under ``prefix`` (all when None) with a journal row that does not
-        read (a byte changed beneath the store, found by the row's checksum), what is
-        wrong with its first such row, by run key. One pass over the journal, for an
-        operator's listing; backends whose rows carry no checksum return ``{}``."""
+    def journal_faults(self, keys: Sequence[str]) -> dict[str, str]:
+        """For each run of ``keys`` with a journal row that does not read (a byte changed
+        beneath the store, found by the row's checksum), what is wrong with its first such
+        row, by run key: for an operator's listing, which reads every row of the runs it
+        lists. Backends whose rows carry no checksum return ``{}``."""
         return {}
 
     def headless_journal_keys(self) -> list[str]:

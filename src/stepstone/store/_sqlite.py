@@ -196,6 +196,10 @@ _COLUMNS = (
     ("run_key", "seq", "kind", "name", "data"),
 )
 
+#: Up to this many runs, :meth:`SQLiteBackend.journal_faults` reads each run's journal by
+#: its key; more, it reads the whole table once.
+_FAULTS_BY_KEY = 256
+
 #: The schema version from which every row carries a checksum (``crc``).
 _CRC_VERSION = 3
 
@@ -803,17 +807,22 @@ class SQLiteBackend(Backend):
         return None if found is None else self._journal_row(key, found)
 
     @file_errors
-    def journal_faults(self, prefix: str | None) -> dict[str, str]:
-        if not self._checksums:
+    def journal_faults(self, keys: Sequence[str]) -> dict[str, str]:
+        if not self._checksums or not keys:
             return {}
-        where, args = _prefix_sql(prefix) if prefix else ("1", ())
-        rows = self._conn().execute(
-            f"SELECT run_key, {self._journal_cols} FROM {self._journal} "
-            f"WHERE {where.replace('key', 'run_key')} ORDER BY run_key, seq",
-            args,
-        )
+        conn = self._conn()
+        select = f"SELECT run_key, {self._journal_cols} FROM {self._journal}"
+        if len(keys) <= _FAULTS_BY_KEY:  # a page of runs: each journal by the key's index
+            found = (
+                row
+                for key in keys
+                for row in conn.execute(f"{select} WHERE run_key = ? ORDER BY seq", (key,))
+            )
+        else:  # most of a store: one pass over the table
+            wanted = set(keys)
+            found = (row for row in conn.execute(select) if row[0] in wanted)
         faults: dict[str, str] = {}
-        for row in rows:
+        for row in found:
             key = row[0]
             if key in faults:
                 continue

@@ -49,6 +49,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/llm_overhead.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/prune_cost.py --mb 256
+	$(PY) bench/compare.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

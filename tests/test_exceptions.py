@@ -24,6 +24,7 @@ from stepstone.exceptions import (
     ConfigurationTypeError,
     CorruptRecordError,
     PlanPaused,
+    RunParked,
     StepstoneError,
     StoreError,
     UserError,
@@ -39,7 +40,7 @@ def _classes() -> list[type[BaseException]]:
 
 
 def test_every_error_has_one_root() -> None:
-    signals = {PlanPaused}
+    signals = {PlanPaused, RunParked}
     for cls in _classes():
         if cls in signals or issubclass(cls, Warning):
             continue

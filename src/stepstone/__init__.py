@@ -30,12 +30,25 @@ from stepstone.core import (
     from_step,
     tool,
 )
+from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
-from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step
+from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step, StepToken
 from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
+from stepstone.engines.workflow import (
+    BoundWorkflow,
+    StepContext,
+    Workflow,
+    WorkflowStep,
+    deprecate_patch,
+    patched,
+    step,
+    step_context,
+    workflow,
+)
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     CheckpointCorruptError,
@@ -68,12 +81,16 @@ from stepstone.exceptions import (
     ModelRefusalError,
     ModelRequestsBlockedError,
     NodeException,
+    NonDeterministicWorkflowError,
     PlanCompileError,
     PlanPaused,
     PlanRuntimeError,
     QueuedRunError,
     ReducerError,
+    ReplayedStepError,
     RoutingError,
+    RunFinishedError,
+    RunParked,
     SerializationError,
     StaleCheckpointError,
     StateValidationError,
@@ -87,6 +104,7 @@ from stepstone.exceptions import (
     UnserializableValueWarning,
     UsageLimitExceeded,
     UserError,
+    WorkflowCorruptError,
 )
 from stepstone.observability import Event, EventType, Session
 from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
@@ -106,6 +124,7 @@ __all__ = [
     "ErrorInfo",
     "Plan",
     "Step",
+    "StepToken",
     "Store",
     "StoreEntry",
     "from_parallel",
@@ -133,6 +152,16 @@ __all__ = [
     "KeywordEngine",
     "RunContext",
     "RunLocation",
+    # durable functions
+    "BoundWorkflow",
+    "StepContext",
+    "Workflow",
+    "WorkflowStep",
+    "deprecate_patch",
+    "patched",
+    "step",
+    "step_context",
+    "workflow",
     # durable agent runs
     "AgentResult",
     "Runner",
@@ -150,6 +179,16 @@ __all__ = [
     "prune_queue",
     "set_queue_limits",
     "submit",
+    # time and messages
+    "RunOutcome",
+    "Schedule",
+    "ScheduleInfo",
+    "StreamItem",
+    "StreamReader",
+    "asend",
+    "list_schedules",
+    "schedule",
+    "send",
     # errors
     "AgentCheckpointCorruptionError",
     "CheckpointCorruptError",
@@ -174,6 +213,8 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "QueuedRunError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
     "StepstoneError",
@@ -202,4 +243,8 @@ __all__ = [
     "ReducerError",
     "RoutingError",
     "StateValidationError",
+    # workflow errors
+    "NonDeterministicWorkflowError",
+    "ReplayedStepError",
+    "WorkflowCorruptError",
 ]

@@ -11,7 +11,9 @@ starting over:
   record); the latest one is resumed (or, when done, its final state returned);
 * an Agent over an ``LLMEngine``: a :class:`~stepstone.Runner` run whose ``run_id`` is the
   entry's key (a crashed run continues, a finished one returns its stored result);
-* an Agent over a ``ReplanEngine``: the agent run with that same location.
+* an Agent over a ``ReplanEngine``: the agent run with that same location;
+* a workflow (``@workflow``): its run under the entry's key, with the arguments the
+  submitted envelope carries (a crashed run resumes, a finished one returns its result).
 """
 
 from __future__ import annotations
@@ -33,12 +35,20 @@ from stepstone.engines.graph._records import GRAPH_KIND
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.plan import Plan
 from stepstone.engines.replan import ReplanEngine
-from stepstone.exceptions import UserError
+from stepstone.engines.workflow import Workflow, queued_args, run_workflow
+from stepstone.exceptions import ConcurrentRunError, StoreError, UserError
 from stepstone.runner import Runner
 from stepstone.store import Store
 from stepstone.store._queue_base import QueueEntry
 
-__all__ = ["queued_agent", "queued_graph", "queued_plan", "queued_replan", "queued_run"]
+__all__ = [
+    "queued_agent",
+    "queued_graph",
+    "queued_plan",
+    "queued_replan",
+    "queued_run",
+    "queued_workflow",
+]
 
 Run = Callable[[Envelope[Any]], Awaitable[Envelope[Any]]]
 
@@ -57,6 +67,8 @@ def queued_run(obj: Any, store: Store, entry: QueueEntry) -> Run:
         obj = obj()  # a factory
     if isinstance(obj, CompiledGraph):
         return queued_graph(obj, store, entry)
+    if isinstance(obj, Workflow):
+        return queued_workflow(obj, store, entry)
     agent = obj if isinstance(obj, Agent) else None
     engine = agent.engine if agent is not None else obj
     if isinstance(engine, Plan):
@@ -69,7 +81,7 @@ def queued_run(obj: Any, store: Store, entry: QueueEntry) -> Run:
         f"target {entry.target!r} of queued run {entry.id} is a {type(obj).__name__}"
         + (f" over a {type(engine).__name__}" if agent is not None else "")
         + ", not a Plan, a compiled graph, an Agent over a Plan, an LLMEngine or a "
-        "ReplanEngine, or a function returning one"
+        "ReplanEngine, a workflow, or a function returning one"
     )
 
 
@@ -100,6 +112,32 @@ def queued_replan(engine: ReplanEngine, agent: Agent, store: Store, entry: Queue
 def _agent_at(agent: Agent, location: RunLocation) -> Run:
     async def run(env: Envelope[Any]) -> Envelope[Any]:
         return await agent.run(env, location=location)
+
+    return run
+
+
+def queued_workflow(wf: Workflow[..., Any], store: Store, entry: QueueEntry) -> Run:
+    """The workflow ``wf`` run under the entry's key with the arguments its task envelope
+    carries (``wf.using(...).submit(*args)`` put them there).
+
+    The result envelope's payload is the workflow's return value; a workflow that raised
+    gives an error envelope (its entry ends ``failed``) and its run is recorded ``failed``,
+    so a retry of the entry resumes it.
+    """
+
+    async def run(env: Envelope[Any]) -> Envelope[Any]:
+        args, kwargs, data = queued_args(wf, env)
+        try:
+            value = await run_workflow(wf.name, wf.fn, store, entry.run_key, args, kwargs, data)
+        except (UserError, ConcurrentRunError, StoreError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the workflow's own error: its envelope
+            return Envelope.error_envelope(
+                exc, task=env.task, metadata={"workflow": wf.name, "key": entry.run_key}
+            )
+        return Envelope(
+            task=env.task, payload=value, metadata={"workflow": wf.name, "key": entry.run_key}
+        )
 
     return run
 
@@ -206,7 +244,8 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
     The task envelope's payload is the initial state (its JSON form); the result's
     payload is the final state's JSON form.
     """
-    checkpointer = _EntryCheckpointer(store, entry.run_key, graph.checkpointer)
+    own = graph.checkpointer if isinstance(graph.checkpointer, StoreCheckpointer) else None
+    checkpointer = _EntryCheckpointer(store, entry.run_key, own)
     durable: CompiledGraph[Any] = CompiledGraph(
         state_cls=graph.state_cls,
         nodes=graph.nodes,
@@ -214,6 +253,7 @@ def queued_graph(graph: CompiledGraph[Any], store: Store, entry: QueueEntry) -> 
         entry=graph.entry,
         checkpointer=checkpointer,
         migrations=graph.migrations,
+        observers=graph.observers,
     )
 
     async def run(env: Envelope[Any]) -> Envelope[Any]:

@@ -236,12 +236,22 @@ class Agent:
         )
 
     async def stream(
-        self, task: str | Envelope[Any], *, context: str | None = None
+        self, task: str | Envelope[Any], *, context: str | None = None, **options: Any
     ) -> AsyncIterator[str]:
-        """Stream text tokens (engines with ``stream``; others yield the final text once)."""
+        """Stream text tokens (engines with ``stream``; others yield the final text once).
+
+        Over a Plan, the tokens are :class:`~stepstone.engines.plan.StepToken` strings
+        naming the step they come from, and the run is checkpointed as by :meth:`run`.
+        ``options`` go to the engine's ``stream`` (a Plan's ``boundaries=True``).
+        """
         env = self._envelope(task, context)
         stream_fn = getattr(self.engine, "stream", None)
         if stream_fn is None:
+            if options:
+                raise TypeError(
+                    f"{self.name}.stream() got {sorted(options)}, but its engine "
+                    f"{type(self.engine).__name__} has no stream() to take them"
+                )
             result = await self.run(env)
             if not result.ok:
                 assert result.error is not None
@@ -250,11 +260,17 @@ class Agent:
             return
         ctx = self.run_context()
         if self._stream_takes_context:
-            tokens: AsyncIterator[str] = stream_fn(env, ctx)
+            tokens: AsyncIterator[str] = stream_fn(env, ctx, **options)
         else:
-            tokens = stream_fn(env, **ctx.keywords())
-        async for token in tokens:
-            yield token
+            tokens = stream_fn(env, **ctx.keywords(), **options)
+        try:
+            async for token in tokens:
+                yield token
+        finally:
+            # a consumer that stops early stops the engine's stream now, not at collection
+            aclose = getattr(tokens, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def submit(
         self,

@@ -3,7 +3,8 @@
 The tree::
 
     BaseException
-    └── PlanPaused                      a step asks the Plan to halt cooperatively (not an error)
+    ├── PlanPaused                      a step asks the Plan to halt cooperatively (not an error)
+    └── RunParked                       a waiting run gives its worker's slot back (not an error)
     Exception
     └── StepstoneError                  base of every error stepstone raises
         ├── UserError                   you used the API wrong; fix the call, do not retry
@@ -14,6 +15,7 @@ The tree::
         │   ├── MissingExtraError (+ImportError)  an optional dependency is not installed
         │   ├── ModelRequestsBlockedError  a real model request while requests are blocked
         │   ├── ApprovalTargetError     an approval names no paused run or no call it waits on
+        │   ├── RunFinishedError        a message sent to a run that finished (none would read it)
         │   └── StoreKeyConflictError   a key holds a value of another kind (KV vs checkpoint)
         ├── ConcurrentRunError (+RuntimeError)   another live run owns the run record
         │   ├── ConcurrentPlanRunError  the same, raised to Plan users (checkpoint_key)
@@ -24,7 +26,8 @@ The tree::
         │   └── CorruptRecordError      a stored run record cannot be decoded or used
         │       ├── CheckpointCorruptError          a Plan checkpoint
         │       ├── CheckpointRecordInvalid         a graph record (also a CheckpointError)
-        │       └── AgentCheckpointCorruptionError  an agent-run checkpoint, or its effects
+        │       ├── AgentCheckpointCorruptionError  an agent-run checkpoint, or its effects
+        │       └── WorkflowCorruptError            a workflow run's journal
         ├── PlanRuntimeError (+RuntimeError)  a Plan misbehaved at run time (a route raised)
         │   └── StaleCheckpointError    resume target no longer exists in the Plan
         ├── SerializationError          a value cannot be persisted (strict mode) or a
@@ -34,7 +37,11 @@ The tree::
         ├── MaxTurnsExceeded            the LLM loop hit max_turns
         ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
         ├── EffectInDoubtError          a non-idempotent call started before a crash, outcome
-        │                               unknown (the tool's in_doubt="fail")
+        │                               unknown (the tool's or step's in_doubt="fail")
+        ├── NonDeterministicWorkflowError  a resumed workflow called another step (or other
+        │                               arguments) at a position its journal recorded
+        ├── ReplayedStepError           a step's recorded error, replayed where its exception
+        │                               class cannot be rebuilt
         ├── CheckpointFlushError        an agent run's terminal checkpoint flush failed or
         │                               timed out
         ├── PlannerOutputError          a ReplanEngine planner answered something else than
@@ -129,6 +136,8 @@ __all__ = [
     "ReducerError",
     "RoutingError",
     "RunCancelledError",
+    "RunFinishedError",
+    "RunParked",
     "SerializationError",
     "StaleCheckpointError",
     "StateValidationError",
@@ -142,6 +151,9 @@ __all__ = [
     "UnserializableValueWarning",
     "UsageLimitExceeded",
     "UserError",
+    "NonDeterministicWorkflowError",
+    "ReplayedStepError",
+    "WorkflowCorruptError",
 ]
 
 
@@ -155,6 +167,13 @@ class UserError(StepstoneError):
     """The API was used wrongly; the message says how to call it instead."""
 
     category: ClassVar[str] = "user_error"
+
+
+class RunFinishedError(UserError):
+    """A message was sent to a run that has finished (``done``): no receive would ever
+    read it, so nothing was stored."""
+
+    category: ClassVar[str] = "run_finished"
 
 
 class ConfigurationError(UserError, ValueError):
@@ -427,13 +446,50 @@ class AgentCheckpointCorruptionError(CorruptRecordError):
 
 
 class EffectInDoubtError(StepstoneError):
-    """A tool declared ``in_doubt="fail"`` started before a crash and has no recorded outcome.
+    """A tool or workflow step declared ``in_doubt="fail"`` started before a crash and has
+    no recorded outcome.
 
-    The message names the run, the tool, the turn and the call id; the call is not run
+    The message names the run, the call and where it was made; the call is not run
     again (it may or may not have taken effect).
     """
 
     category: ClassVar[str] = "effect_in_doubt"
+
+
+class WorkflowCorruptError(CorruptRecordError):
+    """A workflow run's journal cannot be read back (a malformed or damaged row)."""
+
+    category: ClassVar[str] = "workflow_corrupt"
+
+
+class NonDeterministicWorkflowError(StepstoneError):
+    """A resumed workflow did not call what its journal recorded at a position.
+
+    The message names the run, the position, the recorded call and the current one, and
+    the ways out: ``stepstone.patched("id")`` around the change, or a new key.
+    """
+
+    category: ClassVar[str] = "workflow_nondeterministic"
+
+
+class ReplayedStepError(StepstoneError):
+    """The recorded error of a step (or child workflow), replayed where its exception class
+    cannot be imported or rebuilt from its arguments.
+
+    Attributes:
+        type: The original exception's class, ``"module:QualName"``.
+        message: Its text.
+    """
+
+    category: ClassVar[str] = "replayed_step_error"
+
+    def __init__(self, message: str, type: str = "Exception") -> None:
+        super().__init__(message, type)
+        self.message = message
+        self.type = type
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
 
 
 class CheckpointFlushError(StepstoneError):
@@ -718,6 +774,40 @@ class PlanPaused(BaseException):
         #: (``call_id, tool, arguments, turn, index, reason``); the paused envelope's
         #: ``metadata["pending_approvals"]`` shows them.
         self.pending_approvals: list[Any] = list(pending_approvals or [])
+
+
+class RunParked(BaseException):
+    """A signal, not an error: the run waits (a durable sleep, a receive) longer than the
+    worker running it keeps a slot for a waiting run (``Worker(park_after=...)``), so it
+    stops here and its worker puts its queue entry back, runnable at ``wake_at`` or when a
+    message on one of ``topics`` arrives. The wait is recorded in the run's journal: when a
+    worker takes the run again, it resumes into the same wait, which is then over or
+    shorter.
+
+    Derives from ``BaseException`` so ``except Exception`` in user code does not swallow
+    it. Only raised inside runs a worker runs.
+
+    Attributes:
+        key: The waiting run's key.
+        wake_at: Until when it waits (unix time, the database's clock); None: no time
+            limit (a receive without a timeout).
+        topics: The topics whose next message ends the wait.
+    """
+
+    category: ClassVar[str] = "run_parked"
+
+    def __init__(
+        self, key: str, wake_at: float | None = None, topics: tuple[str, ...] = ()
+    ) -> None:
+        until = "no time limit" if wake_at is None else f"until {wake_at:.3f}"
+        on = f", or a message on {', '.join(map(repr, topics))}" if topics else ""
+        super().__init__(f"run {key!r} waits ({until}{on}): parked by its worker")
+        self.key = key
+        self.wake_at = wake_at
+        self.topics = topics
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.wake_at, self.topics))
 
 
 class UnserializableValueWarning(UserWarning):

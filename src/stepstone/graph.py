@@ -34,9 +34,11 @@ Example::
 
 from stepstone.engines.graph import (
     END,
+    Checkpointer,
     CheckpointFilter,
     CheckpointRecord,
     CompiledGraph,
+    FanOutProgress,
     GraphBuilder,
     GraphEvent,
     InMemoryCheckpointer,
@@ -85,6 +87,8 @@ __all__ = [
     # checkpoints
     "CheckpointFilter",
     "CheckpointRecord",
+    "Checkpointer",
+    "FanOutProgress",
     "InMemoryCheckpointer",
     "NodePosition",
     "SQLiteCheckpointer",

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import os
@@ -47,17 +48,20 @@ from stepstone.durable._queue import (
     resolve_target,
 )
 from stepstone.durable._records import run_head
+from stepstone.durable._schedules import fire_due
+from stepstone.durable._waiting import Parking, parked_by
 from stepstone.exceptions import (
     ConcurrentRunError,
     ConfigurationError,
     ConfigurationTypeError,
     CorruptRecordError,
+    RunParked,
     StoreDamagedError,
     StoreError,
     UserError,
 )
 from stepstone.store import Store
-from stepstone.store._queue_base import CANCELLED_RUNNING, Owner, QueueEntry
+from stepstone.store._queue_base import CANCELLED_RUNNING, NEVER, Owner, QueueEntry
 
 __all__ = ["Worker"]
 
@@ -82,9 +86,14 @@ class Worker:
             finish before they are stopped at their current step and handed back (a
             finite number >= 0).
         name: This worker's id in the queue (default: a fresh one).
+        park_after: A run that waits (a durable sleep, a receive) longer than this many
+            seconds gives its slot back: its queue entry comes back at its wake time, or
+            when a message it waits for arrives (a finite number >= 0). A receive waits this
+            long in the worker first; a cancel reaches a waiting run at once.
 
     Attributes:
         completed: How many runs this worker finished.
+        parked: How many times a waiting run gave this worker's slot back.
         abandoned: None, unless a shutdown gave up on a store that stopped answering: then
             the ids of the queued runs it could not hand back (perhaps none, when all it
             left was a store call of its own). Their leases run out and other workers take
@@ -111,6 +120,7 @@ class Worker:
         registry: dict[str, Any] | None = None,
         shutdown_timeout: float = 30.0,
         name: str | None = None,
+        park_after: float = 5.0,
     ) -> None:
         if isinstance(queues, str):
             queues = [queues]
@@ -123,6 +133,7 @@ class Worker:
         lease = LeasePolicy(lease_seconds)
         poll = check_number("poll_interval", poll_interval, 0, above=True)
         shutdown = check_number("shutdown_timeout", shutdown_timeout, 0)
+        self.park_after = check_number("park_after", park_after, 0)
         if registry is not None and not isinstance(registry, Mapping):
             raise ConfigurationTypeError(
                 f"registry must map targets to engines, e.g. registry={{'orders:plan': plan}}, "
@@ -151,6 +162,7 @@ class Worker:
             pid_start=process_start_time(os.getpid()),
         )
         self.completed = 0
+        self.parked = 0
         self.abandoned: list[str] | None = None
         self._ended = 0
         self._queue = queue_backend(self.store)
@@ -377,11 +389,16 @@ class Worker:
                     raise  # (a batch run reports it: it would end at once anyway)
                 log.warning("stepstone: %s cannot reach its store yet: %s", self.id, exc)
             sweep_at = self._loop.time() + 1.0
+            schedules_at = self._loop.time()
             while not self._stopping.is_set():
                 if self._loop.time() >= sweep_at:
                     with contextlib.suppress(StoreError):  # an outage: the next sweep retries
                         await self._store_call(self._expire_dead)
                     sweep_at = self._loop.time() + 1.0
+                if self._loop.time() >= schedules_at:
+                    with contextlib.suppress(StoreError):  # an outage: the next look retries
+                        await self._store_call(self._fire_schedules)
+                    schedules_at = self._loop.time() + SCHEDULES_EVERY
                 if max_runs is not None and taken >= max_runs:
                     if not self._tasks:
                         break
@@ -516,6 +533,13 @@ class Worker:
                 return entries
         return []
 
+    def _fire_schedules(self) -> None:
+        """Queue the runs of the due ticks of the schedules of this worker's queues (any
+        number of workers may do it at once: each tick queues one run)."""
+        queued = fire_due(self._queue, self.queues)
+        if queued:
+            log.info("stepstone: %s queued %d scheduled run(s)", self.id, queued)
+
     def _expire_dead(self) -> None:
         """End the leases of entries held by dead worker processes on this host, so they
         are taken over now rather than when their leases run out."""
@@ -585,10 +609,14 @@ class Worker:
 
     async def _execute_inner(self, entry: QueueEntry) -> None:
         run: Callable[[Envelope[Any]], Awaitable[Envelope[Any]]] | None = None
+        parked_by(Parking(self.park_after, functools.partial(self._check_cancel, entry.id)))
         try:
             run = await self._engine(entry)
             env = Envelope.from_dict(json.loads(entry.task))
             out = await run(env)
+        except RunParked as parked:
+            await self._park(entry, parked)
+            return
         except asyncio.CancelledError:
             reason = self._cancel_reason.get(entry.id, "shutdown")
             if reason == "cancel":
@@ -629,6 +657,34 @@ class Worker:
         self._store_failures.pop(entry.id, None)
         await self._finish(entry, "done" if out.ok else "failed", text, _error_text(out))
         self.completed += 1
+
+    async def _park(self, entry: QueueEntry, parked: RunParked) -> None:
+        """The run waits longer than :attr:`park_after`: put its entry back, runnable at
+        its wake time or when a message on its topics comes (a cancel requested meanwhile
+        ends it cancelled); False from the store (logged): its lease runs out instead."""
+        wake = NEVER if parked.wake_at is None else parked.wake_at
+        try:
+            held = await to_thread(
+                self._queue.park, entry.id, self.id, entry.run_key, wake, parked.topics
+            )
+        except StoreError as exc:
+            log.warning(
+                "stepstone: could not park queued run %s (%s); it is taken over when its "
+                "lease runs out, and waits again",
+                entry.id,
+                exc,
+            )
+            return
+        if held:
+            self.parked += 1
+            log.debug("stepstone: %s parked queued run %s: %s", self.id, entry.id, parked)
+
+    def _check_cancel(self, entry_id: str) -> None:
+        """A waiting run's look at its cancel (from a thread): stop the run now when one
+        was requested, as a lease renewal that finds it would."""
+        found = self._queue.get(entry_id)
+        if found is not None and found.cancel_requested:
+            self._cancel_from_thread(entry_id, "cancel")
 
     async def _hand_back_later(self, entry: QueueEntry, exc: Exception) -> None:
         """The store failed under the run (``_store_failed``). What it committed is kept:
@@ -704,6 +760,8 @@ class Worker:
         return await asyncio.wrap_future(done)
 
 
+#: Seconds between a worker's looks at the schedules of its queues.
+SCHEDULES_EVERY = 1.0
 #: The longest wait before a run the store failed under is tried again (seconds).
 _STORE_BACKOFF_MAX = 60.0
 #: The longest wait between two claims the store could not serve (seconds).

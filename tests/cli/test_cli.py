@@ -360,7 +360,7 @@ def test_runs_prefix(tmp_path: Path, fmt: str) -> None:
         (line,) = json.loads(proc.stdout)
         assert set(line) == {
             "key", "kind", "status", "next_step", "run_uid", "version", "iteration",
-            "owner", "error", "error_type", "steps", "created_at", "updated_at",
+            "owner", "error", "error_type", "steps", "created_at", "updated_at", "superseded_by",
         }  # fmt: skip
         assert set(line["owner"]) == {"state", "host", "pid", "lease_until"}
         assert line["error"]["step"] == "broken" and line["owner"]["state"] == "-"

@@ -19,8 +19,14 @@ def _commands() -> set[str]:
 
 
 def _listed() -> set[str]:
-    """The commands of the table of every command: its rows' first cells."""
-    return set(re.findall(r"^\| `stepstone ([a-z][a-z-]*)\b[^`]*` \|", DOC.read_text(), re.M))
+    """The commands of the table of every command: its rows' first cells, each a link to the
+    command's own section, which must exist too."""
+    text = DOC.read_text()
+    rows = re.findall(r"^\| \[`([a-z][a-z-]*)`\]\(#stepstone-([a-z-]*)\) \|", text, re.M)
+    for name, anchor in rows:
+        assert anchor == name, f"docs/cli.md: the row of {name!r} links to #stepstone-{anchor}"
+        assert f"\n## `stepstone {name}`\n" in text, f"docs/cli.md has no section for {name!r}"
+    return {name for name, _ in rows}
 
 
 def test_docs_cli_lists_every_command() -> None:

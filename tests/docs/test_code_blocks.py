@@ -62,12 +62,13 @@ def test_the_fence_parser_sees_every_block() -> None:
     assert found == [("python", "x = 1\n"), ("python no-run", "y(\n"), ("", "plain\n")]
 
 
-def test_the_readme_command_lines_run(tmp_path: Path) -> None:
-    # guarantee 153: the `stepstone ...` lines of README's shell blocks, in order
-    readme = ROOT / "README.md"
+@pytest.mark.parametrize("name", ["README.md", "docs/cli.md"])
+def test_the_command_lines_run(name: str, tmp_path: Path) -> None:
+    # guarantee 153: the `stepstone ...` lines of the page's shell blocks, in order
+    page = ROOT / name
     lines = [
         line.split("#", 1)[0].split()
-        for block in blocks(readme)
+        for block in blocks(page)
         if block.info == "sh"
         for line in block.code.splitlines()
         if line.startswith("stepstone ")

@@ -44,7 +44,7 @@ def test_example_crash_and_approval_stories(tmp_path: Path) -> None:
 def test_docs_code_blocks_run(tmp_path: Path) -> None:
     text = (ROOT / "docs" / "agents.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     for i, block in enumerate(blocks):
         script = tmp_path / f"block{i}.py"
         script.write_text(block)
@@ -59,7 +59,7 @@ def test_docs_code_blocks_run(tmp_path: Path) -> None:
         )
         assert proc.returncode == 0, (block, proc.stderr)
     out = subprocess.run(
-        [sys.executable, str(tmp_path / "block0.py")],
+        [sys.executable, str(tmp_path / "block2.py")],
         capture_output=True,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp_path)},
@@ -81,11 +81,11 @@ def test_docs_code_blocks_run(tmp_path: Path) -> None:
     assert ids == ["[('bill-1', 't-7', 'done')]", "t-7"]  # guarantee 400
 
 
-def test_readme_durable_agent_block_runs(tmp_path: Path) -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Durable agent runs", 1)[1]
-    block = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
-    script = tmp_path / "readme_block.py"
+def test_docs_opening_block_prints_what_it_says(tmp_path: Path) -> None:
+    # the page's first example (once the README's): a durable run that pays once
+    text = (ROOT / "docs" / "agents.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    script = tmp_path / "opening_block.py"
     script.write_text(block)
     proc = subprocess.run(
         [sys.executable, str(script)],

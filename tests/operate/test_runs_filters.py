@@ -71,7 +71,8 @@ def test_filters_order_and_paging(store_args: list[str]) -> None:
     assert _keys(*store_args, "--kind", "agent") == []
     code, out, err = _run("runs", *store_args, "--kind", "plna")  # a typo is named
     assert code == 0 and "0 run(s)" in out
-    assert err == "note: no run has kind 'plna'; stepstone's kinds are plan, graph, replan, agent\n"
+    kinds = "plan, graph, replan, agent, workflow"
+    assert err == f"note: no run has kind 'plna'; stepstone's kinds are {kinds}\n"
     assert _keys(*store_args, "--older-than", "1d") == ["etl-old"]
     assert _keys(*store_args, "--newer-than", "1h") == ["etl-new", "report-1"]
     assert _keys(*store_args, "--older-than", "5m", "--newer-than", "1d") == [

@@ -20,7 +20,7 @@ from stepstone.ui import InspectorServer
 from tests.operate.conftest import open_args
 
 runner = CliRunner()
-FIXTURE_V3 = Path(__file__).parents[1] / "store" / "fixtures" / "store_v3.sqlite"
+FIXTURE_V4 = Path(__file__).parents[1] / "store" / "fixtures" / "store_v4.sqlite"
 
 
 def _json(*args: str) -> Any:
@@ -113,10 +113,10 @@ def test_parallel_branches_are_timed_each_from_its_own_start(store_args: list[st
 
 
 def test_runs_written_before_rows_had_times_still_load(tmp_path: Path) -> None:
-    # guarantee 422: a schema version 3 store (frozen) reads, read-only, without times;
+    # guarantee 422: a schema version 4 store (frozen) reads, read-only, without times;
     # opened for writing, its old rows keep none and new ones get theirs
-    db = tmp_path / "v3.sqlite"
-    shutil.copyfile(FIXTURE_V3, db)
+    db = tmp_path / "v4.sqlite"
+    shutil.copyfile(FIXTURE_V4, db)
     before = db.read_bytes()
     old = _json("history", "etl-failed", "--db", str(db))
     assert [(e["name"], e["started_at"], e["duration_seconds"]) for e in old] == [

@@ -15,11 +15,15 @@ plain values, the same two Plan runs (now with their ``plan shape`` journal rows
 ``ValueError: bad row 7``), and one finished graph run under ``graph:<uuid>`` (one node
 ``inc`` adding 1 to ``n=41``).
 
-``fixtures/store_v3.sqlite`` is frozen too: schema version 3 (a checksum on every row, no
-times on journal rows), written the same way. It holds the same values, Plan runs and graph
-run, and a finished agent run ``agent:bill-1:checkpoint:latest`` (run id ``bill-1``, thread
-``t1``: the model called ``lookup(order="o-42")``, which returned ``"order o-42 ok"``, then
-answered ``"Done."``).
+``fixtures/store_v3.sqlite`` is frozen the same way: schema version 3 (a checksum, ``crc``,
+on every row), written through the public API with the same records as ``store_v2``, then
+switched to ``journal_mode=DELETE``.
+
+``fixtures/store_v4.sqlite`` is frozen the same way: schema version 4 (timers, messages,
+events and streams beside the journal; no times on journal rows), with the records of
+``store_v3`` and a finished agent run ``agent:bill-1:checkpoint:latest`` (run id ``bill-1``,
+thread ``t1``: the model called ``lookup(order="o-42")``, which returned
+``"order o-42 ok"``, then answered ``"Done."``).
 """
 
 from __future__ import annotations
@@ -364,6 +368,11 @@ def test_every_frozen_store_upgrades_to_exactly_a_new_stores_layout(
         "stepstone_runs",
         "stepstone_journal",
         "stepstone_schema",
+        # guarantee 504: what a run keeps beside its journal (schema version 4)
+        "stepstone_timers",
+        "stepstone_messages",
+        "stepstone_events",
+        "stepstone_streams",
     }
 
 
@@ -383,6 +392,7 @@ def test_a_damaged_schema_table_is_refused_before_anything_is_written(
     path = tmp_path / "s.sqlite"
     with Store(db=path) as store:
         store.write("kept", 1)
+    tables = _tables(path)
     conn = sqlite3.connect(path)
     conn.execute(damage)
     conn.commit()
@@ -394,12 +404,8 @@ def test_a_damaged_schema_table_is_refused_before_anything_is_written(
         assert what in str(info.value) and "nothing was written" in str(info.value)
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT key, value FROM stepstone_kv").fetchall() == before
-    assert _tables(path) == {
-        "stepstone_schema",
-        "stepstone_kv",
-        "stepstone_runs",
-        "stepstone_journal",
-    }
+    assert _tables(path) == tables  # none created, none dropped
+    assert {"stepstone_schema", "stepstone_kv", "stepstone_runs"} <= tables
     conn.close()
 
 

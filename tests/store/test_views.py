@@ -23,6 +23,7 @@ from stepstone.engines._views import BUILTIN_KINDS, register_builtin_views
 from stepstone.engines.graph import END, GraphBuilder, State, StoreCheckpointer
 from stepstone.engines.graph._records import GRAPH_KIND
 from stepstone.engines.replan._engine import KIND as REPLAN_KIND
+from stepstone.engines.workflow import WORKFLOW_KIND
 from stepstone.exceptions import CheckpointCorruptError, ConfigurationTypeError
 from stepstone.store import _views, register_run_view
 from stepstone.store._base import JournalRow, RunHead
@@ -181,7 +182,7 @@ def test_no_module_registers_a_view_as_an_import_side_effect(restore_views: None
 
 
 def test_builtin_kinds_are_the_engines_kinds() -> None:
-    assert {GRAPH_KIND, AGENT_KIND, REPLAN_KIND, "plan"} == set(BUILTIN_KINDS)
+    assert {GRAPH_KIND, AGENT_KIND, REPLAN_KIND, WORKFLOW_KIND, "plan"} == set(BUILTIN_KINDS)
 
 
 def test_internal_kinds_are_the_engines_bookkeeping() -> None:

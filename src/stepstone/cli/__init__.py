@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from stepstone.cli import _check, _migrate, _ops, _requeue, _ui
+from stepstone.cli import _check, _messages, _migrate, _ops, _requeue, _ui
 from stepstone.cli import _debug as _debug_state
 from stepstone.cli._ops import split_values
 from stepstone.cli._options import UsageFailure, check_sort, whole, wrong_statuses
@@ -229,7 +229,9 @@ def runs(
     ] = None,
     kind: Annotated[
         list[str] | None,
-        typer.Option(help="Only runs of this kind: plan, graph, agent, replan (repeat it)."),
+        typer.Option(
+            help="Only runs of this kind: plan, graph, agent, replan, workflow (repeat it)."
+        ),
     ] = None,
     older_than: Annotated[
         str | None, typer.Option(help="Only runs last updated longer ago (30d, 12h, 15m).")
@@ -302,6 +304,7 @@ _ops.register(app)
 _ui.register(app)
 _migrate.register(app)
 _check.register(app)
+_messages.register(app)
 _requeue.register(app)
 
 

@@ -102,7 +102,7 @@ def resume_graph(graph: CompiledGraph[Any], store: Store) -> CompiledGraph[Any]:
     own = graph.checkpointer
     cp = (
         StoreCheckpointer(store)
-        if own is None
+        if not isinstance(own, StoreCheckpointer)
         else StoreCheckpointer(
             store, prefix=own.prefix, serialization=own.serialization, pickle_key=own.codec.signer
         )
@@ -120,7 +120,7 @@ def resume_graph(graph: CompiledGraph[Any], store: Store) -> CompiledGraph[Any]:
 def invocation_of(graph: CompiledGraph[Any], key: str) -> str:
     """The invocation id of the graph record under ``key``."""
     cp = graph.checkpointer
-    prefix = cp.prefix if cp is not None else "graph:"
+    prefix = cp.prefix if isinstance(cp, StoreCheckpointer) else "graph:"
     if not key.startswith(prefix):
         raise OpsError(
             f"{key!r} is not a record of this graph (its checkpointer keeps records under "

@@ -424,8 +424,11 @@ def show_cmd(
         if detail.get("corrupt"):
             console.print(Text.assemble("  ", ("corrupt", "red"), ": ", visible(detail["corrupt"])))
         _print_approvals(console, key, detail["pending_approvals"])
+        _print_time_and_messages(console, detail)
         if detail.get("agent"):
             _print_agent(console, detail["agent"])
+        if detail.get("operations") is not None:
+            _print_operations(console, detail["operations"])
         entries = detail["timeline"]
         shown = entries[-SHOWN_ENTRIES:]
         console.print(_history_table(key, detail["kind"], shown, payloads=False))
@@ -455,6 +458,41 @@ def _cut_texts(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_cut_texts(v) for v in value]
     return value
+
+
+def _print_time_and_messages(console: Console, detail: dict[str, Any]) -> None:
+    """What the run waits for, its events, streams and pending messages (one line each)."""
+    for wait in detail.get("waiting", ()):
+        until = "no time limit" if wait["until"] is None else f"until {_when(wait['until'])}"
+        if wait["state"] == "sleeping":
+            said = f"sleeping {until}"
+        elif wait["state"] == "waiting":
+            said = f"waiting for a message on {wait['topic']!r}, {until}"
+        else:
+            said = f"woken ({until.replace('until', 'due')}): it goes on any moment"
+        console.print(Text.assemble("  ", ("waits", "yellow"), visible(f" {said}")))
+    for name, value in detail.get("events", {}).items():
+        shown = _cut_texts(json.dumps(value, ensure_ascii=False, default=str))
+        console.print(Text.assemble("  ", ("event", "cyan"), visible(f" {name}: {shown}")))
+    for stream in detail.get("streams", ()):
+        console.print(
+            Text.assemble(
+                "  ",
+                ("stream", "cyan"),
+                visible(f" {stream['name']}: {stream['length']} value(s)"),
+            )
+        )
+    messages = detail.get("messages") or {}
+    pending = messages.get("pending") or []
+    if pending:
+        topics = sorted({m["topic"] for m in pending})
+        console.print(
+            Text.assemble(
+                "  ",
+                ("messages", "cyan"),
+                visible(f" {len(pending)} pending on {', '.join(map(repr, topics))}"),
+            )
+        )
 
 
 def _print_approvals(console: Console, key: str, calls: list[dict[str, Any]]) -> None:
@@ -499,6 +537,30 @@ def _print_agent(console: Console, agent: dict[str, Any]) -> None:
             str(e["state"]),
             str(e["replays"]),
             _short(err, 60) if err else "",
+        )
+    console.print(table)
+
+
+def _print_operations(console: Console, ops: list[dict[str, Any]]) -> None:
+    """A workflow run's steps (and other operations), one row each, in position order."""
+    table = Table(title=f"{len(ops)} step(s) and other operation(s)")
+    for col in ("position", "step", "status", "arguments", "value or error", "tries", "ms"):
+        table.add_column(col, overflow="fold")
+    for op in ops:
+        name = op["name"] if op["op"] == "step" else f"{op['op']} {op['name']}"
+        if op.get("key"):
+            name += f" ({op['key']})"
+        shown = op.get("error") if "error" in op else op.get("value", "")
+        if isinstance(shown, dict) and "message" in shown and "type" in shown:
+            shown = f"{str(shown['type']).rpartition(':')[2]}: {shown['message']}"
+        table.add_row(
+            visible(str(op["position"])),
+            visible(name),
+            str(op["status"]),
+            _short(op.get("args"), 50),
+            _short(shown, 60) if shown != "" else "",
+            str(op["attempts"]),
+            "" if op.get("ms") is None else f"{op['ms']:.1f}",
         )
     console.print(table)
 

@@ -47,6 +47,14 @@ def worker(
         typer.Option(min=0, help="On SIGTERM, seconds running runs may take to finish."),
     ] = 30.0,
     poll_interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 0.5,
+    park_after: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="A run that waits (a durable sleep, a receive) longer than this many seconds "
+            "gives its slot back until its wake time or a message.",
+        ),
+    ] = 5.0,
     import_path: Annotated[
         list[Path] | None,
         typer.Option(
@@ -89,6 +97,7 @@ def worker(
             lease_seconds=lease_seconds,
             shutdown_timeout=shutdown_timeout,
             poll_interval=poll_interval,
+            park_after=park_after,
         )
     except (StepstoneError, ValueError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")

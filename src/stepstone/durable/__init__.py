@@ -4,8 +4,9 @@ records (``read_run``, ``run_head``, ``list_runs``, ``delete_run`` and their asy
 
 Also what operators use on runs from outside their owner: read models (``query_runs``,
 ``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run``,
-``retry_run`` (and ``requeue_run`` for a run that came from a queue), ``approve_call`` and
-``prune`` with a :class:`~stepstone.store.Retention` policy.
+``retry_run`` (and ``requeue_run`` for a run that came from a queue), ``approve_call``,
+``settle_operation`` (a workflow step left in doubt) and ``prune`` with a
+:class:`~stepstone.store.Retention` policy.
 """
 
 from stepstone.durable._approvals import (
@@ -36,6 +37,7 @@ from stepstone.durable._kernel import (
 )
 from stepstone.durable._leases import LeasePolicy, database_now, owner_alive
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._operations import settle_operation
 from stepstone.durable._queue import requeue_run
 from stepstone.durable._records import (
     adelete_run,
@@ -43,6 +45,7 @@ from stepstone.durable._records import (
     aread_run,
     blocking_call,
     delete_run,
+    journal_since,
     list_runs,
     read_run,
     run_head,
@@ -81,6 +84,7 @@ __all__ = [
     "describe_owner",
     "diff_runs",
     "fork_run",
+    "journal_since",
     "list_runs",
     "owner_alive",
     "owner_state",
@@ -97,6 +101,7 @@ __all__ = [
     "run_detail",
     "run_head",
     "run_summary",
+    "settle_operation",
     "run_timeline",
     "stranded_runs",
     "timeline",

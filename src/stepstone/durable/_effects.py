@@ -29,7 +29,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from stepstone.durable._hashing import INPUT_HASH_VERSION, InputHash, hash_json
 from stepstone.durable._kernel import OwnedRun
@@ -41,6 +41,9 @@ from stepstone.exceptions import (
 )
 from stepstone.store._base import JournalRow
 from stepstone.store._store import Store
+
+if TYPE_CHECKING:
+    from stepstone.durable._operations import OperationJournal
 
 __all__ = [
     "AGENT_KIND",
@@ -73,20 +76,30 @@ class DurableScope:
     LLM loop inside them gets a run key derived from that position: the same key on every
     retry and resume of the same execution.
 
+    A workflow's body binds one too, with its operation journal
+    (:mod:`stepstone.durable._operations`): the current durable run, whose next operation
+    code inside it can record (``@step`` calls, timers, messages, adapters' model calls).
+
     Attributes:
         store: The store of the enclosing durable run.
         key: The stable key of this execution (the Plan step's idempotency key...).
         approvals: Decisions for pending approvals, by call id (from a resume).
+        journal: The operation journal of the workflow run whose body this is (None in a
+            Plan step, graph node, subagent call or workflow step).
     """
 
     store: Store
     key: str
     approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
     _uses: list[int] = dataclasses.field(default_factory=lambda: [0], compare=False, repr=False)
+    journal: OperationJournal | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def run_key(self) -> str:
         """The key of the next durable loop started in this scope: ``"{key}:llm"``, then
-        ``"{key}:llm2"``... (a step that runs several agents, in a deterministic order)."""
+        ``"{key}:llm2"``... (a step that runs several agents, in a deterministic order); in
+        a workflow's body, a key of the loop's own position in the workflow."""
+        if self.journal is not None:
+            return self.journal.loop_key()
         self._uses[0] += 1
         n = self._uses[0]
         return f"{self.key}:llm" if n == 1 else f"{self.key}:llm{n}"

@@ -13,9 +13,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepstone.core._serialization import untag
 from stepstone.durable._approvals import agent_timeline, agent_view, waiting_calls
 from stepstone.durable._effects import AGENT_KIND
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
+from stepstone.durable._operations import OPERATION_ROWS, operation_rows
 from stepstone.durable._queue import existing_queue
 from stepstone.exceptions import CorruptRecordError
 from stepstone.store._base import (
@@ -48,6 +50,7 @@ __all__ = [
     "salvaged_timeline",
     "source_key",
     "stranded_runs",
+    "time_and_messages",
     "successors",
     "with_times",
     "timeline",
@@ -280,10 +283,13 @@ def steps_done(head: RunHead) -> int:
     """How many steps a run has committed: journal rows, not counting the rows an engine
     journals about the run itself (a Plan's record of its steps, written once); for an
     agent run, its effects done (model turns, tool and subagent calls), which its head
-    counts (one written before that count: its turns)."""
+    counts (one written before that count: its turns); for a workflow, its operations
+    finished, not its intent and outcome rows."""
     if head.kind == AGENT_KIND:
         effects = head.meta.get("effects")
         return effects if type(effects) is int else head.iteration
+    if head.kind == "workflow":
+        return head.iteration
     shape_rows = head.meta.get("shape_rows")
     return head.journal_len - (shape_rows if type(shape_rows) is int else 0)
 
@@ -300,6 +306,10 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
         if row.kind == "plan":  # the Plan's own record of its steps, not something that ran
             continue
         data = _decode(row)
+        if row.kind in OPERATION_ROWS and isinstance(data, list):
+            times = {"started_at": row.started_at, "committed_at": row.committed_at}
+            out.extend({**entry, **times} for entry in _operation_entries(row.seq, data))
+            continue
         entry: dict[str, Any] = {"seq": row.seq, "kind": row.kind, "name": row.name}
         entry["started_at"], entry["committed_at"] = row.started_at, row.committed_at
         if isinstance(data, dict) and isinstance(data.get("envelope"), dict):
@@ -315,6 +325,27 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
             entry["payload"] = data
             entry["error"] = data.get("error") if isinstance(data, dict) else None
         out.append(entry)
+    return out
+
+
+def _operation_entries(seq: int, records: list[Any]) -> list[dict[str, Any]]:
+    """The records of a workflow's ``ops`` row (its steps' intents, outcomes and failed
+    attempts), one timeline entry each, named by position and step."""
+    out: list[dict[str, Any]] = []
+    for record in records:
+        kind, pos, data = (
+            record if isinstance(record, list) and len(record) == 3 else ("damaged", None, {})
+        )
+        data = data if isinstance(data, dict) else {}
+        out.append(
+            {
+                "seq": seq,
+                "kind": kind,
+                "name": f"{pos} {data.get('name')}",
+                "payload": data.get("args" if kind == "intent" else "value"),
+                "error": data.get("error"),
+            }
+        )
     return out
 
 
@@ -416,9 +447,66 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
         detail["corrupt"] = f"the record is corrupt: {problem}"
     # Tool calls it waits on (its own, or those of a paused Plan's LLM steps).
     detail["pending_approvals"] = waiting_calls(store, head, rows)
+    detail.update(time_and_messages(store, key, now=now))
     if head.kind == AGENT_KIND:
         detail["agent"] = agent_view(head, rows)
+    if head.kind == "workflow" and problem is None:
+        detail["operations"] = operation_rows(head, rows)
     return detail
+
+
+def time_and_messages(store: Store, key: str, *, now: float | None = None) -> dict[str, Any]:
+    """What a run waits for, its events, its streams and its messages, JSON-ready (what
+    ``stepstone show`` and the inspector print under the run):
+
+    * ``waiting``: its timers, each ``{"name", "state", "until", "topic", "since"}``;
+      ``state`` is ``"sleeping"`` (a time, no topic), ``"waiting"`` (for a message on
+      ``topic``, until ``until`` or without a limit) or ``"due"`` (its time has come: the
+      run wakes, or a worker takes it, any moment);
+    * ``events``: name to last value (as plain JSON), with ``events_at``, when each was set;
+    * ``streams``: ``{"name", "length"}`` for each stream;
+    * ``messages``: ``{"pending": [{"id", "topic", "sent_at"}...], "consumed": count}``.
+
+    A value that does not decode is shown as its stored text."""
+    now = database_now(store) if now is None else now
+    backend = store.backend
+    waiting: list[dict[str, Any]] = []
+    for timer in backend.timers(key):
+        if timer.wake_at is not None and timer.wake_at <= now:
+            state = "due"
+        else:
+            state = "sleeping" if timer.topic is None else "waiting"
+        waiting.append(
+            {
+                "name": timer.name,
+                "state": state,
+                "until": timer.wake_at,
+                "topic": timer.topic,
+                "since": timer.since,
+            }
+        )
+    found = backend.events(key)
+    messages = backend.messages(key)
+    pending = [
+        {"id": m.id, "topic": m.topic, "sent_at": m.sent_at}
+        for m in messages
+        if m.consumed_at is None
+    ]
+    return {
+        "waiting": waiting,
+        "events": {e.name: _plain(e.data) for e in found},
+        "events_at": {e.name: e.updated_at for e in found},
+        "streams": [{"name": name, "length": n} for name, n in backend.streams(key)],
+        "messages": {"pending": pending, "consumed": len(messages) - len(pending)},
+    }
+
+
+def _plain(text: str) -> Any:
+    """A stored value (typed JSON) as plain JSON, or its text when it does not decode."""
+    try:
+        return untag(json.loads(text))
+    except ValueError:
+        return text
 
 
 def damage_report(found: Salvaged) -> str:

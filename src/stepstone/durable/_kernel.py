@@ -48,6 +48,7 @@ from stepstone.exceptions import (
     StoreKeyConflictError,
 )
 from stepstone.store._base import Claim, Decide, JournalRow, RunHead
+from stepstone.store._extras import ExtraWrites
 from stepstone.store._store import Store, check_key
 from stepstone.store._views import has_run_view
 
@@ -239,24 +240,43 @@ class OwnedRun:
         meta: dict[str, Any] | None = None,
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
+        extras: ExtraWrites | None = None,
         started: float | None = None,
     ) -> None:
         """Commit one step: new head, journal rows (``(kind, name, json_data)``) and
         ``writes`` (``(key, json_value)``), in one transaction. A row's data or a value
-        may be :class:`Encoded` (already JSON text). Each row records when its work
-        started (``started``, a :meth:`clock` time; by default when this run last
-        committed or was claimed) and when it committed (the new head's time).
+        may be :class:`Encoded` (already JSON text). ``extras``: the run's timers,
+        messages consumed, events and stream values written in that same transaction
+        (``store/_extras.py``). Each row records when its work started (``started``, a
+        :meth:`clock` time; by default when this run last committed or was claimed) and
+        when it committed (the new head's time).
 
         Raises:
             ConcurrentRunError: another run took the key over (this run's lease had
                 expired); nothing was written (``ConcurrentPlanRunError`` for a Plan).
+            CorruptRecordError: a message in ``extras.consume`` is not a pending message
+                of this run; nothing was written.
         """
         new, journal, encoded = self._prepare(
             status, next_step, iteration, meta, rows, writes, started
         )
-        if not self.store.backend.run_commit(new, self.head.version, journal, encoded):
-            new = self._cancelled(new, journal, encoded)
+        if not self._write(new, self.head.version, journal, encoded, extras):
+            new = self._cancelled(new, journal, encoded, extras)
         self.head = new
+
+    def _write(
+        self,
+        new: RunHead,
+        expected: int,
+        journal: list[JournalRow],
+        encoded: list[tuple[str, str]],
+        extras: ExtraWrites | None,
+    ) -> bool:
+        """The backend's commit, with the run's extra records when there are any."""
+        backend = self.store.backend
+        if extras:
+            return backend.run_commit_extras(new, expected, journal, encoded, extras)
+        return backend.run_commit(new, expected, journal, encoded)
 
     async def commit(
         self,
@@ -267,17 +287,29 @@ class OwnedRun:
         meta: dict[str, Any] | None = None,
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
+        extras: ExtraWrites | None = None,
         started: float | None = None,
     ) -> None:
         """Async :meth:`commit_sync`. Local files (``Backend.commit_inline``) commit on the
         loop thread, grouped with the commits of other runs on the same loop that are ready
         at the same moment (one transaction, one fsync; each run's compare-and-swap still
         checked on its own); PostgreSQL on an async connection awaited on the loop
-        (``Backend.async_commit``); other network backends from a worker thread."""
+        (``Backend.async_commit``); other network backends from a worker thread. A commit
+        with ``extras`` is its own transaction (``blocking_call``'s rule)."""
         new, journal, encoded = self._prepare(
             status, next_step, iteration, meta, rows, writes, started
         )
         backend = self.store.backend
+        if extras:
+            ok = await blocking_call(
+                self.store, self._write, new, self.head.version, journal, encoded, extras
+            )
+            if not ok:
+                new = await blocking_call(
+                    self.store, self._cancelled, new, journal, encoded, extras
+                )
+            self.head = new
+            return
         if may_block_loop():  # a sync call's private loop: nothing else to run meanwhile
             ok = backend.run_commit(new, self.head.version, journal, encoded)
         elif self._grouped:
@@ -293,7 +325,11 @@ class OwnedRun:
         self.head = new
 
     def _cancelled(
-        self, new: RunHead, journal: list[JournalRow], encoded: list[tuple[str, str]]
+        self,
+        new: RunHead,
+        journal: list[JournalRow],
+        encoded: list[tuple[str, str]],
+        extras: ExtraWrites | None = None,
     ) -> RunHead:
         """A commit missed its version: an operator's cancel (``cancel_run``) or a lost run.
 
@@ -314,7 +350,7 @@ class OwnedRun:
             meta = {**meta, "cancelled": request, "error": cancel_error(new, reason)}
             new = new.replace(status="failed", lease_until=self.store.backend.clock())
         final = new.replace(version=current.version + 1, meta=meta)
-        if not self.store.backend.run_commit(final, current.version, journal, encoded):
+        if not self._write(final, current.version, journal, encoded, extras):
             raise self._lost()
         self.head = final
         if final.status != "done":

@@ -17,6 +17,7 @@ from stepstone.core._ids import new_origin
 from stepstone.durable._inspect import missing_run, rewind_steps
 from stepstone.durable._kernel import describe_owner, ownership_error
 from stepstone.durable._leases import owner_alive
+from stepstone.durable._operations import cut_rows
 from stepstone.durable._queue import existing_queue
 from stepstone.exceptions import (
     CheckpointCorruptError,
@@ -67,14 +68,16 @@ def a_kind(kind: str) -> str:
 
 
 def _plan_only(head: RunHead, what: str) -> None:
-    """Refuse ``what`` (``retry``, ``fork``) on a run that is not a Plan run: only a Plan's
-    journal is made of steps to cut at. (Before, such a run was said to have no steps.)"""
-    if head.kind == "plan":
+    """Refuse ``what`` (``retry``, ``fork``) on a run that is not a Plan (or workflow) run:
+    only their journals are made of steps to cut at. (Before, such a run was said to have
+    no steps.)"""
+    if head.kind in ("plan", "workflow"):
         return
     how = _ONLY_PLANS.get(head.kind, "resume it with the engine that runs it")
     raise UserError(
-        f"run {head.key!r} is {a_kind(head.kind)} run: `stepstone {what}` works on Plan runs, "
-        f"whose journal is made of steps; nothing was changed. To run it again, {how}"
+        f"run {head.key!r} is {a_kind(head.kind)} run: `stepstone {what}` works on Plan and "
+        f"workflow runs, whose journals are made of steps; nothing was changed. To run it "
+        f"again, {how}"
     )
 
 
@@ -200,6 +203,8 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     check_key(to, "fork's new key (to=)", new=True)
     head, rows = _read_sound(store, key)
     _plan_only(head, "fork")
+    if head.kind == "workflow":
+        return _fork_workflow(store, head, rows, at, to)
     cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
     if not cut:
         names = sorted({str(r.name) for r in rows if r.kind == "step"})
@@ -349,6 +354,8 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
         _plan_only(head, "retry")
     else:
         _plan_only(head, "retry")
+        if head.kind == "workflow":
+            return _retry_workflow(store, head, rows, from_step)
         cut = _last_run_of(rows, from_step)
         if cut is not None:
             kept, from_step = rows[: cut[0]], cut[1]
@@ -393,5 +400,84 @@ def retry_run(store: Store, key: str, *, from_step: str) -> RunHead:
         return Claim(head=new, reset_journal=True, rows=kept)
 
     written = store.backend.run_transact(key, decide)
+    assert written is not None
+    return written
+
+
+def _workflow_meta(head: RunHead, **more: Any) -> dict[str, Any]:
+    """A rewound or forked workflow run's meta: no error, a new origin (what runs again is
+    a new execution: new idempotency keys, agent loops that ask the model again)."""
+    meta = {k: v for k, v in head.meta.items() if k not in ("error", "rerun", "cancelled")}
+    return {**meta, **more, "origin": new_origin()}
+
+
+def _retry_workflow(store: Store, head: RunHead, rows: list[JournalRow], spec: str) -> RunHead:
+    """:func:`retry_run` of a workflow run: drop the operation ``spec`` names and every one
+    after it in position order (and the result), so running the workflow again under its
+    key replays what is kept and runs the rest."""
+    kept, pos, name = cut_rows(head.key, rows, spec, keep_it=False)
+
+    def decide(cur: RunHead | None, _kv: str | None) -> Claim:
+        if cur is None or cur.version != head.version:
+            raise ownership_error(
+                head.kind,
+                f"run {head.key!r} changed while it was being rewound; run `stepstone retry` again",
+            )
+        now = store.backend.clock()
+        if owner_alive(cur, now=now):
+            raise ownership_error(
+                cur.kind,
+                f"run {head.key!r} is live ({describe_owner(cur)}); cancel it first with "
+                f"`stepstone cancel {head.key}`, then retry",
+            )
+        new = cur.replace(
+            status="paused",
+            next_step=f"{pos} {name}",
+            version=cur.version + 1,
+            journal_len=len(kept),
+            iteration=sum(1 for r in kept if r.kind == "outcome"),
+            lease_until=now,
+            updated_at=now,
+            meta=_workflow_meta(cur, retry_from={"step": f"{pos} {name}", "at": now}),
+        )
+        return Claim(head=new, reset_journal=True, rows=kept)
+
+    written = store.backend.run_transact(head.key, decide)
+    assert written is not None
+    return written
+
+
+def _fork_workflow(
+    store: Store, head: RunHead, rows: list[JournalRow], spec: str, to: str
+) -> RunHead:
+    """:func:`fork_run` of a workflow run: a new run under ``to`` holding its journal up to
+    and including the operation ``spec`` names (in position order), ``paused``: running
+    the workflow under ``to`` replays that and runs the rest."""
+    kept, pos, name = cut_rows(head.key, rows, spec, keep_it=True)
+    now = store.backend.clock()
+    new = head.replace(
+        key=to,
+        status="paused",
+        next_step=None,
+        version=1,
+        iteration=sum(1 for r in kept if r.kind == "outcome"),
+        journal_len=len(kept),
+        lease_until=now,
+        created_at=now,
+        updated_at=now,
+        meta=_workflow_meta(
+            head, forked_from={"key": head.key, "at": f"{pos} {name}", "run_uid": head.run_uid}
+        ),
+    )
+
+    def decide(cur: RunHead | None, kv: str | None) -> Claim:
+        if cur is not None or kv is not None:
+            raise StoreKeyConflictError(
+                f"cannot fork {head.key!r} to {to!r}: that key is already used; pick a new "
+                f"key or delete it with store.delete({to!r})"
+            )
+        return Claim(head=new, rows=kept)
+
+    written = store.backend.run_transact(to, decide)
     assert written is not None
     return written

@@ -18,7 +18,7 @@ import time
 import weakref
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -33,6 +33,9 @@ from stepstone.exceptions import (
 )
 from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
 from stepstone.store._store import Store, key_problem, shown_key
+
+if TYPE_CHECKING:
+    from stepstone.durable._messages import StreamReader
 
 __all__ = [
     "INT_BOUND",
@@ -273,7 +276,7 @@ def _split_path(path: str) -> tuple[str, str]:
     return mod_name, attr
 
 
-def _target_path(target: Any) -> str:
+def target_path(target: Any) -> str:
     """The import path of what ``submit`` was given to run: the path itself, or that of
     a Plan, a compiled graph, an Agent (the objects with a ``submit`` method) or a
     function.
@@ -293,6 +296,26 @@ def _target_path(target: Any) -> str:
         )
     _split_path(path)
     return path
+
+
+def start_envelope(task: Any) -> Envelope[Any]:
+    """The start envelope of a queued run of ``task``: the Envelope itself, one made of a
+    task string, or (for a graph) of its initial state model.
+
+    Raises:
+        UserError: ``task`` is none of them.
+    """
+    if not isinstance(task, str | Envelope | BaseModel):
+        raise UserError(
+            f"task must be a str, an Envelope or (for a graph) its state model instance, got "
+            f"{type(task).__name__} {task!r:.80}; wrap other values in Envelope(task=..., "
+            "payload=...)"
+        )
+    if isinstance(task, BaseModel):  # a graph's initial state
+        return Envelope(task=type(task).__name__, payload=task.model_dump(mode="json"))
+    if isinstance(task, Envelope):
+        return task
+    return Envelope.from_task(str(task))
 
 
 def submit(
@@ -347,22 +370,8 @@ def submit(
             f"not_before must be a unix time (seconds, the database's clock) or a datetime, "
             f"got {not_before!r}"
         )
-    if not isinstance(task, str | Envelope | BaseModel):
-        raise UserError(
-            f"task must be a str, an Envelope or (for a graph) its state model instance, got "
-            f"{type(task).__name__} {task!r:.80}; wrap other values in Envelope(task=..., "
-            "payload=...)"
-        )
-    path = _target_path(target)
-    if isinstance(task, BaseModel):  # a graph's initial state
-        env: Envelope[Any] = Envelope(
-            task=type(task).__name__,
-            payload=task.model_dump(mode="json"),
-        )
-    elif isinstance(task, Envelope):
-        env = task
-    else:
-        env = Envelope.from_task(str(task))
+    env = start_envelope(task)
+    path = target_path(target)
     text = json.dumps(env.to_dict(where="submitted task", strict=True), separators=(",", ":"))
     qb = queue_backend(store)
     uid = new_uid()
@@ -541,27 +550,55 @@ def existing_queue(store: Store) -> QueueBackend | None:
 
 
 class RunHandle:
-    """A submitted run: ask its status, wait for its result, or cancel it.
+    """A run: ask its status, wait for its result, cancel it, send it messages, read its
+    events and streams.
 
-    Handles are cheap: ``RunHandle(store, id)`` rebuilds one from an id (in another
-    process, say).
+    Handles are cheap: ``RunHandle(store, id)`` rebuilds one from a queue entry's id (in
+    another process, say); ``RunHandle(store, key="o-42")`` names a run by its key, queued
+    or not (its queue entry, for :meth:`status`, :meth:`result` and :meth:`cancel`, is the
+    one submitted last under that key).
     """
 
-    def __init__(self, store: Store, id: str) -> None:
+    def __init__(self, store: Store, id: str | None = None, *, key: str | None = None) -> None:
+        if (id is None) == (key is None):
+            raise ConfigurationError(
+                "RunHandle takes a queue entry's id or a run's key: RunHandle(store, id) or "
+                f"RunHandle(store, key='o-42'), got id={id!r:.80}, key={key!r:.80}"
+            )
+        if key is not None:
+            check_name("key", key)
         self.store = store
         self.id = id
+        self._key = key
 
     def __repr__(self) -> str:
-        return f"RunHandle({self.id!r})"
+        return f"RunHandle({self.id!r})" if self.id is not None else f"RunHandle(key={self._key!r})"
+
+    def _identity(self) -> tuple[str, str | None]:
+        return ("id", self.id) if self.id is not None else ("key", self._key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, RunHandle) and other.id == self.id and other.store is self.store
+        return (
+            isinstance(other, RunHandle)
+            and other._identity() == self._identity()
+            and other.store is self.store
+        )
 
     def __hash__(self) -> int:
-        return hash(self.id)
+        return hash(self._identity())
 
     def entry(self) -> QueueEntry:
         """The queue entry as stored now."""
+        if self.id is None:
+            assert self._key is not None
+            found = queue_backend(self.store).latest_entry(self._key)
+            if found is None:
+                raise QueuedRunError(
+                    f"run {self._key!r} has no queue entry in {self.store!r} (it was not "
+                    "submitted, or its entry was pruned); its events and streams are still "
+                    "there to read"
+                )
+            return found
         found = queue_backend(self.store).get(self.id)
         if found is None:
             raise QueuedRunError(f"no queued run {self.id!r} in {self.store!r}")
@@ -570,7 +607,67 @@ class RunHandle:
     @property
     def key(self) -> str:
         """The run's checkpoint key (``store.read(handle.key)`` shows its progress)."""
-        return self.entry().run_key
+        if self._key is None:
+            self._key = self.entry().run_key  # fixed at submission: read once
+        return self._key
+
+    # -- messages, events, streams -------------------------------------------------------
+    def send(self, topic: str, value: Any) -> int:
+        """Send ``value`` to this run on ``topic`` (:func:`stepstone.send`)."""
+        from stepstone.durable._messages import send
+
+        return send(self.store, self.key, topic, value)
+
+    async def asend(self, topic: str, value: Any) -> int:
+        """Async :meth:`send`."""
+        from stepstone.durable._messages import asend
+
+        return await asend(self.store, await to_thread(lambda: self.key), topic, value)
+
+    def get_event(
+        self, name: str, timeout: float | None = 60.0, *, poll: float | None = None
+    ) -> Any:
+        """The value the run last set for the event ``name``; when there is none yet, waits
+        up to ``timeout`` seconds (None: until it is set or the run ends) and gives None if
+        none came. A run that ended gives its final value (or None) at once."""
+        from stepstone.durable._messages import get_event
+
+        return get_event(self.store, self.key, name, timeout=timeout, poll=poll)
+
+    async def aget_event(
+        self, name: str, timeout: float | None = 60.0, *, poll: float | None = None
+    ) -> Any:
+        """Async :meth:`get_event`."""
+        from stepstone.durable._messages import aget_event
+
+        key = await to_thread(lambda: self.key)
+        return await aget_event(self.store, key, name, timeout=timeout, poll=poll)
+
+    def events(self) -> dict[str, Any]:
+        """Every event the run set, with its last value, by name."""
+        from stepstone.durable._messages import events
+
+        return events(self.store, self.key)
+
+    def read_stream(
+        self,
+        name: str,
+        start: int = 0,
+        *,
+        follow: bool = True,
+        timeout: float | None = None,
+        poll: float | None = None,
+    ) -> StreamReader:
+        """Follow the run's stream ``name`` from offset ``start`` (inclusive): iterate the
+        reader (``for offset, value in ...`` or ``async for``) for ``(offset, value)``
+        pairs in offset order; the iteration ends once the run ended and every value was
+        read, and the reader's ``outcome`` then says how the run ended (see
+        :class:`~stepstone.durable.StreamReader` for ``follow``, ``timeout``, ``poll``)."""
+        from stepstone.durable._messages import StreamReader
+
+        return StreamReader(
+            self.store, self.key, name, start, follow=follow, timeout=timeout, poll=poll
+        )
 
     def status(self) -> str:
         """``queued | running | done | failed | cancelled``."""
@@ -581,7 +678,7 @@ class RunHandle:
         at its next lease renewal (its committed steps stay). False if it already ended."""
         if self.entry().status in FINAL_STATUSES:
             return False
-        status = queue_backend(self.store).cancel(self.id)
+        status = queue_backend(self.store).cancel(self.id or self.entry().id)
         return status in ("cancelled", "running")
 
     def result(self, timeout: float | None = None, *, poll: float = 0.05) -> Envelope[Any]:
@@ -606,7 +703,7 @@ class RunHandle:
                 return _outcome(entry)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"queued run {self.id} is still {entry.status} after {timeout}s "
+                    f"queued run {entry.id} is still {entry.status} after {timeout}s "
                     f"(queue {entry.queue!r}, attempts {entry.attempts}); is a worker serving "
                     f"queue {entry.queue!r}?"
                 )
@@ -625,7 +722,7 @@ class RunHandle:
                 return _outcome(entry)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"queued run {self.id} is still {entry.status} after {timeout}s "
+                    f"queued run {entry.id} is still {entry.status} after {timeout}s "
                     f"(queue {entry.queue!r})"
                 )
             await asyncio.sleep(wait)

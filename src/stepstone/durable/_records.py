@@ -42,6 +42,7 @@ __all__ = [
     "blocking_call",
     "delete_run",
     "list_runs",
+    "journal_since",
     "read_run",
     "run_head",
 ]
@@ -64,6 +65,12 @@ async def blocking_call(store: Store, fn: Callable[..., R], *args: Any, bulk: bo
 def run_head(store: Store, key: str) -> RunHead | None:
     """The head of the run under ``key`` (None when there is none)."""
     return store.backend.run_get(key)
+
+
+def journal_since(store: Store, key: str, since_seq: int) -> list[JournalRow]:
+    """The journal rows of the run under ``key`` from ``since_seq`` on (a finished run's
+    last row, say: one read, however long the journal)."""
+    return store.backend.run_journal(key, since_seq)
 
 
 def read_run(store: Store, key: str) -> tuple[RunHead, list[JournalRow]] | None:

@@ -23,6 +23,7 @@ from typing import Any
 from stepstone.engines.llm._durable import agent_view
 from stepstone.engines.plan._checkpoint import plan_view
 from stepstone.engines.replan._record import replan_view
+from stepstone.engines.workflow._view import workflow_view
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._views import register_internal_kind, register_run_view
 
@@ -30,7 +31,7 @@ __all__ = ["BUILTIN_KINDS", "INTERNAL_KINDS", "register_builtin_views"]
 
 #: The run kinds of stepstone's engines (each engine module defines its own constant; a
 #: test checks they agree with these).
-BUILTIN_KINDS = ("plan", "graph", "replan", "agent")
+BUILTIN_KINDS = ("plan", "graph", "replan", "agent", "workflow")
 
 #: Record kinds of stepstone's engines that are bookkeeping, not runs: a graph record's
 #: resume lock (``graph:<id>#resume``). Listings of runs leave them out.
@@ -43,6 +44,7 @@ def register_builtin_views() -> None:
     register_run_view("graph", _graph_view)
     register_run_view("replan", replan_view)
     register_run_view("agent", agent_view)
+    register_run_view("workflow", workflow_view)
     for kind in INTERNAL_KINDS:
         register_internal_kind(kind)
 

@@ -13,11 +13,13 @@ import dataclasses
 import itertools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from stepstone.core._serialization import compact_encoder
 from stepstone.exceptions import CheckpointCorruptError, StoreError
+from stepstone.store._changes import ChangeFeed
+from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -354,6 +356,8 @@ class Backend(abc.ABC):
     #: commits of runs on a loop.
     async_commit: bool = False
 
+    _polling_feed: ChangeFeed | None = None
+
     # -- key/value ---------------------------------------------------------------------
     @abc.abstractmethod
     def kv_get(self, key: str) -> str | None:
@@ -459,6 +463,87 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def run_list(self, prefix: str | None) -> list[RunHead]:
         """Heads of runs whose key starts with ``prefix`` (all when None), sorted by key."""
+
+    # -- timers, messages, events, streams (store/_extras.py) ---------------------------
+    # Not abstract: a backend written before them works as it did, and refuses these with
+    # one clear error (_no_extras).
+
+    def run_commit_extras(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+        extras: ExtraWrites,
+    ) -> bool:
+        """:meth:`run_commit` with ``extras`` written in the same transaction: messages of
+        the run consumed, events set, stream values appended, timers set and cleared.
+
+        Returns False, writing nothing, when the head did not match (as ``run_commit``).
+
+        Raises:
+            CorruptRecordError: a message to consume is not the run's, or not pending
+                (nothing was written).
+        """
+        raise self._no_extras()
+
+    def message_send(
+        self, run_key: str, topic: str, data: str, *, refuse: Collection[str]
+    ) -> int | None:
+        """Store a message for the run under ``run_key`` (which may not exist yet) and
+        return its id; None, storing nothing, when the run's status is in ``refuse``.
+        In the same transaction, a queue entry of that run that is parked waiting for a
+        message on ``topic`` (a timer of the run with that topic) becomes runnable now."""
+        raise self._no_extras()
+
+    def message_next(self, run_key: str, topic: str) -> Message | None:
+        """The oldest pending message of ``run_key`` on ``topic``, or None."""
+        raise self._no_extras()
+
+    def messages(self, run_key: str) -> list[Message]:
+        """Every message of ``run_key`` (pending and consumed), in send order."""
+        raise self._no_extras()
+
+    def event_set(self, run_key: str, name: str, data: str) -> None:
+        """Set the event ``name`` of ``run_key`` (last write wins)."""
+        raise self._no_extras()
+
+    def event_get(self, run_key: str, name: str) -> EventValue | None:
+        """The event ``name`` of ``run_key``, or None when it was never set."""
+        raise self._no_extras()
+
+    def events(self, run_key: str) -> list[EventValue]:
+        """Every event of ``run_key``, sorted by name."""
+        raise self._no_extras()
+
+    def stream_append(self, run_key: str, name: str, data: str, attempt: int | None) -> int:
+        """Append ``data`` to the stream ``name`` of ``run_key``; returns its offset."""
+        raise self._no_extras()
+
+    def stream_read(self, run_key: str, name: str, start: int, limit: int) -> list[StreamEntry]:
+        """Up to ``limit`` values of the stream from offset ``start`` on, in order."""
+        raise self._no_extras()
+
+    def streams(self, run_key: str) -> list[tuple[str, int]]:
+        """The streams of ``run_key`` with their lengths, sorted by name."""
+        raise self._no_extras()
+
+    def timers(self, run_key: str | None) -> list[Timer]:
+        """The timers of ``run_key`` (None: of every run), by run key and name."""
+        raise self._no_extras()
+
+    def changes(self) -> ChangeFeed:
+        """The feed that wakes this process's waiters on this store's changes
+        (``store/_changes.py``); this one only polls."""
+        if self._polling_feed is None:
+            self._polling_feed = ChangeFeed(poll=0.1)
+        return self._polling_feed
+
+    def _no_extras(self) -> StoreError:
+        return StoreError(
+            f"store {self.describe()} ({type(self).__name__}) keeps no timers, messages, "
+            "events or streams; use Store(), Store(db=...) or Store(url='postgresql://...')"
+        )
 
     @property
     def closed(self) -> bool:

@@ -4,8 +4,9 @@
 readable?" after a crash of the disk or a file copied half-way. The file is checked first
 (SQLite's ``integrity_check``: a backend without pages of its own to check skips it), then
 every key is read as :meth:`Store.read_entry <stepstone.store.Store.read_entry>` reads it
-(a run through its kind's view), so a record an engine could not resume from is reported
-with the reason that engine would give. One bad record never stops the check of the others.
+(a run through its kind's view, then its timers, messages, events and streams), so a
+record an engine could not resume from is reported with the reason that engine would give.
+One bad record never stops the check of the others.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stepstone.exceptions import StoreDamagedError
-from stepstone.store._base import printable_key, read_consistent
+from stepstone.store._base import Backend, printable_key, read_consistent
 from stepstone.store._views import render_run
 
 if TYPE_CHECKING:
-    from stepstone.store._base import Backend
     from stepstone.store._store import Store
 
 __all__ = ["CheckProblem", "CheckReport", "check_store", "problem_text"]
@@ -182,7 +182,21 @@ def _read(store: Store, key: str) -> int | None:
         return None
     head, journal = found  # the rows this head counts: a lost one is corrupt (render_run)
     render_run(head, journal)
+    _read_extras(store.backend, key)
     return len(journal)
+
+
+def _read_extras(backend: Backend, key: str) -> None:
+    """Read every timer, message, event and stream value of the run under ``key`` (each
+    row's checksum is checked as it is read; a backend that keeps none has none to read)."""
+    if type(backend).timers is Backend.timers:
+        return
+    backend.timers(key)
+    backend.messages(key)
+    backend.events(key)
+    for name, length in backend.streams(key):
+        for start in range(0, length, 1000):
+            backend.stream_read(key, name, start, 1000)
 
 
 def problem_text(exc: BaseException) -> str:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from stepstone.exceptions import StoreError, StoreKeyConflictError
+from stepstone.exceptions import CorruptRecordError, StoreError, StoreKeyConflictError
 from stepstone.store._base import Backend, Decide, JournalRow, RunHead
+from stepstone.store._changes import ChangeFeed, run_topic
+from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 
-__all__ = ["MemoryBackend", "run_key_conflict"]
+__all__ = ["MemoryBackend", "consumed_already", "run_key_conflict"]
 
 
 def run_key_conflict(key: str) -> StoreKeyConflictError:
@@ -18,6 +20,16 @@ def run_key_conflict(key: str) -> StoreKeyConflictError:
     return StoreKeyConflictError(
         f"key {key!r} holds a durable run checkpoint, not a plain value; read it with "
         f"store.read({key!r}) or remove it first with store.delete({key!r})"
+    )
+
+
+def consumed_already(key: str, message_id: int) -> CorruptRecordError:
+    """The error of a commit that would consume a message that is not pending for the run
+    under ``key`` (consumed already, or another run's): nothing of it was written."""
+    return CorruptRecordError(
+        f"run {key!r} would consume message {message_id}, which is not a pending message of "
+        "this run (consumed already, or sent to another run); nothing was written. A run "
+        "consumes each message once: its journal or the message table is damaged"
     )
 
 
@@ -33,6 +45,14 @@ class MemoryBackend(Backend):
         self._kv: dict[str, str] = {}
         self._runs: dict[str, RunHead] = {}
         self._journal: dict[str, list[JournalRow]] = {}
+        self._timers: dict[str, dict[str, Timer]] = {}
+        self._messages: dict[int, Message] = {}  # by id, in send order
+        self._run_messages: dict[str, list[int]] = {}
+        self._message_ids = 0
+        self._events: dict[str, dict[str, EventValue]] = {}
+        self._streams: dict[str, dict[str, list[StreamEntry]]] = {}
+        # every waiter is in this process: each change wakes its waiters at once
+        self._feed = ChangeFeed(poll=1.0)
 
     def _refuse_closed(self) -> None:
         """Raise once :meth:`close` ran, as a file or database store does (called under
@@ -62,6 +82,7 @@ class MemoryBackend(Backend):
             if self._runs.pop(key, None) is not None:
                 found = True
             self._journal.pop(key, None)
+            self._drop_extras(key, messages=True)
             return found
 
     def kv_keys(self, prefix: str | None) -> list[str]:
@@ -104,6 +125,8 @@ class MemoryBackend(Backend):
             claim = decide(head, self._kv.get(key))
             if claim is None:
                 return head
+            if claim.reset_journal and head is not None:  # a run started over
+                self._drop_extras(key, messages=False)
             journal = [] if claim.reset_journal else list(self._journal.get(key, []))
             journal.extend(claim.rows)
             self._journal[key] = journal
@@ -138,7 +161,153 @@ class MemoryBackend(Backend):
             )
             for wkey, text in writes:
                 self._kv[wkey] = text
-            return True
+        if head.status not in ("claimed", "running"):
+            self._feed.publish(run_topic(head.key))  # a stream's readers learn it ended
+        return True
+
+    # -- timers, messages, events, streams ---------------------------------------------
+    def _drop_extras(self, key: str, *, messages: bool) -> None:
+        """Forget the run's timers, events and streams (and, with ``messages``, its
+        messages); called under the lock."""
+        self._timers.pop(key, None)
+        self._events.pop(key, None)
+        self._streams.pop(key, None)
+        if messages:
+            for mid in self._run_messages.pop(key, []):
+                self._messages.pop(mid, None)
+
+    def run_commit_extras(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+        extras: ExtraWrites,
+    ) -> bool:
+        with self._lock:
+            self._refuse_closed()
+            current = self._runs.get(head.key)
+            if (
+                current is None
+                or current.version != expected_version
+                or current.run_uid != head.run_uid
+            ):
+                return False
+            for mid in extras.consume:  # checked first: nothing is written on a refusal
+                found = self._messages.get(mid)
+                if found is None or found.run_key != head.key or found.consumed_at is not None:
+                    raise consumed_already(head.key, mid)
+            if not self.run_commit(head, expected_version, rows, writes):
+                return False  # (never: checked above, under the same lock)
+            now = head.updated_at
+            for mid in extras.consume:
+                msg = self._messages[mid]
+                self._messages[mid] = dataclasses.replace(msg, consumed_at=now)
+            for name, data in extras.events:
+                self._events.setdefault(head.key, {})[name] = EventValue(
+                    name=name, data=data, updated_at=now
+                )
+            for name, data in extras.stream:
+                self._append(head.key, name, data, None, now)
+            timers = self._timers.setdefault(head.key, {})
+            for name in extras.clear_timers:
+                timers.pop(name, None)
+            for timer in extras.timers:
+                timers[timer.name] = timer
+            if not timers:
+                del self._timers[head.key]
+        self._feed.publish(run_topic(head.key))
+        return True
+
+    def message_send(
+        self, run_key: str, topic: str, data: str, *, refuse: Collection[str]
+    ) -> int | None:
+        with self._lock:
+            self._refuse_closed()
+            head = self._runs.get(run_key)
+            if head is not None and head.status in refuse:
+                return None
+            self._message_ids += 1
+            mid = self._message_ids
+            self._messages[mid] = Message(
+                id=mid,
+                run_key=run_key,
+                topic=topic,
+                data=data,
+                sent_at=self.clock(),
+                consumed_at=None,
+            )
+            self._run_messages.setdefault(run_key, []).append(mid)
+        self._feed.publish(run_topic(run_key))
+        return mid
+
+    def message_next(self, run_key: str, topic: str) -> Message | None:
+        with self._lock:
+            self._refuse_closed()
+            for mid in self._run_messages.get(run_key, []):
+                msg = self._messages[mid]
+                if msg.topic == topic and msg.consumed_at is None:
+                    return msg
+        return None
+
+    def messages(self, run_key: str) -> list[Message]:
+        with self._lock:
+            self._refuse_closed()
+            return [self._messages[mid] for mid in self._run_messages.get(run_key, [])]
+
+    def event_set(self, run_key: str, name: str, data: str) -> None:
+        with self._lock:
+            self._refuse_closed()
+            self._events.setdefault(run_key, {})[name] = EventValue(
+                name=name, data=data, updated_at=self.clock()
+            )
+        self._feed.publish(run_topic(run_key))
+
+    def event_get(self, run_key: str, name: str) -> EventValue | None:
+        with self._lock:
+            self._refuse_closed()
+            return self._events.get(run_key, {}).get(name)
+
+    def events(self, run_key: str) -> list[EventValue]:
+        with self._lock:
+            self._refuse_closed()
+            found = dict(self._events.get(run_key, {}))
+        return [found[name] for name in sorted(found)]
+
+    def _append(self, key: str, name: str, data: str, attempt: int | None, now: float) -> int:
+        items = self._streams.setdefault(key, {}).setdefault(name, [])
+        items.append(
+            StreamEntry(name=name, offset=len(items), data=data, attempt=attempt, written_at=now)
+        )
+        return len(items) - 1
+
+    def stream_append(self, run_key: str, name: str, data: str, attempt: int | None) -> int:
+        with self._lock:
+            self._refuse_closed()
+            offset = self._append(run_key, name, data, attempt, self.clock())
+        self._feed.publish(run_topic(run_key))
+        return offset
+
+    def stream_read(self, run_key: str, name: str, start: int, limit: int) -> list[StreamEntry]:
+        with self._lock:
+            self._refuse_closed()
+            items = self._streams.get(run_key, {}).get(name, [])
+            return items[max(start, 0) : max(start, 0) + limit]
+
+    def streams(self, run_key: str) -> list[tuple[str, int]]:
+        with self._lock:
+            self._refuse_closed()
+            found = self._streams.get(run_key, {})
+            return sorted((name, len(items)) for name, items in found.items())
+
+    def timers(self, run_key: str | None) -> list[Timer]:
+        with self._lock:
+            self._refuse_closed()
+            keys = sorted(self._timers) if run_key is None else [run_key]
+            return [timer for key in keys for _, timer in sorted(self._timers.get(key, {}).items())]
+
+    def changes(self) -> ChangeFeed:
+        return self._feed
 
     def run_renew(self, key: str, run_uid: str, lease_until: float) -> bool:
         with self._lock:
@@ -171,6 +340,8 @@ class MemoryBackend(Backend):
         with self._lock:
             self._closed = True
             self._kv, self._runs, self._journal = {}, {}, {}
+            self._timers, self._events, self._streams = {}, {}, {}
+            self._messages, self._run_messages = {}, {}
 
     def describe(self) -> str:
         return "memory"

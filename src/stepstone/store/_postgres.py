@@ -37,7 +37,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Literal, TypeVar
 
@@ -51,10 +51,13 @@ from stepstone.store._base import (
     RunHead,
     head_from_row,
     head_to_row,
+    head_update_params,
     heads_for_listing,
     journal_row,
 )
-from stepstone.store._memory import run_key_conflict
+from stepstone.store._changes import CHANNEL, ChangeFeed, ListeningFeed
+from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
+from stepstone.store._memory import consumed_already, run_key_conflict
 
 try:
     import psycopg
@@ -205,6 +208,9 @@ class PostgresBackend(Backend):
         # step commits of runs on an event loop (see _postgres_async)
         self._async = AsyncCommits(url, self._kwargs, max_size, prepare)
         weakref.finalize(self, self._async.close)
+        # waiters on messages, events and streams: one LISTEN connection while any waits
+        self._feed = ListeningFeed(POLL_INTERVAL, self._listen, name="stepstone-pg-listen")
+        weakref.finalize(self, self._feed.close)
 
     # -- connections -----------------------------------------------------------------------
     def connect(self) -> Connection:
@@ -599,6 +605,7 @@ class PostgresBackend(Backend):
     def close(self) -> None:
         self._closed = True
         self._async.close()
+        self._feed.close()
         with self._pool_lock:
             pool, self._pool = self._pool, None
             spare, self._spare = self._spare, []
@@ -634,7 +641,7 @@ class PostgresBackend(Backend):
         self._refuse_if_read_only()
 
         def delete(conn: Connection) -> bool:
-            return bool(one(conn.execute(DELETE_SQL, (key, key, key))))
+            return bool(one(conn.execute(DELETE_SQL, {"key": key})))
 
         return self._pipelined("delete a key", [key], delete)
 
@@ -807,9 +814,15 @@ class PostgresBackend(Backend):
             claim = decide(head, None if kv_text is None else str(kv_text))
             if claim is None:
                 return head
+            reset = claim.reset_journal
+            restart = reset and head is not None  # a run started over drops its records
             conn.execute(
                 PUT_HEAD_SQL,
-                (key, claim.reset_journal, key, claim.drop_kv, *head_to_row(claim.head)),
+                (
+                    *(key, reset, key, claim.drop_kv),
+                    *(key, restart, key, restart, key, restart),
+                    *head_to_row(claim.head),
+                ),
             )
             if claim.rows:
                 conn.cursor().executemany(
@@ -972,6 +985,281 @@ class PostgresBackend(Backend):
         sql = f"SELECT {HEAD_COLS} FROM stepstone_runs WHERE {where} ORDER BY key"
         rows = self._read("list runs", lambda cur: cur.execute(sql.encode(), args).fetchall())
         return heads_for_listing(rows)
+
+    # -- timers, messages, events, streams (store/_extras.py) ----------------------------
+    # Every write of a run's records holds the run key's advisory lock: appends to a
+    # stream take their offsets one at a time, and a message and the parking of the run's
+    # queue entry (store/_queue_postgres.py, park) see each other (see message_send).
+
+    def run_commit_extras(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+        extras: ExtraWrites,
+    ) -> bool:
+        self._refuse_if_read_only()
+        key = head.key
+
+        def commit(cur: Cursor) -> bool:
+            if writes:
+                conflict = one(
+                    cur.execute(
+                        "SELECT min(key) FROM stepstone_runs WHERE key = ANY(%s)",
+                        ([w for w, _ in writes],),
+                    )
+                )
+                if conflict is not None:
+                    raise run_key_conflict(str(conflict))
+            cur.execute(_HEAD_UPDATE_SQL, head_update_params(head, expected_version))
+            if cur.rowcount != 1:
+                return False
+            now = head.updated_at  # every row's committed_at: the commit's time
+            if rows:
+                cur.executemany(
+                    INSERT_JOURNAL_SQL,
+                    [(key, r.seq, r.kind, r.name, r.data, r.started_at, now) for r in rows],
+                )
+            if writes:
+                cur.executemany(UPSERT_KV_SQL, [(w, text, now) for w, text in writes])
+            if extras.consume:
+                cur.execute(
+                    "UPDATE stepstone_messages SET consumed_at = %s WHERE id = ANY(%s) "
+                    "AND run_key = %s AND consumed_at IS NULL RETURNING id",
+                    (now, list(extras.consume), key),
+                )
+                done = {int(r[0]) for r in cur.fetchall()}
+                for mid in extras.consume:
+                    if mid not in done:
+                        raise consumed_already(key, mid)  # rolled back: nothing is written
+            for name, data in extras.events:
+                cur.execute(_EVENT_SQL, (key, name, data, now))
+            for name, data in extras.stream:
+                cur.execute(_APPEND_SQL, {"key": key, "name": name, "data": data, "attempt": None})
+            if extras.clear_timers:
+                cur.execute(
+                    "DELETE FROM stepstone_timers WHERE run_key = %s AND name = ANY(%s)",
+                    (key, list(extras.clear_timers)),
+                )
+            for timer in extras.timers:
+                cur.execute(
+                    "INSERT INTO stepstone_timers (run_key, name, wake_at, topic, since) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_key, name) DO UPDATE SET "
+                    "wake_at = EXCLUDED.wake_at, topic = EXCLUDED.topic, since = EXCLUDED.since",
+                    (key, timer.name, timer.wake_at, timer.topic, timer.since),
+                )
+            return True
+
+        keys = [key, *(w for w, _ in writes)]
+        return self._transaction("commit a step with its records", keys, commit)
+
+    def message_send(
+        self, run_key: str, topic: str, data: str, *, refuse: Collection[str]
+    ) -> int | None:
+        self._refuse_if_read_only()
+
+        # Under the run key's lock, which the parking of its queue entry takes too: a
+        # message stored before a park is seen by it (the entry stays runnable), and one
+        # stored after finds the entry parked and makes it runnable.
+        def send(cur: Cursor) -> int | None:
+            status = one(
+                cur.execute("SELECT status FROM stepstone_runs WHERE key = %s", (run_key,))
+            )
+            if status is not None and status in refuse:
+                return None
+            mid = one(
+                cur.execute(
+                    "INSERT INTO stepstone_messages (run_key, topic, data, sent_at) "
+                    f"VALUES (%s, %s, %s, {_NOW}) RETURNING id",
+                    (run_key, topic, data),
+                )
+            )
+            cur.execute(_WAKE_SQL, {"key": run_key, "topic": topic})
+            return int(mid)
+
+        return self._transaction("send a message", [run_key], send)
+
+    def message_next(self, run_key: str, topic: str) -> Message | None:
+        row = self._read(
+            "read a message",
+            lambda cur: cur.execute(
+                f"SELECT {_MESSAGE_COLS} FROM stepstone_messages WHERE run_key = %s "
+                "AND topic = %s AND consumed_at IS NULL ORDER BY id LIMIT 1",
+                (run_key, topic),
+            ).fetchone(),
+        )
+        return None if row is None else _message(row)
+
+    def messages(self, run_key: str) -> list[Message]:
+        rows = self._read(
+            "read messages",
+            lambda cur: cur.execute(
+                f"SELECT {_MESSAGE_COLS} FROM stepstone_messages WHERE run_key = %s ORDER BY id",
+                (run_key,),
+            ).fetchall(),
+        )
+        return [_message(row) for row in rows]
+
+    def event_set(self, run_key: str, name: str, data: str) -> None:
+        self._refuse_if_read_only()
+        # Idempotent (sets, never adds): sent again after a lost answer.
+        self._read(
+            "set an event",
+            lambda cur: cur.execute(_EVENT_SQL, (run_key, name, data, self.clock())),
+        )
+
+    def event_get(self, run_key: str, name: str) -> EventValue | None:
+        row = self._read(
+            "read an event",
+            lambda cur: cur.execute(
+                "SELECT name, data, updated_at FROM stepstone_events "
+                "WHERE run_key = %s AND name = %s",
+                (run_key, name),
+            ).fetchone(),
+        )
+        return None if row is None else EventValue(name=row[0], data=row[1], updated_at=row[2])
+
+    def events(self, run_key: str) -> list[EventValue]:
+        rows = self._read(
+            "read events",
+            lambda cur: cur.execute(
+                "SELECT name, data, updated_at FROM stepstone_events WHERE run_key = %s "
+                "ORDER BY name",
+                (run_key,),
+            ).fetchall(),
+        )
+        return [EventValue(name=n, data=d, updated_at=float(u)) for n, d, u in rows]
+
+    def stream_append(self, run_key: str, name: str, data: str, attempt: int | None) -> int:
+        self._refuse_if_read_only()
+        params = {"key": run_key, "name": name, "data": data, "attempt": attempt}
+        offset = self._transaction(
+            "append to a stream",
+            [run_key],
+            lambda cur: one(cur.execute(_APPEND_SQL + " RETURNING pos", params)),
+        )
+        return int(offset)
+
+    def stream_read(self, run_key: str, name: str, start: int, limit: int) -> list[StreamEntry]:
+        rows = self._read(
+            "read a stream",
+            lambda cur: cur.execute(
+                "SELECT pos, data, attempt, written_at FROM stepstone_streams "
+                "WHERE run_key = %s AND name = %s AND pos >= %s ORDER BY pos LIMIT %s",
+                (run_key, name, start, limit),
+            ).fetchall(),
+        )
+        return [
+            StreamEntry(name=name, offset=int(p), data=d, attempt=a, written_at=float(w))
+            for p, d, a, w in rows
+        ]
+
+    def streams(self, run_key: str) -> list[tuple[str, int]]:
+        rows = self._read(
+            "list streams",
+            lambda cur: cur.execute(
+                "SELECT name, max(pos) + 1 FROM stepstone_streams WHERE run_key = %s "
+                "GROUP BY name ORDER BY name",
+                (run_key,),
+            ).fetchall(),
+        )
+        return [(str(n), int(c)) for n, c in rows]
+
+    def timers(self, run_key: str | None) -> list[Timer]:
+        rows = self._read(
+            "read timers",
+            lambda cur: cur.execute(
+                "SELECT run_key, name, wake_at, topic, since FROM stepstone_timers "
+                "WHERE %s::text IS NULL OR run_key = %s ORDER BY run_key, name",
+                (run_key, run_key),
+            ).fetchall(),
+        )
+        return [
+            Timer(run_key=k, name=n, wake_at=w, topic=t, since=float(since))
+            for k, n, w, t, since in rows
+        ]
+
+    def changes(self) -> ChangeFeed:
+        return self._feed
+
+    def _listen(
+        self,
+        stop: threading.Event,
+        publish: Callable[[str], None],
+        ready: Callable[[], None],
+    ) -> None:
+        """The change feed's listener (``store/_changes.py``): one connection of its own
+        that ``LISTEN``s, publishing each notification's topic; reconnects after a lost
+        connection (waking every waiter, who look again), until ``stop`` is set."""
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                with self.connect() as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    ready()
+                    backoff = 0.1
+                    while not stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            publish(note.payload)
+            except psycopg.Error as exc:
+                log.debug("stepstone: change listener: %s; listening again", exc)
+                ready()
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+
+#: How often a waiter on a PostgreSQL store looks again without a notification (a safety
+#: net: notifications wake it at once; and a run's end is looked for this often).
+POLL_INTERVAL = 1.0
+
+_NOW = "extract(epoch FROM clock_timestamp())::float8"
+
+_HEAD_UPDATE_SQL = (
+    "UPDATE stepstone_runs SET status = %s, next_step = %s, version = %s, iteration = %s, "
+    "journal_len = %s, lease_until = %s, meta = %s, updated_at = %s "
+    "WHERE key = %s AND version = %s AND run_uid = %s"
+)
+
+_MESSAGE_COLS = "id, run_key, topic, data, sent_at, consumed_at"
+
+_EVENT_SQL = (
+    "INSERT INTO stepstone_events (run_key, name, data, updated_at) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (run_key, name) DO UPDATE SET data = EXCLUDED.data, "
+    "updated_at = EXCLUDED.updated_at"
+)
+
+# The next offset is read under the run key's advisory lock (every appender takes it).
+_APPEND_SQL = (
+    "INSERT INTO stepstone_streams (run_key, name, pos, data, attempt, written_at) "
+    "SELECT %(key)s, %(name)s, coalesce(max(pos) + 1, 0), %(data)s, %(attempt)s, "
+    f"{_NOW} FROM stepstone_streams WHERE run_key = %(key)s AND name = %(name)s"
+)
+
+# A queue entry of the run parked waiting for a message on the topic: runnable now, and
+# the workers of its queue told.
+_WAKE_SQL = f"""
+WITH woke AS (
+    UPDATE stepstone_queue SET not_before = {_NOW}, updated_at = {_NOW}
+    WHERE run_key = %(key)s AND status = 'queued' AND not_before > {_NOW}
+      AND EXISTS (SELECT 1 FROM stepstone_timers t
+                  WHERE t.run_key = %(key)s AND t.topic = %(topic)s)
+    RETURNING queue
+)
+SELECT pg_notify('{CHANNEL}', 'q:' || left(md5(queue), 16)) FROM woke
+"""
+
+
+def _message(row: Sequence[Any]) -> Message:
+    mid, key, topic, data, sent_at, consumed_at = row
+    return Message(
+        id=int(mid),
+        run_key=key,
+        topic=topic,
+        data=data,
+        sent_at=float(sent_at),
+        consumed_at=None if consumed_at is None else float(consumed_at),
+    )
 
 
 def _fresh_claim(decide: Decide) -> Claim | None:

@@ -357,6 +357,77 @@ MIGRATIONS: list[str] = [
     END
     $fn$;
     """,
+    # What a run keeps beside its journal (store/_extras.py): its timers, the messages
+    # sent to it, its events and its streams. A new message, event or stream value
+    # notifies the channel 'stepstone' with the run's topic ('r:' and the first 16 hex
+    # digits of the md5 of its key: store/_changes.py), in its own transaction.
+    """
+    CREATE TABLE stepstone_timers (
+        run_key TEXT COLLATE "C" NOT NULL,
+        name TEXT COLLATE "C" NOT NULL,
+        wake_at DOUBLE PRECISION,
+        topic TEXT COLLATE "C",
+        since DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run_key, name)
+    );
+    CREATE TABLE stepstone_messages (
+        id BIGSERIAL PRIMARY KEY,
+        run_key TEXT COLLATE "C" NOT NULL,
+        topic TEXT COLLATE "C" NOT NULL,
+        data TEXT NOT NULL,
+        sent_at DOUBLE PRECISION NOT NULL,
+        consumed_at DOUBLE PRECISION
+    );
+    CREATE INDEX stepstone_messages_run ON stepstone_messages (run_key, id);
+    CREATE INDEX stepstone_messages_pending ON stepstone_messages (run_key, topic, id)
+        WHERE consumed_at IS NULL;
+    CREATE TABLE stepstone_events (
+        run_key TEXT COLLATE "C" NOT NULL,
+        name TEXT COLLATE "C" NOT NULL,
+        data TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run_key, name)
+    );
+    CREATE TABLE stepstone_streams (
+        run_key TEXT COLLATE "C" NOT NULL,
+        name TEXT COLLATE "C" NOT NULL,
+        pos BIGINT NOT NULL,
+        data TEXT NOT NULL,
+        attempt INTEGER,
+        written_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run_key, name, pos)
+    );
+    CREATE FUNCTION stepstone_notify_run() RETURNS trigger LANGUAGE plpgsql AS $fn$
+    BEGIN
+        PERFORM pg_notify('stepstone', 'r:' || left(md5(NEW.run_key), 16));
+        RETURN NULL;
+    END
+    $fn$;
+    CREATE TRIGGER stepstone_messages_notify AFTER INSERT ON stepstone_messages
+        FOR EACH ROW EXECUTE FUNCTION stepstone_notify_run();
+    CREATE TRIGGER stepstone_events_notify AFTER INSERT OR UPDATE ON stepstone_events
+        FOR EACH ROW EXECUTE FUNCTION stepstone_notify_run();
+    CREATE TRIGGER stepstone_streams_notify AFTER INSERT ON stepstone_streams
+        FOR EACH ROW EXECUTE FUNCTION stepstone_notify_run();
+    -- Schedules (store/_queue_base.py, ScheduleRow): a queued run at every cron tick.
+    CREATE TABLE stepstone_schedules (
+        name TEXT COLLATE "C" PRIMARY KEY,
+        target TEXT NOT NULL,
+        cron TEXT NOT NULL,
+        timezone TEXT NOT NULL,
+        queue TEXT COLLATE "C" NOT NULL,
+        task TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        catch_up TEXT NOT NULL,
+        grace DOUBLE PRECISION NOT NULL,
+        paused BOOLEAN NOT NULL,
+        next_tick DOUBLE PRECISION NOT NULL,
+        last_tick DOUBLE PRECISION,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    """,
 ]
 
 #: When the work a journal row records started and when its commit was made (database
@@ -452,15 +523,23 @@ KEY_STATE_SQL = (
     "(SELECT value FROM stepstone_kv WHERE key = %s)"
 )
 DELETE_SQL = (
-    "WITH v AS (DELETE FROM stepstone_kv WHERE key = %s RETURNING 1), "
-    "r AS (DELETE FROM stepstone_runs WHERE key = %s RETURNING 1), "
-    "j AS (DELETE FROM stepstone_journal WHERE run_key = %s) "
+    "WITH v AS (DELETE FROM stepstone_kv WHERE key = %(key)s RETURNING 1), "
+    "r AS (DELETE FROM stepstone_runs WHERE key = %(key)s RETURNING 1), "
+    "j AS (DELETE FROM stepstone_journal WHERE run_key = %(key)s), "
+    "t AS (DELETE FROM stepstone_timers WHERE run_key = %(key)s), "
+    "m AS (DELETE FROM stepstone_messages WHERE run_key = %(key)s), "
+    "e AS (DELETE FROM stepstone_events WHERE run_key = %(key)s), "
+    "s AS (DELETE FROM stepstone_streams WHERE run_key = %(key)s) "
     "SELECT (SELECT count(*) FROM v) + (SELECT count(*) FROM r)"
 )
 # A claim's writes: reset the journal and drop the plain value when asked, put the head.
 PUT_HEAD_SQL = (
     "WITH j AS (DELETE FROM stepstone_journal WHERE run_key = %s AND %s::bool), "
-    "v AS (DELETE FROM stepstone_kv WHERE key = %s AND %s::bool) "
+    "v AS (DELETE FROM stepstone_kv WHERE key = %s AND %s::bool), "
+    # a fresh start drops the run's timers, events and streams with its journal
+    "t AS (DELETE FROM stepstone_timers WHERE run_key = %s AND %s::bool), "
+    "e AS (DELETE FROM stepstone_events WHERE run_key = %s AND %s::bool), "
+    "s AS (DELETE FROM stepstone_streams WHERE run_key = %s AND %s::bool) "
     f"INSERT INTO stepstone_runs ({HEAD_COLS}) VALUES "
     "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (key) DO UPDATE SET "

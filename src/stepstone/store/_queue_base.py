@@ -26,14 +26,19 @@ from stepstone.store._base import printable_key
 __all__ = [
     "CANCELLED_RUNNING",
     "ENTRY_COLUMNS",
+    "NEVER",
+    "SCHEDULE_COLUMNS",
     "FINAL_STATUSES",
     "QueueBackend",
     "QueueEntry",
+    "ScheduleRow",
+    "TickEntry",
     "entry_from_row",
     "free_slots",
     "key_in_use",
     "rate_window",
     "readable",
+    "schedule_from_row",
 ]
 
 #: Statuses after which an entry never changes again.
@@ -41,6 +46,9 @@ FINAL_STATUSES = ("done", "failed", "cancelled")
 #: The error of an entry cancelled after it started (by its worker, or by the claim that
 #: finds its worker gone).
 CANCELLED_RUNNING = "cancelled while running"
+#: The ``not_before`` of an entry parked with no time limit (waiting for a message only):
+#: the last second of the year 9999, a time that stays a plain number everywhere.
+NEVER = 253402300799.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +106,73 @@ class QueueEntry:
 
 #: Column order of an entry in the SQL backends (the order of QueueEntry's fields).
 ENTRY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(QueueEntry))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    """One schedule, as stored: a run of ``target`` queued at every tick of ``cron``.
+
+    Attributes:
+        name: The schedule's name (unique in the store).
+        target: Import path of what each tick runs.
+        cron: The cron expression (5 fields, or 6 with a leading seconds field).
+        timezone: The IANA time zone the expression is read in.
+        queue: The queue each tick's run goes to.
+        task: The start envelope of each tick's run, as JSON text.
+        priority: Each run's priority.
+        max_attempts: Each run's ``max_attempts``.
+        catch_up: What ticks missed while no worker ran become: ``one`` run, ``all``, ``none``.
+        grace: Seconds after its time within which a tick still counts as on time.
+        paused: Paused schedules queue nothing.
+        next_tick: The first tick not handled yet (unix time).
+        last_tick: The last tick that queued a run (None: none yet).
+        created_at: When it was first stored.
+        updated_at: Its last change.
+    """
+
+    name: str
+    target: str
+    cron: str
+    timezone: str
+    queue: str
+    task: str
+    priority: int
+    max_attempts: int
+    catch_up: str
+    grace: float
+    paused: bool
+    next_tick: float
+    last_tick: float | None
+    created_at: float
+    updated_at: float
+
+
+#: Column order of a schedule in the SQL backends (the order of ScheduleRow's fields).
+SCHEDULE_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ScheduleRow))
+
+
+def schedule_from_row(row: Sequence[Any]) -> ScheduleRow:
+    """A ScheduleRow from a row selected in :data:`SCHEDULE_COLUMNS` order."""
+    v: dict[str, Any] = dict(zip(SCHEDULE_COLUMNS, row, strict=True))
+    for name in ("priority", "max_attempts"):
+        v[name] = int(v[name])
+    for name in ("grace", "next_tick", "created_at", "updated_at"):
+        v[name] = float(v[name])
+    v["last_tick"] = None if v["last_tick"] is None else float(v["last_tick"])
+    flag = v["paused"]
+    v["paused"] = flag == "t" if isinstance(flag, str) else bool(flag)
+    return ScheduleRow(**v)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TickEntry:
+    """A queue entry one tick of a schedule submits (its schedule gives the rest)."""
+
+    id: str
+    tick: float
+    task: str
+    run_key: str
+    dedupe_key: str
 
 
 def entry_from_row(row: Sequence[Any]) -> QueueEntry:
@@ -281,6 +356,57 @@ class QueueBackend(abc.ABC):
         runnable again after ``delay`` seconds; one whose cancel was requested ends
         ``cancelled`` instead."""
 
+    def park(
+        self, id: str, worker: str, run_key: str, wake_at: float, topics: Sequence[str]
+    ) -> bool:
+        """Put an entry ``worker`` holds back in the queue while its run waits (not counted
+        as an attempt): runnable at ``wake_at`` (the database's clock; :data:`NEVER` for a
+        wait with no time limit), or at once when a message on one of ``topics`` is
+        pending for its run (``run_key``), now or when one is sent later (the send makes
+        it runnable: ``Backend.message_send``). One whose cancel was requested ends
+        ``cancelled`` instead. False when ``worker`` no longer holds it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot park a run")
+
+    # -- schedules -------------------------------------------------------------------------
+    def _no_schedules(self) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} keeps no schedules")
+
+    def schedule_put(self, row: ScheduleRow) -> None:
+        """Store ``row``, replacing the schedule of the same name."""
+        raise self._no_schedules()
+
+    def schedule_get(self, name: str) -> ScheduleRow | None:
+        """The schedule ``name``, or None."""
+        raise self._no_schedules()
+
+    def schedules(self) -> list[ScheduleRow]:
+        """Every schedule, by name."""
+        raise self._no_schedules()
+
+    def schedule_pause(self, name: str, paused: bool, next_tick: float | None) -> bool:
+        """Pause or resume ``name`` (resuming from ``next_tick`` when given); False when
+        there is no such schedule."""
+        raise self._no_schedules()
+
+    def schedule_delete(self, name: str) -> bool:
+        """Delete ``name``; False when there was none."""
+        raise self._no_schedules()
+
+    def schedules_due(self, queues: Sequence[str]) -> list[ScheduleRow]:
+        """The schedules of ``queues`` that are not paused and whose next tick has come
+        (by :meth:`now`)."""
+        raise self._no_schedules()
+
+    def schedule_fire(
+        self, name: str, expected_next: float, new_next: float, entries: Sequence[TickEntry]
+    ) -> list[str] | None:
+        """In one transaction: move ``name``'s next tick from ``expected_next`` to
+        ``new_next`` and queue ``entries`` (with the schedule's target, queue, priority and
+        max_attempts; an entry whose dedupe key is taken is skipped). None, queueing
+        nothing, when the next tick is no longer ``expected_next`` (another worker handled
+        it) or the schedule was paused or deleted; else the ids queued."""
+        raise self._no_schedules()
+
     @abc.abstractmethod
     def requeue(self, run_key: str) -> str | None:
         """Put the latest finished entry (done, failed or cancelled) of the run under
@@ -291,6 +417,10 @@ class QueueBackend(abc.ABC):
     @abc.abstractmethod
     def active_entry(self, run_key: str) -> str | None:
         """The id of the entry under ``run_key`` that is queued or running, or None."""
+
+    def latest_entry(self, run_key: str) -> QueueEntry | None:
+        """The entry submitted last under ``run_key`` (whatever its status), or None."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look entries up by key")
 
     @abc.abstractmethod
     def get(self, id: str) -> QueueEntry | None:

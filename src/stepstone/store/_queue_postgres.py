@@ -31,17 +31,23 @@ from stepstone.store._postgres_wire import moved, text_rows
 from stepstone.store._queue_base import (
     CANCELLED_RUNNING,
     ENTRY_COLUMNS,
+    SCHEDULE_COLUMNS,
     Owner,
     QueueBackend,
     QueueEntry,
+    ScheduleRow,
+    TickEntry,
     entry_from_row,
     free_slots,
     key_in_use,
     rate_window,
     readable,
+    schedule_from_row,
 )
 
 __all__ = ["PostgresQueue"]
+
+_SCHEDULE_COLS = ", ".join(SCHEDULE_COLUMNS)
 
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 COLS = ", ".join(ENTRY_COLUMNS)
@@ -488,6 +494,37 @@ class PostgresQueue(QueueBackend):
 
         return self.backend._read("hand a run back to its queue", back)
 
+    def park(
+        self, id: str, worker: str, run_key: str, wake_at: float, topics: Sequence[str]
+    ) -> bool:
+        # Under the run key's advisory lock, which a message's send takes too (see
+        # PostgresBackend.message_send): a message stored before the park makes the entry
+        # runnable at once here; one stored after finds it parked and makes it runnable.
+        def back(cur: Cursor) -> bool:
+            cur.execute(
+                "UPDATE stepstone_queue SET "
+                "status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "error = CASE WHEN cancel_requested THEN %(cancelled)s ELSE error END, "
+                "attempts = greatest(attempts - 1, 0), worker = NULL, host = NULL, pid = NULL, "
+                "pid_start = NULL, lease_until = NULL, "
+                f"not_before = CASE WHEN EXISTS (SELECT 1 FROM stepstone_messages m "
+                "WHERE m.run_key = %(key)s AND m.topic = ANY(%(topics)s) "
+                f"AND m.consumed_at IS NULL) THEN {NOW} ELSE %(wake)s END, "
+                f"updated_at = {NOW} "
+                "WHERE id = %(id)s AND worker = %(worker)s AND status = 'running'",
+                {
+                    "cancelled": CANCELLED_RUNNING,
+                    "key": run_key,
+                    "topics": list(topics),
+                    "wake": wake_at,
+                    "id": id,
+                    "worker": worker,
+                },
+            )
+            return cur.rowcount == 1
+
+        return self.backend._transaction("park a run", [run_key], back)
+
     def requeue(self, run_key: str) -> str | None:
         def requeue(cur: Cursor) -> str | None:
             row = cur.execute(
@@ -518,6 +555,119 @@ class PostgresQueue(QueueBackend):
         )
         return None if row is None else str(row[0])
 
+    # -- schedules -------------------------------------------------------------------------
+    def schedule_put(self, row: ScheduleRow) -> None:
+        marks = ", ".join(["%s"] * len(SCHEDULE_COLUMNS))
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in SCHEDULE_COLUMNS[1:])
+        values = tuple(getattr(row, c) for c in SCHEDULE_COLUMNS)
+        self.backend._read(
+            "store a schedule",
+            lambda cur: cur.execute(
+                f"INSERT INTO stepstone_schedules ({_SCHEDULE_COLS}) VALUES ({marks}) "
+                f"ON CONFLICT (name) DO UPDATE SET {updates}",
+                values,
+            ),
+        )
+
+    def schedule_get(self, name: str) -> ScheduleRow | None:
+        row = self.backend._read(
+            "read a schedule",
+            lambda cur: cur.execute(
+                f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules WHERE name = %s", (name,)
+            ).fetchone(),
+        )
+        return None if row is None else schedule_from_row(row)
+
+    def schedules(self) -> list[ScheduleRow]:
+        rows = self.backend._read(
+            "list schedules",
+            lambda cur: cur.execute(
+                f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules ORDER BY name"
+            ).fetchall(),
+        )
+        return [schedule_from_row(r) for r in rows]
+
+    def schedule_pause(self, name: str, paused: bool, next_tick: float | None) -> bool:
+        def pause(cur: Cursor) -> bool:
+            cur.execute(
+                "UPDATE stepstone_schedules SET paused = %s, "
+                f"next_tick = coalesce(%s, next_tick), updated_at = {NOW} WHERE name = %s",
+                (paused, next_tick, name),
+            )
+            return cur.rowcount == 1
+
+        return self.backend._read("pause or resume a schedule", pause)
+
+    def schedule_delete(self, name: str) -> bool:
+        def delete(cur: Cursor) -> bool:
+            cur.execute("DELETE FROM stepstone_schedules WHERE name = %s", (name,))
+            return cur.rowcount == 1
+
+        return self.backend._read("delete a schedule", delete)
+
+    def schedules_due(self, queues: Sequence[str]) -> list[ScheduleRow]:
+        rows = self.backend._read(
+            "find due schedules",
+            lambda cur: cur.execute(
+                f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules WHERE NOT paused "
+                f"AND next_tick <= {NOW} AND queue = ANY(%s) ORDER BY next_tick",
+                (list(queues),),
+            ).fetchall(),
+        )
+        return [schedule_from_row(r) for r in rows]
+
+    def schedule_fire(
+        self, name: str, expected_next: float, new_next: float, entries: Sequence[TickEntry]
+    ) -> list[str] | None:
+        last = max((e.tick for e in entries), default=None)
+
+        def fire(cur: Cursor) -> list[str] | None:
+            row = cur.execute(
+                "UPDATE stepstone_schedules SET next_tick = %s, "
+                f"last_tick = coalesce(%s, last_tick), updated_at = {NOW} "
+                "WHERE name = %s AND next_tick = %s AND NOT paused "
+                "RETURNING queue, target, priority, max_attempts",
+                (new_next, last, name, expected_next),
+            ).fetchone()
+            if row is None:
+                return None
+            queue, target, priority, max_attempts = row
+            queued: list[str] = []
+            for entry in entries:
+                got = cur.execute(
+                    "INSERT INTO stepstone_queue (id, queue, target, task, run_key, priority, "
+                    "not_before, dedupe_key, status, attempts, max_attempts, created_at, "
+                    f"updated_at) VALUES (%s, %s, %s, %s, %s, %s, {NOW}, %s, 'queued', 0, %s, "
+                    f"{NOW}, {NOW}) ON CONFLICT DO NOTHING RETURNING id",
+                    (
+                        entry.id,
+                        queue,
+                        target,
+                        entry.task,
+                        entry.run_key,
+                        priority,
+                        entry.dedupe_key,
+                        max_attempts,
+                    ),
+                ).fetchone()
+                if got is not None:
+                    queued.append(str(got[0]))
+            return queued
+
+        # One transaction (retried whole after a lost connection unless it committed):
+        # the next tick moves exactly when its runs are queued.
+        return self.backend._transaction("queue a schedule's runs", [], fire)
+
+    def latest_entry(self, run_key: str) -> QueueEntry | None:
+        row = self.backend._read(
+            "read a queued run",
+            lambda cur: cur.execute(
+                f"SELECT {COLS} FROM stepstone_queue WHERE run_key = %s ORDER BY seq DESC LIMIT 1",
+                (run_key,),
+            ).fetchone(),
+        )
+        return None if row is None else entry_from_row(row)
+
     def get(self, id: str) -> QueueEntry | None:
         row = self.backend._read(
             "read a queued run",
@@ -538,7 +688,12 @@ class PostgresQueue(QueueBackend):
                 "WHERE id = %s AND status IN ('queued', 'running')",
                 (id,),
             )
-            row = cur.execute("SELECT status FROM stepstone_queue WHERE id = %s", (id,)).fetchone()
+            row = cur.execute(
+                "SELECT status, CASE WHEN cancel_requested THEN "
+                "pg_notify('stepstone', 'r:' || left(md5(run_key), 16)) END "
+                "FROM stepstone_queue WHERE id = %s",
+                (id,),
+            ).fetchone()  # a run waiting in its worker hears of its cancel at once
             return None if row is None else str(row[0])
 
         return self.backend._read("cancel a queued run", cancel)

@@ -28,19 +28,24 @@ from typing import TypeVar
 
 from stepstone.exceptions import CorruptRecordError, StoreError
 from stepstone.store._base import lenient_text, printable_key
+from stepstone.store._changes import run_topic
 from stepstone.store._queue_base import (
     CANCELLED_RUNNING,
     ENTRY_COLUMNS,
+    SCHEDULE_COLUMNS,
     Owner,
     QueueBackend,
     QueueEntry,
+    ScheduleRow,
+    TickEntry,
     entry_from_row,
     free_slots,
     key_in_use,
     rate_window,
     readable,
+    schedule_from_row,
 )
-from stepstone.store._sqlite import damaged_definition, run_script, trigger_state
+from stepstone.store._sqlite import damaged_definition, publish, run_script, trigger_state
 from stepstone.store._sqlite_conns import ThreadConnections
 from stepstone.store._sqlite_errors import file_error, file_errors
 from stepstone.store._sqlite_rows import row_crc
@@ -111,6 +116,23 @@ CREATE TABLE IF NOT EXISTS stepstone_queue_limits (
     queue TEXT PRIMARY KEY,
     concurrency INTEGER,
     rate REAL
+);
+CREATE TABLE IF NOT EXISTS stepstone_schedules (
+    name TEXT PRIMARY KEY,
+    target TEXT NOT NULL,
+    cron TEXT NOT NULL,
+    timezone TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    task TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    catch_up TEXT NOT NULL,
+    grace REAL NOT NULL,
+    paused INTEGER NOT NULL,
+    next_tick REAL NOT NULL,
+    last_tick REAL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
 );
 """
 
@@ -386,6 +408,35 @@ class SQLiteQueue(QueueBackend):
         return self._write(back)
 
     @file_errors
+    def park(
+        self, id: str, worker: str, run_key: str, wake_at: float, topics: Sequence[str]
+    ) -> bool:
+        def back(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            due = wake_at
+            if topics and _has_table(conn, "stepstone_messages"):
+                marks = ", ".join("?" * len(topics))
+                pending = conn.execute(
+                    "SELECT 1 FROM stepstone_messages WHERE run_key = ? "
+                    f"AND topic IN ({marks}) AND consumed_at IS NULL LIMIT 1",
+                    (run_key, *topics),
+                ).fetchone()
+                if pending is not None:
+                    due = now  # a message came before the park: runnable at once
+            cur = conn.execute(
+                "UPDATE stepstone_queue SET "
+                "status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+                "error = CASE WHEN cancel_requested THEN ? ELSE error END, "
+                "attempts = max(attempts - 1, 0), worker = NULL, host = NULL, pid = NULL, "
+                "pid_start = NULL, lease_until = NULL, not_before = ?, updated_at = ? "
+                "WHERE id = ? AND worker = ? AND status = 'running'",
+                (CANCELLED_RUNNING, due, now, id, worker),
+            )
+            return cur.rowcount == 1
+
+        return self._write(back)
+
+    @file_errors
     def requeue(self, run_key: str) -> str | None:
         def requeue(conn: sqlite3.Connection) -> str | None:
             rows = conn.execute(
@@ -421,6 +472,15 @@ class SQLiteQueue(QueueBackend):
         return None if got is None else str(got[0])
 
     @file_errors
+    def latest_entry(self, run_key: str) -> QueueEntry | None:
+        row = self._conn().execute(
+            f"SELECT {COLS} FROM stepstone_queue WHERE run_key = ? ORDER BY seq DESC LIMIT 1",
+            (run_key,),
+        )
+        got = row.fetchone()
+        return None if got is None else _entry(got)
+
+    @file_errors
     def get(self, id: str) -> QueueEntry | None:
         row = self._conn().execute(f"SELECT {COLS} FROM stepstone_queue WHERE id = ?", (id,))
         got = row.fetchone()
@@ -438,10 +498,19 @@ class SQLiteQueue(QueueBackend):
                 "updated_at = ? WHERE id = ? AND status IN ('queued', 'running')",
                 (time.time(), id),
             )
-            row = conn.execute("SELECT status FROM stepstone_queue WHERE id = ?", (id,)).fetchone()
+            row = conn.execute(
+                "SELECT status, run_key, cancel_requested FROM stepstone_queue WHERE id = ?",
+                (id,),
+            ).fetchone()
+            if row is not None and row[2]:
+                woken.append(str(row[1]))
             return None if row is None else str(row[0])
 
-        return self._write(cancel)
+        woken: list[str] = []
+        status = self._write(cancel)
+        for key in woken:  # a run waiting in a worker of this process hears of it at once
+            publish(self.path, run_topic(key))
+        return status
 
     @file_errors
     def running_on(self, host: str) -> list[QueueEntry]:
@@ -513,6 +582,121 @@ class SQLiteQueue(QueueBackend):
 
         return self._write(prune)
 
+    # -- schedules -------------------------------------------------------------------------
+    @file_errors
+    def schedule_put(self, row: ScheduleRow) -> None:
+        marks = ", ".join("?" * len(SCHEDULE_COLUMNS))
+        values = tuple(getattr(row, c) for c in SCHEDULE_COLUMNS)
+        self._write(
+            lambda conn: conn.execute(
+                f"INSERT OR REPLACE INTO stepstone_schedules ({_SCHEDULE_COLS}) VALUES ({marks})",
+                values,
+            )
+        )
+
+    @file_errors
+    def schedule_get(self, name: str) -> ScheduleRow | None:
+        row = (
+            self._conn()
+            .execute(f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules WHERE name = ?", (name,))
+            .fetchone()
+        )
+        return None if row is None else schedule_from_row(row)
+
+    @file_errors
+    def schedules(self) -> list[ScheduleRow]:
+        rows = self._conn().execute(
+            f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules ORDER BY name"
+        )
+        return [schedule_from_row(r) for r in rows.fetchall()]
+
+    @file_errors
+    def schedule_pause(self, name: str, paused: bool, next_tick: float | None) -> bool:
+        def pause(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE stepstone_schedules SET paused = ?, "
+                "next_tick = coalesce(?, next_tick), updated_at = ? WHERE name = ?",
+                (int(paused), next_tick, time.time(), name),
+            )
+            return cur.rowcount == 1
+
+        return self._write(pause)
+
+    @file_errors
+    def schedule_delete(self, name: str) -> bool:
+        return self._write(
+            lambda conn: (
+                conn.execute("DELETE FROM stepstone_schedules WHERE name = ?", (name,)).rowcount
+                == 1
+            )
+        )
+
+    @file_errors
+    def schedules_due(self, queues: Sequence[str]) -> list[ScheduleRow]:
+        if not queues:
+            return []
+        marks = ", ".join("?" * len(queues))
+        rows = self._conn().execute(
+            f"SELECT {_SCHEDULE_COLS} FROM stepstone_schedules WHERE NOT paused "
+            f"AND next_tick <= ? AND queue IN ({marks}) ORDER BY next_tick",
+            (time.time(), *queues),
+        )
+        return [schedule_from_row(r) for r in rows.fetchall()]
+
+    @file_errors
+    def schedule_fire(
+        self, name: str, expected_next: float, new_next: float, entries: Sequence[TickEntry]
+    ) -> list[str] | None:
+        def fire(conn: sqlite3.Connection) -> list[str] | None:
+            row = conn.execute(
+                "SELECT queue, target, priority, max_attempts FROM stepstone_schedules "
+                "WHERE name = ? AND next_tick = ? AND NOT paused",
+                (name, expected_next),
+            ).fetchone()
+            if row is None:
+                return None
+            queue, target, priority, max_attempts = row
+            conn.execute(
+                "UPDATE stepstone_schedules SET next_tick = ?, "
+                "last_tick = coalesce(?, last_tick), updated_at = ? WHERE name = ?",
+                (new_next, _last_tick(entries), time.time(), name),
+            )
+            queued: list[str] = []
+            now = time.time()
+            for entry in entries:
+                if conn.execute(
+                    "SELECT 1 FROM stepstone_queue WHERE dedupe_key = ?", (entry.dedupe_key,)
+                ).fetchone():
+                    continue
+                fixed = (
+                    entry.id,
+                    str(queue),
+                    str(target),
+                    entry.task,
+                    entry.run_key,
+                    int(priority),
+                    entry.dedupe_key,
+                    int(max_attempts),
+                    now,
+                )
+                conn.execute(
+                    "INSERT INTO stepstone_queue (id, queue, target, task, run_key, priority, "
+                    "dedupe_key, max_attempts, created_at, not_before, status, attempts, "
+                    "updated_at, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?)",
+                    (*fixed, now, now, _entry_crc(fixed, None)),
+                )
+                queued.append(entry.id)
+            return queued
+
+        return self._write(fire)
+
+
+_SCHEDULE_COLS = ", ".join(SCHEDULE_COLUMNS)
+
+
+def _last_tick(entries: Sequence[TickEntry]) -> float | None:
+    return max(e.tick for e in entries) if entries else None
+
 
 def has_queue(path: str | os.PathLike[str]) -> bool:
     """Whether the SQLite file at ``path`` holds a work queue (read without creating one;
@@ -559,9 +743,17 @@ def _columns() -> dict[str, tuple[str, ...]]:
     conn = sqlite3.connect(":memory:")
     try:
         run_script(conn, SCHEMA)
-        return {t: _table_columns(conn, t) for t in ("stepstone_queue", "stepstone_queue_limits")}
+        tables = ("stepstone_queue", "stepstone_queue_limits", "stepstone_schedules")
+        return {t: _table_columns(conn, t) for t in tables}
     finally:
         conn.close()
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
 
 
 def _table_columns(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:

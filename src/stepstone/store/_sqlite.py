@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +33,7 @@ from stepstone.store._base import (
     Decide,
     JournalRow,
     RunHead,
+    checked_text,
     corrupt_error,
     head_from_row,
     heads_for_listing,
@@ -39,14 +42,18 @@ from stepstone.store._base import (
     prefix_bounds,
     printable_key,
 )
-from stepstone.store._memory import run_key_conflict
+from stepstone.store._changes import ChangeFeed, run_topic
+from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
+from stepstone.store._memory import consumed_already, run_key_conflict
 from stepstone.store._sqlite_conns import ThreadConnections
 from stepstone.store._sqlite_errors import file_error, file_errors, is_busy, is_foreign
 from stepstone.store._sqlite_rows import (
+    checked_extra,
     checked_head_row,
     checked_journal_row,
     checked_value,
     crc_triggers,
+    event_crc,
     head_commit_params,
     head_insert_params,
     head_insert_sql,
@@ -55,10 +62,58 @@ from stepstone.store._sqlite_rows import (
     journal_params,
     kv_params,
     kv_upsert_sql,
+    message_crc,
+    stream_crc,
+    timer_crc,
 )
 from stepstone.store._sqlite_wal import WalTender, wal_damage
 
-__all__ = ["JOURNAL_TIMES", "MIGRATIONS", "SCHEMA", "TIMES_VERSION", "SQLiteBackend"]
+__all__ = ["JOURNAL_TIMES", "MIGRATIONS", "SCHEMA", "TIMES_VERSION", "SQLiteBackend", "publish"]
+
+#: What a run keeps beside its journal (``store/_extras.py``): its timers, the messages sent
+#: to it, its events and its streams. Row-id tables with a key index, as the journal (a
+#: message's id is its row id, in send order: AUTOINCREMENT never hands one out twice).
+_EXTRAS = """
+    CREATE TABLE stepstone_timers (
+        run_key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        wake_at REAL,
+        topic TEXT,
+        since REAL NOT NULL,
+        crc INTEGER,
+        PRIMARY KEY (run_key, name)
+    );
+    CREATE TABLE stepstone_messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_key TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        data TEXT NOT NULL,
+        sent_at REAL NOT NULL,
+        consumed_at REAL,
+        crc INTEGER
+    );
+    CREATE INDEX stepstone_messages_run ON stepstone_messages (run_key, id);
+    CREATE INDEX stepstone_messages_pending ON stepstone_messages (run_key, topic, id)
+        WHERE consumed_at IS NULL;
+    CREATE TABLE stepstone_events (
+        run_key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        data TEXT NOT NULL,
+        updated_at REAL NOT NULL,
+        crc INTEGER,
+        PRIMARY KEY (run_key, name)
+    );
+    CREATE TABLE stepstone_streams (
+        run_key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        pos INTEGER NOT NULL,
+        data TEXT NOT NULL,
+        attempt INTEGER,
+        written_at REAL NOT NULL,
+        crc INTEGER,
+        PRIMARY KEY (run_key, name, pos)
+    );
+"""
 
 #: Schema changes in order; the list index + 1 is the schema version recorded in
 #: ``stepstone_schema``. Never edit an entry, append a new one (and update
@@ -113,6 +168,8 @@ MIGRATIONS: list[str] = [
     ALTER TABLE stepstone_journal ADD COLUMN crc INTEGER;
     """
     + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal"),
+    # Version 4: timers, messages, events and streams (_EXTRAS).
+    _EXTRAS,
 ]
 
 #: When the work a journal row records started and when its commit was made (database
@@ -126,7 +183,8 @@ MIGRATIONS.append(JOURNAL_TIMES)
 
 #: The current schema, created in one go in a new file (running version 1 there would
 #: collide with an application's own ``kv`` table).
-SCHEMA = """
+SCHEMA = (
+    """
     CREATE TABLE stepstone_kv (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL,
@@ -162,9 +220,41 @@ SCHEMA = """
         committed_at REAL,
         PRIMARY KEY (run_key, seq)
     );
-""" + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal")
+"""
+    + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal")
+    + _EXTRAS
+)
 
 _TABLES = ("stepstone_kv", "stepstone_runs", "stepstone_journal")
+
+#: The schema version from which a store keeps timers, messages, events and streams.
+_EXTRAS_VERSION = 4
+
+#: Their tables, with their columns.
+_EXTRA_TABLES: dict[str, tuple[str, ...]] = {
+    "stepstone_timers": ("run_key", "name", "wake_at", "topic", "since", "crc"),
+    "stepstone_messages": ("id", "run_key", "topic", "data", "sent_at", "consumed_at", "crc"),
+    "stepstone_events": ("run_key", "name", "data", "updated_at", "crc"),
+    "stepstone_streams": ("run_key", "name", "pos", "data", "attempt", "written_at", "crc"),
+}
+
+#: The change feed of each store file this process opened (``store/_changes.py``): every
+#: store object on one file wakes the same waiters.
+_FEEDS: weakref.WeakValueDictionary[str, ChangeFeed] = weakref.WeakValueDictionary()
+_FEEDS_LOCK = threading.Lock()
+
+#: How often a waiter on a SQLite store looks again for what other processes changed.
+POLL_INTERVAL = 0.1
+
+
+def publish(path: Path, topic: str) -> None:
+    """Wake this process's waiters of ``topic`` on the store file at ``path`` (if any
+    store of this process has it open)."""
+    with _FEEDS_LOCK:
+        feed = _FEEDS.get(str(path.resolve()))
+    if feed is not None:
+        feed.publish(topic)
+
 
 #: Table names of older schema versions that differ from :data:`_TABLES`, for reading a
 #: store read-only without migrating it.
@@ -342,6 +432,13 @@ class SQLiteBackend(Backend):
         self._kv, self._runs, self._journal = _TABLES
         self._checksums = True  # rows carry a crc: every store but an older one read-only
         self._times = True  # journal rows carry their times: likewise
+        self._extras = True  # timers, messages...: every store but an older one read-only
+        with _FEEDS_LOCK:
+            feed = _FEEDS.get(str(self.path.resolve()))
+            if feed is None:
+                feed = ChangeFeed(poll=POLL_INTERVAL)
+                _FEEDS[str(self.path.resolve())] = feed
+        self._feed = feed
         self.preallocate_wal = preallocate_wal
         self.checkpoint_pages = checkpoint_pages
         tend = preallocate_wal and durability == "full"
@@ -544,6 +641,7 @@ class SQLiteBackend(Backend):
         self._kv, self._runs, self._journal = _tables_of(version)
         self._checksums = version >= _CRC_VERSION
         self._times = version >= TIMES_VERSION
+        self._extras = version >= _EXTRAS_VERSION
 
     def close(self) -> None:
         self._closed = True
@@ -643,6 +741,7 @@ class SQLiteBackend(Backend):
             n = conn.execute(f"DELETE FROM {self._kv} WHERE key = ?", (key,)).rowcount
             n += conn.execute(f"DELETE FROM {self._runs} WHERE key = ?", (key,)).rowcount
             conn.execute(f"DELETE FROM {self._journal} WHERE run_key = ?", (key,))
+            _drop_extras(conn, key, messages=True)
             return n > 0
 
     @file_errors
@@ -736,6 +835,8 @@ class SQLiteBackend(Backend):
             )
         if claim.reset_journal:
             conn.execute(f"DELETE FROM {self._journal} WHERE run_key = ?", (key,))
+            if head is not None:  # a run started over
+                _drop_extras(conn, key, messages=False)
         if claim.drop_kv:
             conn.execute(f"DELETE FROM {self._kv} WHERE key = ?", (key,))
         conn.execute(head_insert_sql(self._runs), head_insert_params(claim.head))
@@ -852,6 +953,291 @@ class SQLiteBackend(Backend):
             )
         return heads_for_listing(list(rows), self._head)
 
+    # -- timers, messages, events, streams (store/_extras.py) ----------------------------
+    @file_errors
+    def run_commit_extras(
+        self,
+        head: RunHead,
+        expected_version: int,
+        rows: Sequence[JournalRow],
+        writes: Sequence[tuple[str, str]],
+        extras: ExtraWrites,
+    ) -> bool:
+        key = head.key
+        with self._tx() as conn:
+            cur = conn.execute(
+                head_update_sql(self._runs), head_commit_params(head, expected_version)
+            )
+            if cur.rowcount != 1:
+                return False
+            if rows:
+                conn.executemany(
+                    journal_insert_sql(self._journal),
+                    [journal_params(key, r, head.updated_at) for r in rows],
+                )
+            now = head.updated_at
+            if writes:
+                for wkey, _ in writes:
+                    if conn.execute(
+                        f"SELECT 1 FROM {self._runs} WHERE key = ?", (wkey,)
+                    ).fetchone():
+                        raise run_key_conflict(wkey)
+                conn.executemany(
+                    kv_upsert_sql(self._kv), [kv_params(wkey, text, now) for wkey, text in writes]
+                )
+            for mid in extras.consume:
+                cur = conn.execute(
+                    "UPDATE stepstone_messages SET consumed_at = ? "
+                    "WHERE id = ? AND run_key = ? AND consumed_at IS NULL",
+                    (now, mid, key),
+                )
+                if cur.rowcount != 1:
+                    raise consumed_already(key, mid)  # rolled back: nothing is written
+            for name, data in extras.events:
+                _put_event(conn, key, name, data, now)
+            for name, data in extras.stream:
+                _append(conn, key, name, data, None, now)
+            if extras.clear_timers:
+                conn.executemany(
+                    "DELETE FROM stepstone_timers WHERE run_key = ? AND name = ?",
+                    [(key, name) for name in extras.clear_timers],
+                )
+            for timer in extras.timers:
+                since = float(timer.since)
+                wake = None if timer.wake_at is None else float(timer.wake_at)
+                conn.execute(
+                    "INSERT OR REPLACE INTO stepstone_timers "
+                    "(run_key, name, wake_at, topic, since, crc) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        key,
+                        timer.name,
+                        wake,
+                        timer.topic,
+                        since,
+                        timer_crc(key, timer.name, wake, timer.topic, since),
+                    ),
+                )
+        self._feed.publish(run_topic(key))
+        return True
+
+    @file_errors
+    def message_send(
+        self, run_key: str, topic: str, data: str, *, refuse: Collection[str]
+    ) -> int | None:
+        with self._tx() as conn:
+            row = conn.execute(
+                f"SELECT status FROM {self._runs} WHERE key = ?", (run_key,)
+            ).fetchone()
+            if row is not None and row[0] in refuse:
+                return None
+            now = time.time()
+            cur = conn.execute(
+                "INSERT INTO stepstone_messages (run_key, topic, data, sent_at, crc) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (run_key, topic, data, now, message_crc(run_key, topic, data, now)),
+            )
+            mid = int(cur.lastrowid or 0)
+            if conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stepstone_queue'"
+            ).fetchone():
+                # A run a worker parked waiting for this topic: runnable now (same transaction).
+                conn.execute(
+                    "UPDATE stepstone_queue SET not_before = ?, updated_at = ? "
+                    "WHERE run_key = ? AND status = 'queued' AND not_before > ? AND EXISTS "
+                    "(SELECT 1 FROM stepstone_timers WHERE run_key = ? AND topic = ?)",
+                    (now, now, run_key, now, run_key, topic),
+                )
+        self._feed.publish(run_topic(run_key))
+        return mid
+
+    def _message(self, row: Sequence[Any]) -> Message:
+        mid, key, topic, data, sent_at, consumed_at, crc = row
+        checked_extra(key, f"message {mid}", crc, message_crc(key, topic, data, sent_at))
+        return Message(
+            id=int(mid),
+            run_key=checked_text(key, key, f"message {mid} run key"),
+            topic=checked_text(topic, key, f"message {mid} topic"),
+            data=checked_text(data, key, f"message {mid}"),
+            sent_at=float(sent_at),
+            consumed_at=None if consumed_at is None else float(consumed_at),
+        )
+
+    @file_errors
+    def message_next(self, run_key: str, topic: str) -> Message | None:
+        if not self._extras:
+            return None
+        row = (
+            self._conn()
+            .execute(
+                f"SELECT {_MESSAGE_COLS} FROM stepstone_messages "
+                "WHERE run_key = ? AND topic = ? AND consumed_at IS NULL ORDER BY id LIMIT 1",
+                (run_key, topic),
+            )
+            .fetchone()
+        )
+        return None if row is None else self._message(row)
+
+    @file_errors
+    def messages(self, run_key: str) -> list[Message]:
+        if not self._extras:
+            return []
+        rows = self._conn().execute(
+            f"SELECT {_MESSAGE_COLS} FROM stepstone_messages WHERE run_key = ? ORDER BY id",
+            (run_key,),
+        )
+        return [self._message(row) for row in rows]
+
+    @file_errors
+    def event_set(self, run_key: str, name: str, data: str) -> None:
+        with self._tx() as conn:
+            _put_event(conn, run_key, name, data, time.time())
+        self._feed.publish(run_topic(run_key))
+
+    @staticmethod
+    def _event(key: str, row: Sequence[Any]) -> EventValue:
+        name, data, updated_at, crc = row
+        checked_extra(key, f"event {name!r}", crc, event_crc(key, name, data, updated_at))
+        return EventValue(
+            name=checked_text(name, key, "an event name"),
+            data=checked_text(data, key, f"event {name!r}"),
+            updated_at=float(updated_at),
+        )
+
+    @file_errors
+    def event_get(self, run_key: str, name: str) -> EventValue | None:
+        if not self._extras:
+            return None
+        row = (
+            self._conn()
+            .execute(
+                "SELECT name, data, updated_at, crc FROM stepstone_events "
+                "WHERE run_key = ? AND name = ?",
+                (run_key, name),
+            )
+            .fetchone()
+        )
+        return None if row is None else self._event(run_key, row)
+
+    @file_errors
+    def events(self, run_key: str) -> list[EventValue]:
+        if not self._extras:
+            return []
+        rows = self._conn().execute(
+            "SELECT name, data, updated_at, crc FROM stepstone_events "
+            "WHERE run_key = ? ORDER BY name",
+            (run_key,),
+        )
+        return [self._event(run_key, row) for row in rows]
+
+    @file_errors
+    def stream_append(self, run_key: str, name: str, data: str, attempt: int | None) -> int:
+        with self._tx() as conn:
+            offset = _append(conn, run_key, name, data, attempt, time.time())
+        self._feed.publish(run_topic(run_key))
+        return offset
+
+    @file_errors
+    def stream_read(self, run_key: str, name: str, start: int, limit: int) -> list[StreamEntry]:
+        if not self._extras:
+            return []
+        rows = self._conn().execute(
+            "SELECT pos, data, attempt, written_at, crc FROM stepstone_streams "
+            "WHERE run_key = ? AND name = ? AND pos >= ? ORDER BY pos LIMIT ?",
+            (run_key, name, start, limit),
+        )
+        out: list[StreamEntry] = []
+        for pos, data, attempt, written_at, crc in rows:
+            expected = stream_crc(run_key, name, pos, data, attempt, written_at)
+            checked_extra(run_key, f"value {pos} of stream {name!r}", crc, expected)
+            out.append(
+                StreamEntry(
+                    name=name,
+                    offset=int(pos),
+                    data=checked_text(data, run_key, f"value {pos} of stream {name!r}"),
+                    attempt=None if attempt is None else int(attempt),
+                    written_at=float(written_at),
+                )
+            )
+        return out
+
+    @file_errors
+    def streams(self, run_key: str) -> list[tuple[str, int]]:
+        if not self._extras:
+            return []
+        rows = self._conn().execute(
+            "SELECT name, max(pos) + 1 FROM stepstone_streams WHERE run_key = ? "
+            "GROUP BY name ORDER BY name",
+            (run_key,),
+        )
+        return [(checked_text(name, run_key, "a stream name"), int(n)) for name, n in rows]
+
+    @file_errors
+    def timers(self, run_key: str | None) -> list[Timer]:
+        if not self._extras:
+            return []
+        rows = self._conn().execute(
+            "SELECT run_key, name, wake_at, topic, since, crc FROM stepstone_timers "
+            "WHERE ? IS NULL OR run_key = ? ORDER BY run_key, name",
+            (run_key, run_key),
+        )
+        out: list[Timer] = []
+        for key, name, wake_at, topic, since, crc in rows:
+            checked_extra(key, f"timer {name!r}", crc, timer_crc(key, name, wake_at, topic, since))
+            out.append(
+                Timer(
+                    run_key=checked_text(key, key, "a timer's run key"),
+                    name=checked_text(name, key, "a timer name"),
+                    wake_at=None if wake_at is None else float(wake_at),
+                    topic=None if topic is None else checked_text(topic, key, "a timer topic"),
+                    since=float(since),
+                )
+            )
+        return out
+
+    def changes(self) -> ChangeFeed:
+        return self._feed
+
+
+_MESSAGE_COLS = "id, run_key, topic, data, sent_at, consumed_at, crc"
+
+
+def _put_event(conn: sqlite3.Connection, key: str, name: str, data: str, now: float) -> None:
+    now = float(now)
+    conn.execute(
+        "INSERT INTO stepstone_events (run_key, name, data, updated_at, crc) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_key, name) DO UPDATE SET "
+        "data = excluded.data, updated_at = excluded.updated_at, crc = excluded.crc",
+        (key, name, data, now, event_crc(key, name, data, now)),
+    )
+
+
+def _append(
+    conn: sqlite3.Connection, key: str, name: str, data: str, attempt: int | None, now: float
+) -> int:
+    """Append to a stream inside ``conn``'s write transaction: the next offset is read
+    under the write lock, so two writers never take one offset."""
+    (offset,) = conn.execute(
+        "SELECT coalesce(max(pos) + 1, 0) FROM stepstone_streams WHERE run_key = ? AND name = ?",
+        (key, name),
+    ).fetchone()
+    offset, now = int(offset), float(now)
+    conn.execute(
+        "INSERT INTO stepstone_streams (run_key, name, pos, data, attempt, written_at, crc) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (key, name, offset, data, attempt, now, stream_crc(key, name, offset, data, attempt, now)),
+    )
+    return offset
+
+
+def _drop_extras(conn: sqlite3.Connection, key: str, *, messages: bool) -> None:
+    """Delete the run's timers, events and streams (and, with ``messages``, its messages)
+    in ``conn``'s write transaction."""
+    tables = ["stepstone_timers", "stepstone_events", "stepstone_streams"]
+    if messages:
+        tables.append("stepstone_messages")
+    for table in tables:
+        conn.execute(f"DELETE FROM {table} WHERE run_key = ?", (key,))
+
 
 def _prefix_sql(prefix: str) -> tuple[str, tuple[str, ...]]:
     """An index range for keys starting with ``prefix`` (binary collation: exact and
@@ -886,13 +1272,16 @@ def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
         name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
     tables = _tables_of(version) if version else ()
-    expected = set(tables)
-    later = {t for v in range(version + 1, len(MIGRATIONS) + 1) for t in _tables_of(v)} - expected
+    extras = _EXTRA_TABLES if version >= _EXTRAS_VERSION else {}
+    expected = set(tables) | set(extras)
+    later = {t for v in range(version + 1, len(MIGRATIONS) + 1) for t in _tables_of(v)}
+    later = (later | set(_EXTRA_TABLES)) - expected
     missing, extra = expected - present, later & present
     if version == 0:
-        extra = set(_TABLES) & present
+        extra = (set(_TABLES) | set(_EXTRA_TABLES)) & present
     if not missing and not extra:
-        for table, columns in zip(tables, _columns_of(version), strict=False):
+        checks = [*zip(tables, _columns_of(version), strict=False), *extras.items()]
+        for table, columns in checks:
             found_columns = tuple(str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})"))
             if found_columns != columns:
                 raise _damaged_schema(

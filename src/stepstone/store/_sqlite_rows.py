@@ -40,6 +40,7 @@ from stepstone.store._base import (
 )
 
 __all__ = [
+    "checked_extra",
     "checked_head_row",
     "checked_journal_row",
     "checked_value",
@@ -52,7 +53,11 @@ __all__ = [
     "journal_params",
     "kv_params",
     "kv_upsert_sql",
+    "event_crc",
+    "message_crc",
     "row_crc",
+    "stream_crc",
+    "timer_crc",
 ]
 
 
@@ -245,3 +250,36 @@ def checked_journal_row(
     if crc is not None and crc != _journal_crc(key, seq, kind, name, data):
         raise _mismatch(key, f"journal row {printable_key(seq)}")
     return seq, kind, name, data
+
+
+# -- timers, messages, events, streams (schema version 4) ----------------------------------
+# Each row carries a CRC-32 of what it was written with (row_crc: the columns' repr, types
+# included). A message's covers what its send fixed (not its id, given by SQLite, nor
+# consumed_at, which its receipt sets); a timer's, an event's and a stream value's cover
+# every column.
+
+
+def message_crc(run_key: Any, topic: Any, data: Any, sent_at: Any) -> int:
+    """The checksum of a message's columns (its id and consumption left out)."""
+    return row_crc((run_key, topic, data, sent_at))
+
+
+def event_crc(run_key: Any, name: Any, data: Any, updated_at: Any) -> int:
+    return row_crc((run_key, name, data, updated_at))
+
+
+def stream_crc(
+    run_key: Any, name: Any, offset: Any, data: Any, attempt: Any, written_at: Any
+) -> int:
+    return row_crc((run_key, name, offset, data, attempt, written_at))
+
+
+def timer_crc(run_key: Any, name: Any, wake_at: Any, topic: Any, since: Any) -> int:
+    return row_crc((run_key, name, wake_at, topic, since))
+
+
+def checked_extra(key: Any, what: str, crc: Any, expected: int) -> None:
+    """Raise CheckpointCorruptError naming ``what`` of the run under ``key`` when a stored
+    checksum ``crc`` is not ``expected``."""
+    if crc is not None and crc != expected:
+        raise _mismatch(key, what)

@@ -34,7 +34,9 @@ environment variable) makes every real provider request raise
 (:class:`LoopbackServer`, which speaks a provider's wire format to the official SDKs)
 are still allowed.
 
-``stepstone.testing.store_conformance`` is the store conformance suite (see its docstring).
+``stepstone.testing.store_conformance`` is the store conformance suite, and
+``stepstone.testing.checkpointer_conformance`` the graph checkpointer one (see their
+docstrings).
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ _CHILD = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[3])
 from stepstone import Store
-from stepstone.engines.graph import _compiled
+from stepstone.engines.graph import _sink
 from stepstone.graph import CheckpointFilter, StoreCheckpointer
 from tests.engines.graph._graphs import Counter, loop_graph
 
-claim_run = _compiled.claim_run
+claim_run = _sink.claim_run
 
 def claim_then_die(*args, **kwargs):
     claimed = claim_run(*args, **kwargs)
@@ -34,7 +34,7 @@ def claim_then_die(*args, **kwargs):
     return claimed
 
 if sys.argv[2] == "die":
-    _compiled.claim_run = claim_then_die
+    _sink.claim_run = claim_then_die
 with Store(db=sys.argv[1]) as store:
     cp = StoreCheckpointer(store)
     graph = loop_graph(cp)

@@ -11,7 +11,13 @@ from stepstone.engines.graph._checkpoint import (
 )
 from stepstone.engines.graph._compiled import CompiledGraph
 from stepstone.engines.graph._observe import GraphEvent
-from stepstone.engines.graph._records import CheckpointFilter, CheckpointRecord, NodePosition
+from stepstone.engines.graph._protocol import Checkpointer
+from stepstone.engines.graph._records import (
+    CheckpointFilter,
+    CheckpointRecord,
+    FanOutProgress,
+    NodePosition,
+)
 from stepstone.engines.graph._state import (
     Reducer,
     State,
@@ -26,7 +32,9 @@ __all__ = [
     "END",
     "CheckpointFilter",
     "CheckpointRecord",
+    "Checkpointer",
     "CompiledGraph",
+    "FanOutProgress",
     "GraphBuilder",
     "GraphEvent",
     "InMemoryCheckpointer",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from stepstone.core import is_agent_like
-from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._migrate import Migrate, MigrationRegistry
 from stepstone.engines.graph._observe import Observer, check_observers
+from stepstone.engines.graph._protocol import Checkpointer, check_checkpointer
 from stepstone.engines.graph._state import State
 from stepstone.exceptions import GraphCompileError
 
@@ -44,6 +45,21 @@ _END_NAME = "__end__"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FanSpec:
+    """What a fan-out node maps over and how (engine-internal)."""
+
+    over: str
+    into: str | None
+    concurrency: int | None
+    fn: Any = None  # fn(item) or fn(item, state) (with_state)
+    with_state: bool = False
+    agent: Any = None
+    subgraph: CompiledGraph[Any] | None = None
+    inputs: Callable[[Any, Any], Any] | None = None
+    outputs: Callable[[Any], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class NodeSpec:
     """One node (engine-internal)."""
 
@@ -54,6 +70,7 @@ class NodeSpec:
     subgraph: CompiledGraph[Any] | None = None
     inputs: Callable[[Any], Any] | None = None
     outputs: Callable[[Any], Mapping[str, Any]] | None = None
+    fan: FanSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +80,26 @@ class EdgeSpec:
     target: str | None = None
     router: Callable[[Any], Any] | None = None
     targets: Mapping[str, str] | None = None
+
+
+def _takes_state(fn: Callable[..., Any], where: str) -> bool:
+    """Whether a branch function takes ``(item, state)``: two required parameters. One
+    (or none but ``*args``) takes the item alone."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: give it the item
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is p.empty]
+    takes_any = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params) or any(
+        p.kind in positional for p in params
+    )
+    if len(required) > 2 or not takes_any:
+        raise GraphCompileError(
+            f"{where}: a branch function takes (item) or (item, state), got {fn!r} with "
+            f"{len(required)} required argument(s)"
+        )
+    return len(required) == 2
 
 
 def _target_name(target: Any, where: str) -> str:
@@ -107,7 +144,7 @@ class GraphBuilder(Generic[S]):
         self._nodes: dict[str, NodeSpec] = {}
         self._edges: dict[str, list[EdgeSpec]] = {}
         self._entry: str | None = None
-        self._checkpointer: StoreCheckpointer | None = None
+        self._checkpointer: Checkpointer | None = None
         self._migrations = MigrationRegistry(state_cls)
         self._observers: list[Observer] = []
 
@@ -196,6 +233,93 @@ class GraphBuilder(Generic[S]):
                 )
         return self._add(NodeSpec(name=name, subgraph=subgraph, inputs=inputs, outputs=outputs))
 
+    def add_fan_out_node(
+        self,
+        name: str,
+        branch: Callable[..., Any] | Any,
+        *,
+        over: str,
+        into: str | None = None,
+        concurrency: int | None = None,
+        inputs: Callable[[Any, S], Any] | None = None,
+        outputs: Callable[[Any], Any] | None = None,
+    ) -> GraphBuilder[S]:
+        """Add a node that runs ``branch`` once per item of the list field ``over``, the
+        branches in parallel (at most ``concurrency`` at once), and merges what they return.
+
+        Each finished branch is checkpointed with its result; a resume runs only the
+        branches that have none. The results are merged in the list's order, whatever
+        order the branches finished in.
+
+        Args:
+            name: The node's name.
+            branch: ``fn(item)`` or ``fn(item, state)``, sync or async; an ``Agent`` (its
+                task is the item, as JSON unless it is text); or a compiled graph, run
+                once per item from ``inputs(item, state)`` (default: the item itself, a
+                dict of the subgraph's fields).
+            over: The state field holding the list of items.
+            into: A field that gets the list of the branches' results, in item order,
+                through that field's reducer (``append`` adds them, ``concat_flatten``
+                their items, ``merge_all`` merges dicts). Without it, each branch returns
+                a dict of field updates, applied one after another in item order through
+                the fields' reducers.
+            concurrency: At most this many branches at once (None: all).
+            inputs: For a subgraph branch: ``inputs(item, state)`` gives its initial
+                state (a dict or an instance).
+            outputs: For a subgraph branch: ``outputs(final)`` gives its result. Default:
+                with ``into``, the final state; without, what it changed in the fields
+                it shares with this graph (as :meth:`add_subgraph_node` hands back).
+
+        Raises:
+            GraphCompileError: ``over`` or ``into`` is not a field of the state,
+                ``concurrency`` is not a positive int, ``branch`` is not a function, an
+                Agent or a compiled graph, or ``inputs``/``outputs`` is given for a branch
+                that is not a subgraph (or is not a function).
+        """
+        from stepstone.engines.graph._compiled import CompiledGraph
+
+        where = f"fan-out node {name!r}"
+        fields = self.state_cls.model_fields
+        for option, named in (("over", over), ("into", into)):
+            if named is None and option == "into":
+                continue
+            if not isinstance(named, str) or named not in fields:
+                raise GraphCompileError(
+                    f"{where}: {option}= names a field of {self.state_cls.__name__}, got "
+                    f"{named!r}; its fields are {sorted(fields)}"
+                )
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise GraphCompileError(
+                f"{where}: concurrency is a positive int (branches at once) or None for all "
+                f"at once, got {concurrency!r}"
+            )
+        for option, value in (("inputs", inputs), ("outputs", outputs)):
+            if value is not None and not isinstance(branch, CompiledGraph):
+                raise GraphCompileError(
+                    f"{where}: {option}= is for a branch that is a compiled graph; a function "
+                    "branch takes the item (and the state) and returns its result itself"
+                )
+            if value is not None and not callable(value):
+                raise GraphCompileError(
+                    f"{where}: {option}= is a function, got {value!r}; pass e.g. "
+                    f"{option}=lambda {'item, state' if option == 'inputs' else 'final'}: ..."
+                )
+        if isinstance(branch, CompiledGraph):
+            kind: dict[str, Any] = {"subgraph": branch, "inputs": inputs, "outputs": outputs}
+        elif is_agent_like(branch):
+            kind = {"agent": branch}
+        elif callable(branch):
+            kind = {"fn": branch, "with_state": _takes_state(branch, where)}
+        else:
+            raise GraphCompileError(
+                f"{where}: the branch is a function fn(item) or fn(item, state), an Agent, "
+                f"or a compiled graph, got {branch!r}"
+            )
+        fan = FanSpec(over=over, into=into, concurrency=concurrency, **kind)
+        return self._add(NodeSpec(name=name, fan=fan))
+
     def add_edge(self, source: str, target: str | Any) -> GraphBuilder[S]:
         """After ``source`` completes, run ``target`` (a node name, or ``END``)."""
         self._edges.setdefault(source, []).append(
@@ -253,15 +377,17 @@ class GraphBuilder(Generic[S]):
         self._entry = name
         return self
 
-    def with_checkpointer(self, checkpointer: StoreCheckpointer) -> GraphBuilder[S]:
-        """Save a record after every completed node (outermost and inside subgraphs),
-        before the next node starts."""
-        if not isinstance(checkpointer, StoreCheckpointer):
-            raise GraphCompileError(
-                "with_checkpointer takes a SQLiteCheckpointer, InMemoryCheckpointer or "
-                f"StoreCheckpointer, got {checkpointer!r}"
-            )
-        self._checkpointer = checkpointer
+    def with_checkpointer(self, checkpointer: Checkpointer) -> GraphBuilder[S]:
+        """Save a record after every completed node (outermost and inside subgraphs) and
+        every finished fan-out branch, before the next one starts.
+
+        Args:
+            checkpointer: A built-in one (``SQLiteCheckpointer``, ``InMemoryCheckpointer``,
+                ``StoreCheckpointer``), or one of your own: a
+                :class:`~stepstone.graph.Checkpointer` (``save``, ``load``, ``list``,
+                ``delete`` and their async forms).
+        """
+        self._checkpointer = check_checkpointer(checkpointer)
         return self
 
     def with_observer(self, observer: Observer) -> GraphBuilder[S]:

@@ -9,16 +9,22 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from stepstone.core._serialization import SignedPickle
-from stepstone.durable import blocking_call, delete_run, list_runs, read_run
+from stepstone.durable import blocking_call, claim_run, delete_run, list_runs, read_run
 from stepstone.engines.graph._codec import Codec
 from stepstone.engines.graph._fold import fold
+from stepstone.engines.graph._protocol import Checkpointer
 from stepstone.engines.graph._records import (
     GRAPH_KIND,
+    RECORD_FORMAT,
     CheckpointFilter,
     CheckpointRecord,
+    FanOutAt,
+    Frame,
+    NodePosition,
     RawRecord,
     Serialization,
 )
@@ -33,10 +39,66 @@ from stepstone.store._store import Store
 
 log = logging.getLogger("stepstone")
 
-__all__ = ["InMemoryCheckpointer", "SQLiteCheckpointer", "StoreCheckpointer"]
+__all__ = [
+    "InMemoryCheckpointer",
+    "SQLiteCheckpointer",
+    "StoreCheckpointer",
+    "record_meta",
+    "start_row",
+]
 
 
-class StoreCheckpointer:
+def start_row(
+    codec: Codec,
+    frames: Sequence[Frame],
+    positions: Sequence[NodePosition],
+    *,
+    attempt: int,
+    resumed_from: str | None,
+    metadata: dict[str, Any],
+    fan_outs: Mapping[FanOutAt, Mapping[int, Any]],
+) -> dict[str, Any]:
+    """The data of an invocation's ``start`` row: where each frame stands, the positions
+    and unfinished fan-outs it carries on."""
+    fans = list(fan_outs.items())
+    plain: dict[str, Any] = {
+        "frames": [f.to_plain() for f in frames],
+        "positions": [p.to_json() for p in positions],
+        "attempt": attempt,
+        "resumed_from": resumed_from,
+        "metadata": metadata,
+    }
+    body: dict[str, Any] = {"frames": [f.to_body() for f in frames]}
+    if fans:  # format 2; a run without fan-outs writes what format 1 wrote
+        plain["fan_outs"] = [
+            {"at": [list(at[0]), at[1], at[2]], "indexes": sorted(done)} for at, done in fans
+        ]
+        body["fan_results"] = [[done[i] for i in sorted(done)] for _, done in fans]
+    return codec.encode(plain, body)
+
+
+def record_meta(
+    *,
+    invocation_id: str,
+    correlation_id: str,
+    schema_version: str,
+    serialization: str,
+    resumed_from: str | None,
+    origin: str,
+) -> dict[str, Any]:
+    """The head meta of an invocation's record."""
+    return {
+        "format": RECORD_FORMAT,
+        "invocation_id": invocation_id,
+        "correlation_id": correlation_id,
+        "schema_version": schema_version,
+        "serialization": serialization,
+        "resumed_from": resumed_from,
+        "origin": origin,  # the first invocation of the chain (keys LLM loops in nodes)
+    }
+
+
+class StoreCheckpointer(Checkpointer):
     """Saves graph checkpoints in any :class:`~stepstone.Store` (memory, SQLite, PostgreSQL).
 
     Every save goes through the durable kernel: one atomic commit per completed node,
@@ -150,6 +212,51 @@ class StoreCheckpointer:
         out.sort(key=lambda r: r.last_saved_at)
         return out
 
+    def save(self, record: CheckpointRecord) -> None:
+        """Store ``record`` whole, replacing what is saved under its ``invocation_id`` (the
+        engine does not call it: it commits each node as it completes). The record is
+        written in one transaction with status ``running``, then given its own status;
+        ``last_saved_at`` is the database's time.
+
+        Raises:
+            ConcurrentRunError: a live invocation is writing that record.
+        """
+        raw = RawRecord.of(record)
+        data = start_row(
+            self.codec,
+            raw.frames,
+            raw.positions,
+            attempt=raw.attempt,
+            resumed_from=raw.resumed_from,
+            metadata=raw.metadata,
+            fan_outs=raw.fan_outs,
+        )
+        meta = record_meta(
+            invocation_id=record.invocation_id,
+            correlation_id=record.correlation_id,
+            schema_version=raw.frames[0].schema_version,
+            serialization=self.serialization,
+            resumed_from=record.resumed_from,
+            origin=record.invocation_id,
+        )
+        claim = claim_run(
+            self.store,
+            self.key(record.invocation_id),
+            kind=GRAPH_KIND,
+            resume=False,
+            first_step=None,
+            meta=meta,
+            what="graph record",
+            first_rows=[("start", None, data)],
+        )
+        assert claim.run is not None
+        try:
+            if record.status != "running":
+                error = {"error": dict(record.error)} if record.error is not None else {}
+                claim.run.commit_sync(status=record.status, next_step=None, meta={**meta, **error})
+        finally:
+            claim.run.release()
+
     def delete(self, invocation_id: str) -> bool:
         """Delete an invocation's record; True if it existed."""
         delete_run(self.store, self.lock_key(invocation_id))
@@ -160,6 +267,10 @@ class StoreCheckpointer:
         self.store.close()
 
     # -- async twins ---------------------------------------------------------------------
+    async def asave(self, record: CheckpointRecord) -> None:
+        """Async :meth:`save`."""
+        await blocking_call(self.store, self.save, record)
+
     async def aload(self, invocation_id: str) -> CheckpointRecord:
         """Async :meth:`load`."""
         return await blocking_call(self.store, self.load, invocation_id, bulk=True)

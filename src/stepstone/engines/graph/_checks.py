@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from stepstone.engines.graph._builder import _END_NAME, EdgeSpec, NodeSpec
-from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._migrate import MigrationRegistry
+from stepstone.engines.graph._protocol import Checkpointer
 from stepstone.engines.graph._state import State
 from stepstone.exceptions import GraphCompileError
 
@@ -109,7 +109,7 @@ def check_reachable(
 def check_migrations(
     state_cls: type[State],
     migrations: MigrationRegistry,
-    checkpointer: StoreCheckpointer | None,
+    checkpointer: Checkpointer | None,
 ) -> None:
     """Migrations need a ``schema_version`` and a JSON checkpointer."""
     cls = state_cls.__name__
@@ -118,7 +118,8 @@ def check_migrations(
             f"{cls} registers state migrations but has no schema_version; declare "
             f'`schema_version: ClassVar[str] = "v2"` on {cls}'
         )
-    if migrations.edges and checkpointer is not None and checkpointer.serialization == "pickle":
+    pickled = getattr(checkpointer, "serialization", "json") == "pickle"
+    if migrations.edges and checkpointer is not None and pickled:
         raise GraphCompileError(
             f"the graph of {cls} registers state migrations but its checkpointer uses "
             "serialization='pickle', which cannot be migrated; use serialization='json'"

@@ -18,40 +18,39 @@ from stepstone.durable import (
     owner_alive,
     run_head,
 )
-from stepstone.durable._effects import DurableScope, bind_scope
+from stepstone.durable._effects import bind_scope
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._codec import check_metadata
+from stepstone.engines.graph._fanout import run_fan_out
 from stepstone.engines.graph._migrate import MigrationRegistry
 from stepstone.engines.graph._nodes import call_node, project_in, project_out, update_reducers
 from stepstone.engines.graph._observe import (
-    EventKind,
-    GraphEvent,
     Observer,
     Observers,
     Pending,
     check_observers,
     drain,
 )
+from stepstone.engines.graph._protocol import Checkpointer
 from stepstone.engines.graph._records import (
-    GRAPH_KIND,
     LOCK_KIND,
-    RECORD_FORMAT,
     CheckpointRecord,
+    FanOutAt,
     Frame,
     NodePosition,
     RawRecord,
 )
+from stepstone.engines.graph._run import GraphRun
+from stepstone.engines.graph._sink import JournalSink, RecordSink, Sink, load_record
 from stepstone.engines.graph._state import (
-    Patch,
     State,
     apply_update,
     dump_state,
-    json_patch,
-    object_patch,
     reducers_of,
 )
 from stepstone.exceptions import (
+    CheckpointNotFound,
     CheckpointRecordInvalid,
     CheckpointSaveFailed,
     CheckpointStateMigrationFailed,
@@ -84,93 +83,6 @@ class _Resume:
     last: tuple[str, int] | None = None  # the frame's last completed node, carried over
 
 
-def _state_out(cp: StoreCheckpointer | None, state: State | None) -> Any:
-    """A state as a record holds it: itself for a pickle checkpointer, else its JSON form."""
-    if state is None:
-        return None
-    if cp is not None and cp.serialization == "pickle":
-        return state
-    return dump_state(state)
-
-
-@dataclasses.dataclass(slots=True, kw_only=True)
-class _Run:
-    """One invoke: its kernel run (None without a checkpointer) and its positions."""
-
-    checkpointer: StoreCheckpointer | None
-    owned: OwnedRun | None
-    invocation_id: str
-    correlation_id: str
-    attempt: int
-    positions: list[NodePosition]
-    observers: Observers
-    pending_push: list[Frame] = dataclasses.field(default_factory=list)
-
-    def emit(self, kind: EventKind, extra: tuple[Observer, ...] = (), **fields: Any) -> None:
-        """Tell the observers (no event is made when there are none)."""
-        if self.observers or extra:
-            event = GraphEvent(
-                kind=kind,
-                invocation_id=self.invocation_id,
-                correlation_id=self.correlation_id,
-                attempt_index=self.attempt,
-                **fields,
-            )
-            self.observers.emit(event, extra)
-
-    def next_step(self, ns: tuple[str, ...]) -> int:
-        steps = [p.step for p in self.positions if p.namespace == ns]
-        return max(steps) + 1 if steps else 0
-
-    def state_out(self, state: State | None) -> Any:
-        return _state_out(self.checkpointer, state)
-
-    def patch(self, new: State, set_fields: list[str], extend: dict[str, list[Any]]) -> Patch:
-        if self.checkpointer is not None and self.checkpointer.serialization == "pickle":
-            return object_patch(new, set_fields, extend)
-        return json_patch(new, set_fields, extend, f"node update of {type(new).__name__}")
-
-    def scope(self, ns: tuple[str, ...], node: str, step: int) -> DurableScope | None:
-        """An LLM loop inside this node visit journals under a key of its position."""
-        if self.owned is None:
-            return None
-        # The chain's origin (see ``_start``), not the invocation id: a resume is a new
-        # invocation of the same chain and must find the same loop at the same node
-        # position; a fresh invocation starts a chain of its own, even under the same
-        # correlation id.
-        origin = self.owned.head.meta["origin"]
-        where = "/".join((*ns, node))
-        return DurableScope(store=self.owned.store, key=f"graph:{origin}:{where}:{step}")
-
-    async def save(self, pos: NodePosition, patch: Patch, pop: int, next_node: str | None) -> None:
-        """Commit one completed node (head + journal row, one transaction)."""
-        if self.owned is not None and self.checkpointer is not None:
-            push = self.pending_push
-            plain = {"pos": pos.to_json(), "pop": pop, "push": [f.to_plain() for f in push]}
-            body = {"patch": patch, "push": [f.to_body() for f in push]}
-            data = self.checkpointer.codec.encode(plain, body)
-            try:
-                await self.owned.commit(
-                    status="running",
-                    next_step=next_node,
-                    iteration=len(self.positions) + 1,
-                    rows=[("node", pos.node_name, data)],
-                )
-            except (ConcurrentRunError, RunCancelledError):
-                raise  # ownership: the run is someone else's, or an operator stopped it
-            except Exception as exc:
-                raise CheckpointSaveFailed(
-                    f"invocation {self.invocation_id!r}: the checkpoint after node "
-                    f"{pos.node_name!r} could not be saved ({type(exc).__name__}: {exc}); "
-                    "the node's update is not in the record, so resuming runs it again: "
-                    f"invoke(resume_invocation={self.invocation_id!r})",
-                    invocation_id=self.invocation_id,
-                    node_name=pos.node_name,
-                ) from exc
-        self.pending_push.clear()
-        self.positions.append(pos)
-
-
 class CompiledGraph(Generic[S]):
     """A validated graph, ready to run. Build it with ``GraphBuilder(...).compile()``.
 
@@ -185,7 +97,7 @@ class CompiledGraph(Generic[S]):
         nodes: dict[str, NodeSpec],
         edges: dict[str, EdgeSpec],
         entry: str,
-        checkpointer: StoreCheckpointer | None,
+        checkpointer: Checkpointer | None,
         migrations: MigrationRegistry,
         observers: tuple[Observer, ...] = (),
     ) -> None:
@@ -298,7 +210,7 @@ class CompiledGraph(Generic[S]):
                     )
                 # The whole record is loaded and checked before the lock is written: a
                 # record that cannot be resumed leaves every byte as it was.
-                raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
+                raw = await load_record(cp, resume_invocation)
                 if correlation_id is not None and correlation_id != raw.correlation_id:
                     raise UserError(
                         f"invocation {resume_invocation!r} belongs to correlation_id "
@@ -306,21 +218,23 @@ class CompiledGraph(Generic[S]):
                         "when resuming"
                     )
                 resumes = self._prepare_resume(raw)
-                lock = await blocking_call(
-                    cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
-                )
-                current = await blocking_call(
-                    cp.store, run_head, cp.store, cp.key(resume_invocation)
-                )
-                if current != raw.head:  # saved again before the lock: load what it is now
-                    raw = await blocking_call(cp.store, cp.load_raw, resume_invocation, bulk=True)
-                    resumes = self._prepare_resume(raw)
+                if isinstance(cp, StoreCheckpointer):
+                    lock = await blocking_call(
+                        cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
+                    )
+                    current = await blocking_call(
+                        cp.store, run_head, cp.store, cp.key(resume_invocation)
+                    )
+                    if current != raw.head:  # saved again before the lock: load it again
+                        raw = await load_record(cp, resume_invocation)
+                        resumes = self._prepare_resume(raw)
                 correlation_id = raw.correlation_id
                 # chains started before origins were recorded keep their correlation id
-                origin = raw.head.meta.get("origin") or correlation_id
+                origin = raw.origin or correlation_id
                 attempt = raw.attempt + 1
                 positions = list(raw.positions)
                 meta = {**raw.metadata, **(metadata or {})}
+                fan_outs = raw.fan_outs
             else:
                 if state is None or not isinstance(state, self.state_cls):
                     raise UserError(
@@ -334,31 +248,24 @@ class CompiledGraph(Generic[S]):
                 attempt = 0
                 positions = []
                 meta = dict(metadata or {})
-            owned = (
-                await blocking_call(
-                    cp.store,
-                    self._start,
-                    cp,
-                    invocation_id,
-                    attempt,
-                    positions,
-                    resumes,
-                    correlation_id,
-                    resume_invocation,
-                    meta,
-                    origin,
-                )
-                if cp is not None
-                else None
-            )
-            run = _Run(
-                checkpointer=cp,
-                owned=owned,
+                fan_outs = {}
+            run = GraphRun(
+                sink=None,
                 invocation_id=invocation_id,
                 correlation_id=correlation_id,
                 attempt=attempt,
                 positions=positions,
                 observers=told,
+                fan_done={at: dict(done) for at, done in fan_outs.items()},
+            )
+            run.sink = await self._start(
+                run,
+                cp,
+                resumes,
+                resumed_from=resume_invocation,
+                metadata=meta,
+                origin=origin,
+                fan_outs=fan_outs,
             )
             top = resumes[0]
             try:
@@ -366,7 +273,7 @@ class CompiledGraph(Generic[S]):
                     run, self, top.state, (), top.node, top.step, resumes[1:]
                 )
             except NodeException as exc:
-                exc.invocation_id = invocation_id if run.owned is not None else None
+                exc.invocation_id = invocation_id if run.sink is not None else None
                 await self._finish(run, "failed", exc)
                 run.emit("run_end", status="failed", error=exc)
                 raise
@@ -409,9 +316,18 @@ class CompiledGraph(Generic[S]):
     def load_record(self, invocation_id: str) -> CheckpointRecord:
         """The record of ``invocation_id`` with its state typed and migrated to this
         graph's state classes (the saved record itself is not rewritten)."""
-        if self.checkpointer is None:
+        cp = self.checkpointer
+        if cp is None:
             raise UserError("load_record needs a checkpointer (with_checkpointer(...))")
-        raw = self.checkpointer.load_raw(invocation_id)
+        raw = cp.load_raw(invocation_id) if isinstance(cp, StoreCheckpointer) else None
+        if raw is None:
+            loaded = cp.load(invocation_id)
+            if loaded is None:
+                raise CheckpointNotFound(
+                    f"{type(cp).__name__}.load({invocation_id!r}) returned None: a "
+                    "checkpointer raises CheckpointNotFound for a missing record"
+                )
+            raw = RawRecord.of(loaded)
         resumes = self._prepare_resume(raw)
         rec = raw.public()
         return dataclasses.replace(
@@ -518,83 +434,77 @@ class CompiledGraph(Generic[S]):
                 "with_state_migration() or declare a new schema_version"
             ) from exc
 
-    def _start(
+    async def _start(
         self,
-        cp: StoreCheckpointer,
-        invocation_id: str,
-        attempt: int,
-        positions: list[NodePosition],
+        run: GraphRun,
+        cp: Any,
         resumes: list[_Resume],
-        correlation_id: str,
+        *,
         resumed_from: str | None,
         metadata: dict[str, Any],
         origin: str,
-    ) -> OwnedRun:
-        """Claim the new invocation's record with its start row, in one transaction: a
-        process killed at any moment leaves either no record or one that holds its start
-        (the frames and positions it resumes from), never a head without one."""
+        fan_outs: dict[FanOutAt, dict[int, Any]],
+    ) -> Sink | None:
+        """Save the new invocation's first record (its frames, carried positions and
+        unfinished fan-outs) before any node runs."""
+        if cp is None:
+            return None
+        pickled = isinstance(cp, StoreCheckpointer) and cp.serialization == "pickle"
+
+        def out(state: State | None) -> Any:
+            return state if pickled or state is None else dump_state(state)
+
         frames = [
             Frame(
                 node=None if i == 0 else resumes[i - 1].node,
                 step=None if i == 0 else resumes[i - 1].step,
                 ns=r.ns,
-                state=_state_out(cp, r.state),
-                initial=_state_out(cp, r.initial),
+                state=out(r.state),
+                initial=out(r.initial),
                 schema_version=r.graph.state_cls.schema_version,
                 last=r.last,
             )
             for i, r in enumerate(resumes)
         ]
-        plain = {
-            "frames": [f.to_plain() for f in frames],
-            "positions": [p.to_json() for p in positions],
-            "attempt": attempt,
+        start: dict[str, Any] = {
+            "invocation_id": run.invocation_id,
+            "frames": frames,
+            "positions": run.positions,
+            "attempt": run.attempt,
+            "correlation_id": run.correlation_id,
             "resumed_from": resumed_from,
             "metadata": metadata,
+            "fan_outs": fan_outs,
         }
-        data = cp.codec.encode(plain, {"frames": [f.to_body() for f in frames]})
-        claim = claim_run(
-            cp.store,
-            cp.key(invocation_id),
-            kind=GRAPH_KIND,
-            resume=False,
-            first_step=resumes[0].node,
-            meta={
-                "format": RECORD_FORMAT,
-                "invocation_id": invocation_id,
-                "correlation_id": correlation_id,
-                "schema_version": self.state_cls.schema_version,
-                "serialization": cp.serialization,
-                "resumed_from": resumed_from,
-                "origin": origin,  # the first invocation of the chain (see scope)
-            },
-            what="graph invocation",
-            first_rows=[("start", None, data)],
-        )
-        assert claim.run is not None
-        return claim.run
+        if isinstance(cp, StoreCheckpointer):
+            return await blocking_call(
+                cp.store,
+                lambda: JournalSink.start(cp, **start, origin=origin, first_node=resumes[0].node),
+            )
+        return await RecordSink.start(cp, **start)
 
-    async def _finish(self, run: _Run, status: str, exc: BaseException | None) -> None:
-        owned = run.owned
-        if owned is None:
+    async def _finish(self, run: GraphRun, status: str, exc: BaseException | None) -> None:
+        sink = run.sink
+        if sink is None:
             return
+        error = None
+        if exc is not None:
+            cause = exc.__cause__ if isinstance(exc, NodeException) else exc
+            error = {
+                "type": type(cause).__name__,
+                "message": str(cause),
+                "node": getattr(exc, "node_name", None),
+            }
         try:
-            meta = dict(owned.head.meta)
-            if exc is not None:
-                cause = exc.__cause__ if isinstance(exc, NodeException) else exc
-                meta["error"] = {
-                    "type": type(cause).__name__,
-                    "message": str(cause),
-                    "node": getattr(exc, "node_name", None),
-                }
-            await owned.commit(status=status, next_step=None, meta=meta)
+            async with run.lock:
+                await sink.finish(status, error)
         except Exception:
             if exc is None:
                 raise
             # The node's failure is what the caller must see; the record stays "running"
-            # with a dead owner, which resumes exactly like "failed".
+            # (with a dead owner, in a journal), which resumes exactly like "failed".
         finally:
-            owned.release()
+            sink.release()
 
     # -- execution -----------------------------------------------------------------------
     def _route(self, node: str, state: State, ns: tuple[str, ...]) -> str:
@@ -629,7 +539,7 @@ class CompiledGraph(Generic[S]):
 
     async def _execute(
         self,
-        run: _Run,
+        run: GraphRun,
         graph: CompiledGraph[Any],
         state: Any,
         ns: tuple[str, ...],
@@ -645,23 +555,33 @@ class CompiledGraph(Generic[S]):
             where = {"node_name": node, "namespace": ns, "step": step}
             run.emit("node_start", extra, state=state, **where)
             try:
-                if spec.subgraph is not None:
-                    update, pop = await self._run_subgraph(run, graph, spec, state, ns, step, inner)
-                    inner = []
-                else:
-                    with bind_scope(run.scope(ns, node, step)):
-                        update = await call_node(spec, state)
-                if update is None:
-                    update = {}
-                if not isinstance(update, Mapping):
-                    raise TypeError(
-                        f"node {node!r} returned {type(update).__name__}; return a dict of "
-                        "the fields to update (or None)"
+                if spec.fan is not None:
+                    new, set_fields, extend = await run_fan_out(
+                        self, run, graph, spec, state, ns, step, extra
                     )
-                new, set_fields, extend = apply_update(
-                    state, update, node=node, reducers=update_reducers(spec, graph)
-                )
+                else:
+                    if spec.subgraph is not None:
+                        update, pop = await self._run_subgraph(
+                            run, graph, spec, state, ns, step, inner
+                        )
+                        inner = []
+                    else:
+                        with bind_scope(run.scope(ns, node, step)):
+                            update = await call_node(spec, state)
+                    if update is None:
+                        update = {}
+                    if not isinstance(update, Mapping):
+                        raise TypeError(
+                            f"node {node!r} returned {type(update).__name__}; return a dict "
+                            "of the fields to update (or None)"
+                        )
+                    new, set_fields, extend = apply_update(
+                        state, update, node=node, reducers=update_reducers(spec, graph)
+                    )
                 patch = run.patch(new, set_fields, extend)
+            except (CheckpointSaveFailed, ConcurrentRunError, RunCancelledError) as exc:
+                run.emit("node_end", extra, error=exc, **where)
+                raise  # the run's own failure (a save, its ownership), not the node's
             except NodeException as exc:
                 if exc.node_name == node and not exc.namespace:
                     exc.namespace = ns
@@ -683,7 +603,7 @@ class CompiledGraph(Generic[S]):
                 route_error, nxt = exc, None
             run.emit("node_end", extra, state=new, error=route_error, **where)
             await run.save(NodePosition(ns, node, step, run.attempt), patch, pop, nxt)
-            if run.owned is not None:
+            if run.saves:
                 run.emit("checkpoint_saved", extra, state=new, **where)
             if route_error is not None:
                 raise route_error
@@ -693,7 +613,7 @@ class CompiledGraph(Generic[S]):
 
     async def _run_subgraph(
         self,
-        run: _Run,
+        run: GraphRun,
         graph: CompiledGraph[Any],
         spec: NodeSpec,
         state: State,

@@ -9,6 +9,7 @@ from typing import Any
 
 from stepstone.durable import database_now, owner_alive, run_head
 from stepstone.durable._inspect import ResumeVerdict
+from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._compiled import CompiledGraph
 from stepstone.exceptions import (
     CheckpointError,
@@ -25,8 +26,10 @@ def graph_resume_verdict(graph: CompiledGraph[Any], invocation_id: str) -> Resum
     runs no node), ``no chain`` (refused: no migration leads to the graph's schema),
     ``corrupt``, ``gone`` or ``live`` (refused)."""
     cp = graph.checkpointer
-    if cp is None:
-        return ResumeVerdict(verdict="gone", detail="the graph has no checkpointer", runs=False)
+    if not isinstance(cp, StoreCheckpointer):
+        # A checkpointer of the user's own keeps no run records this judgement can read.
+        what = "no checkpointer" if cp is None else "a checkpointer that keeps no store records"
+        return ResumeVerdict(verdict="gone", detail=f"the graph has {what}", runs=False)
     try:
         raw = cp.load_raw(invocation_id)
         graph._prepare_resume(raw)  # the saved state migrated, where it goes on found
@@ -44,13 +47,15 @@ def graph_resume_verdict(graph: CompiledGraph[Any], invocation_id: str) -> Resum
             return ResumeVerdict(
                 verdict="live", detail=f"{what} by pid {head.pid}: a resume is refused", runs=False
             )
-    saved = raw.head.meta.get("schema_version")
+    stored = raw.head
+    assert stored is not None  # a store checkpointer's record always has its head
+    saved = stored.meta.get("schema_version")
     target = graph.state_cls.schema_version
     path = ""
     if target and saved not in (None, target):
         chain = graph.migrations.chain(str(saved), target)
         path = " -> ".join([chain[0][0], *(b for _, b, _ in chain)]) if chain else str(saved)
-    if raw.head.status == "done":
+    if stored.status == "done":
         migrated = f" (its state migrates {path})" if path else ""
         return ResumeVerdict(
             verdict="done",

@@ -11,7 +11,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from stepstone.core import Envelope
 from stepstone.engines.llm._settings import LLMSettings
@@ -36,6 +36,7 @@ __all__ = [
     "MALFORMED_CALL_NOTE",
     "ModelCalls",
     "RunState",
+    "TokenQueue",
     "last_stream_result",
 ]
 
@@ -51,6 +52,15 @@ CONTINUE_NOTE = (
 )
 
 log = logging.getLogger("stepstone")
+
+
+class TokenQueue(Protocol):
+    """Where a streamed turn puts its text: an ``asyncio.Queue`` (``LLMEngine.stream``) or
+    a caller's sink (``Plan.stream``)."""
+
+    async def put(self, item: str | None) -> None:
+        """Take the next piece of text (None: the stream's end)."""
+        ...
 
 
 _STREAM_RESULT: contextvars.ContextVar[Envelope[Any] | None] = contextvars.ContextVar(
@@ -265,7 +275,7 @@ class ModelCalls:
         provider: Provider,
         request: ModelRequest,
         state: RunState,
-        sink: asyncio.Queue[str | None] | None,
+        sink: TokenQueue | None,
     ) -> ModelResponse:
         attempt = 0
         while True:
@@ -359,7 +369,7 @@ class ModelCalls:
         provider: Provider,
         request: ModelRequest,
         state: RunState,
-        sink: asyncio.Queue[str | None],
+        sink: TokenQueue,
     ) -> ModelResponse:
         settings = self.settings
         limits = [

@@ -12,6 +12,7 @@ from typing import Any, Final, Generic, Literal, NoReturn, TypeVar, cast, overlo
 
 from stepstone.core import Envelope, RunContext, Tool, payload_text
 from stepstone.core._run_context import resolve_run_context
+from stepstone.core._tokens import TokenSink, claim_tokens
 from stepstone.durable._effects import current_scope
 from stepstone.engines.llm._calls import (
     _STREAM_RESULT,
@@ -19,6 +20,7 @@ from stepstone.engines.llm._calls import (
     MALFORMED_CALL_NOTE,
     ModelCalls,
     RunState,
+    TokenQueue,
     last_stream_result,
 )
 from stepstone.engines.llm._effects import EffectHandler, EffectKey, PassThroughEffects
@@ -442,8 +444,27 @@ class LLMEngine(ProviderRouting):
         tools: list[Tool],
         output_type: type,
         state: RunState,
-        sink: asyncio.Queue[str | None] | None = None,
+        sink: TokenQueue | None = None,
         hooks: LoopHooks | None = None,
+    ) -> Any:
+        # A caller up the stack that streams this run (Plan.stream) gets its text as it
+        # comes; what the loop calls meanwhile (an agent as a tool) streams nothing there.
+        with claim_tokens() as claimed:
+            if sink is None and claimed is not None:
+                sink = _Forward(claimed)
+            return await self._turns(
+                env, tools=tools, output_type=output_type, state=state, sink=sink, hooks=hooks
+            )
+
+    async def _turns(
+        self,
+        env: Envelope[Any],
+        *,
+        tools: list[Tool],
+        output_type: type,
+        state: RunState,
+        sink: TokenQueue | None,
+        hooks: LoopHooks | None,
     ) -> Any:
         provider = self.get_provider()
         effects = hooks.effects if hooks is not None else self.effects
@@ -555,7 +576,7 @@ class LLMEngine(ProviderRouting):
         provider: Provider,
         request: ModelRequest,
         state: RunState,
-        sink: asyncio.Queue[str | None] | None,
+        sink: TokenQueue | None,
         effects: EffectHandler | None = None,
     ) -> ModelResponse:
         key = EffectKey(
@@ -616,6 +637,18 @@ class LLMEngine(ProviderRouting):
             },
         )
         return response
+
+
+class _Forward:
+    """A token queue that hands each piece of text to a caller's sink (see
+    :func:`~stepstone.core._tokens.claim_tokens`)."""
+
+    def __init__(self, sink: TokenSink) -> None:
+        self.sink = sink
+
+    async def put(self, item: str | None) -> None:
+        if item:
+            await self.sink(item)
 
 
 def _check_default_route(model: str, provider: Provider) -> None:

@@ -3,6 +3,7 @@
 from stepstone.engines.plan._checkpoint import CHECKPOINT_VERSION
 from stepstone.engines.plan._plan import Plan
 from stepstone.engines.plan._step import Step
+from stepstone.engines.plan._stream import StepToken
 from stepstone.exceptions import PlanCompileError, PlanPaused, PlanRuntimeError
 
 __all__ = [
@@ -12,4 +13,5 @@ __all__ = [
     "PlanPaused",
     "PlanRuntimeError",
     "Step",
+    "StepToken",
 ]

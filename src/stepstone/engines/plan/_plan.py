@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from stepstone.durable._approvals import (
     refusal_text,
 )
 from stepstone.durable._kernel import Encoded
+from stepstone.durable._operations import current_journal
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
     CHECKPOINT_VERSION,
@@ -45,6 +47,7 @@ from stepstone.engines.plan._compiler import CompiledPlan, Unit, check_tools, co
 from stepstone.engines.plan._runner import PlanRun, last_output
 from stepstone.engines.plan._serialize import steps_from_dict, steps_to_dict
 from stepstone.engines.plan._step import Step
+from stepstone.engines.plan._stream import StepToken, stream_run
 from stepstone.exceptions import (
     ConfigurationError,
     ConfigurationTypeError,
@@ -229,6 +232,13 @@ class Plan:
             approvals=self.approvals,
         )
         meta = {"checkpoint_version": CHECKPOINT_VERSION, "fingerprint": self._compiled.fingerprint}
+        if ctx.location is None and self.store is None:
+            # In a workflow's body, a plan without a store is a child run of the workflow,
+            # under a key of its position there: a replay of the workflow finds it again.
+            journal = current_journal()
+            if journal is not None:
+                child = RunLocation(store=journal.store, key=journal.child_key("plan", "plan"))
+                ctx = dataclasses.replace(ctx, location=child)
         store, key, resume = self._where(ctx.location)
         if store is None or key is None:
             return await PlanRun.fresh(**settings, meta=meta).execute(first)
@@ -301,6 +311,46 @@ class Plan:
             claim.run.release()  # a corrupt journal: leave the key to a later resume
             raise
         return self._result(await runner.execute(claim.head.next_step), runner, ctx)
+
+    async def stream(
+        self,
+        env: Envelope[Any],
+        ctx: RunContext | None = None,
+        *,
+        boundaries: bool = False,
+        tools: list[Any] | None = None,
+        output_type: type | None = None,
+        memory: Any = None,
+        session: Session | None = None,
+    ) -> AsyncGenerator[StepToken, None]:
+        """Run the plan as :meth:`run` does (every step committed before the next starts)
+        and yield the text of its LLM steps as it comes: :class:`StepToken` strings whose
+        ``step`` names the step. ``agent.stream(task)`` over a Plan does the same.
+
+        A step's LLM streams its own text only (an agent it calls as a tool streams
+        nothing); parallel steps' text interleaves, each piece tagged with its step; a
+        resumed run's committed steps stream nothing. A plan whose steps stream nothing
+        yields the run's final text once.
+
+        Args:
+            boundaries: Also yield empty markers: ``kind="start"`` and ``"end"`` (with the
+                step's result as ``envelope``) around each step execution, and
+                ``kind="done"`` (with the run's result) at the end.
+
+        Raises:
+            RuntimeError: the run failed or paused (``"<type>: <message>"``), after the
+                tokens it streamed; its checkpoint is resumable as after ``run``.
+        """
+
+        def run() -> Any:
+            return self.run(
+                env, ctx, tools=tools, output_type=output_type, memory=memory, session=session
+            )
+
+        # closed here, at once, when the consumer stops: its run task is cancelled then
+        async with contextlib.aclosing(stream_run(run, boundaries=boundaries)) as tokens:
+            async for token in tokens:
+                yield token
 
     @staticmethod
     def _result(out: Envelope[Any], runner: PlanRun, ctx: RunContext) -> Envelope[Any]:

@@ -21,10 +21,12 @@ from stepstone.durable._kernel import Encoded
 from stepstone.engines.plan._checkpoint import Replay, band_row, row_write_value, step_row
 from stepstone.engines.plan._compiler import CompiledPlan, Unit, type_adapter
 from stepstone.engines.plan._step import Step
+from stepstone.engines.plan._stream import step_stream, streaming
 from stepstone.exceptions import (
     ConcurrentPlanRunError,
     PlanPaused,
     PlanRuntimeError,
+    RunParked,
     SerializationError,
 )
 from stepstone.observability import EventType, Session
@@ -281,7 +283,8 @@ class PlanRun:
         }
         try:
             run.commit_sync(
-                status="failed",
+                # a wait its worker parked: resumed at that step when the worker takes it again
+                status="paused" if isinstance(exc, RunParked) else "failed",
                 next_step=self._current,
                 iteration=self.iteration,
                 meta=self._meta(error),
@@ -532,6 +535,15 @@ class PlanRun:
         return DurableScope(store=self.run.store, key=key, approvals=self.approvals)
 
     async def _invoke(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:
+        """Call the step's target (its LLM text streamed when the run is: ``Plan.stream``)."""
+        if not streaming():
+            return await self._call(step, env)
+        async with step_stream(step.step_name) as end:
+            out = await self._call(step, env)
+            await end(out)
+        return out
+
+    async def _call(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:
         """Call the step's target; exceptions become error envelopes (PlanPaused and
         BaseExceptions propagate)."""
         target: Any = step.target

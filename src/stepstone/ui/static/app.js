@@ -171,7 +171,9 @@ async function renderRun(key) {
   }
   $("#actions").hidden = !(run.allow_actions && run.status !== "done");
   renderApprovals(run);
+  renderWaits(run);
   renderAgent(run.agent);
+  renderOperations(run);
   const body = $("#timeline tbody");
   body.replaceChildren();
   const canRetry = run.allow_actions && run.owner !== "live" && run.kind === "plan";
@@ -227,6 +229,61 @@ function renderApprovals(run) {
     tr.append(el("td", call.call_id), el("td", call.tool), el("td", short(call.arguments, 200), "payload"),
       el("td", call.reason || ""), cell);
     body.append(tr);
+  }
+}
+
+function renderOperations(run) {
+  const ops = run.operations;
+  $("#workflow").hidden = !ops;
+  if (!ops) return;
+  const body = $("#operations tbody");
+  body.replaceChildren();
+  const canRetry = run.allow_actions && run.owner !== "live";
+  for (const op of ops) {
+    const tr = el("tr", null, op.error ? "row-error" : "");
+    tr.dataset.position = op.position;
+    const name = (op.op === "step" ? op.name : op.op + " " + op.name) + (op.key ? " (" + op.key + ")" : "");
+    const shown = op.error ? (op.error.type || "").split(":").pop() + ": " + (op.error.message || "") : short(op.value, 300);
+    const cell = el("td", shown, "payload");
+    if (canRetry && op.op === "step") {
+      const btn = el("button", "retry from here", "plain retry");
+      btn.type = "button";
+      btn.addEventListener("click", () => act("/api/retry?key=" + encodeURIComponent(run.key) + "&step=" + encodeURIComponent(op.position)));
+      cell.append(" ", btn);
+    }
+    tr.append(el("td", op.position), el("td", name), el("td", op.status), el("td", short(op.args, 200), "payload"),
+      cell, el("td", op.attempts), el("td", op.ms === null || op.ms === undefined ? "" : op.ms.toFixed(1)));
+    body.append(tr);
+  }
+}
+
+function renderWaits(run) {
+  // What the run waits for, its events, streams and pending messages (time_and_messages).
+  const items = [];
+  for (const w of run.waiting || []) {
+    const until = w.until === null ? "no time limit" : "until " + when(w.until);
+    const said = w.state === "sleeping" ? "sleeping " + until
+      : w.state === "waiting" ? "waiting for a message on '" + w.topic + "', " + until
+      : "woken (due " + (w.until === null ? "now" : when(w.until)) + "): it goes on any moment";
+    items.push(["waits", said]);
+  }
+  for (const [name, value] of Object.entries(run.events || {})) {
+    items.push(["event", name + ": " + short(value, 200)]);
+  }
+  for (const s of run.streams || []) items.push(["stream", s.name + ": " + s.length + " value(s)"]);
+  const pending = ((run.messages || {}).pending) || [];
+  if (pending.length) {
+    const topics = [...new Set(pending.map((m) => m.topic))].sort();
+    items.push(["messages", pending.length + " pending on " + topics.map((t) => "'" + t + "'").join(", ")]);
+  }
+  $("#waits").hidden = items.length === 0;
+  const list = $("#waits-list");
+  list.replaceChildren();
+  for (const [what, text] of items) {
+    const li = el("li");
+    li.dataset.what = what;
+    li.append(el("strong", what), " " + text);
+    list.append(li);
   }
 }
 

@@ -36,8 +36,11 @@ typecheck: $(VENV)/.dev
 	$(VENV)/bin/mypy
 
 ## test: linters, type checker, then the whole suite (PostgreSQL tests start their own server)
+## in TEST_WORKERS processes (pytest-xdist); most tests wait on processes, servers and
+## sockets, so more processes than cores keep both cores busy. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 4
 test: lint typecheck
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 
 bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
@@ -46,6 +49,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/pg_commit.py
 	$(PY) bench/pg_queue.py
 	$(PY) bench/sqlite_group.py
+	$(PY) bench/workflow_overhead.py
 	$(PY) bench/llm_overhead.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/prune_cost.py --mb 256

@@ -1,177 +1,287 @@
-"""Per-turn overhead of a durable agent run (Runner on SQLite) vs the same LLMEngine with no
-store, as ratios to a raw SQLite commit measured in the same run.
+"""Per-turn cost of a durable agent run (``Runner`` on SQLite) against the same agent with no
+store, as a ratio to a raw SQLite commit measured in the same process.
 
-Setup: a zero-latency scripted model that calls two tools per turn (both return at once),
-for conversations of 10 and 200 turns. Measured:
+The agent: a zero-latency scripted model that calls one tool per turn, the tool returning
+200 bytes, then answers. For each run length (``--turns``, default 10, 100 and 500):
 
-* the plain loop (``Agent.run``: no store) and the durable run (``Runner.run`` on a new
-  SQLite file, ``synchronous=FULL``), in sync mode (``checkpoint_async_writes=False``) and
-  write-behind mode (the default), and sync mode with ``durability="normal"`` (no fsync:
-  the CPU cost of journaling);
-* overhead per turn = (durable - plain) / turns, in ms and in raw FULL commits;
-* commits per turn (the run's head version counts every commit);
-* the ratio of per-turn durable cost at 200 and at 10 turns (does a turn get dearer as the
-  conversation grows?), and journal bytes per turn at both sizes.
+* ``plain``: ``Agent.run`` (no store);
+* the durable run (``Runner.run`` on a new SQLite file) in the default write-behind mode
+  and in sync mode (``checkpoint_async_writes=False``), with ``durability="full"`` (fsync
+  on every commit) and ``"normal"`` (no fsync: what the engine itself costs);
+* overhead per turn = (durable - plain) / turns, in microseconds and in raw commits (a
+  ~1 KB row committed alone, WAL + ``synchronous=FULL``, measured before and after);
+* commits per turn (the head's version counts every commit), journal bytes per turn (the
+  rows' data) and file bytes per turn (the database once closed), and the file's size;
+* resume: a run killed with SIGKILL inside the tool call of turn ``turns // 2`` (the tool
+  kills its own process), then resumed in this process: the time from ``runner.resume``
+  to the model's first request (reading the journal, replaying what it holds and running
+  the killed call again), median of the rounds.
 
-Targets: sync overhead <= 2 raw FULL commits per turn (one for the turn, one for its tool
-batch); cost ratio 200/10 <= 1.2; bytes per turn flat.
+``--baseline-src OLD/src`` measures the same in processes importing stepstone from an
+older checkout's ``src/``, interleaved round by round with this code's (both sides under
+the same load), and prints both with the ratio. Each round runs every measurement in a
+new process per side; the table gives the median of the rounds and their spread.
 
-    python bench/agent_overhead.py [--repeat 3]
+    python bench/agent_overhead.py [--rounds 3] [--turns 10 100 500] [--baseline-src OLD/src]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
+import json
+import os
+import signal
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from stepstone import Agent, Runner, RunnerConfig, Store, checkpoint_latest_key, tool
-from stepstone.providers import ModelRequest, Usage
-from stepstone.testing import FunctionModel, Reply, call
-
-PAYLOAD = "x" * 1000
-# Given usage: the scripted model would otherwise estimate tokens over the whole
-# conversation on every turn (its own cost, not the engine's).
-USAGE = Usage(input_tokens=100, output_tokens=20)
-MODES = (
-    ("sync", False, "full"),
+RESULT = "r" * 200
+MODES = (  # (name, async_writes, durability)
     ("write-behind", True, "full"),
-    ("sync NORMAL", False, "normal"),  # no fsync: what the engine itself costs
+    ("sync", False, "full"),
+    ("write-behind", True, "normal"),
+    ("sync", False, "normal"),
 )
 
 
-def raw_commit_ms(path: Path, n: int = 300) -> float:
-    """Milliseconds per single-row (~1 KB) committed transaction, WAL + FULL."""
+def raw_commit_us(path: Path, n: int = 300) -> float:
+    """Microseconds per single-row (~1 KB) committed transaction, WAL + FULL."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+    payload = "x" * 1000
     t0 = time.perf_counter()
     for i in range(n):
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (f"k{i}", PAYLOAD))
+        conn.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (f"k{i}", payload))
         conn.execute("COMMIT")
     elapsed = time.perf_counter() - t0
     conn.close()
-    return elapsed * 1000 / n
+    return elapsed * 1e6 / n
 
 
-@tool
-async def lookup(n: int) -> str:
-    """Look a number up."""
-    return f"value {n}"
+def _agent(turns: int, *, die_at: int | None = None, asked: list[int] | None = None) -> Any:
+    from stepstone import Agent, tool
+    from stepstone.providers import ModelRequest, Usage
+    from stepstone.testing import FunctionModel, Reply, call
 
+    usage = Usage(input_tokens=100, output_tokens=20)  # not estimated over the conversation
 
-@tool
-async def note(n: int) -> str:
-    """Write a note."""
-    return f"noted {n}"
+    @tool
+    async def lookup(n: int) -> str:
+        """Look a number up."""
+        if n == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return RESULT
 
-
-def agent(turns: int, stamps: list[float] | None = None) -> Agent:
     def script(request: ModelRequest) -> Any:
-        if stamps is not None:
-            stamps.append(time.perf_counter())
+        if asked is not None:
+            asked.append(request.turn)
         if request.turn < turns - 1:
-            t = request.turn
-            return Reply(tool_calls=[call("lookup", n=t), call("note", n=t)], usage=USAGE)
-        return Reply(text="done", usage=USAGE)
+            return Reply(tool_calls=[call("lookup", n=request.turn)], usage=usage)
+        return Reply(text="done", usage=usage)
 
-    return Agent(
-        name="bench", model=FunctionModel(script), tools=[lookup, note], max_turns=turns + 1
-    )
+    return Agent(name="bench", model=FunctionModel(script), tools=[lookup], max_turns=turns + 1)
 
 
-async def plain_ms(turns: int) -> float:
+async def _plain_us(turns: int) -> float:
     start = time.perf_counter()
-    env = await agent(turns).run("go")
+    env = await _agent(turns).run("go")
     assert env.ok, env.error
-    return (time.perf_counter() - start) * 1000
+    return (time.perf_counter() - start) * 1e6
 
 
-async def durable_ms(
-    path: Path, turns: int, async_writes: bool, durability: str = "full"
-) -> tuple[float, int, int]:
-    """(ms, commits, journal bytes) of one durable run on a new file."""
+def _config(async_writes: bool) -> Any:
+    from stepstone import RunnerConfig
+
+    return RunnerConfig(checkpoint_async_writes=async_writes)
+
+
+async def _durable(path: Path, turns: int, async_writes: bool, durability: str) -> dict[str, Any]:
+    from stepstone import Runner, Store, checkpoint_latest_key
+
     with Store(db=path, durability=durability) as store:  # type: ignore[arg-type]
-        runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=async_writes))
+        runner = Runner(store=store, config=_config(async_writes))
         start = time.perf_counter()
-        result = await runner.run(agent(turns), user_message="go", run_id="b")
-        ms = (time.perf_counter() - start) * 1000
+        result = await runner.run(_agent(turns), user_message="go", run_id="b")
+        us = (time.perf_counter() - start) * 1e6
         assert result.state == "completed", result.error
         key = checkpoint_latest_key("b")
         head = store.backend.run_get(key)
         assert head is not None
-        size = sum(len(r.data) for r in store.backend.run_journal(key))
-        return ms, head.version, size
+        journal = sum(len(r.data) for r in store.backend.run_journal(key))
+    size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    return {"us": us, "commits": head.version, "journal": journal, "file": size}
 
 
-async def turn_cost(path: Path, durability: str) -> tuple[float, float]:
-    """Median ms per turn over turns 10-59 and 150-199 of one 200-turn sync run: does a
-    turn get dearer as the conversation grows (fixed per-run costs excluded)?"""
-    stamps: list[float] = []
-    with Store(db=path, durability=durability) as store:  # type: ignore[arg-type]
-        runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
-        await runner.run(agent(200, stamps), user_message="go", run_id="t")
-    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
-    return statistics.median(gaps[10:60]), statistics.median(gaps[150:200])
+KILLED = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+from agent_overhead import _agent, _config
+from stepstone import Runner, Store
+turns = int(sys.argv[3])
+with Store(db=sys.argv[2]) as store:
+    runner = Runner(store=store, config=_config(True))
+    asyncio.run(runner.run(_agent(turns, die_at=turns // 2), user_message="go", run_id="k"))
+"""
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="stepstone-agent-bench-") as name:
-        await measure(Path(name), args.repeat)
+async def _resume_ms(tmp: Path, turns: int) -> float:
+    """Milliseconds from ``runner.resume`` of a run killed in the tool call of turn
+    ``turns // 2`` to the model's first request (of the next turn: the journal read and
+    replayed, the killed call run again)."""
+    from stepstone import Runner, Store
 
-
-async def measure(tmp: Path, repeat: int) -> None:
-    """Print every measurement (database files go in ``tmp``)."""
-    raw = statistics.median(raw_commit_ms(tmp / f"raw{r}.sqlite") for r in range(repeat))
-    print(f"raw SQLite FULL commit of a ~1 KB row: {raw:.3f} ms")
-    print(
-        f"{'turns':>5} {'mode':>12} {'plain/turn':>11} {'durable/turn':>13} "
-        f"{'overhead':>9} {'x raw':>6} {'commits/turn':>13} {'bytes/turn':>11}"
+    db = tmp / f"killed-{turns}.sqlite"
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED, str(Path(__file__).parent), str(db), str(turns)],
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    per_turn: dict[tuple[int, str], float] = {}
-    for turns in (10, 200):
-        plain = statistics.median([await plain_ms(turns) for _ in range(repeat)])
-        for mode, async_writes, durability in MODES:
-            runs = [
-                await durable_ms(
-                    tmp / f"d-{turns}-{mode}-{r}.sqlite", turns, async_writes, durability
-                )
-                for r in range(repeat)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    stamps: list[float] = []
+
+    def note(turn: int) -> None:
+        if turn > turns // 2 and not stamps:
+            stamps.append(time.perf_counter())
+
+    class Asked(list[int]):
+        def append(self, turn: int) -> None:
+            note(turn)
+            super().append(turn)
+
+    asked = Asked()
+    with Store(db=db) as store:
+        runner = Runner(store=store, config=_config(True))
+        thread = runner.runs()[0]["thread_id"]
+        start = time.perf_counter()
+        result = await runner.resume(_agent(turns, asked=asked), run_id="k", thread_id=thread)
+    assert result.state == "completed", result.error
+    # the killed turn's answer was committed: its tool runs again (in doubt), the model
+    # is asked from the next turn on
+    assert asked[0] == turns // 2 + 1, asked[:3]
+    return (stamps[0] - start) * 1000
+
+
+async def measure(turns: list[int]) -> dict[str, Any]:
+    """Every measurement of one round, in this process."""
+    out: dict[str, Any] = {"raw": [], "plain": {}, "runs": {}, "resume": {}}
+    with tempfile.TemporaryDirectory(prefix="stepstone-agent-bench-") as name:
+        tmp = Path(name)
+        out["raw"].append(raw_commit_us(tmp / "raw0.sqlite"))
+        for t in turns:
+            out["plain"][t] = statistics.median([await _plain_us(t) for _ in range(3)])
+            for mode, async_writes, durability in MODES:
+                path = tmp / f"d-{t}-{mode}-{durability}" / "runs.sqlite"
+                path.parent.mkdir()
+                got = await _durable(path, t, async_writes, durability)
+                out["runs"][f"{t} {mode} {durability}"] = got
+        out["raw"].append(raw_commit_us(tmp / "raw1.sqlite"))
+        out["resume"][max(turns)] = await _resume_ms(tmp, max(turns))
+    return out
+
+
+def _child(src: str | None, turns: list[int]) -> dict[str, Any]:
+    """One round measured in a new process (importing stepstone from ``src`` if given)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    code = (
+        "import asyncio, json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from agent_overhead import measure; "
+        "print(json.dumps(asyncio.run(measure([int(t) for t in sys.argv[2:]]))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), *map(str, turns)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"measuring {src or 'this code'} failed:\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return result
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    mid = statistics.median(values)
+    if len(values) < 2:
+        return format(mid, fmt)
+    return f"{format(mid, fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def report(rounds: list[dict[str, Any]], turns: list[int], label: str) -> dict[str, float]:
+    """Print one side's table; returns its median overhead ratios, by row."""
+    raw = [statistics.median(r["raw"]) for r in rounds]
+    print(f"\n{label}: raw FULL commit {_spread(raw, '.0f')} us")
+    print(
+        f"{'turns':>5} {'mode':>12} {'sync':>6} {'overhead us/turn':>22} {'x raw':>16} "
+        f"{'commits/turn':>12} {'journal B/turn':>14} {'file B/turn':>11} {'file KB':>8}"
+    )
+    ratios: dict[str, float] = {}
+    for t in turns:
+        for mode, _, durability in MODES:
+            name = f"{t} {mode} {durability}"
+            over = [
+                (r["runs"][name]["us"] - r["plain"][str(t)]) / t
+                for r in rounds  # JSON keys are text
             ]
-            ms = statistics.median(r[0] for r in runs)
-            commits, size = runs[0][1], runs[0][2]
-            over = (ms - plain) / turns
-            per_turn[(turns, mode)] = ms / turns
+            x = [o / w for o, w in zip(over, raw, strict=True)]
+            first = rounds[0]["runs"][name]
+            ratios[name] = statistics.median(x)
             print(
-                f"{turns:>5} {mode:>12} {plain / turns:>9.3f}ms {ms / turns:>11.3f}ms "
-                f"{over:>7.3f}ms {over / raw:>6.2f} {commits / turns:>13.2f} "
-                f"{size / turns:>11.0f}"
+                f"{t:>5} {mode:>12} {durability:>6} {_spread(over, '.0f'):>22} "
+                f"{_spread(x, '.2f'):>16} {first['commits'] / t:>12.2f} "
+                f"{first['journal'] / t:>14.0f} {first['file'] / t:>11.0f} "
+                f"{first['file'] / 1024:>8.0f}"
             )
-    for mode, _, _ in MODES:
-        ratio = per_turn[(200, mode)] / per_turn[(10, mode)]
-        print(f"cost ratio per turn, 200-turn run / 10-turn run ({mode}): {ratio:.2f}")
-    for durability in ("full", "normal"):
-        costs = [
-            await turn_cost(tmp / f"t-{durability}-{r}.sqlite", durability) for r in range(repeat)
-        ]
-        early = statistics.median(c[0] for c in costs)
-        late = statistics.median(c[1] for c in costs)
-        print(
-            f"within one 200-turn sync run ({durability.upper()}): turns 10-59 {early:.3f} ms, "
-            f"turns 150-199 {late:.3f} ms per turn, ratio {late / early:.2f}"
-        )
+    resume = [next(iter(r["resume"].values())) for r in rounds]
+    print(
+        f"resume of a {max(turns)}-turn run killed at turn {max(turns) // 2}: "
+        f"{_spread(resume, '.1f')} ms to its first new request"
+    )
+    ratios["resume"] = statistics.median(resume)
+    return ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turns", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument(
+        "--baseline-src",
+        help="also measure stepstone imported from this folder (an older checkout's src/), "
+        "round by round with this code, to compare in one run",
+    )
+    args = parser.parse_args()
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; load average before: "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    sides: list[str | None] = [None] if args.baseline_src is None else [args.baseline_src, None]
+    got: dict[str | None, list[dict[str, Any]]] = {s: [] for s in sides}
+    for _ in range(args.rounds):  # interleaved: drift in the machine's load hits both
+        for side in sides:
+            got[side].append(_child(side, args.turns))
+    medians = {
+        side: report(got[side], args.turns, "baseline" if side else "this code") for side in sides
+    }
+    if args.baseline_src is not None:
+        base, this = medians[args.baseline_src], medians[None]
+        print("\nthis code / baseline (median x raw commit, and resume time):")
+        for name in this:
+            print(f"  {name:>24}: {this[name] / base[name]:.2f}")
+    print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -13,11 +13,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests._missing import in_ci, missing
 from tests.pgserver import CutProxy, PgServer, unavailable_reason
 
 
@@ -25,9 +27,7 @@ def pg_server_or_skip() -> PgServer:
     """A started server, or skip (fail under CI) when none can run here."""
     reason = unavailable_reason()
     if reason is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but PostgreSQL tests cannot run: {reason}", pytrace=False)
-        pytest.skip(reason)
+        missing("PostgreSQL tests", reason)
     server = PgServer()
     try:
         server.start()
@@ -88,6 +88,17 @@ def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]
         pg_server.drop_database(name)
 
 
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """A headless Chromium (Debian's, driven by Playwright): a test opens a fresh context of
+    it (``new_context()``). Skips without Chromium, fails under CI=true. One per test, not
+    per session: while Playwright's sync API is started it marks its event loop as running
+    on the thread, and a later test's sync call (``run_sync()``) would refuse to run."""
+    from tests.operate._browser import launch
+
+    yield from launch()
+
+
 class SmallDisk:
     """A tmpfs of its own: a disk that really fills (``ENOSPC``), and grows on request."""
 
@@ -101,9 +112,9 @@ class SmallDisk:
 @pytest.fixture
 def small_disk() -> Iterator[SmallDisk]:
     """A 2 MB tmpfs, removed afterwards; skipped where mounting one is not allowed (it
-    needs root and mount(8))."""
+    needs root and mount(8)), failed there under CI=true."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a tmpfs needs root and mount(8)")
+        missing("a test on a full disk", "a tmpfs needs root and mount(8)")
     where = Path(tempfile.mkdtemp(prefix="stepstone-small-", dir="/tmp"))
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(where)],
@@ -112,12 +123,37 @@ def small_disk() -> Iterator[SmallDisk]:
     )
     if done.returncode != 0:
         where.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        missing("a test on a full disk", f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield SmallDisk(where)
     finally:
         subprocess.run(["umount", "--lazy", str(where)], check=False)
         where.rmdir()
+
+
+#: The fixtures that need something CI installs: a test using one must not skip there.
+NEEDS_CI_INSTALLS = frozenset(
+    {"pg_server", "pg_url", "own_pg_server", "own_pg_url", "cut_proxy", "chromium", "small_disk"}
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under CI=true a PostgreSQL test (marked ``postgres``), a browser test or a full-disk
+    test that skips, for whatever reason, fails instead: CI installs what they need."""
+    report: pytest.TestReport = yield
+    if report.skipped and not hasattr(report, "wasxfail") and in_ci():
+        needs = item.get_closest_marker("postgres") is not None or bool(
+            NEEDS_CI_INSTALLS.intersection(getattr(item, "fixturenames", ()))
+        )
+        if needs:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            reason = str(reason).removeprefix("Skipped: ")
+            report.outcome = "failed"
+            report.longrepr = f"CI=true but this test skipped: {reason}"
+    return report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

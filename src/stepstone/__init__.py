@@ -51,6 +51,7 @@ from stepstone.engines.workflow import (
 )
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
+    ApprovalPendingError,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFlushError,
@@ -191,6 +192,7 @@ __all__ = [
     "send",
     # errors
     "AgentCheckpointCorruptionError",
+    "ApprovalPendingError",
     "CheckpointCorruptError",
     "CheckpointFlushError",
     "ConcurrentPlanRunError",

@@ -38,6 +38,8 @@ The tree::
         ├── MaxRoundsExceeded           a ReplanEngine run hit max_rounds
         ├── EffectInDoubtError          a non-idempotent call started before a crash, outcome
         │                               unknown (the tool's or step's in_doubt="fail")
+        ├── ApprovalPendingError        a workflow run stopped on tool calls that need an
+        │                               approval (pydantic-ai, OpenAI Agents SDK runs)
         ├── NonDeterministicWorkflowError  a resumed workflow called another step (or other
         │                               arguments) at a position its journal recorded
         ├── ReplayedStepError           a step's recorded error, replayed where its exception
@@ -96,6 +98,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "AgentCheckpointCorruptionError",
+    "ApprovalPendingError",
     "ApprovalTargetError",
     "CheckpointCorruptError",
     "CheckpointError",
@@ -454,6 +457,28 @@ class EffectInDoubtError(StepstoneError):
     """
 
     category: ClassVar[str] = "effect_in_doubt"
+
+
+class ApprovalPendingError(StepstoneError):
+    """A workflow run stopped on tool calls that need a person's approval (an agent of the
+    pydantic-ai or OpenAI Agents SDK integrations, ``stepstone.integrations``).
+
+    Each pending call is recorded in the run's journal; approve (or deny) it with
+    ``stepstone approve KEY CALL_ID`` from any process, then run the key again: the run
+    resumes and the call runs (or the model reads the refusal).
+
+    Attributes:
+        calls: The pending calls, ``[{"call_id", "tool", "arguments"}]``.
+    """
+
+    category: ClassVar[str] = "approval_pending"
+
+    def __init__(self, message: str, calls: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.calls = list(calls or [])
+
+    def __reduce__(self) -> tuple[type[ApprovalPendingError], tuple[str, list[dict[str, Any]]]]:
+        return (type(self), (str(self), self.calls))
 
 
 class WorkflowCorruptError(CorruptRecordError):

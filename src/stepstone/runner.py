@@ -15,8 +15,8 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import json
 import uuid
 from typing import Any, Literal
 
@@ -24,7 +24,9 @@ from stepstone.agent import Agent
 from stepstone.core._checks import check_bool, check_number
 from stepstone.core._serialization import to_json_value
 from stepstone.core._sync import run_sync
-from stepstone.durable import list_runs
+from stepstone.durable import in_doubt_effects, list_runs, settle_effect
+from stepstone.durable._agent_journal import corrupt_agent_run
+from stepstone.durable._journal_format import Entry, read_entries
 from stepstone.engines.llm import LLMEngine
 from stepstone.engines.llm._durable import (
     DurableSettings,
@@ -34,7 +36,7 @@ from stepstone.engines.llm._durable import (
     run_durable,
 )
 from stepstone.exceptions import AgentCheckpointCorruptionError, UserError
-from stepstone.store import Store
+from stepstone.store import JournalRow, Store
 
 __all__ = ["AgentResult", "Runner", "RunnerConfig", "checkpoint_latest_key"]
 
@@ -157,6 +159,18 @@ class AgentResult:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form stored in the ``run_terminal`` record."""
         return dataclasses.asdict(self)
+
+
+def _entries(key: str, run_id: str, rows: list[JournalRow]) -> list[Entry]:
+    """The entries of the journal of the agent run ``run_id`` (under ``key``).
+
+    Raises:
+        AgentCheckpointCorruptionError: a row that does not decode.
+    """
+    try:
+        return read_entries(rows)
+    except ValueError as exc:
+        raise corrupt_agent_run(key, run_id, f"a journal row does not decode ({exc})") from exc
 
 
 def _check_id(name: str, value: Any) -> str:
@@ -368,12 +382,59 @@ class Runner:
             async_name="await runner.resume(...)",
         )
 
+    # -- calls in doubt ----------------------------------------------------------------------
+    def in_doubt(self, run_id: str) -> list[dict[str, Any]]:
+        """The calls of run ``run_id`` (and its subagents) that started before a crash and
+        have no recorded outcome: ``{run_key, position, kind, name, call_id, turn, index,
+        live}`` each.
+
+        Raises:
+            UserError: no run ``run_id`` in this store.
+        """
+        return in_doubt_effects(self.store, checkpoint_latest_key(run_id))
+
+    def settle(
+        self,
+        run_id: str,
+        effect: str,
+        *,
+        happened: bool,
+        result: Any = None,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """Record what a call in doubt of run ``run_id`` did, so the run can go on.
+
+        A tool declared ``in_doubt="fail"`` that was running when its process died stops the
+        run (``EffectInDoubtError``). Check the outside world, then settle the call:
+        ``happened=True`` with the ``result`` it returned (the run's next resume gives it to
+        the model as the call's result, without calling the tool), or ``happened=False``
+        (the next resume calls the tool again). ``effect`` is the call id the error names,
+        or its position (``"tool:2:0"``, from :meth:`in_doubt`). Then
+        ``runner.resume(agent, run_id=...)`` continues the run from there.
+
+        Returns:
+            ``{key, run_key, position, kind, name, call_id, happened, result, status}``.
+
+        Raises:
+            UserError: no such run or call in doubt, or a result for a call that did not
+                happen (see :func:`stepstone.durable.settle_effect`).
+            ConcurrentRunError: a live process owns the run.
+        """
+        return settle_effect(
+            self.store,
+            checkpoint_latest_key(run_id),
+            effect,
+            happened=happened,
+            result=result,
+            note=note,
+        )
+
     # -- inspection ------------------------------------------------------------------------
     def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
         """Every phase record of ``run_id``, in order: the run's audit trail."""
         key = checkpoint_latest_key(run_id)
         _, rows = read_run(self.store, key)
-        return [json.loads(r.data) for r in rows if r.kind == "phase"]
+        return [copy.deepcopy(e.data) for e in _entries(key, run_id, rows) if e.kind == "phase"]
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """The full runtime snapshot of ``run_id``: counters, usage and cost, context,
@@ -392,8 +453,8 @@ class Runner:
         outcomes: dict[int, dict[str, Any]] = {}
         tools: list[dict[str, Any]] = []
         subs: list[dict[str, Any]] = []
-        for row in rows:
-            data = json.loads(row.data)
+        for row in _entries(key, run_id, rows):
+            data = copy.deepcopy(row.data)
             if row.kind == "snapshot":
                 snap = data
             elif row.kind == "message":

@@ -105,7 +105,17 @@ def run_strategy(prices: dict[str, Any]) -> dict[str, Any]:
     return {**prices, "trades": 3}
 
 
+def refund(order_id: int) -> str:
+    """Refund an order.
+
+    Args:
+        order_id: The order to refund.
+    """
+    return f"refunded order {order_id}"
+
+
 PLACEHOLDERS: dict[str, Any] = {
+    "refund": refund,
     "ValidationReport": ValidationReport,
     "Draft": Draft,
     "Order": Order,
@@ -166,6 +176,28 @@ def _run(block: Block, namespace: dict[str, Any], local_url: str) -> None:
         exec(code, namespace)
 
 
+def _point_agent_sdks_at(base_url: str) -> None:
+    """pydantic-ai's and the OpenAI Agents SDK's OpenAI models, built from a model name
+    (``"openai:gpt-5.2"``, ``model="gpt-5.2"``), talk to the loopback server: both read
+    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``; the Agents SDK is told to speak Chat
+    Completions (what the server speaks) and to keep its traces to itself."""
+    os.environ["OPENAI_BASE_URL"] = base_url
+    os.environ["OPENAI_API_KEY"] = "docs-loopback"
+    try:
+        from agents import set_default_openai_api, set_default_openai_client, set_tracing_disabled
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+    except ImportError:  # the [openai-agents] extra is not installed: no block uses it
+        return
+    set_default_openai_api("chat_completions")
+    set_tracing_disabled(True)
+    # The SDK keeps one client for the process; the blocks run on several event loops (a
+    # top-level await, a run_sync), so no connection may outlive the loop that opened it.
+    import httpx2  # the HTTP client the openai SDK is built on
+
+    http = DefaultAsyncHttpxClient(limits=httpx2.Limits(max_keepalive_connections=0))
+    set_default_openai_client(AsyncOpenAI(http_client=http), use_for_tracing=False)
+
+
 def main(path: Path) -> int:
     os.environ["STEPSTONE_BLOCK_MODEL_REQUESTS"] = "1"
     _install_scripted_providers()
@@ -178,6 +210,7 @@ def main(path: Path) -> int:
     namespace.update(PLACEHOLDERS)
     ran = 0
     with LoopbackServer(OpenAIDialect(), default="ok from the local server") as server:
+        _point_agent_sdks_at(server.base_url)
         for block in blocks(path):
             if not block.is_python:
                 continue

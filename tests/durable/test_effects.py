@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 
 from stepstone import Agent, Runner, RunnerConfig, Store, Tool, ToolContext, tool
 from stepstone.testing import FakeModel, call
+from tests.durable.journal_edit import entries
 from tests.runner.conftest import Crash, Script
 
 
@@ -199,12 +199,12 @@ async def test_batch_closes_after_its_last_call(store: Store, parallel: int) -> 
     runner = Runner(store=store, config=RunnerConfig(checkpoint_async_writes=False))
     result = await runner.run(Agent(engine=engine, tools=[fast]), user_message="go", run_id="b")
     assert result.state == "completed"
-    rows = store.backend.run_journal(checkpoint_latest_key("b"))
+    rows = entries(store, checkpoint_latest_key("b"))
     names = [(r.kind, r.name) for r in rows]
     closing = names.index(("phase", "post_tool_batch"))
     outcomes = [i for i, n in enumerate(names) if n[0] == "outcome" and n[1].startswith("tool:")]
     assert len(outcomes) == 2 and max(outcomes) < closing
-    record = json.loads(rows[closing].data)
+    record = rows[closing].data
     assert record["payload"] == {"tool_calls_total": 4, "tool_failures": 2}
     phases = [n[1] for n in names if n[0] == "phase"]
     assert phases.count("post_tool_batch") == 1 and phases.count("step_started") == 2

@@ -7,6 +7,7 @@ import datetime
 import decimal
 import enum
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -20,10 +21,12 @@ from pydantic import AfterValidator, BaseModel
 
 from stepstone import Agent, AgentCheckpointCorruptionError, Runner, Store, tool
 from stepstone.durable._effects import hash_json
+from stepstone.durable._journal_format import expand
 from stepstone.engines.llm import EffectKey
 from stepstone.exceptions import SerializationError
 from stepstone.store import Claim, JournalRow, RunHead
 from stepstone.testing import FunctionModel, call
+from tests.durable.journal_edit import entries
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).with_name("fixtures") / "agent_journal_hash1.json"
@@ -97,6 +100,7 @@ WORKER = """
 import dataclasses, datetime, json, logging, sys
 from stepstone import Agent, Runner, Store, tool
 from stepstone.testing import FunctionModel, call
+from tests.durable.journal_edit import entries
 
 mode, db = sys.argv[1], sys.argv[2]
 ledger = db + ".ledger"
@@ -176,8 +180,7 @@ def test_a_set_argument_resumes_in_a_process_with_another_hash_seed(tmp_path: Pa
     assert lines[2:] == ["close fixed"]
     # A set's digest is of version 2; plain arguments keep the digest they always had.
     with Store(db=db) as store:
-        rows = store.backend.run_journal("agent:s:checkpoint:latest")
-    effects = {r.name: json.loads(r.data) for r in rows if r.kind == "outcome"}
+        effects = {e.name: e.data for e in entries(store, "agent:s:checkpoint:latest")}
     assert effects["tool:0:0"]["input_hash_version"] == 2
     assert "input_hash_version" not in effects["tool:1:0"]
     close_args = {"name": "close", "args": {"reason": "fixed"}}
@@ -224,8 +227,8 @@ def test_a_run_journaled_by_hash_version_1_resumes_under_another_hash_seed(
     warnings = [line for line in out.stderr.splitlines() if "older stepstone" in line]
     assert len(warnings) == 1 and "'tag'" in warnings[0] and "tool:0:0" in warnings[0]
     with Store(db=db) as store:
-        rows = store.backend.run_journal("agent:old:checkpoint:latest")
-    old_rows = [json.loads(r.data) for r in rows if r.kind in ("intent", "outcome")]
+        found = entries(store, "agent:old:checkpoint:latest")
+    old_rows = [e.data for e in found if e.kind in ("intent", "outcome")]
     assert all("input_hash_version" not in r for r in old_rows)  # none held a set after
     again = json.loads(_python(script, "approve", db, "old", call_id, seed=seed + 10).stdout)
     assert again == resumed  # finished: its stored result, from any process
@@ -356,19 +359,27 @@ def test_a_damaged_input_hash_version_is_corruption(tmp_path: Path) -> None:
     key = "agent:s:checkpoint:latest"
     with Store(db=db) as store:
         head = store.backend.run_get(key)
-        rows = store.backend.run_journal(key)
+        stored = store.backend.run_journal(key)
     assert head is not None
-    for bad in (3, "2", True, None):
+    rows = expand(stored)  # as the first format wrote them
+    for bad, first_format in itertools.product((3, "2", True, None), (True, False)):
         damaged = []
-        for row in rows:
+        for row in rows if first_format else stored:
             data = json.loads(row.data)
             if row.kind == "outcome" and row.name == "tool:0:0":
                 assert data["input_hash_version"] == 2
                 data["input_hash_version"] = bad
+            for entry in data.get("e", []) if row.kind == "entries" else []:
+                if entry[:4] == ["i", "tool", 0, 0]:
+                    assert entry[7] == 2
+                    entry[7] = bad
             damaged.append(JournalRow(row.seq, row.kind, row.name, json.dumps(data)))
-        with Store(db=tmp_path / f"damaged-{bad}.sqlite") as store:
-            store.backend.run_transact(key, lambda h, kv, rows=damaged: Claim(head=head, rows=rows))
-            agent_db = str(tmp_path / f"damaged-{bad}.sqlite")
+        old = dataclasses.replace(head, journal_len=len(damaged))
+        agent_db = str(tmp_path / f"damaged-{bad}-{first_format}.sqlite")
+        with Store(db=agent_db) as store:
+            store.backend.run_transact(
+                key, lambda h, kv, rows=damaged, old=old: Claim(head=old, rows=rows)
+            )
         call_id = first["pending_approvals"][0]["call_id"]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "1"}
         out = subprocess.run(

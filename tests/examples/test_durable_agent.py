@@ -44,7 +44,7 @@ def test_example_crash_and_approval_stories(tmp_path: Path) -> None:
 def test_docs_code_blocks_run(tmp_path: Path) -> None:
     text = (ROOT / "docs" / "agents.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     for i, block in enumerate(blocks):
         script = tmp_path / f"block{i}.py"
         script.write_text(block)
@@ -72,13 +72,31 @@ def test_docs_code_blocks_run(tmp_path: Path) -> None:
         "['run_started', 'step_started', 'pre_llm', 'post_llm']",
     ]
     ids = subprocess.run(
-        [sys.executable, str(tmp_path / "block1.py")],
+        [
+            sys.executable,
+            str(tmp_path / f"block{next(i for i, b in enumerate(blocks) if 'bill-1' in b)}.py"),
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp_path)},
         check=True,
     ).stdout.splitlines()
     assert ids == ["[('bill-1', 't-7', 'done')]", "t-7"]  # guarantee 400
+    settled = subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / f"block{next(i for i, b in enumerate(blocks) if 'settle' in b)}.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        check=True,
+    ).stdout.splitlines()
+    assert settled == [  # guarantee 405
+        "EffectInDoubtError",
+        "['call_0_0']",
+        "completed moved x1 (ledger entry 7781)",
+    ]
 
 
 def test_docs_opening_block_prints_what_it_says(tmp_path: Path) -> None:

@@ -14,26 +14,21 @@ from stepstone.durable import claim_run
 from stepstone.durable._messages import encode_value
 from stepstone.store._extras import ExtraWrites, Timer
 from stepstone.ui import InspectorServer
-from tests.operate._browser import ARGS, chromium_or_skip, share
+from tests.operate._browser import share
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def page(tmp_path: Path) -> Iterator[Any]:
-    executable = chromium_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=executable, headless=True, args=ARGS
-        )
-        try:
-            page = context.new_page()
-            page.set_default_timeout(60_000)
-            yield page
-        finally:
-            context.close()
+def page(chromium: Any) -> Iterator[Any]:
+    """A page in a fresh context of a headless Chromium."""
+    context = chromium.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+    finally:
+        context.close()
 
 
 def test_a_waiting_runs_page_lists_its_waits_events_streams_and_mail(

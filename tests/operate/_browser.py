@@ -12,9 +12,11 @@ import shutil
 import struct
 import subprocess
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import pytest
+from tests._missing import missing
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -28,15 +30,10 @@ ARGS = [
 ]
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but the browser tests cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-def chromium_or_skip() -> str:
-    """The path of a system Chromium, installing Debian's package when possible."""
-    if not Path(CHROMIUM).exists() and os.geteuid() == 0 and shutil.which("apt-get"):
+def chromium_or_skip(path: str = CHROMIUM) -> str:
+    """The path of a system Chromium (``path``), installing Debian's package when it is
+    the system one, missing, and we are root."""
+    if not Path(path).exists() and path == CHROMIUM and _can_install():
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
         subprocess.run(
@@ -45,13 +42,30 @@ def chromium_or_skip() -> str:
             capture_output=True,
             timeout=1200,
         )
-    if not Path(CHROMIUM).exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (install Debian's `chromium` package)")
+    if not Path(path).exists():
+        missing("the browser tests", f"no Chromium at {path} (install Debian's `chromium` package)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        _unavailable("the playwright package is missing (pip install -e '.[dev]')")
-    return CHROMIUM
+        missing("the browser tests", "the playwright package is missing (pip install -e '.[dev]')")
+    return path
+
+
+def _can_install() -> bool:
+    return os.geteuid() == 0 and shutil.which("apt-get") is not None
+
+
+def launch() -> Iterator[Any]:
+    """A headless Chromium browser (Playwright's ``Browser``), closed afterwards."""
+    executable = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, headless=True, args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, int, int]]]:

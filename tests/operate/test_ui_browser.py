@@ -12,7 +12,7 @@ import pytest
 
 from stepstone import Store
 from stepstone.ui import InspectorServer
-from tests.operate._browser import ARGS, chromium_or_skip, png_pixels, share
+from tests.operate._browser import png_pixels, share
 from tests.operate._live import SteppedRun
 from tests.operate._runs import done_run, failed_run
 
@@ -20,25 +20,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    """A page in a fresh headless Chromium profile."""
-    executable = chromium_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=executable,
-            headless=True,
-            args=ARGS,
-            viewport={"width": 1200, "height": 640},
-        )
-        try:
-            page = context.new_page()
-            page.set_default_timeout(60_000)
-            yield page
-        finally:
-            context.close()
+def browser(chromium: Any) -> Iterator[Any]:
+    """A page in a fresh context of a headless Chromium."""
+    context = chromium.new_context(viewport={"width": 1200, "height": 640})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+    finally:
+        context.close()
 
 
 def _in_thread(fn: Callable[[], None]) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from stepstone.durable._journal_format import read_entries
+from stepstone.store import JournalRow
 from stepstone.testing import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,15 +68,23 @@ def turn_of(body: dict[str, Any]) -> int:
 
 
 def committed(db: Path) -> set[str]:
-    """The committed effect rows, as ``kind position`` (``outcome model:0:0``...)."""
+    """The committed effect entries, as ``kind position`` (``outcome model:0:0``...)."""
     conn = sqlite3.connect(db)
     try:
-        rows = conn.execute(
-            "SELECT kind, name FROM stepstone_journal WHERE kind IN ('intent', 'outcome')"
+        found = conn.execute(
+            "SELECT run_key, seq, kind, name, data FROM stepstone_journal ORDER BY run_key, seq"
         ).fetchall()
     finally:
         conn.close()
-    return {f"{kind} {name}" for kind, name in rows}
+    runs: dict[str, list[JournalRow]] = {}
+    for key, *row in found:
+        runs.setdefault(key, []).append(JournalRow(*row))
+    return {
+        f"{e.kind} {e.name}"
+        for rows in runs.values()
+        for e in read_entries(rows)
+        if e.kind in ("intent", "outcome")
+    }
 
 
 def ledger(db: Path) -> list[str]:

@@ -8,7 +8,6 @@ seeds), not by wall-clock time, so a loaded machine changes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import Store
+from stepstone.durable._journal_format import read_entries
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,10 +42,10 @@ def _committed(where: str) -> tuple[set[str], set[int]]:
         for head in store.backend.run_list(None):
             if head.kind != "agent":
                 continue
-            for row in store.backend.run_journal(head.key):
+            for row in read_entries(store.backend.run_journal(head.key)):
                 if row.kind != "outcome":
                     continue
-                data = json.loads(row.data)
+                data = row.data
                 if data["kind"] == "model":
                     turns.add(data["turn"])
                 else:

@@ -28,6 +28,7 @@ from stepstone import (
 )
 from stepstone.engines.llm._durable import normalize_record
 from stepstone.testing import FakeModel, call
+from tests.durable.journal_edit import edit_entry, entries, first_format
 from tests.runner.conftest import Crash, Script
 from tests.store.damage import flip, settle, stored_rows
 
@@ -191,10 +192,16 @@ def _tamper(db: Path, key: str, kind: str, edit: Any) -> None:
         conn.close()
 
 
-async def _crashed_run(store: Store, script: Script, ledger: Ledger, **kw: Any) -> Runner:
+async def _crashed_run(
+    store: Store, script: Script, ledger: Ledger, *, first: bool = False, **kw: Any
+) -> Runner:
+    """A run that died; ``first``: its journal as the first format wrote it (one row per
+    entry), to damage its rows by kind."""
     runner = Runner(store=store, **kw)
     with pytest.raises(Crash):
         await runner.run(make(script, ledger), user_message="bill", run_id="r1", thread_id="t")
+    if first:
+        first_format(store, checkpoint_latest_key("r1"))
     return runner
 
 
@@ -213,7 +220,7 @@ async def test_malformed_latest_record_raises_and_writes_nothing(tmp_path: Path,
     ledger = Ledger()
     ledger.crash_in = {"c"}
     with Store(db=db) as store:
-        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        runner = await _crashed_run(store, Script(two_turns()), ledger, first=True)
         key = checkpoint_latest_key("r1")
         _tamper(db, key, "phase", edit)
         before = store.backend.run_get(key)
@@ -242,7 +249,7 @@ async def test_legacy_latest_record_still_resumes(tmp_path: Path) -> None:
     ledger = Ledger()
     ledger.crash_in = {"c"}
     with Store(db=db) as store:
-        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        runner = await _crashed_run(store, Script(two_turns()), ledger, first=True)
 
         def legacy(data: str) -> str:
             rec = json.loads(data)
@@ -394,7 +401,7 @@ async def test_undecodable_pending_llm_response_never_calls_the_model_again(
     ledger = Ledger()
     ledger.crash_in = {"a"}
     with Store(db=db) as store:
-        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        runner = await _crashed_run(store, Script(two_turns()), ledger, first=True)
 
         def garble(data: str) -> str:
             rec = json.loads(data)
@@ -429,7 +436,7 @@ async def test_tampered_outcome_fails_its_output_hash(tmp_path: Path) -> None:
     ledger = Ledger()
     ledger.crash_in = {"c"}
     with Store(db=db) as store:
-        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        runner = await _crashed_run(store, Script(two_turns()), ledger, first=True)
         conn = sqlite3.connect(db)
         (seq, data) = conn.execute(
             "SELECT seq, data FROM stepstone_journal WHERE kind='outcome' AND name='tool:0:0'"
@@ -453,7 +460,7 @@ async def test_a_journal_row_of_a_kind_an_agent_run_never_writes_is_corruption(
     ledger = Ledger()
     ledger.crash_in = {"c"}
     with Store(db=db) as store:
-        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        runner = await _crashed_run(store, Script(two_turns()), ledger, first=True)
         _edit(
             db,
             "UPDATE stepstone_journal SET kind = 'outXome' "
@@ -521,6 +528,96 @@ AGENT_CORRUPTIONS = {
 }
 
 
+def _is(tag: str, *head: Any) -> Any:
+    """Finds the first entry tagged ``tag`` that starts with ``head`` (see edit_entry)."""
+    return lambda e: e[0] == tag and e[1 : 1 + len(head)] == list(head)
+
+
+def _set(i: int, value: Any) -> Any:
+    return lambda e: [*e[:i], value, *e[i + 1 :]]
+
+
+# Damage inside the rows of the current format: one row per commit, a list of entries.
+ENTRY_CORRUPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "an entry that is not an array": (
+        _is("r", "message"),
+        lambda e: "not an entry",
+        "is entry 1: not a non-empty array",
+    ),
+    "an entry tagged as none is": (_is("r", "message"), _set(0, "x"), "unknown entry tag 'x'"),
+    "a record of a kind an agent run never writes": (
+        _is("r", "message"),
+        _set(1, "mesXage"),
+        "holds a 'mesXage' record named 'user', which an agent run never writes",
+    ),
+    "an outcome whose data changed": (
+        _is("o", "tool", 0, 0),
+        _set(5, {"content": "charged nothing"}),
+        "does not match its output_hash",
+    ),
+    "an outcome whose intent was lost": (
+        _is("i", "tool", 0, 1),
+        lambda e: None,
+        "an outcome at tool:0:1 with no intent before it",
+    ),
+    "an intent whose turn is damaged": (
+        _is("i", "tool", 0, 1),
+        _set(2, "zz"),
+        "an effect's position is not (text, int, int)",
+    ),
+    "an intent whose input hash is damaged": (
+        _is("i", "tool", 0, 1),
+        _set(6, 7),
+        "does not describe the call at its position",
+    ),
+    "a change to a field the record does not have": (
+        _is("p", "phase", "pre_llm"),
+        _set(3, [["payload", "nope", 1]]),
+        "'nope', which the previous object does not have",
+    ),
+    "a change to a record never written": (
+        _is("p", "phase", "pre_llm"),
+        _set(2, "pre_lXm"),
+        "changes to a phase record 'pre_lXm' that was never written",
+    ),
+}
+
+
+async def test_an_entries_row_of_another_format_is_refused(tmp_path: Path) -> None:
+    # guarantee 451: a newer format (or a damaged version number) is not read as this one
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        _edit(db, "UPDATE stepstone_journal SET data = json_set(data, '$.v', 3) WHERE seq = 1")
+        again = Script(two_turns())
+        with pytest.raises(AgentCheckpointCorruptionError, match="not an entries row of format 2"):
+            await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+    assert again.asked == []
+
+
+@pytest.mark.parametrize("case", sorted(ENTRY_CORRUPTIONS))
+async def test_a_damaged_entry_is_refused_before_the_claim(tmp_path: Path, case: str) -> None:
+    """guarantee 131, 132, 451: an entry of the current format that does not decode, or
+    that decodes into an effect or record the run never wrote, is corruption: nothing is
+    called or written."""
+    find, change, what = ENTRY_CORRUPTIONS[case]
+    db = tmp_path / "a.sqlite"
+    ledger = Ledger()
+    ledger.crash_in = {"c"}
+    with Store(db=db) as store:
+        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        edit_entry(db, checkpoint_latest_key("r1"), find, change)
+        before = stored_rows(db)
+        again = Script(two_turns())
+        with pytest.raises(AgentCheckpointCorruptionError, match="r1") as info:
+            await runner.resume(make(again, ledger), run_id="r1", thread_id="t")
+        assert what in str(info.value)
+        assert stored_rows(db) == before
+    assert again.asked == [] and ledger.done == ["a", "b", "c"]
+
+
 @pytest.mark.parametrize("case", sorted(AGENT_CORRUPTIONS))
 async def test_a_corrupt_agent_record_is_refused_before_the_claim(
     tmp_path: Path, case: str
@@ -533,7 +630,7 @@ async def test_a_corrupt_agent_record_is_refused_before_the_claim(
     ledger = Ledger()
     ledger.crash_in = {"c"}
     with Store(db=db) as store:
-        runner = await _crashed_run(store, Script(two_turns()), ledger)
+        runner = await _crashed_run(store, Script(two_turns()), ledger, first=True)
         _edit(db, sql)
         before = stored_rows(db)
         again = Script(two_turns())
@@ -719,8 +816,7 @@ async def _snapshot_rows(store: Store, coalesce: bool, run_id: str) -> int:
     )
     runner = Runner(store=store, config=config)
     await runner.run(make(Script(two_turns()), Ledger()), user_message="bill", run_id=run_id)
-    rows = store.backend.run_journal(checkpoint_latest_key(run_id))
-    return sum(1 for r in rows if r.kind == "snapshot")
+    return sum(1 for e in entries(store, checkpoint_latest_key(run_id)) if e.kind == "snapshot")
 
 
 async def test_write_behind_coalesces_runtime_snapshots(store: Store) -> None:
@@ -780,7 +876,7 @@ async def test_runner_without_store_is_in_memory() -> None:
 
 
 async def test_bytes_per_turn_do_not_grow(store: Store) -> None:
-    # guarantee 189
+    # guarantee 189, 452
     def replies(turns: int) -> dict[int, Any]:
         out: dict[int, Any] = {t: call("charge", order=f"o{t}") for t in range(turns)}
         out[turns] = "done"
@@ -793,10 +889,50 @@ async def test_bytes_per_turn_do_not_grow(store: Store) -> None:
         result = await runner.run(agent, user_message="bill", run_id=f"b{turns}")
         rows = store.backend.run_journal(checkpoint_latest_key(result.run_id))
         sizes[turns] = sum(len(r.data) for r in rows) / turns
-        # no row holds the conversation (the terminal record lists the run's tool calls once)
-        body = [r for r in rows if r.name != "run_terminal"]
-        assert max(len(r.data) for r in body) < 4000
+        # no row holds the conversation (the last one's terminal record lists the run's
+        # tool calls once)
+        assert max(len(r.data) for r in rows[:-1]) < 4000
     assert sizes[40] < sizes[5] * 1.2
+
+
+@pytest.mark.parametrize("async_writes", [True, False])
+async def test_a_turn_is_two_journal_rows_of_at_most_3_kb(
+    tmp_path: Path, async_writes: bool
+) -> None:
+    """guarantee 452: a turn that runs one tool returning 200 bytes is committed as two
+    journal rows, and the database file grows by at most 3 KB a turn, as much at turn 300
+    as at turn 30."""
+
+    @tool
+    async def lookup(n: int) -> str:
+        """Look a number up."""
+        return "r" * 200
+
+    def agent(turns: int) -> Agent:
+        def reply(turn: int) -> Any:
+            return call("lookup", n=turn) if turn < turns else "done"
+
+        script = Script({t: reply(t) for t in range(turns + 1)})
+        return Agent(model=script.model(), tools=[lookup], max_turns=turns + 2)
+
+    config = RunnerConfig(checkpoint_async_writes=async_writes, checkpoint_flush_interval_s=600)
+    with Store(db=tmp_path / "empty.sqlite"):
+        pass
+    empty = (tmp_path / "empty.sqlite").stat().st_size
+    grew: dict[int, float] = {}
+    for turns in (30, 300):
+        db = tmp_path / f"t{turns}.sqlite"
+        with Store(db=db) as store:
+            result = await Runner(store=store, config=config).run(
+                agent(turns), user_message="go", run_id="r"
+            )
+            assert result.state == "completed"
+            rows = store.backend.run_journal(checkpoint_latest_key("r"))
+            # two a turn, the last answer's with the end (sync: and the start on its own)
+            assert len(rows) == 2 * turns + (1 if async_writes else 2)
+        grew[turns] = (db.stat().st_size - empty) / turns  # closed: the WAL is in the file
+        assert grew[turns] <= 3000, grew
+    assert grew[300] <= grew[30] * 1.2
 
 
 async def test_structured_output_is_kept_and_replayed(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ import pytest
 
 from stepstone import Agent, Runner, RunnerConfig, Store, submit
 from stepstone.durable import database_now, owner_alive
+from stepstone.durable._journal_format import read_entries
 from stepstone.graph import StoreCheckpointer
 from stepstone.store import check_store
 from tests.runner import torture_worker as tw
@@ -121,10 +122,10 @@ def committed(store: Store) -> set[Step]:
                     out.add((head.key, f"{row.name}@{json.loads(row.data)['iteration']}"))
         elif head.kind == "agent":
             run = _canonical(_agent_run_id(head.key))
-            for row in backend.run_journal(head.key):
+            for row in read_entries(backend.run_journal(head.key)):
                 if row.kind != "outcome":
                     continue
-                data = json.loads(row.data)
+                data = row.data
                 if data["kind"] == "model":
                     out.add((run, f"model:{data['turn']}"))
                 else:
@@ -150,7 +151,7 @@ def in_doubt(store: Store) -> set[Step]:
             continue
         intents: set[str] = set()
         outcomes: set[str] = set()
-        for row in backend.run_journal(head.key):
+        for row in read_entries(backend.run_journal(head.key)):
             if row.kind in ("intent", "outcome") and str(row.name).startswith("tool:"):
                 (intents if row.kind == "intent" else outcomes).add(str(row.name))
         run = _canonical(_agent_run_id(head.key))

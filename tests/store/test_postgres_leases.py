@@ -60,6 +60,8 @@ _TAKER = textwrap.dedent(
             claimed = claim_run(store, "job", kind="test", resume=True, first_step="s0")
         except ConcurrentRunError:
             attempts.append([t0, time.time(), False])
+            if len(attempts) == 1:
+                print("refused", flush=True)
             time.sleep(0.05)
             continue
         attempts.append([t0, time.time(), True])
@@ -96,7 +98,9 @@ def test_other_host_takes_over_after_lease_expiry_never_before(pg_url: str) -> N
     try:
         assert owner.stdout is not None and owner.stdout.readline().strip() == "ready"
         taker = _spawn(_TAKER, "host-b", pg_url, str(LEASE))
-        # The owner is alive and renewing: for two whole leases the taker must fail.
+        # The owner is alive and renewing: from the taker's first try (its start-up takes
+        # seconds on a loaded machine) and for two whole leases, the taker must fail.
+        assert taker.stdout is not None and taker.stdout.readline().strip() == "refused"
         time.sleep(2 * LEASE + 0.5)
         owner.send_signal(signal.SIGSTOP)  # the owner freezes: no more renewals
         stopped_at = time.time()
@@ -168,6 +172,8 @@ _PLAN_WORKER = textwrap.dedent(
             break
         except ConcurrentPlanRunError:
             refused += 1
+            if refused == 1:
+                print("refused", flush=True)
             time.sleep(0.05)
     print(f"done refused={refused} ok={env.ok}", flush=True)
     """
@@ -183,23 +189,28 @@ def test_plan_resumes_on_another_host_after_its_worker_dies(pg_url: str, tmp_pat
             store.delete(key)
     log = tmp_path / "steps.log"
     a = _spawn(_PLAN_WORKER, "host-a", pg_url, str(log), str(LEASE), "s3")
+    b = None
     try:
         assert a.stdout is not None and a.stdout.readline().strip() == "blocked"
+        # B starts while A still renews its lease (B's start-up takes seconds on a loaded
+        # machine, longer than the lease): it is refused, then A dies
+        b = _spawn(_PLAN_WORKER, "host-b", pg_url, str(log), str(LEASE), "")
+        assert b.stdout is not None and b.stdout.readline().strip() == "refused"
         a.kill()
         a.communicate()
         with Store(url=pg_url) as store:
             head = store.backend.run_get("etl")
         assert head is not None and head.host == "host-a" and head.status == "running"
-        b = _spawn(_PLAN_WORKER, "host-b", pg_url, str(log), str(LEASE), "")
         out, err = b.communicate(timeout=60)
         finished_at = time.time()
         assert b.returncode == 0, err
     finally:
-        if a.poll() is None:
-            a.kill()
-            a.communicate()
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     refused = int(out.split("refused=")[1].split()[0])
-    assert refused > 0 and "ok=True" in out, out
+    assert refused > 0 and "ok=True" in out, out  # refused while A lived, and after
     assert finished_at >= head.lease_until  # it waited for the dead owner's lease
     assert log.read_text(encoding="utf-8").split("\n") == [
         "s0 host-a",

@@ -263,3 +263,69 @@ def test_a_cancelled_async_commit_whose_answer_is_an_error_says_so(
     assert isinstance(raised.__cause__, psycopg.errors.LockNotAvailable)
     assert state == "IDLE"
     assert list(store.backend.run_journal("cancel-wire-error")) == []
+
+
+def test_an_interrupted_sync_commit_lands_then_the_interrupt_is_raised(
+    store: Store, pg_url: str
+) -> None:
+    """guarantee 445: Ctrl-C while the server runs a sync commit (here: waits for a lock)
+    does not cancel the statement: it lands once the lock goes, then KeyboardInterrupt is
+    raised; the connection is idle and usable."""
+    import os
+    import signal
+    import threading
+    import time
+
+    head = claimed_head(store, "interrupted")
+    _, sql, params = next_commit(head, "s0", {"i": 0})
+    with (
+        psycopg.connect(pg_url, autocommit=True) as conn,
+        psycopg.connect(pg_url) as blocker,
+        psycopg.connect(pg_url, autocommit=True) as watcher,
+    ):
+        blocker.execute("SELECT 1 FROM stepstone_runs WHERE key = 'interrupted' FOR UPDATE")
+        pid = conn.info.backend_pid
+
+        def interrupt_then_unlock() -> None:
+            deadline = time.monotonic() + 60
+            waiting = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+            while watcher.execute(waiting, (pid,)).fetchone() != ("Lock",):
+                assert time.monotonic() < deadline, "the commit never waited for the lock"
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, on the main thread
+            time.sleep(0.3)
+            blocker.commit()
+
+        helper = threading.Thread(target=interrupt_then_unlock)
+        helper.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                send_commit(conn, sql, params, True)
+        finally:
+            helper.join(60)
+        assert conn.info.transaction_status.name == "IDLE"
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert [r.name for r in store.backend.run_journal("interrupted")] == ["s0"]
+
+
+def test_the_wire_uses_only_psycopgs_documented_modules() -> None:
+    """The commit path past psycopg's cursors uses ``psycopg.pq`` (documented: libpq's
+    wrapper, reached through ``Connection.pgconn``) and ``psycopg.errors``, none of
+    psycopg's undocumented modules (``generators``, ``waiting``), which psycopg does not
+    promise to keep."""
+    import ast
+    import inspect
+
+    from stepstone.store import _postgres_wire
+
+    tree = ast.parse(inspect.getsource(_postgres_wire))
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("psycopg"):
+            used |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            used |= {a.name for a in node.names if a.name.startswith("psycopg")}
+    assert used == {"psycopg", "psycopg.errors", "psycopg.pq"}
+    undocumented = {"generators", "waiting", "wait", "lock", "error_from_result"}
+    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not attributes & undocumented, attributes & undocumented

@@ -373,6 +373,8 @@ def test_every_frozen_store_upgrades_to_exactly_a_new_stores_layout(
         "stepstone_messages",
         "stepstone_events",
         "stepstone_streams",
+        # guarantee 570: the webhook outbox
+        "stepstone_webhooks",
     }
 
 

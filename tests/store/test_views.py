@@ -18,7 +18,7 @@ import pytest
 import stepstone
 from stepstone import Agent, Plan, Step, Store
 from stepstone.durable import claim_run
-from stepstone.durable._effects import AGENT_KIND
+from stepstone.durable._agent_journal import AGENT_KIND
 from stepstone.engines._views import BUILTIN_KINDS, register_builtin_views
 from stepstone.engines.graph import END, GraphBuilder, State, StoreCheckpointer
 from stepstone.engines.graph._records import GRAPH_KIND

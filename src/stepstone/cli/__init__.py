@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from stepstone.cli import _check, _messages, _migrate, _ops, _requeue, _ui
+from stepstone.cli import _check, _messages, _migrate, _ops, _requeue, _serve, _settle, _ui
 from stepstone.cli import _debug as _debug_state
 from stepstone.cli._ops import split_values
 from stepstone.cli._options import UsageFailure, check_sort, whole, wrong_statuses
@@ -302,10 +302,12 @@ def runs(
 
 _ops.register(app)
 _ui.register(app)
+_serve.register(app)
 _migrate.register(app)
 _check.register(app)
 _messages.register(app)
 _requeue.register(app)
+_settle.register(app)
 
 
 def main() -> None:

@@ -541,6 +541,21 @@ def _print_agent(console: Console, agent: dict[str, Any]) -> None:
     console.print(table)
 
 
+def turn_text(summary: dict[str, Any]) -> str:
+    """A model turn's summary on one line: model, tokens, cost, the tool calls it asked for
+    (or the start of its text)."""
+    parts = [str(summary.get("model") or "model")]
+    parts.append(f"{summary.get('input_tokens', 0)} in / {summary.get('output_tokens', 0)} out")
+    cost = summary.get("cost_usd")
+    parts.append("cost unknown" if cost is None else f"${cost:.6f}")
+    calls = summary.get("tool_calls") or []
+    if calls:
+        parts.append(", ".join(f"{c.get('name')}({c.get('args')})" for c in calls))
+    elif summary.get("text"):
+        parts.append(repr(summary["text"]))
+    return " · ".join(parts)
+
+
 def _print_operations(console: Console, ops: list[dict[str, Any]]) -> None:
     """A workflow run's steps (and other operations), one row each, in position order."""
     table = Table(title=f"{len(ops)} step(s) and other operation(s)")
@@ -553,12 +568,15 @@ def _print_operations(console: Console, ops: list[dict[str, Any]]) -> None:
         shown = op.get("error") if "error" in op else op.get("value", "")
         if isinstance(shown, dict) and "message" in shown and "type" in shown:
             shown = f"{str(shown['type']).rpartition(':')[2]}: {shown['message']}"
+        elif isinstance(op.get("summary"), dict):
+            shown = turn_text(op["summary"])  # a model turn: shown whole (it is short)
+        limit = 200 if isinstance(op.get("summary"), dict) else 60
         table.add_row(
             visible(str(op["position"])),
             visible(name),
             str(op["status"]),
             _short(op.get("args"), 50),
-            _short(shown, 60) if shown != "" else "",
+            _short(shown, limit) if shown != "" else "",
             str(op["attempts"]),
             "" if op.get("ms") is None else f"{op['ms']:.1f}",
         )

@@ -11,7 +11,6 @@ import typer
 
 from stepstone.cli._ops import DbOption, DebugOption, UrlOption, open_store
 from stepstone.cli._options import seconds, whole
-from stepstone.ui import InspectorServer
 
 __all__ = ["register"]
 
@@ -52,6 +51,8 @@ def ui_cmd(
     debug: DebugOption = False,
 ) -> None:
     """Serve a local web page listing runs and their timelines, updated live."""
+    from stepstone.ui import InspectorServer
+
     with open_store(db, url, debug=debug, read_only=not allow_actions) as store:
         if not _loopback(host):
             typer.echo(

@@ -14,7 +14,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 from stepstone.core._envelope import Envelope
-from stepstone.core._sync import call_inline, defer_cancellation, may_block_loop
+from stepstone.core._sync import call_inline, defer_cancellation, may_block_loop, with_idle_loop
 
 __all__ = ["QUICK_CALL", "STALL", "call_sync", "is_awaitable", "to_thread"]
 
@@ -155,7 +155,7 @@ def _pace(fn: Any) -> _Pace | None:
 def _timed(pace: _Pace, fn: Callable[..., R], args: Any, kwargs: Any) -> R:
     start = time.perf_counter()
     try:
-        return fn(*args, **kwargs)
+        return with_idle_loop(fn, *args, **kwargs)
     finally:
         pace.note(time.perf_counter() - start)
 
@@ -185,7 +185,7 @@ async def call_sync(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         return call_inline(fn, *args, **kwargs)
     pace = _pace(fn)
     if pace is None:
-        return await _in_thread(fn, args, kwargs, to_the_end=True)
+        return await _in_thread(with_idle_loop, (fn, *args), kwargs, to_the_end=True)
     if pace.quick < _STREAK or pace.stalled:
         return await _in_thread(_timed, (pace, fn, args, kwargs), {}, to_the_end=True)
     start = time.perf_counter()

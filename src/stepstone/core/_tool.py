@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_che
 from pydantic import BaseModel, ConfigDict, create_model
 
 from stepstone.core._checks import check_bool
+from stepstone.core._sync import with_idle_loop
 from stepstone.core._threads import is_awaitable, to_thread
 from stepstone.exceptions import ConfigurationError, ConfigurationTypeError
 
@@ -347,10 +348,11 @@ def is_async_callable(fn: Any) -> bool:
 
 
 async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Await ``fn`` when it is async; run it in a worker thread when it is sync."""
+    """Await ``fn`` when it is async; run it in a worker thread when it is sync (with the
+    thread's idle loop as its current loop, for a sync wrapper of an async library)."""
     if is_async_callable(fn):
         return await fn(*args, **kwargs)
-    result = await to_thread(fn, *args, **kwargs)
+    result = await to_thread(with_idle_loop, fn, *args, **kwargs)
     return await result if is_awaitable(result) else result
 
 

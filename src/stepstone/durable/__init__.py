@@ -5,7 +5,8 @@ records (``read_run``, ``run_head``, ``list_runs``, ``delete_run`` and their asy
 Also what operators use on runs from outside their owner: read models (``query_runs``,
 ``run_detail``, ``diff_runs``, ``stranded_runs``), ``cancel_run``, ``fork_run``,
 ``retry_run`` (and ``requeue_run`` for a run that came from a queue), ``approve_call``,
-``settle_operation`` (a workflow step left in doubt) and ``prune`` with a
+``settle_effect`` (a call left in doubt, with ``in_doubt_effects``), ``settle_operation``
+(a workflow step left in doubt) and ``prune`` with a
 :class:`~stepstone.store.Retention` policy.
 """
 
@@ -59,6 +60,7 @@ from stepstone.durable._retention import (
     prune,
     prune_run,
 )
+from stepstone.durable._settle import in_doubt_effects, settle_effect
 
 __all__ = [
     "ClaimResult",
@@ -84,6 +86,7 @@ __all__ = [
     "describe_owner",
     "diff_runs",
     "fork_run",
+    "in_doubt_effects",
     "journal_since",
     "list_runs",
     "owner_alive",
@@ -101,6 +104,7 @@ __all__ = [
     "run_detail",
     "run_head",
     "run_summary",
+    "settle_effect",
     "settle_operation",
     "run_timeline",
     "stranded_runs",

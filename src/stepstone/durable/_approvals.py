@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepstone.durable._effects import AGENT_KIND
+from stepstone.durable._agent_journal import AGENT_KIND
+from stepstone.durable._journal_format import Entry, entries_of
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import list_runs
 from stepstone.exceptions import ApprovalTargetError, UserError
@@ -78,20 +79,13 @@ def check_approvals(approvals: Any, *, error: type[UserError] = UserError) -> di
     return dict(approvals)
 
 
-def _load(row: JournalRow) -> Any:
-    try:
-        return json.loads(row.data)
-    except ValueError:
-        return None
-
-
-def _terminal(rows: list[JournalRow]) -> dict[str, Any]:
+def _terminal(rows: Sequence[JournalRow] | Sequence[Entry]) -> dict[str, Any]:
     """The ``terminal_result`` of the run's latest phase record, when that is terminal."""
-    for row in reversed(rows):
-        if row.kind != "phase":
+    for entry in reversed(entries_of(rows)):
+        if entry.kind != "phase":
             continue
-        data = _load(row)
-        if not isinstance(data, dict) or data.get("phase") != "run_terminal":
+        data = entry.data
+        if data.get("phase") != "run_terminal":
             return {}
         payload = data.get("payload")
         result = payload.get("terminal_result") if isinstance(payload, dict) else None
@@ -99,7 +93,9 @@ def _terminal(rows: list[JournalRow]) -> dict[str, Any]:
     return {}
 
 
-def pending_approvals(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]]:
+def pending_approvals(
+    head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]
+) -> list[dict[str, Any]]:
     """The tool calls a paused agent run waits on (``call_id, tool, arguments, turn,
     index, reason``), each with the ``decision`` an operator recorded for it (or None)."""
     if head.kind != AGENT_KIND or head.status != "paused":
@@ -121,7 +117,9 @@ def pending_approvals(head: RunHead, rows: list[JournalRow]) -> list[dict[str, A
     return out
 
 
-def recorded_approvals(head: RunHead | None, rows: list[JournalRow]) -> dict[str, bool | str]:
+def recorded_approvals(
+    head: RunHead | None, rows: Sequence[JournalRow] | Sequence[Entry]
+) -> dict[str, bool | str]:
     """The decisions recorded by :func:`approve_call` for the calls the run waits on now,
     by call id (what its next resume applies when the caller passes none for them)."""
     if head is None:
@@ -133,7 +131,7 @@ def recorded_approvals(head: RunHead | None, rows: list[JournalRow]) -> dict[str
     }
 
 
-def paused_on(rows: list[JournalRow]) -> list[dict[str, Any]]:
+def paused_on(rows: Sequence[JournalRow] | Sequence[Entry]) -> list[dict[str, Any]]:
     """The calls an agent run's latest record says it waits on (a paused ``run_terminal``),
     whatever its head says: a resume that died before it committed anything leaves them so."""
     result = _terminal(rows)
@@ -146,7 +144,9 @@ _REFUSED = "not approved: "
 _CALLS = ("tool:", "subagent:")
 
 
-def applied_decisions(store: Store, key: str, rows: list[JournalRow]) -> dict[str, set[bool | str]]:
+def applied_decisions(
+    store: Store, key: str, rows: Sequence[JournalRow] | Sequence[Entry]
+) -> dict[str, set[bool | str]]:
     """The decisions the agent run under ``key`` (``rows``: its journal) has applied, by call
     id, for every call it paused on: True once the call started (it was approved, or it ran
     before it was in doubt), the reason once it was refused (``"refused"`` for False). A
@@ -155,10 +155,8 @@ def applied_decisions(store: Store, key: str, rows: list[JournalRow]) -> dict[st
     asked: dict[str, dict[str, Any]] = {}
     started: set[str] = set()
     refused: dict[str, str] = {}
-    for row in rows:
-        data = _load(row)
-        if not isinstance(data, dict):
-            continue
+    for row in entries_of(rows):
+        data = row.data
         if row.kind == "phase" and data.get("phase") == "run_terminal":
             payload = data.get("payload")
             result = payload.get("terminal_result") if isinstance(payload, dict) else None
@@ -251,6 +249,11 @@ def waiting_calls(store: Store, head: RunHead, rows: list[JournalRow]) -> list[d
     that holds it: the run itself, or the LLM steps of a paused Plan (or graph)."""
     if head.status != "paused":
         return []
+    if head.kind == "workflow":  # calls its agents (stepstone.integrations) asked about
+        from stepstone.durable._operations import pending_operation_approvals
+
+        asked = pending_operation_approvals(head, rows)
+        return [{**c, "run_key": head.key} for c in asked if c["decision"] is None]
     if head.kind == AGENT_KIND:
         return [{**p, "run_key": head.key} for p in pending_approvals(head, rows)]
     out: list[dict[str, Any]] = []
@@ -317,8 +320,13 @@ def approve_call(
         raise ApprovalTargetError(
             f"an empty reason for denying {call_id!r}; pass --deny 'why' (the model reads it)"
         )
-    if store.backend.run_get(key) is None:
+    found = store.backend.run_get(key)
+    if found is None:
         raise ApprovalTargetError(missing_run(store, key))
+    if found.kind == "workflow":  # a call an integration's agent asked about
+        from stepstone.durable._operations import approve_operation
+
+        return approve_operation(store, key, call_id, decision, replace=replace)
     waiting: list[str] = []
     for head in _paused_agents(store, key):
         rows = store.backend.run_journal(head.key)
@@ -380,22 +388,27 @@ def _record(store: Store, head: RunHead, pending: dict[str, Any], decision: bool
     store.backend.run_transact(head.key, decide)
 
 
-def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
+def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> dict[str, Any]:
     """An agent run's journal for operators: its phases (a run's start says whether it
-    resumed; its end, the state it ended in), its effects (each with the row it started
+    resumed; its end, the state it ended in), its effects (each with the entry it started
     at, what it did, and how many times a resumed run replayed it) and the approvals it
-    waits on. The one place the operator views read an agent run's row kinds
+    waits on, each with the times of the commits that wrote it (given the journal's rows;
+    None given entries). The one place the operator views read an agent run's entries
     (:func:`agent_timeline` is built on it)."""
     phases: list[dict[str, Any]] = []
     starts: list[int] = []
     effects: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        data = _load(row)
-        if not isinstance(data, dict):
-            continue
+    entries = entries_of(rows)
+    # the times of the journal row each entry is in (its commit's)
+    times: dict[int, tuple[float | None, float | None]] = {
+        r.seq: (r.started_at, r.committed_at) for r in rows if isinstance(r, JournalRow)
+    }
+    for row in entries:
+        data = row.data
+        started_at, committed_at = times.get(row.row, (None, None))
         if row.kind == "phase":
             phase = {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
-            phase["started_at"], phase["committed_at"] = row.started_at, row.committed_at
+            phase["started_at"], phase["committed_at"] = started_at, committed_at
             given = data.get("payload")
             payload: dict[str, Any] = given if isinstance(given, dict) else {}
             if data.get("phase") == "run_started":
@@ -425,9 +438,9 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
                     # when the commit that wrote its intent started (the call ran within
                     # that commit's span when its outcome came in the same one), until
                     # the commit of its outcome
-                    "started_at": row.started_at,
+                    "started_at": started_at,
                     "committed_at": None,
-                    "_intent_at": row.committed_at,
+                    "_intent_at": committed_at,
                 },
             )
             if row.kind == "outcome":
@@ -435,8 +448,8 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
                 e["state"] = "done"
                 e["error"] = out.get("error") if isinstance(out, dict) else None
                 e["_seq"] = row.seq
-                e["committed_at"] = row.committed_at
-                intent_at, outcome_at = e["_intent_at"], row.committed_at
+                e["committed_at"] = committed_at
+                intent_at, outcome_at = e["_intent_at"], committed_at
                 # an intent committed before the call: the call began then
                 if intent_at is not None and outcome_at is not None and intent_at < outcome_at:
                     e["started_at"] = intent_at
@@ -457,11 +470,11 @@ def agent_view(head: RunHead, rows: list[JournalRow]) -> dict[str, Any]:
         if e["kind"] != "model" and e.get("call_id") in calls:
             e["arguments"] = calls[e["call_id"]]
         listed.append(e)
-    result = _terminal(rows)
+    result = _terminal(entries)
     return {
         "phases": phases,
         "effects": listed,
-        "pending_approvals": pending_approvals(head, rows),
+        "pending_approvals": pending_approvals(head, entries),
         "agent_state": result.get("state"),
         "final_text": result.get("final_text"),
     }

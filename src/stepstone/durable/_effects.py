@@ -1,21 +1,27 @@
 """The effect journal: intent before, outcome after, replay on resume.
 
 An engine that calls the outside world from inside a durable run (an LLM loop's model
-completions, tool calls and subagent calls) records each call as an *effect* in the run's
-kernel journal, keyed by its position ``(kind, turn, index)`` and the hash of its input:
+completions, tool calls and subagent calls; a workflow's steps) records each call as an
+*effect* in the run's kernel journal, keyed by its position ``(kind, turn, index)`` and
+the hash of its input:
 
-* an ``intent`` row is committed before a side-effecting call starts;
-* an ``outcome`` row (the JSON result, or the error, with its ``output_hash``) after it;
+* an ``intent`` is committed before a side-effecting call starts;
+* an ``outcome`` (the JSON result, or the error, with its ``output_hash``) after it;
 * on resume a recorded outcome is replayed instead of called again; a changed input at the
-  same position, or an outcome whose hash does not match, is
-  :class:`~stepstone.exceptions.AgentCheckpointCorruptionError` (never a silent re-run);
+  same position, or an outcome whose hash does not match, is corruption (the engine's
+  error, :class:`~stepstone.exceptions.AgentCheckpointCorruptionError` for an agent run),
+  never a silent re-run;
 * an intent without an outcome is *in doubt* (the process died during the call); the
-  caller's policy decides: run it again, fail, or ask a person.
+  caller's policy decides: run it again (``"rerun"``, under the same idempotency key) or
+  fail (``"fail"``); an engine may also ask a person before it calls :meth:`effect`.
 
-Rows go through the kernel's one commit path (:meth:`OwnedRun.commit`): phase records and
-snapshots are buffered and ride along with the next commit, several concurrent calls share
-one commit (group commit), and effect rows are never left behind a call that depends on
-them.
+Beside its effects an engine journals *records* of its own (an agent run's phase records,
+messages and runtime snapshots), in the same commits. :class:`EffectLog` reads a run's
+journal once and checks it; :class:`EffectJournal` appends to it through the kernel's one
+commit path (:meth:`OwnedRun.commit`): records are buffered and ride along with the next
+commit, several concurrent calls share one commit (group commit), and effect entries are
+never left behind a call that depends on them. How the entries are laid out in journal
+rows (one row per commit) is :mod:`stepstone.durable._journal_format`'s business.
 """
 
 from __future__ import annotations
@@ -24,21 +30,25 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import json
 import logging
 import re
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from stepstone.durable._hashing import INPUT_HASH_VERSION, InputHash, hash_json
-from stepstone.durable._kernel import OwnedRun
-from stepstone.exceptions import (
-    AgentCheckpointCorruptionError,
-    CheckpointFlushError,
-    ConcurrentRunError,
-    EffectInDoubtError,
+from stepstone.durable._journal_format import (
+    EFFECT_KINDS,
+    ENTRIES_KIND,
+    HASH_VERSION,
+    Entry,
+    EntryReader,
+    EntryWriter,
+    FormatError,
+    position,
 )
+from stepstone.durable._kernel import OwnedRun
+from stepstone.durable._settle import not_happened
+from stepstone.exceptions import CheckpointFlushError, ConcurrentRunError, EffectInDoubtError
 from stepstone.store._base import JournalRow
 from stepstone.store._store import Store
 
@@ -46,26 +56,32 @@ if TYPE_CHECKING:
     from stepstone.durable._operations import OperationJournal
 
 __all__ = [
-    "AGENT_KIND",
-    "SCHEMA_VERSION",
     "DurableScope",
     "EffectJournal",
+    "EffectLog",
+    "Entry",
     "InDoubtPolicy",
-    "JournalContents",
     "bind_scope",
-    "corrupt_agent_run",
     "current_scope",
     "hash_json",
+    "idempotency_key",
+    "position",
 ]
 
 log = logging.getLogger("stepstone")
 
-AGENT_KIND = "agent"
-SCHEMA_VERSION = "1"
-
 InDoubtPolicy = Literal["rerun", "fail", "ask"]
 
-Row = tuple[str, str | None, Any]
+#: Makes the engine's corruption error from what is wrong (a sentence naming the row).
+Corrupt = Callable[[str], Exception]
+
+Item = tuple[str, str | None, dict[str, Any]]
+
+
+def idempotency_key(run_id: str, kind: str, turn: int, index: int) -> str:
+    """The stable key of the effect at ``(kind, turn, index)`` of run ``run_id``, the same
+    on every replay and resume of that call: pass it to external APIs that deduplicate."""
+    return f"{run_id}:{kind}:{turn}:{index}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,122 +149,136 @@ class bind_scope:  # noqa: N801 - used as a function: ``with bind_scope(scope):`
         _scope.reset(self._token)
 
 
-def _pos(kind: str, turn: int, index: int) -> str:
-    return f"{kind}:{turn}:{index}"
+class EffectLog:
+    """A run's journal, read and checked once: its entries in order, its effects by position.
 
+    Attributes:
+        key: The run's key.
+        entries: Every entry, in journal order (:class:`Entry`: as the first format stored
+            it, whatever format wrote it).
+        intents: Intent objects by position.
+        outcomes: Outcome objects by position.
+        rows: How many journal rows it was read from.
+    """
 
-@dataclasses.dataclass
-class JournalContents:
-    """An agent run's journal, decoded: what :class:`EffectJournal` resumes from."""
-
-    intents: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    outcomes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    snapshot: dict[str, Any] | None = None
-    count: int = 0  # rows decoded
+    def __init__(self, key: str, *, corrupt: Corrupt) -> None:
+        self.key = key
+        self.corrupt = corrupt
+        self.entries: list[Entry] = []
+        self.intents: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, dict[str, Any]] = {}
+        self.rows = 0
+        self.reader = EntryReader()
 
     @classmethod
-    def load(cls, key: str, run_id: str, rows: Sequence[JournalRow]) -> JournalContents:
-        """Decode ``rows``, the journal of the agent run ``run_id`` under ``key``.
+    def load(
+        cls,
+        key: str,
+        rows: Sequence[JournalRow],
+        *,
+        records: Collection[str],
+        corrupt: Corrupt,
+        what: str = "run",
+    ) -> EffectLog:
+        """Decode and check ``rows``, the journal of the run under ``key``.
+
+        Args:
+            records: The kinds of the records the engine journals (any other kind is
+                corruption: a byte flipped in a row's kind could hide an effect).
+            corrupt: Makes the engine's error from what is wrong.
+            what: The engine's name for the run, in messages (``"an agent run"``).
 
         Raises:
-            AgentCheckpointCorruptionError: a row is not a JSON object, is of a kind an
-                agent run never writes (skipping it could run an effect again), or is an
-                effect row or snapshot whose fields are damaged.
+            Exception: ``corrupt(...)``'s: a row that does not decode, is of a kind the
+                run never writes, or an intent or outcome that does not describe the call
+                at its position, or whose data does not match its ``output_hash``.
         """
-        out = cls(count=len(rows))
+        out = cls(key, corrupt=corrupt)
+        out.rows = len(rows)
+        reader = out.reader
         for row in rows:
-            try:
-                data = json.loads(row.data)
-            except ValueError as exc:
-                raise corrupt_agent_run(
-                    key, run_id, f"journal row {row.seq} ({row.kind}) is not valid JSON: {exc}"
-                ) from exc
-            if not isinstance(data, dict):
-                raise corrupt_agent_run(
-                    key,
-                    run_id,
-                    f"journal row {row.seq} ({row.kind}) is a JSON {type(data).__name__}, "
-                    "not an object",
-                )
-            if row.kind in ("intent", "outcome"):
-                _check_effect_row(key, run_id, row, data)
-                (out.intents if row.kind == "intent" else out.outcomes)[str(row.name)] = data
-                intent = out.intents.get(str(row.name))
-                if intent is not None and (
-                    intent["input_hash"] != data["input_hash"]
-                    or intent.get(_HASH_VERSION) != data.get(_HASH_VERSION)
-                ):
-                    raise corrupt_agent_run(
-                        key,
-                        run_id,
-                        f"journal row {row.seq}: the {row.kind} of the call at {row.name!r} "
-                        "records another input_hash than its intent",
-                    )
-            elif row.kind == "phase":
-                out.phases.append(data)
-            elif row.kind == "message":
-                out.messages.append(data)
-            elif row.kind == "snapshot":
-                started, context = data.get("started_at_s"), data.get("context")
-                if not isinstance(started, int | float | None) or not isinstance(
-                    context, dict | None
-                ):
-                    raise corrupt_agent_run(
-                        key, run_id, f"journal row {row.seq} (a snapshot) has a damaged field"
-                    )
-                out.snapshot = data
-            else:  # a byte flipped in its kind or name: skipping it could run an effect again
-                raise corrupt_agent_run(
-                    key,
-                    run_id,
+            if (
+                row.kind not in EFFECT_KINDS
+                and row.kind != ENTRIES_KIND
+                and row.kind not in records
+            ):
+                raise corrupt(
                     f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which "
-                    "an agent run never writes",
+                    f"{what} never writes"
                 )
+            try:
+                entries = reader.row(row)
+            except FormatError as exc:
+                raise corrupt(f"journal row {row.seq} ({row.kind}) is {exc}") from exc
+            except ValueError as exc:
+                raise corrupt(
+                    f"journal row {row.seq} ({row.kind}) is not valid JSON: {exc}"
+                ) from exc
+            where = f"journal row {row.seq}"
+            for entry in entries:
+                if entry.kind in EFFECT_KINDS:
+                    out._effect(where, entry)
+                elif entry.kind not in records:
+                    raise corrupt(
+                        f"{where} holds a {entry.kind!r} record named {entry.name!r}, which "
+                        f"{what} never writes"
+                    )
+            out.entries += entries
         return out
 
+    def _effect(self, where: str, entry: Entry) -> None:
+        data, pos = entry.data, str(entry.name)
+        _check_effect(self.corrupt, where, entry)
+        if entry.kind == "intent":  # a new try at a call settled as not happened
+            self.outcomes.pop(pos, None)
+        (self.intents if entry.kind == "intent" else self.outcomes)[pos] = data
+        intent = self.intents.get(pos)
+        if intent is not None and (
+            intent["input_hash"] != data["input_hash"]
+            or intent.get(HASH_VERSION) != data.get(HASH_VERSION)
+        ):
+            raise self.corrupt(
+                f"{where}: the {entry.kind} of the call at {pos!r} records another "
+                "input_hash than its intent"
+            )
 
-def _check_effect_row(key: str, run_id: str, row: JournalRow, data: dict[str, Any]) -> None:
-    """Raise AgentCheckpointCorruptionError unless an ``intent``/``outcome`` row describes
-    the call at the position it is filed under, and an outcome's data matches its hash: a
-    row filed under another position would leave its call looking never made (and run
-    again); a damaged outcome would be replayed as the call's result."""
+    def of(self, kind: str) -> list[Entry]:
+        """The entries of ``kind``, in order."""
+        return [e for e in self.entries if e.kind == kind]
+
+
+def _check_effect(corrupt: Corrupt, where: str, entry: Entry) -> None:
+    """Raise ``corrupt(...)`` unless an intent or outcome describes the call at the position
+    it is filed under, and an outcome's data matches its hash: one filed under another
+    position would leave its call looking never made (and run again); a damaged outcome
+    would be replayed as the call's result."""
+    data = entry.data
     kind, turn, index = data.get("kind"), data.get("turn"), data.get("index")
-    fields = _EFFECT_FIELDS | ({"output_hash", "data"} if row.kind == "outcome" else set())
+    fields = _EFFECT_FIELDS | ({"output_hash", "data"} if entry.kind == "outcome" else set())
     if not (
         set(data) <= fields
         and isinstance(kind, str)
         and type(turn) is int
         and type(index) is int
         and _is_hash(data.get("input_hash"))
-        and _is_hash_version(data.get(_HASH_VERSION, INPUT_HASH_VERSION))
-        and row.name == _pos(kind, turn, index)
+        and _is_hash_version(data.get(HASH_VERSION, INPUT_HASH_VERSION))
+        and entry.name == position(kind, turn, index)
     ):
-        raise corrupt_agent_run(
-            key,
-            run_id,
-            f"journal row {row.seq} ({row.kind} {row.name!r}) does not describe the call at "
-            "its position (a field or its name is damaged)",
+        raise corrupt(
+            f"{where} ({entry.kind} {entry.name!r}) does not describe the call at its "
+            "position (a field or its name is damaged)"
         )
-    if row.kind == "outcome" and (
+    if entry.kind == "outcome" and (
         not isinstance(data.get("data"), dict) or hash_json(data["data"]) != data.get("output_hash")
     ):
-        raise corrupt_agent_run(
-            key,
-            run_id,
-            f"journal row {row.seq}: the recorded outcome of the {kind} call "
-            f"{data.get('name')!r} at turn {turn}, index {index} does not match its output_hash",
+        raise corrupt(
+            f"{where}: the recorded outcome of the {kind} call {data.get('name')!r} at turn "
+            f"{turn}, index {index} does not match its output_hash"
         )
 
 
-#: Written only by a call whose input hash is of version 2 (:mod:`._hashing`): its input
-#: held a set, or another value hash version 1 wrote by an unstable ``str()``. A row without
-#: it records a digest both versions agree on, or one version 1 wrote.
-_HASH_VERSION = "input_hash_version"
-
-#: The fields of an intent row (an outcome row adds ``output_hash`` and ``data``).
-_EFFECT_FIELDS = {"kind", "name", "turn", "index", "call_id", "input_hash", _HASH_VERSION}
+#: The fields of an intent (an outcome adds ``output_hash`` and ``data``).
+_EFFECT_FIELDS = {"kind", "name", "turn", "index", "call_id", "input_hash", HASH_VERSION}
 
 
 def _is_hash(value: Any) -> bool:
@@ -263,121 +293,89 @@ def _is_hash_version(value: Any) -> bool:
     return type(value) is int and value == INPUT_HASH_VERSION
 
 
-def _version_field(input_hash: str) -> dict[str, int]:
-    """The ``input_hash_version`` field of a row recording ``input_hash`` (none for a
-    digest hash version 1 gives too)."""
-    version = getattr(input_hash, "version", 1)
-    return {_HASH_VERSION: version} if version >= INPUT_HASH_VERSION else {}
-
-
-def corrupt_agent_run(key: str, run_id: str, what: str) -> AgentCheckpointCorruptionError:
-    """The error for the agent run ``run_id`` (under ``key``) whose record is corrupt."""
-    return AgentCheckpointCorruptionError(
-        f"agent run {run_id!r} (checkpoint {key!r}): {what}. Nothing was re-executed. "
-        f"Inspect it with store.read({key!r}) or start a new run under another run_id"
-    )
-
-
 class EffectJournal:
-    """The effect journal and phase buffer of one owned agent run.
+    """The effects and records one owned run appends to its journal.
 
     Args:
-        run: The owned kernel run (kind ``"agent"``).
-        contents: The run's journal so far, decoded (:meth:`JournalContents.load`).
-        run_id: The agent run id (in every phase record).
-        thread_id: The conversation thread id (in every phase record).
-        async_writes: Phase records and snapshots may stay buffered until the next effect
-            commit, the background flush or the terminal flush. False: they are committed
-            before the next model call.
-        coalesce: Keep only the latest buffered runtime snapshot.
+        run: The owned kernel run.
+        log: The run's journal so far (:meth:`EffectLog.load`).
+        label: The run in messages (``"agent run 'r1'"``).
+        async_writes: Records may stay buffered until the next effect commit, the
+            background flush or the terminal flush. False: the engine commits them itself
+            (:meth:`flush`) before its next call.
         flush_interval: Async mode: buffered records are committed at most this long after
             they were buffered, even when no effect commit comes along.
-        queue_maxsize: Buffered rows beyond this are committed at once.
+        queue_maxsize: Buffered entries beyond this are committed at once.
+
+    Attributes:
+        next_step: What a commit of the running run writes as its head's ``next_step``.
+        iteration: What a commit writes as its head's ``iteration`` (None: unchanged).
+        replayed: Effects replayed from the journal by this process.
+        commits: Commits this process made.
     """
 
     def __init__(
         self,
         run: OwnedRun,
-        contents: JournalContents,
+        log: EffectLog,
         *,
-        run_id: str,
-        thread_id: str,
+        label: str,
         async_writes: bool = False,
-        coalesce: bool = True,
         flush_interval: float = 0.05,
         queue_maxsize: int = 1024,
     ) -> None:
         self.run = run
-        self.run_id = run_id
-        self.thread_id = thread_id
+        self.label = label
         self.async_writes = async_writes
-        self.coalesce = coalesce
         self.flush_interval = flush_interval
         self.queue_maxsize = queue_maxsize
-        self.intents = contents.intents
-        self.outcomes = contents.outcomes
-        self.phases = contents.phases
-        self.messages = contents.messages
-        self.snapshot = contents.snapshot
+        self.intents = log.intents
+        self.outcomes = log.outcomes
+        self._corrupt_error = log.corrupt
+        self._writer = EntryWriter(log.reader)
+        self.next_step: str | None = None
+        self.iteration: int | None = None
         self.replayed = 0
         self.commits = 0
-        self._buffer: list[Row] = []
-        self._appended = 0  # rows ever buffered
-        self._committed = 0  # rows ever buffered that are now committed
-        self._pending_snapshot: dict[str, Any] | None = None
+        self._buffer: list[Item] = []
+        self._appended = 0  # entries ever buffered
+        self._committed = 0  # entries ever buffered that are now committed
+        self._latest: Item | None = None
         self._lock: asyncio.Lock | None = None
         self._lost: BaseException | None = None  # ownership lost: nothing more is written
         self._flusher: asyncio.Task[None] | None = None
         self._closing: asyncio.Event | None = None
         self._closed = False
-        # Positions whose rows hold a hash version 1 digest this run accepted for the call.
+        # Positions whose entries hold a hash version 1 digest this run accepted for the call.
         self._older: dict[str, str] = {}
-        self.turn = 0
 
-    def _corrupt(self, what: str) -> AgentCheckpointCorruptionError:
-        return corrupt_agent_run(self.run.key, self.run_id, what)
+    def _corrupt(self, what: str) -> Exception:
+        return self._corrupt_error(what)
 
     def has_outcome(self, kind: str, turn: int, index: int = 0) -> bool:
         """Whether the effect at this position has a recorded outcome."""
-        return _pos(kind, turn, index) in self.outcomes
+        return position(kind, turn, index) in self.outcomes
 
     def has_intent(self, kind: str, turn: int, index: int = 0) -> bool:
         """Whether the effect at this position has a recorded intent."""
-        return _pos(kind, turn, index) in self.intents
+        return position(kind, turn, index) in self.intents
 
-    # -- buffering and commits -------------------------------------------------------------
-    def phase(self, phase: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """Buffer one phase record; returns it."""
-        record = {
-            "run_id": self.run_id,
-            "thread_id": self.thread_id,
-            "schema_version": SCHEMA_VERSION,
-            "phase": phase,
-            "payload": payload,
-            "timestamp_ms": int(time.time() * 1000),
-        }
-        self.phases.append(record)
-        self._append(("phase", phase, record))
-        self._kick()
-        return record
-
-    def message(self, message: dict[str, Any]) -> None:
-        """Buffer one transcript message (appended, never rewritten)."""
-        self.messages.append(message)
-        self._append(("message", message.get("role"), message))
-        self._kick()
-
-    def runtime_snapshot(self, snapshot: dict[str, Any]) -> None:
-        """Buffer the runtime counters; with ``coalesce`` only the latest is kept."""
-        self.snapshot = snapshot
-        if self.coalesce:
-            self._pending_snapshot = snapshot
+    # -- records, buffering and commits ----------------------------------------------------
+    def record(
+        self, kind: str, name: str | None, data: dict[str, Any], *, latest: bool = False
+    ) -> None:
+        """Buffer one record of the engine (a JSON-ready object it must not change after);
+        the next commit writes it. ``latest``: only the newest such record buffered is
+        written (one slot, written last in its commit: a runtime snapshot)."""
+        if latest:
+            self._latest = (kind, name, data)
         else:
-            self._append(("snapshot", None, snapshot))
+            self._buffer.append((kind, name, data))
+            self._appended += 1
         self._kick()
 
-    def _append(self, row: Row) -> None:
-        self._buffer.append(row)
+    def _append(self, item: Item) -> None:
+        self._buffer.append(item)
         self._appended += 1
 
     def _kick(self) -> None:
@@ -400,12 +398,12 @@ class EffectJournal:
         async def later() -> None:
             try:
                 await asyncio.wait_for(closing.wait(), delay)
-                return  # the run is ending: its final flush takes the rows
+                return  # the run is ending: its final flush takes the entries
             except TimeoutError:
                 pass
             try:
                 await self.flush()
-            except Exception:  # the rows stay buffered: the next flush retries them
+            except Exception:  # the entries stay buffered: the next flush retries them
                 log.debug("stepstone: background checkpoint flush failed", exc_info=True)
 
         self._flusher = loop.create_task(later())
@@ -418,14 +416,15 @@ class EffectJournal:
         force: bool = False,
         upto: int | None = None,
     ) -> None:
-        """Commit everything buffered (group commit: one transaction for all of it).
+        """Commit everything buffered (group commit: one transaction, one journal row).
 
-        ``upto``: only needed until the first ``upto`` rows ever buffered are committed
-        (a caller waiting for its own rows returns when another commit took them).
+        ``upto``: only needed until the first ``upto`` entries ever buffered are committed
+        (a caller waiting for its own entries returns when another commit took them).
+        ``force``: commit the head (``status``, ``meta``) even with nothing buffered.
 
         Raises:
             ConcurrentRunError: the run lost its ownership; nothing was written.
-            CheckpointFlushError: the store failed; the rows stay buffered for a retry.
+            CheckpointFlushError: the store failed; the entries stay buffered for a retry.
         """
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -435,9 +434,14 @@ class EffectJournal:
             if upto is not None and self._committed >= upto and not force:
                 return
             mark = self._appended
-            rows = self._take()
-            if not rows and not force:
+            items = self._take()
+            if not items and not force:
                 return
+            rows: list[tuple[str, str | None, Any]] = []
+            remember: Callable[[], None] | None = None
+            if items:
+                data, remember = self._writer.encode(items, self.intents)
+                rows.append((ENTRIES_KIND, None, data))
             # The effects done so far (model turns, tool and subagent calls), in the head:
             # what operators count as the run's steps without reading its journal.
             base = meta if meta is not None else self.run.head.meta
@@ -446,42 +450,45 @@ class EffectJournal:
             try:
                 await self.run.commit(
                     status=status,
-                    next_step=f"turn:{self.turn}" if status == "running" else None,
-                    iteration=self.turn,
+                    next_step=self.next_step if status == "running" else None,
+                    iteration=self.iteration,
                     meta=meta,
                     rows=rows,
                 )
             except BaseException as exc:
-                self._buffer[:0] = rows  # nothing was written: keep them for a retry
+                self._buffer[:0] = items  # nothing was written: keep them for a retry
                 if isinstance(exc, ConcurrentRunError):
                     self._lost = exc
                 if isinstance(exc, Exception) and not isinstance(exc, ConcurrentRunError):
                     raise CheckpointFlushError(
-                        f"agent run {self.run_id!r}: committing {len(rows)} checkpoint "
-                        f"record(s) to {self.run.key!r} failed ({type(exc).__name__}: {exc}); "
-                        "nothing was lost from the journal before them. Check the store, then "
-                        "resume the run"
+                        f"{self.label}: committing {len(items)} journal entr"
+                        f"{'y' if len(items) == 1 else 'ies'} to {self.run.key!r} failed "
+                        f"({type(exc).__name__}: {exc}); nothing was lost from the journal "
+                        "before them. Check the store, then resume the run"
                     ) from exc
                 raise
+            if remember is not None:
+                remember()
             self._committed = mark
             self.commits += 1
 
-    def _take(self) -> list[Row]:
-        rows, self._buffer = self._buffer, []
-        if self._pending_snapshot is not None:
-            rows.append(("snapshot", None, self._pending_snapshot))
-            self._pending_snapshot = None
-        return rows
+    def _take(self) -> list[Item]:
+        items, self._buffer = self._buffer, []
+        if self._latest is not None:
+            items.append(self._latest)
+            self._latest = None
+        return items
 
-    async def _sync_point(self) -> None:
-        # Let concurrent calls that finish in the same loop tick add their rows first, so
-        # one transaction (and one fsync) commits them all.
+    async def _sync_point(self, alone: bool = False) -> None:
+        # Let concurrent calls that finish in the same loop tick add their entries first,
+        # so one transaction (and one fsync) commits them all (``alone``: there are none).
         mark = self._appended
-        await asyncio.sleep(0)
+        if not alone:
+            await asyncio.sleep(0)
         await self.flush(upto=mark)
 
     async def close(self) -> None:
-        """Stop the background flusher (its rows stay buffered for the final flush). A
+        """Stop the background flusher (its entries stay buffered for the final flush). A
         flush it already started is awaited, never cancelled: a commit cut short in a
         worker thread could still land after the next one started."""
         self._closed = True
@@ -500,11 +507,11 @@ class EffectJournal:
         """The verified outcome recorded at this position, or None.
 
         Raises:
-            AgentCheckpointCorruptionError: the recorded input differs from ``input_hash``
-                (the run is not deterministic: the code or its inputs changed), or the
-                outcome's ``output_hash`` does not match its data.
+            Exception: the log's corruption error: the recorded input differs from
+                ``input_hash`` (the run is not deterministic: the code or its inputs
+                changed).
         """
-        pos = _pos(kind, turn, index)
+        pos = position(kind, turn, index)
         intent = self.intents.get(pos)
         outcome = self.outcomes.get(pos)
         row = outcome or intent or {}
@@ -523,14 +530,13 @@ class EffectJournal:
             )
         if outcome is None:
             return None
-        data = outcome.get("data")
-        if hash_json(data) != outcome.get("output_hash"):
-            raise self._corrupt(
-                f"the recorded outcome of the {kind} call {name!r} at turn {turn}, index "
-                f"{index} does not match its output_hash"
-            )
-        if not isinstance(data, dict):
-            raise self._corrupt(f"the recorded outcome of {name!r} at turn {turn} is not a dict")
+        data: dict[str, Any] = outcome["data"]
+        if not_happened(data):  # settled by a person: it runs as a new call
+            del self.outcomes[pos]
+            self.intents.pop(pos, None)
+            return None
+        # Its data matched its output_hash when the journal was read (EffectLog.load), or
+        # it was recorded by this process.
         return data
 
     def _older_hash_matches(
@@ -543,7 +549,7 @@ class EffectJournal:
         order under its hash seed) and cannot be reproduced: then the tool name is checked
         and the arguments are taken as the same (logged). Version 2 rows are checked
         strictly. The position's later rows keep the recorded digest."""
-        if _HASH_VERSION in row or not isinstance(input_hash, InputHash):
+        if HASH_VERSION in row or not isinstance(input_hash, InputHash):
             return False
         if input_hash.version < INPUT_HASH_VERSION:
             return False
@@ -552,11 +558,11 @@ class EffectJournal:
             if not input_hash.unstable or row.get("name") != name:
                 return False
             log.warning(
-                "stepstone: agent run %r: the %s call %r at %s was journaled by an older "
+                "stepstone: %s: the %s call %r at %s was journaled by an older "
                 "stepstone, whose hash of its arguments (they hold a set or an object shown "
                 "with its memory address) depended on the process that wrote it; it cannot "
                 "be checked here, so the arguments are taken as the same",
-                self.run_id,
+                self.label,
                 row.get("kind"),
                 name,
                 pos,
@@ -566,7 +572,7 @@ class EffectJournal:
 
     def in_doubt(self, kind: str, turn: int, index: int) -> bool:
         """An intent with no outcome: the process died during the call."""
-        pos = _pos(kind, turn, index)
+        pos = position(kind, turn, index)
         return pos in self.intents and pos not in self.outcomes
 
     async def effect(
@@ -583,12 +589,15 @@ class EffectJournal:
         commit_intent: bool = True,
         commit_outcome: bool = True,
         after_outcome: Callable[[], None] | None = None,
+        alone: bool = False,
     ) -> tuple[dict[str, Any], bool]:
         """Run (or replay) one effect; returns ``(outcome_data, replayed)``.
 
         ``invoke`` returns the outcome as a JSON dict (errors encoded by the caller, so a
         failed call is replayed as the same failure). ``after_outcome`` runs once the
-        outcome is buffered, before its commit (to add rows that belong in it).
+        outcome is buffered, before its commit (to add entries that belong in it).
+        ``alone``: no other effect of the run runs at the same time, so its commits do
+        not wait a loop iteration for others to join them.
 
         Raises:
             AgentCheckpointCorruptionError: see :meth:`recorded`.
@@ -598,27 +607,34 @@ class EffectJournal:
         if data is not None:
             self.replayed += 1
             return data, True
-        pos = _pos(kind, turn, index)
+        pos = position(kind, turn, index)
         if pos in self.intents:
             if policy == "fail":
                 raise EffectInDoubtError(
-                    f"agent run {self.run_id!r}: the {kind} call {name!r} (turn {turn}, index "
-                    f"{index}, call id {call_id!r}) started before a crash and has no recorded "
-                    "outcome; its tool declares in_doubt='fail', so it is not run again. Check "
-                    "the external system for its effect, then start a new run (or declare "
-                    "in_doubt='rerun' if the call is idempotent)"
+                    f"{self.label}: the {kind} call {name!r} (turn {turn}, index {index}, "
+                    f"call id {call_id!r}) started before a crash and has no recorded outcome; "
+                    "it declares in_doubt='fail', so it is not run again. Check the external "
+                    "system for its effect, then start a new run (or declare in_doubt='rerun' "
+                    "if the call is idempotent)"
                 )
             log.info(
                 "stepstone: %s call %r at turn %d is in doubt; running it again", kind, name, turn
             )
         else:
-            intent = {"kind": kind, "name": name, "turn": turn, "index": index}
-            intent.update({"call_id": call_id, "input_hash": input_hash})
-            intent.update(_version_field(input_hash))
+            intent = {
+                "kind": kind,
+                "name": name,
+                "turn": turn,
+                "index": index,
+                "call_id": call_id,
+                "input_hash": input_hash,
+            }
+            if getattr(input_hash, "version", 1) >= INPUT_HASH_VERSION:
+                intent[HASH_VERSION] = INPUT_HASH_VERSION
             self.intents[pos] = intent
             self._append(("intent", pos, intent))
             if commit_intent:
-                await self._sync_point()
+                await self._sync_point(alone)
         data = await invoke()
         self.record_outcome(
             kind=kind,
@@ -632,7 +648,7 @@ class EffectJournal:
         if after_outcome is not None:
             after_outcome()
         if commit_outcome:
-            await self._sync_point()
+            await self._sync_point(alone)
         return data, False
 
     def record_outcome(
@@ -647,7 +663,7 @@ class EffectJournal:
         call_id: str | None = None,
     ) -> None:
         """Buffer an outcome row (committed by the next flush)."""
-        pos = _pos(kind, turn, index)
+        pos = position(kind, turn, index)
         input_hash = self._older.get(pos, input_hash)  # the intent's, from hash version 1
         outcome = {
             "kind": kind,
@@ -656,9 +672,10 @@ class EffectJournal:
             "index": index,
             "call_id": call_id,
             "input_hash": input_hash,
-            **_version_field(input_hash),
-            "output_hash": hash_json(data),
-            "data": data,
         }
+        if getattr(input_hash, "version", 1) >= INPUT_HASH_VERSION:
+            outcome[HASH_VERSION] = INPUT_HASH_VERSION
+        outcome["output_hash"] = hash_json(data)
+        outcome["data"] = data
         self.outcomes[pos] = outcome
         self._append(("outcome", pos, outcome))

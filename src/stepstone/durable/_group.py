@@ -131,7 +131,14 @@ class _Group:
         fut: asyncio.Future[Any] = self.loop.create_future()
         self.pending.append((item, fut))
         first = item[0]
-        self.members.add(first.key if isinstance(first, RunHead) else first)
+        key = first.key if isinstance(first, RunHead) else first
+        self.members.add(key)
+        if len(self.members) == 1 and len(self.pending) == 1 and self.inflight is None:
+            # The group's only run: no other run can join this batch, and the run waits
+            # for it. Written now, on the loop's thread, without the two loop iterations
+            # a batch waits for others (a durable agent turn commits twice).
+            self.flush()
+            return fut
         if not self.scheduled and self.inflight is None:
             self.scheduled = True
             # two iterations on: runs woken in this one and the next (steps that just

@@ -80,11 +80,21 @@ def canonical_hash(value: Any, *, separators: tuple[str, str] = _COMPACT) -> Inp
     Raises:
         SerializationError: ``value`` contains itself (a list holding itself...).
     """
+    encoder = _ENCODERS.get(separators)
+    if encoder is None:
+        encoder = _ENCODERS[separators] = json.JSONEncoder(
+            sort_keys=True, separators=separators, default=_not_plain
+        )
     try:  # plain JSON, the usual case: the text version 1 wrote too
-        text = json.dumps(value, sort_keys=True, separators=separators, default=_not_plain)
+        text = encoder.encode(value)
     except (_NotPlain, TypeError, ValueError):
         return _slow_hash(value, separators)
     return InputHash(_digest(text))
+
+
+#: One encoder per separators (``json.dumps`` with options builds a new one per call, and
+#: a durable agent turn hashes four values).
+_ENCODERS: dict[tuple[str, str], json.JSONEncoder] = {}
 
 
 class _NotPlain(Exception):

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepstone.core._serialization import untag
+from stepstone.durable._agent_journal import AGENT_KIND
 from stepstone.durable._approvals import agent_timeline, agent_view, waiting_calls
-from stepstone.durable._effects import AGENT_KIND
+from stepstone.durable._journal_format import ENTRIES_KIND, expand
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
 from stepstone.durable._operations import OPERATION_ROWS, operation_rows
 from stepstone.durable._queue import existing_queue
@@ -239,11 +240,15 @@ def query_runs(
     offset: int = 0,
     sort: str = "updated",
     now: float | None = None,
+    error_text: str | None = None,
+    queue: str | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Runs matching the filters, most recently updated first (or as ``sort`` says):
     ``(total, page)``.
 
-    ``older_than``/``newer_than`` are ages in seconds since the last commit.
+    ``older_than``/``newer_than`` are ages in seconds since the last commit;
+    ``error_text``: runs whose error (type and message) holds it, in any case;
+    ``queue``: runs submitted to that work queue.
 
     Raises:
         ValueError: a negative ``limit`` or ``offset``, an unknown status or sort.
@@ -263,6 +268,13 @@ def query_runs(
         sort=sort,
         now=now,
     )
+    if error_text:
+        needle = error_text.casefold()
+        out = [h for h in out if needle in _error_words(h).casefold()]
+    if queue is not None:
+        found = existing_queue(store)
+        keys = {e.run_key for e in found.entries(queue, None)} if found is not None else set()
+        out = [h for h in out if h.key in keys]
     page = out[offset : None if limit is None else offset + limit]
     taken = successors(store, page, prefix=prefix or None)
     faults = damaged_runs(store, [h.key for h in page])
@@ -270,6 +282,12 @@ def query_runs(
         run_summary(h, now=now, superseded_by=taken.get(h.key), damaged=faults.get(h.key))
         for h in page
     ]
+
+
+def _error_words(head: RunHead) -> str:
+    """A run's error as one line of text (``type: message``), "" when it has none."""
+    err = _error_of(head)
+    return "" if err is None else f"{err.get('type')}: {err.get('message')}"
 
 
 def _decode(row: JournalRow) -> Any:
@@ -352,12 +370,39 @@ def _operation_entries(seq: int, records: list[Any]) -> list[dict[str, Any]]:
 def salvaged_timeline(found: Salvaged) -> list[dict[str, Any]]:
     """:func:`timeline` of a run read by ``read_salvaged``, each damaged row in its place
     (kind ``"damaged"``, what is wrong with it as its error), to see what is left around
-    it."""
-    entries = timeline(found.rows)
-    if found.damaged:
-        entries += _damaged(found)
-        entries.sort(key=lambda entry: entry["seq"])
-    return entries
+    it. A journal of entries rows (``durable/_journal_format.py``) shows one entry per
+    journal entry, as the first format wrote them, numbered in order."""
+    damaged = [
+        JournalRow(seq, _DAMAGED, None, fault) for seq, fault in sorted(found.damaged.items())
+    ]
+    rows = sorted([*found.rows, *damaged], key=lambda row: row.seq)
+    if not any(row.kind == ENTRIES_KIND for row in rows):
+        rows = [*found.rows, *damaged]  # numbered as stored (a damaged row keeps its seq)
+        return sorted(timeline_of(rows), key=lambda entry: entry["seq"])
+    return timeline_of(expand(rows))
+
+
+_DAMAGED = "\x00damaged"
+
+
+def timeline_of(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
+    """:func:`timeline` of ``rows``, in which rows of kind ``_DAMAGED`` stand for damaged
+    rows (their data says what is wrong)."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.kind != _DAMAGED:
+            out += timeline([row])
+            continue
+        out.append(
+            {
+                "seq": row.seq,
+                "kind": "damaged",
+                "name": None,
+                "payload": None,
+                "error": {"type": "CheckpointCorruptError", "message": row.data},
+            }
+        )
+    return out
 
 
 def _damaged(found: Salvaged) -> list[dict[str, Any]]:

@@ -558,6 +558,17 @@ def _claimer(
                 )
             head, imported = legacy
             drop_kv = True
+            if not resume and head.status in ("claimed", "running"):
+                # An old-format record names no owner: the process that stored it may be
+                # running it still, so a fresh run may not overwrite it.
+                raise ownership_error(
+                    kind,
+                    f"checkpoint_key {key!r} holds a {what} checkpoint in an older format "
+                    f"with status {head.status!r}, run {head.run_uid}; a run in that format "
+                    "names no owner, so it may still be running. Continue it with "
+                    f"resume=True (it is imported and resumed where it stopped), or, once no "
+                    f"process runs it, remove it with store.delete({key!r}) to start over",
+                )
         decision.previous = head
         if head is not None and head.kind != kind:
             unknown = (

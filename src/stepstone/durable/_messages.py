@@ -396,6 +396,20 @@ class StreamReader:
                 await sub.await_change(every if left is None else min(every, left))
 
 
+def stream_items(store: Store, key: str, name: str, start: int, limit: int) -> list[StreamItem]:
+    """Up to ``limit`` values of the stream ``name`` of the run under ``key`` from offset
+    ``start`` on, as stored now (no waiting)."""
+    return [StreamItem.of(e) for e in store.backend.stream_read(key, name, start, limit)]
+
+
+def run_known(store: Store, key: str) -> bool:
+    """Whether ``key`` holds a run, or a queue entry that will start one."""
+    if store.backend.run_get(key) is not None:
+        return True
+    queue = existing_queue(store)
+    return queue is not None and queue.latest_entry(key) is not None
+
+
 def read_stream(
     store: Store,
     key: str,

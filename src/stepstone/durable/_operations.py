@@ -49,6 +49,7 @@ import importlib
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -83,6 +84,8 @@ __all__ = [
     "journaled",
     "operation_rows",
     "rebuild_error",
+    "approve_operation",
+    "pending_operation_approvals",
     "settle_operation",
 ]
 
@@ -97,6 +100,10 @@ Row = tuple[str, str | None, Any]
 #: ``result`` rows).
 OPS = "ops"
 OPERATION_ROWS = (OPS,)
+
+#: Seconds a ``lazy`` outcome (and a call recorded after it ran) waits for the next
+#: operation's commit to take it before it is committed alone.
+LAZY_COMMIT_DELAY = 0.25
 
 
 @dataclasses.dataclass(slots=True)
@@ -159,6 +166,9 @@ class Outcome:
         writes: Store values, ``(key, json_value)``.
         extras: The run's timers, messages consumed, events and stream values
             (:class:`~stepstone.store._extras.ExtraWrites`), written with the outcome.
+        summary: A small JSON dict kept beside the outcome for people (a model turn's
+            model, tokens, cost and tool calls), shown by ``stepstone show`` and the
+            inspector; never replayed.
     """
 
     data: Any
@@ -167,6 +177,7 @@ class Outcome:
     writes: Sequence[tuple[str, Any]] = ()
     has_value: bool = False
     extras: ExtraWrites | None = None
+    summary: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, data: Any, value: Any, **extra: Any) -> Outcome:
@@ -295,12 +306,41 @@ def _collector_paused() -> Iterator[None]:
     rows are tens of thousands of new objects that live on, and on every few hundred of
     them the collector would walk all that were made before (measured: two thirds of the
     time a 10,000-step journal took to decode). Nothing decoded here holds a cycle."""
-    enabled = gc.isenabled()
-    gc.disable()
+    pause_collector()
     try:
         yield
     finally:
-        if enabled:
+        resume_collector()
+
+
+class _Collector:
+    """Pauses of the cyclic garbage collector, counted (runs resumed at once each hold one
+    until they reach their first new operation); it runs again when the last one ends, if
+    it ran before the first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pauses = 0
+        self.was_enabled = False
+
+
+_collector = _Collector()
+
+
+def pause_collector() -> None:
+    """Pause the cyclic garbage collector (see :class:`_Collector`)."""
+    with _collector.lock:
+        if _collector.pauses == 0:
+            _collector.was_enabled = gc.isenabled()
+            gc.disable()
+        _collector.pauses += 1
+
+
+def resume_collector() -> None:
+    """End one :func:`pause_collector`."""
+    with _collector.lock:
+        _collector.pauses -= 1
+        if _collector.pauses == 0 and _collector.was_enabled:
             gc.enable()
 
 
@@ -405,10 +445,26 @@ class OperationJournal:
         self._flushing = False
         self._waiters: list[asyncio.Future[None]] = []
         self._scheduled = False
+        self._lazy: asyncio.TimerHandle | None = None
         self._late: asyncio.Task[None] | None = None
         self._lost: BaseException | None = None
         self._next_step: str | None = run.head.next_step
         self.closed = False
+        self._paused = False  # holds a collector pause while it replays
+
+    def pause_while_replaying(self) -> None:
+        """Pause the cyclic garbage collector until the body reaches its first operation
+        with nothing recorded (or ends): a replay makes few cycles, while the collector,
+        walking the decoded journal over and over, costs a tenth of a long replay."""
+        if not self._paused and self.entries:
+            pause_collector()
+            self._paused = True
+
+    def end_replay(self) -> None:
+        """Resume the collector paused by :meth:`pause_while_replaying`."""
+        if self._paused:
+            self._paused = False
+            resume_collector()
 
     # -- positions -----------------------------------------------------------------------
     def enter(self) -> contextvars.Token[_Cursor | None]:
@@ -516,19 +572,38 @@ class OperationJournal:
         self._appended += 1
         return self._appended
 
-    def soon(self) -> None:
-        """Commit what is buffered within a turn of the event loop, unless an operation's
-        commit takes it first (the usual case: the next step's intent)."""
-        if not self._scheduled and not self.closed:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._commit_late)
+    def soon(self, delay: float = 0.0) -> None:
+        """Commit what is buffered within a turn of the event loop (or, with ``delay``,
+        within that many seconds), unless an operation's commit takes it first (the usual
+        case: the next step's intent)."""
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        if delay <= 0:
+            if not self._scheduled:
+                self._scheduled = True
+                loop.call_soon(self._commit_late)
+        elif self._lazy is None and not self._scheduled:
+            self._lazy = loop.call_later(delay, self._commit_lazily)
 
     def _commit_late(self) -> None:
         self._scheduled = False
+        self._start_late()
+
+    def _commit_lazily(self) -> None:
+        self._lazy = None
+        self._start_late()
+
+    def _start_late(self) -> None:
         pending = self._rows or self._extra or self._writes or self._extras
         if pending and not self._flushing and self._late is None and not self.closed:
             loop = asyncio.get_running_loop()
             self._late = loop.create_task(self._flush_quietly(), context=_BARE.copy())
+
+    def _drop_lazy(self) -> None:
+        if self._lazy is not None:
+            self._lazy.cancel()
+            self._lazy = None
 
     async def _flush_quietly(self) -> None:
         try:
@@ -628,6 +703,7 @@ class OperationJournal:
         """The run's last commit: what is buffered, ``rows``, the terminal ``status`` and
         ``meta`` (waits for a commit in flight first)."""
         self.closed = True
+        self._drop_lazy()
         while self._flushing:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -640,6 +716,7 @@ class OperationJournal:
         """Commit what is buffered (a run stopping without a verdict: cancelled, or its
         process shutting down), best effort."""
         self.closed = True
+        self._drop_lazy()
         try:
             await self.commit()
         except BaseException:  # noqa: BLE001 - what is not committed runs again on resume
@@ -664,6 +741,7 @@ class OperationJournal:
         position: str | None = None,
         found: Entry | object | None = _UNSET,
         describe: Callable[[], dict[str, Any]] | None = None,
+        lazy: bool = False,
     ) -> Any:
         """Run (or replay) the next operation of the calling task.
 
@@ -689,6 +767,10 @@ class OperationJournal:
             position: Use this position (taken with :meth:`position`) instead of the next.
             found: What :meth:`lookup` found at ``position`` (the check is not made again).
             describe: More fields for the intent row (what a view shows).
+            lazy: Leave a value outcome for the next operation's commit for up to
+                :data:`LAZY_COMMIT_DELAY` seconds before committing it alone (code that
+                makes many operations with a little work between them, such as an agent
+                framework's tool loop, then pays one commit per operation).
 
         Returns:
             The value (``invoke``'s, or the recorded one decoded).
@@ -711,6 +793,8 @@ class OperationJournal:
             pos, entry = position, found  # type: ignore[assignment]
         if entry is not None and entry.outcome is not None:
             return self.recorded_value(entry, decode or _same)
+        if self._paused:
+            self.end_replay()  # the first operation past what the journal recorded
         attempt = 1
         if entry is not None:  # started before: in doubt, or a failed run's error
             if not entry.rerun and in_doubt == "fail":
@@ -742,7 +826,7 @@ class OperationJournal:
         self._next_step = f"{pos} {name}"
         await self.commit(self.add("intent", pos, intent))
         return await self._attempts(
-            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait
+            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait, lazy
         )
 
     async def _attempts(
@@ -757,6 +841,7 @@ class OperationJournal:
         retry_delay: float,
         max_retry_delay: float,
         wait: bool,
+        lazy: bool = False,
     ) -> Any:
         idem = self.run.derived_key(f"{pos}:{name}")
         failed = 0
@@ -786,19 +871,24 @@ class OperationJournal:
                 raise
             ms = round((time.perf_counter() - started) * 1000, 3)
             extras = None
+            recorded: dict[str, Any]
             if isinstance(result, Outcome):
                 data, rows, writes = result.data, result.rows, result.writes
                 value = result.value if result.has_value else data
                 extras = result.extras or None
+                recorded = {"value": data}
+                if result.summary:
+                    recorded["summary"] = result.summary
             else:
                 data, value, rows, writes = result, result, (), ()
-            self._record(pos, op, name, {"value": data}, attempt, ms, rows, writes)
+                recorded = {"value": data}
+            self._record(pos, op, name, recorded, attempt, ms, rows, writes)
             if extras is not None:
                 self.add_extras(extras)
             if wait or rows or writes or extras is not None:
                 await self.commit()
             else:
-                self.soon()
+                self.soon(LAZY_COMMIT_DELAY if lazy else 0.0)
             return value
 
     def _record(
@@ -822,6 +912,34 @@ class OperationJournal:
             self.add_row(*row)
         if writes:
             self.add_writes(writes)
+
+    def record_done(
+        self,
+        pos: str,
+        op: str,
+        name: str,
+        args: Any,
+        value: Any,
+        *,
+        ms: float = 0.0,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        """Record at ``pos`` (taken with :meth:`lookup`) an operation that already ran,
+        without committing its intent first: its intent and outcome are buffered and
+        committed with the next operation's intent (or within a turn of the loop). For
+        calls a crash may safely repeat (a read, a validation, an event handed to a
+        handler, a model answer): a crash before that commit runs them again on resume.
+        Committed with the next operation, or alone after :data:`LAZY_COMMIT_DELAY`."""
+        intent: dict[str, Any] = {"op": op, "name": name, "args": args}
+        intent["at"] = round(time.time(), 3)
+        outcome: dict[str, Any] = {"op": op, "name": name, "value": value, "ms": ms}
+        if summary:
+            outcome["summary"] = summary
+        self.entries[pos] = Entry(op, name, intent, outcome)
+        self.done += 1
+        self.add("intent", pos, intent)
+        self.add("outcome", pos, outcome)
+        self.soon(LAZY_COMMIT_DELAY)
 
     def scope(self, key: str) -> DurableScope:
         """The durable scope the body runs in: LLM loops started in it take a position of
@@ -913,6 +1031,8 @@ def operation_rows(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]
             item["value"] = untag(outcome["value"])
         if outcome is not None and "error" in outcome:
             item["error"] = outcome["error"]
+        if outcome is not None and isinstance(outcome.get("summary"), dict):
+            item["summary"] = outcome["summary"]
         if entry.failures:
             item["failed_attempts"] = entry.failures
         for extra in ("key", "in_doubt"):
@@ -1053,6 +1173,127 @@ def settle_operation(
     written = store.backend.run_transact(key, decide)
     assert written is not None
     return written
+
+
+def pending_operation_approvals(head: RunHead, rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
+    """The tool calls a workflow run asked a person about (its ``approval`` operations,
+    recorded by the framework integrations), with their decision when one was given:
+    ``[{"call_id", "tool", "arguments", "position", "decision"}]``, the undecided first."""
+    try:
+        entries, _ = load_entries(head.key, rows)
+    except WorkflowCorruptError:
+        return []
+    out: list[dict[str, Any]] = []
+    for pos, entry in iter_positions(entries):
+        if entry.op != "approval" or entry.outcome is None:
+            continue
+        args = entry.intent.get("args") if isinstance(entry.intent.get("args"), dict) else {}
+        assert isinstance(args, dict)
+        value = entry.outcome.get("value")
+        decision = value.get("decision") if isinstance(value, dict) else None
+        out.append(
+            {
+                "call_id": args.get("call_id"),
+                "tool": args.get("tool", entry.name),
+                "arguments": args.get("arguments"),
+                "position": pos,
+                "decision": decision,
+            }
+        )
+    out.sort(key=lambda c: c["decision"] is not None)
+    return out
+
+
+def approve_operation(
+    store: Store, key: str, call_id: str, decision: bool | str, *, replace: bool = False
+) -> dict[str, Any]:
+    """Record ``decision`` (True, False or a reason) for the tool call ``call_id`` a
+    workflow run asked about: appended as the outcome of its ``approval`` operation, in one
+    transaction with the head, while no process runs it; a run that stopped on the question
+    (failed with ``ApprovalPendingError``) is left ``paused``. Its next run replays the
+    decision.
+
+    Returns:
+        ``{key, run_key, call_id, tool, arguments, decision, previous, changed}``.
+
+    Raises:
+        ApprovalTargetError: the run does not ask about ``call_id`` (the message lists the
+            calls it asks about), it is live, or another decision stands and ``replace``
+            is False.
+    """
+    from stepstone.durable._kernel import ownership_error
+    from stepstone.durable._leases import owner_alive
+    from stepstone.durable._records import read_run
+    from stepstone.exceptions import ApprovalTargetError
+
+    found = read_run(store, key)
+    if found is None:
+        raise ApprovalTargetError(f"no run under key {key!r} in {store!r}")
+    head, rows = found
+    asked = pending_operation_approvals(head, rows)
+    match = next((c for c in asked if c["call_id"] == call_id), None)
+    if match is None:
+        waiting = ", ".join(str(c["call_id"]) for c in asked if c["decision"] is None)
+        raise ApprovalTargetError(
+            f"run {key!r} does not wait for tool call {call_id!r}; "
+            + (f"it waits for {waiting} (pass one of those)" if waiting else "it waits for none")
+        )
+    before = match["decision"]
+    result = {
+        "key": key,
+        "run_key": key,
+        "call_id": call_id,
+        "tool": match["tool"],
+        "arguments": match["arguments"],
+        "decision": decision,
+        "previous": before,
+        "changed": before != decision,
+    }
+    if before == decision:
+        return result
+    if before is not None and not replace:
+        shown = "approved" if before is True else f"denied ({before})"
+        raise ApprovalTargetError(
+            f"tool call {call_id!r} of run {key!r} is already {shown}; nothing was changed. "
+            "Give the decision again with replace=True (`stepstone approve --replace`) to "
+            "change it"
+        )
+    pos = match["position"]
+    entry = load_entries(key, rows)[0][pos]
+    outcome = {
+        "op": "approval",
+        "name": entry.name,
+        "value": {"decision": decision},
+        "settled": {"happened": True, "at": round(time.time(), 3)},
+    }
+    text = json.dumps([["outcome", pos, outcome]], ensure_ascii=False, separators=(",", ":"))
+
+    def decide(cur: RunHead | None, _kv: str | None) -> Claim:
+        if cur is None or cur.version != head.version:
+            raise ownership_error(
+                head.kind, f"run {key!r} changed while the decision was recorded; try again"
+            )
+        now = store.backend.clock()
+        if owner_alive(cur, now=now):
+            raise ApprovalTargetError(f"run {key!r} is live; approve its calls once it stops")
+        error = cur.meta.get("error")
+        asking = (
+            cur.status == "failed"
+            and isinstance(error, dict)
+            and str(error.get("type", "")).endswith("ApprovalPendingError")
+        )
+        meta = {k: v for k, v in cur.meta.items() if not (asking and k == "error")}
+        new = cur.replace(
+            status="paused" if asking else cur.status,
+            version=cur.version + 1,
+            journal_len=cur.journal_len + 1,
+            updated_at=now,
+            meta=meta,
+        )
+        return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
+
+    store.backend.run_transact(key, decide)
+    return result
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

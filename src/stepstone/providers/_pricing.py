@@ -79,6 +79,7 @@ def register_price(
     _REGISTERED[model_prefix] = Price(
         input_per_mtok, output_per_mtok, cache_read_per_mtok, cache_write_per_mtok
     )
+    _PRICES.clear()
 
 
 def _longest(table: dict[str, Price], model: str) -> Price | None:
@@ -159,13 +160,30 @@ def estimate_cost(model: str, usage: Usage, provider: str = "") -> float | None:
     Cached input is priced at the cache-read and cache-write rates; ``usage.input_tokens``
     counts every input token, cached or not.
     """
-    registered = _longest(_REGISTERED, model)
+    found = _PRICES.get((model, provider))
+    if found is None:
+        found = _PRICES[(model, provider)] = _price_of(model, provider)
+    registered, table, builtin = found
     if registered is not None:
         return _from_price(registered, usage)
-    if provider not in _TABLE_PROVIDERS | _ANY_PROVIDER:
-        return None
-    cost = _from_table(model, "" if provider in _ANY_PROVIDER else provider, usage)
-    if cost is not None:
-        return cost
-    builtin = _longest(_BUILTIN, model)
+    if table:
+        cost = _from_table(model, "" if provider in _ANY_PROVIDER else provider, usage)
+        if cost is not None:
+            return cost
     return None if builtin is None else _from_price(builtin, usage)
+
+
+#: Where the price of ``(model, provider)`` comes from: a registered price, whether the
+#: table knows the model, a built-in price (a durable run prices its usage at every
+#: phase: the prefix tables are looked up once). ``register_price`` clears it.
+_PRICES: dict[tuple[str, str], tuple[Price | None, bool, Price | None]] = {}
+
+
+def _price_of(model: str, provider: str) -> tuple[Price | None, bool, Price | None]:
+    registered = _longest(_REGISTERED, model)
+    if registered is not None:
+        return registered, False, None
+    if provider not in _TABLE_PROVIDERS | _ANY_PROVIDER:
+        return None, False, None
+    table = _table_knows(model, "" if provider in _ANY_PROVIDER else provider)
+    return None, table, _longest(_BUILTIN, model)

@@ -159,8 +159,17 @@ class Usage:
         self.reasoning_tokens += other.reasoning_tokens
 
     def to_dict(self) -> dict[str, int]:
-        """A JSON-ready dict of the counts."""
-        return dataclasses.asdict(self)
+        """A JSON-ready dict of the counts (in field order)."""
+        # Written out: ``dataclasses.asdict`` deep-copies every field, and a durable run
+        # asks for this several times a turn.
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "requests": self.requests,
+        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

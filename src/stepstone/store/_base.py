@@ -20,6 +20,7 @@ from stepstone.core._serialization import compact_encoder
 from stepstone.exceptions import CheckpointCorruptError, StoreError
 from stepstone.store._changes import ChangeFeed
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
+from stepstone.store._webhooks import WebhookRecord
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -531,6 +532,33 @@ class Backend(abc.ABC):
     def timers(self, run_key: str | None) -> list[Timer]:
         """The timers of ``run_key`` (None: of every run), by run key and name."""
         raise self._no_extras()
+
+    # -- the webhook outbox (store/_webhooks.py) -------------------------------------------
+    def webhook_add(self, record: WebhookRecord) -> bool:
+        """Store ``record`` unless a delivery with its id exists; whether it was stored."""
+        raise self._no_webhooks()
+
+    def webhook_get(self, id: str) -> WebhookRecord | None:
+        """The delivery ``id``, or None."""
+        raise self._no_webhooks()
+
+    def webhook_list(
+        self, run_key: str | None, statuses: Collection[str] | None = None
+    ) -> list[WebhookRecord]:
+        """Deliveries of ``run_key`` (None: every run) whose status is in ``statuses``
+        (None: any), by creation time and id."""
+        raise self._no_webhooks()
+
+    def webhook_update(self, record: WebhookRecord, expected_version: int) -> bool:
+        """Replace the stored delivery ``record.id`` with ``record`` if its version is
+        still ``expected_version`` (one transaction); whether it was replaced."""
+        raise self._no_webhooks()
+
+    def _no_webhooks(self) -> StoreError:
+        return StoreError(
+            f"store {self.describe()} ({type(self).__name__}) keeps no webhook outbox; use "
+            "Store(), Store(db=...) or Store(url='postgresql://...')"
+        )
 
     def changes(self) -> ChangeFeed:
         """The feed that wakes this process's waiters on this store's changes

@@ -11,6 +11,7 @@ from stepstone.exceptions import CorruptRecordError, StoreError, StoreKeyConflic
 from stepstone.store._base import Backend, Decide, JournalRow, RunHead
 from stepstone.store._changes import ChangeFeed, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
+from stepstone.store._webhooks import WebhookRecord
 
 __all__ = ["MemoryBackend", "consumed_already", "run_key_conflict"]
 
@@ -51,6 +52,7 @@ class MemoryBackend(Backend):
         self._message_ids = 0
         self._events: dict[str, dict[str, EventValue]] = {}
         self._streams: dict[str, dict[str, list[StreamEntry]]] = {}
+        self._webhooks: dict[str, WebhookRecord] = {}
         # every waiter is in this process: each change wakes its waiters at once
         self._feed = ChangeFeed(poll=1.0)
 
@@ -263,6 +265,41 @@ class MemoryBackend(Backend):
             )
         self._feed.publish(run_topic(run_key))
 
+    def webhook_add(self, record: WebhookRecord) -> bool:
+        with self._lock:
+            self._refuse_closed()
+            if record.id in self._webhooks:
+                return False
+            self._webhooks[record.id] = record
+            return True
+
+    def webhook_get(self, id: str) -> WebhookRecord | None:
+        with self._lock:
+            self._refuse_closed()
+            return self._webhooks.get(id)
+
+    def webhook_list(
+        self, run_key: str | None, statuses: Collection[str] | None = None
+    ) -> list[WebhookRecord]:
+        with self._lock:
+            self._refuse_closed()
+            found = [
+                r
+                for r in self._webhooks.values()
+                if (run_key is None or r.run_key == run_key)
+                and (statuses is None or r.status in statuses)
+            ]
+        return sorted(found, key=lambda r: (r.created_at, r.id))
+
+    def webhook_update(self, record: WebhookRecord, expected_version: int) -> bool:
+        with self._lock:
+            self._refuse_closed()
+            stored = self._webhooks.get(record.id)
+            if stored is None or stored.version != expected_version:
+                return False
+            self._webhooks[record.id] = record
+            return True
+
     def event_get(self, run_key: str, name: str) -> EventValue | None:
         with self._lock:
             self._refuse_closed()
@@ -341,6 +378,7 @@ class MemoryBackend(Backend):
             self._closed = True
             self._kv, self._runs, self._journal = {}, {}, {}
             self._timers, self._events, self._streams = {}, {}, {}
+            self._webhooks = {}
             self._messages, self._run_messages = {}, {}
 
     def describe(self) -> str:

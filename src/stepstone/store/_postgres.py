@@ -58,6 +58,7 @@ from stepstone.store._base import (
 from stepstone.store._changes import CHANNEL, ChangeFeed, ListeningFeed
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._memory import consumed_already, run_key_conflict
+from stepstone.store._webhooks import WEBHOOK_COLUMNS, WebhookRecord
 
 try:
     import psycopg
@@ -1109,6 +1110,74 @@ class PostgresBackend(Backend):
             lambda cur: cur.execute(_EVENT_SQL, (run_key, name, data, self.clock())),
         )
 
+    # -- the webhook outbox (store/_webhooks.py) ------------------------------------------
+    def webhook_add(self, record: WebhookRecord) -> bool:
+        self._refuse_if_read_only()
+        # Idempotent: sent again after a lost answer, it finds its own row and adds nothing
+        # (the answer then says False; the row is there either way).
+        count = self._read(
+            "record a webhook",
+            lambda cur: (
+                cur.execute(
+                    f"INSERT INTO stepstone_webhooks ({_WEBHOOK_COLS}) "
+                    f"VALUES ({', '.join(['%s'] * len(WEBHOOK_COLUMNS))}) "
+                    "ON CONFLICT (id) DO NOTHING",
+                    record.row(),
+                ).rowcount
+            ),
+        )
+        return bool(count == 1)
+
+    def webhook_get(self, id: str) -> WebhookRecord | None:
+        row = self._read(
+            "read a webhook",
+            lambda cur: cur.execute(
+                f"SELECT {_WEBHOOK_COLS} FROM stepstone_webhooks WHERE id = %s", (id,)
+            ).fetchone(),
+        )
+        return None if row is None else WebhookRecord.of(row)
+
+    def webhook_list(
+        self, run_key: str | None, statuses: Collection[str] | None = None
+    ) -> list[WebhookRecord]:
+        if statuses is not None and not statuses:
+            return []
+        where: list[str] = []
+        params: list[Any] = []
+        if run_key is not None:
+            where.append("run_key = %s")
+            params.append(run_key)
+        if statuses is not None:
+            where.append("status = ANY(%s)")
+            params.append(list(statuses))
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._read(
+            "list webhooks",
+            lambda cur: cur.execute(
+                f"SELECT {_WEBHOOK_COLS} FROM stepstone_webhooks{clause} ORDER BY created_at, id",
+                params,
+            ).fetchall(),
+        )
+        return [WebhookRecord.of(row) for row in rows]
+
+    def webhook_update(self, record: WebhookRecord, expected_version: int) -> bool:
+        self._refuse_if_read_only()
+        names = WEBHOOK_COLUMNS[1:]
+        sets = ", ".join(f"{n} = %s" for n in names)
+        # Sent again after a lost answer, a change that landed finds the new version: it
+        # counts as done when the row is exactly the record (the same change).
+        found = self._read(
+            "update a webhook",
+            lambda cur: cur.execute(
+                f"UPDATE stepstone_webhooks SET {sets} WHERE id = %s AND version = %s "
+                f"RETURNING {_WEBHOOK_COLS}",
+                (*record.row()[1:], record.id, expected_version),
+            ).fetchone(),
+        )
+        if found is not None:
+            return True
+        return self.webhook_get(record.id) == record
+
     def event_get(self, run_key: str, name: str) -> EventValue | None:
         row = self._read(
             "read an event",
@@ -1272,3 +1341,6 @@ def _fresh_claim(decide: Decide) -> Claim | None:
     if guess is None or guess.rows or guess.drop_kv:
         return None
     return guess
+
+
+_WEBHOOK_COLS = ", ".join(WEBHOOK_COLUMNS)

@@ -428,6 +428,27 @@ MIGRATIONS: list[str] = [
         updated_at DOUBLE PRECISION NOT NULL
     );
     """,
+    # The webhook outbox (store/_webhooks.py): deliveries a server owes, by id.
+    """
+    CREATE TABLE stepstone_webhooks (
+        id TEXT COLLATE "C" PRIMARY KEY,
+        run_key TEXT COLLATE "C" NOT NULL,
+        url TEXT NOT NULL,
+        event TEXT NOT NULL,
+        status TEXT NOT NULL,
+        payload TEXT,
+        attempts BIGINT NOT NULL,
+        next_at DOUBLE PRECISION NOT NULL,
+        lease_until DOUBLE PRECISION NOT NULL,
+        owner TEXT,
+        log TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        version BIGINT NOT NULL
+    );
+    CREATE INDEX stepstone_webhooks_run ON stepstone_webhooks (run_key, created_at);
+    CREATE INDEX stepstone_webhooks_open ON stepstone_webhooks (status, next_at);
+    """,
 ]
 
 #: When the work a journal row records started and when its commit was made (database

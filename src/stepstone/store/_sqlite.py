@@ -67,6 +67,7 @@ from stepstone.store._sqlite_rows import (
     timer_crc,
 )
 from stepstone.store._sqlite_wal import WalTender, wal_damage
+from stepstone.store._webhooks import WEBHOOK_COLUMNS, WebhookRecord
 
 __all__ = ["JOURNAL_TIMES", "MIGRATIONS", "SCHEMA", "TIMES_VERSION", "SQLiteBackend", "publish"]
 
@@ -113,6 +114,28 @@ _EXTRAS = """
         crc INTEGER,
         PRIMARY KEY (run_key, name, pos)
     );
+"""
+
+#: The webhook outbox (``store/_webhooks.py``): deliveries a server owes, by id.
+_WEBHOOKS = """
+    CREATE TABLE stepstone_webhooks (
+        id TEXT PRIMARY KEY,
+        run_key TEXT NOT NULL,
+        url TEXT NOT NULL,
+        event TEXT NOT NULL,
+        status TEXT NOT NULL,
+        payload TEXT,
+        attempts INTEGER NOT NULL,
+        next_at REAL NOT NULL,
+        lease_until REAL NOT NULL,
+        owner TEXT,
+        log TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        version INTEGER NOT NULL
+    );
+    CREATE INDEX stepstone_webhooks_run ON stepstone_webhooks (run_key, created_at);
+    CREATE INDEX stepstone_webhooks_open ON stepstone_webhooks (status, next_at);
 """
 
 #: Schema changes in order; the list index + 1 is the schema version recorded in
@@ -170,6 +193,8 @@ MIGRATIONS: list[str] = [
     + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal"),
     # Version 4: timers, messages, events and streams (_EXTRAS).
     _EXTRAS,
+    # The webhook outbox (_WEBHOOKS; its version: _WEBHOOKS_VERSION).
+    _WEBHOOKS,
 ]
 
 #: When the work a journal row records started and when its commit was made (database
@@ -223,6 +248,7 @@ SCHEMA = (
 """
     + crc_triggers("stepstone_kv", "stepstone_runs", "stepstone_journal")
     + _EXTRAS
+    + _WEBHOOKS
 )
 
 _TABLES = ("stepstone_kv", "stepstone_runs", "stepstone_journal")
@@ -236,6 +262,15 @@ _EXTRA_TABLES: dict[str, tuple[str, ...]] = {
     "stepstone_messages": ("id", "run_key", "topic", "data", "sent_at", "consumed_at", "crc"),
     "stepstone_events": ("run_key", "name", "data", "updated_at", "crc"),
     "stepstone_streams": ("run_key", "name", "pos", "data", "attempt", "written_at", "crc"),
+}
+
+#: The schema version from which a store keeps the webhook outbox.
+_WEBHOOKS_VERSION = MIGRATIONS.index(_WEBHOOKS) + 1
+
+#: Tables added after version 3, by the version that added them, with their columns.
+_ADDED_TABLES: dict[int, dict[str, tuple[str, ...]]] = {
+    _EXTRAS_VERSION: _EXTRA_TABLES,
+    _WEBHOOKS_VERSION: {"stepstone_webhooks": WEBHOOK_COLUMNS},
 }
 
 #: The change feed of each store file this process opened (``store/_changes.py``): every
@@ -261,6 +296,7 @@ def publish(path: Path, topic: str) -> None:
 _LEGACY_TABLES: dict[int, tuple[str, str, str]] = {1: ("kv", "runs", "journal")}
 
 _HEAD_COLS = ", ".join(HEAD_COLUMNS)
+_WEBHOOK_COLS = ", ".join(WEBHOOK_COLUMNS)
 
 #: The columns of the kv, runs and journal tables, as every schema version has them
 #: (version :data:`_CRC_VERSION` adds ``crc`` to each: :func:`_columns_of`).
@@ -433,6 +469,7 @@ class SQLiteBackend(Backend):
         self._checksums = True  # rows carry a crc: every store but an older one read-only
         self._times = True  # journal rows carry their times: likewise
         self._extras = True  # timers, messages...: every store but an older one read-only
+        self._webhooks = True  # the webhook outbox: likewise
         with _FEEDS_LOCK:
             feed = _FEEDS.get(str(self.path.resolve()))
             if feed is None:
@@ -642,6 +679,7 @@ class SQLiteBackend(Backend):
         self._checksums = version >= _CRC_VERSION
         self._times = version >= TIMES_VERSION
         self._extras = version >= _EXTRAS_VERSION
+        self._webhooks = version >= _WEBHOOKS_VERSION
 
     def close(self) -> None:
         self._closed = True
@@ -1093,6 +1131,70 @@ class SQLiteBackend(Backend):
             _put_event(conn, run_key, name, data, time.time())
         self._feed.publish(run_topic(run_key))
 
+    # -- the webhook outbox (store/_webhooks.py) ------------------------------------------
+    @file_errors
+    def webhook_add(self, record: WebhookRecord) -> bool:
+        if not self._webhooks:
+            raise self._no_webhooks()
+        with self._tx() as conn:
+            cur = conn.execute(
+                f"INSERT OR IGNORE INTO stepstone_webhooks ({_WEBHOOK_COLS}) "
+                f"VALUES ({', '.join('?' * len(WEBHOOK_COLUMNS))})",
+                record.row(),
+            )
+            return cur.rowcount == 1
+
+    @file_errors
+    def webhook_get(self, id: str) -> WebhookRecord | None:
+        if not self._webhooks:
+            return None
+        row = (
+            self._conn()
+            .execute(f"SELECT {_WEBHOOK_COLS} FROM stepstone_webhooks WHERE id = ?", (id,))
+            .fetchone()
+        )
+        return None if row is None else WebhookRecord.of(row)
+
+    @file_errors
+    def webhook_list(
+        self, run_key: str | None, statuses: Collection[str] | None = None
+    ) -> list[WebhookRecord]:
+        if not self._webhooks:
+            return []
+        where: list[str] = []
+        params: list[Any] = []
+        if run_key is not None:
+            where.append("run_key = ?")
+            params.append(run_key)
+        if statuses is not None:
+            if not statuses:
+                return []
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
+            params += list(statuses)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT {_WEBHOOK_COLS} FROM stepstone_webhooks{clause} ORDER BY created_at, id",
+                params,
+            )
+            .fetchall()
+        )
+        return [WebhookRecord.of(row) for row in rows]
+
+    @file_errors
+    def webhook_update(self, record: WebhookRecord, expected_version: int) -> bool:
+        if not self._webhooks:
+            raise self._no_webhooks()
+        names = WEBHOOK_COLUMNS[1:]
+        with self._tx() as conn:
+            cur = conn.execute(
+                f"UPDATE stepstone_webhooks SET {', '.join(f'{n} = ?' for n in names)} "
+                "WHERE id = ? AND version = ?",
+                (*record.row()[1:], record.id, expected_version),
+            )
+            return cur.rowcount == 1
+
     @staticmethod
     def _event(key: str, row: Sequence[Any]) -> EventValue:
         name, data, updated_at, crc = row
@@ -1272,13 +1374,14 @@ def _check_layout(conn: sqlite3.Connection, version: int, path: Path) -> None:
         name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
     tables = _tables_of(version) if version else ()
-    extras = _EXTRA_TABLES if version >= _EXTRAS_VERSION else {}
+    extras = {t: c for v, added in _ADDED_TABLES.items() if v <= version for t, c in added.items()}
+    every_added = {t for added in _ADDED_TABLES.values() for t in added}
     expected = set(tables) | set(extras)
     later = {t for v in range(version + 1, len(MIGRATIONS) + 1) for t in _tables_of(v)}
-    later = (later | set(_EXTRA_TABLES)) - expected
+    later = (later | every_added) - expected
     missing, extra = expected - present, later & present
     if version == 0:
-        extra = (set(_TABLES) | set(_EXTRA_TABLES)) & present
+        extra = (set(_TABLES) | every_added) & present
     if not missing and not extra:
         checks = [*zip(tables, _columns_of(version), strict=False), *extras.items()]
         for table, columns in checks:

@@ -132,14 +132,68 @@ def _retry_headers(retry_after: float | None) -> dict[str, str]:
 
 
 class OpenAIDialect(Dialect):
-    """Chat Completions (``POST /v1/chat/completions``), JSON and SSE."""
+    """Chat Completions (``POST /v1/chat/completions``), JSON and SSE; and the Responses
+    API (``POST /v1/responses``) as JSON, for SDKs whose default OpenAI model speaks it."""
 
     name = "openai"
 
     def base_url(self, server_url: str) -> str:
         return server_url + "/v1"
 
+    def _responses(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
+        """An answer of the Responses API (not streamed: a streamed request gets a 400)."""
+        if self.wants_stream(request):
+            return Respond(
+                status=400,
+                body={"error": {"message": "the loopback server streams Chat Completions only"}},
+            )
+        usage = self._usage(reply)
+        output: list[dict[str, Any]] = []
+        if reply.text:
+            output.append(
+                {
+                    "type": "message",
+                    "id": "msg_loopback",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": reply.text, "annotations": []}],
+                }
+            )
+        for i, c in enumerate(reply.tool_calls):
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{i}",
+                    "call_id": c.id or f"call_{i}",
+                    "name": c.name,
+                    "arguments": self._args(c),
+                    "status": "completed",
+                }
+            )
+        return Respond(
+            body={
+                "id": "resp_loopback",
+                "object": "response",
+                "created_at": 0,
+                "model": model,
+                "status": "completed",
+                "output": output,
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
+                "usage": {
+                    "input_tokens": usage.input_tokens,
+                    "input_tokens_details": {"cached_tokens": usage.cache_read_tokens},
+                    "output_tokens": usage.output_tokens,
+                    "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+                    "total_tokens": usage.input_tokens + usage.output_tokens,
+                },
+            }
+        )
+
     def render(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
+        if request.path.rstrip("/").endswith("/responses"):
+            return self._responses(reply, request, model)
         usage = self._usage(reply)
         usage_json: dict[str, Any] = {
             "prompt_tokens": usage.input_tokens,

@@ -30,6 +30,7 @@ import json
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from stepstone.testing._dialects import (
@@ -55,6 +56,9 @@ class LoopbackServer:
         latency: Seconds to wait before every answer (simulated network + model time).
         model: The model id reported in responses.
         default: Item used when the script is empty (None: answer 418 "script exhausted").
+        respond: Computes the item for a request when the script is empty (a function of
+            the :class:`RecordedRequest`, e.g. of how many tool results its messages
+            hold), so a client that sends a request again gets the same answer.
     """
 
     def __init__(
@@ -64,8 +68,10 @@ class LoopbackServer:
         latency: float = 0.0,
         model: str = "loopback-model",
         default: Any = None,
+        respond: Callable[[RecordedRequest], Any] | None = None,
     ) -> None:
         self.dialect = dialect or OpenAIDialect()
+        self.respond = respond
         self.latency = latency
         self.model = model
         self.default = default
@@ -177,6 +183,8 @@ class LoopbackServer:
         with self._lock:
             self.requests.append(request)
             item = self._script.popleft() if self._script else self.default
+        if item is None and self.respond is not None:
+            item = self.respond(request)
         if item is None:
             return Respond(status=418, body={"error": {"message": "loopback script exhausted"}})
         if isinstance(item, Respond | SSE | Hang | Reset):

@@ -1,24 +1,20 @@
-"""A local web inspector for durable runs (``stepstone ui``).
+"""A local web inspector for durable runs (``stepstone ui``): the pages of
+``stepstone serve`` (:mod:`stepstone.server`), served read-only unless actions are allowed.
 
-It needs nothing beyond the standard library: a threaded WSGI server bound to 127.0.0.1
-serves static files shipped in this package and a small JSON API over a
-:class:`~stepstone.Store`. The page lists runs with filters, shows each run's timeline
-(payloads, errors) and refreshes while runs progress. It is read-only unless started with
-``allow_actions=True``.
+It needs the ``server`` extra. The page lists runs with filters, shows each run's
+timeline (payloads, errors, step times), follows its streams live, and compares two runs.
 
 Example::
 
     from stepstone import Store
     from stepstone.ui import InspectorServer
 
-    with InspectorServer(Store(db="runs.sqlite")) as server:
+    with InspectorServer(Store(db="runs.sqlite"), port=0).start() as server:
         print("open", server.url)
-        server.serve_forever()
 """
 
 from __future__ import annotations
 
-from stepstone.ui._app import InspectorApp
 from stepstone.ui._server import InspectorServer
 
-__all__ = ["InspectorApp", "InspectorServer"]
+__all__ = ["InspectorServer"]

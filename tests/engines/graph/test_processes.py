@@ -33,6 +33,20 @@ def _committed_ticks(db: Path) -> list[int]:
         cp.close()
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _ran_ticks(proc: subprocess.Popen[bytes], log: Path, ticks: int) -> bool:
+    """Wait until ``proc`` logged ``ticks`` more tick executions; False if it exited first."""
+    start = _lines(log)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and _lines(log) < start + ticks:
+        assert time.monotonic() < deadline, "the worker ran no tick for a minute"
+        time.sleep(0.005)
+    return proc.poll() is None
+
+
 @pytest.mark.crash
 def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
     # guarantee 106, 109, 110: every committed node ran exactly once; nothing committed is lost
@@ -49,12 +63,12 @@ def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
             bufsize=0,  # readline() below must not read ahead of what communicate() gets
         )
         assert proc.stdout is not None
-        # The kill delay counts from the worker being ready (imports take seconds on a
-        # loaded machine), so every attempt gets to run some nodes.
+        # The kill comes a few ticks after the worker is ready (imports take seconds on a
+        # loaded machine) and a moment more, so every attempt gets to run some nodes.
         proc.stdout.readline()
-        try:
-            out, err = proc.communicate(timeout=rng.uniform(0.25, 0.6))
-        except subprocess.TimeoutExpired:
+        if _ran_ticks(proc, log, rng.randint(2, 6)):
+            time.sleep(rng.uniform(0, 0.05))
+        if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.communicate()
             kills += 1
@@ -68,6 +82,7 @@ def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
             )
             in_flight |= {n for n in logged if n not in committed}
             continue
+        out, err = proc.communicate()
         assert proc.returncode == 0, err.decode()
         assert b"DONE" in out
         break
@@ -97,15 +112,19 @@ def test_two_processes_resuming_one_record(tmp_path: Path) -> None:
     inv = info.value.invocation_id or ""
     cp.close()
     cmd = [sys.executable, str(WORKER), "resume", str(db), str(log)]
-    # each tick of the first resume sleeps 1.5 s, so it is still running while the second
-    # process starts (its imports alone take a second or more on a loaded machine)
-    first = subprocess.Popen([*cmd, inv, "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 20
+    # the first resume is stopped (SIGSTOP: alive, holding the record) after its first
+    # tick, so it is still running however long the second process takes to start
+    first = subprocess.Popen([*cmd, inv, "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
     while f" {first.pid}" not in (log.read_text() if log.exists() else ""):
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    second = subprocess.run([*cmd, inv, "0"], capture_output=True, timeout=60)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run([*cmd, inv, "0"], capture_output=True, timeout=60)
+    finally:
+        first.send_signal(signal.SIGCONT)
     out1, err1 = first.communicate(timeout=60)
     assert second.returncode == 3, second.stderr.decode()
     assert b"REFUSED" in second.stdout and inv.encode() in second.stdout

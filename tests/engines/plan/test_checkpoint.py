@@ -478,6 +478,55 @@ def test_v1_checkpoint_without_history_resumes_and_aggregator_falls_back(store: 
     assert state["completed_steps"][-1] == "after"
 
 
+@pytest.mark.parametrize("status", ["running", "claimed"])
+def test_an_old_format_running_checkpoint_is_not_overwritten_by_a_fresh_run(
+    store: Store, status: str
+) -> None:
+    # guarantee 404: before, a resume=False run claimed the key over it without a word
+    old = {
+        "next_step": "transform",
+        "kv": {"raw": "old-raw"},
+        "completed_steps": ["extract"],
+        "status": status,
+        "run_uid": "0ld",
+        "checkpoint_version": 2,
+        "history": [],
+    }
+    store.write("etl", old)
+    c = Counter()
+    with pytest.raises(ConcurrentPlanRunError) as caught:
+        run(etl_plan(store, c))
+    message = str(caught.value)
+    assert (
+        f"checkpoint_key 'etl' holds a Plan checkpoint in an older format with status {status!r}"
+        in message
+    )
+    assert "resume=True" in message and "store.delete('etl')" in message
+    assert c.calls == {} and store.read("etl") == old  # nothing ran, nothing was written
+    env = run(etl_plan(store, c, resume=True))  # the fix: it is imported and continued
+    assert env.ok and "extract" not in c.calls
+    assert store.read("etl")["kv"]["raw"] == "old-raw"
+
+
+def test_an_old_format_failed_checkpoint_is_started_over_by_a_fresh_run(store: Store) -> None:
+    # guarantee 404: only claimed and running ones may have a live writer
+    store.write(
+        "etl",
+        {
+            "next_step": "transform",
+            "kv": {"raw": "old"},
+            "completed_steps": ["extract"],
+            "status": "failed",
+            "run_uid": "0ld",
+            "checkpoint_version": 2,
+            "history": [],
+        },
+    )
+    c = Counter()
+    assert run(etl_plan(store, c)).ok and c.calls["extract"] == 1
+    assert store.read("etl")["kv"]["raw"] == "extract(batch)"
+
+
 # -- concurrency ---------------------------------------------------------------------------
 
 
@@ -627,7 +676,7 @@ def loop_plan(
 
 
 def test_loop_resume_continues_iteration_counter(store: Store) -> None:
-    # guarantee 32, 59
+    # guarantee 59, 130
     counter = {"n": 0}
     assert not run(loop_plan(store, counter, crash_at=3)).ok
     # the counter counts routed re-visits that completed: work(n=2); not the failed n=3
@@ -638,7 +687,7 @@ def test_loop_resume_continues_iteration_counter(store: Store) -> None:
 
 
 def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) -> None:
-    # guarantee 32, 33 + known fault: the counter restarting on resume
+    # guarantee 33, 130 + known fault: the counter restarting on resume
     counter = {"n": 0}
     env = run(loop_plan(store, counter, crash_at=2, max_iterations=2))
     assert not env.ok
@@ -651,6 +700,33 @@ def test_max_iterations_is_an_error_and_resume_cannot_exceed_it(store: Store) ->
     # work ran: n=1 (first visit), n=2 (re-visit, failed: not counted), after the resume
     # n=3 and n=4 (re-visits 1 and 2 = the cap); the third re-visit is refused
     assert counter["n"] == 4
+
+
+MAX_ITERATIONS_RULE = (
+    "`max_iterations` (default 100) caps routed re-visits: each time a step, or a parallel "
+    "band counted once, completes again after it already completed in the run; first visits "
+    "and failed or paused attempts never count, and a resumed run goes on counting from its "
+    "journal."
+)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("``", "`").split())
+
+
+def test_max_iterations_has_one_rule_said_the_same_everywhere(store: Store) -> None:
+    # guarantee 130: before, guarantee 32 said it counted every executed step
+    root = Path(__file__).resolve().parents[3]
+    guarantees = (root / "docs" / "guarantees.md").read_text("utf-8")
+    assert MAX_ITERATIONS_RULE in _flat(
+        re.search(r"^130\. .*?(?=^\d+\. )", guarantees, re.M | re.S)[0]
+    )
+    assert re.search(r"^32\. Withdrawn\b", guarantees, re.M)
+    assert MAX_ITERATIONS_RULE in _flat((root / "docs" / "plans.md").read_text("utf-8"))
+    assert MAX_ITERATIONS_RULE in _flat((Plan.__doc__ or "") + (Plan.__init__.__doc__ or ""))
+    # the rule, run: a straight plan longer than the cap finishes
+    steps = [Step(Counter().step(f"s{i}")) for i in range(5)]
+    assert run(Plan(*steps, store=store, checkpoint_key="long", max_iterations=1)).ok
 
 
 # -- stale checkpoints, corruption, conflicts ---------------------------------------------

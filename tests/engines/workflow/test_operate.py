@@ -196,13 +196,10 @@ def test_the_inspector_api_shows_a_workflow_runs_steps(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_inspector_page_shows_a_workflow_runs_steps(tmp_path: Path) -> None:
+def test_the_inspector_page_shows_a_workflow_runs_steps(tmp_path: Path, chromium: Any) -> None:
     # guarantee 485
-    from playwright.sync_api import sync_playwright
+    from tests.operate._browser import share
 
-    from tests.operate._browser import ARGS, chromium_or_skip, share
-
-    executable = chromium_or_skip()
     shots = tmp_path / "shots"
     shots.mkdir()
     with Store(db=tmp_path / "b.sqlite") as store:
@@ -211,14 +208,8 @@ def test_the_inspector_page_shows_a_workflow_runs_steps(tmp_path: Path) -> None:
         )
         worker.start()
         worker.join(60)
-        with InspectorServer(store, port=0).start() as server, sync_playwright() as pw:
-            context = pw.chromium.launch_persistent_context(
-                str(tmp_path / "profile"),
-                executable_path=executable,
-                headless=True,
-                args=ARGS,
-                viewport={"width": 1280, "height": 800},
-            )
+        with InspectorServer(store, port=0).start() as server:
+            context = chromium.new_context(viewport={"width": 1280, "height": 800})
             try:
                 page = context.new_page()
                 page.set_default_timeout(60_000)

@@ -777,3 +777,30 @@ async def test_a_step_called_after_its_run_ended_is_refused(store: Store) -> Non
     with pytest.raises(RuntimeError, match="has ended"):
         await LEAKED[0]
     assert store.read("leak")["status"] == "done" and len(store.read("leak")["steps"]) == 1
+
+
+def test_stepstone_settle_lists_and_settles_a_workflow_step_in_doubt(tmp_path: Path) -> None:
+    # guarantee 491: the generic settle (Python and `stepstone settle`) reaches workflow steps
+    from typer.testing import CliRunner
+
+    from stepstone.cli import app
+    from stepstone.durable import in_doubt_effects
+
+    db = tmp_path / "settle.sqlite"
+    with Store(db=db) as store:
+        FAIL["die_in_step"] = True
+        with pytest.raises(KeyboardInterrupt):
+            pays.using(store=store, key="cli").run_sync("o", "fail")
+        FAIL.clear()
+        with pytest.raises(EffectInDoubtError):
+            pays.using(store=store, key="cli").run_sync("o", "fail")
+        (doubt,) = in_doubt_effects(store, "cli")
+        assert (doubt["position"], doubt["name"]) == ("0", "pay_once")
+    cli = CliRunner(env={"COLUMNS": "200"})
+    argv = ["settle", "cli", "0", "--happened", "--result", "paid by hand", "--db", str(db)]
+    out = cli.invoke(app, argv)
+    assert out.exit_code == 0, out.output
+    with Store(db=db) as store:
+        CALLS.clear()
+        assert pays.using(store=store, key="cli").run_sync("o", "fail") == "paid by hand"
+        assert CALLS == []

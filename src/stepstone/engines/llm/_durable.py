@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from typing import Any
@@ -17,6 +16,14 @@ from pydantic import BaseModel
 
 from stepstone.core import Envelope, ErrorInfo, RunContext, RunLocation, payload_text
 from stepstone.core._serialization import to_json_value
+from stepstone.durable._agent_journal import (
+    AGENT_KIND,
+    AgentJournal,
+    AgentLog,
+    corrupt_agent_run,
+    normalize_record,
+    validate_record,
+)
 from stepstone.durable._approvals import (
     applied_decisions,
     check_approvals,
@@ -24,17 +31,12 @@ from stepstone.durable._approvals import (
     recorded_approvals,
     refusal_text,
 )
-from stepstone.durable._effects import (
-    AGENT_KIND,
-    SCHEMA_VERSION,
-    DurableScope,
-    EffectJournal,
-    JournalContents,
-    corrupt_agent_run,
-)
-from stepstone.durable._kernel import claim_run, describe_owner
+from stepstone.durable._effects import DurableScope
+from stepstone.durable._journal_format import read_entries
+from stepstone.durable._kernel import OwnedRun, claim_run, describe_owner
 from stepstone.durable._leases import owner_alive
 from stepstone.durable._records import read_run as kernel_read_run
+from stepstone.durable._settle import settled_since_last_phase
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._hooks import AgentPaused, JournaledEffects, LoopHooks
 from stepstone.engines.llm._output import type_adapter, wants_structured
@@ -53,8 +55,8 @@ from stepstone.store._store import Store
 __all__ = [
     "DurableSettings",
     "agent_view",
-    "latest_record",
     "normalize_record",
+    "latest_record",
     "read_run",
     "location_key",
     "run_at_location",
@@ -63,7 +65,6 @@ __all__ = [
 ]
 
 TERMINAL_STATES = ("completed", "failed", "cancelled")
-_REQUIRED = ("run_id", "thread_id", "phase", "payload")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,65 +78,23 @@ class DurableSettings:
     flush_interval_s: float = 0.05
 
 
-def normalize_record(record: Any) -> Any:
-    """Bring an older checkpoint record to the current shape (before validation).
-
-    Older records used ``ts`` (seconds) for ``timestamp_ms`` and ``data`` for ``payload``
-    and had no ``schema_version``.
-    """
-    if not isinstance(record, dict):
-        return record
-    out = dict(record)
-    if "payload" not in out and isinstance(out.get("data"), dict):
-        out["payload"] = out.pop("data")
-    if "timestamp_ms" not in out and isinstance(out.get("ts"), int | float):
-        out["timestamp_ms"] = int(out.pop("ts") * 1000)
-    out.setdefault("schema_version", SCHEMA_VERSION)
-    return out
-
-
-def _validate(key: str, record: Any) -> dict[str, Any]:
-    record = normalize_record(record)
-    if not isinstance(record, dict):
-        raise AgentCheckpointCorruptionError(
-            f"checkpoint {key!r}: the latest record is a {type(record).__name__}, not a dict; "
-            "nothing was resumed or written. Start a new run under another run_id"
-        )
-    missing = [f for f in _REQUIRED if f not in record]
-    untyped = [f for f in ("run_id", "thread_id", "phase") if not isinstance(record.get(f), str)]
-    if missing or untyped or not isinstance(record.get("payload"), dict):
-        what = (
-            f"misses {missing}"
-            if missing
-            else f"has {untyped} that are not text"
-            if untyped
-            else "has a payload that is not a dict"
-        )
-        raise AgentCheckpointCorruptionError(
-            f"checkpoint {key!r}: the latest record {what}; nothing was resumed or written. "
-            "Start a new run under another run_id"
-        )
-    return record
-
-
 def latest_record(key: str, rows: list[JournalRow]) -> dict[str, Any] | None:
     """The validated latest phase record of a run's journal (None when it has none).
 
     Raises:
-        AgentCheckpointCorruptionError: the latest record is not valid JSON or misses a
-            required field.
+        AgentCheckpointCorruptionError: the journal does not decode, or the latest record
+            misses a required field.
     """
-    for row in reversed(rows):
-        if row.kind != "phase":
-            continue
-        try:
-            record = json.loads(row.data)
-        except ValueError as exc:
-            raise AgentCheckpointCorruptionError(
-                f"checkpoint {key!r}: the latest record is not valid JSON ({exc}); nothing "
-                "was resumed or written. Start a new run under another run_id"
-            ) from exc
-        return _validate(key, record)
+    try:
+        entries = read_entries(rows)
+    except ValueError as exc:
+        raise AgentCheckpointCorruptionError(
+            f"checkpoint {key!r}: the latest record is not valid JSON ({exc}); nothing "
+            "was resumed or written. Start a new run under another run_id"
+        ) from exc
+    for entry in reversed(entries):
+        if entry.kind == "phase":
+            return validate_record(key, entry.data)
     return None
 
 
@@ -206,22 +165,21 @@ def _structured(value: Any, output_type: Any) -> Any:
 
 def _result(
     engine: Any,
-    journal: EffectJournal,
+    journal: AgentJournal,
     state: RunState,
     hooks: LoopHooks,
     outcome: dict[str, Any],
     payload: Any,
-    run_id: str,
-    thread_id: str,
-    output_type: Any,
+    call: _Call,
 ) -> dict[str, Any]:
     tools_run, subs_run = _tool_executions(journal)
     model = state.model or engine.model
     completed = outcome["state"] == "completed"
+    output_type = call.ctx.output_type
     text = completed and not wants_structured(output_type) and isinstance(payload, str)
     return {
-        "run_id": run_id,
-        "thread_id": thread_id,
+        "run_id": call.run_id,
+        "thread_id": call.thread,
         "state": outcome["state"],
         "final_text": payload if text else hooks.final_text,
         "final_structured": _structured(payload, output_type) if completed else None,
@@ -237,7 +195,7 @@ def _result(
     }
 
 
-def _tool_executions(journal: EffectJournal) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _tool_executions(journal: AgentJournal) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     tools: list[dict[str, Any]] = []
     subs: list[dict[str, Any]] = []
     for outcome in sorted(
@@ -282,13 +240,7 @@ def _decisions(
 
 
 async def _settle(
-    store: Store,
-    key: str,
-    run_id: str,
-    head: RunHead | None,
-    rows: list[JournalRow],
-    record: dict[str, Any] | None,
-    approvals: dict[str, bool | str],
+    call: _Call, found: _Found, approvals: dict[str, bool | str]
 ) -> dict[str, bool | str]:
     """The caller's ``approvals`` for the calls the run waits on. A decision for a call it
     no longer waits on is let through only when the run applied that very decision (the
@@ -300,9 +252,11 @@ async def _settle(
             one); nothing was read further, run or written.
         ConcurrentRunError: such ids, while a live process runs it (it may pause later).
     """
-    waiting = [str(p["call_id"]) for p in _pending(record)]
+    store, key, run_id, head = call.store, call.key, call.run_id, found.head
+    waiting = [str(p["call_id"]) for p in _pending(found.latest)]
     if any(cid not in waiting for cid in approvals):
-        applied = await store._offload(applied_decisions, store, key, rows) if head else {}
+        entries = found.log.effects.entries
+        applied = await store._offload(applied_decisions, store, key, entries) if head else {}
         unknown, contradicted = decision_conflicts(approvals, waiting, applied)
         if unknown or contradicted:
             if head is not None and await store._offload(
@@ -330,6 +284,184 @@ def _retryable(error: Any) -> bool:
     return isinstance(error, dict) and error.get("retryable") is True
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Call:
+    """One call of :func:`run_durable`: which run, started how, written how."""
+
+    store: Store
+    key: str
+    run_id: str
+    thread_id: str | None  # as asked (None: the stored run's)
+    user_message: str | None
+    context: dict[str, Any] | None
+    ctx: RunContext
+    settings: DurableSettings
+    must_exist: bool
+    retry_failed: bool
+    retry_retryable: bool
+    system_context: str | None
+    #: The run's thread, once the record is read (:func:`_identify`).
+    thread: str = ""
+
+    def corrupt(self, what: str) -> AgentCheckpointCorruptionError:
+        return corrupt_agent_run(self.key, self.run_id, what)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Found:
+    """The run's record as it was before the claim: its head (None: no run yet) and its
+    journal, read and checked once."""
+
+    head: RunHead | None
+    log: AgentLog
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The run's latest phase record (checked)."""
+        return self.log.latest
+
+
+def _read(store: Store, key: str, run_id: str) -> _Found:
+    """The record of the agent run under ``key``, the whole of it checked before anything
+    is claimed (blocking: one read, decoded where it was read).
+
+    Raises:
+        AgentCheckpointCorruptionError: a damaged record (a row lost or past the head's
+            count, a row that does not decode, an effect or record that is not what the
+            run wrote, a latest record that misses a field), or another engine's run.
+    """
+    head, rows = read_run(store, key, run_id)
+    if head is None:
+        return _Found(None, AgentLog.empty(key, run_id))
+    problem = journal_problem(head, rows)
+    if problem is not None:
+        raise corrupt_agent_run(key, run_id, problem)
+    return _Found(head, AgentLog.load(key, run_id, rows))
+
+
+def _identify(call: _Call, found: _Found) -> tuple[_Call, str]:
+    """``call`` with the run's thread (``thread_id=None`` takes the stored run's, or a fresh
+    one for a new run), and the user message the run started with, once the record is
+    known to be this run's.
+
+    Raises:
+        AgentCheckpointCorruptionError: ``must_exist`` and no record, or a record of
+            another run or without its first message.
+        UserError: another thread, or another user message, than the run's.
+    """
+    record, run_id = found.latest, call.run_id
+    if call.must_exist and (found.head is None or record is None):
+        raise AgentCheckpointCorruptionError(
+            f"no checkpoint for agent run {run_id!r} (key {call.key!r}): it never started or "
+            "the store was cleared. Check the run_id and the store, or start it with "
+            "runner.run()"
+        )
+    if record is not None and record["run_id"] != run_id:
+        raise call.corrupt(f"its latest record belongs to run {record['run_id']!r}")
+    call = dataclasses.replace(call, thread=_thread_of(call, found))
+    return call, _first_message(call, found)
+
+
+def _thread_of(call: _Call, found: _Found) -> str:
+    """The run's thread: the stored one, which ``thread_id=None`` takes (a fresh one for a
+    new run).
+
+    Raises:
+        UserError: ``thread_id`` contradicts the stored run's thread.
+    """
+    record, head, thread_id = found.latest, found.head, call.thread_id
+    known = record["thread_id"] if record is not None else None
+    if known is None and head is not None and isinstance(head.meta.get("thread_id"), str):
+        known = head.meta["thread_id"]
+    if thread_id is None:
+        return known if known is not None else uuid.uuid4().hex
+    if known is not None and known != thread_id:
+        raise UserError(
+            f"agent run {call.run_id!r} belongs to thread {known!r}, not {thread_id!r}; "
+            f"pass thread_id={known!r} or leave thread_id out"
+        )
+    return thread_id
+
+
+def _first_message(call: _Call, found: _Found) -> str:
+    """The user message the run started with.
+
+    Raises:
+        AgentCheckpointCorruptionError: a record without its first message.
+        UserError: another user message than the run's.
+    """
+    started = call.user_message
+    if found.head is not None and found.log.messages:
+        started = found.log.messages[0].get("text")
+        if not isinstance(started, str):
+            raise call.corrupt("its first message has no text")
+    if started is None:
+        raise AgentCheckpointCorruptionError(
+            f"agent run {call.run_id!r}: the checkpoint has no user message to resume from"
+        )
+    if call.user_message is not None and found.head is not None and call.user_message != started:
+        raise UserError(
+            f"run_id {call.run_id!r} already exists with another user_message; a run_id is "
+            "the run's idempotency key: pass a new run_id for a new task, or call "
+            "runner.resume() to continue this one"
+        )
+    return started
+
+
+def _finished(call: _Call, found: _Found) -> dict[str, Any] | None:
+    """The stored result of a run that ended (None: the run goes on): a finished run
+    gives it, unless it failed and ``retry_failed``, or a call it was in doubt about was
+    settled since (``settle_effect``), or it failed on a retryable error and
+    ``retry_retryable``."""
+    record = found.latest
+    stored = record["payload"].get("terminal_result") if record is not None else None
+    if record is None or record["phase"] != "run_terminal" or not isinstance(stored, dict):
+        return None
+    state = stored.get("state")
+    again = state != "completed" and (
+        call.retry_failed
+        or settled_since_last_phase(found.log.effects.entries)
+        or (call.retry_retryable and _retryable(stored.get("error")))
+    )
+    return stored if state in TERMINAL_STATES and not again else None
+
+
+async def _claim(call: _Call, found: _Found) -> tuple[OwnedRun | None, AgentLog]:
+    """Claim the run; returns it with its journal (the one read before, unless the record
+    changed meanwhile), or None when it finished meanwhile.
+
+    Raises:
+        AgentCheckpointCorruptionError: the store found the record damaged.
+        ConcurrentRunError: a live process owns the run.
+    """
+    store, key, run_id = call.store, call.key, call.run_id
+    meta = {"run_id": run_id, "thread_id": call.thread, "agent": call.ctx.agent_name}
+    try:
+        claim = await store._offload(
+            lambda: claim_run(
+                store,
+                key,
+                kind=AGENT_KIND,
+                resume=True,
+                first_step="turn:0",
+                meta=meta,
+                what="agent run",
+            )
+        )
+    except CorruptRecordError as exc:  # found by the store under the claim's lock
+        raise store_corruption(key, run_id, exc) from exc
+    unchanged = (claim.outcome == "resumed" and claim.previous == found.head) or (
+        claim.outcome == "fresh" and found.head is None
+    )
+    if claim.run is None or unchanged:
+        return claim.run, found.log
+    try:
+        return claim.run, (await store._offload(_read, store, key, run_id)).log
+    except BaseException:
+        claim.run.release()
+        raise
+
+
 async def run_durable(
     engine: Any,
     *,
@@ -355,233 +487,196 @@ async def run_durable(
     ``thread_id=None`` takes the stored run's thread (a fresh id for a new run).
 
     Raises:
-        AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a malformed
-            latest record (nothing written).
+        AgentCheckpointCorruptionError: ``must_exist`` and no checkpoint, or a damaged
+            record (nothing written).
         ConcurrentRunError: a live process owns the run.
         UserError: ``thread_id`` contradicts the stored run's thread, ``approvals`` is not
             a mapping of call ids to True, False or a reason,
             or (unless ``retry_failed``) names a call the run does not wait on and did not
             decide that way already (see :func:`_settle`).
     """
+    call = _Call(
+        store=store,
+        key=key,
+        run_id=run_id,
+        thread_id=thread_id,
+        user_message=user_message,
+        context=context,
+        ctx=ctx,
+        settings=settings,
+        must_exist=must_exist,
+        retry_failed=retry_failed,
+        retry_retryable=retry_retryable,
+        system_context=system_context,
+    )
     approvals = check_approvals(approvals)  # before anything is read: the Plan's own check
-    head, rows = await store._offload(read_run, store, key, run_id)
-    contents = JournalContents()
-    if head is not None:  # the whole record is checked before anything is claimed
-        problem = journal_problem(head, rows)
-        if problem is not None:
-            raise corrupt_agent_run(key, run_id, problem)
-        contents = JournalContents.load(key, run_id, rows)
-    record = latest_record(key, rows) if head is not None else None
-    if must_exist and (head is None or record is None):
-        raise AgentCheckpointCorruptionError(
-            f"no checkpoint for agent run {run_id!r} (key {key!r}): it never started or the "
-            "store was cleared. Check the run_id and the store, or start it with runner.run()"
-        )
-    if record is not None and record["run_id"] != run_id:
-        raise corrupt_agent_run(
-            key, run_id, f"its latest record belongs to run {record['run_id']!r}"
-        )
-    # The store knows a run's thread: ``thread_id=None`` takes it (or a fresh one).
-    known = record["thread_id"] if record is not None else None
-    if known is None and head is not None and isinstance(head.meta.get("thread_id"), str):
-        known = head.meta["thread_id"]
-    if thread_id is None:
-        thread_id = known if known is not None else uuid.uuid4().hex
-    elif known is not None and known != thread_id:
-        raise UserError(
-            f"agent run {run_id!r} belongs to thread {known!r}, not {thread_id!r}; "
-            f"pass thread_id={known!r} or leave thread_id out"
-        )
-    started = user_message
-    if head is not None and contents.messages:
-        started = contents.messages[0].get("text")
-        if not isinstance(started, str):
-            raise corrupt_agent_run(key, run_id, "its first message has no text")
-    if started is None:
-        raise AgentCheckpointCorruptionError(
-            f"agent run {run_id!r}: the checkpoint has no user message to resume from"
-        )
-    if user_message is not None and head is not None and user_message != started:
-        raise UserError(
-            f"run_id {run_id!r} already exists with another user_message; a run_id is the "
-            "run's idempotency key: pass a new run_id for a new task, or call "
-            "runner.resume() to continue this one"
-        )
+    found = await store._offload(_read, store, key, run_id)
+    call, started = _identify(call, found)
     if approvals and not retry_failed:  # a Plan's step passes all of the Plan's decisions
-        approvals = await _settle(store, key, run_id, head, rows, record, approvals)
-    if record is not None:  # a finished run: its result (the decisions given were its own)
-        stored = record["payload"].get("terminal_result")
-        if record["phase"] == "run_terminal" and isinstance(stored, dict):
-            state = stored.get("state")
-            again = state != "completed" and (
-                retry_failed or (retry_retryable and _retryable(stored.get("error")))
-            )
-            if state in TERMINAL_STATES and not again:
-                return stored
+        approvals = await _settle(call, found, approvals)
+    stored = _finished(call, found)
+    if stored is not None:  # a finished run: its result (the decisions given were its own)
+        return stored
     # Decisions an operator recorded (`stepstone approve`) apply unless the caller decides.
-    approvals = {**recorded_approvals(head, rows), **approvals}
-    decisions = _decisions(record, approvals)
-    try:
-        claim = await store._offload(
-            lambda: claim_run(
-                store,
-                key,
-                kind=AGENT_KIND,
-                resume=True,
-                first_step="turn:0",
-                meta={"run_id": run_id, "thread_id": thread_id, "agent": ctx.agent_name},
-                what="agent run",
-            )
-        )
-    except CorruptRecordError as exc:  # found by the store under the claim's lock
-        raise store_corruption(key, run_id, exc) from exc
-    if claim.run is None:  # finished between our read and the claim
-        _, rows = await store._offload(read_run, store, key, run_id)
-        rec = latest_record(key, rows)
-        assert rec is not None
-        result: dict[str, Any] = rec["payload"]["terminal_result"]
+    approvals = {**recorded_approvals(found.head, found.log.effects.entries), **approvals}
+    owned, log = await _claim(call, found)
+    if owned is None:  # it finished between our read and the claim
+        result = _finished(call, await store._offload(_read, store, key, run_id))
+        assert result is not None
         return result
-    owned = claim.run
     try:
-        if claim.outcome != "resumed" or claim.previous != head:  # changed since our read
-            try:
-                rows = await store._offload(owned.journal)
-            except CorruptRecordError as exc:
-                raise store_corruption(key, run_id, exc) from exc
-            contents = JournalContents.load(key, run_id, rows)
-        return await _drive(
-            engine,
-            contents=contents,
-            owned=owned,
-            store=store,
-            run_id=run_id,
-            thread_id=thread_id,
-            user_message=started,
-            context=context,
-            ctx=ctx,
-            approvals=approvals or {},
-            decisions=decisions,
-            settings=settings,
-            system_context=system_context,
-        )
+        return await _AgentRun(engine, call, owned, log, approvals).drive(started, found.latest)
     finally:
         owned.release()
 
 
-async def _drive(
-    engine: Any,
-    *,
-    contents: JournalContents,
-    owned: Any,
-    store: Store,
-    run_id: str,
-    thread_id: str,
-    user_message: str,
-    context: dict[str, Any] | None,
-    ctx: RunContext,
-    approvals: dict[str, Any],
-    decisions: dict[tuple[int, int, str], Any],
-    settings: DurableSettings,
-    system_context: str | None,
-) -> dict[str, Any]:
-    journal = EffectJournal(
-        owned,
-        contents,
-        run_id=run_id,
-        thread_id=thread_id,
-        async_writes=settings.async_writes,
-        coalesce=settings.coalesce,
-        queue_maxsize=settings.queue_maxsize,
-        flush_interval=settings.flush_interval_s,
-    )
-    prior = journal.snapshot or {}
-    run_ctx = dict(prior.get("context") or context or {})  # the Runner's JSON context
-    scope = DurableScope(store=store, key=owned.key, approvals=approvals)
-    effects = JournaledEffects(journal, store_scope=scope, decisions=decisions)
-    provider = engine.get_provider()
-    hooks = LoopHooks(
-        journal=journal,
-        effects=effects,
-        provider=provider.name,
-        requested_model=engine.model,
-        context=run_ctx,
-        max_turns=engine.max_turns,
-        max_tool_calls_per_turn=engine.max_tool_calls_per_turn,
-        started_at_s=float(prior.get("started_at_s") or time.time()),
-    )
-    journal.phase("run_started", {"agent_name": ctx.agent_name, "resumed": bool(contents.count)})
-    if not journal.messages:
-        journal.message({"role": "user", "text": user_message})
-    state = RunState(run_id=run_id, agent_name=ctx.agent_name, session=ctx.session)
-    env = Envelope.from_task(user_message, context=system_context)
-    outcome: dict[str, Any] = {"state": "completed", "error": None, "pending_approvals": []}
-    payload: Any = None
-    try:
-        payload = await engine._loop(
-            env, tools=list(ctx.tools), output_type=ctx.output_type, state=state, hooks=hooks
+class _AgentRun:
+    """This process's part of an owned agent run: ``run_started``, the turns (each writes
+    ``step_started``, ``pre_llm``, ``post_llm``, ``pre_tool_batch``, ``post_tool_batch``
+    through :class:`LoopHooks`), ``run_terminal``."""
+
+    def __init__(
+        self,
+        engine: Any,
+        call: _Call,
+        owned: OwnedRun,
+        log: AgentLog,
+        approvals: dict[str, bool | str],
+    ) -> None:
+        settings = call.settings
+        self.engine = engine
+        self.call = call
+        self.approvals = approvals
+        self.journal = AgentJournal(
+            owned,
+            log,
+            run_id=call.run_id,
+            thread_id=call.thread,
+            async_writes=settings.async_writes,
+            coalesce=settings.coalesce,
+            queue_maxsize=settings.queue_maxsize,
+            flush_interval=settings.flush_interval_s,
         )
-    except AgentPaused as paused:
-        outcome = {"state": "paused", "error": None, "pending_approvals": paused.pending}
-    except (ConcurrentRunError, AgentCheckpointCorruptionError, UserError):
-        # Nothing more is written: the journal cannot be trusted, or is not ours, or the
-        # call was wrong. The run stays resumable where it stopped.
-        await journal.close()
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failed run is a result (corruption, in doubt...)
-        error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
-        if getattr(exc, "retryable", False) is True:  # a rate limit, an outage: resumable
-            error.update(retryable=True, retry_at=getattr(exc, "retry_at", None))
-        outcome = {"state": "failed", "error": error, "pending_approvals": []}
-    except BaseException:  # cancellation, KeyboardInterrupt: a crash, resumable
-        await journal.close()
-        raise
-    await journal.close()
-    if outcome["error"] is not None and outcome["error"]["type"] == CheckpointFlushError.__name__:
-        # The store failed mid-run: no terminal record, so the run stays resumable.
-        return _result(
-            engine, journal, state, hooks, outcome, payload, run_id, thread_id, ctx.output_type
+        self.resumed = log.effects.rows > 0
+        self.provider = engine.get_provider()
+        ctx = call.ctx
+        self.state = RunState(run_id=call.run_id, agent_name=ctx.agent_name, session=ctx.session)
+
+    async def drive(self, started: str, latest: dict[str, Any] | None) -> dict[str, Any]:
+        """Run the loop from where the journal stands; the run's result."""
+        hooks = self._run_started(started, latest)
+        outcome, payload = await self._turns(started, hooks)
+        result = _result(self.engine, self.journal, self.state, hooks, outcome, payload, self.call)
+        if outcome["error"] is not None and outcome["error"]["type"] == _FLUSH_FAILED:
+            return result  # the store failed mid-run: no terminal record, resumable
+        return await self._run_terminal(hooks, outcome, result)
+
+    def _run_started(self, started: str, latest: dict[str, Any] | None) -> LoopHooks:
+        """``run_started`` (and the user message of a new run); the loop's hooks."""
+        call, journal = self.call, self.journal
+        prior = journal.snapshot or {}
+        scope = DurableScope(store=call.store, key=journal.run.key, approvals=self.approvals)
+        decisions = _decisions(latest, self.approvals)
+        hooks = LoopHooks(
+            journal=journal,
+            effects=JournaledEffects(journal, store_scope=scope, decisions=decisions),
+            provider=self.provider.name,
+            requested_model=self.engine.model,
+            context=dict(prior.get("context") or call.context or {}),  # the Runner's context
+            max_turns=self.engine.max_turns,
+            max_tool_calls_per_turn=self.engine.max_tool_calls_per_turn,
+            started_at_s=float(prior.get("started_at_s") or time.time()),
         )
-    result = _result(
-        engine, journal, state, hooks, outcome, payload, run_id, thread_id, ctx.output_type
-    )
-    model = state.model or engine.model
-    snap = hooks.snapshot(state, outcome["state"])
-    snap.update(final_text=result["final_text"], final_structured=result["final_structured"])
-    journal.runtime_snapshot(snap)
-    journal.phase(
-        "run_terminal",
-        {
-            "state": outcome["state"],
-            "final_text": result["final_text"],
-            "requested_model": engine.model,
-            "normalized_model": model,
-            "provider_adapter": provider.name,
-            "terminal_result": result,
-        },
-    )
-    status = {"completed": "done", "paused": "paused"}.get(outcome["state"], "failed")
-    try:
-        await asyncio.wait_for(
-            journal.flush(status=status, force=True), timeout=settings.flush_timeout_s
-        )
-    except ConcurrentRunError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the caller sees it in the result
-        result = {
-            **result,
-            "state": "failed",
-            "error": {
-                "type": CheckpointFlushError.__name__,
-                "message": (
-                    f"agent run {run_id!r}: the terminal checkpoint flush failed "
-                    f"({type(exc).__name__}: {exc}) within checkpoint_flush_timeout_s="
-                    f"{settings.flush_timeout_s}; the run's last records may be missing. "
-                    "Resume it with runner.resume() once the store is healthy"
-                ),
+        resumed = bool(self.resumed)
+        journal.phase("run_started", {"agent_name": call.ctx.agent_name, "resumed": resumed})
+        if not journal.messages:
+            journal.message({"role": "user", "text": started})
+        return hooks
+
+    async def _turns(self, started: str, hooks: LoopHooks) -> tuple[dict[str, Any], Any]:
+        """The model and tool loop to its end: ``(outcome, payload)``. A failure the caller
+        should see as a result (an error, a pause) is the outcome; one that leaves the
+        journal untrusted, not this process's, or the call wrong is raised, and so is a
+        cancellation (the run stays resumable where it stopped)."""
+        call, engine = self.call, self.engine
+        env = Envelope.from_task(started, context=call.system_context)
+        outcome: dict[str, Any] = {"state": "completed", "error": None, "pending_approvals": []}
+        payload: Any = None
+        try:
+            payload = await engine._loop(
+                env,
+                tools=list(call.ctx.tools),
+                output_type=call.ctx.output_type,
+                state=self.state,
+                hooks=hooks,
+            )
+        except AgentPaused as paused:
+            outcome = {"state": "paused", "error": None, "pending_approvals": paused.pending}
+        except (ConcurrentRunError, AgentCheckpointCorruptionError, UserError):
+            await self.journal.close()  # nothing more is written
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed run is a result (in doubt...)
+            outcome = {"state": "failed", "error": _error(exc), "pending_approvals": []}
+        except BaseException:  # cancellation, KeyboardInterrupt: a crash, resumable
+            await self.journal.close()
+            raise
+        await self.journal.close()
+        return outcome, payload
+
+    async def _run_terminal(
+        self, hooks: LoopHooks, outcome: dict[str, Any], result: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The last runtime snapshot and ``run_terminal``, committed with the run's status
+        within ``flush_timeout_s``; the result (``failed`` with a ``CheckpointFlushError``
+        when that commit failed)."""
+        journal, state, engine = self.journal, self.state, self.engine
+        snap = hooks.snapshot(state, outcome["state"])
+        snap.update(final_text=result["final_text"], final_structured=result["final_structured"])
+        journal.runtime_snapshot(snap)
+        journal.phase(
+            "run_terminal",
+            {
+                "state": outcome["state"],
+                "final_text": result["final_text"],
+                "requested_model": engine.model,
+                "normalized_model": state.model or engine.model,
+                "provider_adapter": self.provider.name,
+                "terminal_result": result,
             },
-        }
-    result["checkpoint_commits"] = journal.commits
-    return result
+        )
+        status = {"completed": "done", "paused": "paused"}.get(outcome["state"], "failed")
+        timeout = self.call.settings.flush_timeout_s
+        try:
+            await asyncio.wait_for(journal.flush(status=status, force=True), timeout=timeout)
+        except ConcurrentRunError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the caller sees it in the result
+            result = {
+                **result,
+                "state": "failed",
+                "error": {
+                    "type": _FLUSH_FAILED,
+                    "message": (
+                        f"agent run {self.call.run_id!r}: the terminal checkpoint flush failed "
+                        f"({type(exc).__name__}: {exc}) within checkpoint_flush_timeout_s="
+                        f"{timeout}; the run's last records may be missing. Resume it with "
+                        "runner.resume() once the store is healthy"
+                    ),
+                },
+            }
+        result["checkpoint_commits"] = journal.commits
+        return result
+
+
+_FLUSH_FAILED = CheckpointFlushError.__name__
+
+
+def _error(exc: Exception) -> dict[str, Any]:
+    """How a run that failed on ``exc`` records it (a rate limit, an outage: resumable)."""
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if getattr(exc, "retryable", False) is True:
+        error.update(retryable=True, retry_at=getattr(exc, "retry_at", None))
+    return error
 
 
 async def run_in_scope(

@@ -15,7 +15,8 @@ from typing import Any
 
 from stepstone.core import Tool, payload_text
 from stepstone.core._serialization import to_json_value
-from stepstone.durable._effects import DurableScope, EffectJournal, bind_scope, hash_json
+from stepstone.durable._agent_journal import AgentJournal
+from stepstone.durable._effects import DurableScope, bind_scope, hash_json
 from stepstone.engines.llm._calls import RunState
 from stepstone.engines.llm._effects import EffectKey, _jsonable
 from stepstone.exceptions import AgentCheckpointCorruptionError, PlanPaused
@@ -123,7 +124,7 @@ class JournaledEffects:
 
     def __init__(
         self,
-        journal: EffectJournal,
+        journal: AgentJournal,
         *,
         store_scope: DurableScope,
         decisions: dict[tuple[int, int, str], Any],
@@ -133,6 +134,8 @@ class JournaledEffects:
         self.decisions = decisions
         self.pending: list[dict[str, Any]] = []
         self.on_drained: Callable[[int], None] | None = None
+        #: How many calls of the current tool batch run as effects (set by LoopHooks).
+        self.batch_size = 0
         self._chain = ""
         self._hashed = 0
         # Outcomes a later model request depends on (a model answer, a refusal) recorded so
@@ -203,62 +206,90 @@ class JournaledEffects:
         if recorded is not None:
             j.replayed += 1
             return _decode_tool(recorded)
-        policy = tool.in_doubt if tool is not None else "rerun"
-        # A call that started before a crash and has no outcome is in doubt, approved or
-        # not: its in_doubt policy decides ("fail" raises in effect(), "rerun" runs it
-        # again under the same idempotency key), and "ask" asks a person again, saying
-        # it may have run; the approval it started with never answers that question.
-        doubt = j.in_doubt(kind, key.turn, key.index)
-        reason: str | None = None
-        if tool is not None and doubt:
-            reason = "in_doubt" if policy == "ask" else None
-        elif tool is not None and tool.requires_approval:
-            reason = "requires_approval"
-        if reason is not None:
-            decision = self.decisions.get((key.turn, key.index, reason))
-            if decision is None:
-                self.pending.append(
-                    {
-                        "call_id": key.call_id,
-                        "tool": key.name,
-                        # plain JSON, as the record holds it (a set as a list)
-                        "arguments": to_json_value(_jsonable(key.input), warn=False),
-                        "turn": key.turn,
-                        "index": key.index,
-                        "reason": reason,
-                    }
-                )
-                return AWAITING_APPROVAL
-            if decision is not True:
-                refusal = "refused" if decision is False else str(decision)
-                data = {"error": {"type": "ApprovalDenied", "message": f"not approved: {refusal}"}}
-                j.record_outcome(
-                    kind=kind,
-                    turn=key.turn,
-                    index=key.index,
-                    name=key.name,
-                    input_hash=input_hash,
-                    data=data,
-                    call_id=key.call_id,
-                )
-                self._answered += 1  # the model sees the refusal: committed before it asks
-                return _decode_tool(data)
-            if doubt:
-                # Approved to run again: commit this resume's records first, so the pause
-                # is no longer the run's latest record. A crash inside this run of the call
-                # leaves it in doubt again, to be asked about again; a retried resume
-                # carrying the same decision does not run it a third time.
-                await self.save()
+        answer = await self._approval(key, tool, kind, input_hash)
+        if answer is not _RUN:
+            return answer
+        return await self._run(key, tool, kind, input_hash, invoke)
+
+    async def _approval(self, key: EffectKey, tool: Tool | None, kind: str, input_hash: str) -> Any:
+        """What a call that needs a person's decision gets: ``AWAITING_APPROVAL`` (none
+        yet: the run pauses), a refusal as its result, or ``_RUN`` (approved, or none
+        needed).
+
+        A call that started before a crash and has no outcome is in doubt, approved or
+        not: its in_doubt policy decides ("fail" raises in effect(), "rerun" runs it again
+        under the same idempotency key), and "ask" asks a person again, saying it may have
+        run; the approval it started with never answers that question."""
+        if tool is None:
+            return _RUN
+        doubt = self.journal.in_doubt(kind, key.turn, key.index)
+        if doubt:
+            reason = "in_doubt" if tool.in_doubt == "ask" else None
+        else:
+            reason = "requires_approval" if tool.requires_approval else None
+        if reason is None:
+            return _RUN
+        decision = self.decisions.get((key.turn, key.index, reason))
+        if decision is None:
+            self.pending.append(
+                {
+                    "call_id": key.call_id,
+                    "tool": key.name,
+                    # plain JSON, as the record holds it (a set as a list)
+                    "arguments": to_json_value(_jsonable(key.input), warn=False),
+                    "turn": key.turn,
+                    "index": key.index,
+                    "reason": reason,
+                }
+            )
+            return AWAITING_APPROVAL
+        if decision is not True:
+            refusal = "refused" if decision is False else str(decision)
+            data = {"error": {"type": "ApprovalDenied", "message": f"not approved: {refusal}"}}
+            self.journal.record_outcome(
+                kind=kind,
+                turn=key.turn,
+                index=key.index,
+                name=key.name,
+                input_hash=input_hash,
+                data=data,
+                call_id=key.call_id,
+            )
+            self._answered += 1  # the model sees the refusal: committed before it asks
+            return _decode_tool(data)
+        if doubt:
+            # Approved to run again: commit this resume's records first, so the pause is
+            # no longer the run's latest record. A crash inside this run of the call leaves
+            # it in doubt again, to be asked about again; a retried resume carrying the
+            # same decision does not run it a third time.
+            await self.save()
+        return _RUN
+
+    async def _run(
+        self,
+        key: EffectKey,
+        tool: Tool | None,
+        kind: str,
+        input_hash: str,
+        invoke: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """Run the call as an effect (intent, call, outcome); a subagent runs in a scope of
+        its own, and its pause for approvals pauses this run."""
+        j = self.journal
         via = f"{kind}:{key.turn}:{key.index}/"
-        child = DurableScope(
-            store=self.scope.store,
-            key=f"{j.run.key}/{kind}:{key.turn}:{key.index}",
-            approvals=child_approvals(self.scope.approvals, via),
+        child = (  # a subagent journals its own run, under a key of this call's position
+            DurableScope(
+                store=self.scope.store,
+                key=f"{j.run.key}/{kind}:{key.turn}:{key.index}",
+                approvals=child_approvals(self.scope.approvals, via),
+            )
+            if kind == "subagent"
+            else None
         )
 
         async def call() -> dict[str, Any]:
             try:
-                with bind_scope(child if kind == "subagent" else None):
+                with bind_scope(child):
                     value = await invoke()
             except Exception as exc:  # noqa: BLE001 - recorded, then shown to the model
                 return {
@@ -276,6 +307,7 @@ class JournaledEffects:
             if not self.pending and self.on_drained is not None:
                 self.on_drained(key.turn)
 
+        policy = tool.in_doubt if tool is not None else "rerun"
         try:
             data, replayed = await j.effect(
                 kind=kind,
@@ -287,6 +319,7 @@ class JournaledEffects:
                 call_id=key.call_id,
                 policy="rerun" if policy == "ask" else policy,
                 after_outcome=drained,
+                alone=self.batch_size == 1,
             )
         except PlanPaused as paused:
             if kind != "subagent":
@@ -302,6 +335,10 @@ class JournaledEffects:
         if not replayed:
             self._held = max(self._held, covered[0])
         return _decode_tool(data)
+
+
+#: What :meth:`JournaledEffects._approval` answers for a call that may run.
+_RUN = object()
 
 
 def child_approvals(approvals: dict[str, Any], via: str) -> dict[str, Any]:
@@ -328,7 +365,7 @@ class LoopHooks:
     has its answer committed when the next turn starts, before the next model request.
     """
 
-    journal: EffectJournal
+    journal: AgentJournal
     effects: JournaledEffects
     provider: str
     requested_model: str
@@ -371,7 +408,8 @@ class LoopHooks:
             "replayed_effect_count": self.journal.replayed,
         }
 
-    def _open(self, turn: int, n_messages: int, model: str, state: RunState) -> None:
+    def _open_turn(self, turn: int, n_messages: int, model: str, state: RunState) -> None:
+        """``step_started`` and ``pre_llm`` of ``turn``, with the runtime snapshot."""
         j = self.journal
         j.phase("step_started", {"state": "running", "message_count": n_messages, "step": turn})
         j.phase("pre_llm", {"model": model, "provider": self.provider, "message_count": n_messages})
@@ -389,7 +427,7 @@ class LoopHooks:
             return
         self._live_turn = request.turn
         if self._opened_turn != request.turn:
-            self._open(request.turn, self._n_messages, request.model, state)
+            self._open_turn(request.turn, self._n_messages, request.model, state)
         if not j.async_writes or self.effects.unsaved:
             # Sync mode commits every record before the call; both modes commit the last
             # turn's answer when no tool intent did (a turn that ran no tool: an unknown
@@ -426,6 +464,7 @@ class LoopHooks:
             for i, c in enumerate(calls)
             if self._runs_as_effect(i, c, tool_map)
         )
+        self.effects.batch_size = len(self._expected)
         if self._live_turn != turn and all(
             self.journal.has_outcome(_kind(tool_map, c), turn, i) for i, c in enumerate(calls)
         ):
@@ -436,7 +475,8 @@ class LoopHooks:
         if kinds[1]:
             self.journal.phase("pre_subagent_batch", {"subagent_call_count": len(subs)})
 
-    def _close(self, turn: int, failures: int, n_results: int) -> None:
+    def _close_batch(self, turn: int, failures: int, n_results: int) -> None:
+        """``post_tool_batch`` / ``post_subagent_batch`` of ``turn``'s calls."""
         _, _, tools, subs = self._batch
         state = self._state
         total = state.tool_calls if state is not None else n_results
@@ -478,9 +518,9 @@ class LoopHooks:
             if (o := self.journal.outcomes.get(f"{kind}:{turn}:{i}")) is not None
         ]
         errors = sum(1 for o in outcomes if "error" in (o.get("data") or {}))
-        self._close(turn, errors + n_calls - len(outcomes), n_calls)
+        self._close_batch(turn, errors + n_calls - len(outcomes), n_calls)
         if turn + 1 < self.max_turns:
-            self._open(turn + 1, self._n_messages + 2, self._model, self._state)
+            self._open_turn(turn + 1, self._n_messages + 2, self._model, self._state)
 
     async def tools_done(self, turn: int, results: list[ToolResult], state: RunState) -> None:
         """``post_tool_batch`` / ``post_subagent_batch``; stops the run for approvals."""
@@ -490,7 +530,7 @@ class LoopHooks:
             raise AgentPaused(pending)
         if self._live_turn != turn or self._closed_turn == turn:
             return
-        self._close(turn, sum(1 for r in results if r.is_error), len(results))
+        self._close_batch(turn, sum(1 for r in results if r.is_error), len(results))
 
 
 def _kind(tool_map: dict[str, Tool], call: ToolCall) -> str:

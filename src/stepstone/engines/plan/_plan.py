@@ -83,10 +83,11 @@ class Plan:
 
     Args:
         *steps: The steps, in order.
-        max_iterations: Cap on routed re-visits: a step (or band, counted once) completing
-            again after it already completed in this run. First visits, failed and paused
-            attempts don't count. A resumed run counts from its journal. Hitting it returns
-            an error envelope (``MaxIterationsExceeded``).
+        max_iterations: ``max_iterations`` (default 100) caps routed re-visits: each time
+            a step, or a parallel band counted once, completes again after it already
+            completed in the run; first visits and failed or paused attempts never count,
+            and a resumed run goes on counting from its journal. Hitting it returns an
+            error envelope (``MaxIterationsExceeded``).
         store: Where checkpoints live (needs ``checkpoint_key`` too).
         checkpoint_key: The run's identity in the store. A caller that chooses the key
             itself passes ``agent.run(task, location=RunLocation(store=, key=))`` instead

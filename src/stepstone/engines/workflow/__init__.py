@@ -14,6 +14,7 @@ from stepstone.engines.workflow._api import (
     patched,
     queued_args,
     step,
+    step_body,
     step_context,
     workflow,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "queued_args",
     "run_workflow",
     "step",
+    "step_body",
     "step_context",
     "workflow",
     "workflow_view",

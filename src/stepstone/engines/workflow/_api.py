@@ -8,12 +8,13 @@ without running. See ``docs/workflows.md``.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import inspect
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from stepstone.core._envelope import Envelope
@@ -47,6 +48,7 @@ __all__ = [
     "deprecate_patch",
     "patched",
     "step",
+    "step_body",
     "step_context",
     "workflow",
 ]
@@ -97,6 +99,29 @@ def step_context() -> StepContext:
     if ctx is not None:
         return ctx
     return StepContext(key=None, position=None, name=None, attempt=1, idempotency_key=new_uid())
+
+
+@contextlib.contextmanager
+def step_body(journal: OperationJournal, call: Call) -> Iterator[StepContext]:
+    """Run the code inside as the body of the operation ``call`` of ``journal``'s run, as a
+    ``@step`` body runs: :func:`step_context` tells its key, position, attempt and
+    idempotency key, and a durable scope keyed by the idempotency key (no operation
+    journal) is current, so an operation it calls is a plain call and an agent it runs
+    journals under that key. Framework adapters run their tool calls this way."""
+    ctx = StepContext(
+        key=call.key,
+        position=call.position,
+        name=call.name,
+        attempt=call.attempt,
+        idempotency_key=call.idempotency_key,
+        workflow=journal.what,
+    )
+    token = _step_ctx.set(ctx)
+    try:
+        with bind_scope(DurableScope(store=journal.store, key=call.idempotency_key)):
+            yield ctx
+    finally:
+        _step_ctx.reset(token)
 
 
 # -- steps --------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from stepstone.durable._operations import (
 )
 from stepstone.engines.workflow._values import encode_value
 from stepstone.exceptions import (
+    ApprovalPendingError,
     ConcurrentRunError,
     RunCancelledError,
     UserError,
@@ -119,7 +120,11 @@ async def run_workflow(
             entries, others = load_entries(key, rows, rerun if isinstance(rerun, list) else ())
             _check_start(key, name, others, start)
         journal = OperationJournal(run, entries, what=what, iteration=head.iteration)
-        return await _drive(journal, body, args, kwargs, name)
+        journal.pause_while_replaying()
+        try:
+            return await _drive(journal, body, args, kwargs, name)
+        finally:
+            journal.end_replay()
     finally:
         run.release()
 
@@ -176,8 +181,11 @@ async def _drive(
         meta = {**kept, "error": error}
         if rerun:
             meta["rerun"] = rerun
+        # A run that stopped to ask a person (its agent's tool call needs an approval)
+        # is paused: approving the call and running the key again continues it.
+        status = "paused" if isinstance(exc, ApprovalPendingError) else "failed"
         try:
-            await journal.finish("failed", meta=meta)
+            await journal.finish(status, meta=meta)
         except RunCancelledError:
             raise
         except Exception:

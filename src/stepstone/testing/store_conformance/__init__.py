@@ -12,7 +12,7 @@ Use it from a test module of your own with a ``store_spec`` fixture::
 
 The tests are grouped by concern: key/value entries (``_values``), run records
 (``_runs``), ownership and leases (``_ownership``), several processes (``_processes``),
-timers, messages, events and streams (``_extras``).
+timers, messages, events and streams (``_extras``), the webhook outbox (``_webhooks``).
 ``StoreSpec.args`` are the keyword arguments of ``Store(...)``; ``multiprocess`` says whether
 several OS processes can share the store (not for the in-memory backend).
 """
@@ -61,6 +61,9 @@ from stepstone.testing.store_conformance._values import (
     test_read_write_delete_roundtrip,
     test_unserializable_value_is_stringified_with_warning,
 )
+from stepstone.testing.store_conformance._webhooks import (
+    test_webhook_outbox_records_lists_and_swaps_deliveries,
+)
 
 __all__ = [
     "StoreSpec",
@@ -95,4 +98,5 @@ __all__ = [
     "test_run_key_refuses_plain_value_ops",
     "test_timers_are_set_and_cleared_with_commits",
     "test_unserializable_value_is_stringified_with_warning",
+    "test_webhook_outbox_records_lists_and_swaps_deliveries",
 ]

@@ -232,6 +232,16 @@ function renderApprovals(run) {
   }
 }
 
+function turnText(t) {
+  // A model turn's summary: model, tokens, cost, the tool calls it asked for (or its text).
+  const parts = [t.model || "model", (t.input_tokens || 0) + " in / " + (t.output_tokens || 0) + " out",
+    t.cost_usd === null || t.cost_usd === undefined ? "cost unknown" : "$" + t.cost_usd.toFixed(6)];
+  const calls = t.tool_calls || [];
+  if (calls.length) parts.push(calls.map((c) => c.name + "(" + c.args + ")").join(", "));
+  else if (t.text) parts.push(JSON.stringify(t.text));
+  return parts.join(" · ");
+}
+
 function renderOperations(run) {
   const ops = run.operations;
   $("#workflow").hidden = !ops;
@@ -243,7 +253,8 @@ function renderOperations(run) {
     const tr = el("tr", null, op.error ? "row-error" : "");
     tr.dataset.position = op.position;
     const name = (op.op === "step" ? op.name : op.op + " " + op.name) + (op.key ? " (" + op.key + ")" : "");
-    const shown = op.error ? (op.error.type || "").split(":").pop() + ": " + (op.error.message || "") : short(op.value, 300);
+    const shown = op.error ? (op.error.type || "").split(":").pop() + ": " + (op.error.message || "")
+      : op.summary ? turnText(op.summary) : short(op.value, 300);
     const cell = el("td", shown, "payload");
     if (canRetry && op.op === "step") {
       const btn = el("button", "retry from here", "plain retry");

@@ -1,0 +1,84 @@
+"""Targets the server tests start through ``POST /runs`` (a worker imports this module
+from the folder the server was given with ``--import-path``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from stepstone import Agent, Store, step, tool, workflow
+from stepstone.testing import FunctionModel, call
+
+_stores: dict[str, Store] = {}
+
+
+def _store() -> Store:
+    """The store the server and its workers use (named by the environment)."""
+    where = os.environ["SERVEAPP_STORE"]
+    if where not in _stores:
+        _stores[where] = Store(url=where) if "://" in where else Store(db=where)
+    return _stores[where]
+
+
+@step
+def shout(text: str) -> str:
+    return text.upper() + "!"
+
+
+@workflow
+async def hello(name: str) -> str:
+    """A run that ends at once with a result."""
+    return await shout(f"hello {name}")
+
+
+def _wait_for(path: Path, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+@step
+def emit(key: str, n: int, gate: str) -> int:
+    """Append ``n`` values to the run's stream ``tokens``; with a gate, value ``i`` waits
+    for the file ``<gate>.<i>`` (the test paces the writes)."""
+    backend = _store().backend
+    for i in range(n):
+        if gate:
+            _wait_for(Path(f"{gate}.{i}"))
+        backend.stream_append(key, "tokens", json.dumps({"i": i, "text": f"tok{i}"}), None)
+    return n
+
+
+@workflow
+async def talker(key: str, n: int, gate: str = "") -> int:
+    """A run that streams ``n`` values, then ends."""
+    return await emit(key, n, gate)
+
+
+@step
+def explode(row: int) -> None:
+    raise ValueError(f"bad row {row}")
+
+
+@workflow
+async def broken(row: int) -> None:
+    """A run that fails."""
+    await explode(row)
+
+
+@tool(requires_approval=True)
+def refund(order: str) -> str:
+    """Refund an order."""
+    return f"refunded {order}"
+
+
+def _reply(request: Any) -> Any:
+    return call("refund", order="o-1") if request.turn == 0 else "refund done"
+
+
+approver = Agent(model=FunctionModel(_reply), tools=[refund])

@@ -465,6 +465,11 @@ class EffectJournal:
             if items:
                 data, remember = self._writer.encode(items, self.intents)
                 rows.append((ENTRIES_KIND, None, data))
+            # The effects done so far (model turns, tool and subagent calls), in the head:
+            # what operators count as the run's steps without reading its journal.
+            base = meta if meta is not None else self.run.head.meta
+            if base.get("effects") != len(self.outcomes):
+                meta = {**base, "effects": len(self.outcomes)}
             try:
                 await self.run.commit(
                     status=status,

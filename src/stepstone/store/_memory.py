@@ -157,7 +157,10 @@ class MemoryBackend(Backend):
                 if wkey in self._runs:
                     raise run_key_conflict(wkey)
             self._runs[head.key] = head
-            self._journal.setdefault(head.key, []).extend(rows)
+            at = head.updated_at  # every row's committed_at: the commit's time
+            self._journal.setdefault(head.key, []).extend(
+                r if r.committed_at == at else dataclasses.replace(r, committed_at=at) for r in rows
+            )
             for wkey, text in writes:
                 self._kv[wkey] = text
         if head.status not in ("claimed", "running"):

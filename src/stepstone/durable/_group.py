@@ -89,10 +89,9 @@ def commit_many(backend: Backend, items: Sequence[Item]) -> list[Outcome]:
     (its rows not written). A failure of the transaction itself never loses or lands a
     run's rows: the items are then applied one by one."""
     from stepstone.store._sqlite import SQLiteBackend
+    from stepstone.store._sqlite_batch import commit_batch
 
     if isinstance(backend, SQLiteBackend):
-        from stepstone.store._sqlite_batch import commit_batch
-
         return commit_batch(backend, items)
     pg = sys.modules.get("stepstone.store._postgres")
     if len(items) > 1 and pg is not None and isinstance(backend, pg.PostgresBackend):
@@ -185,6 +184,29 @@ class _Turns:
                 self.queue.append(waiter)
         if waiter is None:
             return self._lead(me, items, False, [])
+        return self._wait(waiter)
+
+    def one(self, item: Item) -> Any:
+        """:meth:`write` of one item: what its ``run_commit``/``run_claim`` returns (or
+        raises). Alone, the item is written as the backend writes it, with no list built."""
+        me = object()
+        waiter: _Waiter | None = None
+        with self.lock:
+            if self.writer is None:
+                self.writer = me
+            else:
+                waiter = _Waiter(_recorded((item,)))
+                self.queue.append(waiter)
+        if waiter is not None:
+            return _one(self._wait(waiter)[0])
+        try:
+            if len(item) == 2:
+                return self.backend.run_claim(*item)  # type: ignore[arg-type]
+            return self.backend.run_commit(*item)  # type: ignore[arg-type]
+        finally:
+            self._pass_on(me)
+
+    def _wait(self, waiter: _Waiter) -> list[Outcome]:
         interrupted: BaseException | None = None
         # The writer sets ``outcomes`` or ``lead`` before it opens the gate.
         while waiter.outcomes is None and not waiter.lead:
@@ -207,6 +229,18 @@ class _Turns:
         if interrupted is not None:
             raise interrupted
         return outcomes
+
+    def _pass_on(self, me: object) -> None:
+        """:meth:`_hand_on`, finished even when a signal's exception interrupts it."""
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                self._hand_on(me)
+                break
+            except BaseException as exc:  # noqa: BLE001 - raised once handed on
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     def _lead(
         self, me: object, own: Sequence[Item], again: bool, others: list[_Waiter]
@@ -351,14 +385,14 @@ def shared_commit(backend: Backend, item: CommitItem) -> bool:
     """``backend.run_commit(*item)``, sharing a transaction with the commits and claims
     other threads of this process make at the same moment (backends where
     :func:`can_group`); blocks until it is written."""
-    ok: bool = _one(turns(backend).write((item,))[0])
+    ok: bool = turns(backend).one(item)
     return ok
 
 
 def shared_claim(backend: Backend, key: str, decide: Decide) -> RunHead | None:
     """``backend.run_claim(key, decide)`` through the backend's turns, as
     :func:`shared_commit` (backends where :func:`can_group_claims`)."""
-    head: RunHead | None = _one(turns(backend).write(((key, decide),))[0])
+    head: RunHead | None = turns(backend).one((key, decide))
     return head
 
 

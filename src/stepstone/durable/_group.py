@@ -201,8 +201,8 @@ class _Turns:
             return _one(self._wait(waiter)[0])
         try:
             if len(item) == 2:
-                return self.backend.run_claim(*item)  # type: ignore[arg-type]
-            return self.backend.run_commit(*item)  # type: ignore[arg-type]
+                return self.backend.run_claim(*item)
+            return self.backend.run_commit(*item)
         finally:
             self._pass_on(me)
 

@@ -31,6 +31,8 @@ from stepstone.durable._group import (
     group_commit,
     group_transact,
     leave,
+    shared_claim,
+    shared_commit,
 )
 from stepstone.durable._leases import (
     LIVE_STATUSES,
@@ -276,6 +278,8 @@ class OwnedRun:
         backend = self.store.backend
         if extras:
             return backend.run_commit_extras(new, expected, journal, encoded, extras)
+        if self._grouped:  # shared with the commits other threads make at the same moment
+            return shared_commit(backend, (new, expected, journal, encoded))
         return backend.run_commit(new, expected, journal, encoded)
 
     async def commit(
@@ -311,7 +315,10 @@ class OwnedRun:
             self.head = new
             return
         if may_block_loop():  # a sync call's private loop: nothing else to run meanwhile
-            ok = backend.run_commit(new, self.head.version, journal, encoded)
+            if self._grouped:  # shared with the commits other threads make meanwhile
+                ok = shared_commit(backend, (new, self.head.version, journal, encoded))
+            else:
+                ok = backend.run_commit(new, self.head.version, journal, encoded)
         elif self._grouped:
             ok = await group_commit(backend, (new, self.head.version, journal, encoded))
         elif backend.async_commit:
@@ -501,7 +508,7 @@ def claim_run(
         what=what,
         first_rows=first_rows,
     )
-    claimed = finish(store.backend.run_claim(key, decide))
+    claimed = finish(_claim(store, key, decide))
     assert claimed is not None  # only a claim_empty finds the key occupied
     return claimed
 
@@ -513,7 +520,16 @@ def claim_empty(store: Store, key: str, **options: Any) -> ClaimResult | None:
     resume claims it (leaving a record it refuses as it was) tries this first, and reads
     only when the key is taken."""
     decide, finish = _claimer(store, key, only_if_empty=True, **options)
-    return finish(store.backend.run_claim(key, decide))
+    return finish(_claim(store, key, decide))
+
+
+def _claim(store: Store, key: str, decide: Decide) -> RunHead | None:
+    """``run_claim`` of the store's backend; on SQLite through the backend's turns, shared
+    with the commits and claims other threads make at the same moment."""
+    backend = store.backend
+    if can_group_claims(backend):
+        return shared_claim(backend, key, decide)
+    return backend.run_claim(key, decide)
 
 
 def _claimer(

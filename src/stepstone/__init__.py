@@ -33,6 +33,7 @@ from stepstone.core import (
 from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
 from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
 from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
+from stepstone.durable._time import recv, set_event, sleep, sleep_until, write_stream
 from stepstone.engines import Engine, KeywordEngine
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
@@ -188,8 +189,13 @@ __all__ = [
     "StreamReader",
     "asend",
     "list_schedules",
+    "recv",
     "schedule",
     "send",
+    "set_event",
+    "sleep",
+    "sleep_until",
+    "write_stream",
     # errors
     "AgentCheckpointCorruptionError",
     "ApprovalPendingError",

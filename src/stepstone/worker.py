@@ -49,7 +49,7 @@ from stepstone.durable._queue import (
 )
 from stepstone.durable._records import run_head
 from stepstone.durable._schedules import fire_due
-from stepstone.durable._waiting import Parking, parked_by
+from stepstone.durable._waiting import Parking, parked_by, watch_queues
 from stepstone.exceptions import (
     ConcurrentRunError,
     ConfigurationError,
@@ -61,6 +61,7 @@ from stepstone.exceptions import (
     UserError,
 )
 from stepstone.store import Store
+from stepstone.store._changes import Subscription
 from stepstone.store._queue_base import CANCELLED_RUNNING, NEVER, Owner, QueueEntry
 
 __all__ = ["Worker"]
@@ -379,6 +380,10 @@ class Worker:
         self._renewing.clear()
         renewer = threading.Thread(target=self._renew_loop, name=f"{self.id}-leases", daemon=True)
         renewer.start()
+        # A parked run made runnable by a message wakes the worker at once (PostgreSQL's
+        # NOTIFY, or a send in this process), not at its next poll.
+        told = watch_queues(self.store, self.queues)
+        relay = asyncio.create_task(self._relay(told))
         taken = 0
         backoff = self.poll_interval  # between claims the store could not serve
         try:
@@ -439,10 +444,18 @@ class Worker:
                 await self._idle_wait()
             await self._drain()
         finally:
+            relay.cancel()
+            told.close()
             self._stopping.set()
             self._renewing.set()
             renewer.join(timeout=5)
         return self.completed
+
+    async def _relay(self, told: Subscription) -> None:
+        """Wake the serving loop when one of its queues has a run made runnable."""
+        while True:
+            if await told.await_change(3600.0) and self._wake is not None:
+                self._wake.set()
 
     async def _store_call(self, fn: Callable[[], None]) -> None:
         """``fn()``, a call on the queue, in a thread; not waited for once the worker is

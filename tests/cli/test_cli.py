@@ -361,6 +361,7 @@ def test_runs_prefix(tmp_path: Path, fmt: str) -> None:
         assert set(line) == {
             "key", "kind", "status", "next_step", "run_uid", "version", "iteration",
             "owner", "error", "error_type", "steps", "created_at", "updated_at", "superseded_by",
+            "damaged",
         }  # fmt: skip
         assert set(line["owner"]) == {"state", "host", "pid", "lease_until"}
         assert line["error"]["step"] == "broken" and line["owner"]["state"] == "-"

@@ -34,7 +34,16 @@ def load_frozen(store: Store) -> None:
         )
 
 
-_TIMES = {"timestamp_ms", "started_at_s", "at_ms"}
+# (the times of each row's commit, and those derived from them, too: guarantees 420, 421)
+_TIMES = {
+    "timestamp_ms",
+    "started_at_s",
+    "at_ms",
+    "started_at",
+    "committed_at",
+    "duration_seconds",
+    "gap_seconds",
+}
 _ORIGIN = re.compile(r"plan:[0-9a-f]{12}:llm")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -446,3 +447,44 @@ def test_run_stream_in_a_workflow_streams_then_replays(tmp_path: Path) -> None:
     assert shop.requests == 3 and shop.refunds == [40, 41]  # replayed, not asked again
     steps = Store(db=tmp_path / "wf.sqlite").read("streamed")["steps"]
     assert [s["name"] for s in steps if s["op"] == "model"] == ["support__model.request_stream"] * 3
+
+
+@pytest.mark.slow
+def test_the_inspector_page_shows_each_model_turn(tmp_path: Path, chromium: Any) -> None:
+    # guarantee 538
+    from stepstone.ui import InspectorServer
+
+    db = tmp_path / "wf.sqlite"
+    with LoopbackServer(OpenAIDialect(), respond=reply, model="gpt-4o-mini") as server:
+        provider = OpenAIProvider(base_url=server.base_url, api_key="test")
+        agent: Agent[None, str] = Agent(
+            OpenAIChatModel("gpt-4o-mini", provider=provider),
+            name="shop",
+            capabilities=[StepstoneDurability()],
+        )
+        for name in ("reserve", "charge", "notify"):
+            agent.tool_plain(name=name)(lambda **kwargs: "ok")
+
+        @workflow(store=Store(db=db), key="page")
+        async def handle(ticket: str) -> str:
+            async with agent:
+                return (await agent.run(ticket)).output
+
+        worker = threading.Thread(target=lambda: handle.run_sync("order 42"))
+        worker.start()  # (the browser's event loop runs on this thread)
+        worker.join(120)
+    with Store(db=db) as store, InspectorServer(store, port=0).start() as inspector:
+        context = chromium.new_context(viewport={"width": 1280, "height": 800})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(inspector.url + "#run=page")
+            page.wait_for_selector("#operations tbody tr")
+            rows = [
+                r for r in page.locator("#operations tbody tr").all_inner_texts() if "model" in r
+            ]
+            assert len(rows) == 4
+            assert all("gpt-4o-mini" in r and " in / " in r and "$0.0000" in r for r in rows)
+            assert 'charge({"cents": 1299})' in rows[1]
+        finally:
+            context.close()

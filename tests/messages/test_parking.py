@@ -125,3 +125,73 @@ def test_a_message_makes_a_run_parked_on_its_topic_runnable(store: Store) -> Non
         got = handle.entry()
         assert got.status == "queued" and got.not_before <= qb.now(), order
         assert qb.claim(key, owner, 30.0)  # runnable now
+
+
+def _serve(store: Store, **options: object) -> tuple[Worker, threading.Thread]:
+    worker = Worker(store, poll_interval=0.05, **options)  # type: ignore[arg-type]
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    return worker, thread
+
+
+def test_a_sleeping_workflow_gives_its_slot_back_until_its_wake_time(store: Store) -> None:
+    # guarantee 512, 515
+    from tests.messages.targets import napper
+
+    sleeper = napper.using(store=store, key="nap", queue="default").submit(1.5)
+    worker, thread = _serve(store, concurrency=1, park_after=0.3)
+    try:
+        _wait("the sleeper to park", lambda: worker.parked == 1)
+        assert store.read("nap")["status"] == "paused"
+        from stepstone.durable import run_detail
+
+        detail = run_detail(store, "nap")
+        assert detail is not None and [w["state"] for w in detail["waiting"]] == ["sleeping"]
+        others = [submit(store, T + "noop_plan", f"o{i}") for i in range(2)]
+        for handle in others:
+            assert handle.result(timeout=30).ok
+        assert sleeper.status() == "queued"  # parked: no slot held
+        env = sleeper.result(timeout=30)
+    finally:
+        worker.stop()
+        thread.join()
+    assert env.ok and 1.4 <= env.payload < 10  # woke at its time, not before
+    assert sleeper.entry().attempts == 1
+
+
+def test_a_message_wakes_a_workflow_parked_on_its_topic(store: Store) -> None:
+    # guarantee 512, 516
+    from tests.messages.targets import inbox
+
+    handle = inbox.using(store=store, key="parked-inbox", queue="default").submit(1)
+    worker, thread = _serve(store, concurrency=1, park_after=0.2)
+    try:
+        _wait("the run to park", lambda: worker.parked == 1)
+        assert handle.entry().not_before == NEVER
+        start = time.monotonic()
+        send(store, "parked-inbox", "in", {"hello": "world"})
+        env = handle.result(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        worker.stop()
+        thread.join()
+    assert env.ok and env.payload == [{"hello": "world"}]
+    assert took < 3  # the send made it runnable: no wait for a timeout
+
+
+def test_a_cancel_stops_a_run_waiting_in_its_worker_at_once(store: Store) -> None:
+    # guarantee 513
+    from tests.messages.targets import inbox
+
+    handle = inbox.using(store=store, key="waiting-inbox", queue="default").submit(1)
+    worker, thread = _serve(store, concurrency=1, park_after=60)
+    try:
+        _wait("the run to wait", lambda: bool(store.backend.timers("waiting-inbox")))
+        start = time.monotonic()
+        assert handle.cancel()
+        _wait("the cancel", lambda: handle.status() == "cancelled", timeout=20)
+        took = time.monotonic() - start
+    finally:
+        worker.stop()
+        thread.join()
+    assert took < 3 and worker.parked == 0  # stopped where it waited, not at a renewal

@@ -256,3 +256,35 @@ def test_the_cli_lists_pauses_resumes_and_deletes(tmp_path: Path) -> None:
     assert gone.exit_code == 1 and "no schedule 'nightly'" in gone.stderr
     empty = runner.invoke(app, ["schedules", "--db", str(db)])
     assert "no schedules" in empty.stdout
+
+
+def test_a_scheduled_workflow_gets_its_arguments_every_tick(store: Store) -> None:
+    # guarantee 509, 510
+    from stepstone import RunHandle
+
+    schedule(
+        store,
+        "tests.messages.targets:greet",
+        cron="* * * * * *",
+        name="greeting",
+        args=("ana",),
+        kwargs={"punct": "?"},
+    )
+    worker = Worker(store, poll_interval=0.05)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = queue_backend(store).entries(None, "done")
+            if done:
+                break
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        thread.join()
+    first = queue_backend(store).entries(None, "done")[0]
+    env = RunHandle(store, first.id).result(timeout=5)
+    assert env.payload == "hello ana?"
+    with pytest.raises(ConfigurationError, match="not one"):
+        schedule(store, T, cron="0 3 * * *", name="plan-args", args=(1,))

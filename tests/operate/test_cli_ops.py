@@ -48,6 +48,9 @@ def test_show_history_diff_stranded(store_args: list[str]) -> None:
     assert code == 0 and "error at 'validate': ValueError: bad row 7" in out
 
     hist = _json("history", "a", *store_args)
+    assert isinstance(hist, list)
+    times = ("started_at", "committed_at", "duration_seconds", "gap_seconds")
+    assert all(e.pop(t) is not None for e in hist for t in times)  # guarantee 421
     assert hist == [
         {
             "seq": 1,  # seq 0 is the plan's record of its steps
@@ -451,12 +454,12 @@ def test_a_key_that_holds_no_run_is_answered_with_the_runs_meant(store_args: lis
     nightly = "runs whose key holds it: 'nightly-11-20', 'nightly-11-21'"
     agent_key = "runs whose key holds it: 'agent:greet-7:checkpoint:latest'"
     cases = [
-        (["show", "greet-7"], "greet-7", agent_key),
+        (["show", "GREET-7"], "GREET-7", agent_key),  # its run id names it: guarantee 428
         (["history", "NIGHTLY-11"], "NIGHTLY-11", nightly),
         (["cancel", "nightly"], "nightly", nightly),
         (["retry", "nightly", "--from", "load"], "nightly", nightly),
         (["fork", "nightly", "--at", "load", "--to", "n2"], "nightly", nightly),
-        (["approve", "greet-7", "call_0_0"], "greet-7", agent_key),
+        (["approve", "Greet-7", "call_0_0"], "Greet-7", agent_key),
         (["diff", "weekly", "nightly-11"], "nightly-11", nightly),
         (["show", "zzz"], "zzz", "list them with `stepstone runs`"),
     ]

@@ -13,12 +13,15 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from stepstone import Worker, submit
+from stepstone import Agent, Runner, Store, Worker, submit, tool
 from stepstone.cli import app
+from stepstone.durable._inspect import damaged_runs
+from stepstone.testing import FunctionModel, call
 from stepstone.ui import InspectorServer
 from tests.operate._graph_crash import trip_graph
 from tests.operate._runs import done_run, failed_run
 from tests.operate.conftest import open_args
+from tests.store.damage import flip, settle
 from tests.workers.targets import make_plan, task
 
 runner = CliRunner()
@@ -177,3 +180,86 @@ def test_a_resumed_graph_invocation_is_superseded_not_stranded(store_args: list[
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())
+
+
+@tool(requires_approval=True)
+def refund(order: str, amount: int) -> str:
+    """Refund an order."""
+    return f"refunded {amount} EUR on {order}"
+
+
+def _refund_run(store: Store, run_id: str) -> None:
+    """An agent run that paused for approval of a refund, was approved and resumed."""
+    replies = {0: call("refund", order="o-42", amount=30), 1: "Refund issued."}
+    agent = Agent(model=FunctionModel(lambda r: replies[r.turn]), tools=[refund])
+    runner = Runner(store=store)
+    paused = runner.run_sync(agent, user_message="Refund o-42", run_id=run_id, thread_id="t")
+    assert paused.state == "paused"
+    done = runner.resume_sync(agent, run_id=run_id, thread_id="t", approvals={"call_0_0": True})
+    assert done.state == "completed"
+
+
+def test_agent_runs_in_the_shell_are_named_by_run_id_and_told_in_turns(
+    store_args: list[str],
+) -> None:
+    # guarantee 428, 429, 430: before, `show bill-1` found nothing, history listed journal
+    # rows (phase, intent, snapshot...) and "steps" counted them
+    with open_args(store_args) as store:
+        _refund_run(store, "bill-1")
+    key = "agent:bill-1:checkpoint:latest"
+    shown = _json("show", "bill-1", *store_args)
+    assert isinstance(shown, dict) and shown["key"] == key and shown["status"] == "done"
+    assert shown["steps"] == 3  # model turn 0, the refund, model turn 1
+    hist = _json("history", "bill-1", *store_args, "--payloads")
+    assert isinstance(hist, list)
+    assert [(e["kind"], e["name"]) for e in hist] == [
+        ("run", "started"),
+        ("model", "function-model"),
+        ("end", "paused"),
+        ("run", "resumed"),  # where the resume took over
+        ("tool", "refund"),
+        ("model", "function-model"),
+        ("end", "completed"),
+    ]
+    model, tool_call = hist[1], hist[4]
+    assert model["payload"]["tool_calls"] == [
+        {"id": "call_0_0", "name": "refund", "arguments": {"order": "o-42", "amount": 30}}
+    ]
+    assert tool_call["arguments"] == {"order": "o-42", "amount": 30}
+    assert tool_call["payload"] == "refunded 30 EUR on o-42" and tool_call["state"] == "done"
+    code, out, _ = _run("history", "bill-1", *store_args)
+    assert code == 0 and "agent run, 2 turn(s), 1 tool call(s), 2 run(s)" in out
+    assert "turn 0: refund(order='o-42', amount=30)" in out and "resumed" in out
+    assert "refund(order='o-42', amount=30) -> 'refunded 30 EUR on o-42'" in out
+    (listed,) = [r for r in _json("runs", *store_args) if r["key"] == key]  # type: ignore[union-attr]
+    assert listed["steps"] == 3 and listed["damaged"] is None
+
+
+def test_runs_flags_a_run_with_a_damaged_journal_row(tmp_path: Path) -> None:
+    # guarantee 431: before, its head read, so `runs` listed it as done
+    db = tmp_path / "runs.sqlite"
+    with Store(db=db) as store:
+        _refund_run(store, "bill-2")
+        done_run(store, "fine")
+    settle(db)
+    flip(db, b"refunded 30 EUR on o-42")  # a byte of the tool's result, on the disk
+    listed = {r["key"]: r for r in _json("runs", "--db", str(db))}  # type: ignore[union-attr]
+    bad = listed["agent:bill-2:checkpoint:latest"]
+    assert bad["status"] == "done" and "does not match its checksum" in bad["damaged"]
+    assert listed["fine"]["damaged"] is None
+    code, out, _ = _run("runs", "--db", str(db))
+    assert code == 0 and "done, damaged" in out
+    many = ["agent:bill-2:checkpoint:latest", "fine", *(f"absent-{i}" for i in range(300))]
+    with Store(db=db, read_only=True) as store:  # a listing of most of a store: one pass
+        assert list(damaged_runs(store, many)) == ["agent:bill-2:checkpoint:latest"]
+    with Store(db=db, read_only=True) as store, InspectorServer(store, port=0).start() as server:
+        runs = {r["key"]: r for r in _get(server.url + "api/runs")["runs"]}
+        assert "does not match its checksum" in runs["agent:bill-2:checkpoint:latest"]["damaged"]
+        assert runs["fine"]["damaged"] is None
+
+
+def test_the_operator_views_name_agent_runs_as_the_runner_keys_them() -> None:
+    from stepstone.durable._inspect import agent_key
+    from stepstone.engines.llm._durable import location_key
+
+    assert agent_key("bill-1") == location_key("bill-1") == "agent:bill-1:checkpoint:latest"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -94,6 +95,13 @@ def test_inspector_in_headless_chromium(browser: Any, tmp_path: Path) -> None:
                 assert timeline.count() == 2
                 assert "extract" in timeline.nth(0).inner_text()
                 assert "bad row 7" in timeline.nth(1).inner_text()
+                # guarantee 421: when each step started, how long it took, the gap before it
+                took = timeline.nth(0).locator("td.took").inner_text()
+                assert re.fullmatch(r"\d+(\.\d+)? (us|ms|s)", took), took
+                assert re.fullmatch(
+                    r".*\d\d\.\d{3}", timeline.nth(0).locator("td.started").inner_text()
+                )
+                assert timeline.nth(0).locator("td.gap").inner_text() != "—"
                 assert page.is_hidden("#actions")  # read-only: no cancel button
                 box = page.locator("#run-error").screenshot()
                 assert _share_of(box, (0xFE, 0xF2, 0xF2)) > 0.5  # the red error box

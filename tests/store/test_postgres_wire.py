@@ -113,14 +113,14 @@ def test_a_session_that_lost_its_prepared_statements_prepares_them_again(
 def test_values_libpq_text_cannot_carry_go_through_a_cursor(store: Store, pg_url: str) -> None:
     """guarantee 348: a NUL byte or a lone surrogate (alone or in an array), a nested
     array, or a connection whose client encoding is not UTF-8 sends nothing this way (the
-    cursor sends it, and raises what it always raised). Arrays of text, integers and NULLs
-    go as array literals."""
+    cursor sends it, and raises what it always raised). Arrays of text, integers, floats
+    (a commit's rows' start times) and NULLs go as array literals."""
     assert text_values(["a\0b"]) is None
     assert text_values(["\ud800"]) is None
     assert text_values([["a", "b\0"]]) is None
     assert text_values([["\ud800"]]) is None
     assert text_values([[["a"]]]) is None
-    assert text_values([[0.5]]) is None
+    assert text_values([[0.5, None, 1795847869.4555278]]) == [b"{0.5,NULL,1795847869.4555278}"]
     assert text_values([True]) is None  # not a plain int: psycopg knows its type
     assert text_values([None, "é", 7, 0.5]) == [None, "é".encode(), b"7", b"0.5"]
     assert text_values([['a"b\\', None, "NULL", "é"], [1, -2], []]) == [

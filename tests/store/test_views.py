@@ -186,11 +186,13 @@ def test_builtin_kinds_are_the_engines_kinds() -> None:
 
 
 def test_internal_kinds_are_the_engines_bookkeeping() -> None:
-    # guarantee 424: the graph's resume lock is the one record kind that is not a run
+    # guarantee 424, 519: the graph's resume lock and a step's own operations journal are
+    # the record kinds that are not runs
+    from stepstone.durable._time import STEP_OPS_KIND
     from stepstone.engines._views import INTERNAL_KINDS
     from stepstone.engines.graph._records import LOCK_KIND
     from stepstone.store._views import is_internal_kind
 
-    assert INTERNAL_KINDS == (LOCK_KIND,)
-    assert is_internal_kind(LOCK_KIND)
+    assert INTERNAL_KINDS == (LOCK_KIND, STEP_OPS_KIND)
+    assert is_internal_kind(LOCK_KIND) and is_internal_kind(STEP_OPS_KIND)
     assert not any(is_internal_kind(kind) for kind in BUILTIN_KINDS)

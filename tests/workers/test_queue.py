@@ -782,7 +782,8 @@ def test_a_damaged_queue_table_definition_is_named_at_once(tmp_path: Path) -> No
     with Store(db=db) as store:
         submit(store, T + "plan", task(str(tmp_path / "log"), "x"))
     settle(db)
-    flip(db, b"started_at REAL", at=5, to=b"a")  # started_at -> startad_at
+    # the queue's started_at -> startad_at (journal rows have a started_at too)
+    flip(db, b"started_at REAL,\n    cancel_requested", at=5, to=b"a")
     with Store(db=db) as store, pytest.raises(StoreDamagedError, match="startad_at"):
         _worker(store).run(until_idle=True)
 

@@ -153,6 +153,29 @@ def _error_text(err: Any, width: int = 70) -> str:
     return _short(err, width)
 
 
+def clock_time(ts: float | None) -> str:
+    """``07:15:41.455``: a time of day (local) to the millisecond; ``-`` when unknown."""
+    if ts is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
+def span(seconds: float | None) -> str:
+    """A duration as a person reads it (``850 us``, ``12.3 ms``, ``4.20 s``, ``3 min 7 s``,
+    ``2 h 5 min``); ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
 def _size(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} KB"
 
@@ -406,7 +429,19 @@ def show_cmd(
             _print_agent(console, detail["agent"])
         if detail.get("operations") is not None:
             _print_operations(console, detail["operations"])
+        entries = detail["timeline"]
+        shown = entries[-SHOWN_ENTRIES:]
+        console.print(_history_table(key, detail["kind"], shown, payloads=False))
+        if len(shown) < len(entries):
+            console.print(
+                f"  ... and {len(entries) - len(shown)} earlier entries: `stepstone history "
+                f"{key}` lists them all"
+            )
         print_json(console, _cut_texts(detail["record"]))
+
+
+#: Entries of a run's timeline that `show` prints (the last ones; ``history``: all).
+SHOWN_ENTRIES = 20
 
 
 #: Characters of one text of a run's record that `show` prints (``--json``: all).
@@ -569,24 +604,47 @@ def history_cmd(
                     e.pop("payload", None)
             _print_json(entries)
             return
-        rows = sum(1 for e in entries if e["seq"] is not None)
-        stop = "" if rows == len(entries) else f", then {entries[-1]['kind']}"
-        table = Table(title=f"{key}: {rows} journal row(s){stop}")
-        for col in ("seq", "kind", "name", "error"):
-            table.add_column(col)
-        if payloads:
-            table.add_column("payload")
-        for e in entries:
-            err = e.get("error")
-            seq = "-" if e["seq"] is None else str(e["seq"])
-            cells = [seq, e["kind"], str(e["name"]), _error_text(err) if err else ""]
-            if payloads:
-                cells.append(_short(e.get("payload")))
-            table.add_row(*cells)
         console = _console()
-        console.print(table)
+        console.print(_history_table(key, found.head.kind, entries, payloads=payloads))
         if found.damaged:
             console.print(Text.assemble(("corrupt", "red"), ": ", visible(damage_report(found))))
+
+
+def _history_table(key: str, kind: str, entries: list[dict[str, Any]], *, payloads: bool) -> Table:
+    """The table of ``stepstone history``: one row per entry of the run's timeline."""
+    if kind == "agent":
+        turns = sum(1 for e in entries if e["kind"] == "model")
+        calls = sum(1 for e in entries if e["kind"] in ("tool", "subagent"))
+        runs = sum(1 for e in entries if e["kind"] == "run")
+        what = f"agent run, {turns} turn(s), {calls} tool call(s), {runs} run(s)"
+    else:
+        rows = sum(1 for e in entries if e["seq"] is not None)
+        stop = "" if rows == len(entries) else f", then {entries[-1]['kind']}"
+        what = f"{rows} journal row(s){stop}"
+    detailed = any(e.get("detail") for e in entries)
+    table = Table(title=f"{key}: {what}")
+    columns = ("seq", "kind", "name", *(("what",) if detailed else ()), "started", "took", "gap")
+    for col in (*columns, "error"):
+        justify = "right" if col in ("took", "gap") else "left"
+        table.add_column(col, overflow="fold", justify=justify)  # type: ignore[arg-type]
+    if payloads:
+        table.add_column("payload", overflow="fold")
+    for e in entries:
+        err = e.get("error")
+        seq = "-" if e["seq"] is None else str(e["seq"])
+        cells = [seq, e["kind"], str(e["name"])]
+        if detailed:
+            cells.append(str(e.get("detail") or ""))
+        cells += [
+            clock_time(e.get("started_at")),
+            span(e.get("duration_seconds")),
+            span(e.get("gap_seconds")),
+        ]
+        cells.append(_error_text(err) if err else "")
+        if payloads:
+            cells.append(_short(e.get("payload")))
+        table.add_row(*cells)
+    return table
 
 
 def stranded_cmd(

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Span, Text
 
 from stepstone.cli._runs import RunLine
-from stepstone.durable._inspect import steps_done
+from stepstone.durable._inspect import named_run, steps_done
 from stepstone.store import Store, StoreEntry
 
 __all__ = [
@@ -89,14 +89,14 @@ def unescape(text: str) -> str:
 def named_key(store: Store, key: str) -> str:
     """The key an operator named on the command line: ``key`` itself when the store holds
     it; else, when ``key`` holds escapes as the tables print them (``a\\nb``, copied from a
-    table), the key they spell when the store holds that one; else ``key`` (whose error then
-    names it as it was typed)."""
-    if "\\" not in key:
-        return key
-    meant = unescape(key)
-    if meant == key or _holds(store, key):
-        return key
-    return meant if _holds(store, meant) else key
+    table), the key they spell when the store holds that one; else the key of the agent
+    run whose ``run_id`` it is (:func:`named_run`); else ``key`` (whose error then names it
+    as it was typed)."""
+    if "\\" in key:
+        meant = unescape(key)
+        if meant != key and not _holds(store, key) and _holds(store, meant):
+            return meant
+    return named_run(store, key)
 
 
 def _holds(store: Store, key: str) -> bool:
@@ -376,7 +376,9 @@ def _run_cells(line: RunLine, now: float) -> list[_Cell]:
     return [
         (visible(h.key), ""),
         (visible(h.kind), ""),
-        (visible(h.status), _STATUS_STYLE.get(str(h.status), "white")),
+        (f"{visible(h.status)}, damaged", "red")
+        if line.damaged
+        else (visible(h.status), _STATUS_STYLE.get(str(h.status), "white")),
         (visible(_or_dash(h.next_step)), ""),
         (str(steps_done(h)), ""),
         owner,

@@ -9,7 +9,7 @@ from typing import Any
 from stepstone.core._ids import host_id, process_alive
 from stepstone.durable import list_runs as kernel_list_runs
 from stepstone.durable import owner_alive, run_head
-from stepstone.durable._inspect import filter_heads, steps_done, successors
+from stepstone.durable._inspect import damaged_runs, filter_heads, steps_done, successors
 from stepstone.store import RunHead, Store
 from stepstone.store._check import problem_text
 
@@ -27,6 +27,8 @@ class RunLine:
     corrupt: str | None = None
     #: The run that took this one over (a graph invocation resumed under a new id).
     superseded_by: str | None = None
+    #: What is wrong with a journal row of it that does not read (its head reads).
+    damaged: str | None = None
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -59,6 +61,7 @@ class RunLine:
             "created_at": h.created_at,
             "updated_at": h.updated_at,
             "superseded_by": self.superseded_by,
+            "damaged": self.damaged,
         }
 
     def owner(self, now: float) -> tuple[str, str]:
@@ -128,7 +131,11 @@ def select_runs(
     picked += [line for line in lines if line.head is None]
     if sort == "key":
         picked.sort(key=lambda line: line.key)
-    return len(picked), picked[offset : None if limit is None else offset + limit]
+    page = picked[offset : None if limit is None else offset + limit]
+    faults = damaged_runs(store, [line.key for line in page if line.head is not None])
+    if faults:  # what the page lists: its runs' journals read
+        page = [dataclasses.replace(line, damaged=faults.get(line.key)) for line in page]
+    return len(picked), page
 
 
 def owner_state(head: RunHead, now: float | None = None) -> tuple[str, str]:

@@ -14,6 +14,7 @@ reads.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from stepstone.store._base import Claim, JournalRow, RunHead
 from stepstone.store._store import Store
 
 __all__ = [
+    "agent_timeline",
     "agent_view",
     "applied_decisions",
     "approve_call",
@@ -387,20 +389,38 @@ def _record(store: Store, head: RunHead, pending: dict[str, Any], decision: bool
 
 
 def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> dict[str, Any]:
-    """An agent run's journal for operators: its phases, its effects (each with how many
-    times a resumed run replayed it) and the approvals it waits on."""
+    """An agent run's journal for operators: its phases (a run's start says whether it
+    resumed; its end, the state it ended in), its effects (each with the entry it started
+    at, what it did, and how many times a resumed run replayed it) and the approvals it
+    waits on, each with the times of the commits that wrote it (given the journal's rows;
+    None given entries). The one place the operator views read an agent run's entries
+    (:func:`agent_timeline` is built on it)."""
     phases: list[dict[str, Any]] = []
     starts: list[int] = []
     effects: dict[str, dict[str, Any]] = {}
     entries = entries_of(rows)
+    # the times of the journal row each entry is in (its commit's)
+    times: dict[int, tuple[float | None, float | None]] = {
+        r.seq: (r.started_at, r.committed_at) for r in rows if isinstance(r, JournalRow)
+    }
     for row in entries:
         data = row.data
+        started_at, committed_at = times.get(row.row, (None, None))
         if row.kind == "phase":
-            phases.append(
-                {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
-            )
+            phase = {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
+            phase["started_at"], phase["committed_at"] = started_at, committed_at
+            given = data.get("payload")
+            payload: dict[str, Any] = given if isinstance(given, dict) else {}
             if data.get("phase") == "run_started":
                 starts.append(row.seq)
+                phase["resumed"] = bool(payload.get("resumed"))
+            elif data.get("phase") == "run_terminal":
+                ended = payload.get("terminal_result")
+                result: dict[str, Any] = ended if isinstance(ended, dict) else {}
+                phase["state"] = payload.get("state") or result.get("state")
+                phase["final_text"] = payload.get("final_text")
+                phase["error"] = result.get("error")
+            phases.append(phase)
         elif row.kind in ("intent", "outcome") and row.name is not None:
             e = effects.setdefault(
                 row.name,
@@ -413,7 +433,14 @@ def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> d
                     "index": data.get("index"),
                     "state": "in doubt",
                     "error": None,
+                    "seq": row.seq,
                     "_seq": None,
+                    # when the commit that wrote its intent started (the call ran within
+                    # that commit's span when its outcome came in the same one), until
+                    # the commit of its outcome
+                    "started_at": started_at,
+                    "committed_at": None,
+                    "_intent_at": committed_at,
                 },
             )
             if row.kind == "outcome":
@@ -421,11 +448,27 @@ def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> d
                 e["state"] = "done"
                 e["error"] = out.get("error") if isinstance(out, dict) else None
                 e["_seq"] = row.seq
+                e["committed_at"] = committed_at
+                intent_at, outcome_at = e["_intent_at"], committed_at
+                # an intent committed before the call: the call began then
+                if intent_at is not None and outcome_at is not None and intent_at < outcome_at:
+                    e["started_at"] = intent_at
+                if isinstance(out, dict):
+                    e.update(_did(e["kind"], out))
+    calls = {  # the arguments of each tool call, as the model asked for it
+        c.get("id"): c.get("arguments")
+        for e in effects.values()
+        for c in e.get("tool_calls") or ()
+        if isinstance(c, dict)
+    }
     listed = []
     for e in effects.values():
         seq = e.pop("_seq")
+        e.pop("_intent_at")
         # Every run started after an outcome was committed replays it instead of calling.
         e["replays"] = 0 if seq is None else sum(1 for s in starts if s > seq)
+        if e["kind"] != "model" and e.get("call_id") in calls:
+            e["arguments"] = calls[e["call_id"]]
         listed.append(e)
     result = _terminal(entries)
     return {
@@ -435,3 +478,87 @@ def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> d
         "agent_state": result.get("state"),
         "final_text": result.get("final_text"),
     }
+
+
+def _did(kind: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """What an effect's recorded outcome says it did: a model call's text and the tool
+    calls it asked for (name and arguments), a tool or subagent call's result."""
+    if kind == "model":
+        asked = [
+            {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
+            for c in out.get("tool_calls") or ()
+            if isinstance(c, dict)
+        ]
+        return {"text": out.get("text"), "tool_calls": asked}
+    return {"content": out.get("content")}
+
+
+def agent_timeline(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """An agent run as operators follow it, from :func:`agent_view`: one entry per run
+    start (``run``: ``started``, or ``resumed`` where a resume took over), model turn
+    (``model``, named by the model, with the tool calls it asked for), tool or subagent
+    call (named by the tool, with its arguments and result) and run end (``end``, named by
+    the state it ended in), in journal order. Each entry has ``seq``, ``kind``, ``name``,
+    ``payload``, ``error`` and a one-line ``detail``."""
+    out: list[dict[str, Any]] = []
+    for p in view["phases"]:
+        times = {"started_at": p.get("started_at"), "committed_at": p.get("committed_at")}
+        if p["phase"] == "run_started":
+            name = "resumed" if p.get("resumed") else "started"
+            out.append({**_entry(p["seq"], "run", name, None, None, f"run {name}"), **times})
+        elif p["phase"] == "run_terminal":
+            error = p.get("error")
+            said = f"ended {p.get('state')}"
+            if p.get("final_text"):
+                said += f": {_brief(p['final_text'])}"
+            entry = _entry(p["seq"], "end", p.get("state"), p.get("final_text"), error, said)
+            out.append({**entry, **times})
+    for e in view["effects"]:
+        extra = {"turn": e.get("turn"), "state": e["state"], "replays": e["replays"]}
+        extra.update(started_at=e.get("started_at"), committed_at=e.get("committed_at"))
+        if e["kind"] == "model":
+            asked = e.get("tool_calls") or []
+            said = f"turn {e.get('turn')}: " + (
+                ", ".join(_call(c.get("name"), c.get("arguments")) for c in asked)
+                if asked
+                else _brief(e.get("text") or "")
+            )
+            payload = {"text": e.get("text"), "tool_calls": asked} if "text" in e else None
+        else:
+            said = _call(e.get("name"), e.get("arguments"))
+            if "content" in e:
+                said += f" -> {_brief(e.get('content'))}"
+            payload = e.get("content")
+            extra.update(call_id=e.get("call_id"), arguments=e.get("arguments"))
+        if e["state"] != "done":
+            said += " (in doubt: no outcome recorded)"
+        entry = _entry(e["seq"], e["kind"] or "effect", e.get("name"), payload, e["error"], said)
+        out.append({**entry, **extra})
+    out.sort(key=lambda entry: entry["seq"])
+    return out
+
+
+def _entry(seq: int, kind: str, name: Any, payload: Any, error: Any, detail: str) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "kind": kind,
+        "name": name,
+        "payload": payload,
+        "error": error,
+        "detail": detail,
+    }
+
+
+def _call(name: Any, arguments: Any) -> str:
+    """``lookup(order='o-42')``: a call as a line shows it."""
+    if isinstance(arguments, dict):
+        args = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    else:
+        args = "" if arguments is None else repr(arguments)
+    return f"{name}({args})"
+
+
+def _brief(value: Any, width: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return repr(text if len(text) <= width else text[: width - 3] + "...")

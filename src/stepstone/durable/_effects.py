@@ -102,6 +102,12 @@ class DurableScope:
         approvals: Decisions for pending approvals, by call id (from a resume).
         journal: The operation journal of the workflow run whose body this is (None in a
             Plan step, graph node, subagent call or workflow step).
+        address: The key of the run whose messages, events and streams the code in this
+            scope receives and writes (the Plan's checkpoint key, the workflow's key; None:
+            ``journal``'s key, or no run to address).
+        attempt: In a workflow step: the step's attempt, which the stream values it writes
+            carry (such a step runs again whole after a crash, so what it writes may
+            repeat); None elsewhere.
     """
 
     store: Store
@@ -109,6 +115,18 @@ class DurableScope:
     approvals: dict[str, bool | str] = dataclasses.field(default_factory=dict)
     _uses: list[int] = dataclasses.field(default_factory=lambda: [0], compare=False, repr=False)
     journal: OperationJournal | None = dataclasses.field(default=None, compare=False, repr=False)
+    address: str | None = None
+    attempt: int | None = None
+    #: The operations journal of this step execution's sleeps, receives and stream writes,
+    #: with the call that releases it, once one was made (``durable/_time.py``).
+    _ops: list[Any] = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def run_address(self) -> str | None:
+        """The key of the run this scope's messages, events and streams belong to."""
+        if self.address is not None:
+            return self.address
+        return None if self.journal is None else self.journal.key
 
     def run_key(self) -> str:
         """The key of the next durable loop started in this scope: ``"{key}:llm"``, then
@@ -147,6 +165,11 @@ class bind_scope:  # noqa: N801 - used as a function: ``with bind_scope(scope):`
 
     def __exit__(self, *exc: object) -> None:
         _scope.reset(self._token)
+        scope = self._scope
+        if scope is not None and scope._ops:  # its step's operations journal: release it
+            close = scope._ops.pop()
+            scope._ops.clear()
+            close()
 
 
 class EffectLog:
@@ -442,6 +465,11 @@ class EffectJournal:
             if items:
                 data, remember = self._writer.encode(items, self.intents)
                 rows.append((ENTRIES_KIND, None, data))
+            # The effects done so far (model turns, tool and subagent calls), in the head:
+            # what operators count as the run's steps without reading its journal.
+            base = meta if meta is not None else self.run.head.meta
+            if base.get("effects") != len(self.outcomes):
+                meta = {**base, "effects": len(self.outcomes)}
             try:
                 await self.run.commit(
                     status=status,

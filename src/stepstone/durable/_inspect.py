@@ -6,6 +6,7 @@ function here only reads.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import time
@@ -14,12 +15,13 @@ from typing import Any
 
 from stepstone.core._serialization import untag
 from stepstone.durable._agent_journal import AGENT_KIND
-from stepstone.durable._approvals import agent_view, waiting_calls
+from stepstone.durable._approvals import agent_timeline, agent_view, waiting_calls
 from stepstone.durable._journal_format import ENTRIES_KIND, expand
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
 from stepstone.durable._operations import OPERATION_ROWS, operation_rows
 from stepstone.durable._queue import existing_queue
 from stepstone.durable._shape import run_shape
+from stepstone.exceptions import CorruptRecordError
 from stepstone.store._base import (
     RUN_STATUSES,
     JournalRow,
@@ -29,16 +31,19 @@ from stepstone.store._base import (
     read_salvaged,
 )
 from stepstone.store._queue_base import QueueEntry
-from stepstone.store._store import Store
+from stepstone.store._store import Store, key_problem
 from stepstone.store._views import is_internal_kind
 
 __all__ = [
     "LIST_GROUPS",
     "ResumeVerdict",
+    "agent_key",
+    "damaged_runs",
     "damage_report",
     "diff_runs",
     "filter_heads",
     "missing_run",
+    "named_run",
     "query_runs",
     "owner_state",
     "run_detail",
@@ -51,6 +56,7 @@ __all__ = [
     "stranded_runs",
     "time_and_messages",
     "successors",
+    "with_times",
     "timeline",
 ]
 
@@ -138,11 +144,23 @@ def _error_of(head: RunHead) -> dict[str, Any] | None:
     return err if isinstance(err, dict) else None
 
 
+def damaged_runs(store: Store, keys: Sequence[str]) -> dict[str, str]:
+    """Those of the runs ``keys`` with a journal row that does not read (a byte changed on
+    the disk: its checksum no longer matches), each with what is wrong with its first one;
+    its head alone would list it as if nothing were. Reads every row of their journals."""
+    return store.backend.journal_faults(keys)
+
+
 def run_summary(
-    head: RunHead, *, now: float | None = None, superseded_by: str | None = None
+    head: RunHead,
+    *,
+    now: float | None = None,
+    superseded_by: str | None = None,
+    damaged: str | None = None,
 ) -> dict[str, Any]:
     """One run as a JSON-ready dict (the row of ``stepstone runs --json`` and the web
-    list); ``superseded_by``: the run that took it over (:func:`successors`)."""
+    list); ``superseded_by``: the run that took it over (:func:`successors`);
+    ``damaged``: what is wrong with a journal row of it (:func:`damaged_runs`)."""
     now = time.time() if now is None else now
     err = _error_of(head)
     state = owner_state(head, now=now, superseded_by=superseded_by)
@@ -165,6 +183,7 @@ def run_summary(
         "error_type": None if err is None else err.get("type"),
         "cancel_requested": bool(head.meta.get("cancel_requested")),
         "superseded_by": superseded_by,
+        "damaged": damaged,
     }
 
 
@@ -261,7 +280,11 @@ def query_runs(
         out = [h for h in out if h.key in keys]
     page = out[offset : None if limit is None else offset + limit]
     taken = successors(store, page, prefix=prefix or None)
-    return len(out), [run_summary(h, now=now, superseded_by=taken.get(h.key)) for h in page]
+    faults = damaged_runs(store, [h.key for h in page])
+    return len(out), [
+        run_summary(h, now=now, superseded_by=taken.get(h.key), damaged=faults.get(h.key))
+        for h in page
+    ]
 
 
 #: The groups a listing may show instead of a status: runs whose owner died and that
@@ -377,9 +400,12 @@ def run_listing(
     if statuses:
         heads = [h for h in heads if h.status in statuses]
     page = heads[offset : None if limit is None else offset + limit]
+    faults = damaged_runs(store, [h.key for h in page])
     runs = []
     for head in page:
-        summary = run_summary(head, now=now, superseded_by=taken.get(head.key))
+        summary = run_summary(
+            head, now=now, superseded_by=taken.get(head.key), damaged=faults.get(head.key)
+        )
         entry = latest.get(head.key)
         err = _error_of(head)
         summary.update(
@@ -430,9 +456,15 @@ def _decode(row: JournalRow) -> Any:
 
 
 def steps_done(head: RunHead) -> int:
-    """How many steps (journal rows) a run has committed, not counting the rows an engine
-    journals about the run itself (a Plan's record of its steps, written once)."""
-    if head.kind == "workflow":  # its operations finished, not its intent and outcome rows
+    """How many steps a run has committed: journal rows, not counting the rows an engine
+    journals about the run itself (a Plan's record of its steps, written once); for an
+    agent run, its effects done (model turns, tool and subagent calls), which its head
+    counts (one written before that count: its turns); for a workflow, its operations
+    finished, not its intent and outcome rows."""
+    if head.kind == AGENT_KIND:
+        effects = head.meta.get("effects")
+        return effects if type(effects) is int else head.iteration
+    if head.kind == "workflow":
         return head.iteration
     shape_rows = head.meta.get("shape_rows")
     return head.journal_len - (shape_rows if type(shape_rows) is int else 0)
@@ -451,9 +483,11 @@ def timeline(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
             continue
         data = _decode(row)
         if row.kind in OPERATION_ROWS and isinstance(data, list):
-            out.extend(_operation_entries(row.seq, data))
+            times = {"started_at": row.started_at, "committed_at": row.committed_at}
+            out.extend({**entry, **times} for entry in _operation_entries(row.seq, data))
             continue
         entry: dict[str, Any] = {"seq": row.seq, "kind": row.kind, "name": row.name}
+        entry["started_at"], entry["committed_at"] = row.started_at, row.committed_at
         if isinstance(data, dict) and isinstance(data.get("envelope"), dict):
             env = data["envelope"]
             entry["payload"] = env.get("payload")
@@ -529,13 +563,32 @@ def timeline_of(rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
     return out
 
 
+def _damaged(found: Salvaged) -> list[dict[str, Any]]:
+    """An entry for each journal row of ``found`` that does not read."""
+    return [
+        {
+            "seq": seq,
+            "kind": "damaged",
+            "name": None,
+            "payload": None,
+            "error": {"type": "CheckpointCorruptError", "message": fault},
+        }
+        for seq, fault in found.damaged.items()
+    ]
+
+
 def run_timeline(found: Salvaged) -> list[dict[str, Any]]:
     """A run's timeline as operators see it (``show``, ``history``, ``diff``, the
     inspector): :func:`salvaged_timeline`, then, for a failed or paused run, the step it
     stopped at (which committed no row of its own) with its error, as the last entry
-    (``seq`` None, kind ``"failed"`` or ``"paused"``)."""
-    steps = salvaged_timeline(found)
+    (``seq`` None, kind ``"failed"`` or ``"paused"``). An agent run's timeline is its
+    turns, tool calls and resumes (:func:`agent_timeline`), not its journal rows."""
     head = found.head
+    if head.kind == AGENT_KIND:
+        steps = agent_timeline(agent_view(head, found.rows)) + _damaged(found)
+        steps.sort(key=lambda entry: entry["seq"])
+    else:
+        steps = salvaged_timeline(found)
     err = _error_of(head)
     if err is not None and head.status in ("failed", "paused"):
         steps.append(
@@ -545,9 +598,36 @@ def run_timeline(found: Salvaged) -> list[dict[str, Any]]:
                 "name": err.get("step") or err.get("node"),
                 "payload": None,
                 "error": err,
+                "started_at": None,
+                "committed_at": head.updated_at,  # when it was recorded
             }
         )
-    return steps
+    return with_times(steps, created_at=head.created_at)
+
+
+def with_times(entries: list[dict[str, Any]], *, created_at: float) -> list[dict[str, Any]]:
+    """``entries`` (a timeline, in journal order) with how long each one's work took
+    (``duration_seconds``: from its start to its commit) and the gap before it
+    (``gap_seconds``: from the last commit made before it started, or the run's creation,
+    to its start: time spent between steps, stranded after a crash, or waiting to be
+    resumed). None where a time is unknown (rows written before journal rows had times).
+    Every entry gets ``started_at`` and ``committed_at`` (None when unknown)."""
+    commits: list[float] = []  # the commit times seen so far, sorted
+    for entry in entries:
+        started, committed = entry.get("started_at"), entry.get("committed_at")
+        entry["started_at"], entry["committed_at"] = started, committed
+        entry["duration_seconds"] = (
+            round(committed - started, 6) if started is not None and committed is not None else None
+        )
+        gap = None
+        if started is not None:
+            at = bisect.bisect_right(commits, started)
+            before = commits[at - 1] if at else created_at
+            gap = round(max(started - before, 0.0), 6)
+        entry["gap_seconds"] = gap
+        if committed is not None:
+            bisect.insort(commits, committed)
+    return entries
 
 
 def run_detail(
@@ -567,7 +647,8 @@ def run_detail(
     err = _error_of(head)
     now = database_now(store) if now is None else now
     taken = successors(store, [head], prefix=key).get(key)
-    summary = run_summary(head, now=now, superseded_by=taken)
+    fault = found.damaged[min(found.damaged)] if found.damaged else None
+    summary = run_summary(head, now=now, superseded_by=taken, damaged=fault)
     detail = {**summary, "meta": head.meta, "error": err, "timeline": steps}
     problem = damage_report(found) if found.damaged else journal_problem(head, rows)
     if problem is not None:  # shown as it is, to see what is left; a resume refuses it
@@ -696,6 +777,31 @@ def _comparable(entry: dict[str, Any]) -> tuple[Any, ...]:
 def _end(head: RunHead) -> dict[str, Any]:
     """Where a run stands, beyond its journal: its status, next step and error."""
     return {"status": head.status, "next_step": head.next_step, "error": _error_of(head)}
+
+
+def agent_key(run_id: str) -> str:
+    """The key of the agent run ``run_id`` (``Runner.run(..., run_id=...)``)."""
+    return f"agent:{run_id}:checkpoint:latest"
+
+
+def named_run(store: Store, name: str) -> str:
+    """The key of the run an operator names: ``name`` itself when the store holds it;
+    else the key of the agent run whose ``run_id`` is ``name`` when there is one (``bill-1``
+    for ``agent:bill-1:checkpoint:latest``); else ``name``."""
+    if _holds(store, name):
+        return name
+    key = agent_key(name)
+    return key if _holds(store, key) else name
+
+
+def _holds(store: Store, key: str) -> bool:
+    """Whether ``key`` holds a run or a value (one that does not decode holds one too)."""
+    if not key or key_problem(key, new=False) is not None:
+        return False  # a key no store can hold
+    try:
+        return store.backend.run_get(key) is not None or store.backend.kv_get(key) is not None
+    except CorruptRecordError:
+        return True
 
 
 def missing_run(store: Store, key: str) -> str:

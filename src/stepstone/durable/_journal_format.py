@@ -475,9 +475,10 @@ def expand(rows: Sequence[JournalRow]) -> list[JournalRow]:
             entries = reader.row(row)
         except ValueError:
             entries = None
+        times = (row.started_at, row.committed_at)  # an entry's: its row's commit's
         if entries is None or row.kind != ENTRIES_KIND:
-            out.append(JournalRow(len(out), row.kind, row.name, row.data))
+            out.append(JournalRow(len(out), row.kind, row.name, row.data, *times))
             continue
         for entry in entries:
-            out.append(JournalRow(len(out), entry.kind, entry.name, dumps(entry.data)))
+            out.append(JournalRow(len(out), entry.kind, entry.name, dumps(entry.data), *times))
     return out

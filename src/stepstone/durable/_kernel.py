@@ -31,6 +31,8 @@ from stepstone.durable._group import (
     group_commit,
     group_transact,
     leave,
+    shared_claim,
+    shared_commit,
 )
 from stepstone.durable._leases import (
     LIVE_STATUSES,
@@ -121,13 +123,17 @@ def _encode(key: str, value: Any, kind: str | None, name: Any) -> str:
 
 
 def _journal_rows(
-    key: str, rows: Sequence[tuple[str, str | None, Any]], seq: int
+    key: str,
+    rows: Sequence[tuple[str, str | None, Any]],
+    seq: int,
+    started: float | None = None,
+    committed: float | None = None,
 ) -> list[JournalRow]:
     """``(kind, name, json_data)`` rows of the run under ``key`` as journal rows numbered
-    from ``seq``."""
+    from ``seq``, with the times of the work they record."""
     out: list[JournalRow] = []
     for kind, name, data in rows:
-        out.append(JournalRow(seq, kind, name, _encode(key, data, kind, name)))
+        out.append(JournalRow(seq, kind, name, _encode(key, data, kind, name), started, committed))
         seq += 1
     return out
 
@@ -199,6 +205,11 @@ class OwnedRun:
             updated_at=now,
         )
 
+    def clock(self) -> float:
+        """Now, on the database's clock (:meth:`Backend.clock`): when a step starts, for
+        the ``started=`` of its commit."""
+        return self.store.backend.clock()
+
     def _prepare(
         self,
         status: str,
@@ -207,7 +218,11 @@ class OwnedRun:
         meta: dict[str, Any] | None,
         rows: Sequence[tuple[str, str | None, Any]],
         writes: Sequence[tuple[str, Any]],
+        started: float | None = None,
     ) -> tuple[RunHead, list[JournalRow], list[tuple[str, str]]]:
+        # By default the work began when this run last committed (or was claimed): the
+        # head's updated_at, read before it moves on.
+        began = self.head.updated_at if started is None else started
         new = self._next_head(
             status=status, next_step=next_step, iteration=iteration, meta=meta, n_rows=len(rows)
         )
@@ -215,7 +230,8 @@ class OwnedRun:
             (check_key(k, "writes= key", new=True), _encode(self.key, v, None, k))
             for k, v in writes
         ]
-        return new, _journal_rows(self.key, rows, self.head.journal_len), encoded
+        journal = _journal_rows(self.key, rows, self.head.journal_len, began, new.updated_at)
+        return new, journal, encoded
 
     def commit_sync(
         self,
@@ -227,12 +243,15 @@ class OwnedRun:
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
         extras: ExtraWrites | None = None,
+        started: float | None = None,
     ) -> None:
         """Commit one step: new head, journal rows (``(kind, name, json_data)``) and
         ``writes`` (``(key, json_value)``), in one transaction. A row's data or a value
         may be :class:`Encoded` (already JSON text). ``extras``: the run's timers,
         messages consumed, events and stream values written in that same transaction
-        (``store/_extras.py``).
+        (``store/_extras.py``). Each row records when its work started (``started``, a
+        :meth:`clock` time; by default when this run last committed or was claimed) and
+        when it committed (the new head's time).
 
         Raises:
             ConcurrentRunError: another run took the key over (this run's lease had
@@ -240,7 +259,9 @@ class OwnedRun:
             CorruptRecordError: a message in ``extras.consume`` is not a pending message
                 of this run; nothing was written.
         """
-        new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
+        new, journal, encoded = self._prepare(
+            status, next_step, iteration, meta, rows, writes, started
+        )
         if not self._write(new, self.head.version, journal, encoded, extras):
             new = self._cancelled(new, journal, encoded, extras)
         self.head = new
@@ -257,6 +278,8 @@ class OwnedRun:
         backend = self.store.backend
         if extras:
             return backend.run_commit_extras(new, expected, journal, encoded, extras)
+        if self._grouped:  # shared with the commits other threads make at the same moment
+            return shared_commit(backend, (new, expected, journal, encoded))
         return backend.run_commit(new, expected, journal, encoded)
 
     async def commit(
@@ -269,6 +292,7 @@ class OwnedRun:
         rows: Sequence[tuple[str, str | None, Any]] = (),
         writes: Sequence[tuple[str, Any]] = (),
         extras: ExtraWrites | None = None,
+        started: float | None = None,
     ) -> None:
         """Async :meth:`commit_sync`. Local files (``Backend.commit_inline``) commit on the
         loop thread, grouped with the commits of other runs on the same loop that are ready
@@ -276,7 +300,9 @@ class OwnedRun:
         checked on its own); PostgreSQL on an async connection awaited on the loop
         (``Backend.async_commit``); other network backends from a worker thread. A commit
         with ``extras`` is its own transaction (``blocking_call``'s rule)."""
-        new, journal, encoded = self._prepare(status, next_step, iteration, meta, rows, writes)
+        new, journal, encoded = self._prepare(
+            status, next_step, iteration, meta, rows, writes, started
+        )
         backend = self.store.backend
         if extras:
             ok = await blocking_call(
@@ -289,7 +315,10 @@ class OwnedRun:
             self.head = new
             return
         if may_block_loop():  # a sync call's private loop: nothing else to run meanwhile
-            ok = backend.run_commit(new, self.head.version, journal, encoded)
+            if self._grouped:  # shared with the commits other threads make meanwhile
+                ok = shared_commit(backend, (new, self.head.version, journal, encoded))
+            else:
+                ok = backend.run_commit(new, self.head.version, journal, encoded)
         elif self._grouped:
             ok = await group_commit(backend, (new, self.head.version, journal, encoded))
         elif backend.async_commit:
@@ -479,7 +508,7 @@ def claim_run(
         what=what,
         first_rows=first_rows,
     )
-    claimed = finish(store.backend.run_claim(key, decide))
+    claimed = finish(_claim(store, key, decide))
     assert claimed is not None  # only a claim_empty finds the key occupied
     return claimed
 
@@ -491,7 +520,16 @@ def claim_empty(store: Store, key: str, **options: Any) -> ClaimResult | None:
     resume claims it (leaving a record it refuses as it was) tries this first, and reads
     only when the key is taken."""
     decide, finish = _claimer(store, key, only_if_empty=True, **options)
-    return finish(store.backend.run_claim(key, decide))
+    return finish(_claim(store, key, decide))
+
+
+def _claim(store: Store, key: str, decide: Decide) -> RunHead | None:
+    """``run_claim`` of the store's backend; on SQLite through the backend's turns, shared
+    with the commits and claims other threads make at the same moment."""
+    backend = store.backend
+    if can_group_claims(backend):
+        return shared_claim(backend, key, decide)
+    return backend.run_claim(key, decide)
 
 
 def _claimer(
@@ -515,7 +553,9 @@ def _claimer(
     lease = LeasePolicy.of(store)
     uid = run_uid or new_uid()
     decision = _Decision()
-    start_rows = _journal_rows(key, first_rows, 0)  # encoded once, outside the transaction
+    # encoded once, outside the transaction; they record the claim: its start, and its
+    # commit (the claim's time, set inside the transaction)
+    start_rows = _journal_rows(key, first_rows, 0, store.backend.clock() if first_rows else None)
 
     def decide(head: RunHead | None, kv_text: str | None) -> Claim | None:
         if only_if_empty and (head is not None or kv_text is not None):
@@ -591,7 +631,8 @@ def _claimer(
             created_at=now,
             **base,
         )
-        return Claim(head=new, reset_journal=True, rows=start_rows, drop_kv=drop_kv)
+        stamped = [dataclasses.replace(r, committed_at=now) for r in start_rows]
+        return Claim(head=new, reset_journal=True, rows=stamped, drop_kv=drop_kv)
 
     def finish(head: RunHead | None) -> ClaimResult | None:
         if decision.outcome == "occupied":

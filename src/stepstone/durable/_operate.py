@@ -9,6 +9,7 @@ lost and no step runs after the cancel is seen.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -251,7 +252,8 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
             "origin": new_origin(),  # the copy's steps get keys of their own
         },
     )
-    copies = [JournalRow(i, r.kind, r.name, r.data) for i, r in enumerate(kept)]
+    # the copies keep their times: the fork's history is the original's up to the fork
+    copies = [dataclasses.replace(r, seq=i) for i, r in enumerate(kept)]
 
     def decide(cur: RunHead | None, kv: str | None) -> Claim:
         if cur is not None or kv is not None:

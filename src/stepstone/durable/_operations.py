@@ -913,6 +913,22 @@ class OperationJournal:
         if writes:
             self.add_writes(writes)
 
+    def instant(
+        self, pos: str, op: str, name: str, value: Any, extras: ExtraWrites | None = None
+    ) -> int:
+        """Record at ``pos`` an operation whose whole effect is the commit that records it
+        (an event set, a stream value written: ``extras``): its intent and outcome at once,
+        buffered with ``extras``; returns the mark :meth:`commit` waits for."""
+        intent = {"op": op, "name": name, "args": None, "at": round(time.time(), 3)}
+        outcome = {"op": op, "name": name, "value": value}
+        self.entries[pos] = Entry(op, name, intent, outcome)
+        self.done += 1
+        self.add("intent", pos, intent)
+        mark = self.add("outcome", pos, outcome)
+        if extras:
+            mark = self.add_extras(extras)
+        return mark
+
     def record_done(
         self,
         pos: str,

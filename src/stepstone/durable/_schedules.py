@@ -38,10 +38,11 @@ from stepstone.durable._queue import (
     check_number,
     existing_queue,
     queue_backend,
+    resolve_target,
     start_envelope,
     target_path,
 )
-from stepstone.exceptions import ConfigurationError, UserError
+from stepstone.exceptions import ConfigurationError, ConfigurationTypeError, UserError
 from stepstone.store._queue_base import QueueBackend, ScheduleRow, TickEntry
 from stepstone.store._store import Store
 
@@ -277,6 +278,8 @@ def schedule(
     name: str | None = None,
     queue: str = "default",
     task: str | Envelope[Any] | BaseModel = "",
+    args: tuple[Any, ...] | list[Any] = (),
+    kwargs: dict[str, Any] | None = None,
     priority: int = 0,
     max_attempts: int = 3,
     catch_up: CatchUp = "one",
@@ -299,6 +302,9 @@ def schedule(
         queue: The queue its runs go to (the workers serving it start them).
         task: Each run's start envelope, or a task string (as for ``submit``); each run's
             envelope also carries ``metadata["schedule"]`` and ``metadata["tick"]``.
+        args: For a workflow (``@workflow``), the arguments each run is called with (the
+            workflow is imported now to record them as its ``submit`` does).
+        kwargs: For a workflow, its keyword arguments.
         priority: Each run's priority.
         max_attempts: Each run's ``max_attempts``.
         catch_up: What ticks missed while no worker ran become: ``"one"`` run (default),
@@ -322,8 +328,9 @@ def schedule(
         )
     grace = check_number("grace", grace, 0)
     _cron(cron, timezone)
+    env = _workflow_envelope(target, path, args, kwargs, task)
     text = json.dumps(
-        start_envelope(task).to_dict(where=f"task of schedule {name!r}", strict=True),
+        (env or start_envelope(task)).to_dict(where=f"task of schedule {name!r}", strict=True),
         separators=(",", ":"),
     )
     qb = queue_backend(store)
@@ -351,6 +358,43 @@ def schedule(
         )
     )
     return Schedule(store, name)
+
+
+def _workflow_envelope(
+    target: Any, path: str, args: Any, kwargs: Any, task: Any
+) -> Envelope[Any] | None:
+    """The start envelope of a scheduled workflow's runs (its arguments recorded as the
+    workflow's own ``submit`` records them), or None when the target is not a workflow.
+
+    Raises:
+        ConfigurationError: ``args``/``kwargs`` for a target that is not a workflow, or
+            with a ``task`` too.
+    """
+    given = bool(args) or bool(kwargs)
+    if not isinstance(args, tuple | list) or not isinstance(kwargs, dict | None):
+        raise ConfigurationTypeError(
+            f"args must be a tuple or list and kwargs a dict, got {args!r:.60} and {kwargs!r:.60}"
+        )
+    obj = target
+    if isinstance(target, str):
+        if not given:
+            return None  # a path: imported by the workers, as submit does
+        obj = resolve_target(path)
+    encode, using = getattr(obj, "encode", None), getattr(obj, "using", None)
+    if not (callable(encode) and callable(using) and isinstance(getattr(obj, "name", None), str)):
+        if given:
+            raise ConfigurationError(
+                f"args= and kwargs= are the arguments of a workflow (@workflow); {path!r} is "
+                "not one: pass its start envelope or task string as task="
+            )
+        return None
+    if task != "":
+        raise ConfigurationError(
+            f"schedule a workflow with args= and kwargs= (its arguments), not task=; got "
+            f"task={task!r:.60}"
+        )
+    data = encode(tuple(args), dict(kwargs or {}))
+    return Envelope(task=obj.name, payload={"workflow_args": data})
 
 
 def list_schedules(store: Store) -> list[ScheduleInfo]:

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["Parking", "parked_by", "parking"]
+from stepstone.store._changes import Subscription, queue_topic
+from stepstone.store._store import Store
+
+__all__ = ["Parking", "parked_by", "parking", "watch_queues"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,3 +55,10 @@ def parking() -> Parking | None:
 def parked_by(policy: Parking | None) -> contextvars.Token[Parking | None]:
     """Make ``policy`` the parking of the calling task (and the tasks it starts)."""
     return _parking.set(policy)
+
+
+def watch_queues(store: Store, queues: Sequence[str]) -> Subscription:
+    """A subscription that is touched when a parked run of one of ``queues`` is made
+    runnable by a message (PostgreSQL's ``NOTIFY``, or a send in this process); the worker
+    takes it at once instead of at its next poll."""
+    return store.backend.changes().subscribe([queue_topic(q) for q in queues])

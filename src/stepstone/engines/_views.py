@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepstone.durable._time import STEP_OPS_KIND
 from stepstone.engines.llm._durable import agent_view
 from stepstone.engines.plan._checkpoint import plan_view
 from stepstone.engines.replan._record import replan_view
@@ -34,8 +35,9 @@ __all__ = ["BUILTIN_KINDS", "INTERNAL_KINDS", "register_builtin_views"]
 BUILTIN_KINDS = ("plan", "graph", "replan", "agent", "workflow")
 
 #: Record kinds of stepstone's engines that are bookkeeping, not runs: a graph record's
-#: resume lock (``graph:<id>#resume``). Listings of runs leave them out.
-INTERNAL_KINDS = ("graph.resume",)
+#: resume lock (``graph:<id>#resume``), a step execution's own journal of its sleeps,
+#: receives and stream writes (``<idempotency key>:ops``). Listings of runs leave them out.
+INTERNAL_KINDS = ("graph.resume", STEP_OPS_KIND)
 
 
 def register_builtin_views() -> None:

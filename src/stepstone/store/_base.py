@@ -265,10 +265,18 @@ def _number(row: Sequence[Any], index: int) -> float:
         return 0.0
 
 
-def journal_row(key: str, seq: Any, kind: Any, name: Any, data: Any) -> JournalRow:
+def journal_row(
+    key: str,
+    seq: Any,
+    kind: Any,
+    name: Any,
+    data: Any,
+    started_at: Any = None,
+    committed_at: Any = None,
+) -> JournalRow:
     """A journal row read from a database, its columns checked (invalid UTF-8, or a
     sequence number that is not an integer, raises CheckpointCorruptError naming the key
-    and the row)."""
+    and the row). A time that is not a number reads as None: times only inform."""
     where = f"journal row {printable_key(seq)}"
     if type(seq) is not int:
         raise corrupt_error(key, f"{where} has a sequence number that is not an integer")
@@ -277,7 +285,18 @@ def journal_row(key: str, seq: Any, kind: Any, name: Any, data: Any) -> JournalR
         checked_text(kind, key, f"{where} kind"),
         None if name is None else checked_text(name, key, f"{where} name"),
         checked_text(data, key, f"{where} data"),
+        _time(started_at),
+        _time(committed_at),
     )
+
+
+def _time(value: Any) -> float | None:
+    """A stored time as a float, or None (none stored, or not a number)."""
+    if type(value) is float:
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -285,12 +304,18 @@ class JournalRow:
     """One append-only journal entry of a run (a step result, an effect, a marker).
 
     ``data`` is JSON text; ``kind`` and ``name`` are engine-defined and indexed.
+    ``started_at`` and ``committed_at`` are when the work the row records started and
+    when the commit that wrote it was made (Unix times on the database's clock, as the
+    kernel reads it: :meth:`Backend.clock`); every row of one commit has the same ones.
+    Rows written before journal rows had times have None.
     """
 
     seq: int
     kind: str
     name: str | None
     data: str
+    started_at: float | None = None
+    committed_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -300,7 +325,8 @@ class Claim:
     Attributes:
         head: The new head (inserted or replacing the old one).
         reset_journal: Drop the run's existing journal rows first (a fresh start).
-        rows: Journal rows to append (for example, an imported legacy checkpoint).
+        rows: Journal rows to append (for example, an imported legacy checkpoint), stored
+            with the times they carry (a run's start row: the claim's).
         drop_kv: Delete the plain KV value under the same key (a legacy checkpoint that
             was stored as a value and is now imported as a run).
     """
@@ -403,7 +429,9 @@ class Backend(abc.ABC):
         If the stored head of ``head.key`` has ``expected_version`` and ``head.run_uid``,
         replace it with ``head``, append ``rows`` and upsert ``writes`` (key, JSON text) into
         the KV space, all in one transaction, and return True. Otherwise write nothing and
-        return False.
+        return False. A row keeps its ``started_at``; its ``committed_at`` is the commit's
+        time, the new head's ``updated_at``, whatever the row says (so a database fills it
+        from the head in the same statement).
         """
 
     async def arun_commit(
@@ -561,6 +589,13 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Idempotent."""
+
+    def journal_faults(self, keys: Sequence[str]) -> dict[str, str]:
+        """For each run of ``keys`` with a journal row that does not read (a byte changed
+        beneath the store, found by the row's checksum), what is wrong with its first such
+        row, by run key: for an operator's listing, which reads every row of the runs it
+        lists. Backends whose rows carry no checksum return ``{}``."""
+        return {}
 
     def headless_journal_keys(self) -> list[str]:
         """Keys that hold journal rows but no run head (a head lost to damage; a store

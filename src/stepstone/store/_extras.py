@@ -115,6 +115,9 @@ class ExtraWrites:
     (:meth:`~stepstone.store.Backend.run_commit_extras`).
 
     Attributes:
+        key: The run the records belong to (None: the committing run). A step's own
+            operations journal under a run of their own but read and write the records of
+            the run the step belongs to (its messages, events, streams, timers).
         consume: Ids of messages of the run to mark consumed: each must be the run's and
             still pending, or nothing of the commit is written.
         events: ``(name, json_text)`` values to set.
@@ -124,6 +127,7 @@ class ExtraWrites:
         clear_timers: Names of timers to remove.
     """
 
+    key: str | None = None
     consume: tuple[int, ...] = ()
     events: tuple[tuple[str, str], ...] = ()
     stream: tuple[tuple[str, str], ...] = ()

@@ -157,7 +157,10 @@ class MemoryBackend(Backend):
                 if wkey in self._runs:
                     raise run_key_conflict(wkey)
             self._runs[head.key] = head
-            self._journal.setdefault(head.key, []).extend(rows)
+            at = head.updated_at  # every row's committed_at: the commit's time
+            self._journal.setdefault(head.key, []).extend(
+                r if r.committed_at == at else dataclasses.replace(r, committed_at=at) for r in rows
+            )
             for wkey, text in writes:
                 self._kv[wkey] = text
         if head.status not in ("claimed", "running"):
@@ -192,10 +195,11 @@ class MemoryBackend(Backend):
                 or current.run_uid != head.run_uid
             ):
                 return False
+            key = extras.key or head.key  # whose records
             for mid in extras.consume:  # checked first: nothing is written on a refusal
                 found = self._messages.get(mid)
-                if found is None or found.run_key != head.key or found.consumed_at is not None:
-                    raise consumed_already(head.key, mid)
+                if found is None or found.run_key != key or found.consumed_at is not None:
+                    raise consumed_already(key, mid)
             if not self.run_commit(head, expected_version, rows, writes):
                 return False  # (never: checked above, under the same lock)
             now = head.updated_at
@@ -203,19 +207,21 @@ class MemoryBackend(Backend):
                 msg = self._messages[mid]
                 self._messages[mid] = dataclasses.replace(msg, consumed_at=now)
             for name, data in extras.events:
-                self._events.setdefault(head.key, {})[name] = EventValue(
+                self._events.setdefault(key, {})[name] = EventValue(
                     name=name, data=data, updated_at=now
                 )
             for name, data in extras.stream:
-                self._append(head.key, name, data, None, now)
-            timers = self._timers.setdefault(head.key, {})
+                self._append(key, name, data, None, now)
+            timers = self._timers.setdefault(key, {})
             for name in extras.clear_timers:
                 timers.pop(name, None)
             for timer in extras.timers:
                 timers[timer.name] = timer
             if not timers:
-                del self._timers[head.key]
-        self._feed.publish(run_topic(head.key))
+                del self._timers[key]
+        self._feed.publish(run_topic(key))
+        if key != head.key:
+            self._feed.publish(run_topic(head.key))
         return True
 
     def message_send(

@@ -828,7 +828,10 @@ class PostgresBackend(Backend):
             if claim.rows:
                 conn.cursor().executemany(
                     INSERT_JOURNAL_SQL,
-                    [(key, r.seq, r.kind, r.name, r.data) for r in claim.rows],
+                    [
+                        (key, r.seq, r.kind, r.name, r.data, r.started_at, r.committed_at)
+                        for r in claim.rows
+                    ],
                 )
             return claim.head
 
@@ -940,18 +943,18 @@ class PostgresBackend(Backend):
         rows = self._read(
             "read a journal",
             lambda cur: cur.execute(
-                "SELECT seq, kind, name, data FROM stepstone_journal "
+                "SELECT seq, kind, name, data, started_at, committed_at FROM stepstone_journal "
                 "WHERE run_key = %s AND seq >= %s ORDER BY seq",
                 (key, since_seq),
             ).fetchall(),
         )
-        return [journal_row(key, s, k, n, d) for s, k, n, d in rows]
+        return [journal_row(key, *row) for row in rows]
 
     def run_journal_row(self, key: str, seq: int) -> JournalRow | None:
         found = self._read(
             "read a journal row",
             lambda cur: cur.execute(
-                "SELECT seq, kind, name, data FROM stepstone_journal "
+                "SELECT seq, kind, name, data, started_at, committed_at FROM stepstone_journal "
                 "WHERE run_key = %s AND seq = %s",
                 (key, seq),
             ).fetchone(),
@@ -998,7 +1001,7 @@ class PostgresBackend(Backend):
         extras: ExtraWrites,
     ) -> bool:
         self._refuse_if_read_only()
-        key = head.key
+        key = extras.key or head.key  # whose records
 
         def commit(cur: Cursor) -> bool:
             if writes:
@@ -1013,11 +1016,12 @@ class PostgresBackend(Backend):
             cur.execute(_HEAD_UPDATE_SQL, head_update_params(head, expected_version))
             if cur.rowcount != 1:
                 return False
+            now = head.updated_at  # every row's committed_at: the commit's time
             if rows:
                 cur.executemany(
-                    INSERT_JOURNAL_SQL, [(key, r.seq, r.kind, r.name, r.data) for r in rows]
+                    INSERT_JOURNAL_SQL,
+                    [(head.key, r.seq, r.kind, r.name, r.data, r.started_at, now) for r in rows],
                 )
-            now = head.updated_at
             if writes:
                 cur.executemany(UPSERT_KV_SQL, [(w, text, now) for w, text in writes])
             if extras.consume:
@@ -1048,7 +1052,7 @@ class PostgresBackend(Backend):
                 )
             return True
 
-        keys = [key, *(w for w, _ in writes)]
+        keys = [head.key, key, *(w for w, _ in writes)]
         return self._transaction("commit a step with its records", keys, commit)
 
     def message_send(

@@ -87,21 +87,24 @@ def commit_sql(rows: int, writes: int) -> bytes:
     elif writes:
         check = f" AND stepstone_keys_free({KEY_LOCK_CLASS}, %s::int4[], %s::text[])"
     parts = [f"WITH upd AS ({_HEAD_UPDATE}{check} RETURNING key, updated_at)"]
+    # A row's committed_at is the commit's time: the head's updated_at, from the UPDATE.
+    insert = (
+        "j AS (INSERT INTO stepstone_journal "
+        "(run_key, seq, kind, name, data, started_at, committed_at) "
+    )
     if rows == 1:
         parts.append(
-            "j AS (INSERT INTO stepstone_journal (run_key, seq, kind, name, data) "
-            "SELECT upd.key, %s::int8, %s, %s, %s FROM upd)"
+            f"{insert}SELECT upd.key, %s::int8, %s, %s, %s, %s::float8, upd.updated_at FROM upd)"
         )
     elif rows:
         source = (
-            "unnest(%s::int8[], %s::text[], %s::text[], %s::text[])"
+            "unnest(%s::int8[], %s::text[], %s::text[], %s::text[], %s::float8[])"
             if rows < 0
-            else "(VALUES " + ", ".join(["(%s::int8, %s, %s, %s)"] * rows) + ")"
+            else "(VALUES " + ", ".join(["(%s::int8, %s, %s, %s, %s::float8)"] * rows) + ")"
         )
         parts.append(
-            "j AS (INSERT INTO stepstone_journal (run_key, seq, kind, name, data) "
-            f"SELECT upd.key, r.seq, r.kind, r.name, r.data FROM upd, {source} "
-            "AS r(seq, kind, name, data))"
+            f"{insert}SELECT upd.key, r.seq, r.kind, r.name, r.data, r.started, upd.updated_at "
+            f"FROM upd, {source} AS r(seq, kind, name, data, started))"
         )
     if writes:
         if writes == 1:
@@ -125,7 +128,7 @@ def commit_sql(rows: int, writes: int) -> bytes:
 FUNCTION_SQL = (
     "SELECT stepstone_step_commit(%s, %s, %s::int8, %s::int8, %s::int8, %s::float8, %s, "
     f"%s::float8, %s, %s::int8, %s, {KEY_LOCK_CLASS}, %s::int4[], %s::text[], %s::text[], "
-    "%s::int8[], %s::text[], %s::text[], %s::text[])"
+    "%s::int8[], %s::text[], %s::text[], %s::text[], %s::float8[])"
 ).encode()
 
 
@@ -153,6 +156,7 @@ def commit_statement(
                 [r.kind for r in rows],
                 [r.name for r in rows],
                 [r.data for r in rows],
+                [r.started_at for r in rows],
             ],
             keys,
         )
@@ -168,10 +172,11 @@ def commit_statement(
             [r.kind for r in rows],
             [r.name for r in rows],
             [r.data for r in rows],
+            [r.started_at for r in rows],
         )
     else:
         for r in rows:
-            params += (r.seq, r.kind, r.name, r.data)
+            params += (r.seq, r.kind, r.name, r.data, r.started_at)
     if n_writes < 0:
         params += (keys, list(latest.values()))
     else:

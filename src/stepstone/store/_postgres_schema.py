@@ -24,6 +24,7 @@ __all__ = [
     "CLAIM_READ_SQL",
     "DELETE_SQL",
     "INSERT_JOURNAL_SQL",
+    "JOURNAL_TIMES",
     "KEY_STATE_SQL",
     "PUT_HEAD_SQL",
     "HEAD_COLS",
@@ -450,6 +451,52 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
+#: When the work a journal row records started and when its commit was made (database
+#: clock), for operators; older rows keep NULL. A step commit fills committed_at from the
+#: head it moves, in the same statement. The commit function for connections that prepare
+#: nothing gains the rows' start times (an overload: the older one stays for a process of
+#: the previous version still running).
+JOURNAL_TIMES = """
+    ALTER TABLE stepstone_journal ADD COLUMN started_at DOUBLE PRECISION,
+        ADD COLUMN committed_at DOUBLE PRECISION;
+    CREATE FUNCTION stepstone_step_commit(p_status TEXT, p_next_step TEXT, p_version INT8,
+        p_iteration INT8, p_journal_len INT8, p_lease_until FLOAT8, p_meta TEXT,
+        p_updated_at FLOAT8, p_key TEXT, p_expected INT8, p_run_uid TEXT,
+        p_lock_class INT4, p_lock_ids INT4[], p_wkeys TEXT[], p_wvalues TEXT[],
+        p_seqs INT8[], p_kinds TEXT[], p_names TEXT[], p_datas TEXT[], p_starteds FLOAT8[])
+    RETURNS INT8 LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        IF cardinality(p_wkeys) = 1 AND EXISTS (
+            SELECT 1 FROM stepstone_kv WHERE key = p_wkeys[1] FOR KEY SHARE
+        ) THEN
+            NULL;
+        ELSIF cardinality(p_wkeys) > 0
+            AND NOT stepstone_keys_free(p_lock_class, p_lock_ids, p_wkeys) THEN
+            RETURN 0;
+        END IF;
+        UPDATE stepstone_runs SET status = p_status, next_step = p_next_step,
+            version = p_version, iteration = p_iteration, journal_len = p_journal_len,
+            lease_until = p_lease_until, meta = p_meta, updated_at = p_updated_at
+            WHERE key = p_key AND version = p_expected AND run_uid = p_run_uid;
+        IF NOT FOUND THEN
+            RETURN 0;
+        END IF;
+        INSERT INTO stepstone_journal (run_key, seq, kind, name, data, started_at,
+                committed_at)
+            SELECT p_key, r.seq, r.kind, r.name, r.data, r.started, p_updated_at
+            FROM unnest(p_seqs, p_kinds, p_names, p_datas, p_starteds)
+                AS r(seq, kind, name, data, started);
+        INSERT INTO stepstone_kv (key, value, updated_at)
+            SELECT w.key, w.value, p_updated_at
+            FROM unnest(p_wkeys, p_wvalues) AS w(key, value)
+            ON CONFLICT (key) DO UPDATE
+                SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at;
+        RETURN 1;
+    END
+    $fn$;
+"""
+MIGRATIONS.append(JOURNAL_TIMES)
+
 # Advisory lock ids. Per-key locks use the two-int4 form (class, hash of the key), which
 # PostgreSQL keeps apart from the one-bigint form the schema lock uses.
 KEY_LOCK_CLASS = 0x53545053  # "STPS"
@@ -527,7 +574,8 @@ CLAIM_FRESH_SQL = (
     "%s::float8)"
 ).encode()
 INSERT_JOURNAL_SQL = (
-    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data) VALUES (%s, %s, %s, %s, %s)"
+    "INSERT INTO stepstone_journal (run_key, seq, kind, name, data, started_at, committed_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s)"
 )
 
 

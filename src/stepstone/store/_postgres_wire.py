@@ -17,11 +17,11 @@ is what a worker running many runs at once is short of.
 
 The parameters are sent as text, typed by the statement (its placeholders carry casts, or
 are bound to text columns). Only plain values go this way: ``None``, ``str``, ``int`` and
-``float``, and lists of ``None``, ``str`` and ``int`` (the arrays of a commit with many rows
-or writes, or of any commit on a connection that prepares nothing), sent as array
-literals. A commit with anything else, a string PostgreSQL could not store as text (a NUL
-byte, a lone surrogate), or a connection whose client encoding is not UTF-8 is sent through
-a cursor instead, which does what it always did (including raising the same errors).
+``float``, and lists of them (the arrays of a commit with many rows or writes, or of any
+commit on a connection that prepares nothing), sent as array literals. A commit with
+anything else, a string PostgreSQL could not store as text (a NUL byte, a lone surrogate),
+or a connection whose client encoding is not UTF-8 is sent through a cursor instead, which
+does what it always did (including raising the same errors).
 
 A connection prepares each statement text the first time it sends it, under a name of its
 own (``stepstone_c<n>``); a server that forgot it (``DEALLOCATE ALL``, a pooler that moved
@@ -108,14 +108,16 @@ def _text(value: str) -> bytes | None:
 
 
 def _array(items: list[Any]) -> bytes | None:
-    """A list of ``int``, ``str`` and ``None`` as an array literal (each string quoted, its
-    ``"`` and ``\\`` escaped), or None when an item cannot be sent that way."""
+    """A list of ``int``, ``float``, ``str`` and ``None`` as an array literal (each string
+    quoted, its ``"`` and ``\\`` escaped), or None when an item cannot be sent that way."""
     parts: list[bytes] = []
     for item in items:
         if item is None:
             parts.append(b"NULL")
         elif type(item) is int:
             parts.append(b"%d" % item)
+        elif type(item) is float:
+            parts.append(repr(item).encode())
         elif type(item) is str:
             data = _text(item)
             if data is None:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from stepstone.exceptions import StoreDamagedError, StoreError
+from stepstone.exceptions import CheckpointCorruptError, StoreDamagedError, StoreError
 from stepstone.store._base import (
     HEAD_COLUMNS,
     Backend,
@@ -42,7 +42,7 @@ from stepstone.store._base import (
     prefix_bounds,
     printable_key,
 )
-from stepstone.store._changes import ChangeFeed, run_topic
+from stepstone.store._changes import ChangeFeed, queue_topic, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._memory import consumed_already, run_key_conflict
 from stepstone.store._sqlite_conns import ThreadConnections
@@ -69,7 +69,7 @@ from stepstone.store._sqlite_rows import (
 from stepstone.store._sqlite_wal import WalTender, wal_damage
 from stepstone.store._webhooks import WEBHOOK_COLUMNS, WebhookRecord
 
-__all__ = ["MIGRATIONS", "SCHEMA", "SQLiteBackend", "publish"]
+__all__ = ["JOURNAL_TIMES", "MIGRATIONS", "SCHEMA", "TIMES_VERSION", "SQLiteBackend", "publish"]
 
 #: What a run keeps beside its journal (``store/_extras.py``): its timers, the messages sent
 #: to it, its events and its streams. Row-id tables with a key index, as the journal (a
@@ -197,6 +197,15 @@ MIGRATIONS: list[str] = [
     _WEBHOOKS,
 ]
 
+#: When the work a journal row records started and when its commit was made (database
+#: clock), for operators; older rows keep NULL. Not covered by a row's checksum: a time
+#: never steers a run (as a head's lease).
+JOURNAL_TIMES = """
+    ALTER TABLE stepstone_journal ADD COLUMN started_at REAL;
+    ALTER TABLE stepstone_journal ADD COLUMN committed_at REAL;
+"""
+MIGRATIONS.append(JOURNAL_TIMES)
+
 #: The current schema, created in one go in a new file (running version 1 there would
 #: collide with an application's own ``kv`` table).
 SCHEMA = (
@@ -232,6 +241,8 @@ SCHEMA = (
         name TEXT,
         data TEXT NOT NULL,
         crc INTEGER,
+        started_at REAL,
+        committed_at REAL,
         PRIMARY KEY (run_key, seq)
     );
 """
@@ -311,14 +322,24 @@ _COLUMNS = (
     ("run_key", "seq", "kind", "name", "data"),
 )
 
+#: Up to this many runs, :meth:`SQLiteBackend.journal_faults` reads each run's journal by
+#: its key; more, it reads the whole table once.
+_FAULTS_BY_KEY = 256
+
 #: The schema version from which every row carries a checksum (``crc``).
 _CRC_VERSION = 3
+
+#: The schema version from which journal rows carry their times.
+TIMES_VERSION = MIGRATIONS.index(JOURNAL_TIMES) + 1
 
 
 def _columns_of(version: int) -> tuple[tuple[str, ...], ...]:
     """The columns of the kv, runs and journal tables of schema ``version``."""
     extra = ("crc",) if version >= _CRC_VERSION else ()
-    return tuple(columns + extra for columns in _COLUMNS)
+    kv, runs, journal = (columns + extra for columns in _COLUMNS)
+    if version >= TIMES_VERSION:
+        journal += ("started_at", "committed_at")
+    return kv, runs, journal
 
 
 #: A URL given where a file path belongs (``postgresql://...``, ``sqlite:///x.db``), also
@@ -446,6 +467,7 @@ class SQLiteBackend(Backend):
         self.schema_version = len(MIGRATIONS)
         self._kv, self._runs, self._journal = _TABLES
         self._checksums = True  # rows carry a crc: every store but an older one read-only
+        self._times = True  # journal rows carry their times: likewise
         self._extras = True  # timers, messages...: every store but an older one read-only
         self._webhooks = True  # the webhook outbox: likewise
         with _FEEDS_LOCK:
@@ -655,6 +677,7 @@ class SQLiteBackend(Backend):
         self.schema_version = version
         self._kv, self._runs, self._journal = _tables_of(version)
         self._checksums = version >= _CRC_VERSION
+        self._times = version >= TIMES_VERSION
         self._extras = version >= _EXTRAS_VERSION
         self._webhooks = version >= _WEBHOOKS_VERSION
 
@@ -727,11 +750,15 @@ class SQLiteBackend(Backend):
 
     @property
     def _journal_cols(self) -> str:
-        return f"seq, kind, name, data{', crc' if self._checksums else ''}"
+        crc = ", crc" if self._checksums else ""
+        return f"seq, kind, name, data{crc}{', started_at, committed_at' if self._times else ''}"
 
     def _journal_row(self, key: str, row: Sequence[Any]) -> JournalRow:
         """A journal row selected as :attr:`_journal_cols`, its checksum checked, decoded."""
-        return journal_row(key, *(checked_journal_row(key, *row) if self._checksums else row))
+        body, times = (row[:-2], row[-2:]) if self._times else (row, ())
+        return journal_row(
+            key, *(checked_journal_row(key, *body) if self._checksums else body), *times
+        )
 
     # -- key/value -----------------------------------------------------------------------
     @file_errors
@@ -873,7 +900,8 @@ class SQLiteBackend(Backend):
                 return False
             if rows:
                 conn.executemany(
-                    journal_insert_sql(self._journal), [journal_params(head.key, r) for r in rows]
+                    journal_insert_sql(self._journal),
+                    [journal_params(head.key, r, head.updated_at) for r in rows],
                 )
             if writes:
                 for wkey, _ in writes:
@@ -918,6 +946,32 @@ class SQLiteBackend(Backend):
         return None if found is None else self._journal_row(key, found)
 
     @file_errors
+    def journal_faults(self, keys: Sequence[str]) -> dict[str, str]:
+        if not self._checksums or not keys:
+            return {}
+        conn = self._conn()
+        select = f"SELECT run_key, {self._journal_cols} FROM {self._journal}"
+        if len(keys) <= _FAULTS_BY_KEY:  # a page of runs: each journal by the key's index
+            found = (
+                row
+                for key in keys
+                for row in conn.execute(f"{select} WHERE run_key = ? ORDER BY seq", (key,))
+            )
+        else:  # most of a store: one pass over the table
+            wanted = set(keys)
+            found = (row for row in conn.execute(select) if row[0] in wanted)
+        faults: dict[str, str] = {}
+        for row in found:
+            key = row[0]
+            if key in faults:
+                continue
+            try:
+                self._journal_row(key, row[1:])
+            except CheckpointCorruptError as exc:
+                faults[key] = exc.fault or str(exc)
+        return faults
+
+    @file_errors
     def headless_journal_keys(self) -> list[str]:
         rows = self._conn().execute(
             f"SELECT DISTINCT run_key FROM {self._journal} "
@@ -947,7 +1001,7 @@ class SQLiteBackend(Backend):
         writes: Sequence[tuple[str, str]],
         extras: ExtraWrites,
     ) -> bool:
-        key = head.key
+        key = extras.key or head.key  # whose records
         with self._tx() as conn:
             cur = conn.execute(
                 head_update_sql(self._runs), head_commit_params(head, expected_version)
@@ -956,7 +1010,8 @@ class SQLiteBackend(Backend):
                 return False
             if rows:
                 conn.executemany(
-                    journal_insert_sql(self._journal), [journal_params(key, r) for r in rows]
+                    journal_insert_sql(self._journal),
+                    [journal_params(head.key, r, head.updated_at) for r in rows],
                 )
             now = head.updated_at
             if writes:
@@ -1020,17 +1075,21 @@ class SQLiteBackend(Backend):
                 (run_key, topic, data, now, message_crc(run_key, topic, data, now)),
             )
             mid = int(cur.lastrowid or 0)
+            woken: list[tuple[Any, ...]] = []
             if conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stepstone_queue'"
             ).fetchone():
                 # A run a worker parked waiting for this topic: runnable now (same transaction).
-                conn.execute(
+                woken = conn.execute(
                     "UPDATE stepstone_queue SET not_before = ?, updated_at = ? "
                     "WHERE run_key = ? AND status = 'queued' AND not_before > ? AND EXISTS "
-                    "(SELECT 1 FROM stepstone_timers WHERE run_key = ? AND topic = ?)",
+                    "(SELECT 1 FROM stepstone_timers WHERE run_key = ? AND topic = ?) "
+                    "RETURNING queue",
                     (now, now, run_key, now, run_key, topic),
-                )
+                ).fetchall()
         self._feed.publish(run_topic(run_key))
+        for (queue,) in woken:  # the workers of this process take it at once
+            self._feed.publish(queue_topic(str(queue)))
         return mid
 
     def _message(self, row: Sequence[Any]) -> Message:

@@ -119,7 +119,7 @@ def _apply(
             continue
         state[head.key] = (head.version, head.run_uid)
         heads.append(head_commit_params(head, expected))
-        rows.extend(journal_params(head.key, r) for r in jrows)
+        rows.extend(journal_params(head.key, r, head.updated_at) for r in jrows)
         values.extend(kv_params(k, text, head.updated_at) for k, text in writes)
         outcomes[i] = True
     if heads:

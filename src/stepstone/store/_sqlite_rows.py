@@ -168,7 +168,10 @@ def head_update_sql(runs: str) -> str:
 @functools.cache
 def journal_insert_sql(journal: str) -> str:
     """The insert of a journal row into table ``journal`` (:func:`journal_params`)."""
-    return f"INSERT INTO {journal} (run_key, seq, kind, name, data, crc) VALUES (?, ?, ?, ?, ?, ?)"
+    return (
+        f"INSERT INTO {journal} (run_key, seq, kind, name, data, crc, started_at, committed_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    )
 
 
 @functools.cache
@@ -195,8 +198,10 @@ def head_commit_params(head: RunHead, expected_version: int) -> tuple[Any, ...]:
     return (*values[1:], _head_crc(values), head.key, expected_version, head.run_uid)
 
 
-def journal_params(key: str, row: JournalRow) -> tuple[Any, ...]:
-    """A journal row as parameters of ``INSERT ... (run_key, seq, kind, name, data, crc)``."""
+def journal_params(key: str, row: JournalRow, committed_at: float | None = None) -> tuple[Any, ...]:
+    """A journal row as parameters of ``INSERT ... (run_key, seq, kind, name, data, crc,
+    started_at, committed_at)``; ``committed_at``: the commit's time (a step commit's new
+    head's ``updated_at``), else the row's own (a claim's rows: as they carry it)."""
     return (
         key,
         row.seq,
@@ -204,6 +209,8 @@ def journal_params(key: str, row: JournalRow) -> tuple[Any, ...]:
         row.name,
         row.data,
         _journal_crc(key, row.seq, row.kind, row.name, row.data),
+        row.started_at,
+        row.committed_at if committed_at is None else committed_at,
     )
 
 

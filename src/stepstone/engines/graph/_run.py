@@ -93,7 +93,11 @@ class GraphRun:
         if self.branch is not None:
             (fan_ns, fan_node, fan_step), index = self.branch
             where = f"{'/'.join((*fan_ns, fan_node))}:{fan_step}[{index}]/{where}"
-        return DurableScope(store=sink.store, key=f"graph:{sink.origin}:{where}:{step}")
+        return DurableScope(
+            store=sink.store,
+            key=f"graph:{sink.origin}:{where}:{step}",
+            address=self.correlation_id,  # a node's messages, events and streams
+        )
 
     async def save(self, pos: NodePosition, patch: Patch, pop: int, next_node: str | None) -> None:
         """Save one completed node (a journal: head + row, one transaction)."""

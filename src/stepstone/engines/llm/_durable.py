@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from typing import Any
@@ -35,6 +36,8 @@ from stepstone.durable._effects import DurableScope
 from stepstone.durable._journal_format import read_entries
 from stepstone.durable._kernel import OwnedRun, claim_run, describe_owner
 from stepstone.durable._leases import owner_alive
+from stepstone.durable._messages import encode_value
+from stepstone.durable._records import blocking_call
 from stepstone.durable._records import read_run as kernel_read_run
 from stepstone.durable._settle import settled_since_last_phase
 from stepstone.engines.llm._calls import RunState
@@ -63,6 +66,8 @@ __all__ = [
     "run_durable",
     "run_in_scope",
 ]
+
+log = logging.getLogger("stepstone")
 
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 
@@ -478,9 +483,13 @@ async def run_durable(
     retry_failed: bool,
     system_context: str | None = None,
     retry_retryable: bool = False,
+    address: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the durable LLM run under ``key`` with the agent's tools, output
     type, name and session from ``ctx``; returns its terminal result dict.
+
+    With the engine's ``stream_to``, the model's text is written to that stream of the run
+    ``address`` names (default: ``run_id``) as it comes.
 
     A finished run gives its stored result, unless ``retry_failed`` (a failed one runs
     again from where it stopped) or ``retry_retryable`` and it failed on a retryable error.
@@ -525,7 +534,8 @@ async def run_durable(
         assert result is not None
         return result
     try:
-        return await _AgentRun(engine, call, owned, log, approvals).drive(started, found.latest)
+        agent_run = _AgentRun(engine, call, owned, log, approvals, address or run_id)
+        return await agent_run.drive(started, found.latest)
     finally:
         owned.release()
 
@@ -542,11 +552,17 @@ class _AgentRun:
         owned: OwnedRun,
         log: AgentLog,
         approvals: dict[str, bool | str],
+        address: str,
     ) -> None:
         settings = call.settings
         self.engine = engine
         self.call = call
         self.approvals = approvals
+        self.address = address  # whose stream the engine's stream_to writes
+        # runs of this record before this one: a resumed run's streamed text is a retry
+        self.starts = sum(
+            1 for e in log.effects.entries if e.kind == "phase" and e.name == "run_started"
+        )
         self.journal = AgentJournal(
             owned,
             log,
@@ -602,6 +618,7 @@ class _AgentRun:
         env = Envelope.from_task(started, context=call.system_context)
         outcome: dict[str, Any] = {"state": "completed", "error": None, "pending_approvals": []}
         payload: Any = None
+        tokens = _TokenStream.start(engine, call.store, self.address, self.starts + 1)
         try:
             payload = await engine._loop(
                 env,
@@ -609,6 +626,7 @@ class _AgentRun:
                 output_type=call.ctx.output_type,
                 state=self.state,
                 hooks=hooks,
+                sink=None if tokens is None else tokens.sink,
             )
         except AgentPaused as paused:
             outcome = {"state": "paused", "error": None, "pending_approvals": paused.pending}
@@ -620,6 +638,9 @@ class _AgentRun:
         except BaseException:  # cancellation, KeyboardInterrupt: a crash, resumable
             await self.journal.close()
             raise
+        finally:
+            if tokens is not None:
+                await tokens.close()
         await self.journal.close()
         return outcome, payload
 
@@ -697,6 +718,7 @@ async def run_in_scope(
         thread_id=scope.key,
         approvals=scope.approvals,
         pause_raises=True,
+        address=scope.run_address,  # its tokens go to the stream of the run it is part of
     )
 
 
@@ -742,6 +764,7 @@ async def _run_journaled(
     thread_id: str,
     approvals: dict[str, Any] | None,
     pause_raises: bool,
+    address: str | None = None,
 ) -> Envelope[Any]:
     started = time.perf_counter()
     result = await run_durable(
@@ -758,6 +781,7 @@ async def _run_journaled(
         must_exist=False,
         retry_failed=True,
         system_context=env.context,
+        address=address,
     )
     metadata = {
         "model": engine.model,
@@ -794,3 +818,52 @@ async def _run_journaled(
     if wants_structured(ctx.output_type):
         payload = type_adapter(ctx.output_type).validate_python(result["final_structured"])
     return Envelope(task=env.task, context=env.context, payload=payload, metadata=metadata)
+
+
+class _TokenStream:
+    """The model's text of one durable LLM run, written to a stream of its run as it comes
+    (``LLMEngine(stream_to=...)``): ``{"text": ...}`` values, the tokens that came while
+    the previous value was written joined into the next, each carrying the run's attempt
+    (1, then one more for every resume: a model call that runs again after a crash writes
+    its text again)."""
+
+    def __init__(self, store: Store, address: str, name: str, attempt: int, size: int) -> None:
+        self.store = store
+        self.address = address
+        self.name = name
+        self.attempt = attempt
+        self.sink: asyncio.Queue[str | None] = asyncio.Queue(maxsize=size)
+        self.task = asyncio.create_task(self._pump())
+
+    @classmethod
+    def start(cls, engine: Any, store: Store, address: str, attempt: int) -> _TokenStream | None:
+        name = getattr(engine.settings, "stream_to", None)
+        if not name:
+            return None
+        return cls(store, address, name, attempt, engine.settings.stream_buffer)
+
+    async def _pump(self) -> None:
+        backend = self.store.backend
+        done = False
+        while not done:
+            parts: list[str] = []
+            token = await self.sink.get()
+            while token is not None:
+                parts.append(token)
+                if self.sink.empty():
+                    break
+                token = self.sink.get_nowait()
+            done = token is None
+            if parts:
+                text = encode_value({"text": "".join(parts)}, f"stream {self.name!r}")
+                await blocking_call(
+                    self.store, backend.stream_append, self.address, self.name, text, self.attempt
+                )
+
+    async def close(self) -> None:
+        """Write what is left and stop (the loop ended, or was stopped)."""
+        await self.sink.put(None)
+        try:
+            await self.task
+        except Exception:
+            log.warning("stepstone: writing the stream %r failed", self.name, exc_info=True)

@@ -128,6 +128,12 @@ class LLMEngine(ProviderRouting):
             consumer (backpressure).
         cache: ``True`` or a :class:`CacheConfig` asks for prompt caching.
         strict_multimodal: Raise instead of dropping attachments a model cannot take.
+        stream_to: In a durable run (a ``Runner`` run, a queued agent, a Plan step, a
+            workflow's body, a graph node), write the model's text as it comes to the
+            run's stream of this name, as ``{"text": ...}`` values a few tokens at a time,
+            so another process can show the answer live (``RunHandle.read_stream``). A
+            model call replayed from the journal writes nothing; one that runs again after
+            a crash writes again, its values carrying a later attempt. Elsewhere, ignored.
 
     Example::
 
@@ -165,6 +171,7 @@ class LLMEngine(ProviderRouting):
         stream_buffer: int = 64,
         cache: bool | CacheConfig = False,
         strict_multimodal: bool = False,
+        stream_to: str | None = None,
     ) -> None:
         #: The engine's configuration, checked and frozen (see :class:`LLMSettings`).
         self.settings: Final = LLMSettings.from_arguments(
@@ -190,6 +197,7 @@ class LLMEngine(ProviderRouting):
             stream_buffer=stream_buffer,
             cache=cache,
             strict_multimodal=strict_multimodal,
+            stream_to=stream_to,
             stacklevel=2,
         )
         self._provider_obj: Provider | None = None
@@ -222,6 +230,7 @@ class LLMEngine(ProviderRouting):
     stream_buffer = _Setting[int]()
     cache = _Setting[CacheConfig | None]()
     strict_multimodal = _Setting[bool]()
+    stream_to = _Setting[str | None]()
 
     @property
     def native_tools(self) -> list[NativeTool]:

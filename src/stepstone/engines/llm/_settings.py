@@ -69,6 +69,7 @@ class LLMSettings:
     stream_buffer: int = 64
     cache: CacheConfig | None = None
     strict_multimodal: bool = False
+    stream_to: str | None = None
     #: True when no alias or rule named the model's provider: the default one was taken.
     routed_by_default: bool = False
 
@@ -98,6 +99,7 @@ class LLMSettings:
         stream_buffer: int = 64,
         cache: bool | CacheConfig = False,
         strict_multimodal: bool = False,
+        stream_to: str | None = None,
         stacklevel: int = 2,
     ) -> LLMSettings:
         """Check and normalise ``LLMEngine``'s arguments (same names, same defaults).
@@ -124,6 +126,11 @@ class LLMSettings:
             )
         if system is not None and not isinstance(system, str):
             raise ConfigurationTypeError(f"system must be a str or None, got {system!r}")
+        if stream_to is not None and (not isinstance(stream_to, str) or not stream_to):
+            raise ConfigurationTypeError(
+                f"stream_to must be the name of a stream (a non-empty str) or None, got "
+                f"{stream_to!r:.80}"
+            )
         idle = _idle_timeout(stream_idle_timeout, stacklevel + 2)
         _check_tool_choice(tool_choice)
         natives = _native_tools(native_tools, allow_dangerous_native_tools)
@@ -155,6 +162,7 @@ class LLMSettings:
             stream_buffer=stream_buffer,
             cache=cache_config,
             strict_multimodal=strict_multimodal,
+            stream_to=stream_to,
         )
 
     @property

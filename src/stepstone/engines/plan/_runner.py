@@ -195,6 +195,7 @@ class PlanRun:
         rows: list[tuple[str, str | None, Any]] | None = None,
         writes: list[tuple[str, Any]] | None = None,
         error: dict[str, Any] | None = None,
+        started: float | None = None,
     ) -> None:
         if self.run is None:
             return
@@ -208,6 +209,7 @@ class PlanRun:
                 meta=meta,
                 rows=start + (rows or []),
                 writes=[(self.writes_prefix + k, v) for k, v in writes or []],
+                started=started,
             )
             self.written.update(writes or [])
         if self.session is not None:
@@ -385,6 +387,8 @@ class PlanRun:
 
         async def branch(step: Step) -> None:
             name = step.step_name
+            # the branches run together: each row says when its own branch started
+            began = self.run.clock() if self.run is not None else None
             self._emit(EventType.STEP_START, step=name, iteration=nth, band=unit.entry)
             try:
                 out = await self._invoke(step, inputs[name])
@@ -409,7 +413,9 @@ class PlanRun:
                     return
                 # Journal the branch now (not applied yet): a crash or a sibling's failure
                 # must not cost this branch's work (guarantee 11).
-                await self._commit(status="running", next_step=unit.entry, rows=[row])
+                await self._commit(
+                    status="running", next_step=unit.entry, rows=[row], started=began
+                )
                 values[name] = value
             self._emit(EventType.STEP_FINISH, step=name, iteration=nth, band=unit.entry)
             done[name] = out
@@ -526,7 +532,9 @@ class PlanRun:
         key = env.metadata.get("idempotency_key")
         if self.run is None or not isinstance(key, str):
             return None
-        return DurableScope(store=self.run.store, key=key, approvals=self.approvals)
+        return DurableScope(
+            store=self.run.store, key=key, approvals=self.approvals, address=self.run.key
+        )
 
     async def _invoke(self, step: Step, env: Envelope[Any]) -> Envelope[Any]:
         """Call the step's target (its LLM text streamed when the run is: ``Plan.stream``)."""

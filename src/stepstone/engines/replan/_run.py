@@ -134,7 +134,12 @@ class ReplanRun:
         return {"checkpoint_version": RECORD_VERSION, "planner": self.planner_name, "error": error}
 
     async def _commit(
-        self, status: str, rows: list[Row], *, error: dict[str, Any] | None = None
+        self,
+        status: str,
+        rows: list[Row],
+        *,
+        error: dict[str, Any] | None = None,
+        started: float | None = None,
     ) -> None:
         if self.run is None:
             return
@@ -149,6 +154,7 @@ class ReplanRun:
                 iteration=number,
                 meta=self._meta(error),
                 rows=rows,
+                started=started,
             )
         self.started = True
         self._emit(EventType.CHECKPOINT, key=self.run.key, status=status, round=number)
@@ -310,13 +316,16 @@ class ReplanRun:
         stops: list[tuple[int, _Stop]] = []
 
         async def one(index: int, task: Task) -> None:
+            # parallel tasks run together: each row says when its own task started
+            began = self.run.clock() if self.run is not None else None
             try:
                 outcome = await self._dispatch(current.number, index, task)
             except _Stop as stop:
                 stops.append((index, stop))
                 return
             current.outcomes[index] = outcome
-            await self._commit("running", [task_row(current.number, index, task.tool, outcome)])
+            row = task_row(current.number, index, task.tool, outcome)
+            await self._commit("running", [row], started=began)
             self._emit(EventType.STEP_FINISH, step=task.tool, round=current.number, index=index)
 
         # Let every sibling finish (and commit) before anything propagates: a lost lease

@@ -198,7 +198,13 @@ class WorkflowStep(Generic[P, R]):
             try:
                 # An agent inside the step journals under the call's idempotency key (as
                 # in a Plan step); a step it calls is a plain call.
-                with bind_scope(DurableScope(store=journal.store, key=call.idempotency_key)):
+                scope = DurableScope(
+                    store=journal.store,
+                    key=call.idempotency_key,
+                    address=journal.key,  # its events and streams are the workflow's
+                    attempt=call.attempt,
+                )
+                with bind_scope(scope):
                     if self.is_async:
                         value = await self.fn(*args, **kwargs)  # type: ignore[misc]
                     else:

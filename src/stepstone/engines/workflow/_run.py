@@ -33,6 +33,7 @@ from stepstone.exceptions import (
     ApprovalPendingError,
     ConcurrentRunError,
     RunCancelledError,
+    RunParked,
     UserError,
     WorkflowCorruptError,
 )
@@ -192,6 +193,14 @@ async def _drive(
             log.warning(
                 "stepstone: recording that %r failed did not work", journal.key, exc_info=True
             )
+        raise
+    except RunParked:
+        # It waits longer than its worker keeps a slot for: paused at its wait (with what
+        # it committed), resumed into the same wait when a worker takes it again.
+        try:
+            await journal.finish("paused", meta=kept)
+        except Exception:
+            log.warning("stepstone: recording that %r waits failed", journal.key, exc_info=True)
         raise
     except BaseException:
         await journal.settle()  # cancelled: what finished is kept, the rest runs on resume

@@ -26,6 +26,25 @@ function short(value, width) {
   return text.length > width ? text.slice(0, width - 1) + "…" : text;
 }
 
+function clockTime(ts) {
+  // a time of day to the millisecond: when a step started
+  if (ts === null || ts === undefined) return "—";
+  const d = new Date(ts * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds()) + "." +
+    String(d.getMilliseconds()).padStart(3, "0");
+}
+
+function span(seconds) {
+  // a duration as a person reads it: how long a step took, or the gap before it
+  if (seconds === null || seconds === undefined) return "—";
+  if (seconds < 0.001) return Math.round(seconds * 1e6) + " us";
+  if (seconds < 1) return (seconds * 1000).toFixed(1) + " ms";
+  if (seconds < 60) return seconds.toFixed(2) + " s";
+  if (seconds < 3600) return Math.floor(seconds / 60) + " min " + Math.floor(seconds % 60) + " s";
+  return Math.floor(seconds / 3600) + " h " + Math.floor((seconds % 3600) / 60) + " min";
+}
+
 function statusBadge(status) {
   return el("span", status, "badge status-" + status);
 }
@@ -101,6 +120,12 @@ async function renderList() {
     keyCell.append(link);
     const statusCell = el("td");
     statusCell.append(statusBadge(run.status));
+    if (run.damaged) {
+      // Its head reads, a journal row does not: say so where the status is.
+      const flag = el("span", "damaged", "badge status-failed damaged-flag");
+      flag.title = run.damaged;
+      statusCell.append(" ", flag);
+    }
     tr.append(keyCell, el("td", run.kind), statusCell,
       ownerCell(run, "td"),
       el("td", run.steps), el("td", run.next_step || ""), el("td", when(run.updated_at)),
@@ -166,8 +191,11 @@ async function renderRun(key) {
     if (entry.payload_chars) {
       payload.append(el("span", " (" + entry.payload_chars + " characters; all of it: stepstone history KEY --payloads --json)", "muted cut"));
     }
-    tr.append(el("td", entry.seq), el("td", entry.kind), el("td", entry.name || ""),
-      payload, errCell);
+    const nameCell = el("td", entry.name || "");
+    if (entry.detail) nameCell.append(el("div", entry.detail, "muted detail"));
+    tr.append(el("td", entry.seq), el("td", entry.kind), nameCell,
+      el("td", clockTime(entry.started_at), "started"), el("td", span(entry.duration_seconds), "took"),
+      el("td", span(entry.gap_seconds), "gap"), payload, errCell);
     body.append(tr);
   }
   markLive(" · " + run.steps + " step(s)");

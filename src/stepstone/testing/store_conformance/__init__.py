@@ -42,6 +42,7 @@ from stepstone.testing.store_conformance._runs import (
     test_commit_writes_same_key_twice_last_wins,
     test_delete_removes_run_and_journal,
     test_items_are_pairs_with_checkpoints,
+    test_journal_rows_carry_when_their_work_started_and_committed,
     test_journal_rows_read_one_by_one,
     test_run_key_refuses_plain_value_ops,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "test_events_keep_the_last_value_and_streams_append_at_the_next_offset",
     "test_in_and_iteration_see_values_and_checkpoints",
     "test_items_are_pairs_with_checkpoints",
+    "test_journal_rows_carry_when_their_work_started_and_committed",
     "test_journal_rows_read_one_by_one",
     "test_keys_items_prefix_is_exact",
     "test_lease_renew_and_expiry_takeover",

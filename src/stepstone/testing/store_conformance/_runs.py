@@ -9,7 +9,7 @@ import pytest
 
 from stepstone.durable import ClaimResult, aclaim_empty, aclaim_run, claim_empty, claim_run
 from stepstone.exceptions import StoreKeyConflictError
-from stepstone.store._base import read_salvaged
+from stepstone.store._base import JournalRow, read_salvaged
 from stepstone.testing.store_conformance._spec import StoreSpec
 
 
@@ -194,6 +194,57 @@ def test_journal_rows_read_one_by_one(store_spec: StoreSpec) -> None:
     found = read_salvaged(store.backend, "run-j")
     assert found is not None and found.rows == rows and found.damaged == {}
     assert read_salvaged(store.backend, "no-such-run") is None
+
+
+def test_journal_rows_carry_when_their_work_started_and_committed(
+    store_spec: StoreSpec,
+) -> None:
+    """guarantee 420: every journal row reads back with when its work started and when its
+    commit was made, on the database's clock: a step commit's rows start when the run last
+    committed (or was claimed) unless the engine says when, and commit at the new head's
+    time, through the group commit too; a claim's first rows carry the claim's time; a
+    row committed with no start keeps None."""
+    store = store_spec.open()
+    before = store.backend.clock()
+    claimed = claim_run(
+        store, "run-t", kind="test", resume=False, first_step="a", first_rows=[("start", None, 1)]
+    )
+    run = claimed.run
+    assert run is not None
+    try:
+        (start,) = store.backend.run_journal("run-t")
+        assert start.committed_at == run.head.updated_at and start.started_at is not None
+        assert before <= start.started_at <= start.committed_at
+        claimed_at = run.head.updated_at
+        run.commit_sync(status="running", next_step="b", rows=[("step", "a", 1)])
+        first = run.head.updated_at
+        began = run.clock()
+        run.commit_sync(
+            status="running", next_step="c", rows=[("step", "b", 2), ("x", "b", 3)], started=began
+        )
+
+        async def grouped() -> None:  # on SQLite, the loop's group commit
+            await asyncio.gather(
+                run.commit(status="running", next_step="d", rows=[("step", "c", 4)])
+            )
+
+        asyncio.run(grouped())
+        rows = store.backend.run_journal("run-t")
+        assert [(r.seq, r.started_at, r.committed_at) for r in rows[1:3]] == [
+            (1, claimed_at, first),
+            (2, began, rows[2].committed_at),
+        ]
+        assert rows[3].started_at == began and rows[3].committed_at == rows[2].committed_at
+        assert rows[4].started_at == rows[3].committed_at
+        assert rows[4].committed_at == run.head.updated_at >= (rows[4].started_at or 0.0)
+        assert [store.backend.run_journal_row("run-t", i) for i in range(5)] == rows
+        head = run.head.replace(version=run.head.version + 1, journal_len=6)
+        bare = JournalRow(5, "step", "raw", "5")  # a backend's caller may give no times
+        assert store.backend.run_commit(head, run.head.version, [bare], [])
+        row = store.backend.run_journal_row("run-t", 5)
+        assert row is not None and row.started_at is None and row.committed_at == head.updated_at
+    finally:
+        run.release()
 
 
 def test_delete_removes_run_and_journal(store_spec: StoreSpec) -> None:

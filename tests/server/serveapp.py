@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stepstone import Agent, Store, step, tool, workflow
+from stepstone import Agent, Plan, Step, Store, recv, step, tool, workflow
 from stepstone.testing import FunctionModel, call
 
 _stores: dict[str, Store] = {}
@@ -82,3 +82,23 @@ def _reply(request: Any) -> Any:
 
 
 approver = Agent(model=FunctionModel(_reply), tools=[refund])
+
+
+def _fetch(payload: Any) -> str:
+    return f"{payload}: 3 rows"
+
+
+def _check(payload: Any) -> str:
+    if str(payload).startswith("bad"):
+        raise ValueError(f"bad rows in {payload!r}")
+    return f"checked {payload}"
+
+
+#: A two-step Plan: ``fetch``, then ``check`` (which fails on a payload starting "bad").
+pipeline = Plan(Step(_fetch, name="fetch"), Step(_check, name="check"))
+
+
+@workflow
+async def waiter(topic: str) -> Any:
+    """A run that waits for a message on ``topic`` and answers with it."""
+    return await recv(topic)

@@ -406,16 +406,22 @@ def run_listing(
         summary = run_summary(
             head, now=now, superseded_by=taken.get(head.key), damaged=faults.get(head.key)
         )
-        entry = latest.get(head.key)
+        last = latest.get(head.key) or latest.get(_agent_run_id(head.key))
         err = _error_of(head)
         summary.update(
-            queue=None if entry is None else entry.queue,
-            entry_status=None if entry is None else entry.status,
+            queue=None if last is None else last.queue,
+            entry_status=None if last is None else last.status,
             waiting=timers.get(head.key),
             error=None if err is None else err.get("message"),
         )
         runs.append(summary)
     return {"total": len(heads), "runs": runs, "counts": counts}
+
+
+def _agent_run_id(key: str) -> str:
+    """The run id of an agent run's key (:func:`agent_key`), "" for any other key."""
+    head, tail = "agent:", ":checkpoint:latest"
+    return key[len(head) : -len(tail)] if key.startswith(head) and key.endswith(tail) else ""
 
 
 def _queued_summary(entry: QueueEntry, now: float) -> dict[str, Any]:

@@ -236,9 +236,31 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
     from stepstone.server._webhooks import deliveries
 
     detail["webhooks"] = deliveries(store, key)
+    if detail.get("agent"):
+        price_turns(detail["agent"]["effects"])
     detail["actions"] = available_actions(detail, config)
     detail["retry_from"] = retry_steps(detail) if "retry" in detail["actions"] else []
     return detail
+
+
+def price_turns(effects: list[dict[str, Any]]) -> None:
+    """Give each model turn of an agent run its estimated cost (``cost_usd``, None when
+    the model's price is not known) from its recorded model and token counts."""
+    import dataclasses
+
+    from stepstone.providers import Usage, estimate_cost
+
+    fields = [f.name for f in dataclasses.fields(Usage)]
+
+    for effect in effects:
+        if effect.get("kind") != "model":
+            continue
+        usage, model = effect.get("usage"), effect.get("model")
+        cost = None
+        if isinstance(usage, dict) and isinstance(model, str) and model:
+            known = {f: usage[f] for f in fields if isinstance(usage.get(f), int)}
+            cost = estimate_cost(model, Usage(**known))
+        effect["cost_usd"] = cost
 
 
 #: The kinds of run ``retry`` can rewind (``retry_run``).

@@ -201,6 +201,22 @@ class _Server:
         q = request.query_params
         return _json(await self.call(_runs.diff, self.config, q.get("a", ""), q.get("b", "")))
 
+    # -- a queue's webhook ----------------------------------------------------------------
+    async def queue_hook(self, request: Request) -> Response:
+        check_read(request, self.config)
+        return _json(await self.call(_runs.queue_hook, self.config, request.path_params["queue"]))
+
+    async def set_queue_hook(self, request: Request) -> Response:
+        check_write(request, self.config)
+        body = await read_json(request, self.config)
+        queue = request.path_params["queue"]
+        return _json(await self.call(_runs.set_queue_hook, self.config, queue, body))
+
+    async def drop_queue_hook(self, request: Request) -> Response:
+        check_write(request, self.config)
+        queue = request.path_params["queue"]
+        return _json(await self.call(_runs.drop_queue_hook, self.config, queue))
+
     # -- streams -------------------------------------------------------------------------
     async def stream(self, request: Request) -> Response:
         check_read(request, self.config)
@@ -347,6 +363,9 @@ def create_app(config: ServerConfig, *, webhooks: WebhookPolicy | None = None) -
         Route("/runs", g(server.start_run), methods=["POST"]),
         Route("/runs", g(server.list_runs), methods=["GET"]),
         Route("/diff", g(server.diff)),
+        Route("/queues/{queue}/webhook", g(server.queue_hook), methods=["GET"]),
+        Route("/queues/{queue}/webhook", g(server.set_queue_hook), methods=["PUT"]),
+        Route("/queues/{queue}/webhook", g(server.drop_queue_hook), methods=["DELETE"]),
         Route(k + "/streams/{name}", g(server.stream)),
         Route(k + "/watch", g(server.watch)),
         Route(k + "/cancel", g(server.cancel), methods=["POST"]),

@@ -14,6 +14,12 @@ from stepstone.durable._approvals import approve_call, decision_text
 from stepstone.durable._inspect import LIST_GROUPS, diff_runs, missing_run, run_detail, run_listing
 from stepstone.durable._messages import send
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._outbox import (
+    drop_queue_webhook,
+    queue_webhook,
+    set_queue_webhook,
+    subscribe_queued_run,
+)
 from stepstone.durable._queue import existing_queue, requeue_run, submit
 from stepstone.durable._records import run_head
 from stepstone.engines.workflow import Workflow
@@ -23,6 +29,7 @@ from stepstone.server._config import ServerConfig
 from stepstone.server._http import HttpError
 from stepstone.server._targets import Targets
 from stepstone.store._queue_base import FINAL_STATUSES, QueueEntry
+from stepstone.store._webhooks import WebhookRecord
 
 __all__ = [
     "approve",
@@ -162,7 +169,44 @@ def start_run(config: ServerConfig, targets: Targets, body: Any) -> dict[str, An
         from stepstone.server._webhooks import subscribe
 
         out["webhook"] = subscribe(config.store, entry, webhook)
+    subscribe_queued_run(config.store, entry.queue, entry.run_key, entry.id)
     return out
+
+
+def queue_hook(config: ServerConfig, queue: str) -> dict[str, Any]:
+    """``GET /queues/{queue}/webhook``."""
+    order = queue_webhook(config.store, queue)
+    if order is None:
+        raise HttpError(404, f"queue {queue!r} has no webhook; set one with PUT and {{'url': ...}}")
+    return _hook_view(order)
+
+
+def set_queue_hook(config: ServerConfig, queue: str, body: Any) -> dict[str, Any]:
+    """``PUT /queues/{queue}/webhook`` with ``{"url": ...}``."""
+    if not isinstance(body, dict) or set(body) != {"url"}:
+        raise HttpError(400, 'the body must be {"url": "https://..."}')
+    url = check_webhook_url(body["url"])
+    if config.webhook_secret is None:
+        raise HttpError(
+            400,
+            "this server signs no webhooks: start it with --webhook-secret-file FILE "
+            "(or STEPSTONE_WEBHOOK_SECRET) to set a queue's webhook",
+        )
+    if not queue:
+        raise HttpError(400, "name the queue: PUT /queues/NAME/webhook")
+    return _hook_view(set_queue_webhook(config.store, queue, url))
+
+
+def drop_queue_hook(config: ServerConfig, queue: str) -> dict[str, Any]:
+    """``DELETE /queues/{queue}/webhook``."""
+    if not drop_queue_webhook(config.store, queue):
+        raise HttpError(404, f"queue {queue!r} has no webhook")
+    return {"queue": queue, "url": None}
+
+
+def _hook_view(order: WebhookRecord) -> dict[str, Any]:
+    data = json.loads(order.payload or "{}")
+    return {"queue": data.get("queue"), "url": order.url, "since": data.get("since")}
 
 
 def entry_view(entry: QueueEntry) -> dict[str, Any]:

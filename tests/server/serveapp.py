@@ -7,9 +7,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from stepstone import Agent, Plan, Step, Store, recv, step, tool, workflow
+from stepstone.graph import END, GraphBuilder, State, append
 from stepstone.testing import FunctionModel, call
 
 _stores: dict[str, Store] = {}
@@ -107,3 +110,31 @@ async def waiter(topic: str) -> Any:
 #: A module and a class this module imported from outside the server's import paths:
 #: `serveapp:os.system` and `serveapp:JSONDecoder` must be refused.
 JSONDecoder = json.JSONDecoder
+
+
+class Trip(State):
+    """What a graph run's nodes did, in order."""
+
+    trace: Annotated[list[str], append] = Field(default_factory=list)
+
+
+def _node(name: str) -> Any:
+    def run(state: Trip) -> dict[str, Any]:
+        return {"trace": [name]}
+
+    run.__name__ = name
+    return run
+
+
+#: A graph: book -> pack -> leave.
+trip = (
+    GraphBuilder(Trip)
+    .add_node("book", _node("book"))
+    .add_node("pack", _node("pack"))
+    .add_node("leave", _node("leave"))
+    .add_edge("book", "pack")
+    .add_edge("pack", "leave")
+    .add_edge("leave", END)
+    .set_entry("book")
+    .compile()
+)

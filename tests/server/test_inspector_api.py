@@ -97,6 +97,21 @@ def test_a_plan_diagram_says_each_step_state(served: Served) -> None:
         assert c.post("/runs/d-bad/retry", params={"from": "fetch"}, headers=W).status_code == 200
         assert c.post("/runs/d-bad/cancel", headers=W).status_code == 200
         wait_until(lambda: c.get("/runs/d-bad").json()["entry"]["status"] != "queued")
+        # a graph run, read under its queue entry's key: the nodes it reached, in order
+        body = {"target": "serveapp:trip", "task": {"task": "go", "payload": {}}, "key": "d-g"}
+        assert c.post("/runs", json=body).status_code == 202
+        wait_until(lambda: _status(c, "d-g") == "done")
+        graph = c.get("/runs/d-g").json()
+        assert graph["kind"] == "graph" and graph["record_key"].startswith("graph:")
+        assert [(n["id"], n["state"], n["col"]) for n in graph["diagram"]["nodes"]] == [
+            ("book", "done", 0),
+            ("pack", "done", 1),
+            ("leave", "done", 2),
+        ]
+        assert [(e["from"], e["to"]) for e in graph["diagram"]["edges"]] == [
+            ("book", "pack"),
+            ("pack", "leave"),
+        ]
         hello = c.post("/runs", json={"target": "serveapp:hello", "args": ["z"]}).json()["key"]
         wait_until(lambda: _status(c, hello) == "done")
         assert c.get(f"/runs/{hello}").json()["diagram"] is None  # a workflow has none

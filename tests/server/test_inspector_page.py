@@ -89,6 +89,7 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
             },
             {"target": "serveapp:approver", "task": "refund o-1", "key": "agent-1"},
             {"target": "serveapp:talker", "args": ["talk-live", 3, str(gate)], "key": "talk-live"},
+            {"target": "serveapp:trip", "task": {"task": "go", "payload": {}}, "key": "graph-1"},
         ]
         for body in starts:
             resp = c.post("/runs", json=body)
@@ -98,6 +99,7 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
         ("hello-bob", "done"),
         ("plan-ok", "done"),
         ("plan-bad", "failed"),
+        ("graph-1", "done"),
         ("agent-1", "paused"),
     ]:
         wait_until(lambda key=key, want=want: _status(served, key) == want)
@@ -117,7 +119,7 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
     page.click('#counts button[data-count="failed"]')  # a count is a filter too
     expect(rows).to_have_count(1, timeout=60_000)
     page.click('#counts button[data-count="failed"]')
-    expect(rows).to_have_count(6, timeout=60_000)
+    expect(rows).to_have_count(7, timeout=60_000)
     _fits(page)
     _shot(page, shots, "serve-runs.png")
 
@@ -149,6 +151,14 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
     assert page.is_visible("#retry-box") and page.is_hidden("#cancel")  # nothing to cancel
     _fits(page)
     _shot(page, shots, "serve-failed-plan.png")
+
+    # a graph run, named by its queue entry's key: the nodes it went through
+    page.goto(served.url + "#run=graph-1")
+    for node in ("book", "pack", "leave"):
+        page.wait_for_selector(f'#diagram g.node[data-id="{node}"][data-state="done"]')
+    assert page.locator("#gantt .lane").count() >= 4
+    _fits(page)
+    _shot(page, shots, "serve-graph.png")
 
     # 4. a done run offers no action that cannot apply
     page.goto(served.url + "#run=hello-ada")

@@ -6,6 +6,7 @@ run page follows this to refresh itself while the run goes on. Only reads.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,16 +15,32 @@ from stepstone.durable._queue import existing_queue
 from stepstone.store._changes import run_topic
 from stepstone.store._store import Store
 
-__all__ = ["run_state", "watch_run"]
+__all__ = ["record_key", "run_state", "watch_run"]
 
 
-def _record_key(store: Store, key: str) -> str:
+def record_key(store: Store, key: str) -> str:
     """The key of the run's record: ``key``, or the record of a queued agent run named
-    by its run id."""
-    if store.backend.run_get(key) is None:
-        agent = f"agent:{key}:checkpoint:latest"
-        if store.backend.run_get(agent) is not None:
-            return agent
+    by its run id, or the latest invocation of a queued graph run (the worker notes its
+    invocations under the entry's key: ``{"graph_invocations": [ids]}``)."""
+    backend = store.backend
+    if backend.run_get(key) is not None:
+        return key
+    agent = f"agent:{key}:checkpoint:latest"
+    if backend.run_get(agent) is not None:
+        return agent
+    try:
+        noted = json.loads(backend.kv_get(key) or "null")
+    except ValueError:
+        return key
+    ids = noted.get("graph_invocations") if isinstance(noted, dict) else None
+    if not isinstance(ids, list) or not ids:
+        return key
+    last = str(ids[-1])
+    if backend.run_get(f"graph:{last}") is not None:  # the default prefix
+        return f"graph:{last}"
+    for head in backend.run_list(None):  # a graph with a prefix of its own
+        if head.kind == "graph" and head.key.endswith(last):
+            return head.key
     return key
 
 
@@ -34,7 +51,7 @@ def run_state(store: Store, key: str) -> dict[str, Any] | None:
     ``consumed``), ``events`` it set, ``timers`` it holds and values each stream holds
     (``streams``). None when the key holds neither a run nor a queue entry."""
     backend = store.backend
-    record = _record_key(store, key)
+    record = record_key(store, key)
     head = backend.run_get(record)
     queue = existing_queue(store)
     entry = queue.latest_entry(key) if queue is not None else None

@@ -22,6 +22,7 @@ from stepstone.durable._outbox import (
 )
 from stepstone.durable._queue import existing_queue, requeue_run, submit
 from stepstone.durable._records import run_head
+from stepstone.durable._watch import record_key
 from stepstone.engines.workflow import Workflow
 from stepstone.exceptions import UserError
 from stepstone.runner import checkpoint_latest_key
@@ -246,11 +247,12 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
     entry = queue.latest_entry(key) if queue is not None else None
     detail = run_detail(store, key, diagram=True)
     if detail is None and entry is not None:
-        # a queued agent run records its checkpoint under its run id's own key
-        agent_key = checkpoint_latest_key(key)
-        detail = run_detail(store, agent_key, diagram=True)
+        # a queued agent run records its checkpoint under its run id's own key; a queued
+        # graph run, under its latest invocation's
+        found = record_key(store, key)
+        detail = None if found == key else run_detail(store, found, diagram=True)
         if detail is not None:
-            detail["key"], detail["record_key"] = key, agent_key
+            detail["key"], detail["record_key"] = key, found
     if detail is None:
         if entry is None:
             raise HttpError(404, missing_run(store, key))

@@ -477,6 +477,12 @@ function renderDiagram(shape) {
   const at = new Map(shape.nodes.map((n) => [n.id, n]));
   const root = svg("svg", { width: cols * DX, height: rows * DY + 4, role: "group",
     "aria-label": shape.kind + " diagram" });
+  const defs = svg("defs");
+  const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5,
+    markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" });
+  marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z", class: "arrow" }));
+  defs.append(marker);
+  root.append(defs);
   for (const e of shape.edges) {
     const a = at.get(e.from), b = at.get(e.to);
     if (!a || !b) continue;
@@ -485,7 +491,7 @@ function renderDiagram(shape) {
     const mid = (x1 + x2) / 2;
     const path = x2 > x1 ? `M${x1},${y1} C${mid},${y1} ${mid},${y2} ${x2},${y2}`
       : `M${a.col * DX + W / 2},${a.row * DY + H + 2} L${b.col * DX + W / 2},${b.row * DY + 2}`;
-    root.append(svg("path", { d: path, class: "edge" }));
+    root.append(svg("path", { d: path, class: "edge", "marker-end": "url(#arrow)" }));
     if (e.count > 1) root.append(svg("text", { x: mid, y: (y1 + y2) / 2 - 4, class: "edge-count" }, "×" + e.count));
   }
   for (const n of shape.nodes) {

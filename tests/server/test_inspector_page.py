@@ -5,6 +5,9 @@ test's folder and copied to ``$STEPSTONE_SCREENSHOTS`` when it is set."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ from tests.operate._browser import share
 from tests.server._serve import Served, start_server, wait_until
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 W = {"X-Stepstone-Action": "1"}
 
@@ -208,3 +213,35 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
     page.wait_for_selector(f'{box}[data-ended="done"]')
     assert page.inner_text(f"{box} .stream-text").count("tok") == 3
     page.wait_for_selector('#run-facts[data-status="done"]')
+
+
+def test_a_stranded_run_shows_where_its_owner_died(page: Any, tmp_path: Path) -> None:
+    # guarantee 574, 578
+    db = tmp_path / "app.sqlite"
+    crash = subprocess.run(  # a graph run whose process dies in its node "leave"
+        [sys.executable, str(ROOT / "tests" / "operate" / "_graph_crash.py"), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert crash.returncode == 9, crash.stderr
+    served = start_server(str(db))
+    try:
+        page.goto(served.url)
+        stranded = '#counts button[data-count="stranded"]'
+        page.wait_for_selector(f'{stranded}[data-n="1"]')
+        page.click(stranded)
+        rows = page.locator("#runs tbody tr")
+        page.wait_for_selector('#runs tbody tr[data-status="running"]')
+        assert rows.count() == 1 and "dead (stranded)" in rows.nth(0).inner_text()
+        rows.nth(0).locator("a").first.click()
+        page.wait_for_selector('#gantt .lane-now[data-state="stranded"]')
+        assert "stranded" in page.inner_text("#gantt .lane-now")
+        for node in ("book", "pack"):
+            page.wait_for_selector(f'#diagram g.node[data-id="{node}"][data-state="done"]')
+        assert page.get_attribute('#diagram g.node[data-id="(next)"]', "data-state") == "stranded"
+        _fits(page)
+        _shot(page, tmp_path, "serve-stranded.png")
+    finally:
+        assert served.stop() == 0

@@ -9,7 +9,10 @@ being written (the fsync releases the GIL), the loop keeps running the other run
 and the commits that arrive meanwhile form the next batch, written as soon as the current
 one is done. A batch that every run of the group is waiting for (none has a step to run
 meanwhile) is written by the loop's thread itself: the switches to the writer thread and
-back (tens of microseconds each, in latency and CPU) would only delay every run. A run
+back (tens of microseconds each, in latency and CPU) would only delay every run. The
+group's only run has its commits written at once, except after its claim and once a
+millisecond, when it lets the loop's other ready tasks run first (they may be runs about
+to join). A run
 belongs to its loop's group from its first claim or commit through it until its release
 (:func:`leave`). Only SQLite groups them (see :func:`can_group` for why PostgreSQL does
 not); the others commit each run on its own.
@@ -422,6 +425,11 @@ class _Writers:
 _writers = _Writers()
 
 
+#: How long the only run of a loop's group may go on committing at once, without letting
+#: the loop's other tasks run (seconds).
+LET_IN_EVERY = 1e-3
+
+
 class _Group:
     """The pending commits of one backend on one event loop: at most one batch is being
     written at a time; what arrives meanwhile is the next batch."""
@@ -433,6 +441,7 @@ class _Group:
         self.scheduled = False
         self.inflight: Future[list[Outcome]] | None = None
         self.members: set[str] = set()  # keys of the runs committing through this group
+        self.let_in = -LET_IN_EVERY  # loop time the group's only run last let others in
 
     def add(self, item: Item) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
@@ -443,8 +452,18 @@ class _Group:
         if len(self.members) == 1 and len(self.pending) == 1 and self.inflight is None:
             # The group's only run: no other run can join this batch, and the run waits
             # for it. Written now, on the loop's thread, without the two loop iterations
-            # a batch waits for others (a durable agent turn commits twice).
-            self.flush()
+            # a batch waits for others (a durable agent turn commits twice); but, after a
+            # claim and then once every LET_IN_EVERY, one loop iteration later: the run
+            # waits for it, so the loop's other ready tasks (runs let in by a semaphore as
+            # others ended) get their turn and join the group. Otherwise a run of quick
+            # steps (run inline, core._threads.call_sync) never yields its loop.
+            now = self.loop.time()
+            if isinstance(first, RunHead) and now - self.let_in < LET_IN_EVERY:
+                self.flush()
+                return fut
+            self.let_in = now
+            self.scheduled = True
+            self.loop.call_soon(self.flush)
             return fut
         if not self.scheduled and self.inflight is None:
             self.scheduled = True

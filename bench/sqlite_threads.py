@@ -17,7 +17,10 @@ medians reported, the machine's noise cancels in the ratios of one round):
 Then a lone run, A/B: one 100-step run at a time in a new process, alternately with this
 checkout's code and with ``--baseline-src`` (an older checkout's ``src/``), ``--lone-rounds``
 pairs: ms and CPU ms per step, ``synchronous=FULL`` and ``NORMAL`` (no fsync: the Python
-path alone). Without ``--baseline-src`` both sides run this code (the noise floor).
+path alone). Without ``--baseline-src`` both sides run this code (the noise floor). The
+same A/B in one process (no noise between processes): lone runs alternately through the
+turns and with the kernel's commits and claims sent straight to the backend, CPU per step;
+and one commit's CPU both ways.
 
 Targets: threads >= 2x sequential, ``arun_many`` >= 2.5x sequential, the lone run's
 per-step time within 5% of the baseline's.
@@ -185,6 +188,56 @@ def turn_cost(rounds: int = 9, n: int = 2000) -> tuple[float, float]:
     return statistics.median(direct), statistics.median(turned)
 
 
+def lone_in_process(steps: int, rounds: int) -> dict[str, tuple[float, float, float]]:
+    """The lone run's A/B in this one process, where the noise of separate processes is
+    gone: lone ``steps``-step runs, alternately as they are (their commits and claims
+    through the backend's turns) and with the kernel's two entry points into the turns
+    swapped for the backend's own ``run_commit``/``run_claim`` (what a lone run did
+    before). Per durability: (ms per step with the turns, without, median of the
+    rounds' ratios), CPU time."""
+    from stepstone import Agent, Envelope, Plan, Step, Store
+    from stepstone.durable import _kernel
+
+    shared = (_kernel.shared_commit, _kernel.shared_claim)
+    direct = (
+        lambda backend, item: backend.run_commit(*item),
+        lambda backend, key, decide: backend.run_claim(key, decide),
+    )
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for durability in ("full", "normal"):
+            took: dict[bool, list[float]] = {True: [], False: []}
+            for r in range(2 * rounds + 2):  # the first pair warms up
+                turned = r % 2 == (r // 2) % 2  # ABBA order
+                _kernel.shared_commit, _kernel.shared_claim = shared if turned else direct
+                try:
+                    with Store(
+                        db=Path(tmp) / f"{durability}-{r}.sqlite", durability=durability
+                    ) as store:  # type: ignore[arg-type]
+                        plan = Plan(
+                            *[Step(add_one, name=f"s{i}") for i in range(steps)],
+                            store=store,
+                            checkpoint_key="lone",
+                            max_iterations=steps + 1,
+                        )
+                        agent = Agent(engine=plan)
+                        c0 = time.process_time()
+                        env = agent(Envelope(task="t", payload=0))
+                        cpu = time.process_time() - c0
+                        assert env.ok and env.payload == steps, env
+                finally:
+                    _kernel.shared_commit, _kernel.shared_claim = shared
+                if r >= 2:
+                    took[turned].append(cpu * 1000 / steps)
+            ratios = [a / b for a, b in zip(took[True], took[False], strict=True)]
+            out[durability] = (
+                statistics.median(took[True]),
+                statistics.median(took[False]),
+                statistics.median(ratios),
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -268,6 +321,13 @@ def run_lone(args: argparse.Namespace) -> None:
                 f"{statistics.median(ratios):>8.3f} {min(ratios):>9.3f}-{max(ratios):.3f}"
             )
     print("(new/old: median of the pairs' ratios; target: within 5%)")
+    inproc = lone_in_process(args.lone_steps, args.lone_rounds * 3)
+    print(
+        f"the same in this process, {args.lone_rounds * 3} runs each way, alternating: CPU ms "
+        "per step with the turns / without"
+    )
+    for durability, (with_turns, without, ratio) in inproc.items():
+        print(f"{durability:>7} {with_turns:>9.4f} {without:>9.4f} {ratio:>8.3f}")
     direct, turned = turn_cost()
     print(
         f"one commit, NORMAL, in this process: {direct:.1f} us of CPU called directly, "

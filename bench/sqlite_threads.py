@@ -298,7 +298,8 @@ def lone_in_process(steps: int, rounds: int) -> dict[str, tuple[float, float, fl
     with tempfile.TemporaryDirectory() as tmp:
         for durability in ("full", "normal"):
             took: dict[bool, list[float]] = {True: [], False: []}
-            for r in range(2 * rounds + 2):  # the first pair warms up
+            n = rounds if durability == "full" else 4 * rounds  # a NORMAL run is quick
+            for r in range(2 * n + 2):  # the first pair warms up
                 turned = r % 2 == (r // 2) % 2  # ABBA order
                 _kernel.shared_commit, _kernel.shared_claim = shared if turned else direct
                 try:
@@ -450,15 +451,19 @@ def run_lone(args: argparse.Namespace) -> None:
     print("(new/old: median of the pairs' ratios; target: within 5%)")
     inproc = lone_in_process(args.lone_steps, args.lone_rounds * 3)
     print(
-        f"the same in this process, {args.lone_rounds * 3} runs each way, alternating: CPU ms "
-        "per step with the turns / without"
+        f"the same in this process, alternating ({args.lone_rounds * 3} runs each way FULL, "
+        f"{args.lone_rounds * 12} NORMAL): CPU ms per step with the turns, without, "
+        "median ratio"
     )
     for durability, (with_turns, without, ratio) in inproc.items():
         print(f"{durability:>7} {with_turns:>9.4f} {without:>9.4f} {ratio:>8.3f}")
     direct, turned = turn_cost()
+    extra = turned - direct
     print(
         f"one commit, NORMAL, in this process: {direct:.1f} us of CPU called directly, "
-        f"{turned:.1f} us through the turns (+{turned - direct:.1f} us)"
+        f"{turned:.1f} us through the turns (+{extra:.1f} us: "
+        f"{100 * extra / (inproc['normal'][1] * 1000):.1f}% of a NORMAL step's CPU, "
+        f"{100 * extra / (inproc['full'][1] * 1000):.1f}% of a FULL one's)"
     )
 
 

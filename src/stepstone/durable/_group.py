@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import sys
 import threading
@@ -166,13 +167,19 @@ class _Turns:
     when the stored head is the one its ``decide`` wrote).
     """
 
-    __slots__ = ("__weakref__", "backend", "lock", "queue", "writer")
+    __slots__ = ("__weakref__", "lock", "queue", "ref", "writer")
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, ref: weakref.ref[Backend]) -> None:
+        self.ref = ref  # weak: the registry keeps no backend alive
         self.lock = threading.Lock()
         self.writer: object | None = None
         self.queue: list[_Waiter] = []
+
+    @property
+    def backend(self) -> Backend:
+        backend = self.ref()
+        assert backend is not None  # whoever writes through it holds it
+        return backend
 
     def write(self, items: Sequence[Item]) -> list[Outcome]:
         """Write ``items`` (with whatever else is queued) and return their outcomes, as
@@ -207,7 +214,13 @@ class _Turns:
                 return self.backend.run_claim(*item)
             return self.backend.run_commit(*item)
         finally:
-            self._pass_on(me)
+            try:
+                with self.lock:  # the usual case, inline: no one queued meanwhile
+                    if self.writer is me and not self.queue:
+                        self.writer = None
+            finally:
+                if self.writer is me:  # (only we change it while it is us)
+                    self._pass_on(me)
 
     def _wait(self, waiter: _Waiter) -> list[Outcome]:
         interrupted: BaseException | None = None
@@ -347,12 +360,20 @@ def _landed(backend: Backend, item: Item) -> Outcome:
 
 
 class _Registry:
-    """The :class:`_Turns` of each backend used in this process (a forked child starts
-    with none: a parent's turn may have been held, by a thread the child does not have)."""
+    """The :class:`_Turns` of each backend used in this process, by ``id`` of the backend
+    (an entry goes when its backend does; a forked child starts with none: a parent's
+    turn may have been held, by a thread the child does not have)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.by_backend: weakref.WeakKeyDictionary[Backend, _Turns] = weakref.WeakKeyDictionary()
+        self.by_id: dict[int, _Turns] = {}
+
+    def forget(self, key: int, ref: weakref.ref[Backend]) -> None:
+        """A backend is gone (a weakref callback: no lock, it may run in any thread at
+        any moment; dict operations are atomic)."""
+        found = self.by_id.get(key)
+        if found is not None and found.ref is ref:
+            self.by_id.pop(key, None)
 
 
 _registry = _Registry()
@@ -369,12 +390,14 @@ os.register_at_fork(after_in_child=_forked)
 def turns(backend: Backend) -> _Turns:
     """The :class:`_Turns` of ``backend`` in this process."""
     registry = _registry
-    found = registry.by_backend.get(backend)
-    if found is None:
+    key = id(backend)
+    found = registry.by_id.get(key)
+    if found is None or found.ref() is not backend:
         with registry.lock:
-            found = registry.by_backend.get(backend)
-            if found is None:
-                found = registry.by_backend[backend] = _Turns(backend)
+            found = registry.by_id.get(key)
+            if found is None or found.ref() is not backend:
+                ref = weakref.ref(backend, functools.partial(registry.forget, key))
+                found = registry.by_id[key] = _Turns(ref)
     return found
 
 

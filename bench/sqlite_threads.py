@@ -26,7 +26,7 @@ Targets: threads >= 2x sequential, ``arun_many`` >= 2.5x sequential, the lone ru
 per-step time within 5% of the baseline's.
 
     python bench/sqlite_threads.py [--runs 200] [--steps 10] [--threads 8] [--rounds 3]
-        [--baseline-src OLD_CHECKOUT/src] [--lone-rounds 7] [--lone-steps 100]
+        [--baseline-src OLD_CHECKOUT/src] [--lone-rounds 7] [--lone-steps 100] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -341,6 +341,9 @@ def main() -> None:
     parser.add_argument("--lone-steps", type=int, default=100)
     parser.add_argument("--lone-repeat", type=int, default=3, help="runs per sample")
     parser.add_argument("--engine-runs", type=int, default=100)
+    parser.add_argument(
+        "--dir", help="where the fan-out's files go (default: the temp dir; /dev/shm: no disk)"
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=["fanout", "engines", "lone"])
     parser.add_argument("--lone-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -366,7 +369,7 @@ def _cell(m: Measure, base: Measure | None = None) -> str:
 def run_engines(args: argparse.Namespace) -> None:
     runs, threads = args.engine_runs, args.threads
     rows: dict[str, list[tuple[Measure, Measure]]] = {"graph": [], "agent": [], "agent-memory": []}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for what in rows:  # warm-up
             for how in ("sequential", "threads"):
                 engines(Path(tmp) / f"warm-{what}-{how}.sqlite", what, how, 8, threads)
@@ -397,7 +400,7 @@ def run_fan_out(args: argparse.Namespace) -> None:
     runs, steps, threads = args.runs, args.steps, args.threads
     rows = []
     hows = ["sequential", "threads", "arun_many"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for how in hows:  # warm-up: threads, imports
             fan_out(Path(tmp) / f"warm-{how}.sqlite", how, 10, steps, threads)
         for r in range(args.rounds):

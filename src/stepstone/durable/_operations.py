@@ -929,6 +929,25 @@ class OperationJournal:
             mark = self.add_extras(extras)
         return mark
 
+    def conclude(
+        self, pos: str, entry: Entry, value: Any, extras: ExtraWrites | None = None
+    ) -> int:
+        """Record the outcome of the operation at ``pos`` whose intent an earlier attempt
+        committed (``entry``, found with :meth:`lookup`, no outcome yet) without running it
+        again: for an operation whose work is already over when the run comes back to it
+        (a sleep past its wake time, a message waiting for a receive). The outcome (with
+        ``extras``) is buffered; returns the mark :meth:`commit` waits for. The caller
+        commits it, or leaves it for the next commit when a crash before then may safely
+        find the intent again and do the same."""
+        self.end_replay()  # the first operation past what the journal recorded
+        outcome: dict[str, Any] = {"op": entry.op, "name": entry.name, "value": value, "ms": 0.0}
+        entry.outcome = outcome
+        self.done += 1
+        mark = self.add("outcome", pos, outcome)
+        if extras:
+            mark = self.add_extras(extras)
+        return mark
+
     def record_done(
         self,
         pos: str,

@@ -61,7 +61,13 @@ from stepstone.durable._operations import (
 from stepstone.durable._queue import check_number
 from stepstone.durable._records import blocking_call
 from stepstone.durable._waiting import parking
-from stepstone.exceptions import ConfigurationError, RunCancelledError, RunParked, UserError
+from stepstone.exceptions import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    RunCancelledError,
+    RunParked,
+    UserError,
+)
 from stepstone.store._changes import run_topic
 from stepstone.store._extras import ExtraWrites, Message, Timer
 from stepstone.store._store import Store
@@ -265,8 +271,13 @@ async def sleep_until(when: datetime | float) -> None:
                 "use datetime(..., tzinfo=UTC) or .astimezone()"
             )
         at = when.timestamp()
+    elif isinstance(when, bool) or not isinstance(when, int | float) or not math.isfinite(when):
+        raise ConfigurationTypeError(
+            f"sleep_until takes an aware datetime (datetime(..., tzinfo=UTC)) or a unix "
+            f"time in seconds (time.time() + 60), got {when!r:.80}"
+        )
     else:
-        at = check_number("when", when, -math.inf, unit="unix time")
+        at = float(when)
     where = await _where("sleep_until")
     if where is None:
         await asyncio.sleep(max(0.0, at - time.time()))

@@ -194,3 +194,17 @@ def test_killed_while_writing_a_stream_no_value_is_lost_or_repeated(where: Where
         values = list(RunHandle(store, key="streamer").read_stream("numbers"))
     assert [(o, v) for o, v in values] == [(i, i) for i in range(n)]
     assert all(item.attempt is None for item in values)  # the body's: journaled
+
+
+def test_a_receive_in_another_process_wakes_when_the_message_is_sent(where: Where) -> None:
+    # guarantee 505: across processes (PostgreSQL's NOTIFY, SQLite's polls), not a timeout
+    with where.open() as store:
+        proc = where.start("patient", "p-live", "60")
+        _wait(lambda: bool(store.backend.timers("p-live")))
+        sent = time.time()
+        send(store, "p-live", "in", "now")
+        code, out = _finish(proc)
+        assert code == 0, out
+        result = json.loads(out.splitlines()[-1])
+        assert result["got"] == "now"
+        assert result["returned"] - sent < 5  # (about 0.1 s unloaded: see the benchmark)

@@ -13,13 +13,16 @@ message to a waiting run, and how soon a stream reader sees a value.
   with the time it continued and the time it wrote, the client reads it. Reported: the
   message round trip (send -> the run continues) and the stream read latency (write ->
   the reader sees it), median and p99, on PostgreSQL (LISTEN/NOTIFY) and SQLite (in-process
-  publish between the worker's threads, 0.1 s polls across processes).
+  publish between the worker's threads, 0.1 s polls across processes). Then the same
+  with a worker that parks the run at every receive (``--park-after 0``): the send makes
+  its queue entry runnable, the worker takes it again and the run resumes from its journal.
 
 Everything runs on this machine (one clock). PostgreSQL is a throwaway server
 (``tests/pgserver.py``, loopback, fsync on).
 
     python bench/time_and_messages.py sleepers [--runs 1000] [--sleep 60] [--concurrency 8]
-    python bench/time_and_messages.py roundtrip [--messages 200] [--stores postgres sqlite]
+    python bench/time_and_messages.py roundtrip [--messages 200] [--parked 50]
+                                                [--stores postgres sqlite]
 """
 
 from __future__ import annotations
@@ -170,10 +173,13 @@ def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
     }
 
 
-def roundtrip(store_args: list[str], store: Store, messages: int) -> dict[str, Any]:
+def roundtrip(
+    store_args: list[str], store: Store, messages: int, *, parked: bool = False
+) -> dict[str, Any]:
     key = f"echo-{time.monotonic_ns()}"
     handle = echo.using(store=store, key=key, queue="bench").submit(messages)
-    worker = _worker(store_args, 1, 3600.0)  # it waits in the worker: no parking
+    # it waits in the worker (no parking), or (parked) gives its slot back at every receive
+    worker = _worker(store_args, 1, 0.0 if parked else 3600.0)
     rtt: list[float] = []
     read: list[float] = []
     try:
@@ -193,6 +199,7 @@ def roundtrip(store_args: list[str], store: Store, messages: int) -> dict[str, A
     ms = 1000.0
     return {
         "store": store.backend.describe().split(":")[0],
+        "waits": "parked" if parked else "in the worker",
         "messages": len(rtt),
         "rtt_median_ms": round(statistics.median(rtt) * ms, 1),
         "rtt_p99_ms": round(_pct(rtt, 99) * ms, 1),
@@ -211,6 +218,12 @@ def main() -> None:
     r = sub.add_parser("roundtrip")
     r.add_argument("--messages", type=int, default=200)
     r.add_argument("--stores", nargs="+", default=["postgres", "sqlite"])
+    r.add_argument(
+        "--parked",
+        type=int,
+        default=50,
+        help="messages to a run that parks at every receive (0: skip that part)",
+    )
     args = parser.parse_args()
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; load average before: "
@@ -228,11 +241,17 @@ def main() -> None:
                 with Store(url=url) as store:
                     store.setup()
                     print(json.dumps(roundtrip(["--url", url], store, args.messages)))
+                    if args.parked:
+                        got = roundtrip(["--url", url], store, args.parked, parked=True)
+                        print(json.dumps(got))
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 db = Path(tmp) / "rtt.sqlite"
                 with Store(db=db) as store:
                     print(json.dumps(roundtrip(["--db", str(db)], store, args.messages)))
+                    if args.parked:
+                        got = roundtrip(["--db", str(db)], store, args.parked, parked=True)
+                        print(json.dumps(got))
 
 
 if __name__ == "__main__":

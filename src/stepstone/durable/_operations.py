@@ -636,6 +636,23 @@ class OperationJournal:
                 continue
             await self._flush("running")
 
+    async def commit_now(self) -> None:
+        """Commit now, even with nothing buffered: a wait that found its run's cancel
+        requested lets the kernel's commit record the cancel (the run ``failed``), which
+        raises :class:`RunCancelledError` and ends the journal's writes.
+
+        Raises:
+            RunCancelledError: the run was cancelled.
+            ConcurrentRunError: the run lost its ownership; nothing more is written.
+        """
+        while self._flushing:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if self._lost is not None:
+            raise self._lost
+        await self._flush(self.run.head.status)
+
     async def _flush(
         self, status: str, rows: Sequence[Row] = (), meta: dict[str, Any] | None = None
     ) -> None:

@@ -213,8 +213,8 @@ async def _wait(
                     )
                 if head.run_uid == run.run_uid:
                     # the cancel's own flow: a commit that finds it commits the run failed
-                    # with RunCancelledError and raises it
-                    await run.commit(status=run.head.status, next_step=run.head.next_step)
+                    # with RunCancelledError and raises it (the journal then writes no more)
+                    await where.journal.commit_now()
             waited = time.monotonic() - started
             # A receive looks at every poll; a plain sleep, which only a cancel (or a change
             # of its run: a notification) can end early, at least a second apart.

@@ -21,6 +21,7 @@ Everything runs on this machine (one clock). PostgreSQL is a throwaway server
 (``tests/pgserver.py``, loopback, fsync on).
 
     python bench/time_and_messages.py sleepers [--runs 1000] [--sleep 60] [--concurrency 8]
+                                               [--baseline-src OLD/src --rounds 2]
     python bench/time_and_messages.py roundtrip [--messages 200] [--parked 50]
                                                 [--stores postgres sqlite]
 """
@@ -65,7 +66,11 @@ async def echo(n: int) -> int:
     return n
 
 
-def _worker(args: list[str], concurrency: int, park_after: float) -> subprocess.Popen[bytes]:
+def _worker(
+    args: list[str], concurrency: int, park_after: float, src: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``stepstone worker`` process (importing stepstone from ``src`` when given)."""
+    path = os.pathsep.join([src, str(ROOT)] if src else [str(ROOT)])
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -86,7 +91,7 @@ def _worker(args: list[str], concurrency: int, park_after: float) -> subprocess.
         ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -111,7 +116,7 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
+def sleepers(runs: int, seconds: float, concurrency: int, src: str | None = None) -> dict[str, Any]:
     from stepstone.durable._operations import operation_rows
     from stepstone.durable._queue import queue_backend
     from stepstone.durable._records import read_run
@@ -125,7 +130,7 @@ def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
             for i in range(runs)
         ]
         submitted = time.time() - started
-        worker = _worker(["--db", str(db)], concurrency, 5.0)
+        worker = _worker(["--db", str(db)], concurrency, 5.0, src)
         ps = psutil.Process(worker.pid)
         queue = queue_backend(store)
         peak_rss, all_asleep = 0, None
@@ -158,6 +163,7 @@ def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
             taken_late.append(entry.started_at - op["value"]["wake_at"])
         store.close()
     return {
+        "worker": "baseline" if src else "this checkout",
         "runs": runs,
         "sleep_s": seconds,
         "concurrency": concurrency,
@@ -215,6 +221,12 @@ def main() -> None:
     s.add_argument("--runs", type=int, default=1000)
     s.add_argument("--sleep", type=float, default=60.0)
     s.add_argument("--concurrency", type=int, default=8)
+    s.add_argument(
+        "--baseline-src",
+        help="also run the worker from this src directory (an older checkout's), in "
+        "alternating rounds with this checkout's",
+    )
+    s.add_argument("--rounds", type=int, default=1, help="rounds of each worker")
     r = sub.add_parser("roundtrip")
     r.add_argument("--messages", type=int, default=200)
     r.add_argument("--stores", nargs="+", default=["postgres", "sqlite"])
@@ -230,7 +242,9 @@ def main() -> None:
         + " ".join(f"{x:.2f}" for x in os.getloadavg())
     )
     if args.what == "sleepers":
-        print(json.dumps(sleepers(args.runs, args.sleep, args.concurrency)))
+        for _ in range(args.rounds):
+            for src in [args.baseline_src, None] if args.baseline_src else [None]:
+                print(json.dumps(sleepers(args.runs, args.sleep, args.concurrency, src)))
         return
     for name in args.stores:
         if name == "postgres":

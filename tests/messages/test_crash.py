@@ -177,16 +177,22 @@ def test_killed_while_writing_a_stream_no_value_is_lost_or_repeated(where: Where
     # guarantee 518
     rng = random.Random(7)
     n, cut = 150, []
-    for _kill_no in range(4):  # killed at random points, then let finish
-        proc = where.start("stream", str(n))
-        try:
-            proc.communicate(timeout=rng.uniform(0.1, 0.6))
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            with where.open() as store:
-                cut.append(dict(store.backend.streams("streamer")).get("numbers", 0))
-        else:
-            break
+
+    def written(store: Store) -> int:
+        return dict(store.backend.streams("streamer")).get("numbers", 0)
+
+    with where.open() as store:
+        for _kill_no in range(4):  # killed at random points of the writes, then let finish
+            before = written(store)
+            proc = where.start("stream", str(n))
+            _wait(lambda: written(store) > before or proc.poll() is not None)
+            try:
+                proc.communicate(timeout=rng.uniform(0.0, 0.3))
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                cut.append(written(store))
+            else:
+                break
     code, out = _finish(where.start("stream", str(n)))
     assert code == 0, out
     assert any(0 < c < n for c in cut), cut  # killed in the middle of the writes

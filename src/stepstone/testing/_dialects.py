@@ -31,6 +31,9 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    #: Which TCP connection carried it: 1 for the server's first accepted connection, 2 for
+    #: the next, ... (requests on one kept-alive connection share the number).
+    connection: int = 0
 
     def json(self) -> Any:
         """The body parsed as JSON."""

@@ -207,6 +207,7 @@ class LoopbackServer:
         with self._lock:
             self._tasks.add(task)
             self.connections += 1
+            number = self.connections
         try:
             while True:
                 self._idle.add(writer)
@@ -216,6 +217,7 @@ class LoopbackServer:
                     self._idle.discard(writer)
                 if request is None:
                     break
+                request = dataclasses.replace(request, connection=number)
                 action = self._next(request)
                 if self.latency:
                     await asyncio.sleep(self.latency)

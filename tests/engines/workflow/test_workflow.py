@@ -758,12 +758,13 @@ def test_a_step_in_doubt_is_settled_by_hand_and_the_run_goes_on(store: Store) ->
 
 
 LEAKED: list[asyncio.Task[Any]] = []
+RUN_ENDED: list[asyncio.Event] = []
 
 
 @workflow
 async def leaks(order_id: str) -> str:
     async def later() -> str:
-        await asyncio.sleep(0.05)
+        await RUN_ENDED[0].wait()
         return await charge(order_id, 9)  # after the run ended
 
     LEAKED.append(asyncio.create_task(later()))
@@ -773,7 +774,9 @@ async def leaks(order_id: str) -> str:
 async def test_a_step_called_after_its_run_ended_is_refused(store: Store) -> None:
     # guarantee 483: nothing is written into a run that ended
     LEAKED.clear()
+    RUN_ENDED[:] = [asyncio.Event()]
     assert await leaks.using(store=store, key="leak").run("o") == "receipt-o-1"
+    RUN_ENDED[0].set()
     with pytest.raises(RuntimeError, match="has ended"):
         await LEAKED[0]
     assert store.read("leak")["status"] == "done" and len(store.read("leak")["steps"]) == 1

@@ -240,29 +240,41 @@ class CompiledGraph(Generic[S]):
                 begin = _Begin.resumed(raw, resumes, metadata)
             else:
                 begin = self._fresh_begin(state, correlation_id, metadata, invocation_id)
-            run = GraphRun(
-                sink=None,
-                invocation_id=invocation_id,
-                correlation_id=begin.correlation_id,
-                attempt=begin.attempt,
-                positions=begin.positions,
-                observers=told,
-                fan_done={at: dict(done) for at, done in begin.fan_outs.items()},
-            )
-            run.sink = await self._start(
-                run,
-                cp,
-                begin.resumes,
-                resumed_from=resume_invocation,
-                metadata=begin.metadata,
-                origin=begin.origin,
-                fan_outs=begin.fan_outs,
-            )
+            run = await self._first_save(begin, invocation_id, told, cp, resume_invocation)
             return await self._run_to_end(run, begin.resumes)
         finally:
             told.close()
             if lock is not None:
                 await blocking_call(lock.store, _release_lock, lock)
+
+    async def _first_save(
+        self,
+        begin: _Begin,
+        invocation_id: str,
+        told: Observers,
+        cp: Checkpointer | None,
+        resumed_from: str | None,
+    ) -> GraphRun:
+        """The new invocation's run, its first record saved (with a checkpointer)."""
+        run = GraphRun(
+            sink=None,
+            invocation_id=invocation_id,
+            correlation_id=begin.correlation_id,
+            attempt=begin.attempt,
+            positions=begin.positions,
+            observers=told,
+            fan_done={at: dict(done) for at, done in begin.fan_outs.items()},
+        )
+        run.sink = await self._start(
+            run,
+            cp,
+            begin.resumes,
+            resumed_from=resumed_from,
+            metadata=begin.metadata,
+            origin=begin.origin,
+            fan_outs=begin.fan_outs,
+        )
+        return run
 
     async def _load_resume(
         self, cp: Checkpointer | None, resume_invocation: str, correlation_id: str | None

@@ -781,10 +781,7 @@ class OperationJournal:
             Exception: the operation's error (recorded), or the recorded one replayed.
         """
         if self.closed:
-            raise RuntimeError(
-                f"{self.what} (key {self.key!r}) has ended: {op} {name!r} was called from a "
-                "task it started and did not wait for; await every task the body starts"
-            )
+            raise self._ended(op, name)
         if found is _UNSET:
             pos = self.position() if position is None else position
             entry = self.check(pos, op, name, args, check_args=check_args)
@@ -797,17 +794,50 @@ class OperationJournal:
             self.end_replay()  # the first operation past what the journal recorded
         attempt = 1
         if entry is not None:  # started before: in doubt, or a failed run's error
-            if not entry.rerun and in_doubt == "fail":
-                raise EffectInDoubtError(
-                    f"{self.what} (key {self.key!r}): {op} {name!r} at position {pos} started "
-                    "before a crash and has no recorded outcome; it declares in_doubt='fail', "
-                    "so it is not run again. Check the external system for its effect, then "
-                    f"settle it (record its outcome) or start a new run (or declare "
-                    "in_doubt='rerun' if the call is idempotent)"
-                )
-            attempt = entry.starts + len(entry.failures) + 1
-            note = entry.intent.get("note", note)
-            log.info("stepstone: %s %r at %s of %r runs again", op, name, pos, self.key)
+            attempt, note = self._again(entry, pos, op, name, in_doubt, note)
+        intent = self._intent(pos, entry, op, name, args, attempt, note, in_doubt, describe)
+        self._next_step = f"{pos} {name}"
+        await self.commit(self.add("intent", pos, intent))
+        return await self._attempts(
+            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait, lazy
+        )
+
+    def _ended(self, op: str, name: str) -> RuntimeError:
+        return RuntimeError(
+            f"{self.what} (key {self.key!r}) has ended: {op} {name!r} was called from a "
+            "task it started and did not wait for; await every task the body starts"
+        )
+
+    def _again(
+        self, entry: Entry, pos: str, op: str, name: str, in_doubt: InDoubt, note: Any
+    ) -> tuple[int, Any]:
+        """An operation that started before (in doubt, or a failed run's error) runs again:
+        its attempt number and note (the first attempt's)."""
+        if not entry.rerun and in_doubt == "fail":
+            raise EffectInDoubtError(
+                f"{self.what} (key {self.key!r}): {op} {name!r} at position {pos} started "
+                "before a crash and has no recorded outcome; it declares in_doubt='fail', "
+                "so it is not run again. Check the external system for its effect, then "
+                f"settle it (record its outcome) or start a new run (or declare "
+                "in_doubt='rerun' if the call is idempotent)"
+            )
+        log.info("stepstone: %s %r at %s of %r runs again", op, name, pos, self.key)
+        return entry.starts + len(entry.failures) + 1, entry.intent.get("note", note)
+
+    def _intent(
+        self,
+        pos: str,
+        entry: Entry | None,
+        op: str,
+        name: str,
+        args: Any,
+        attempt: int,
+        note: Any,
+        in_doubt: InDoubt,
+        describe: Callable[[], dict[str, Any]] | None,
+    ) -> dict[str, Any]:
+        """An operation's intent row (its keys in this order: the journal's format), set
+        as its entry's (a new entry, or the one that runs again)."""
         intent: dict[str, Any] = {"op": op, "name": name, "args": args}
         intent["input_hash"] = hash_json(args)
         if attempt > 1:
@@ -823,11 +853,7 @@ class OperationJournal:
             self.entries[pos] = Entry(op, name, intent)
         else:
             entry.intent, entry.starts, entry.rerun = intent, entry.starts + 1, False
-        self._next_step = f"{pos} {name}"
-        await self.commit(self.add("intent", pos, intent))
-        return await self._attempts(
-            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait, lazy
-        )
+        return intent
 
     async def _attempts(
         self,
@@ -1024,38 +1050,44 @@ def operation_rows(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]
         entries, _ = load_entries(head.key, rows)
     except WorkflowCorruptError as exc:
         raise ValueError(str(exc)) from None
-    out: list[dict[str, Any]] = []
-    for pos, entry in iter_positions(entries):
-        outcome = entry.outcome
-        if outcome is None and entry.rerun:
-            state = "not run"  # a cancel (or a failed run's rewind) stopped it before it ran
-        elif outcome is None:
-            state = "running" if head.status in ("claimed", "running") else "in doubt"
-        else:
-            state = "failed" if "error" in outcome else "done"
-        item: dict[str, Any] = {
-            "position": pos,
-            "op": entry.op,
-            "name": entry.name,
-            "status": state,
-            "args": untag(entry.intent.get("args")),
-            "attempts": entry.starts + len(entry.failures),
-            "started_at": entry.intent.get("at"),
-            "ms": None if outcome is None else outcome.get("ms"),
-        }
-        if outcome is not None and "value" in outcome:
-            item["value"] = untag(outcome["value"])
-        if outcome is not None and "error" in outcome:
-            item["error"] = outcome["error"]
-        if outcome is not None and isinstance(outcome.get("summary"), dict):
-            item["summary"] = outcome["summary"]
-        if entry.failures:
-            item["failed_attempts"] = entry.failures
-        for extra in ("key", "in_doubt"):
-            if extra in entry.intent:
-                item[extra] = entry.intent[extra]
-        out.append(item)
-    return out
+    return [_operation_row(pos, entry, head.status) for pos, entry in iter_positions(entries)]
+
+
+def _operation_state(entry: Entry, run_status: str) -> str:
+    """What an operation's row in a listing says of it (``run_status``: its run's)."""
+    outcome = entry.outcome
+    if outcome is None and entry.rerun:
+        return "not run"  # a cancel (or a failed run's rewind) stopped it before it ran
+    if outcome is None:
+        return "running" if run_status in ("claimed", "running") else "in doubt"
+    return "failed" if "error" in outcome else "done"
+
+
+def _operation_row(pos: str, entry: Entry, run_status: str) -> dict[str, Any]:
+    """One operation of :func:`operation_rows`."""
+    outcome = entry.outcome
+    item: dict[str, Any] = {
+        "position": pos,
+        "op": entry.op,
+        "name": entry.name,
+        "status": _operation_state(entry, run_status),
+        "args": untag(entry.intent.get("args")),
+        "attempts": entry.starts + len(entry.failures),
+        "started_at": entry.intent.get("at"),
+        "ms": None if outcome is None else outcome.get("ms"),
+    }
+    if outcome is not None and "value" in outcome:
+        item["value"] = untag(outcome["value"])
+    if outcome is not None and "error" in outcome:
+        item["error"] = outcome["error"]
+    if outcome is not None and isinstance(outcome.get("summary"), dict):
+        item["summary"] = outcome["summary"]
+    if entry.failures:
+        item["failed_attempts"] = entry.failures
+    for extra in ("key", "in_doubt"):
+        if extra in entry.intent:
+            item[extra] = entry.intent[extra]
+    return item
 
 
 def find_position(key: str, entries: dict[str, Entry], spec: str) -> str:
@@ -1237,8 +1269,6 @@ def approve_operation(
             calls it asks about), it is live, or another decision stands and ``replace``
             is False.
     """
-    from stepstone.durable._kernel import ownership_error
-    from stepstone.durable._leases import owner_alive
     from stepstone.durable._records import read_run
     from stepstone.exceptions import ApprovalTargetError
 
@@ -1274,7 +1304,26 @@ def approve_operation(
             "Give the decision again with replace=True (`stepstone approve --replace`) to "
             "change it"
         )
-    pos = match["position"]
+    _record_approval(store, key, head, rows, match["position"], decision)
+    return result
+
+
+def _record_approval(
+    store: Store,
+    key: str,
+    head: RunHead,
+    rows: Sequence[JournalRow],
+    pos: str,
+    decision: bool | str,
+) -> None:
+    """Append ``decision`` as the outcome of the ``approval`` operation at ``pos`` of the
+    run under ``key`` (as read: ``head`` and its journal ``rows``), in one transaction with
+    its head; refused when the run changed since read or is live. A run that failed asking
+    is left paused."""
+    from stepstone.durable._kernel import ownership_error
+    from stepstone.durable._leases import owner_alive
+    from stepstone.exceptions import ApprovalTargetError
+
     entry = load_entries(key, rows)[0][pos]
     outcome = {
         "op": "approval",
@@ -1309,7 +1358,6 @@ def approve_operation(
         return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
 
     store.backend.run_transact(key, decide)
-    return result
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

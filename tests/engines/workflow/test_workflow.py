@@ -128,6 +128,67 @@ async def test_run_is_awaitable_and_concurrent_steps_get_positions_in_call_order
 
 
 @workflow
+async def grouped(order_id: str) -> list[str]:
+    first = await charge(order_id, 1)
+    async with asyncio.TaskGroup() as group:
+        two = group.create_task(charge(order_id, 2))
+        three = group.create_task(charge(order_id, 3))
+    if FAIL.get("stop_after_group"):
+        raise KeyboardInterrupt  # the process goes away after the group
+    return [first, two.result(), three.result(), await charge(order_id, 4)]
+
+
+def test_a_task_group_numbers_its_steps_like_gather_and_replays_them(store: Store) -> None:
+    # guarantee 473: steps started in a TaskGroup are numbered under a branch of their parent,
+    # in the order the tasks were created; a replay gives the same positions and runs none
+    FAIL["stop_after_group"] = True
+    with pytest.raises(KeyboardInterrupt):
+        grouped.using(store=store, key="tg").run_sync("a")
+    assert sorted(c[2] for c in CALLS) == [1, 2, 3]
+    steps = store.read("tg")["steps"]
+    assert [(s["position"], s["args"]) for s in steps] == [
+        ("0", ["a", 1]),
+        ("1.0.0", ["a", 2]),
+        ("1.1.0", ["a", 3]),
+    ]
+    FAIL.clear()
+    CALLS.clear()
+    assert grouped.using(store=store, key="tg").run_sync("a") == [
+        "receipt-a-1",
+        "receipt-a-2",
+        "receipt-a-3",
+        "receipt-a-4",
+    ]
+    assert [c[2] for c in CALLS] == [4]  # the grouped steps were replayed, not run
+    assert [s["position"] for s in store.read("tg")["steps"]] == ["0", "1.0.0", "1.1.0", "1"]
+
+
+@workflow
+async def parent_of_interrupted(order_id: str) -> list[str]:
+    return [await charge(order_id, 0), *await interrupted(order_id)]
+
+
+def test_a_child_that_did_not_finish_resumes_on_its_own_under_its_key(store: Store) -> None:
+    # guarantee 478: the child is a run of its own; resumed under "<parent>/<position>"
+    # without its parent, it replays its committed step; the parent then replays the child
+    FAIL["stop_after_first"] = True
+    with pytest.raises(KeyboardInterrupt):
+        parent_of_interrupted.using(store=store, key="p").run_sync("a")
+    assert store.read("p/1")["status"] == "running"
+    FAIL.clear()
+    CALLS.clear()
+    child = interrupted.using(store=store, key="p/1").run_sync("a")
+    assert child == ["receipt-a-1", "receipt-a-2"] and [c[2] for c in CALLS] == [2]
+    CALLS.clear()
+    assert parent_of_interrupted.using(store=store, key="p").run_sync("a") == [
+        "receipt-a-0",
+        *child,
+    ]
+    assert CALLS == []  # neither the parent's step nor the child's ran again
+    assert store.read("p")["status"] == "done"
+
+
+@workflow
 async def interrupted(order_id: str) -> list[str]:
     out = [await charge(order_id, 1)]
     if FAIL.get("stop_after_first"):

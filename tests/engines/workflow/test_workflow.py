@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import stepstone
 from stepstone import (
@@ -26,6 +26,7 @@ from stepstone import (
     workflow,
 )
 from stepstone.durable import read_run
+from stepstone.graph import END, GraphBuilder, State
 
 CALLS: list[tuple[Any, ...]] = []
 
@@ -793,6 +794,69 @@ def test_a_plan_in_a_workflow_body_is_a_child_run_found_again_on_resume(store: S
     ops = store.read("wp")["steps"]
     assert [(o["position"], o["op"]) for o in ops] == [("0", "plan"), ("1", "step")]
     assert ops[0]["key"] == "wp/0" and store.read("wp/0")["status"] == "done"
+
+
+# -- graphs inside workflows --------------------------------------------------------------------
+class Ticket(State):
+    n: int = 0
+    trail: list[str] = Field(default_factory=list)
+
+
+def _triage(state: Ticket) -> dict[str, Any]:
+    PLAN_RUNS.append("triage")
+    return {"n": state.n + 1, "trail": [*state.trail, "triage"]}
+
+
+async def _answer(state: Ticket) -> dict[str, Any]:
+    PLAN_RUNS.append("answer")
+    if FAIL.get("in_answer"):
+        raise KeyboardInterrupt  # the process goes away inside the graph's second node
+    receipt = await charge("in-node", state.n)  # a step in a node is a plain call
+    return {"n": state.n * 10, "trail": [*state.trail, receipt]}
+
+
+TICKETS = (
+    GraphBuilder(Ticket)
+    .add_node("triage", _triage)
+    .add_node("answer", _answer)
+    .add_edge("triage", "answer")
+    .add_edge("answer", END)
+    .set_entry("triage")
+    .compile()
+)
+
+
+@workflow(name="with_graph")
+async def with_graph(n: int) -> int:
+    final = await TICKETS.ainvoke(Ticket(n=n))
+    after = await charge("after", final.n)
+    if FAIL.get("stop"):
+        raise KeyboardInterrupt
+    return len(after) + final.n
+
+
+def test_a_graph_in_a_workflow_body_is_one_operation_replayed_on_resume(store: Store) -> None:
+    # guarantee 492: before, the graph was a plain call: a resumed workflow ran its nodes again
+    PLAN_RUNS.clear()
+    FAIL["in_answer"] = True
+    with pytest.raises(KeyboardInterrupt):  # cut short inside the graph: it runs again
+        with_graph.using(store=store, key="wg").run_sync(1)
+    FAIL.clear()
+    FAIL["stop"] = True
+    with pytest.raises(KeyboardInterrupt):  # cut short after the graph: it is replayed
+        with_graph.using(store=store, key="wg").run_sync(1)
+    assert PLAN_RUNS == ["triage", "answer", "triage", "answer"]
+    FAIL.clear()
+    CALLS.clear()
+    assert with_graph.using(store=store, key="wg").run_sync(1) == len("receipt-after-20") + 20
+    assert PLAN_RUNS == ["triage", "answer", "triage", "answer"] and CALLS == []
+    ops = store.read("wg")["steps"]
+    assert [(o["position"], o["op"], o["name"]) for o in ops] == [
+        ("0", "graph", "graph Ticket"),
+        ("1", "step", "charge"),
+    ]
+    assert ops[0]["value"] == {"n": 20, "trail": ["triage", "receipt-in-node-2"]}
+    assert ops[0]["attempts"] == 2  # the first attempt was cut short, the second finished
 
 
 def test_a_step_in_doubt_is_settled_by_hand_and_the_run_goes_on(store: Store) -> None:

@@ -922,9 +922,13 @@ def test_stepstone_settle_lists_and_settles_a_workflow_step_in_doubt(tmp_path: P
         (doubt,) = in_doubt_effects(store, "cli")
         assert (doubt["position"], doubt["name"]) == ("0", "pay_once")
     cli = CliRunner(env={"COLUMNS": "200"})
+    shown = cli.invoke(app, ["show", "cli", "--db", str(db)])
+    assert shown.exit_code == 0 and "EffectInDoubtError" in shown.output
+    assert "at None" not in shown.output  # guarantee 493: a failure that names no step
     argv = ["settle", "cli", "0", "--happened", "--result", "paid by hand", "--db", str(db)]
     out = cli.invoke(app, argv)
     assert out.exit_code == 0, out.output
+    assert "cli: pay_once call 0 settled as happened" in " ".join(out.output.split())  # 493
     with Store(db=db) as store:
         CALLS.clear()
         assert pays.using(store=store, key="cli").run_sync("o", "fail") == "paid by hand"

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -451,6 +452,30 @@ def test_retries_record_each_attempt_and_the_last_error_reaches_the_workflow(
     CALLS.clear()
     assert retrying.using(store=store, key="r2").run_sync(4) == "gave up: attempt 3 failed"
     assert CALLS == []
+
+
+@step(retries=3, retry_delay=0.04, max_retry_delay=0.1)
+async def slow_to_work(n: int) -> int:
+    CALLS.append(("slow_to_work", time.monotonic()))
+    if len(CALLS) < 4:
+        raise ConnectionError("not yet")
+    return n
+
+
+@workflow
+async def backing_off(n: int) -> int:
+    return await slow_to_work(n)
+
+
+def test_retry_delays_double_from_retry_delay_up_to_the_cap(store: Store) -> None:
+    # guarantee 476: waits of S, 2S, then the cap, each jittered down by at most half (a
+    # constant S would let the second wait be as short as S/2)
+    assert backing_off.using(store=store, key="b").run_sync(7) == 7
+    times = [c[1] for c in CALLS]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert len(gaps) == 3
+    assert gaps[0] >= 0.02 and gaps[1] >= 0.04 and gaps[2] >= 0.05
+    assert [a["attempt"] for a in store.read("b")["steps"][0]["failed_attempts"]] == [1, 2, 3]
 
 
 @workflow

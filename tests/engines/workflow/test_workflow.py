@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -472,7 +473,7 @@ def test_retry_delays_double_from_retry_delay_up_to_the_cap(store: Store) -> Non
     # constant S would let the second wait be as short as S/2)
     assert backing_off.using(store=store, key="b").run_sync(7) == 7
     times = [c[1] for c in CALLS]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert len(gaps) == 3
     assert gaps[0] >= 0.02 and gaps[1] >= 0.04 and gaps[2] >= 0.05
     assert [a["attempt"] for a in store.read("b")["steps"][0]["failed_attempts"]] == [1, 2, 3]

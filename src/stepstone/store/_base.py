@@ -287,6 +287,16 @@ def journal_row(
     """A journal row read from a database, its columns checked (invalid UTF-8, or a
     sequence number that is not an integer, raises CheckpointCorruptError naming the key
     and the row). A time that is not a number reads as None: times only inform."""
+    if (
+        type(seq) is int
+        and type(kind) is str
+        and type(data) is str
+        and (name is None or type(name) is str)
+        and (kind.isascii() or _utf8(kind))
+        and (data.isascii() or _utf8(data))
+        and (name is None or name.isascii() or _utf8(name))
+    ):  # the usual row, checked without building the names an error would need
+        return JournalRow(seq, kind, name, data, _time(started_at), _time(committed_at))
     where = f"journal row {printable_key(seq)}"
     if type(seq) is not int:
         raise corrupt_error(key, f"{where} has a sequence number that is not an integer")
@@ -298,6 +308,15 @@ def journal_row(
         _time(started_at),
         _time(committed_at),
     )
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored as UTF-8 (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _time(value: Any) -> float | None:

@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from stepstone.core._serialization import from_typed_json, to_typed_json
 from stepstone.core._sync import cancel_point, run_sync
 from stepstone.durable import (
     OwnedRun,
@@ -18,7 +19,8 @@ from stepstone.durable import (
     owner_alive,
     run_head,
 )
-from stepstone.durable._effects import bind_scope
+from stepstone.durable._effects import DurableScope, bind_scope
+from stepstone.durable._operations import Call, OperationJournal, Outcome, current_journal
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._codec import check_metadata
@@ -222,6 +224,60 @@ class CompiledGraph(Generic[S]):
                 ``resume_invocation`` cannot be loaded.
         """
         _check_invoke_options(correlation_id, metadata)
+        journal = current_journal() if resume_invocation is None else None
+        if journal is not None:  # in a workflow's body: one operation of the workflow
+            return await self._journaled(
+                journal,
+                state,
+                correlation_id=correlation_id,
+                metadata=metadata,
+                observers=observers,
+            )
+        return await self._ainvoke(
+            state,
+            correlation_id=correlation_id,
+            resume_invocation=resume_invocation,
+            metadata=metadata,
+            observers=observers,
+        )
+
+    async def _journaled(self, journal: OperationJournal, state: S | None, **options: Any) -> S:
+        """Run the graph as one operation of the workflow ``journal`` belongs to: its final
+        state is recorded, so a replay of the workflow returns it without running a node;
+        a graph cut short by a crash runs again from its start (guarantee 492)."""
+        if state is None or not isinstance(state, self.state_cls):
+            raise UserError(
+                f"invoke() takes an initial {self.state_cls.__name__} instance, got "
+                f"{type(state).__name__}"
+            )
+        name = f"graph {self.state_cls.__name__}"
+        data = to_typed_json(state, where=f"{name} state", strict=True)
+
+        async def invoke(call: Call) -> Outcome:
+            # Nodes see a durable scope of their own (as a step's body does): an agent in
+            # a node journals under the call's idempotency key, a step is a plain call.
+            scope = DurableScope(
+                store=journal.store,
+                key=call.idempotency_key,
+                address=journal.key,
+                attempt=call.attempt,
+            )
+            with bind_scope(scope):
+                final = await self._ainvoke(state, resume_invocation=None, **options)
+            return Outcome.of(to_typed_json(final, where=f"{name} result", strict=True), final)
+
+        result: S = await journal.operation("graph", name, data, invoke, decode=from_typed_json)
+        return result
+
+    async def _ainvoke(
+        self,
+        state: S | None,
+        *,
+        correlation_id: str | None,
+        resume_invocation: str | None,
+        metadata: Mapping[str, Any] | None,
+        observers: Sequence[Observer] | None,
+    ) -> S:
         told = Observers(
             (*self.observers, *check_observers(observers, "invoke(observers=...)")),
             self._deliveries,

@@ -652,6 +652,23 @@ class OperationJournal:
                 continue
             await self._flush("running")
 
+    async def commit_now(self) -> None:
+        """Commit now, even with nothing buffered: a wait that found its run's cancel
+        requested lets the kernel's commit record the cancel (the run ``failed``), which
+        raises :class:`RunCancelledError` and ends the journal's writes.
+
+        Raises:
+            RunCancelledError: the run was cancelled.
+            ConcurrentRunError: the run lost its ownership; nothing more is written.
+        """
+        while self._flushing:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if self._lost is not None:
+            raise self._lost
+        await self._flush(self.run.head.status)
+
     async def _flush(
         self, status: str, rows: Sequence[Row] = (), meta: dict[str, Any] | None = None
     ) -> None:
@@ -966,6 +983,25 @@ class OperationJournal:
         self.entries[pos] = Entry(op, name, intent, outcome)
         self.done += 1
         self.add("intent", pos, intent)
+        mark = self.add("outcome", pos, outcome)
+        if extras:
+            mark = self.add_extras(extras)
+        return mark
+
+    def conclude(
+        self, pos: str, entry: Entry, value: Any, extras: ExtraWrites | None = None
+    ) -> int:
+        """Record the outcome of the operation at ``pos`` whose intent an earlier attempt
+        committed (``entry``, found with :meth:`lookup`, no outcome yet) without running it
+        again: for an operation whose work is already over when the run comes back to it
+        (a sleep past its wake time, a message waiting for a receive). The outcome (with
+        ``extras``) is buffered; returns the mark :meth:`commit` waits for. The caller
+        commits it, or leaves it for the next commit when a crash before then may safely
+        find the intent again and do the same."""
+        self.end_replay()  # the first operation past what the journal recorded
+        outcome: dict[str, Any] = {"op": entry.op, "name": entry.name, "value": value, "ms": 0.0}
+        entry.outcome = outcome
+        self.done += 1
         mark = self.add("outcome", pos, outcome)
         if extras:
             mark = self.add_extras(extras)

@@ -18,7 +18,7 @@ from typing import Any
 
 from stepstone.core._serialization import compact_encoder
 from stepstone.exceptions import CheckpointCorruptError, StoreError
-from stepstone.store._changes import ChangeFeed
+from stepstone.store._changes import ChangeFeed, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._webhooks import WebhookRecord
 
@@ -595,6 +595,13 @@ class Backend(abc.ABC):
         if self._polling_feed is None:
             self._polling_feed = ChangeFeed(poll=0.1)
         return self._polling_feed
+
+    def notify_run(self, key: str) -> None:
+        """Wake whoever waits on the records of the run under ``key`` (a sleep, a receive,
+        a stream reader, a ``get_event``): they look again now rather than at their next
+        poll (an operator's cancel of a waiting run). This one wakes the waiters of this
+        process; a store with notifications between processes wakes those too."""
+        self.changes().publish(run_topic(key))
 
     def _no_extras(self) -> StoreError:
         return StoreError(

@@ -1227,10 +1227,13 @@ def approve_operation(
     workflow run asked about: appended as the outcome of its ``approval`` operation, in one
     transaction with the head, while no process runs it; a run that stopped on the question
     (failed with ``ApprovalPendingError``) is left ``paused``. Its next run replays the
-    decision.
+    decision. When that was the last call it waited for and the run came from a work queue,
+    its queue entry is put back in its queue (:func:`~stepstone.durable._queue.requeue_run`):
+    a worker continues the run, with no one running the key again by hand.
 
     Returns:
-        ``{key, run_key, call_id, tool, arguments, decision, previous, changed}``.
+        ``{key, run_key, call_id, tool, arguments, decision, previous, changed,
+        requeued}``: ``requeued`` is the id of the queue entry put back, or None.
 
     Raises:
         ApprovalTargetError: the run does not ask about ``call_id`` (the message lists the
@@ -1264,6 +1267,7 @@ def approve_operation(
         "decision": decision,
         "previous": before,
         "changed": before != decision,
+        "requeued": None,
     }
     if before == decision:
         return result
@@ -1283,6 +1287,7 @@ def approve_operation(
         "settled": {"happened": True, "at": round(time.time(), 3)},
     }
     text = json.dumps([["outcome", pos, outcome]], ensure_ascii=False, separators=(",", ":"))
+    stopped: list[bool] = []
 
     def decide(cur: RunHead | None, _kv: str | None) -> Claim:
         if cur is None or cur.version != head.version:
@@ -1298,6 +1303,7 @@ def approve_operation(
             and isinstance(error, dict)
             and str(error.get("type", "")).endswith("ApprovalPendingError")
         )
+        stopped[:] = [asking or cur.status == "paused"]
         meta = {k: v for k, v in cur.meta.items() if not (asking and k == "error")}
         new = cur.replace(
             status="paused" if asking else cur.status,
@@ -1309,6 +1315,11 @@ def approve_operation(
         return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
 
     store.backend.run_transact(key, decide)
+    undecided = [c for c in asked if c["decision"] is None and c["call_id"] != call_id]
+    if stopped == [True] and not undecided:
+        from stepstone.durable._queue import requeue_run
+
+        result["requeued"] = requeue_run(store, key)
     return result
 
 

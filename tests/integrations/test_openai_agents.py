@@ -75,6 +75,12 @@ async def test_a_keyed_run_records_and_a_finished_key_returns_its_output(
     assert [op["args"] for op in ops if op["op"] == "tool"] == [
         {"args": {"order": 42}, "call_id": "call_1_0"}
     ]
+    shown = CliRunner().invoke(
+        app, ["show", "--db", str(tmp_path / "oa.sqlite"), "ticket-42"], env={"COLUMNS": "250"}
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "gpt-4o-mini" in shown.output and " out · $" in shown.output
+    assert 'refund({"order": 42})' in shown.output
 
 
 async def test_a_failed_workflow_resumes_without_asking_the_model_again(
@@ -334,3 +340,44 @@ async def test_the_sdks_default_responses_model_is_journaled_and_replayed(
     assert refunds == [3] and len(server.requests) == 2
     assert all(r.path.endswith("/responses") for r in server.requests)
     assert [bool(r.json().get("stream")) for r in server.requests] == [streamed, streamed]
+
+
+async def test_an_agent_used_as_a_tool_is_one_journaled_call(
+    tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
+) -> None:
+    # guarantee 540: an agent used as a tool (Agent.as_tool) is a tool call of the run
+    refunds: list[int] = []
+    billing = _agent(client, refunds)
+    tool = billing.as_tool(tool_name="billing", tool_description="Ask billing.")
+    model = OpenAIChatCompletionsModel("gpt-4o-mini", client)
+    triage = Agent(name="triage", instructions="Route.", tools=[tool], model=model)
+    server.push(
+        call("billing", input="refund order 42"),  # triage asks billing
+        call("refund", order=42),  # billing's own turn
+        "billing refunded 42",
+        "all done: billing refunded 42",  # triage's answer
+    )
+    flaky = {"left": 1}
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    @workflow(store=Store(db=tmp_path / "oa.sqlite"), key="as-tool")
+    async def handle(ticket: str) -> str:
+        return await after(str((await DurableRunner.run(triage, ticket)).final_output))
+
+    with pytest.raises(ConnectionError):
+        await handle.run("refund order 42")
+    assert len(server.requests) == 4 and refunds == [42]
+    assert await handle.run("refund order 42") == "all done: billing refunded 42"
+    assert len(server.requests) == 4 and refunds == [42]  # replayed: billing not asked again
+    steps = Store(db=tmp_path / "oa.sqlite").read("as-tool")["steps"]
+    assert [(s["op"], s["name"]) for s in steps if s["op"] != "step"] == [
+        ("model", "model"),
+        ("tool", "billing"),
+        ("model", "model"),
+    ]

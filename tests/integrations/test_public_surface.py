@@ -39,5 +39,5 @@ def test_the_integrations_use_only_public_framework_names(path: Path) -> None:
 
 def test_the_check_finds_a_private_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from pydantic_ai._agent_graph import set_agent_graph_sleep\nimport agents._run\n")
+    bad.write_text("from pydantic_ai._agent_graph import sleep_func\nimport agents._run\n")
     assert len(_private_imports(bad)) == 2

@@ -294,3 +294,38 @@ def test_a_deferred_tool_waits_for_its_result_as_a_message(tmp_path: Path) -> No
     # run again: everything replays (the message is not received twice)
     assert handle.run_sync("where is parcel p-9?") == "the warehouse says: it left on Monday"
     assert asked == ["p-9"]
+
+
+def test_two_agent_runs_in_parallel_replay_their_own_answers(tmp_path: Path) -> None:
+    # guarantee 549: concurrent runs (asyncio.gather) each replay what they recorded
+    asked: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        prompt = str(messages[0].parts[-1].content)  # type: ignore[union-attr]
+        asked.append(prompt)
+        if not any(m.kind == "response" for m in messages):
+            return ModelResponse(parts=[ToolCallPart("size", {"city": prompt})])
+        last = messages[-1].parts[-1]
+        return ModelResponse(parts=[TextPart(f"{prompt}: {last.content}")])  # type: ignore[union-attr]
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(model), name="atlas", capabilities=[StepstoneDurability()]
+    )
+
+    @agent.tool_plain
+    async def size(city: str) -> str:
+        await asyncio.sleep(0.05 if city == "Lima" else 0)  # finish in another order
+        return f"{len(city)} letters"
+
+    after = _failing_once()
+
+    @workflow(store=Store(db=tmp_path / "wf.sqlite"), key="gather")
+    async def handle(a: str, b: str) -> list[str]:
+        runs = await asyncio.gather(agent.run(a), agent.run(b))
+        return list(await after([r.output for r in runs]))
+
+    with pytest.raises(ConnectionError):
+        handle.run_sync("Lima", "Berlin")
+    assert len(asked) == 4
+    assert handle.run_sync("Lima", "Berlin") == ["Lima: 4 letters", "Berlin: 6 letters"]
+    assert len(asked) == 4  # each run replayed its own answers

@@ -832,9 +832,14 @@ def approve_cmd(
         instead = (
             f" (it was {decision_text(done['previous'])})" if done["previous"] is not None else ""
         )
+        then = (
+            f"its queue entry {done['requeued']} is queued again: a worker continues the run"
+            if done.get("requeued")
+            else "the run's next resume applies it"
+        )
         _console().print(
             f"{key}{where}: {decision_text(decision)} {done['tool']} call {call_id}{instead}; "
-            "the run's next resume applies it"
+            + then
         )
 
 

@@ -1311,10 +1311,13 @@ def approve_operation(
     workflow run asked about: appended as the outcome of its ``approval`` operation, in one
     transaction with the head, while no process runs it; a run that stopped on the question
     (failed with ``ApprovalPendingError``) is left ``paused``. Its next run replays the
-    decision.
+    decision. When that was the last call it waited for and the run came from a work queue,
+    its queue entry is put back in its queue (:func:`~stepstone.durable._queue.requeue_run`):
+    a worker continues the run, with no one running the key again by hand.
 
     Returns:
-        ``{key, run_key, call_id, tool, arguments, decision, previous, changed}``.
+        ``{key, run_key, call_id, tool, arguments, decision, previous, changed,
+        requeued}``: ``requeued`` is the id of the queue entry put back, or None.
 
     Raises:
         ApprovalTargetError: the run does not ask about ``call_id`` (the message lists the
@@ -1346,6 +1349,7 @@ def approve_operation(
         "decision": decision,
         "previous": before,
         "changed": before != decision,
+        "requeued": None,
     }
     if before == decision:
         return result
@@ -1356,7 +1360,12 @@ def approve_operation(
             "Give the decision again with replace=True (`stepstone approve --replace`) to "
             "change it"
         )
-    _record_approval(store, key, head, rows, match["position"], decision)
+    stopped = _record_approval(store, key, head, rows, match["position"], decision)
+    undecided = [c for c in asked if c["decision"] is None and c["call_id"] != call_id]
+    if stopped and not undecided:
+        from stepstone.durable._queue import requeue_run
+
+        result["requeued"] = requeue_run(store, key)
     return result
 
 
@@ -1367,11 +1376,11 @@ def _record_approval(
     rows: Sequence[JournalRow],
     pos: str,
     decision: bool | str,
-) -> None:
+) -> bool:
     """Append ``decision`` as the outcome of the ``approval`` operation at ``pos`` of the
     run under ``key`` (as read: ``head`` and its journal ``rows``), in one transaction with
     its head; refused when the run changed since read or is live. A run that failed asking
-    is left paused."""
+    is left paused. True when the run had stopped (paused, or failed asking)."""
     from stepstone.durable._kernel import ownership_error
     from stepstone.durable._leases import owner_alive
     from stepstone.exceptions import ApprovalTargetError
@@ -1384,6 +1393,7 @@ def _record_approval(
         "settled": {"happened": True, "at": round(time.time(), 3)},
     }
     text = json.dumps([["outcome", pos, outcome]], ensure_ascii=False, separators=(",", ":"))
+    stopped: list[bool] = []
 
     def decide(cur: RunHead | None, _kv: str | None) -> Claim:
         if cur is None or cur.version != head.version:
@@ -1399,6 +1409,7 @@ def _record_approval(
             and isinstance(error, dict)
             and str(error.get("type", "")).endswith("ApprovalPendingError")
         )
+        stopped[:] = [asking or cur.status == "paused"]
         meta = {k: v for k, v in cur.meta.items() if not (asking and k == "error")}
         new = cur.replace(
             status="paused" if asking else cur.status,
@@ -1410,6 +1421,7 @@ def _record_approval(
         return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
 
     store.backend.run_transact(key, decide)
+    return stopped == [True]
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

@@ -135,8 +135,9 @@ def _retry_headers(retry_after: float | None) -> dict[str, str]:
 
 
 class OpenAIDialect(Dialect):
-    """Chat Completions (``POST /v1/chat/completions``), JSON and SSE; and the Responses
-    API (``POST /v1/responses``) as JSON, for SDKs whose default OpenAI model speaks it."""
+    """Chat Completions (``POST /v1/chat/completions``) and the Responses API (``POST
+    /v1/responses``, the default of newer OpenAI SDK models), each as JSON or streamed
+    (server-sent events)."""
 
     name = "openai"
 
@@ -144,12 +145,57 @@ class OpenAIDialect(Dialect):
         return server_url + "/v1"
 
     def _responses(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
-        """An answer of the Responses API (not streamed: a streamed request gets a 400)."""
-        if self.wants_stream(request):
-            return Respond(
-                status=400,
-                body={"error": {"message": "the loopback server streams Chat Completions only"}},
-            )
+        """An answer of the Responses API: JSON, or its server-sent events when the request
+        streams (text deltas per chunk, each call's arguments in two deltas, then
+        ``response.completed``)."""
+        body = self._response_body(reply, model)
+        if not self.wants_stream(request):
+            return Respond(body=body)
+        return SSE(events=self._response_events(reply, body), delay=reply.chunk_delay)
+
+    def _response_events(self, reply: Reply, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
+        events: list[tuple[str | None, Any]] = []
+
+        def emit(kind: str, **fields: Any) -> None:
+            events.append((kind, {"type": kind, "sequence_number": len(events), **fields}))
+
+        started = {**body, "status": "in_progress", "output": [], "usage": None}
+        emit("response.created", response=started)
+        for index, item in enumerate(body["output"]):
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+                at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+                emit(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "content": []},
+                )
+                empty = {"type": "output_text", "text": "", "annotations": []}
+                emit("response.content_part.added", **at, part=empty)
+                for piece in self._chunks(reply):
+                    emit("response.output_text.delta", **at, delta=piece, logprobs=[])
+                emit("response.output_text.done", **at, text=text, logprobs=[])
+                emit("response.content_part.done", **at, part=item["content"][0])
+            else:
+                args = item["arguments"]
+                at = {"item_id": item["id"], "output_index": index}
+                emit(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "arguments": "", "status": "in_progress"},
+                )
+                half = len(args) // 2
+                for part in (args[:half], args[half:]):
+                    if part:
+                        emit("response.function_call_arguments.delta", **at, delta=part)
+                emit(
+                    "response.function_call_arguments.done", **at, arguments=args, name=item["name"]
+                )
+            emit("response.output_item.done", output_index=index, item=item)
+        emit("response.completed", response=body)
+        return events
+
+    def _response_body(self, reply: Reply, model: str) -> dict[str, Any]:
         usage = self._usage(reply)
         output: list[dict[str, Any]] = []
         if reply.text:
@@ -173,26 +219,24 @@ class OpenAIDialect(Dialect):
                     "status": "completed",
                 }
             )
-        return Respond(
-            body={
-                "id": "resp_loopback",
-                "object": "response",
-                "created_at": 0,
-                "model": model,
-                "status": "completed",
-                "output": output,
-                "parallel_tool_calls": True,
-                "tool_choice": "auto",
-                "tools": [],
-                "usage": {
-                    "input_tokens": usage.input_tokens,
-                    "input_tokens_details": {"cached_tokens": usage.cache_read_tokens},
-                    "output_tokens": usage.output_tokens,
-                    "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
-                    "total_tokens": usage.input_tokens + usage.output_tokens,
-                },
-            }
-        )
+        return {
+            "id": "resp_loopback",
+            "object": "response",
+            "created_at": 0,
+            "model": model,
+            "status": "completed",
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "input_tokens_details": {"cached_tokens": usage.cache_read_tokens},
+                "output_tokens": usage.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            },
+        }
 
     def render(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
         if request.path.rstrip("/").endswith("/responses"):

@@ -60,7 +60,7 @@ from stepstone.durable._operations import (
 )
 from stepstone.durable._queue import check_number
 from stepstone.durable._records import blocking_call
-from stepstone.durable._waiting import parking
+from stepstone.durable._waiting import Parking, parking
 from stepstone.exceptions import (
     ConfigurationError,
     ConfigurationTypeError,
@@ -194,7 +194,6 @@ async def _wait(
     backend = store.backend
     park = parking()
     started = time.monotonic()
-    run = where.journal.run
     with backend.changes().subscribe([run_topic(where.address)]) as sub:
         while True:
             if look is not None:
@@ -205,32 +204,54 @@ async def _wait(
             left = None if wake_at is None else wake_at - now
             if left is not None and left <= 0:
                 return None
-            head = await blocking_call(store, backend.run_get, where.address)
-            if head is not None and head.meta.get("cancel_requested"):
-                if head.key != run.key:  # a step's own journal: the step stops here
-                    raise RunCancelledError(
-                        f"run {where.address!r} was cancelled while a step of it waited"
-                    )
-                if head.run_uid == run.run_uid:
-                    # the cancel's own flow: a commit that finds it commits the run failed
-                    # with RunCancelledError and raises it (the journal then writes no more)
-                    await where.journal.commit_now()
+            await _stop_if_cancelled(where)
             waited = time.monotonic() - started
             # A receive looks at every poll; a plain sleep, which only a cancel (or a change
             # of its run: a notification) can end early, at least a second apart.
             every = sub.feed.poll if topic is not None else max(sub.feed.poll, _SLEEP_LOOK)
             step = every if left is None else min(left, every)
             if park is not None:
-                await to_thread(park.check)  # the worker stops the run at once if cancelled
-                long = left is None or left > park.after
-                if long and (topic is None or waited >= park.after):
-                    raise RunParked(where.address, wake_at, () if topic is None else (topic,))
-                if topic is not None:
-                    step = min(step, max(0.0, park.after - waited))
+                step = await _park_if_long(where, park, wake_at, topic, left, waited, step)
             until = time.monotonic() + step
             while not await sub.await_change(max(0.0, until - time.monotonic())):
                 if time.monotonic() >= until:
                     break
+
+
+async def _stop_if_cancelled(where: _Where) -> None:
+    """Raise RunCancelledError when an operator asked to cancel the waiting run."""
+    store = where.store
+    run = where.journal.run
+    head = await blocking_call(store, store.backend.run_get, where.address)
+    if head is None or not head.meta.get("cancel_requested"):
+        return
+    if head.key != run.key:  # a step's own journal: the step stops here
+        raise RunCancelledError(f"run {where.address!r} was cancelled while a step of it waited")
+    if head.run_uid == run.run_uid:
+        # the cancel's own flow: a commit that finds it commits the run failed
+        # with RunCancelledError and raises it (the journal then writes no more)
+        await where.journal.commit_now()
+
+
+async def _park_if_long(
+    where: _Where,
+    park: Parking,
+    wake_at: float | None,
+    topic: str | None,
+    left: float | None,
+    waited: float,
+    step: float,
+) -> float:
+    """On a worker: raise RunParked when the wait (``left`` seconds; None: no limit) is
+    longer than its ``park_after`` (a receive first waits that long here); else how long
+    to wait before the next look (``step`` at most)."""
+    await to_thread(park.check)  # the worker stops the run at once if cancelled
+    long = left is None or left > park.after
+    if long and (topic is None or waited >= park.after):
+        raise RunParked(where.address, wake_at, () if topic is None else (topic,))
+    if topic is not None:
+        step = min(step, max(0.0, park.after - waited))
+    return step
 
 
 #: The longest a sleep waits between two looks at its run (seconds): how soon an

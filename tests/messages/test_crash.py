@@ -185,7 +185,7 @@ def test_killed_while_writing_a_stream_no_value_is_lost_or_repeated(where: Where
         for _kill_no in range(4):  # killed at random points of the writes, then let finish
             before = written(store)
             proc = where.start("stream", str(n))
-            _wait(lambda: written(store) > before or proc.poll() is not None)
+            _wait(lambda b=before, p=proc: written(store) > b or p.poll() is not None)
             try:
                 proc.communicate(timeout=rng.uniform(0.0, 0.3))
             except subprocess.TimeoutExpired:

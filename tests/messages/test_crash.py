@@ -126,7 +126,7 @@ def test_killed_while_a_receive_waits_its_timeout_goes_on_from_where_it_was(
         _wait(lambda: bool(store.backend.timers("p-timeout")))
         (timer,) = store.backend.timers("p-timeout")
         assert timer.topic == "in" and timer.wake_at is not None
-        time.sleep(1.0)
+        time.sleep(4.0)  # 2 s left; a new timeout would take 6
         _kill(proc)
         resumed = where.start("patient", "p-timeout", "6")
         resumed_at = time.time()

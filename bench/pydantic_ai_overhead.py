@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,19 @@ class PydanticAI:
         assert out == f"looked up {TURNS[0]} things"
         return ms
 
+    def journal_bytes(self) -> int:
+        """Bytes of journal rows of the last stepstone run."""
+        conn = sqlite3.connect(self.tmp / f"ours-{self.runs}.sqlite")
+        try:
+            tables = [
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            ]
+            table = next(t for t in tables if t.endswith("journal"))
+            row = conn.execute(f"SELECT sum(length(data)) FROM {table}").fetchone()
+            return int(row[0] or 0)
+        finally:
+            conn.close()
+
     async def theirs_ms(self) -> float:
         self.runs += 1
         t0 = time.perf_counter()
@@ -140,6 +154,45 @@ class PydanticAI:
             out = await self.theirs_wf(TURNS[0])
         assert out == f"looked up {TURNS[0]} things"
         return (time.perf_counter() - t0) * 1000
+
+
+class Inside:
+    """Time spent inside ``StepstoneOperationBackend.execute`` less the call it runs (the
+    model request, the tool): what the journal costs on the run's path, waiting for its
+    commits included. pydantic-ai's own cost per turn grows with the conversation; this
+    leaves it out, so it shows whether a turn costs stepstone the same late in a run."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        from stepstone.integrations.pydantic_ai import StepstoneOperationBackend
+
+        original = StepstoneOperationBackend.execute
+        meter = self
+
+        async def execute(backend: Any, *, body: Any, **kwargs: Any) -> object:
+            inner = [0.0]
+
+            async def timed_body() -> object:
+                t0 = time.perf_counter()
+                try:
+                    return await body()
+                finally:
+                    inner[0] += time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            try:
+                return await original(backend, body=timed_body, **kwargs)
+            finally:
+                meter.total += time.perf_counter() - t0 - inner[0]
+
+        StepstoneOperationBackend.execute = execute  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            StepstoneOperationBackend.execute = original  # type: ignore[method-assign]
 
 
 async def timed(run: Callable[[], Awaitable[float]]) -> tuple[float, float]:
@@ -210,6 +263,22 @@ async def pydantic_ai(tmp: Path, n: int, repeat: int, with_dbos: bool) -> None:
         report(
             f"pydantic-ai agent, {n} turns, one tool call per turn, SQLite:",
             await measure(tmp, bench.plain_ms, ways, repeat),
+        )
+        inside = Inside()
+        with inside.installed():
+            spent = []
+            for size in (10, 50, 200):
+                TURNS[0] = size
+                ms = []
+                for _ in range(max(1, repeat // 2)):
+                    inside.total = 0.0
+                    await bench.ours_ms()
+                    ms.append(inside.total * 1000 / size)
+                spent.append((size, statistics.median(ms), bench.journal_bytes() / size))
+        print(
+            "  time the run spends in stepstone per turn (outside the model and the tool), "
+            "by run length: "
+            + ", ".join(f"{size} turns {v:.3f} ms ({b:.0f} B journaled)" for size, v, b in spent)
         )
         flat = []
         for size in (10, 50, 200):

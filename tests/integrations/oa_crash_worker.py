@@ -14,7 +14,7 @@ from stepstone import Store
 from tests.integrations.oa_shop import handle_ticket, keyed_run
 
 db, logs, base_url = sys.argv[1], sys.argv[2], sys.argv[3]
-with Store(db=db) as store:
+with Store(url=db) if db.startswith("postgresql://") else Store(db=db) as store:
     if sys.argv[4:] == ["keyed"]:
         print(keyed_run(base_url, logs, store, "ticket-1"))
     else:

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,12 @@ def server(shop: ModuleType) -> Iterator[LoopbackServer]:
 
 
 def _run(
-    shop: ModuleType, db: Path, logs: Path, server: LoopbackServer, kill_at: str = "", *extra: str
+    shop: ModuleType,
+    db: Path | str,
+    logs: Path,
+    server: LoopbackServer,
+    kill_at: str = "",
+    *extra: str,
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHOP_KILL_AT": kill_at}
     worker = f"tests.integrations.{shop.__name__.rsplit('.', 1)[1].split('_')[0]}_crash_worker"
@@ -57,9 +63,14 @@ def _run(
     return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
 
 
-def _committed_model_requests(db: Path, key: str) -> int:
+def _open(db: Path | str) -> Store:
+    """The store at ``db``: a SQLite file, or a ``postgresql://`` URL."""
+    return Store(url=db) if str(db).startswith("postgresql://") else Store(db=db)
+
+
+def _committed_model_requests(db: Path | str, key: str) -> int:
     """Model requests whose answer the run's journal holds."""
-    with Store(db=db) as store:
+    with _open(db) as store:
         found = read_run(store, key)
     if found is None:
         return 0
@@ -121,6 +132,38 @@ def test_sigkill_inside_the_tool_loop_then_resume(
         assert again[effect] == 1  # in doubt: run again, with the same idempotency key
     with Store(db=db) as store:
         assert store.read("ticket-1")["status"] == "done"
+
+
+@pytest.mark.crash
+@pytest.mark.postgres
+def test_sigkill_inside_a_tool_then_resume_on_postgresql(
+    tmp_path: Path, shop: ModuleType, server: LoopbackServer, pg_server: Any
+) -> None:
+    # guarantee 530, 540: the same on PostgreSQL
+    clean = _clean(shop, tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    name = "crash_" + shop.__name__.rsplit(".", 1)[1]
+    key_url = pg_server.create_database(name)
+    try:
+        _sigkill_and_resume_on(key_url, shop, server, logs, clean)
+    finally:
+        pg_server.drop_database(name)
+
+
+def _sigkill_and_resume_on(
+    key_url: str, shop: ModuleType, server: LoopbackServer, logs: Path, clean: object
+) -> None:
+    died = _run(shop, key_url, logs, server, "inside:charge")
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    committed = _committed_model_requests(key_url, "ticket-1")
+    sent = len(server.requests)
+    done = _run(shop, key_url, logs, server)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == clean
+    assert len(server.requests) - sent == shop.REQUESTS - committed
+    assert sorted(effects(logs)) == sorted(shop.EFFECTS)
+    assert Counter(attempts(logs))["charge-1299"] == 2  # in doubt: run again, same key
 
 
 @pytest.mark.crash

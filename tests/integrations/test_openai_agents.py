@@ -15,7 +15,7 @@ from agents import Agent, OpenAIChatCompletionsModel, function_tool
 from openai import AsyncOpenAI
 from typer.testing import CliRunner
 
-from stepstone import ApprovalPendingError, Store, UserError, step, workflow
+from stepstone import ApprovalPendingError, ConfigurationError, Store, UserError, step, workflow
 from stepstone.cli import app
 from stepstone.durable._inspect import run_detail
 from stepstone.integrations.openai_agents import DurableRunner, RecordedRunResult
@@ -75,6 +75,12 @@ async def test_a_keyed_run_records_and_a_finished_key_returns_its_output(
     assert [op["args"] for op in ops if op["op"] == "tool"] == [
         {"args": {"order": 42}, "call_id": "call_1_0"}
     ]
+    shown = CliRunner().invoke(
+        app, ["show", "--db", str(tmp_path / "oa.sqlite"), "ticket-42"], env={"COLUMNS": "250"}
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "gpt-4o-mini" in shown.output and " out · $" in shown.output
+    assert 'refund({"order": 42})' in shown.output
 
 
 async def test_a_failed_workflow_resumes_without_asking_the_model_again(
@@ -244,3 +250,134 @@ async def test_mcp_server_tool_calls_are_journaled_and_replayed(
         {"args": {"query": "refunds"}}
     ]
     assert len(server.requests) == 2
+
+
+async def test_run_streamed_feeds_a_run_stream_live_and_once(
+    tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
+) -> None:
+    # guarantee 548
+    from stepstone.durable._messages import read_stream
+
+    refunds: list[int] = []
+    server.push(call("refund", order=5), "refunded order 5")
+    flaky = {"left": 1}
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    db = tmp_path / "oa.sqlite"
+
+    @workflow(store=Store(db=db), key="fed")
+    async def handle(ticket: str) -> str:
+        streamed = DurableRunner.run_streamed(_agent(client, refunds), ticket, stream_to="tokens")
+        items = [
+            e.name async for e in streamed.stream_events() if e.type == "run_item_stream_event"
+        ]
+        assert "tool_output" in items
+        return await after(str(streamed.final_output))
+
+    def written() -> list[Any]:
+        with Store(db=db) as store:
+            return [v for _, v in read_stream(store, "fed", "tokens", follow=False)]
+
+    with pytest.raises(ConnectionError):
+        await handle.run("refund order 5")
+    first = written()
+    text = "".join(v["delta"] for v in first if v["type"] == "response.output_text.delta")
+    assert text == "refunded order 5"
+    assert any(v["type"] == "response.function_call_arguments.delta" for v in first)
+    assert await handle.run("refund order 5") == "refunded order 5"
+    assert written() == first  # the replayed answers wrote nothing again
+    assert len(server.requests) == 2 and refunds == [5]
+    with pytest.raises(ConfigurationError, match="stream name"):
+        DurableRunner.run_streamed(_agent(client, refunds), "x", stream_to="")
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_the_sdks_default_responses_model_is_journaled_and_replayed(
+    tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI, streamed: bool
+) -> None:
+    # guarantee 540, 543: the SDK's default model (the Responses API), streamed or not
+    from agents import OpenAIResponsesModel
+
+    refunds: list[int] = []
+    server.push(call("refund", order=3), "refunded order 3")
+    flaky = {"left": 1}
+
+    @function_tool
+    def refund(order: int) -> str:
+        """Refund an order."""
+        refunds.append(order)
+        return f"refunded {order}"
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    model = OpenAIResponsesModel("gpt-4o-mini", client)
+    agent = Agent(name="support", instructions="Help.", tools=[refund], model=model)
+
+    @workflow(store=Store(db=tmp_path / "oa.sqlite"), key="responses")
+    async def handle(ticket: str) -> str:
+        if streamed:
+            run = DurableRunner.run_streamed(agent, ticket, stream_to="tokens")
+            async for _ in run.stream_events():
+                pass
+            return await after(str(run.final_output))
+        result = await DurableRunner.run(agent, ticket)
+        return await after(str(result.final_output))
+
+    with pytest.raises(ConnectionError):
+        await handle.run("refund order 3")
+    assert await handle.run("refund order 3") == "refunded order 3"
+    assert refunds == [3] and len(server.requests) == 2
+    assert all(r.path.endswith("/responses") for r in server.requests)
+    assert [bool(r.json().get("stream")) for r in server.requests] == [streamed, streamed]
+
+
+async def test_an_agent_used_as_a_tool_is_one_journaled_call(
+    tmp_path: Path, server: LoopbackServer, client: AsyncOpenAI
+) -> None:
+    # guarantee 540: an agent used as a tool (Agent.as_tool) is a tool call of the run
+    refunds: list[int] = []
+    billing = _agent(client, refunds)
+    tool = billing.as_tool(tool_name="billing", tool_description="Ask billing.")
+    model = OpenAIChatCompletionsModel("gpt-4o-mini", client)
+    triage = Agent(name="triage", instructions="Route.", tools=[tool], model=model)
+    server.push(
+        call("billing", input="refund order 42"),  # triage asks billing
+        call("refund", order=42),  # billing's own turn
+        "billing refunded 42",
+        "all done: billing refunded 42",  # triage's answer
+    )
+    flaky = {"left": 1}
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    @workflow(store=Store(db=tmp_path / "oa.sqlite"), key="as-tool")
+    async def handle(ticket: str) -> str:
+        return await after(str((await DurableRunner.run(triage, ticket)).final_output))
+
+    with pytest.raises(ConnectionError):
+        await handle.run("refund order 42")
+    assert len(server.requests) == 4 and refunds == [42]
+    assert await handle.run("refund order 42") == "all done: billing refunded 42"
+    assert len(server.requests) == 4 and refunds == [42]  # replayed: billing not asked again
+    steps = Store(db=tmp_path / "oa.sqlite").read("as-tool")["steps"]
+    assert [(s["op"], s["name"]) for s in steps if s["op"] != "step"] == [
+        ("model", "model"),
+        ("tool", "billing"),
+        ("model", "model"),
+    ]

@@ -34,7 +34,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from typer.testing import CliRunner
 
-from stepstone import ApprovalPendingError, Store, step, workflow
+from stepstone import ApprovalPendingError, RunHandle, Store, step, workflow
 from stepstone.cli import app
 from stepstone.durable._inspect import run_detail
 from stepstone.integrations.pydantic_ai import StepstoneDurability, approval_results
@@ -488,3 +488,129 @@ def test_the_inspector_page_shows_each_model_turn(tmp_path: Path, chromium: Any)
             assert 'charge({"cents": 1299})' in rows[1]
         finally:
             context.close()
+
+
+def test_stream_events_to_feeds_a_run_stream_live_and_once(tmp_path: Path) -> None:
+    # guarantee 548
+    from stepstone.durable._messages import read_stream
+    from stepstone.integrations.pydantic_ai import stream_events_to
+
+    db = tmp_path / "wf.sqlite"
+    seen_live: list[list[Any]] = []
+
+    def written() -> list[Any]:
+        with Store(db=db) as store:
+            return [v for _, v in read_stream(store, "live", "events", follow=False)]
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        if not any(m.kind == "response" for m in messages):
+            yield {0: DeltaToolCall("refund", '{"order": 40}', tool_call_id="c0")}
+            return
+        for piece in ["refunded ", "40 ", "for you"]:
+            seen_live.append(written())
+            yield piece
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(stream_function=stream),
+        name="support",
+        capabilities=[StepstoneDurability(event_stream_handler=stream_events_to("events"))],
+    )
+    refunds: list[int] = []
+
+    @agent.tool_plain
+    def refund(order: int) -> str:
+        refunds.append(order)
+        return f"refunded {order}"
+
+    flaky = {"left": 1}
+
+    @step
+    def after(text: str) -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("down")
+        return text
+
+    @workflow(store=Store(db=db), key="live")
+    async def handle(ticket: str) -> str:
+        return await after((await agent.run(ticket)).output)
+
+    with pytest.raises(ConnectionError):
+        handle.run_sync("refund 40")
+    first = written()
+    kinds = [e["event_kind"] for e in first]
+    assert kinds.count("function_tool_call") == kinds.count("function_tool_result") == 1
+    deltas = [e["delta"]["content_delta"] for e in first if e["event_kind"] == "part_delta"]
+    assert "".join(deltas) in ("40 for you", "refunded 40 for you")
+    # written live: the model's first text was in the run stream before it sent the rest
+    assert any(
+        e.get("part", {}).get("content") == "refunded " for e in seen_live[-1] if "part" in e
+    )
+    assert handle.run_sync("refund 40") == "refunded 40 for you"
+    assert written() == first and refunds == [40]  # the resume wrote nothing again
+
+
+def test_a_tool_can_write_the_workflows_streams_and_events(tmp_path: Path) -> None:
+    # guarantee 548: a tool call's body is a step body of the workflow
+    import stepstone
+    from stepstone.durable._messages import read_stream
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_turns), name="support", capabilities=[StepstoneDurability()]
+    )
+
+    @agent.tool_plain
+    async def refund(order: int) -> str:
+        await stepstone.write_stream("progress", f"refunding {order}")
+        stepstone.set_event("last_refund", order)
+        return f"refunded {order}"
+
+    @workflow(store=Store(db=tmp_path / "wf.sqlite"), key="tools")
+    async def handle(ticket: str) -> str:
+        return (await agent.run(ticket)).output
+
+    assert handle.run_sync("refund") == "refunded 40 and 41"
+    with Store(db=tmp_path / "wf.sqlite") as store:
+        values = [v for _, v in read_stream(store, "tools", "progress", follow=False)]
+        assert values == ["refunding 40", "refunding 41"]
+        assert RunHandle(store, key="tools").get_event("last_refund") == 41
+
+
+def test_the_openai_responses_model_streams_through_the_journal(tmp_path: Path) -> None:
+    # guarantee 530, 546, 548: pydantic-ai's OpenAI Responses model ("openai:..."), streamed
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+
+    from stepstone.durable._messages import read_stream
+    from stepstone.integrations.pydantic_ai import stream_events_to
+    from stepstone.testing import call
+
+    db = tmp_path / "wf.sqlite"
+    with LoopbackServer(OpenAIDialect(), model="gpt-4o-mini") as server:
+        server.push(call("refund", order=40), "refunded order 40 for you")
+        provider = OpenAIProvider(base_url=server.base_url, api_key="test")
+        durability = StepstoneDurability(event_stream_handler=stream_events_to("events"))
+        agent: Agent[None, str] = Agent(
+            OpenAIResponsesModel("gpt-4o-mini", provider=provider),
+            name="support",
+            capabilities=[durability],
+        )
+        refunds: list[int] = []
+
+        @agent.tool_plain
+        def refund(order: int) -> str:
+            refunds.append(order)
+            return f"refunded {order}"
+
+        @workflow(store=Store(db=db), key="resp")
+        async def handle(ticket: str) -> str:
+            async with agent:
+                return (await agent.run(ticket)).output
+
+        assert handle.run_sync("refund 40") == "refunded order 40 for you"
+        assert handle.run_sync("refund 40") == "refunded order 40 for you"  # recorded
+        assert refunds == [40] and len(server.requests) == 2
+        assert all(r.json().get("stream") for r in server.requests)
+    with Store(db=db) as store:
+        events = [v for _, v in read_stream(store, "resp", "events", follow=False)]
+    deltas = [e["delta"].get("content_delta") for e in events if e["event_kind"] == "part_delta"]
+    assert "".join(d for d in deltas if d) in ("order 40 for you", "refunded order 40 for you")

@@ -406,10 +406,7 @@ def show_cmd(
                 Text.assemble(
                     "  ",
                     ("error", "red"),
-                    visible(
-                        f" at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
-                        f"{err.get('message')}"
-                    ),
+                    visible(f"{_error_place(err)}: {err.get('type')}: {err.get('message')}"),
                 )
             )
         if detail.get("superseded_by"):
@@ -835,9 +832,14 @@ def approve_cmd(
         instead = (
             f" (it was {decision_text(done['previous'])})" if done["previous"] is not None else ""
         )
+        then = (
+            f"its queue entry {done['requeued']} is queued again: a worker continues the run"
+            if done.get("requeued")
+            else "the run's next resume applies it"
+        )
         _console().print(
             f"{key}{where}: {decision_text(decision)} {done['tool']} call {call_id}{instead}; "
-            "the run's next resume applies it"
+            + then
         )
 
 
@@ -915,3 +917,10 @@ def register(app: typer.Typer) -> None:
     app.command("retry")(retry_cmd)
     app.command("approve")(approve_cmd)
     app.command("queue")(queue_cmd)
+
+
+def _error_place(err: dict[str, Any]) -> str:
+    """Where a run's recorded error happened (`` at 'load'``), or nothing when it names no
+    step or node (a workflow run that failed between its steps)."""
+    where = err.get("step") or err.get("node")
+    return "" if where is None else f" at {where!r}"

@@ -528,15 +528,25 @@ def _listed_effects(effects: dict[str, dict[str, Any]], starts: list[int]) -> li
 
 
 def _did(kind: Any, out: dict[str, Any]) -> dict[str, Any]:
-    """What an effect's recorded outcome says it did: a model call's text and the tool
-    calls it asked for (name and arguments), a tool or subagent call's result."""
+    """What an effect's recorded outcome says it did: a model call's text, the tool calls
+    it asked for (name and arguments), its model and token counts (``usage``: all of
+    them); a tool or subagent call's result."""
     if kind == "model":
         asked = [
             {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
             for c in out.get("tool_calls") or ()
             if isinstance(c, dict)
         ]
-        return {"text": out.get("text"), "tool_calls": asked}
+        usage = out.get("usage")
+        tokens = usage if isinstance(usage, dict) else {}
+        return {
+            "text": out.get("text"),
+            "tool_calls": asked,
+            "model": out.get("model"),
+            "input_tokens": tokens.get("input_tokens"),
+            "output_tokens": tokens.get("output_tokens"),
+            "usage": tokens or None,
+        }
     return {"content": out.get("content")}
 
 

@@ -344,12 +344,15 @@ def resume_collector() -> None:
             gc.enable()
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _load(
     key: str, rows: Sequence[JournalRow], rerun: Sequence[str]
 ) -> tuple[dict[str, Entry], list[tuple[JournalRow, Any]]]:
     entries: dict[str, Entry] = {}
     others: list[tuple[JournalRow, Any]] = []
-    loads = json.loads
+    loads = _DECODER.decode  # json.loads without its per-call checks (the rows are text)
     for row in rows:
         try:
             data = loads(row.data)
@@ -372,7 +375,20 @@ def _load(
                 or type(record[2]) is not dict
             ):
                 raise _corrupt(key, f"journal row {row.seq} (ops) holds a damaged record")
-            _apply(key, entries, row.seq, *record)
+            kind, pos, rec = record
+            # The two usual records, applied here (a long journal holds one of each per
+            # step); anything else goes through _apply, which checks and names it.
+            if kind == "outcome":
+                entry = entries.get(pos)
+                if entry is not None and ("value" in rec or "error" in rec):
+                    entry.outcome = rec
+                    continue
+            elif kind == "intent" and pos not in entries:
+                op, name = rec.get("op"), rec.get("name")
+                if type(op) is str and type(name) is str:
+                    entries[pos] = Entry(op, name, rec)
+                    continue
+            _apply(key, entries, row.seq, kind, pos, rec)
     for pos in rerun:
         entry = entries.get(pos)
         if entry is not None and entry.outcome is not None and "error" in entry.outcome:
@@ -635,6 +651,23 @@ class OperationJournal:
                 await waiter
                 continue
             await self._flush("running")
+
+    async def commit_now(self) -> None:
+        """Commit now, even with nothing buffered: a wait that found its run's cancel
+        requested lets the kernel's commit record the cancel (the run ``failed``), which
+        raises :class:`RunCancelledError` and ends the journal's writes.
+
+        Raises:
+            RunCancelledError: the run was cancelled.
+            ConcurrentRunError: the run lost its ownership; nothing more is written.
+        """
+        while self._flushing:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if self._lost is not None:
+            raise self._lost
+        await self._flush(self.run.head.status)
 
     async def _flush(
         self, status: str, rows: Sequence[Row] = (), meta: dict[str, Any] | None = None
@@ -955,6 +988,25 @@ class OperationJournal:
             mark = self.add_extras(extras)
         return mark
 
+    def conclude(
+        self, pos: str, entry: Entry, value: Any, extras: ExtraWrites | None = None
+    ) -> int:
+        """Record the outcome of the operation at ``pos`` whose intent an earlier attempt
+        committed (``entry``, found with :meth:`lookup`, no outcome yet) without running it
+        again: for an operation whose work is already over when the run comes back to it
+        (a sleep past its wake time, a message waiting for a receive). The outcome (with
+        ``extras``) is buffered; returns the mark :meth:`commit` waits for. The caller
+        commits it, or leaves it for the next commit when a crash before then may safely
+        find the intent again and do the same."""
+        self.end_replay()  # the first operation past what the journal recorded
+        outcome: dict[str, Any] = {"op": entry.op, "name": entry.name, "value": value, "ms": 0.0}
+        entry.outcome = outcome
+        self.done += 1
+        mark = self.add("outcome", pos, outcome)
+        if extras:
+            mark = self.add_extras(extras)
+        return mark
+
     def record_done(
         self,
         pos: str,
@@ -1259,10 +1311,13 @@ def approve_operation(
     workflow run asked about: appended as the outcome of its ``approval`` operation, in one
     transaction with the head, while no process runs it; a run that stopped on the question
     (failed with ``ApprovalPendingError``) is left ``paused``. Its next run replays the
-    decision.
+    decision. When that was the last call it waited for and the run came from a work queue,
+    its queue entry is put back in its queue (:func:`~stepstone.durable._queue.requeue_run`):
+    a worker continues the run, with no one running the key again by hand.
 
     Returns:
-        ``{key, run_key, call_id, tool, arguments, decision, previous, changed}``.
+        ``{key, run_key, call_id, tool, arguments, decision, previous, changed,
+        requeued}``: ``requeued`` is the id of the queue entry put back, or None.
 
     Raises:
         ApprovalTargetError: the run does not ask about ``call_id`` (the message lists the
@@ -1294,6 +1349,7 @@ def approve_operation(
         "decision": decision,
         "previous": before,
         "changed": before != decision,
+        "requeued": None,
     }
     if before == decision:
         return result
@@ -1304,7 +1360,12 @@ def approve_operation(
             "Give the decision again with replace=True (`stepstone approve --replace`) to "
             "change it"
         )
-    _record_approval(store, key, head, rows, match["position"], decision)
+    stopped = _record_approval(store, key, head, rows, match["position"], decision)
+    undecided = [c for c in asked if c["decision"] is None and c["call_id"] != call_id]
+    if stopped and not undecided:
+        from stepstone.durable._queue import requeue_run
+
+        result["requeued"] = requeue_run(store, key)
     return result
 
 
@@ -1315,11 +1376,11 @@ def _record_approval(
     rows: Sequence[JournalRow],
     pos: str,
     decision: bool | str,
-) -> None:
+) -> bool:
     """Append ``decision`` as the outcome of the ``approval`` operation at ``pos`` of the
     run under ``key`` (as read: ``head`` and its journal ``rows``), in one transaction with
     its head; refused when the run changed since read or is live. A run that failed asking
-    is left paused."""
+    is left paused. True when the run had stopped (paused, or failed asking)."""
     from stepstone.durable._kernel import ownership_error
     from stepstone.durable._leases import owner_alive
     from stepstone.exceptions import ApprovalTargetError
@@ -1332,6 +1393,7 @@ def _record_approval(
         "settled": {"happened": True, "at": round(time.time(), 3)},
     }
     text = json.dumps([["outcome", pos, outcome]], ensure_ascii=False, separators=(",", ":"))
+    stopped: list[bool] = []
 
     def decide(cur: RunHead | None, _kv: str | None) -> Claim:
         if cur is None or cur.version != head.version:
@@ -1347,6 +1409,7 @@ def _record_approval(
             and isinstance(error, dict)
             and str(error.get("type", "")).endswith("ApprovalPendingError")
         )
+        stopped[:] = [asking or cur.status == "paused"]
         meta = {k: v for k, v in cur.meta.items() if not (asking and k == "error")}
         new = cur.replace(
             status="paused" if asking else cur.status,
@@ -1358,6 +1421,7 @@ def _record_approval(
         return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
 
     store.backend.run_transact(key, decide)
+    return stopped == [True]
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

@@ -198,13 +198,14 @@ def settle_effect(
     if workflow is not None:  # its steps are operations of the kernel's operation journal
         from stepstone.durable._operations import settle_operation
 
+        doubts = [d for d in in_doubt_effects(store, key) if effect in (d["position"], d["name"])]
         step_head = settle_operation(store, key, effect, happened=happened, value=value)
         return {
             "key": key,
             "run_key": key,
-            "position": effect,
+            "position": doubts[0]["position"] if doubts else effect,
             "kind": "step",
-            "name": effect,
+            "name": doubts[0]["name"] if doubts else effect,
             "call_id": None,
             "happened": happened,
             "result": value if happened else None,

@@ -55,7 +55,7 @@ from stepstone.store._base import (
     heads_for_listing,
     journal_row,
 )
-from stepstone.store._changes import CHANNEL, ChangeFeed, ListeningFeed
+from stepstone.store._changes import CHANNEL, ChangeFeed, ListeningFeed, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._memory import consumed_already, run_key_conflict
 from stepstone.store._webhooks import WEBHOOK_COLUMNS, WebhookRecord
@@ -1226,6 +1226,14 @@ class PostgresBackend(Backend):
 
     def changes(self) -> ChangeFeed:
         return self._feed
+
+    def notify_run(self, key: str) -> None:
+        # A NOTIFY of the run's topic: its waiters in every process listening look again.
+        self._read(
+            "notify a run's waiters",
+            lambda cur: cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, run_topic(key))),
+        )
+        self._feed.publish(run_topic(key))
 
     def _listen(
         self,

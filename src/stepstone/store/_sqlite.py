@@ -771,6 +771,11 @@ class SQLiteBackend(Backend):
 
     def _journal_row(self, key: str, row: Sequence[Any]) -> JournalRow:
         """A journal row selected as :attr:`_journal_cols`, its checksum checked, decoded."""
+        if self._times and self._checksums:  # the current schema: one unpacking
+            seq, kind, name, data, crc, started_at, committed_at = row
+            if crc is not None:
+                checked_journal_row(key, seq, kind, name, data, crc)
+            return journal_row(key, seq, kind, name, data, started_at, committed_at)
         body, times = (row[:-2], row[-2:]) if self._times else (row, ())
         return journal_row(
             key, *(checked_journal_row(key, *body) if self._checksums else body), *times

@@ -107,7 +107,11 @@ def step_body(journal: OperationJournal, call: Call) -> Iterator[StepContext]:
     ``@step`` body runs: :func:`step_context` tells its key, position, attempt and
     idempotency key, and a durable scope keyed by the idempotency key (no operation
     journal) is current, so an operation it calls is a plain call and an agent it runs
-    journals under that key. Framework adapters run their tool calls this way."""
+    journals under that key. Framework adapters run their tool calls this way.
+
+    As in a ``@step``, the run's events and streams are the workflow's: ``set_event`` and
+    ``write_stream`` inside write at once (the values carry ``call.attempt``), and
+    ``sleep`` and ``recv`` are refused."""
     ctx = StepContext(
         key=call.key,
         position=call.position,
@@ -118,7 +122,13 @@ def step_body(journal: OperationJournal, call: Call) -> Iterator[StepContext]:
     )
     token = _step_ctx.set(ctx)
     try:
-        with bind_scope(DurableScope(store=journal.store, key=call.idempotency_key)):
+        scope = DurableScope(
+            store=journal.store,
+            key=call.idempotency_key,
+            address=journal.key,
+            attempt=call.attempt,
+        )
+        with bind_scope(scope):
             yield ctx
     finally:
         _step_ctx.reset(token)

@@ -43,7 +43,9 @@ from openai.types.responses import Response, ResponseCompletedEvent
 from pydantic import TypeAdapter
 
 from stepstone.core._sync import run_sync
+from stepstone.durable._messages import check_name
 from stepstone.durable._operations import Call, OperationJournal, Outcome, current_journal
+from stepstone.durable._time import write_stream
 from stepstone.engines.workflow import run_workflow, step_body
 from stepstone.engines.workflow._values import decode_value, encode_value
 from stepstone.exceptions import ApprovalPendingError, UserError
@@ -79,7 +81,8 @@ class _State:
     """One durable run's bookkeeping: positions taken for the tool calls a model answer
     asked for, and approval decisions read for them."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream_to: str | None = None) -> None:
+        self.stream_to = stream_to
         self.tool_positions: dict[str, str] = {}
         self.approval_positions: dict[str, str] = {}
         self.refused: dict[str, str] = {}
@@ -175,7 +178,7 @@ class DurableModel(Model):
         name = _model_name(self.model)
         pos, found = journal.lookup("model", "model.stream", {"model": name}, check_args=False)
         if found is not None and found.outcome is not None:
-            response = journal.recorded_value(found, Response.model_validate)
+            response = journal.recorded_value(found, _response_of)
         else:
             started = time.perf_counter()
             final: Response | None = None
@@ -183,8 +186,11 @@ class DurableModel(Model):
                 async for event in self.model.stream_response(*args, **kwargs):
                     if isinstance(event, ResponseCompletedEvent):
                         final = event.response
-                    else:
-                        yield event
+                        continue
+                    if self._state.stream_to is not None:  # live, a plain write
+                        value = event.model_dump(mode="json", exclude_none=True)
+                        await write_stream(self._state.stream_to, value)
+                    yield event
             if final is None:
                 raise UserError(f"model {name!r} ended its stream without a completed response")
             response = final
@@ -204,6 +210,12 @@ class DurableModel(Model):
 
     async def close(self) -> None:
         await self.model.close()
+
+
+def _response_of(data: Any) -> Response:
+    """A recorded streamed answer, rebuilt as the SDK builds what the API sends: without
+    validation (a field the server left out stays out, as it was when recorded)."""
+    return Response.model_construct(**data)
 
 
 def _call(journal: OperationJournal, pos: str, name: str) -> Call:
@@ -531,11 +543,27 @@ class DurableRunner:
 
     @classmethod
     def run_streamed(
-        cls, starting_agent: Agent[Any], input: Any, **kwargs: Any
+        cls,
+        starting_agent: Agent[Any],
+        input: Any,
+        *,
+        stream_to: str | None = None,
+        **kwargs: Any,
     ) -> RunResultStreaming:
         """``Runner.run_streamed`` inside a workflow's body: the events stream live, each
         model answer and tool call is journaled as in :meth:`run` (a replayed model answer
-        comes as one completed-response event)."""
+        comes as one completed-response event).
+
+        Args:
+            stream_to: A run stream of the workflow to append each live model event to
+                (the Responses API event as JSON: ``{"type":
+                "response.output_text.delta", "delta": "..."...}``), for readers in other
+                processes (``RunHandle.read_stream``, ``stepstone stream``). A replayed
+                answer writes nothing again. Journal nothing per streamed event in the
+                workflow's body: a replayed answer comes as one event, not as its deltas.
+        """
+        if stream_to is not None:
+            check_name("stream name", stream_to)
         if "store" in kwargs or "key" in kwargs:
             raise UserError(
                 "DurableRunner.run_streamed runs inside a @workflow body (the workflow's "
@@ -547,6 +575,6 @@ class DurableRunner:
                 "a @workflow body (or use agents.Runner.run_streamed for a run that need not "
                 "survive a crash)"
             )
-        state = _State()
+        state = _State(stream_to)
         agent, kwargs = _prepared(starting_agent, kwargs, state)
         return Runner.run_streamed(agent, input, **kwargs)

@@ -26,9 +26,16 @@ if TYPE_CHECKING:
         StepstoneDurability,
         StepstoneOperationBackend,
         approval_results,
+        stream_events_to,
     )
 
-__all__ = ["StepConfig", "StepstoneDurability", "StepstoneOperationBackend", "approval_results"]
+__all__ = [
+    "StepConfig",
+    "StepstoneDurability",
+    "StepstoneOperationBackend",
+    "approval_results",
+    "stream_events_to",
+]
 
 
 def __getattr__(name: str) -> Any:

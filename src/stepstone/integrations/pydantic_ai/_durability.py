@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict, cast
 
@@ -53,17 +53,25 @@ from pydantic_ai.durable_exec import (
     ToolsetValidateToolArgumentsId,
     conversation_id_from_run_id,
 )
+from pydantic_ai.messages import AgentStreamEvent
 from pydantic_ai.models import Model
-from pydantic_ai.tools import AgentDepsT
+from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_core import to_jsonable_python
 
 from stepstone.durable._operations import Call, OperationJournal, Outcome, current_journal
+from stepstone.durable._time import write_stream
 from stepstone.engines.workflow import step_body
 from stepstone.exceptions import ApprovalPendingError, ConfigurationError, UserError
 from stepstone.integrations._approval import ask_approval
 from stepstone.integrations._turns import turn_summary
 
-__all__ = ["StepConfig", "StepstoneDurability", "StepstoneOperationBackend", "approval_results"]
+__all__ = [
+    "StepConfig",
+    "StepstoneDurability",
+    "StepstoneOperationBackend",
+    "approval_results",
+    "stream_events_to",
+]
 
 InDoubt = Literal["rerun", "fail"]
 
@@ -408,3 +416,33 @@ def approval_results(requests: DeferredToolRequests) -> DeferredToolResults:
             calls=pending,
         )
     return DeferredToolResults(approvals=dict(decided))
+
+
+def stream_events_to(name: str) -> EventStreamHandler[Any]:
+    """An event-stream handler that appends each event of a run, as JSON (pydantic-ai's
+    own shape: ``{"event_kind": "part_delta", "delta": {...}, ...}``), to the run stream
+    ``name`` of the workflow the agent runs in; read it from anywhere with
+    ``RunHandle.read_stream(name)`` or ``stepstone stream KEY NAME``, while the run goes.
+
+    ::
+
+        live = StepstoneDurability(event_stream_handler=stream_events_to("events"))
+        agent = Agent(..., capabilities=[live])
+
+    Model events (text and tool-call deltas) are written live, as the model streams
+    them; each tool event once, recorded with the run. A model answer replayed on resume
+    writes nothing again; a request a crash cut short is sent again and its events are
+    written again (each value carries its attempt).
+
+    Raises:
+        ConfigurationError: ``name`` is not a stream name a store can keep.
+    """
+    from stepstone.durable._messages import check_name
+
+    check_name("stream name", name)
+
+    async def handler(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+        async for event in events:
+            await write_stream(name, _jsonable(event))
+
+    return handler

@@ -49,7 +49,11 @@ bench: $(VENV)/.dev
 	$(PY) bench/pg_commit.py
 	$(PY) bench/pg_queue.py
 	$(PY) bench/sqlite_group.py
+	$(PY) bench/sqlite_threads.py
+	$(PY) bench/pg_threads.py
 	$(PY) bench/workflow_overhead.py
+	$(PY) bench/time_and_messages.py sleepers
+	$(PY) bench/time_and_messages.py roundtrip
 	$(PY) bench/llm_overhead.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/prune_cost.py --mb 256

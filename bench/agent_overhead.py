@@ -18,17 +18,25 @@ The agent: a zero-latency scripted model that calls one tool per turn, the tool 
   to the model's first request (reading the journal, replaying what it holds and running
   the killed call again), median of the rounds.
 
+``--breakdown`` measures instead where a turn's CPU time goes, in one process: the loop with
+no store, the durable run on the in-memory store (the journal's own work), on SQLite with
+``durability="normal"`` (the commits' SQL added) and ``"full"`` (their fsyncs added), and
+beside them a raw ~1 KB commit and the store's own commit of a 600-byte journal row
+(``backend.run_commit``, what a turn's commit costs below the engine), in CPU time.
+
 ``--baseline-src OLD/src`` measures the same in processes importing stepstone from an
 older checkout's ``src/``, interleaved round by round with this code's (both sides under
 the same load), and prints both with the ratio. Each round runs every measurement in a
 new process per side; the table gives the median of the rounds and their spread.
 
     python bench/agent_overhead.py [--rounds 3] [--turns 10 100 500] [--baseline-src OLD/src]
+    python bench/agent_overhead.py --breakdown [--rounds 3] [--turns 500]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -50,19 +58,21 @@ MODES = (  # (name, async_writes, durability)
 )
 
 
-def raw_commit_us(path: Path, n: int = 300) -> float:
-    """Microseconds per single-row (~1 KB) committed transaction, WAL + FULL."""
+def raw_commit_us(path: Path, n: int = 300, *, sync: str = "FULL", cpu: bool = False) -> float:
+    """Microseconds per single-row (~1 KB) committed transaction, WAL + ``sync`` (of CPU
+    time with ``cpu``, else of wall time)."""
+    clock = time.process_time if cpu else time.perf_counter
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(f"PRAGMA synchronous={sync}")
     conn.execute("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
     payload = "x" * 1000
-    t0 = time.perf_counter()
+    t0 = clock()
     for i in range(n):
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (f"k{i}", payload))
         conn.execute("COMMIT")
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     conn.close()
     return elapsed * 1e6 / n
 
@@ -194,15 +204,108 @@ async def measure(turns: list[int]) -> dict[str, Any]:
     return out
 
 
-def _child(src: str | None, turns: list[int]) -> dict[str, Any]:
-    """One round measured in a new process (importing stepstone from ``src`` if given)."""
+async def _cpu_per_turn(store: Any, turns: int, run_id: str) -> float:
+    """CPU microseconds per turn of a sync-write durable run on ``store`` (None: no store)."""
+    from stepstone import Runner
+
+    start = time.process_time()
+    if store is None:
+        env = await _agent(turns).run("go")
+        assert env.ok, env.error
+    else:
+        runner = Runner(store=store, config=_config(False))
+        result = await runner.run(_agent(turns), user_message="go", run_id=run_id)
+        assert result.state == "completed", result.error
+    return (time.process_time() - start) * 1e6 / turns
+
+
+async def _store_commit_cpu_us(path: Path, n: int = 1000) -> float:
+    """CPU microseconds of the store's own commit (``backend.run_commit``: the head's
+    compare-and-swap and one 600-byte journal row) on SQLite, ``durability="normal"``, in
+    the file of a short agent run, commit after commit on that run's head."""
+    import dataclasses
+
+    from stepstone import Runner, Store, checkpoint_latest_key
+    from stepstone.store import JournalRow
+
+    with Store(db=path, durability="normal") as store:
+        await Runner(store=store, config=_config(False)).run(
+            _agent(3), user_message="go", run_id="c"
+        )
+        backend = store.backend
+        head = backend.run_get(checkpoint_latest_key("c"))
+        assert head is not None
+        heads = [head]
+        for _ in range(n):
+            head = dataclasses.replace(
+                head, version=head.version + 1, journal_len=head.journal_len + 1
+            )
+            heads.append(head)
+        data = "x" * 600
+        start = time.process_time()
+        for before, after in itertools.pairwise(heads):
+            row = JournalRow(seq=before.journal_len, kind="entries", name=None, data=data)
+            assert backend.run_commit(after, before.version, [row], [])
+        return (time.process_time() - start) * 1e6 / n
+
+
+async def breakdown(turns: int) -> dict[str, float]:
+    """CPU microseconds per turn of one ``turns``-turn run per layer, and per commit of
+    the raw commit and the store's commit (one round, in this process)."""
+    from stepstone import Store
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="stepstone-agent-bench-") as name:
+        tmp = Path(name)
+        await _cpu_per_turn(None, 3, "warm")  # imports, the price table
+        out["plain"] = await _cpu_per_turn(None, turns, "plain")
+        with Store() as store:
+            out["memory"] = await _cpu_per_turn(store, turns, "m")
+        for durability in ("normal", "full"):
+            with Store(db=tmp / f"{durability}.sqlite", durability=durability) as store:
+                out[durability] = await _cpu_per_turn(store, turns, durability[0])
+        out["raw normal"] = raw_commit_us(tmp / "rawn.sqlite", sync="NORMAL", cpu=True)
+        out["raw full"] = raw_commit_us(tmp / "rawf.sqlite", sync="FULL", cpu=True)
+        out["raw full wall"] = raw_commit_us(tmp / "rawfw.sqlite")
+        out["store commit"] = await _store_commit_cpu_us(tmp / "commit.sqlite")
+    return out
+
+
+def report_breakdown(rounds: list[dict[str, float]], turns: int) -> None:
+    """Print where a turn's CPU time goes (medians of the rounds, their spread)."""
+
+    def col(name: str, minus: str | None = None, per: float = 1.0) -> str:
+        values = [(r[name] - (r[minus] if minus else 0.0)) / per for r in rounds]
+        return _spread(values, ".0f")
+
+    print(f"\nCPU time per turn of a {turns}-turn run (sync writes), us:")
+    print(f"  the loop, no store:                         {col('plain')}")
+    print(f"  + the journal, in-memory store:             +{col('memory', 'plain')}")
+    print(f"  + SQLite's commits (durability=normal):     +{col('normal', 'memory')}")
+    print(f"  + their fsyncs (durability=full):           +{col('full', 'normal')}")
+    over = f"{col('normal', 'plain')} / {col('full', 'plain')}"
+    print(f"  overhead per turn, normal / full:           {over}")
+    print("per commit (a turn makes 2), us:")
+    print(f"  the store's commit of a 600-byte row, CPU:  {col('store commit')}")
+    print(f"  a raw 1 KB commit, CPU, normal / full:      {col('raw normal')} / {col('raw full')}")
+    print(f"  a raw 1 KB commit, wall, full:              {col('raw full wall')}")
+
+
+def _child(src: str | None, turns: list[int], what: str = "measure") -> dict[str, Any]:
+    """One round measured in a new process (importing stepstone from ``src`` if given):
+    ``measure`` of ``turns``, or ``breakdown`` of the last of them."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    call = (
+        "measure([int(t) for t in sys.argv[2:]])"
+        if what == "measure"
+        else ("breakdown(int(sys.argv[-1]))")
+    )
     code = (
         "import asyncio, json, sys; sys.path.insert(0, sys.argv[1]); "
-        "from agent_overhead import measure; "
-        "print(json.dumps(asyncio.run(measure([int(t) for t in sys.argv[2:]]))))"
+        f"from agent_overhead import {what}; "
+        f"print(json.dumps(asyncio.run({call})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(Path(__file__).parent), *map(str, turns)],
@@ -267,6 +370,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turns", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="measure where a turn's CPU time goes instead (the last --turns)",
+    )
+    parser.add_argument(
         "--baseline-src",
         help="also measure stepstone imported from this folder (an older checkout's src/), "
         "round by round with this code, to compare in one run",
@@ -276,6 +384,11 @@ def main() -> None:
         f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; load average before: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg())
     )
+    if args.breakdown:
+        rounds = [_child(None, args.turns, "breakdown") for _ in range(args.rounds)]
+        report_breakdown(rounds, args.turns[-1])
+        print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        return
     sides: list[str | None] = [None] if args.baseline_src is None else [args.baseline_src, None]
     got: dict[str | None, list[dict[str, Any]]] = {s: [] for s in sides}
     for _ in range(args.rounds):  # interleaved: drift in the machine's load hits both

@@ -6,19 +6,24 @@ message to a waiting run, and how soon a stream reader sees a value.
   concurrency 8. Each run parks (its queue entry goes back until its wake time) so all of
   them sleep at once with no slot held. Reported: how long until every run slept, how late
   each run finished after its wake time (median, p99, max), and the worker's peak memory
-  (RSS) and CPU seconds;
+  (RSS) and CPU seconds. "taken late" is how late after its wake time a worker took
+  each run again (the rest of "late" is the resumed run's own work);
 * roundtrip: a workflow run waiting in a worker (``recv``) and a client in another process:
   the client sends a message stamped with its clock, the run writes a stream value stamped
   with the time it continued and the time it wrote, the client reads it. Reported: the
   message round trip (send -> the run continues) and the stream read latency (write ->
   the reader sees it), median and p99, on PostgreSQL (LISTEN/NOTIFY) and SQLite (in-process
-  publish between the worker's threads, 0.1 s polls across processes).
+  publish between the worker's threads, 0.1 s polls across processes). Then the same
+  with a worker that parks the run at every receive (``--park-after 0``): the send makes
+  its queue entry runnable, the worker takes it again and the run resumes from its journal.
 
 Everything runs on this machine (one clock). PostgreSQL is a throwaway server
 (``tests/pgserver.py``, loopback, fsync on).
 
     python bench/time_and_messages.py sleepers [--runs 1000] [--sleep 60] [--concurrency 8]
-    python bench/time_and_messages.py roundtrip [--messages 200] [--stores postgres sqlite]
+                                               [--baseline-src OLD/src --rounds 2]
+    python bench/time_and_messages.py roundtrip [--messages 200] [--parked 50]
+                                                [--stores postgres sqlite]
 """
 
 from __future__ import annotations
@@ -61,7 +66,11 @@ async def echo(n: int) -> int:
     return n
 
 
-def _worker(args: list[str], concurrency: int, park_after: float) -> subprocess.Popen[bytes]:
+def _worker(
+    args: list[str], concurrency: int, park_after: float, src: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``stepstone worker`` process (importing stepstone from ``src`` when given)."""
+    path = os.pathsep.join([src, str(ROOT)] if src else [str(ROOT)])
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -82,7 +91,7 @@ def _worker(args: list[str], concurrency: int, park_after: float) -> subprocess.
         ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -107,7 +116,7 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
+def sleepers(runs: int, seconds: float, concurrency: int, src: str | None = None) -> dict[str, Any]:
     from stepstone.durable._operations import operation_rows
     from stepstone.durable._queue import queue_backend
     from stepstone.durable._records import read_run
@@ -121,7 +130,7 @@ def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
             for i in range(runs)
         ]
         submitted = time.time() - started
-        worker = _worker(["--db", str(db)], concurrency, 5.0)
+        worker = _worker(["--db", str(db)], concurrency, 5.0, src)
         ps = psutil.Process(worker.pid)
         queue = queue_backend(store)
         peak_rss, all_asleep = 0, None
@@ -143,14 +152,18 @@ def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
         finally:
             _stop(worker)
         late: list[float] = []
+        taken_late: list[float] = []
         for handle in handles:
             entry = handle.entry()
             found = read_run(store, entry.run_key)
             assert found is not None
             (op,) = [o for o in operation_rows(*found) if o["op"] == "sleep"]
             late.append(entry.updated_at - op["value"]["wake_at"])
+            assert entry.started_at is not None
+            taken_late.append(entry.started_at - op["value"]["wake_at"])
         store.close()
     return {
+        "worker": "baseline" if src else "this checkout",
         "runs": runs,
         "sleep_s": seconds,
         "concurrency": concurrency,
@@ -159,15 +172,20 @@ def sleepers(runs: int, seconds: float, concurrency: int) -> dict[str, Any]:
         "late_median_s": round(statistics.median(late), 3),
         "late_p99_s": round(_pct(late, 99), 3),
         "late_max_s": round(max(late), 3),
+        "taken_late_median_s": round(statistics.median(taken_late), 3),
+        "taken_late_p99_s": round(_pct(taken_late, 99), 3),
         "worker_peak_rss_mb": round(peak_rss / 2**20, 1),
         "worker_cpu_s": round(cpu_s, 2),
     }
 
 
-def roundtrip(store_args: list[str], store: Store, messages: int) -> dict[str, Any]:
+def roundtrip(
+    store_args: list[str], store: Store, messages: int, *, parked: bool = False
+) -> dict[str, Any]:
     key = f"echo-{time.monotonic_ns()}"
     handle = echo.using(store=store, key=key, queue="bench").submit(messages)
-    worker = _worker(store_args, 1, 3600.0)  # it waits in the worker: no parking
+    # it waits in the worker (no parking), or (parked) gives its slot back at every receive
+    worker = _worker(store_args, 1, 0.0 if parked else 3600.0)
     rtt: list[float] = []
     read: list[float] = []
     try:
@@ -187,6 +205,7 @@ def roundtrip(store_args: list[str], store: Store, messages: int) -> dict[str, A
     ms = 1000.0
     return {
         "store": store.backend.describe().split(":")[0],
+        "waits": "parked" if parked else "in the worker",
         "messages": len(rtt),
         "rtt_median_ms": round(statistics.median(rtt) * ms, 1),
         "rtt_p99_ms": round(_pct(rtt, 99) * ms, 1),
@@ -202,16 +221,30 @@ def main() -> None:
     s.add_argument("--runs", type=int, default=1000)
     s.add_argument("--sleep", type=float, default=60.0)
     s.add_argument("--concurrency", type=int, default=8)
+    s.add_argument(
+        "--baseline-src",
+        help="also run the worker from this src directory (an older checkout's), in "
+        "alternating rounds with this checkout's",
+    )
+    s.add_argument("--rounds", type=int, default=1, help="rounds of each worker")
     r = sub.add_parser("roundtrip")
     r.add_argument("--messages", type=int, default=200)
     r.add_argument("--stores", nargs="+", default=["postgres", "sqlite"])
+    r.add_argument(
+        "--parked",
+        type=int,
+        default=50,
+        help="messages to a run that parks at every receive (0: skip that part)",
+    )
     args = parser.parse_args()
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; load average before: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg())
     )
     if args.what == "sleepers":
-        print(json.dumps(sleepers(args.runs, args.sleep, args.concurrency)))
+        for _ in range(args.rounds):
+            for src in [args.baseline_src, None] if args.baseline_src else [None]:
+                print(json.dumps(sleepers(args.runs, args.sleep, args.concurrency, src)))
         return
     for name in args.stores:
         if name == "postgres":
@@ -222,11 +255,17 @@ def main() -> None:
                 with Store(url=url) as store:
                     store.setup()
                     print(json.dumps(roundtrip(["--url", url], store, args.messages)))
+                    if args.parked:
+                        got = roundtrip(["--url", url], store, args.parked, parked=True)
+                        print(json.dumps(got))
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 db = Path(tmp) / "rtt.sqlite"
                 with Store(db=db) as store:
                     print(json.dumps(roundtrip(["--db", str(db)], store, args.messages)))
+                    if args.parked:
+                        got = roundtrip(["--db", str(db)], store, args.parked, parked=True)
+                        print(json.dumps(got))
 
 
 if __name__ == "__main__":

@@ -86,3 +86,23 @@ def test_documented_surface_is_importable() -> None:
         "tool",
     ):
         assert hasattr(stepstone, name), name
+
+
+def test_the_durable_function_names_are_public() -> None:
+    # guarantee 494: what docs/workflows.md uses comes from `stepstone` itself
+    names = {
+        "ConcurrentRunError",
+        "EffectInDoubtError",
+        "NonDeterministicWorkflowError",
+        "ReplayedStepError",
+        "RunHandle",
+        "StepContext",
+        "Store",
+        "Workflow",
+        "deprecate_patch",
+        "patched",
+        "step",
+        "step_context",
+        "workflow",
+    }
+    assert names <= set(stepstone.__all__), sorted(names - set(stepstone.__all__))

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import json
 import logging
@@ -384,64 +385,9 @@ class Worker:
         # NOTIFY, or a send in this process), not at its next poll.
         told = watch_queues(self.store, self.queues)
         relay = asyncio.create_task(self._relay(told))
-        taken = 0
-        backoff = self.poll_interval  # between claims the store could not serve
         try:
-            try:
-                await self._store_call(self._expire_dead)
-            except StoreError as exc:  # the database not up yet: the loop retries it
-                if isinstance(exc, StoreDamagedError) or until_idle:
-                    raise  # (a batch run reports it: it would end at once anyway)
-                log.warning("stepstone: %s cannot reach its store yet: %s", self.id, exc)
-            sweep_at = self._loop.time() + 1.0
-            schedules_at = self._loop.time()
-            while not self._stopping.is_set():
-                if self._loop.time() >= sweep_at:
-                    with contextlib.suppress(StoreError):  # an outage: the next sweep retries
-                        await self._store_call(self._expire_dead)
-                    sweep_at = self._loop.time() + 1.0
-                if self._loop.time() >= schedules_at:
-                    with contextlib.suppress(StoreError):  # an outage: the next look retries
-                        await self._store_call(self._fire_schedules)
-                    schedules_at = self._loop.time() + SCHEDULES_EVERY
-                if max_runs is not None and taken >= max_runs:
-                    if not self._tasks:
-                        break
-                    await self._idle_wait()
-                    continue
-                entries: list[QueueEntry] = []
-                ended = self._ended
-                free = self.concurrency - len(self._tasks)
-                if max_runs is not None:
-                    free = min(free, max_runs - taken)
-                if free > 0:
-                    claim = asyncio.ensure_future(self._claim_next(free))
-                    if not await self._before_stop(claim):
-                        self._late_claim = claim  # _drain hands back what it takes
-                        break
-                    try:
-                        entries = claim.result()
-                    except StoreError as exc:
-                        if isinstance(exc, StoreDamagedError) and until_idle and not self._tasks:
-                            raise
-                        # The database stayed away longer than the store's reconnect
-                        # timeout (or a damaged file refused the claim): keep the worker
-                        # (and its running runs) alive and retry, less often each time.
-                        log.warning("stepstone: %s could not take a run: %s", self.id, exc)
-                        await self._idle_wait(backoff)
-                        backoff = min(backoff * 2, _MAX_BACKOFF)
-                        continue
-                    backoff = self.poll_interval
-                if entries:
-                    taken += len(entries)
-                    with self._held_lock:
-                        self._held.update((e.id, e.run_key) for e in entries)
-                    for entry in entries:
-                        self._tasks[entry.id] = asyncio.create_task(self._execute(entry))
-                    continue
-                if until_idle and not self._tasks and ended == self._ended:
-                    break  # nothing to take, and no run ended meanwhile (freeing a slot)
-                await self._idle_wait()
+            await self._first_sweep(until_idle)
+            await self._serve_loop(max_runs, until_idle)
             await self._drain()
         finally:
             relay.cancel()
@@ -450,6 +396,94 @@ class Worker:
             self._renewing.set()
             renewer.join(timeout=5)
         return self.completed
+
+    async def _first_sweep(self, until_idle: bool) -> None:
+        """Expire dead workers' leases before the first claim; a store that does not
+        answer yet is retried by the loop (a batch run, or a damaged store, raises)."""
+        try:
+            await self._store_call(self._expire_dead)
+        except StoreError as exc:  # the database not up yet: the loop retries it
+            if isinstance(exc, StoreDamagedError) or until_idle:
+                raise  # (a batch run reports it: it would end at once anyway)
+            log.warning("stepstone: %s cannot reach its store yet: %s", self.id, exc)
+
+    async def _serve_loop(self, max_runs: int | None, until_idle: bool) -> None:
+        """Claim runs into the free slots, or wait, until stopped, ``max_runs`` taken and
+        finished, or (``until_idle``) nothing left to take."""
+        now = asyncio.get_running_loop().time()
+        pace = _Pace(taken=0, backoff=self.poll_interval, sweep_at=now + 1.0, schedules_at=now)
+        while not self._stopping.is_set():
+            await self._housekeeping(pace)
+            if max_runs is not None and pace.taken >= max_runs:
+                if not self._tasks:
+                    break
+                await self._idle_wait()
+                continue
+            if not await self._take_or_wait(pace, max_runs, until_idle):
+                break
+
+    async def _housekeeping(self, pace: _Pace) -> None:
+        """Expire dead workers' leases every second; fire the schedules that are due."""
+        loop = asyncio.get_running_loop()
+        if loop.time() >= pace.sweep_at:
+            with contextlib.suppress(StoreError):  # an outage: the next sweep retries
+                await self._store_call(self._expire_dead)
+            pace.sweep_at = loop.time() + 1.0
+        if loop.time() >= pace.schedules_at:
+            with contextlib.suppress(StoreError):  # an outage: the next look retries
+                await self._store_call(self._fire_schedules)
+            pace.schedules_at = loop.time() + SCHEDULES_EVERY
+
+    async def _take_or_wait(self, pace: _Pace, max_runs: int | None, until_idle: bool) -> bool:
+        """One pass of the loop: claim runs for the free slots and start them, or wait
+        for a slot, a wake-up or the next poll. False when serving is over."""
+        ended = self._ended
+        free = self.concurrency - len(self._tasks)
+        if max_runs is not None:
+            free = min(free, max_runs - pace.taken)
+        if free > 0:
+            try:
+                entries = await self._claim_unless_stopped(free)
+            except StoreError as exc:
+                if self._claim_error_ends_batch(exc, until_idle):
+                    raise
+                # The database stayed away longer than the store's reconnect timeout (or a
+                # damaged file refused the claim): keep the worker (and its running runs)
+                # alive and retry, less often each time.
+                log.warning("stepstone: %s could not take a run: %s", self.id, exc)
+                await self._idle_wait(pace.backoff)
+                pace.backoff = min(pace.backoff * 2, _MAX_BACKOFF)
+                return True
+            if entries is None:
+                return False
+            pace.backoff = self.poll_interval
+            if entries:
+                pace.taken += len(entries)
+                self._start_runs(entries)
+                return True
+        if until_idle and not self._tasks and ended == self._ended:
+            return False  # nothing to take, and no run ended meanwhile (freeing a slot)
+        await self._idle_wait()
+        return True
+
+    async def _claim_unless_stopped(self, free: int) -> list[QueueEntry] | None:
+        """Up to ``free`` claimed entries; None when the worker was told to stop while the
+        claim was out (``_drain`` hands back what it takes)."""
+        claim = asyncio.ensure_future(self._claim_next(free))
+        if not await self._before_stop(claim):
+            self._late_claim = claim  # _drain hands back what it takes
+            return None
+        return claim.result()
+
+    def _claim_error_ends_batch(self, exc: StoreError, until_idle: bool) -> bool:
+        """A damaged store ends a batch run (``until_idle``) that has nothing running."""
+        return isinstance(exc, StoreDamagedError) and until_idle and not self._tasks
+
+    def _start_runs(self, entries: list[QueueEntry]) -> None:
+        with self._held_lock:
+            self._held.update((e.id, e.run_key) for e in entries)
+        for entry in entries:
+            self._tasks[entry.id] = asyncio.create_task(self._execute(entry))
 
     async def _relay(self, told: Subscription) -> None:
         """Wake the serving loop when one of its queues has a run made runnable."""
@@ -784,6 +818,17 @@ _MAX_BACKOFF = 30.0
 STORE_PATIENCE = 5.0
 #: Seconds between two looks at whether the store answers, during a shutdown.
 _PROBE_EVERY = 0.5
+
+
+@dataclasses.dataclass
+class _Pace:
+    """The serving loop's counters: runs taken, the wait after a failed claim, and when
+    the next lease sweep and schedule look are due (event loop time)."""
+
+    taken: int
+    backoff: float
+    sweep_at: float
+    schedules_at: float
 
 
 def _in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[T]:

@@ -1,9 +1,16 @@
-"""docs/cli.md lists every command of ``stepstone`` (guarantee 436)."""
+"""docs/cli.md lists every command of ``stepstone`` and its options, and its opening example
+runs (guarantees 409, 436)."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import typer.main
 
@@ -36,3 +43,52 @@ def test_docs_cli_lists_every_command() -> None:
     assert not missing, f"docs/cli.md lists no row `stepstone NAME` for {missing}"
     unknown = sorted(_listed() - commands)
     assert not unknown, f"docs/cli.md lists commands stepstone has not: {unknown}"
+
+
+def _sections() -> dict[str, str]:
+    """Each command's section of docs/cli.md, by command name."""
+    text = DOC.read_text()
+    return {
+        m[1]: m[2]
+        for m in re.finditer(r"\n## `stepstone ([a-z-]+)`\n(.*?)(?=\n## |\Z)", text, re.S)
+    }
+
+
+def _subcommands(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    for name, sub in getattr(command, "commands", {}).items():
+        if not sub.hidden:
+            yield (*path, name), sub
+            yield from _subcommands(sub, (*path, name))
+
+
+def test_each_commands_section_names_every_option_it_takes() -> None:
+    # guarantee 409: before, `stepstone serve --lease-seconds` was in --help only
+    sections = _sections()
+    shared = {"--json", "--debug", "--help"}  # the table of options every command shares
+    missing = []
+    for path, command in _subcommands(typer.main.get_command(app), ()):
+        section = sections[path[0]]
+        if len(path) > 1 and path[-1] not in section:
+            missing.append(" ".join(path))
+        for param in command.params:
+            names = [o for o in param.opts if o.startswith("--")]
+            if names and not shared & set(names) and not any(n in section for n in names):
+                missing.append(f"{' '.join(path)} {names[0]}")
+    assert not missing, f"docs/cli.md does not describe: {missing}"
+
+
+def test_the_opening_example_runs(tmp_path: Path) -> None:
+    # guarantee 409: the commands the page opens with run, in order, and succeed
+    opening = re.search(r"```sh\n(.*?)```", DOC.read_text(), re.S)
+    assert opening is not None
+    lines = [line.split("  #")[0].strip() for line in opening[1].splitlines()]
+    assert 10 <= len(lines) <= 25 and all(line.startswith("stepstone ") for line in lines)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env["COLUMNS"] = "200"
+    for line in lines:
+        argv = [sys.executable, "-m", "stepstone.cli", *shlex.split(line)[1:]]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+        )
+        assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        assert proc.stdout.strip(), line

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from stepstone import Store
@@ -151,3 +152,60 @@ def test_check_reads_a_runs_messages_events_and_streams(tmp_path: Path) -> None:
     assert found.returncode == 1
     (problem,) = json.loads(found.stdout)["problems"]
     assert problem["key"] == "r" and "value 0 of stream 'log'" in problem["detail"]
+
+
+@pytest.mark.postgres
+def test_every_command_on_postgresql_against_a_waiting_workflow(pg_url: str) -> None:
+    # guarantee 508, 509, 514: the same commands with --url, a real run waiting for them
+    import asyncio
+
+    import stepstone
+    from stepstone import schedule, workflow
+
+    with Store(url=pg_url) as store:
+        store.setup()
+        for key in store.keys():
+            store.delete(key)
+
+        @workflow(store=store)
+        async def approve(order: str) -> str:
+            await stepstone.write_stream("outbox", f"please approve {order}")
+            stepstone.set_event("stage", "asked")
+            answer = await stepstone.recv("approval", timeout=60)
+            stepstone.set_event("stage", "approved" if answer else "expired")
+            return f"approved by {answer['by']}" if answer else "expired"
+
+        result: list[str] = []
+        thread = threading.Thread(
+            target=lambda: result.append(asyncio.run(approve.using(key="o-42").run("o-42")))
+        )
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not store.backend.timers("o-42") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            shown = cli("show", "o-42", "--url", pg_url)
+            assert "waiting for a message on 'approval'" in shown.stdout, shown.stdout
+            assert 'stage: "asked"' in shown.stdout
+            sent = cli("send", "o-42", "approval", '{"ok": true, "by": "ana"}', "--url", pg_url)
+            assert sent.returncode == 0, sent.stderr
+            follow = cli("stream", "o-42", "outbox", "--url", pg_url, "--follow", "--json")
+        finally:
+            thread.join(60)
+        assert result == ["approved by ana"]
+        lines = [json.loads(line) for line in follow.stdout.splitlines()]
+        assert lines == [
+            {"offset": 0, "value": "please approve o-42", "attempt": None},
+            {"next_offset": 1, "ended": "done"},
+        ]
+        events = cli("events", "o-42", "--url", pg_url, "--json")
+        assert json.loads(events.stdout) == {"stage": "approved"}
+        finished = cli("send", "o-42", "approval", "1", "--url", pg_url)
+        assert finished.returncode == 1 and "finished" in finished.stderr
+        schedule(store, "tests.messages.targets:noop_plan", cron="0 3 * * *", name="nightly")
+        listed = cli("schedules", "--url", pg_url, "--json")
+        assert [s["name"] for s in json.loads(listed.stdout)] == ["nightly"]
+        for verb in ("pause", "resume", "delete"):
+            done = cli("schedules", verb, "nightly", "--url", pg_url)
+            assert done.returncode == 0, done.stderr
+        assert cli("schedules", "--url", pg_url, "--json").stdout.strip() == "[]"

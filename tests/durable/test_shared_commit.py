@@ -443,11 +443,12 @@ def test_a_loop_group_and_threads_share_the_same_turns(held: tuple[Store, _Holdi
 
     store, backend = held
     third = _claim(store, "c")
-    holding = threading.Event()
+    claimed, holding = threading.Event(), threading.Event()
     heads: dict[str, RunHead] = {}
 
     async def two_on_a_loop() -> None:
         claims = [await aclaim_run(store, k, kind=KIND, resume=False, first_step="a") for k in "ab"]
+        claimed.set()
         await asyncio.to_thread(holding.wait, 20)
         runs = [c.run for c in claims]
         await asyncio.gather(
@@ -459,6 +460,7 @@ def test_a_loop_group_and_threads_share_the_same_turns(held: tuple[Store, _Holdi
 
     loop_thread = threading.Thread(target=lambda: asyncio.run(two_on_a_loop()))
     loop_thread.start()
+    assert claimed.wait(20)  # (the claims are written before the turn is held)
     with _turn_held(store, backend, 3) as release:
         holding.set()
         thread = threading.Thread(

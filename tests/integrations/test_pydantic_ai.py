@@ -380,7 +380,7 @@ def test_mcp_tool_calls_are_journaled_with_one_session_per_run(tmp_path: Path) -
 
     log = tmp_path / "mcp.log"
     server = Path(__file__).with_name("mcp_docs_server.py")
-    docs = MCPToolset(PythonStdioTransport(server, args=[str(log)]), id="docs")
+    docs = MCPToolset(PythonStdioTransport(server, args=[str(log)]), id="docs", init_timeout=60)
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         n = sum(1 for m in messages if m.kind == "response")

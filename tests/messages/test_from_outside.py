@@ -199,3 +199,32 @@ def test_a_handle_by_id_reads_the_events_of_its_queued_run(tmp_path: Path) -> No
         assert reader.outcome is not None and reader.outcome.status == "cancelled"
         with pytest.raises(ConfigurationError, match="id or a run's key"):
             RunHandle(store)
+
+
+def test_bad_input_is_refused_naming_the_value_and_the_fix(tmp_path: Path) -> None:
+    # guarantee 522
+    import stepstone
+    from stepstone import ConfigurationTypeError, list_schedules, schedule
+
+    with pytest.raises(ConfigurationTypeError, match=r"Store\(db='app.sqlite'\).*'o.sqlite'"):
+        send("o.sqlite", "o-42", "approval", 1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationTypeError, match=r"work queue lives in a Store.*'o.sqlite'"):
+        RunHandle("o.sqlite", key="o-42")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationTypeError, match="work queue lives in a Store"):
+        schedule("o.sqlite", "a.b:c", cron="0 3 * * *")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationTypeError, match="work queue lives in a Store"):
+        list_schedules("o.sqlite")  # type: ignore[arg-type]
+    with Store(db=tmp_path / "b.sqlite") as store:
+        handle = RunHandle(store, key="o-42")
+        with pytest.raises(ConfigurationError, match=r"got -1 \(0: look once; None: wait"):
+            handle.get_event("stage", timeout=-1)
+        with pytest.raises(ConfigurationError, match=r"start must be an offset.*got -1"):
+            handle.read_stream("progress", start=-1)
+        with pytest.raises(ConfigurationTypeError, match="topic must be a non-empty str, got 3"):
+            send(store, "o-42", 3, 1)  # type: ignore[arg-type]
+
+    async def until_tomorrow() -> None:
+        await stepstone.sleep_until("tomorrow")  # type: ignore[arg-type]
+
+    with pytest.raises(ConfigurationTypeError, match=r"aware datetime.*unix time.*'tomorrow'"):
+        asyncio.run(until_tomorrow())

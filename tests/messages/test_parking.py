@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from stepstone import Store, Worker, send, submit
-from stepstone.durable import claim_run
+from stepstone.durable import claim_run, read_run
 from stepstone.durable._queue import queue_backend
 from stepstone.store._extras import ExtraWrites, Timer
 from stepstone.store._queue_base import NEVER, Owner
@@ -127,6 +127,15 @@ def test_a_message_makes_a_run_parked_on_its_topic_runnable(store: Store) -> Non
         assert qb.claim(key, owner, 30.0)  # runnable now
 
 
+def _records(store: Store, key: str, op: str) -> list[str]:
+    """The kinds of the journal records of the run's ``op`` operations, in order."""
+    found = read_run(store, key)
+    assert found is not None
+    records = [r for row in found[1] if row.kind == "ops" for r in json.loads(row.data)]
+    ops = {pos: data["op"] for kind, pos, data in records if kind == "intent"}
+    return [kind for kind, pos, _ in records if ops.get(pos) == op]
+
+
 def _serve(store: Store, **options: object) -> tuple[Worker, threading.Thread]:
     worker = Worker(store, poll_interval=0.05, **options)  # type: ignore[arg-type]
     thread = threading.Thread(target=worker.run)
@@ -157,6 +166,9 @@ def test_a_sleeping_workflow_gives_its_slot_back_until_its_wake_time(store: Stor
         thread.join()
     assert env.ok and 1.4 <= env.payload < 10  # woke at its time, not before
     assert sleeper.entry().attempts == 1
+    # taken again past its wake time, the sleep ended without a second intent
+    assert _records(store, "nap", "sleep") == ["intent", "outcome"]
+    assert store.backend.timers("nap") == []
 
 
 def test_a_message_wakes_a_workflow_parked_on_its_topic(store: Store) -> None:
@@ -177,6 +189,10 @@ def test_a_message_wakes_a_workflow_parked_on_its_topic(store: Store) -> None:
         thread.join()
     assert env.ok and env.payload == [{"hello": "world"}]
     assert took < 3  # the send made it runnable: no wait for a timeout
+    # taken again with its message there: received without a second intent
+    assert _records(store, "parked-inbox", "recv") == ["intent", "outcome"]
+    (msg,) = store.backend.messages("parked-inbox")
+    assert msg.consumed_at is not None
 
 
 def test_a_cancel_stops_a_run_waiting_in_its_worker_at_once(store: Store) -> None:

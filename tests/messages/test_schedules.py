@@ -288,3 +288,29 @@ def test_a_scheduled_workflow_gets_its_arguments_every_tick(store: Store) -> Non
     assert env.payload == "hello ana?"
     with pytest.raises(ConfigurationError, match="not one"):
         schedule(store, T, cron="0 3 * * *", name="plan-args", args=(1,))
+
+
+@pytest.mark.parametrize("catch_up", ["one", "none", "all"])
+def test_a_worker_back_after_an_outage_follows_catch_up(store: Store, catch_up: str) -> None:
+    # guarantee 510: a real worker, started 30 s of per-second ticks after the last one
+    # handled; ticks within grace (3 s) of its look are on time, the rest were missed
+    first = _backlog(store, catch_up, 30, grace=3.0)
+    Worker(store, poll_interval=0.05).run(until_idle=True)
+    done = queue_backend(store).entries(None, "done")
+    looked = min(e.created_at for e in done)  # the worker's first look queued these
+    ticks = sorted(
+        datetime.fromisoformat(e.run_key.split("@")[1].replace("Z", "+00:00")).timestamp()
+        for e in done
+    )
+    assert len(ticks) == len(set(ticks))
+    missed = [t for t in ticks if t < looked - 3.0]
+    on_time = [t for t in ticks if t >= looked - 3.0]
+    assert len(on_time) >= 3  # every on-time tick runs, whatever the policy
+    if catch_up == "all":
+        assert ticks == [first + i for i in range(len(ticks))]  # every missed one too
+        assert len(missed) >= 26
+    elif catch_up == "one":
+        assert len(missed) == 1 and missed[0] >= looked - 4.0  # the latest missed one
+    else:
+        assert missed == []
+    assert all(e.run_key.startswith("s@") for e in done)

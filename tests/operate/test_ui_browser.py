@@ -143,6 +143,7 @@ def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path)
                 page.wait_for_selector("#actions:not([hidden])")
                 assert page.inner_text("#mode") == "actions enabled"
                 page.click("#cancel")
+                page.click("#confirm-yes")  # every action is confirmed first
                 page.wait_for_selector("#action-result:has-text('cancel requested')")
                 page.wait_for_selector("#run-facts .cancel-flag")  # the flag shows until it stops
                 live.gates[0].set()  # the owner commits its step, sees the flag and stops
@@ -151,6 +152,7 @@ def test_cancel_from_the_page_with_actions_allowed(browser: Any, tmp_path: Path)
                 assert page.is_hidden("#actions") is False  # still not done: cancel stays
                 # guarantee 283: rewind it from the page
                 page.click('#timeline tr[data-name="step_0"] button.retry')
+                page.click("#confirm-yes")
                 page.wait_for_selector('#run-facts[data-status="paused"]')
                 assert "next step step_0" in page.inner_text("#run-facts")
                 expect(page.locator("#timeline tbody tr")).to_have_count(0, timeout=60_000)
@@ -232,6 +234,7 @@ def test_approve_a_paused_agent_run_from_its_page(browser: Any, tmp_path: Path) 
         ):
             page.goto(server.url + "#run=" + key)
             page.click(f"{row} button.approve")
+            page.click("#confirm-yes")
             page.wait_for_selector("#action-result:has-text('approved refund call')")
             page.wait_for_selector(f"{row} .decision:has-text('approved')")
             page.screenshot(path=str(tmp_path / "inspector-approve.png"))

@@ -91,6 +91,7 @@ async def test_request_budget_stops_before_the_next_request(
 
 
 async def test_token_budget(case: Case, server: WireServer) -> None:
+    # guarantee 213, 410
     big = Usage(input_tokens=600, output_tokens=50)
     server.push(Reply(tool_calls=[call("add", a=1, b=1)], usage=big), "never requested")
     limits = UsageLimits(max_total_tokens=500)

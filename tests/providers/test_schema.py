@@ -39,5 +39,6 @@ def test_every_property_required_and_objects_closed() -> None:  # guarantee 210
 
 
 def test_schemas_strict_mode_cannot_express_are_sent_non_strict() -> None:
+    # guarantee 410
     assert strict_schema(TypeAdapter(dict[str, float]).json_schema()) is None
     assert strict_schema(TypeAdapter(list[int]).json_schema()) is None  # root must be an object

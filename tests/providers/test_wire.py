@@ -282,6 +282,7 @@ async def test_api_key_header(case: Case, server: WireServer) -> None:
 
 
 async def test_openai_list_output_is_wrapped_in_an_object(case: Case, server: WireServer) -> None:
+    # guarantee 410
     if case.name != "openai":
         pytest.skip("OpenAI wants an object at the root of a response schema")
     server.push('{"result": [1, 2, 3]}', "[4, 5]")

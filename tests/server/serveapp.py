@@ -7,9 +7,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from stepstone import Agent, Store, step, tool, workflow
+from pydantic import Field
+
+from stepstone import Agent, Plan, Step, Store, recv, step, tool, workflow
+from stepstone.graph import END, GraphBuilder, State, append
 from stepstone.testing import FunctionModel, call
 
 _stores: dict[str, Store] = {}
@@ -82,3 +85,56 @@ def _reply(request: Any) -> Any:
 
 
 approver = Agent(model=FunctionModel(_reply), tools=[refund])
+
+
+def _fetch(payload: Any) -> str:
+    return f"{payload}: 3 rows"
+
+
+def _check(payload: Any) -> str:
+    if str(payload).startswith("bad"):
+        raise ValueError(f"bad rows in {payload!r}")
+    return f"checked {payload}"
+
+
+#: A two-step Plan: ``fetch``, then ``check`` (which fails on a payload starting "bad").
+pipeline = Plan(Step(_fetch, name="fetch"), Step(_check, name="check"))
+
+
+@workflow
+async def waiter(topic: str) -> Any:
+    """A run that waits for a message on ``topic`` and answers with it."""
+    return await recv(topic)
+
+
+#: A module and a class this module imported from outside the server's import paths:
+#: `serveapp:os.system` and `serveapp:JSONDecoder` must be refused.
+JSONDecoder = json.JSONDecoder
+
+
+class Trip(State):
+    """What a graph run's nodes did, in order."""
+
+    trace: Annotated[list[str], append] = Field(default_factory=list)
+
+
+def _node(name: str) -> Any:
+    def run(state: Trip) -> dict[str, Any]:
+        return {"trace": [name]}
+
+    run.__name__ = name
+    return run
+
+
+#: A graph: book -> pack -> leave.
+trip = (
+    GraphBuilder(Trip)
+    .add_node("book", _node("book"))
+    .add_node("pack", _node("pack"))
+    .add_node("leave", _node("leave"))
+    .add_edge("book", "pack")
+    .add_edge("pack", "leave")
+    .add_edge("leave", END)
+    .set_entry("book")
+    .compile()
+)

@@ -114,3 +114,26 @@ def test_a_read_only_server_refuses_writes(tmp_path: Path) -> None:
             assert resp.status_code == 403 and "read-only" in resp.json()["error"]
     finally:
         assert served.stop() == 0
+
+
+def test_a_target_reaching_outside_the_import_paths_is_refused(tmp_path: Path) -> None:
+    # guarantee 583
+    served = start_server(str(tmp_path / "app.sqlite"))
+    try:
+        with served.client() as c:
+            cases = [
+                ("serveapp:os.system", "reaches module 'os'"),
+                ("serveapp:os.path.join", "reaches module 'os'"),
+                ("serveapp:time.sleep", "reaches module 'time'"),
+                ("serveapp:JSONDecoder", "defined in module 'json.decoder'"),
+            ]
+            for target, said in cases:
+                resp = c.post("/runs", json={"target": target, "args": ["id"]})
+                assert resp.status_code == 400, (target, resp.text)
+                assert said in resp.json()["error"], (target, resp.json())
+                assert "--import-path" in resp.json()["error"] or "register" in resp.json()["error"]
+            assert c.get("/runs").json()["total"] == 0  # nothing queued
+            ok = c.post("/runs", json={"target": "serveapp:hello", "args": ["x"]})
+            assert ok.status_code == 202, ok.text
+    finally:
+        assert served.stop() == 0

@@ -183,3 +183,75 @@ def test_webhook_requests_are_checked(tmp_path: Path, secret_file: Path) -> None
                 assert resp.status_code == 400 and "webhook" in resp.json()["error"]
     finally:
         assert signed.stop() == 0
+
+
+def test_a_queue_webhook_tells_the_end_of_every_run_of_the_queue(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    """guarantee 585: a queue's webhook is sent, signed, for every run submitted to the
+    queue after it was set, however it was submitted (the API, or Python in another
+    process's store handle); not for runs before it, nor after it is dropped."""
+    from stepstone import Store, submit
+
+    receiver = Receiver()
+    db = tmp_path / "app.sqlite"
+    served = start_server(
+        str(db), "--workers", "2", "--queue", "billing", "--webhook-secret-file", str(secret_file)
+    )
+    w = {"X-Stepstone-Action": "1"}
+    try:
+        with served.client() as c, Store(db=db) as store:
+
+            def ended(key: str) -> bool:
+                entry = c.get(f"/runs/{key}").json().get("entry") or {}
+                return entry.get("status") in ("done", "failed")
+
+            submit(store, "serveapp:pipeline", "before", key="q-before", queue="billing")
+            wait_until(lambda: ended("q-before"))
+            assert c.get("/queues/billing/webhook").status_code == 404
+            bad = c.put("/queues/billing/webhook", json={"url": "ftp://x"}, headers=w)
+            assert bad.status_code == 400 and "http" in bad.json()["error"]
+            set_ = c.put("/queues/billing/webhook", json={"url": receiver.url})
+            assert set_.status_code == 200, set_.text
+            assert c.get("/queues/billing/webhook").json()["url"] == receiver.url
+            started = c.post(
+                "/runs",
+                json={
+                    "target": "serveapp:hello",
+                    "args": ["ada"],
+                    "key": "q-api",
+                    "queue": "billing",
+                },
+            )
+            assert started.status_code == 202, started.text
+            # recorded as the run is queued: its view lists it at once
+            assert len(c.get("/runs/q-api").json()["webhooks"]) == 1
+            submit(store, "serveapp:pipeline", "from python", key="q-py", queue="billing")
+            wait_until(lambda: len(receiver.got) >= 2)
+            bodies = {_verified(g)["data"]["key"]: _verified(g)["data"] for g in receiver.got}
+            assert set(bodies) == {"q-api", "q-py"}
+            assert bodies["q-api"]["result"] == "HELLO ADA!"
+            assert bodies["q-py"]["status"] == "done"
+            assert len({g["headers"]["webhook-id"] for g in receiver.got}) == 2
+            # dropped: later runs of the queue are not told
+            assert c.delete("/queues/billing/webhook", headers=w).status_code == 200
+            assert c.get("/queues/billing/webhook").status_code == 404
+            submit(store, "serveapp:pipeline", "after", key="q-after", queue="billing")
+            wait_until(lambda: ended("q-after"))
+            c.post(  # a run with its own webhook: once it is delivered, the outbox went round
+                "/runs",
+                json={
+                    "target": "serveapp:hello",
+                    "args": ["x"],
+                    "key": "q-own",
+                    "queue": "billing",
+                    "webhook": receiver.url,
+                },
+            )
+            wait_until(lambda: len(receiver.got) >= 3)
+            assert _verified(receiver.got[2])["data"]["key"] == "q-own"
+            assert c.get("/runs/q-after").json()["webhooks"] == []
+            assert c.get("/runs/q-before").json()["webhooks"] == []
+    finally:
+        receiver.close()
+        assert served.stop() == 0

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +178,42 @@ def test_a_release_lands_after_the_commits_its_loop_still_has_pending(tmp_path: 
             await commit
 
         asyncio.run(main())
+
+
+def _note(payload: dict[str, Any]) -> dict[str, Any]:
+    _ORDER.append(payload["run"])
+    return payload
+
+
+_ORDER: list[int] = []
+
+
+def test_runs_let_in_one_by_one_keep_sharing_commits_with_quick_steps(tmp_path: Path) -> None:
+    """guarantee 626: steps quick enough to run on the loop's thread, and a lone run's
+    commits written at once, never let one run hold its loop: the runs that
+    ``arun_many``'s semaphore lets in as the first ones end run side by side with it."""
+    from stepstone import Envelope
+
+    _ORDER.clear()
+    runs, steps = 32, 6
+    with Store(db=tmp_path / "q.sqlite", durability="normal") as store:
+        plan = Plan(
+            *[Step(_note, name=f"s{i}") for i in range(steps)],
+            store=store,
+            checkpoint_key="quick",
+            on_concurrent="fork",
+        )
+        envs = asyncio.run(
+            plan.arun_many(
+                [Envelope(task="t", payload={"run": i}) for i in range(runs)], concurrency=8
+            )
+        )
+        assert [e.payload for e in envs] == [{"run": i} for i in range(runs)]
+    late = [r for r in _ORDER if r >= 16]  # runs let in once others had ended
+    assert sorted(late) == sorted(r for r in range(16, runs) for _ in range(steps))
+    switches = sum(a != b for a, b in pairwise(late))
+    # One run at a time switches 15 times; runs side by side switch at almost every step.
+    assert switches >= 3 * (runs - 16), switches
 
 
 def _rows(store: Store, key: str) -> list[tuple[int, str, str | None, str]]:

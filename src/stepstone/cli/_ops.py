@@ -406,10 +406,7 @@ def show_cmd(
                 Text.assemble(
                     "  ",
                     ("error", "red"),
-                    visible(
-                        f" at {err.get('step') or err.get('node')!r}: {err.get('type')}: "
-                        f"{err.get('message')}"
-                    ),
+                    visible(f"{_error_place(err)}: {err.get('type')}: {err.get('message')}"),
                 )
             )
         if detail.get("superseded_by"):
@@ -920,3 +917,10 @@ def register(app: typer.Typer) -> None:
     app.command("retry")(retry_cmd)
     app.command("approve")(approve_cmd)
     app.command("queue")(queue_cmd)
+
+
+def _error_place(err: dict[str, Any]) -> str:
+    """Where a run's recorded error happened (`` at 'load'``), or nothing when it names no
+    step or node (a workflow run that failed between its steps)."""
+    where = err.get("step") or err.get("node")
+    return "" if where is None else f" at {where!r}"

@@ -21,66 +21,72 @@ from stepstone.store import Store
 __all__ = ["worker"]
 
 
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", help="Store URL (postgresql://... or sqlite:///path)."),
+]
+DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
+QueueOption = Annotated[
+    list[str] | None,
+    typer.Option("--queue", "-q", help="A queue to serve (repeat for several)."),
+]
+ConcurrencyOption = Annotated[
+    int,
+    typer.Option(parser=whole(1), metavar="N", help="Most runs this worker runs at once."),
+]
+LeaseSecondsOption = Annotated[
+    float,
+    typer.Option(
+        help="Seconds a taken run (its queue entry and its checkpoint) stays ours without renewal."
+    ),
+]
+ShutdownTimeoutOption = Annotated[
+    float,
+    typer.Option(min=0, help="On SIGTERM, seconds running runs may take to finish."),
+]
+PollIntervalOption = Annotated[float, typer.Option(help="Seconds between polls.")]
+ParkAfterOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="A run that waits (a durable sleep, a receive) longer than this many seconds "
+        "gives its slot back until its wake time or a message.",
+    ),
+]
+ImportPathOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--import-path",
+        help="A folder to import run targets from (repeat; the current one is included).",
+    ),
+]
+MaxRunsOption = Annotated[
+    int | None,
+    typer.Option(parser=whole(1), metavar="N", help="Exit after taking this many runs."),
+]
+UntilIdleOption = Annotated[bool, typer.Option(help="Exit when there is nothing left to take.")]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")]
+
+
 def worker(
-    url: Annotated[
-        str | None,
-        typer.Option("--url", help="Store URL (postgresql://... or sqlite:///path)."),
-    ] = None,
-    db: Annotated[Path | None, typer.Option("--db", help="SQLite store file.")] = None,
-    queue: Annotated[
-        list[str] | None,
-        typer.Option("--queue", "-q", help="A queue to serve (repeat for several)."),
-    ] = None,
-    concurrency: Annotated[
-        int,
-        typer.Option(parser=whole(1), metavar="N", help="Most runs this worker runs at once."),
-    ] = 4,
-    lease_seconds: Annotated[
-        float,
-        typer.Option(
-            help="Seconds a taken run (its queue entry and its checkpoint) stays ours "
-            "without renewal."
-        ),
-    ] = 30.0,
-    shutdown_timeout: Annotated[
-        float,
-        typer.Option(min=0, help="On SIGTERM, seconds running runs may take to finish."),
-    ] = 30.0,
-    poll_interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 0.5,
-    park_after: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="A run that waits (a durable sleep, a receive) longer than this many seconds "
-            "gives its slot back until its wake time or a message.",
-        ),
-    ] = 5.0,
-    import_path: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--import-path",
-            help="A folder to import run targets from (repeat; the current one is included).",
-        ),
-    ] = None,
-    max_runs: Annotated[
-        int | None,
-        typer.Option(parser=whole(1), metavar="N", help="Exit after taking this many runs."),
-    ] = None,
-    until_idle: Annotated[
-        bool, typer.Option(help="Exit when there is nothing left to take.")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
+    url: UrlOption = None,
+    db: DbOption = None,
+    queue: QueueOption = None,
+    concurrency: ConcurrencyOption = 4,
+    lease_seconds: LeaseSecondsOption = 30.0,
+    shutdown_timeout: ShutdownTimeoutOption = 30.0,
+    poll_interval: PollIntervalOption = 0.5,
+    park_after: ParkAfterOption = 5.0,
+    import_path: ImportPathOption = None,
+    max_runs: MaxRunsOption = None,
+    until_idle: UntilIdleOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Take queued runs from the store and run them (until SIGTERM)."""
     from stepstone.worker import Worker
 
     console = visible_console(markup=True, stderr=True)
-    if (db is None) == (url is None):
-        console.print("[red]error:[/] pass exactly one of --db PATH or --url URL")
-        raise typer.Exit(2)
-    if db is not None and not db.exists():
-        console.print(f"[red]error:[/] no store file at {escape(str(db))} (check the path)")
-        raise typer.Exit(2)
+    _check_store_options(console, db, url)
     for folder in [Path.cwd(), *(import_path or [])]:
         if str(folder.resolve()) not in sys.path:
             sys.path.insert(0, str(folder.resolve()))
@@ -123,6 +129,16 @@ def worker(
     console.print(f"{w.id}: stopped after finishing {done} runs")
     if w.abandoned is not None:
         _exit_now(console, w.id, len(w.abandoned))
+
+
+def _check_store_options(console: Console, db: Path | None, url: str | None) -> None:
+    """Exit 2 unless exactly one of --db (an existing file) and --url is given."""
+    if (db is None) == (url is None):
+        console.print("[red]error:[/] pass exactly one of --db PATH or --url URL")
+        raise typer.Exit(2)
+    if db is not None and not db.exists():
+        console.print(f"[red]error:[/] no store file at {escape(str(db))} (check the path)")
+        raise typer.Exit(2)
 
 
 def _exit_now(console: Console, worker_id: str, left: int) -> None:

@@ -231,6 +231,10 @@ _AS_TEXT: tuple[tuple[type, str, Callable[[Any], str]], ...] = (
 )
 
 
+#: What :meth:`_Encoder.leaf` returns for a value it has no JSON form for.
+_NO_JSON = object()
+
+
 class _Encoder:
     __slots__ = ("strict", "typed", "warn")
 
@@ -275,6 +279,12 @@ class _Encoder:
             return self.mapping(value, where)
         if isinstance(value, list):
             return [self.convert(v, (where, "[", i)) for i, v in enumerate(value)]
+        out = self.model_or_collection(value, where)
+        # stringified here, so that its warning names the same caller's frame as ever
+        return self.stringify(value, where) if out is _NO_JSON else out
+
+    def model_or_collection(self, value: Any, where: _Where) -> Any:
+        """A pydantic model, a tuple or a set (tagged when typed), else :meth:`leaf`."""
         if isinstance(value, BaseModel):
             data = value.model_dump(mode="json")
             return self.tag("model", data, type(value))
@@ -285,6 +295,11 @@ class _Encoder:
             ordered = sorted(value, key=repr)
             items = [self.convert(v, (where, "[", i)) for i, v in enumerate(ordered)]
             return self.tag("frozenset" if isinstance(value, frozenset) else "set", items)
+        return self.leaf(value, where)
+
+    def leaf(self, value: Any, where: _Where) -> Any:
+        """A value held as text (dates, decimals, ids, paths), a timedelta, bytes or a
+        dataclass; ``_NO_JSON`` for anything else."""
         for cls, name, to_json in _AS_TEXT:
             if isinstance(value, cls):
                 return self.tag(name, to_json(value))
@@ -301,7 +316,7 @@ class _Encoder:
                 for f in dataclasses.fields(value)
             }
             return self.tag("dataclass", fields, type(value))
-        return self.stringify(value, where)
+        return _NO_JSON
 
     def mapping(self, value: dict[Any, Any], where: _Where) -> Any:
         out: dict[str, Any] = {}

@@ -152,6 +152,28 @@ def applied_decisions(
     before it was in doubt), the reason once it was refused (``"refused"`` for False). A
     call paused on several times (approved, then in doubt after a crash) has each. A
     subagent's call (``"subagent:T:I/<id>"``) is read from the subagent's own run."""
+    asked, started, refused = _calls_of(rows)
+    out: dict[str, set[bool | str]] = {}
+    for call_id, p in asked.items():
+        via = p.get("via")
+        if isinstance(via, str) and via:
+            _add_subagent_decisions(out, store, key, call_id, via)
+            continue
+        pos = f"{p.get('turn')}:{p.get('index')}"
+        decided: set[bool | str] = {True} if pos in started else set()
+        if pos in refused:
+            decided.add(refused[pos])
+        if decided:
+            out[call_id] = decided
+    return out
+
+
+def _calls_of(
+    rows: Sequence[JournalRow] | Sequence[Entry],
+) -> tuple[dict[str, dict[str, Any]], set[str], dict[str, str]]:
+    """From an agent run's journal: the calls it paused on (by call id), the positions
+    (``"turn:index"``) of the calls that started, and the reasons of those refused (by
+    position)."""
     asked: dict[str, dict[str, Any]] = {}
     started: set[str] = set()
     refused: dict[str, str] = {}
@@ -171,25 +193,21 @@ def applied_decisions(
                 refused[pos] = str(error.get("message", "")).removeprefix(_REFUSED)
             else:
                 started.add(pos)
-    out: dict[str, set[bool | str]] = {}
-    for call_id, p in asked.items():
-        via = p.get("via")
-        if isinstance(via, str) and via:
-            inner = call_id[len(via) :]
-            prefix = f"{key}/{via.rstrip('/')}:"
-            for sub in list_runs(store, prefix):
-                if sub.kind != AGENT_KIND or "/" in sub.key[len(prefix) :]:
-                    continue
-                found = applied_decisions(store, sub.key, store.backend.run_journal(sub.key))
-                out.setdefault(call_id, set()).update(found.get(inner, set()))
+    return asked, started, refused
+
+
+def _add_subagent_decisions(
+    out: dict[str, set[bool | str]], store: Store, key: str, call_id: str, via: str
+) -> None:
+    """Add to ``out[call_id]`` the decisions the subagent runs ``via`` names (under
+    ``key``) applied to the call (``call_id`` without ``via``)."""
+    inner = call_id[len(via) :]
+    prefix = f"{key}/{via.rstrip('/')}:"
+    for sub in list_runs(store, prefix):
+        if sub.kind != AGENT_KIND or "/" in sub.key[len(prefix) :]:
             continue
-        pos = f"{p.get('turn')}:{p.get('index')}"
-        decided: set[bool | str] = {True} if pos in started else set()
-        if pos in refused:
-            decided.add(refused[pos])
-        if decided:
-            out[call_id] = decided
-    return out
+        found = applied_decisions(store, sub.key, store.backend.run_journal(sub.key))
+        out.setdefault(call_id, set()).update(found.get(inner, set()))
 
 
 def decision_conflicts(
@@ -404,57 +422,93 @@ def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> d
         r.seq: (r.started_at, r.committed_at) for r in rows if isinstance(r, JournalRow)
     }
     for row in entries:
-        data = row.data
         started_at, committed_at = times.get(row.row, (None, None))
         if row.kind == "phase":
-            phase = {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
-            phase["started_at"], phase["committed_at"] = started_at, committed_at
-            given = data.get("payload")
-            payload: dict[str, Any] = given if isinstance(given, dict) else {}
-            if data.get("phase") == "run_started":
+            phase = _phase_view(row, started_at, committed_at)
+            if phase["phase"] == "run_started":
                 starts.append(row.seq)
-                phase["resumed"] = bool(payload.get("resumed"))
-            elif data.get("phase") == "run_terminal":
-                ended = payload.get("terminal_result")
-                result: dict[str, Any] = ended if isinstance(ended, dict) else {}
-                phase["state"] = payload.get("state") or result.get("state")
-                phase["final_text"] = payload.get("final_text")
-                phase["error"] = result.get("error")
             phases.append(phase)
         elif row.kind in ("intent", "outcome") and row.name is not None:
-            e = effects.setdefault(
-                row.name,
-                {
-                    "position": row.name,
-                    "kind": data.get("kind"),
-                    "name": data.get("name"),
-                    "call_id": data.get("call_id"),
-                    "turn": data.get("turn"),
-                    "index": data.get("index"),
-                    "state": "in doubt",
-                    "error": None,
-                    "seq": row.seq,
-                    "_seq": None,
-                    # when the commit that wrote its intent started (the call ran within
-                    # that commit's span when its outcome came in the same one), until
-                    # the commit of its outcome
-                    "started_at": started_at,
-                    "committed_at": None,
-                    "_intent_at": committed_at,
-                },
-            )
-            if row.kind == "outcome":
-                out = data.get("data")
-                e["state"] = "done"
-                e["error"] = out.get("error") if isinstance(out, dict) else None
-                e["_seq"] = row.seq
-                e["committed_at"] = committed_at
-                intent_at, outcome_at = e["_intent_at"], committed_at
-                # an intent committed before the call: the call began then
-                if intent_at is not None and outcome_at is not None and intent_at < outcome_at:
-                    e["started_at"] = intent_at
-                if isinstance(out, dict):
-                    e.update(_did(e["kind"], out))
+            _add_effect(effects, row.name, row, started_at, committed_at)
+    listed = _listed_effects(effects, starts)
+    result = _terminal(entries)
+    return {
+        "phases": phases,
+        "effects": listed,
+        "pending_approvals": pending_approvals(head, entries),
+        "agent_state": result.get("state"),
+        "final_text": result.get("final_text"),
+    }
+
+
+def _phase_view(row: Entry, started_at: float | None, committed_at: float | None) -> dict[str, Any]:
+    """A phase entry for :func:`agent_view`: a run's start says whether it resumed; its
+    end, the state it ended in."""
+    data = row.data
+    phase = {"seq": row.seq, "phase": data.get("phase"), "at_ms": data.get("timestamp_ms")}
+    phase["started_at"], phase["committed_at"] = started_at, committed_at
+    given = data.get("payload")
+    payload: dict[str, Any] = given if isinstance(given, dict) else {}
+    if data.get("phase") == "run_started":
+        phase["resumed"] = bool(payload.get("resumed"))
+    elif data.get("phase") == "run_terminal":
+        ended = payload.get("terminal_result")
+        result: dict[str, Any] = ended if isinstance(ended, dict) else {}
+        phase["state"] = payload.get("state") or result.get("state")
+        phase["final_text"] = payload.get("final_text")
+        phase["error"] = result.get("error")
+    return phase
+
+
+def _add_effect(
+    effects: dict[str, dict[str, Any]],
+    name: str,
+    row: Entry,
+    started_at: float | None,
+    committed_at: float | None,
+) -> None:
+    """Fold an effect's intent or outcome entry (``name``: the effect's position) into its
+    view in ``effects`` (``_seq`` and ``_intent_at`` are for :func:`_listed_effects`)."""
+    data = row.data
+    e = effects.setdefault(
+        name,
+        {
+            "position": name,
+            "kind": data.get("kind"),
+            "name": data.get("name"),
+            "call_id": data.get("call_id"),
+            "turn": data.get("turn"),
+            "index": data.get("index"),
+            "state": "in doubt",
+            "error": None,
+            "seq": row.seq,
+            "_seq": None,
+            # when the commit that wrote its intent started (the call ran within
+            # that commit's span when its outcome came in the same one), until
+            # the commit of its outcome
+            "started_at": started_at,
+            "committed_at": None,
+            "_intent_at": committed_at,
+        },
+    )
+    if row.kind != "outcome":
+        return
+    out = data.get("data")
+    e["state"] = "done"
+    e["error"] = out.get("error") if isinstance(out, dict) else None
+    e["_seq"] = row.seq
+    e["committed_at"] = committed_at
+    intent_at, outcome_at = e["_intent_at"], committed_at
+    # an intent committed before the call: the call began then
+    if intent_at is not None and outcome_at is not None and intent_at < outcome_at:
+        e["started_at"] = intent_at
+    if isinstance(out, dict):
+        e.update(_did(e["kind"], out))
+
+
+def _listed_effects(effects: dict[str, dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
+    """The effects' views as listed: each with how many times a resumed run replayed it
+    (``starts``: the seqs of the runs' starts), a tool call with its arguments."""
     calls = {  # the arguments of each tool call, as the model asked for it
         c.get("id"): c.get("arguments")
         for e in effects.values()
@@ -470,26 +524,29 @@ def agent_view(head: RunHead, rows: Sequence[JournalRow] | Sequence[Entry]) -> d
         if e["kind"] != "model" and e.get("call_id") in calls:
             e["arguments"] = calls[e["call_id"]]
         listed.append(e)
-    result = _terminal(entries)
-    return {
-        "phases": phases,
-        "effects": listed,
-        "pending_approvals": pending_approvals(head, entries),
-        "agent_state": result.get("state"),
-        "final_text": result.get("final_text"),
-    }
+    return listed
 
 
 def _did(kind: Any, out: dict[str, Any]) -> dict[str, Any]:
-    """What an effect's recorded outcome says it did: a model call's text and the tool
-    calls it asked for (name and arguments), a tool or subagent call's result."""
+    """What an effect's recorded outcome says it did: a model call's text, the tool calls
+    it asked for (name and arguments), its model and token counts (``usage``: all of
+    them); a tool or subagent call's result."""
     if kind == "model":
         asked = [
             {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
             for c in out.get("tool_calls") or ()
             if isinstance(c, dict)
         ]
-        return {"text": out.get("text"), "tool_calls": asked}
+        usage = out.get("usage")
+        tokens = usage if isinstance(usage, dict) else {}
+        return {
+            "text": out.get("text"),
+            "tool_calls": asked,
+            "model": out.get("model"),
+            "input_tokens": tokens.get("input_tokens"),
+            "output_tokens": tokens.get("output_tokens"),
+            "usage": tokens or None,
+        }
     return {"content": out.get("content")}
 
 

@@ -479,21 +479,27 @@ class EffectJournal:
                     rows=rows,
                 )
             except BaseException as exc:
-                self._buffer[:0] = items  # nothing was written: keep them for a retry
-                if isinstance(exc, ConcurrentRunError):
-                    self._lost = exc
-                if isinstance(exc, Exception) and not isinstance(exc, ConcurrentRunError):
-                    raise CheckpointFlushError(
-                        f"{self.label}: committing {len(items)} journal entr"
-                        f"{'y' if len(items) == 1 else 'ies'} to {self.run.key!r} failed "
-                        f"({type(exc).__name__}: {exc}); nothing was lost from the journal "
-                        "before them. Check the store, then resume the run"
-                    ) from exc
+                self._not_committed(exc, items)
                 raise
             if remember is not None:
                 remember()
             self._committed = mark
             self.commits += 1
+
+    def _not_committed(self, exc: BaseException, items: list[Item]) -> None:
+        """A commit of ``items`` raised ``exc`` and wrote nothing: keep them buffered for a
+        retry; a store's failure is raised as CheckpointFlushError, a lost ownership
+        remembered (every later flush raises it)."""
+        self._buffer[:0] = items
+        if isinstance(exc, ConcurrentRunError):
+            self._lost = exc
+        if isinstance(exc, Exception) and not isinstance(exc, ConcurrentRunError):
+            raise CheckpointFlushError(
+                f"{self.label}: committing {len(items)} journal entr"
+                f"{'y' if len(items) == 1 else 'ies'} to {self.run.key!r} failed "
+                f"({type(exc).__name__}: {exc}); nothing was lost from the journal "
+                "before them. Check the store, then resume the run"
+            ) from exc
 
     def _take(self) -> list[Item]:
         items, self._buffer = self._buffer, []

@@ -9,7 +9,10 @@ being written (the fsync releases the GIL), the loop keeps running the other run
 and the commits that arrive meanwhile form the next batch, written as soon as the current
 one is done. A batch that every run of the group is waiting for (none has a step to run
 meanwhile) is written by the loop's thread itself: the switches to the writer thread and
-back (tens of microseconds each, in latency and CPU) would only delay every run. A run
+back (tens of microseconds each, in latency and CPU) would only delay every run. The
+group's only run has its commits written at once, except after its claim and once a
+millisecond, when it lets the loop's other ready tasks run first (they may be runs about
+to join). A run
 belongs to its loop's group from its first claim or commit through it until its release
 (:func:`leave`). Only SQLite groups them (see :func:`can_group` for why PostgreSQL does
 not); the others commit each run on its own.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import sys
 import threading
@@ -163,13 +167,19 @@ class _Turns:
     when the stored head is the one its ``decide`` wrote).
     """
 
-    __slots__ = ("__weakref__", "backend", "lock", "queue", "writer")
+    __slots__ = ("__weakref__", "lock", "queue", "ref", "writer")
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, ref: weakref.ref[Backend]) -> None:
+        self.ref = ref  # weak: the registry keeps no backend alive
         self.lock = threading.Lock()
         self.writer: object | None = None
         self.queue: list[_Waiter] = []
+
+    @property
+    def backend(self) -> Backend:
+        backend = self.ref()
+        assert backend is not None  # whoever writes through it holds it
+        return backend
 
     def write(self, items: Sequence[Item]) -> list[Outcome]:
         """Write ``items`` (with whatever else is queued) and return their outcomes, as
@@ -204,7 +214,13 @@ class _Turns:
                 return self.backend.run_claim(*item)
             return self.backend.run_commit(*item)
         finally:
-            self._pass_on(me)
+            try:
+                with self.lock:  # the usual case, inline: no one queued meanwhile
+                    if self.writer is me and not self.queue:
+                        self.writer = None
+            finally:
+                if self.writer is me:  # (only we change it while it is us)
+                    self._pass_on(me)
 
     def _wait(self, waiter: _Waiter) -> list[Outcome]:
         interrupted: BaseException | None = None
@@ -344,12 +360,20 @@ def _landed(backend: Backend, item: Item) -> Outcome:
 
 
 class _Registry:
-    """The :class:`_Turns` of each backend used in this process (a forked child starts
-    with none: a parent's turn may have been held, by a thread the child does not have)."""
+    """The :class:`_Turns` of each backend used in this process, by ``id`` of the backend
+    (an entry goes when its backend does; a forked child starts with none: a parent's
+    turn may have been held, by a thread the child does not have)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.by_backend: weakref.WeakKeyDictionary[Backend, _Turns] = weakref.WeakKeyDictionary()
+        self.by_id: dict[int, _Turns] = {}
+
+    def forget(self, key: int, ref: weakref.ref[Backend]) -> None:
+        """A backend is gone (a weakref callback: no lock, it may run in any thread at
+        any moment; dict operations are atomic)."""
+        found = self.by_id.get(key)
+        if found is not None and found.ref is ref:
+            self.by_id.pop(key, None)
 
 
 _registry = _Registry()
@@ -366,12 +390,14 @@ os.register_at_fork(after_in_child=_forked)
 def turns(backend: Backend) -> _Turns:
     """The :class:`_Turns` of ``backend`` in this process."""
     registry = _registry
-    found = registry.by_backend.get(backend)
-    if found is None:
+    key = id(backend)
+    found = registry.by_id.get(key)
+    if found is None or found.ref() is not backend:
         with registry.lock:
-            found = registry.by_backend.get(backend)
-            if found is None:
-                found = registry.by_backend[backend] = _Turns(backend)
+            found = registry.by_id.get(key)
+            if found is None or found.ref() is not backend:
+                ref = weakref.ref(backend, functools.partial(registry.forget, key))
+                found = registry.by_id[key] = _Turns(ref)
     return found
 
 
@@ -422,6 +448,11 @@ class _Writers:
 _writers = _Writers()
 
 
+#: How long the only run of a loop's group may go on committing at once, without letting
+#: the loop's other tasks run (seconds).
+LET_IN_EVERY = 1e-3
+
+
 class _Group:
     """The pending commits of one backend on one event loop: at most one batch is being
     written at a time; what arrives meanwhile is the next batch."""
@@ -433,6 +464,7 @@ class _Group:
         self.scheduled = False
         self.inflight: Future[list[Outcome]] | None = None
         self.members: set[str] = set()  # keys of the runs committing through this group
+        self.let_in = -LET_IN_EVERY  # loop time the group's only run last let others in
 
     def add(self, item: Item) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
@@ -443,8 +475,18 @@ class _Group:
         if len(self.members) == 1 and len(self.pending) == 1 and self.inflight is None:
             # The group's only run: no other run can join this batch, and the run waits
             # for it. Written now, on the loop's thread, without the two loop iterations
-            # a batch waits for others (a durable agent turn commits twice).
-            self.flush()
+            # a batch waits for others (a durable agent turn commits twice); but, after a
+            # claim and then once every LET_IN_EVERY, one loop iteration later: the run
+            # waits for it, so the loop's other ready tasks (runs let in by a semaphore as
+            # others ended) get their turn and join the group. Otherwise a run of quick
+            # steps (run inline, core._threads.call_sync) never yields its loop.
+            now = self.loop.time()
+            if isinstance(first, RunHead) and now - self.let_in < LET_IN_EVERY:
+                self.flush()
+                return fut
+            self.let_in = now
+            self.scheduled = True
+            self.loop.call_soon(self.flush)
             return fut
         if not self.scheduled and self.inflight is None:
             self.scheduled = True

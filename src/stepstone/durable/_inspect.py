@@ -20,6 +20,7 @@ from stepstone.durable._journal_format import ENTRIES_KIND, expand
 from stepstone.durable._leases import LIVE_STATUSES, database_now, owner_alive
 from stepstone.durable._operations import OPERATION_ROWS, operation_rows
 from stepstone.durable._queue import existing_queue
+from stepstone.durable._shape import run_shape
 from stepstone.exceptions import CorruptRecordError
 from stepstone.store._base import (
     RUN_STATUSES,
@@ -34,6 +35,7 @@ from stepstone.store._store import Store, key_problem
 from stepstone.store._views import is_internal_kind
 
 __all__ = [
+    "LIST_GROUPS",
     "ResumeVerdict",
     "agent_key",
     "damaged_runs",
@@ -45,6 +47,7 @@ __all__ = [
     "query_runs",
     "owner_state",
     "run_detail",
+    "run_listing",
     "rewind_steps",
     "run_summary",
     "run_timeline",
@@ -284,6 +287,167 @@ def query_runs(
     ]
 
 
+#: The groups a listing may show instead of a status: runs whose owner died and that
+#: nobody took over (``stranded``), runs that sleep or wait for a message (``waiting``),
+#: and queued runs that no worker has started yet (``queued``).
+LIST_GROUPS = ("stranded", "waiting", "queued")
+
+
+def run_listing(
+    store: Store,
+    *,
+    statuses: Sequence[str] = (),
+    kinds: Sequence[str] = (),
+    prefix: str | None = None,
+    error_text: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    newer_than: float | None = None,
+    group: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """A page of runs for the inspector's list, most recently updated first, with counts:
+    ``{"total", "runs", "counts"}``.
+
+    The filters are :func:`query_runs`'s; ``group`` (one of :data:`LIST_GROUPS`) shows
+    only that group. ``counts`` gives, for the runs the other filters keep (all but
+    ``statuses`` and ``group``), how many have each status and how many are in each
+    group. Each run is :func:`run_summary`'s, with ``queue`` (the queue it was last
+    submitted to, or None), ``entry_status`` (that entry's status), ``waiting`` (what it
+    sleeps or waits for, or None) and ``error`` (its error's message); a queued run not
+    started yet has status ``queued`` and no kind.
+
+    Raises:
+        ValueError: a negative ``limit`` or ``offset``, an unknown status or group.
+    """
+    if (limit is not None and limit < 0) or offset < 0:
+        raise ValueError(
+            f"limit and offset must be >= 0 (limit=None for all runs), got limit={limit!r}, "
+            f"offset={offset!r}"
+        )
+    if group is not None and group not in LIST_GROUPS:
+        raise ValueError(f"unknown group {group!r}; pass one of {', '.join(LIST_GROUPS)}")
+    bad = sorted(set(statuses) - set(RUN_STATUSES))
+    if bad:
+        raise ValueError(f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}")
+    now = database_now(store) if now is None else now
+    every = store.backend.run_list(prefix or None)
+    known = {h.key for h in every}
+    heads = filter_heads(every, kinds=kinds, older_than=older_than, newer_than=newer_than, now=now)
+    if error_text:
+        needle = error_text.casefold()
+        heads = [h for h in heads if needle in _error_words(h).casefold()]
+    found = existing_queue(store)
+    entries = found.entries(None, None) if found is not None else []
+    latest: dict[str, QueueEntry] = {}
+    for entry in sorted(entries, key=lambda e: e.created_at):
+        latest[entry.run_key] = entry
+    if queue is not None:
+        in_queue = {e.run_key for e in entries if e.queue == queue}
+        heads = [h for h in heads if h.key in in_queue]
+    taken = successors(store, heads, prefix=prefix or None)
+    stranded = {
+        h.key
+        for h in heads
+        if h.status in LIVE_STATUSES
+        and not owner_alive(h, now=now)
+        and h.key not in taken
+        and not is_internal_kind(h.kind)
+    }
+    timers: dict[str, dict[str, Any]] = {}
+    for timer in store.backend.timers(None):
+        if timer.run_key in timers:
+            continue
+        due = timer.wake_at is not None and timer.wake_at <= now
+        timers[timer.run_key] = {
+            "state": "due" if due else ("sleeping" if timer.topic is None else "waiting"),
+            "until": timer.wake_at,
+            "topic": timer.topic,
+            "since": timer.since,
+        }
+    waiting = {h.key for h in heads if h.key in timers}
+    queued = [
+        e
+        for e in latest.values()
+        if e.status in ("queued", "running")
+        and e.run_key not in known
+        and f"agent:{e.run_key}:checkpoint:latest" not in known  # a queued agent run's record
+        and (prefix is None or e.run_key.startswith(prefix))
+        and (queue is None or e.queue == queue)
+        and not kinds
+        and not error_text
+        and (older_than is None or now - e.updated_at >= older_than)
+        and (newer_than is None or now - e.updated_at <= newer_than)
+    ]
+    counts: dict[str, int] = dict.fromkeys(RUN_STATUSES, 0)
+    for h in heads:
+        counts[h.status] = counts.get(h.status, 0) + 1
+    counts.update(stranded=len(stranded), waiting=len(waiting), queued=len(queued))
+    if group == "queued":
+        queued.sort(key=lambda e: (e.created_at, e.run_key), reverse=True)
+        page_entries = queued[offset : None if limit is None else offset + limit]
+        return {
+            "total": len(queued),
+            "runs": [_queued_summary(e, now) for e in page_entries],
+            "counts": counts,
+        }
+    if group == "stranded":
+        heads = [h for h in heads if h.key in stranded]
+    elif group == "waiting":
+        heads = [h for h in heads if h.key in waiting]
+    if statuses:
+        heads = [h for h in heads if h.status in statuses]
+    page = heads[offset : None if limit is None else offset + limit]
+    faults = damaged_runs(store, [h.key for h in page])
+    runs = []
+    for head in page:
+        summary = run_summary(
+            head, now=now, superseded_by=taken.get(head.key), damaged=faults.get(head.key)
+        )
+        last = latest.get(head.key) or latest.get(_agent_run_id(head.key))
+        err = _error_of(head)
+        summary.update(
+            queue=None if last is None else last.queue,
+            entry_status=None if last is None else last.status,
+            waiting=timers.get(head.key),
+            error=None if err is None else err.get("message"),
+        )
+        runs.append(summary)
+    return {"total": len(heads), "runs": runs, "counts": counts}
+
+
+def _agent_run_id(key: str) -> str:
+    """The run id of an agent run's key (:func:`agent_key`), "" for any other key."""
+    head, tail = "agent:", ":checkpoint:latest"
+    return key[len(head) : -len(tail)] if key.startswith(head) and key.endswith(tail) else ""
+
+
+def _queued_summary(entry: QueueEntry, now: float) -> dict[str, Any]:
+    """A queued run no worker started yet, as a row of :func:`run_listing`."""
+    return {
+        "key": entry.run_key,
+        "kind": None,
+        "status": "queued",
+        "next_step": None,
+        "owner": "none",
+        "lease_expires_in": None,
+        "steps": 0,
+        "created_at": entry.created_at,
+        "updated_at": entry.updated_at,
+        "age_seconds": round(now - entry.updated_at, 1),
+        "error_type": None,
+        "error": None,
+        "cancel_requested": False,
+        "superseded_by": None,
+        "queue": entry.queue,
+        "entry_status": entry.status,
+        "target": entry.target,
+        "waiting": None,
+    }
+
+
 def _error_words(head: RunHead) -> str:
     """A run's error as one line of text (``type: message``), "" when it has none."""
     err = _error_of(head)
@@ -472,10 +636,15 @@ def with_times(entries: list[dict[str, Any]], *, created_at: float) -> list[dict
     return entries
 
 
-def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str, Any] | None:
+def run_detail(
+    store: Store, key: str, *, now: float | None = None, diagram: bool = False
+) -> dict[str, Any] | None:
     """Everything about one run: summary, head meta, its timeline, the tool calls it waits
     on (``pending_approvals``) and, for an agent run, ``agent``: its phases, its effects
-    with their replay counts and its final state (see :func:`agent_view`)."""
+    with their replay counts and its final state (see :func:`agent_view`). With
+    ``diagram``, also ``diagram``: the shape of a Plan, graph or ReplanEngine run with
+    each node's state (:func:`~stepstone.durable._shape.run_shape`; None for other
+    kinds)."""
     found = read_salvaged(store.backend, key)
     if found is None:
         return None
@@ -497,6 +666,8 @@ def run_detail(store: Store, key: str, *, now: float | None = None) -> dict[str,
         detail["agent"] = agent_view(head, rows)
     if head.kind == "workflow" and problem is None:
         detail["operations"] = operation_rows(head, rows)
+    if diagram:
+        detail["diagram"] = run_shape(head, rows, now=now)
     return detail
 
 
@@ -678,7 +849,8 @@ def _entry_without_run(store: Store, key: str) -> QueueEntry | None:
 
 
 def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
-    """Where two runs diverged: their common prefix length and the first differing entries.
+    """Where two runs diverged: their common prefix length and the first differing entries,
+    the entries they share (``same``) and those of each after it (``only_a``, ``only_b``).
 
     Raises:
         KeyError: one of the keys holds no run (the message names it).
@@ -711,4 +883,5 @@ def diff_runs(store: Store, key_a: str, key_b: str) -> dict[str, Any]:
         },
         "only_a": a[same:],
         "only_b": b[same:],
+        "same": a[:same],
     }

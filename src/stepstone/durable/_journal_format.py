@@ -145,10 +145,7 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> list[list[Any]] | 
                 if inner is not None:
                     out += inner
                     continue
-            elif kind is list:
-                if _same(old, new):
-                    continue
-            elif old == new:
+            elif _same(old, new) if kind is list else old == new:  # a list: types inside too
                 continue
         out.append([key, new])
     return out

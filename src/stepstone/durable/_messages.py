@@ -15,7 +15,6 @@ changes made by another process.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -37,6 +36,7 @@ __all__ = [
     "aevents",
     "aget_event",
     "asend",
+    "check_store",
     "decode_value",
     "encode_value",
     "events",
@@ -82,6 +82,20 @@ def check_name(what: str, value: Any) -> str:
     return value
 
 
+def check_store(store: Any, what: str) -> Store:
+    """``store`` if it is a :class:`~stepstone.Store`.
+
+    Raises:
+        ConfigurationTypeError: it is not, naming ``what`` took it and how to make one.
+    """
+    if not isinstance(store, Store):
+        raise ConfigurationTypeError(
+            f"{what} takes a Store as its first argument (Store(db='app.sqlite') or "
+            f"Store(url='postgresql://...')), got {store!r:.80}"
+        )
+    return store
+
+
 def _run_key(key: Any) -> str:
     try:
         return check_key(key, "run key")
@@ -106,6 +120,7 @@ def send(store: Store, key: str, topic: str, value: Any) -> int:
         SerializationError: ``value`` cannot be stored (nothing was stored).
         ConfigurationError: ``key`` or ``topic`` is not a non-empty str a store can keep.
     """
+    check_store(store, "stepstone.send")
     key = _run_key(key)
     check_name("topic", topic)
     text = encode_value(value, f"the message to {key!r} on topic {topic!r}")
@@ -166,13 +181,16 @@ class _Ending:
 
 def run_outcome(store: Store, key: str) -> RunOutcome | None:
     """How the run under ``key`` ended, or None while it has not (or does not exist)."""
-    return _Ending(store, _run_key(key)).outcome()
+    return _Ending(check_store(store, "run_outcome"), _run_key(key)).outcome()
 
 
 def _deadline(timeout: float | None) -> float | None:
     if timeout is None:
         return None
-    return time.monotonic() + check_number("timeout", timeout, -math.inf)
+    try:
+        return time.monotonic() + check_number("timeout", timeout, 0)
+    except ConfigurationError as exc:
+        raise type(exc)(f"{exc} (0: look once; None: wait without a limit)") from None
 
 
 def _poll(poll: float | None, sub: Subscription) -> float:
@@ -191,6 +209,7 @@ def get_event(
     Raises:
         ConfigurationError: a bad key, name, timeout or poll interval.
     """
+    check_store(store, "get_event")
     key = _run_key(key)
     check_name("event name", name)
     deadline = _deadline(timeout)
@@ -216,6 +235,7 @@ async def aget_event(
 ) -> Any:
     """Async :func:`get_event` (its looks at the store in a worker thread, its waits on
     the event loop)."""
+    check_store(store, "aget_event")
     key = _run_key(key)
     check_name("event name", name)
     deadline = _deadline(timeout)
@@ -238,6 +258,7 @@ async def aget_event(
 
 def events(store: Store, key: str) -> dict[str, Any]:
     """Every event the run under ``key`` set, with its last value, by name."""
+    check_store(store, "events")
     key = _run_key(key)
     return {e.name: decode_value(e.data) for e in store.backend.events(key)}
 
@@ -317,7 +338,7 @@ class StreamReader:
         timeout: float | None = None,
         poll: float | None = None,
     ) -> None:
-        self.store = store
+        self.store = check_store(store, "StreamReader")
         self.key = _run_key(key)
         self.name = check_name("stream name", name)
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:

@@ -9,6 +9,7 @@ lost and no step runs after the cancel is seen.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from typing import Any
@@ -21,6 +22,7 @@ from stepstone.durable._operations import cut_rows
 from stepstone.durable._queue import existing_queue
 from stepstone.exceptions import (
     CheckpointCorruptError,
+    StoreError,
     StoreKeyConflictError,
     UserError,
 )
@@ -171,6 +173,10 @@ def cancel_run(store: Store, key: str, *, reason: str = "cancelled") -> str:
     try:
         store.backend.run_transact(key, decide)
         outcome.append(said[0])
+        if said[0].startswith("cancel requested"):
+            # a live owner waiting (a sleep, a receive) looks at its run again now
+            with contextlib.suppress(StoreError):
+                store.backend.notify_run(key)
     except _Absent:
         if entry is None:
             raise _missing(store, key) from None

@@ -344,12 +344,15 @@ def resume_collector() -> None:
             gc.enable()
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _load(
     key: str, rows: Sequence[JournalRow], rerun: Sequence[str]
 ) -> tuple[dict[str, Entry], list[tuple[JournalRow, Any]]]:
     entries: dict[str, Entry] = {}
     others: list[tuple[JournalRow, Any]] = []
-    loads = json.loads
+    loads = _DECODER.decode  # json.loads without its per-call checks (the rows are text)
     for row in rows:
         try:
             data = loads(row.data)
@@ -372,7 +375,20 @@ def _load(
                 or type(record[2]) is not dict
             ):
                 raise _corrupt(key, f"journal row {row.seq} (ops) holds a damaged record")
-            _apply(key, entries, row.seq, *record)
+            kind, pos, rec = record
+            # The two usual records, applied here (a long journal holds one of each per
+            # step); anything else goes through _apply, which checks and names it.
+            if kind == "outcome":
+                entry = entries.get(pos)
+                if entry is not None and ("value" in rec or "error" in rec):
+                    entry.outcome = rec
+                    continue
+            elif kind == "intent" and pos not in entries:
+                op, name = rec.get("op"), rec.get("name")
+                if type(op) is str and type(name) is str:
+                    entries[pos] = Entry(op, name, rec)
+                    continue
+            _apply(key, entries, row.seq, kind, pos, rec)
     for pos in rerun:
         entry = entries.get(pos)
         if entry is not None and entry.outcome is not None and "error" in entry.outcome:
@@ -636,6 +652,23 @@ class OperationJournal:
                 continue
             await self._flush("running")
 
+    async def commit_now(self) -> None:
+        """Commit now, even with nothing buffered: a wait that found its run's cancel
+        requested lets the kernel's commit record the cancel (the run ``failed``), which
+        raises :class:`RunCancelledError` and ends the journal's writes.
+
+        Raises:
+            RunCancelledError: the run was cancelled.
+            ConcurrentRunError: the run lost its ownership; nothing more is written.
+        """
+        while self._flushing:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if self._lost is not None:
+            raise self._lost
+        await self._flush(self.run.head.status)
+
     async def _flush(
         self, status: str, rows: Sequence[Row] = (), meta: dict[str, Any] | None = None
     ) -> None:
@@ -785,10 +818,7 @@ class OperationJournal:
             Exception: the operation's error (recorded), or the recorded one replayed.
         """
         if self.closed:
-            raise RuntimeError(
-                f"{self.what} (key {self.key!r}) has ended: {op} {name!r} was called from a "
-                "task it started and did not wait for; await every task the body starts"
-            )
+            raise self._ended(op, name)
         if found is _UNSET:
             pos = self.position() if position is None else position
             entry = self.check(pos, op, name, args, check_args=check_args)
@@ -801,17 +831,50 @@ class OperationJournal:
             self.end_replay()  # the first operation past what the journal recorded
         attempt = 1
         if entry is not None:  # started before: in doubt, or a failed run's error
-            if not entry.rerun and in_doubt == "fail":
-                raise EffectInDoubtError(
-                    f"{self.what} (key {self.key!r}): {op} {name!r} at position {pos} started "
-                    "before a crash and has no recorded outcome; it declares in_doubt='fail', "
-                    "so it is not run again. Check the external system for its effect, then "
-                    f"settle it (record its outcome) or start a new run (or declare "
-                    "in_doubt='rerun' if the call is idempotent)"
-                )
-            attempt = entry.starts + len(entry.failures) + 1
-            note = entry.intent.get("note", note)
-            log.info("stepstone: %s %r at %s of %r runs again", op, name, pos, self.key)
+            attempt, note = self._again(entry, pos, op, name, in_doubt, note)
+        intent = self._intent(pos, entry, op, name, args, attempt, note, in_doubt, describe)
+        self._next_step = f"{pos} {name}"
+        await self.commit(self.add("intent", pos, intent))
+        return await self._attempts(
+            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait, lazy
+        )
+
+    def _ended(self, op: str, name: str) -> RuntimeError:
+        return RuntimeError(
+            f"{self.what} (key {self.key!r}) has ended: {op} {name!r} was called from a "
+            "task it started and did not wait for; await every task the body starts"
+        )
+
+    def _again(
+        self, entry: Entry, pos: str, op: str, name: str, in_doubt: InDoubt, note: Any
+    ) -> tuple[int, Any]:
+        """An operation that started before (in doubt, or a failed run's error) runs again:
+        its attempt number and note (the first attempt's)."""
+        if not entry.rerun and in_doubt == "fail":
+            raise EffectInDoubtError(
+                f"{self.what} (key {self.key!r}): {op} {name!r} at position {pos} started "
+                "before a crash and has no recorded outcome; it declares in_doubt='fail', "
+                "so it is not run again. Check the external system for its effect, then "
+                f"settle it (record its outcome) or start a new run (or declare "
+                "in_doubt='rerun' if the call is idempotent)"
+            )
+        log.info("stepstone: %s %r at %s of %r runs again", op, name, pos, self.key)
+        return entry.starts + len(entry.failures) + 1, entry.intent.get("note", note)
+
+    def _intent(
+        self,
+        pos: str,
+        entry: Entry | None,
+        op: str,
+        name: str,
+        args: Any,
+        attempt: int,
+        note: Any,
+        in_doubt: InDoubt,
+        describe: Callable[[], dict[str, Any]] | None,
+    ) -> dict[str, Any]:
+        """An operation's intent row (its keys in this order: the journal's format), set
+        as its entry's (a new entry, or the one that runs again)."""
         intent: dict[str, Any] = {"op": op, "name": name, "args": args}
         intent["input_hash"] = hash_json(args)
         if attempt > 1:
@@ -827,11 +890,7 @@ class OperationJournal:
             self.entries[pos] = Entry(op, name, intent)
         else:
             entry.intent, entry.starts, entry.rerun = intent, entry.starts + 1, False
-        self._next_step = f"{pos} {name}"
-        await self.commit(self.add("intent", pos, intent))
-        return await self._attempts(
-            pos, op, name, invoke, attempt, note, retries, retry_delay, max_retry_delay, wait, lazy
-        )
+        return intent
 
     async def _attempts(
         self,
@@ -933,6 +992,25 @@ class OperationJournal:
             mark = self.add_extras(extras)
         return mark
 
+    def conclude(
+        self, pos: str, entry: Entry, value: Any, extras: ExtraWrites | None = None
+    ) -> int:
+        """Record the outcome of the operation at ``pos`` whose intent an earlier attempt
+        committed (``entry``, found with :meth:`lookup`, no outcome yet) without running it
+        again: for an operation whose work is already over when the run comes back to it
+        (a sleep past its wake time, a message waiting for a receive). The outcome (with
+        ``extras``) is buffered; returns the mark :meth:`commit` waits for. The caller
+        commits it, or leaves it for the next commit when a crash before then may safely
+        find the intent again and do the same."""
+        self.end_replay()  # the first operation past what the journal recorded
+        outcome: dict[str, Any] = {"op": entry.op, "name": entry.name, "value": value, "ms": 0.0}
+        entry.outcome = outcome
+        self.done += 1
+        mark = self.add("outcome", pos, outcome)
+        if extras:
+            mark = self.add_extras(extras)
+        return mark
+
     def record_done(
         self,
         pos: str,
@@ -1028,38 +1106,44 @@ def operation_rows(head: RunHead, rows: list[JournalRow]) -> list[dict[str, Any]
         entries, _ = load_entries(head.key, rows)
     except WorkflowCorruptError as exc:
         raise ValueError(str(exc)) from None
-    out: list[dict[str, Any]] = []
-    for pos, entry in iter_positions(entries):
-        outcome = entry.outcome
-        if outcome is None and entry.rerun:
-            state = "not run"  # a cancel (or a failed run's rewind) stopped it before it ran
-        elif outcome is None:
-            state = "running" if head.status in ("claimed", "running") else "in doubt"
-        else:
-            state = "failed" if "error" in outcome else "done"
-        item: dict[str, Any] = {
-            "position": pos,
-            "op": entry.op,
-            "name": entry.name,
-            "status": state,
-            "args": untag(entry.intent.get("args")),
-            "attempts": entry.starts + len(entry.failures),
-            "started_at": entry.intent.get("at"),
-            "ms": None if outcome is None else outcome.get("ms"),
-        }
-        if outcome is not None and "value" in outcome:
-            item["value"] = untag(outcome["value"])
-        if outcome is not None and "error" in outcome:
-            item["error"] = outcome["error"]
-        if outcome is not None and isinstance(outcome.get("summary"), dict):
-            item["summary"] = outcome["summary"]
-        if entry.failures:
-            item["failed_attempts"] = entry.failures
-        for extra in ("key", "in_doubt"):
-            if extra in entry.intent:
-                item[extra] = entry.intent[extra]
-        out.append(item)
-    return out
+    return [_operation_row(pos, entry, head.status) for pos, entry in iter_positions(entries)]
+
+
+def _operation_state(entry: Entry, run_status: str) -> str:
+    """What an operation's row in a listing says of it (``run_status``: its run's)."""
+    outcome = entry.outcome
+    if outcome is None and entry.rerun:
+        return "not run"  # a cancel (or a failed run's rewind) stopped it before it ran
+    if outcome is None:
+        return "running" if run_status in ("claimed", "running") else "in doubt"
+    return "failed" if "error" in outcome else "done"
+
+
+def _operation_row(pos: str, entry: Entry, run_status: str) -> dict[str, Any]:
+    """One operation of :func:`operation_rows`."""
+    outcome = entry.outcome
+    item: dict[str, Any] = {
+        "position": pos,
+        "op": entry.op,
+        "name": entry.name,
+        "status": _operation_state(entry, run_status),
+        "args": untag(entry.intent.get("args")),
+        "attempts": entry.starts + len(entry.failures),
+        "started_at": entry.intent.get("at"),
+        "ms": None if outcome is None else outcome.get("ms"),
+    }
+    if outcome is not None and "value" in outcome:
+        item["value"] = untag(outcome["value"])
+    if outcome is not None and "error" in outcome:
+        item["error"] = outcome["error"]
+    if outcome is not None and isinstance(outcome.get("summary"), dict):
+        item["summary"] = outcome["summary"]
+    if entry.failures:
+        item["failed_attempts"] = entry.failures
+    for extra in ("key", "in_doubt"):
+        if extra in entry.intent:
+            item[extra] = entry.intent[extra]
+    return item
 
 
 def find_position(key: str, entries: dict[str, Entry], spec: str) -> str:
@@ -1244,8 +1328,6 @@ def approve_operation(
             calls it asks about), it is live, or another decision stands and ``replace``
             is False.
     """
-    from stepstone.durable._kernel import ownership_error
-    from stepstone.durable._leases import owner_alive
     from stepstone.durable._records import read_run
     from stepstone.exceptions import ApprovalTargetError
 
@@ -1282,7 +1364,31 @@ def approve_operation(
             "Give the decision again with replace=True (`stepstone approve --replace`) to "
             "change it"
         )
-    pos = match["position"]
+    stopped = _record_approval(store, key, head, rows, match["position"], decision)
+    undecided = [c for c in asked if c["decision"] is None and c["call_id"] != call_id]
+    if stopped and not undecided:
+        from stepstone.durable._queue import requeue_run
+
+        result["requeued"] = requeue_run(store, key)
+    return result
+
+
+def _record_approval(
+    store: Store,
+    key: str,
+    head: RunHead,
+    rows: Sequence[JournalRow],
+    pos: str,
+    decision: bool | str,
+) -> bool:
+    """Append ``decision`` as the outcome of the ``approval`` operation at ``pos`` of the
+    run under ``key`` (as read: ``head`` and its journal ``rows``), in one transaction with
+    its head; refused when the run changed since read or is live. A run that failed asking
+    is left paused. True when the run had stopped (paused, or failed asking)."""
+    from stepstone.durable._kernel import ownership_error
+    from stepstone.durable._leases import owner_alive
+    from stepstone.exceptions import ApprovalTargetError
+
     entry = load_entries(key, rows)[0][pos]
     outcome = {
         "op": "approval",
@@ -1319,12 +1425,7 @@ def approve_operation(
         return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
 
     store.backend.run_transact(key, decide)
-    undecided = [c for c in asked if c["decision"] is None and c["call_id"] != call_id]
-    if stopped == [True] and not undecided:
-        from stepstone.durable._queue import requeue_run
-
-        result["requeued"] = requeue_run(store, key)
-    return result
+    return stopped == [True]
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 from typing import Any
 
@@ -18,6 +19,12 @@ from stepstone.store._webhooks import WebhookRecord
 __all__ = [
     "EVENT",
     "claim_due_webhooks",
+    "drop_queue_webhook",
+    "queue_webhook",
+    "queue_webhooks",
+    "set_queue_webhook",
+    "subscribe_queue_runs",
+    "subscribe_queued_run",
     "record_webhook_attempt",
     "settle_ended_webhooks",
     "subscribe_webhook",
@@ -178,3 +185,142 @@ def record_webhook_attempt(
         ),
         record.version,
     )
+
+
+# -- a queue's webhook: every run of the queue told to one URL when it ends ----------------
+
+
+def _queue_id(queue: str) -> str:
+    return f"queue:{queue}"
+
+
+def queue_webhook(store: Store, queue: str) -> WebhookRecord | None:
+    """The standing order of ``queue`` (``status`` ``subscribed``), or None."""
+    found = store.backend.webhook_get(_queue_id(queue))
+    return found if found is not None and found.status == "subscribed" else None
+
+
+def queue_webhooks(store: Store) -> list[WebhookRecord]:
+    """Every queue's standing order."""
+    return store.backend.webhook_list(None, ("subscribed",))
+
+
+def _since(record: WebhookRecord) -> tuple[str, float]:
+    data = json.loads(record.payload or "{}")
+    return str(data["queue"]), float(data["since"])
+
+
+def set_queue_webhook(store: Store, queue: str, url: str) -> WebhookRecord:
+    """Have the end of every run submitted to ``queue`` from now on told to ``url`` (one
+    URL per queue: a second call replaces the first from then on). Kept in the outbox
+    table as the record ``queue:NAME``, so every server on the store sends them."""
+    backend = store.backend
+    for _ in range(10):
+        now = backend.clock()
+        payload = json.dumps({"queue": queue, "since": now})
+        found = backend.webhook_get(_queue_id(queue))
+        if found is None:
+            record = WebhookRecord(
+                id=_queue_id(queue),
+                run_key="",
+                url=url,
+                event=EVENT,
+                status="subscribed",
+                payload=payload,
+                attempts=0,
+                next_at=0.0,
+                lease_until=0.0,
+                owner=None,
+                log="[]",
+                created_at=now,
+                updated_at=now,
+                version=0,
+            )
+            if backend.webhook_add(record):
+                return record
+            continue
+        record = dataclasses.replace(
+            found,
+            url=url,
+            status="subscribed",
+            payload=payload,
+            updated_at=now,
+            version=found.version + 1,
+        )
+        if backend.webhook_update(record, found.version):
+            return record
+    raise RuntimeError(f"the webhook of queue {queue!r} kept changing under this call; try again")
+
+
+def drop_queue_webhook(store: Store, queue: str) -> bool:
+    """Stop telling ``queue``'s URL about runs submitted from now on (deliveries already
+    recorded still go); whether it had one."""
+    backend = store.backend
+    for _ in range(10):
+        found = queue_webhook(store, queue)
+        if found is None:
+            return False
+        dropped = dataclasses.replace(
+            found, status="dropped", updated_at=backend.clock(), version=found.version + 1
+        )
+        if backend.webhook_update(dropped, found.version):
+            return True
+    raise RuntimeError(f"the webhook of queue {queue!r} kept changing under this call; try again")
+
+
+def _delivery_id(order: WebhookRecord, entry_id: str) -> str:
+    """The delivery of one queue entry's end to the queue's URL: the same id whichever
+    server records it, however often (so it is recorded once)."""
+    digest = hashlib.sha256(f"{order.url}\0{order.payload}".encode()).hexdigest()[:12]
+    return f"msg_q{digest}_{entry_id}"
+
+
+def subscribe_queue_runs(store: Store, seen: set[str] | None = None) -> int:
+    """Record a delivery for each entry submitted to a subscribed queue since it was
+    subscribed that has none yet (``waiting`` until its run ends); ``seen``: the entry ids
+    this caller already handled, skipped (and added to). Returns how many it recorded."""
+    orders = queue_webhooks(store)
+    if not orders:
+        return 0
+    found = existing_queue(store)
+    if found is None:
+        return 0
+    seen = set() if seen is None else seen
+    added = 0
+    for order in orders:
+        queue, since = _since(order)
+        for entry in found.entries(queue, None):
+            mark = f"{order.id}@{order.version}:{entry.id}"
+            if entry.created_at < since or mark in seen:
+                continue
+            added += _add_delivery(store, order, entry.run_key, entry.id)
+            seen.add(mark)
+    return added
+
+
+def subscribe_queued_run(store: Store, queue: str, run_key: str, entry_id: str) -> bool:
+    """Record the delivery of a run just submitted to ``queue`` when the queue has a
+    webhook (what :func:`subscribe_queue_runs` would do a moment later)."""
+    order = queue_webhook(store, queue)
+    return order is not None and bool(_add_delivery(store, order, run_key, entry_id))
+
+
+def _add_delivery(store: Store, order: WebhookRecord, run_key: str, entry_id: str) -> int:
+    now = store.backend.clock()
+    record = WebhookRecord(
+        id=_delivery_id(order, entry_id),
+        run_key=run_key,
+        url=order.url,
+        event=EVENT,
+        status="waiting",
+        payload=None,
+        attempts=0,
+        next_at=0.0,
+        lease_until=0.0,
+        owner=None,
+        log="[]",
+        created_at=now,
+        updated_at=now,
+        version=0,
+    )
+    return int(store.backend.webhook_add(record))

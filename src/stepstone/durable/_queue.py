@@ -140,7 +140,13 @@ def _unicode(text: str) -> bool:
 
 
 def queue_backend(store: Store) -> QueueBackend:
-    """The work queue that lives in ``store``'s database (created on first use)."""
+    """The work queue that lives in ``store``'s database (created on first use).
+
+    Raises:
+        ConfigurationTypeError: ``store`` is not a Store.
+        UserError: a store without a work queue (the memory store).
+    """
+    _check_store(store)
     found = _queues.get(store)
     if found is not None:
         return found
@@ -532,10 +538,19 @@ def _entry_named(entries: list[QueueEntry], ref: str) -> QueueEntry:
     )
 
 
+def _check_store(store: Any) -> Store:
+    if not isinstance(store, Store):
+        raise ConfigurationTypeError(
+            "the work queue lives in a Store: pass Store(db='app.sqlite') or "
+            f"Store(url='postgresql://...'), got {store!r:.80}"
+        )
+    return store
+
+
 def existing_queue(store: Store) -> QueueBackend | None:
     """The work queue in ``store``'s database, or None when it has none (a SQLite file no
     run was ever submitted to is left without one; the memory store has none)."""
-    backend = store.backend
+    backend = _check_store(store).backend
     from stepstone.store._sqlite import SQLiteBackend
 
     if isinstance(backend, SQLiteBackend):
@@ -567,7 +582,7 @@ class RunHandle:
             )
         if key is not None:
             check_name("key", key)
-        self.store = store
+        self.store = _check_store(store)
         self.id = id
         self._key = key
 

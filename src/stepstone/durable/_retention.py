@@ -138,11 +138,7 @@ def _plan(
         matching.sort(key=lambda h: (h.updated_at, h.key), reverse=True)
         for rank, head in enumerate(matching):
             age = now - head.updated_at
-            reason: Reason | None = None
-            if ttl is not None and age > ttl:
-                reason = "ttl"
-            elif retention.keep_last is not None and rank >= retention.keep_last:
-                reason = "keep_last"
+            reason = _reason(age, rank, ttl, retention.keep_last)
             if reason is None or head.key in chosen:
                 continue
             if age < min_age:
@@ -156,6 +152,16 @@ def _plan(
             chosen[head.key] = (head, reason)
     ordered = sorted(chosen.values(), key=lambda c: (c[0].updated_at, c[0].key))
     return ordered, live, [key for key in young if key not in chosen]
+
+
+def _reason(age: float, rank: int, ttl: float | None, keep_last: int | None) -> Reason | None:
+    """Why the policy selects a matching run ``age`` seconds old, ``rank`` in its group
+    (0: the most recently updated), or None when it keeps it."""
+    if ttl is not None and age > ttl:
+        return "ttl"
+    if keep_last is not None and rank >= keep_last:
+        return "keep_last"
+    return None
 
 
 def prune(
@@ -203,9 +209,8 @@ def prune(
     chosen, live, young = _plan(heads, policy, now=now)
     min_age = policy.min_age.total_seconds()
     if dry_run:
-        deleted = [_pruned(h, r, _fork_values(store, h)) for h, r in chosen]
         return PruneReport(
-            deleted=deleted,
+            deleted=[_pruned(h, r, _fork_values(store, h)) for h, r in chosen],
             skipped_live=live,
             skipped_changed=[],
             dry_run=True,
@@ -217,14 +222,7 @@ def prune(
     if progress is not None:
         progress(0, len(chosen))  # the deletes start
     try:
-        for i, (head, reason) in enumerate(chosen, 1):
-            values = prune_run(store, head)
-            if values is None:
-                changed.append(head.key)
-            else:
-                done.append(_pruned(head, reason, values))
-            if progress is not None:
-                progress(i, len(chosen))
+        _delete(store, chosen, progress, done, changed)
     except KeyboardInterrupt as exc:
         if isinstance(exc, PruneInterrupted):
             raise
@@ -246,6 +244,26 @@ def prune(
         skipped_young=young,
         min_age=min_age,
     )
+
+
+def _delete(
+    store: Store,
+    chosen: list[tuple[RunHead, Reason]],
+    progress: Callable[[int, int], None] | None,
+    done: list[PrunedRun],
+    changed: list[str],
+) -> None:
+    """Delete the ``chosen`` runs one by one, each as it was read: those deleted go to
+    ``done``, the keys of those that changed meanwhile to ``changed`` (so that an interrupt
+    leaves both saying what happened)."""
+    for i, (head, reason) in enumerate(chosen, 1):
+        values = prune_run(store, head)
+        if values is None:
+            changed.append(head.key)
+        else:
+            done.append(_pruned(head, reason, values))
+        if progress is not None:
+            progress(i, len(chosen))
 
 
 def _pruned(head: RunHead, reason: Reason, values: Iterable[str]) -> PrunedRun:

@@ -192,6 +192,43 @@ def settle_effect(
             while the settlement was being written (nothing was).
         ConcurrentRunError: a live process owns the run: stop it, or wait for it to end.
     """
+    _check_settlement(happened, result, note)
+    value = to_json_value(result, where="settle_effect(result=...)", strict=True)
+    workflow = _workflow_run(store, key)
+    if workflow is not None:  # its steps are operations of the kernel's operation journal
+        from stepstone.durable._operations import settle_operation
+
+        doubts = [d for d in in_doubt_effects(store, key) if effect in (d["position"], d["name"])]
+        step_head = settle_operation(store, key, effect, happened=happened, value=value)
+        return {
+            "key": key,
+            "run_key": key,
+            "position": doubts[0]["position"] if doubts else effect,
+            "kind": "step",
+            "name": doubts[0]["name"] if doubts else effect,
+            "call_id": None,
+            "happened": happened,
+            "result": value if happened else None,
+            "status": step_head.status,
+        }
+    head, e = _call_in_doubt(store, key, effect)
+    outcome = _settled_outcome(e["intent"], happened, value, note, store.backend.clock())
+    written = _write_outcome(store, head, e["position"], outcome)
+    return {
+        "key": key,
+        "run_key": head.key,
+        "position": e["position"],
+        "kind": e["kind"],
+        "name": e["name"],
+        "call_id": e["call_id"],
+        "happened": happened,
+        "result": value if happened else None,
+        "status": written.status,
+    }
+
+
+def _check_settlement(happened: bool, result: Any, note: str | None) -> None:
+    """Refuse a settlement's bad arguments (before anything is read)."""
     if not isinstance(happened, bool):
         raise UserError(f"happened= must be True or False, got {happened!r}")
     if not happened and result is not None:
@@ -201,23 +238,16 @@ def settle_effect(
         )
     if note is not None and not isinstance(note, str):
         raise UserError(f"note= must be a string or None, got {note!r:.100}")
-    value = to_json_value(result, where="settle_effect(result=...)", strict=True)
-    workflow = _workflow_run(store, key)
-    if workflow is not None:  # its steps are operations of the kernel's operation journal
-        from stepstone.durable._operations import settle_operation
 
-        step_head = settle_operation(store, key, effect, happened=happened, value=value)
-        return {
-            "key": key,
-            "run_key": key,
-            "position": effect,
-            "kind": "step",
-            "name": effect,
-            "call_id": None,
-            "happened": happened,
-            "result": value if happened else None,
-            "status": step_head.status,
-        }
+
+def _call_in_doubt(store: Store, key: str, effect: str) -> tuple[RunHead, dict[str, Any]]:
+    """The run (``key``'s, or one nested in it) and the call in doubt there that ``effect``
+    names (a position or a call id).
+
+    Raises:
+        UserError: no such call in doubt (the message lists those that are), or a call id
+            in doubt in two runs.
+    """
     found = [
         (head, e)
         for head in _runs(store, key)
@@ -240,8 +270,13 @@ def settle_effect(
             f"call id {effect!r} is in doubt in {len(found)} runs under {key!r} ({where}); "
             "settle each by its run key and position"
         )
-    head, e = found[0]
-    now = store.backend.clock()
+    return found[0]
+
+
+def _settled_outcome(
+    intent: dict[str, Any], happened: bool, value: Any, note: str | None, now: float
+) -> dict[str, Any]:
+    """The outcome row a settlement records for the call whose ``intent`` row is given."""
     settled: dict[str, Any] = {"happened": happened, "at": now}
     if note is not None:
         settled["note"] = note
@@ -249,8 +284,19 @@ def settle_effect(
     if happened:
         settled["result"] = value
         data["content"] = payload_text(value)
-    outcome = {f: e["intent"][f] for f in _INTENT_FIELDS if f in e["intent"]}
+    outcome = {f: intent[f] for f in _INTENT_FIELDS if f in intent}
     outcome.update({"output_hash": hash_json(data), "data": data})
+    return outcome
+
+
+def _write_outcome(store: Store, head: RunHead, position: str, outcome: dict[str, Any]) -> RunHead:
+    """Append ``outcome`` at ``position`` of the run ``head`` (as read) in one transaction
+    with its head, while no process owns it (a failed run is left paused); its new head.
+
+    Raises:
+        UserError: the run changed since it was read (nothing was written).
+        ConcurrentRunError: a live process owns the run.
+    """
 
     def decide(cur: RunHead | None, _kv: str | None) -> Claim:
         if cur is None or cur.version != head.version or cur.journal_len != head.journal_len:
@@ -263,10 +309,10 @@ def settle_effect(
             raise ownership_error(
                 cur.kind,
                 f"run {head.key!r} is live: a process owns it now, so its call "
-                f"{e['position']} cannot be settled; wait for it to stop, or cancel it "
+                f"{position} cannot be settled; wait for it to stop, or cancel it "
                 f"(`stepstone cancel {head.key}`), then settle it",
             )
-        rows = _journal_rows(cur.key, [("outcome", e["position"], outcome)], cur.journal_len)
+        rows = _journal_rows(cur.key, [("outcome", position, outcome)], cur.journal_len)
         new = cur.replace(
             status="paused" if cur.status == "failed" else cur.status,
             version=cur.version + 1,
@@ -277,14 +323,4 @@ def settle_effect(
 
     written = store.backend.run_transact(head.key, decide)
     assert written is not None
-    return {
-        "key": key,
-        "run_key": head.key,
-        "position": e["position"],
-        "kind": e["kind"],
-        "name": e["name"],
-        "call_id": e["call_id"],
-        "happened": happened,
-        "result": value if happened else None,
-        "status": written.status,
-    }
+    return written

@@ -51,6 +51,7 @@ from stepstone.durable._effects import DurableScope, current_scope
 from stepstone.durable._kernel import aclaim_run
 from stepstone.durable._messages import check_name, encode_value
 from stepstone.durable._operations import (
+    LAZY_COMMIT_DELAY,
     Call,
     Entry,
     OperationJournal,
@@ -59,8 +60,14 @@ from stepstone.durable._operations import (
 )
 from stepstone.durable._queue import check_number
 from stepstone.durable._records import blocking_call
-from stepstone.durable._waiting import parking
-from stepstone.exceptions import ConfigurationError, RunCancelledError, RunParked, UserError
+from stepstone.durable._waiting import Parking, parking
+from stepstone.exceptions import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    RunCancelledError,
+    RunParked,
+    UserError,
+)
 from stepstone.store._changes import run_topic
 from stepstone.store._extras import ExtraWrites, Message, Timer
 from stepstone.store._store import Store
@@ -187,7 +194,6 @@ async def _wait(
     backend = store.backend
     park = parking()
     started = time.monotonic()
-    run = where.journal.run
     with backend.changes().subscribe([run_topic(where.address)]) as sub:
         while True:
             if look is not None:
@@ -198,32 +204,54 @@ async def _wait(
             left = None if wake_at is None else wake_at - now
             if left is not None and left <= 0:
                 return None
-            head = await blocking_call(store, backend.run_get, where.address)
-            if head is not None and head.meta.get("cancel_requested"):
-                if head.key != run.key:  # a step's own journal: the step stops here
-                    raise RunCancelledError(
-                        f"run {where.address!r} was cancelled while a step of it waited"
-                    )
-                if head.run_uid == run.run_uid:
-                    # the cancel's own flow: a commit that finds it commits the run failed
-                    # with RunCancelledError and raises it
-                    await run.commit(status=run.head.status, next_step=run.head.next_step)
+            await _stop_if_cancelled(where)
             waited = time.monotonic() - started
             # A receive looks at every poll; a plain sleep, which only a cancel (or a change
             # of its run: a notification) can end early, at least a second apart.
             every = sub.feed.poll if topic is not None else max(sub.feed.poll, _SLEEP_LOOK)
             step = every if left is None else min(left, every)
             if park is not None:
-                await to_thread(park.check)  # the worker stops the run at once if cancelled
-                long = left is None or left > park.after
-                if long and (topic is None or waited >= park.after):
-                    raise RunParked(where.address, wake_at, () if topic is None else (topic,))
-                if topic is not None:
-                    step = min(step, max(0.0, park.after - waited))
+                step = await _park_if_long(where, park, wake_at, topic, left, waited, step)
             until = time.monotonic() + step
             while not await sub.await_change(max(0.0, until - time.monotonic())):
                 if time.monotonic() >= until:
                     break
+
+
+async def _stop_if_cancelled(where: _Where) -> None:
+    """Raise RunCancelledError when an operator asked to cancel the waiting run."""
+    store = where.store
+    run = where.journal.run
+    head = await blocking_call(store, store.backend.run_get, where.address)
+    if head is None or not head.meta.get("cancel_requested"):
+        return
+    if head.key != run.key:  # a step's own journal: the step stops here
+        raise RunCancelledError(f"run {where.address!r} was cancelled while a step of it waited")
+    if head.run_uid == run.run_uid:
+        # the cancel's own flow: a commit that finds it commits the run failed
+        # with RunCancelledError and raises it (the journal then writes no more)
+        await where.journal.commit_now()
+
+
+async def _park_if_long(
+    where: _Where,
+    park: Parking,
+    wake_at: float | None,
+    topic: str | None,
+    left: float | None,
+    waited: float,
+    step: float,
+) -> float:
+    """On a worker: raise RunParked when the wait (``left`` seconds; None: no limit) is
+    longer than its ``park_after`` (a receive first waits that long here); else how long
+    to wait before the next look (``step`` at most)."""
+    await to_thread(park.check)  # the worker stops the run at once if cancelled
+    long = left is None or left > park.after
+    if long and (topic is None or waited >= park.after):
+        raise RunParked(where.address, wake_at, () if topic is None else (topic,))
+    if topic is not None:
+        step = min(step, max(0.0, park.after - waited))
+    return step
 
 
 #: The longest a sleep waits between two looks at its run (seconds): how soon an
@@ -264,8 +292,13 @@ async def sleep_until(when: datetime | float) -> None:
                 "use datetime(..., tzinfo=UTC) or .astimezone()"
             )
         at = when.timestamp()
+    elif isinstance(when, bool) or not isinstance(when, int | float) or not math.isfinite(when):
+        raise ConfigurationTypeError(
+            f"sleep_until takes an aware datetime (datetime(..., tzinfo=UTC)) or a unix "
+            f"time in seconds (time.time() + 60), got {when!r:.80}"
+        )
     else:
-        at = check_number("when", when, -math.inf, unit="unix time")
+        at = float(when)
     where = await _where("sleep_until")
     if where is None:
         await asyncio.sleep(max(0.0, at - time.time()))
@@ -282,6 +315,17 @@ async def _timer(where: _Where, wake: Callable[[float], float]) -> None:
     now = await blocking_call(where.store, _clock, where.store)
     wake_at = _noted_wake(found, wake(now))
     name = where.timer_name(pos)
+    if found is not None and wake_at is not None and wake_at <= now:
+        # Back after its wake time (a parked run a worker took again, a run resumed after
+        # a crash): over without another intent or wait. In a body, the outcome goes with
+        # the run's next commit: a crash before it finds the intent again, past its time.
+        cleared = ExtraWrites(key=where.address, clear_timers=(name,))
+        mark = journal.conclude(pos, found, {"woke_at": now, "wake_at": wake_at}, cleared)
+        if journal.key == where.address:
+            journal.soon(LAZY_COMMIT_DELAY)
+        else:  # a step's own journal is released when the step returns: commit it now
+            await journal.commit(mark)
+        return
     timer = Timer(run_key=where.address, name=name, wake_at=wake_at, topic=None, since=now)
     journal.add_extras(ExtraWrites(key=where.address, timers=(timer,)))
 
@@ -358,10 +402,26 @@ async def recv(topic: str, timeout: float | None = None) -> Any:
     now = await blocking_call(store, _clock, store)
     wake_at = _noted_wake(found, None if timeout is None else now + timeout)
     name = where.timer_name(pos)
-    timer = Timer(run_key=address, name=name, wake_at=wake_at, topic=topic, since=now)
-    journal.add_extras(ExtraWrites(key=address, timers=(timer,)))
     lock = _RECV_LOCKS.setdefault(journal, {}).setdefault(topic, asyncio.Lock())
     backend = store.backend
+    if found is not None:
+        # Back at a receive that was waiting (a parked run a worker took again, a run
+        # resumed after a crash): a message already there, or a timeout already past, is
+        # its outcome at once, without another intent.
+        async with lock:
+            pending = await blocking_call(store, backend.message_next, address, topic)
+            cleared = ExtraWrites(key=address, clear_timers=(name,))
+            if pending is not None:
+                data = json.loads(pending.data)
+                taken = dataclasses.replace(cleared, consume=(pending.id,))
+                mark = journal.conclude(pos, found, {"message": data, "id": pending.id}, taken)
+                await journal.commit(mark)
+                return from_typed_json(data)
+            if wake_at is not None and wake_at <= now:
+                await journal.commit(journal.conclude(pos, found, {"timeout": True}, cleared))
+                return None
+    timer = Timer(run_key=address, name=name, wake_at=wake_at, topic=topic, since=now)
+    journal.add_extras(ExtraWrites(key=address, timers=(timer,)))
 
     async def invoke(call: Call) -> Outcome:
         until = wake_at

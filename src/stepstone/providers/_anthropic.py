@@ -31,6 +31,7 @@ from stepstone.providers._types import (
     ModelRequest,
     ModelResponse,
     NativeTool,
+    ThinkingConfig,
     ToolCall,
     Usage,
 )
@@ -228,6 +229,18 @@ class AnthropicProvider(SDKClientMixin, Provider):
                 params["system"] = [{"type": "text", "text": system, "cache_control": cache}]
             else:
                 params["system"] = system
+        params.update(self._tool_params(request, cache))
+        if thinking is not None:
+            params.update(_thinking_params(thinking))
+        elif request.temperature is not None:
+            # This SDK's create() has no temperature argument; the API still takes it.
+            params["extra_body"] = {"temperature": request.temperature}
+        if native_format is not None:
+            params["output_config"] = {**params.get("output_config", {}), "format": native_format}
+        return params
+
+    def _tool_params(self, request: ModelRequest, cache: dict[str, Any] | None) -> dict[str, Any]:
+        """``tools`` (the function tools, then the native ones) and ``tool_choice``."""
         tools: list[dict[str, Any]] = [
             {"name": t.name, "description": t.description, "input_schema": t.parameters}
             for t in request.tools
@@ -238,34 +251,18 @@ class AnthropicProvider(SDKClientMixin, Provider):
                 message = f"anthropic has no native tool {native.value!r}; it was not sent"
                 if self.strict_native_tools:
                     raise UserError(message)
-                warnings.warn(message, UserWarning, stacklevel=4)
+                warnings.warn(message, UserWarning, stacklevel=5)
             else:
                 tools.append(dict(spec))
-        if tools:
-            if cache is not None:
-                tools[-1] = {**tools[-1], "cache_control": cache}
-            params["tools"] = tools
-            if request.tools:
-                # Thinking only allows "auto"; forcing a tool would be rejected.
-                forced = request.tool_choice == "required" and thinking is None
-                params["tool_choice"] = {"type": "any" if forced else "auto"}
-        if thinking is not None:
-            config: dict[str, Any]
-            if thinking.budget_tokens is not None:
-                config = {"type": "enabled", "budget_tokens": thinking.budget_tokens}
-            else:
-                config = {"type": "adaptive"}
-            if thinking.display is not None:
-                config["display"] = thinking.display
-            params["thinking"] = config
-            if thinking.effort is not None:
-                effort = _EFFORTS.get(thinking.effort, thinking.effort)
-                params["output_config"] = {"effort": effort}
-        elif request.temperature is not None:
-            # This SDK's create() has no temperature argument; the API still takes it.
-            params["extra_body"] = {"temperature": request.temperature}
-        if native_format is not None:
-            params["output_config"] = {**params.get("output_config", {}), "format": native_format}
+        if not tools:
+            return {}
+        if cache is not None:
+            tools[-1] = {**tools[-1], "cache_control": cache}
+        params: dict[str, Any] = {"tools": tools}
+        if request.tools:
+            # Thinking only allows "auto"; forcing a tool would be rejected.
+            forced = request.tool_choice == "required" and request.thinking is None
+            params["tool_choice"] = {"type": "any" if forced else "auto"}
         return params
 
     # -- response --------------------------------------------------------------------------
@@ -473,3 +470,19 @@ def _with_cache(message: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any
     if last.get("type") in ("thinking", "redacted_thinking"):
         return message
     return {**message, "content": [*content[:-1], last]}
+
+
+def _thinking_params(thinking: ThinkingConfig) -> dict[str, Any]:
+    """``thinking`` (a token budget, else adaptive) and the ``output_config`` effort."""
+    config: dict[str, Any]
+    if thinking.budget_tokens is not None:
+        config = {"type": "enabled", "budget_tokens": thinking.budget_tokens}
+    else:
+        config = {"type": "adaptive"}
+    if thinking.display is not None:
+        config["display"] = thinking.display
+    params: dict[str, Any] = {"thinking": config}
+    if thinking.effort is not None:
+        effort = _EFFORTS.get(thinking.effort, thinking.effort)
+        params["output_config"] = {"effort": effort}
+    return params

@@ -34,6 +34,7 @@ from stepstone.providers._types import (
     ModelRequest,
     ModelResponse,
     NativeTool,
+    ThinkingConfig,
     ToolCall,
     Usage,
 )
@@ -219,29 +220,26 @@ class GoogleProvider(SDKClientMixin, Provider):
         system = request.system or ""
         if system:
             config["system_instruction"] = system
+        config.update(self._tools_config(request, output_tool))
+        if request.temperature is not None:
+            config["temperature"] = request.temperature
+        max_tokens = request.max_tokens or self.max_tokens
+        if max_tokens is not None:
+            config["max_output_tokens"] = max_tokens
+        if request.thinking is not None:
+            config["thinking_config"] = _thinking_config(request.thinking)
+        if schema_natively:
+            config["response_mime_type"] = "application/json"
+            config["response_json_schema"] = request.output_schema
+        return config
+
+    def _tools_config(self, request: ModelRequest, output_tool: bool) -> dict[str, Any]:
+        """``tool_config`` (when there are function tools) and ``tools`` (the function
+        declarations, then the native tools)."""
+        config: dict[str, Any] = {}
         tools: list[dict[str, Any]] = []
         if request.tools:
-            declarations = [
-                {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters_json_schema": t.parameters,
-                }
-                for t in request.tools
-            ]
-            if output_tool and request.output_schema is not None:
-                # Older Gemini models reject a response schema next to function tools: the
-                # answer is given as the arguments of one more function, which must be
-                # called (mode ANY) to finish.
-                declarations.append(
-                    {
-                        "name": OUTPUT_TOOL,
-                        "description": "Give your final answer: its arguments are the answer. "
-                        "Call it once you have the answer, instead of replying with text.",
-                        "parameters_json_schema": object_root(request.output_schema)[0],
-                    }
-                )
-            tools.append({"function_declarations": declarations})
+            tools.append({"function_declarations": _declarations(request, output_tool)})
             mode = "ANY" if request.tool_choice == "required" or output_tool else "AUTO"
             config["tool_config"] = {"function_calling_config": {"mode": mode}}
         for native in request.native_tools:
@@ -250,26 +248,11 @@ class GoogleProvider(SDKClientMixin, Provider):
                 message = f"google has no native tool {native.value!r}; it was not sent"
                 if self.strict_native_tools:
                     raise UserError(message)
-                warnings.warn(message, UserWarning, stacklevel=4)
+                warnings.warn(message, UserWarning, stacklevel=5)
             else:
                 tools.append(dict(spec))
         if tools:
             config["tools"] = tools
-        if request.temperature is not None:
-            config["temperature"] = request.temperature
-        max_tokens = request.max_tokens or self.max_tokens
-        if max_tokens is not None:
-            config["max_output_tokens"] = max_tokens
-        if request.thinking is not None:
-            thinking: dict[str, Any] = {"include_thoughts": request.thinking.display != "omitted"}
-            if request.thinking.budget_tokens is not None:
-                thinking["thinking_budget"] = request.thinking.budget_tokens
-            elif request.thinking.effort is not None:
-                thinking["thinking_level"] = _LEVELS[request.thinking.effort]
-            config["thinking_config"] = thinking
-        if schema_natively:
-            config["response_mime_type"] = "application/json"
-            config["response_json_schema"] = request.output_schema
         return config
 
     def _call_args(self, request: ModelRequest) -> dict[str, Any]:
@@ -453,3 +436,37 @@ class GoogleProvider(SDKClientMixin, Provider):
                 info.retry_after = retry_delay_from_body(exc.details)
             return info
         return transport_info(exc) or super().retry_info(exc)
+
+
+def _declarations(request: ModelRequest, output_tool: bool) -> list[dict[str, Any]]:
+    """The function declarations of ``request``'s tools (and of the output tool)."""
+    declarations = [
+        {
+            "name": t.name,
+            "description": t.description,
+            "parameters_json_schema": t.parameters,
+        }
+        for t in request.tools
+    ]
+    if output_tool and request.output_schema is not None:
+        # Older Gemini models reject a response schema next to function tools: the
+        # answer is given as the arguments of one more function, which must be
+        # called (mode ANY) to finish.
+        declarations.append(
+            {
+                "name": OUTPUT_TOOL,
+                "description": "Give your final answer: its arguments are the answer. "
+                "Call it once you have the answer, instead of replying with text.",
+                "parameters_json_schema": object_root(request.output_schema)[0],
+            }
+        )
+    return declarations
+
+
+def _thinking_config(thinking: ThinkingConfig) -> dict[str, Any]:
+    config: dict[str, Any] = {"include_thoughts": thinking.display != "omitted"}
+    if thinking.budget_tokens is not None:
+        config["thinking_budget"] = thinking.budget_tokens
+    elif thinking.effort is not None:
+        config["thinking_level"] = _LEVELS[thinking.effort]
+    return config

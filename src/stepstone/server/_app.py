@@ -41,6 +41,7 @@ from stepstone.server._openapi import openapi
 from stepstone.server._pages import HEADERS, static_file
 from stepstone.server._streams import StreamHubs, item_data, outcome_data
 from stepstone.server._targets import TargetError, Targets
+from stepstone.server._watch import WatchHubs
 from stepstone.server._webhooks import Dispatcher, WebhookPolicy
 
 __all__ = ["create_app"]
@@ -94,6 +95,7 @@ class _Server:
         self.config = config
         self.targets = Targets(config.import_paths, config.registry)
         self.hubs = StreamHubs(config.store)
+        self.watches = WatchHubs(config.store, config.poll_seconds)
         self.policy = policy
         self.dispatcher: Dispatcher | None = None
 
@@ -109,6 +111,17 @@ class _Server:
 
     async def schema(self, request: Request) -> Response:
         return _json(openapi())
+
+    async def about(self, request: Request) -> Response:
+        check_read(request, self.config)
+        return _json(
+            {
+                "store": self.config.store.describe(),
+                "actions": self.config.actions,
+                "poll_seconds": self.config.poll_seconds,
+                "page_size": self.config.page_size,
+            }
+        )
 
     # -- runs ----------------------------------------------------------------------------
     async def start_run(self, request: Request) -> Response:
@@ -131,6 +144,7 @@ class _Server:
             newer_than=query_age(request, "newer_than"),
             limit=query_whole(request, "limit", 1),
             offset=query_whole(request, "offset", 0) or 0,
+            group=request.query_params.get("group") or None,
         )
         return _json(out)
 
@@ -187,6 +201,22 @@ class _Server:
         q = request.query_params
         return _json(await self.call(_runs.diff, self.config, q.get("a", ""), q.get("b", "")))
 
+    # -- a queue's webhook ----------------------------------------------------------------
+    async def queue_hook(self, request: Request) -> Response:
+        check_read(request, self.config)
+        return _json(await self.call(_runs.queue_hook, self.config, request.path_params["queue"]))
+
+    async def set_queue_hook(self, request: Request) -> Response:
+        check_write(request, self.config)
+        body = await read_json(request, self.config)
+        queue = request.path_params["queue"]
+        return _json(await self.call(_runs.set_queue_hook, self.config, queue, body))
+
+    async def drop_queue_hook(self, request: Request) -> Response:
+        check_write(request, self.config)
+        queue = request.path_params["queue"]
+        return _json(await self.call(_runs.drop_queue_hook, self.config, queue))
+
     # -- streams -------------------------------------------------------------------------
     async def stream(self, request: Request) -> Response:
         check_read(request, self.config)
@@ -216,6 +246,19 @@ class _Server:
 
         return EventSourceResponse(events(), ping=15, headers=HEADERS, sep="\n")
 
+    async def watch(self, request: Request) -> Response:
+        check_read(request, self.config)
+        key = request.path_params["key"]
+        if not await self.call(run_known, self.config.store, key):
+            raise HttpError(404, await self.call(missing_run, self.config.store, key))
+
+        async def events() -> AsyncIterator[ServerSentEvent]:
+            async for state in self.watches.follow(key):
+                yield ServerSentEvent(data=json.dumps(state, default=str), event="run")
+            yield ServerSentEvent(data=json.dumps({"key": key, "gone": True}), event="gone")
+
+        return EventSourceResponse(events(), ping=15, headers=HEADERS, sep="\n")
+
     # -- the inspector's page API (query-string form, as `stepstone ui` served it) -------
     async def page_runs(self, request: Request) -> Response:
         check_read(request, self.config)
@@ -231,6 +274,7 @@ class _Server:
             newer_than=query_age(request, "newer_than"),
             limit=query_whole(request, "limit", 1),
             offset=query_whole(request, "offset", 0) or 0,
+            group=request.query_params.get("group") or None,
         )
         out.update(
             store=self.config.store.describe(),
@@ -285,6 +329,7 @@ class _Server:
             if self.dispatcher is not None:
                 await self.dispatcher.stop()
             await self.hubs.close()
+            await self.watches.close()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -314,10 +359,15 @@ def create_app(config: ServerConfig, *, webhooks: WebhookPolicy | None = None) -
         Route("/", g(server.index)),
         Route("/static/{name}", g(server.static)),
         Route("/openapi.json", g(server.schema)),
+        Route("/about", g(server.about)),
         Route("/runs", g(server.start_run), methods=["POST"]),
         Route("/runs", g(server.list_runs), methods=["GET"]),
         Route("/diff", g(server.diff)),
+        Route("/queues/{queue}/webhook", g(server.queue_hook), methods=["GET"]),
+        Route("/queues/{queue}/webhook", g(server.set_queue_hook), methods=["PUT"]),
+        Route("/queues/{queue}/webhook", g(server.drop_queue_hook), methods=["DELETE"]),
         Route(k + "/streams/{name}", g(server.stream)),
+        Route(k + "/watch", g(server.watch)),
         Route(k + "/cancel", g(server.cancel), methods=["POST"]),
         Route(k + "/resume", g(server.resume), methods=["POST"]),
         Route(k + "/retry", g(server.retry), methods=["POST"]),

@@ -17,6 +17,7 @@ _ERROR = {
 }
 _OK = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
 _KEY = {"name": "key", "in": "path", "required": True, "schema": {"type": "string"}}
+_QUEUE = {"name": "queue", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
 def _op(
@@ -83,6 +84,7 @@ def openapi() -> dict[str, Any]:
                     _query("prefix", text="key prefix"),
                     _query("error", text="text the error holds"),
                     _query("queue"),
+                    _query("group", text="stranded, waiting or queued: only that group"),
                     _query("older_than"),
                     _query("newer_than"),
                     _query("limit", "integer"),
@@ -160,7 +162,29 @@ def openapi() -> dict[str, Any]:
                 },
             }
         },
+        "/runs/{key}/watch": {
+            "get": {
+                "summary": "Follow a run's state as Server-Sent Events: a `run` event now, "
+                "then one each time it changes; `gone` when the key holds nothing",
+                "parameters": [_KEY],
+                "responses": {
+                    "200": {"description": "its changes", "content": {"text/event-stream": {}}},
+                    "404": _ERROR,
+                },
+            }
+        },
         "/diff": {"get": _op("Two runs side by side", params=[_query("a"), _query("b")])},
+        "/about": {"get": _op("The store, whether actions are on, the pages' settings")},
+        "/queues/{queue}/webhook": {
+            "get": _op("The URL told when each run of the queue ends", params=[_QUEUE]),
+            "put": _op(
+                "Tell a URL when each run of the queue submitted from now on ends",
+                params=[_QUEUE],
+                body={"type": "object", "properties": {"url": {"type": "string"}}},
+                write=True,
+            ),
+            "delete": _op("Stop telling the queue's URL", params=[_QUEUE], write=True),
+        },
     }
     return {
         "openapi": "3.1.0",

@@ -11,11 +11,18 @@ from urllib.parse import urlsplit
 
 from stepstone.core import Envelope
 from stepstone.durable._approvals import approve_call, decision_text
-from stepstone.durable._inspect import diff_runs, missing_run, query_runs, run_detail
+from stepstone.durable._inspect import LIST_GROUPS, diff_runs, missing_run, run_detail, run_listing
 from stepstone.durable._messages import send
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
+from stepstone.durable._outbox import (
+    drop_queue_webhook,
+    queue_webhook,
+    set_queue_webhook,
+    subscribe_queued_run,
+)
 from stepstone.durable._queue import existing_queue, requeue_run, submit
 from stepstone.durable._records import run_head
+from stepstone.durable._watch import record_key
 from stepstone.engines.workflow import Workflow
 from stepstone.exceptions import UserError
 from stepstone.runner import checkpoint_latest_key
@@ -23,6 +30,7 @@ from stepstone.server._config import ServerConfig
 from stepstone.server._http import HttpError
 from stepstone.server._targets import Targets
 from stepstone.store._queue_base import FINAL_STATUSES, QueueEntry
+from stepstone.store._webhooks import WebhookRecord
 
 __all__ = [
     "approve",
@@ -162,7 +170,44 @@ def start_run(config: ServerConfig, targets: Targets, body: Any) -> dict[str, An
         from stepstone.server._webhooks import subscribe
 
         out["webhook"] = subscribe(config.store, entry, webhook)
+    subscribe_queued_run(config.store, entry.queue, entry.run_key, entry.id)
     return out
+
+
+def queue_hook(config: ServerConfig, queue: str) -> dict[str, Any]:
+    """``GET /queues/{queue}/webhook``."""
+    order = queue_webhook(config.store, queue)
+    if order is None:
+        raise HttpError(404, f"queue {queue!r} has no webhook; set one with PUT and {{'url': ...}}")
+    return _hook_view(order)
+
+
+def set_queue_hook(config: ServerConfig, queue: str, body: Any) -> dict[str, Any]:
+    """``PUT /queues/{queue}/webhook`` with ``{"url": ...}``."""
+    if not isinstance(body, dict) or set(body) != {"url"}:
+        raise HttpError(400, 'the body must be {"url": "https://..."}')
+    url = check_webhook_url(body["url"])
+    if config.webhook_secret is None:
+        raise HttpError(
+            400,
+            "this server signs no webhooks: start it with --webhook-secret-file FILE "
+            "(or STEPSTONE_WEBHOOK_SECRET) to set a queue's webhook",
+        )
+    if not queue:
+        raise HttpError(400, "name the queue: PUT /queues/NAME/webhook")
+    return _hook_view(set_queue_webhook(config.store, queue, url))
+
+
+def drop_queue_hook(config: ServerConfig, queue: str) -> dict[str, Any]:
+    """``DELETE /queues/{queue}/webhook``."""
+    if not drop_queue_webhook(config.store, queue):
+        raise HttpError(404, f"queue {queue!r} has no webhook")
+    return {"queue": queue, "url": None}
+
+
+def _hook_view(order: WebhookRecord) -> dict[str, Any]:
+    data = json.loads(order.payload or "{}")
+    return {"queue": data.get("queue"), "url": order.url, "since": data.get("since")}
 
 
 def entry_view(entry: QueueEntry) -> dict[str, Any]:
@@ -200,13 +245,14 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
     store = config.store
     queue = existing_queue(store)
     entry = queue.latest_entry(key) if queue is not None else None
-    detail = run_detail(store, key)
+    detail = run_detail(store, key, diagram=True)
     if detail is None and entry is not None:
-        # a queued agent run records its checkpoint under its run id's own key
-        agent_key = checkpoint_latest_key(key)
-        detail = run_detail(store, agent_key)
+        # a queued agent run records its checkpoint under its run id's own key; a queued
+        # graph run, under its latest invocation's
+        found = record_key(store, key)
+        detail = None if found == key else run_detail(store, found, diagram=True)
         if detail is not None:
-            detail["key"], detail["record_key"] = key, agent_key
+            detail["key"], detail["record_key"] = key, found
     if detail is None:
         if entry is None:
             raise HttpError(404, missing_run(store, key))
@@ -221,6 +267,7 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
             "events": {},
             "streams": [],
             "error": None,
+            "diagram": None,
         }
     if not full:
         from stepstone.server._pages import cut_payloads
@@ -235,13 +282,55 @@ def run_view(config: ServerConfig, key: str, *, full: bool = False) -> dict[str,
     from stepstone.server._webhooks import deliveries
 
     detail["webhooks"] = deliveries(store, key)
+    if detail.get("agent"):
+        price_turns(detail["agent"]["effects"])
     detail["actions"] = available_actions(detail, config)
+    detail["retry_from"] = retry_steps(detail) if "retry" in detail["actions"] else []
     return detail
+
+
+def price_turns(effects: list[dict[str, Any]]) -> None:
+    """Give each model turn of an agent run its estimated cost (``cost_usd``, None when
+    the model's price is not known) from its recorded model and token counts."""
+    import dataclasses
+
+    from stepstone.providers import Usage, estimate_cost
+
+    fields = [f.name for f in dataclasses.fields(Usage)]
+
+    for effect in effects:
+        if effect.get("kind") != "model":
+            continue
+        usage, model = effect.get("usage"), effect.get("model")
+        cost = None
+        if isinstance(usage, dict) and isinstance(model, str) and model:
+            known = {f: usage[f] for f in fields if isinstance(usage.get(f), int)}
+            cost = estimate_cost(model, Usage(**known))
+        effect["cost_usd"] = cost
+
+
+#: The kinds of run ``retry`` can rewind (``retry_run``).
+RETRY_KINDS = ("plan", "workflow")
+
+
+def retry_steps(detail: dict[str, Any]) -> list[str]:
+    """The steps ``/retry?from=STEP`` takes for this run, in order: a Plan's step names
+    (each once, and the step it stopped at), a workflow's step positions."""
+    if detail.get("kind") == "workflow":
+        return [op["position"] for op in detail.get("operations") or () if op["op"] == "step"]
+    names: dict[str, None] = {}
+    for entry in detail.get("timeline") or ():
+        if entry.get("kind") == "step" and entry.get("name"):
+            names.setdefault(str(entry["name"]), None)
+    if detail.get("next_step"):
+        names.setdefault(str(detail["next_step"]), None)
+    return list(names)
 
 
 def available_actions(detail: dict[str, Any], config: ServerConfig) -> list[str]:
     """The actions that can apply to the run now (none on a read-only server): never
-    ``cancel`` on a run that ended cancelled or done, never ``resume`` on a live one."""
+    ``cancel`` on a run that ended cancelled or done, never ``resume`` on a live one,
+    ``retry`` only on a stopped Plan or workflow run."""
     if not config.actions:
         return []
     status, owner = detail.get("status"), detail.get("owner")
@@ -254,7 +343,8 @@ def available_actions(detail: dict[str, Any], config: ServerConfig) -> list[str]
         out.append("cancel")
     if status in ("paused", "failed") and entry and entry.get("status") in FINAL_STATUSES:
         out.append("resume")
-    if status in ("paused", "failed", "done") and owner != "live" and detail.get("kind"):
+    stopped = status in ("paused", "failed", "done") and owner != "live"
+    if stopped and detail.get("kind") in RETRY_KINDS and not detail.get("corrupt"):
         out.append("retry")
     if detail.get("pending_approvals"):
         out.append("approve")
@@ -275,15 +365,19 @@ def list_runs(
     newer_than: float | None,
     limit: int | None,
     offset: int,
+    group: str | None = None,
 ) -> dict[str, Any]:
-    """``GET /runs``: a page of runs with the total that match."""
+    """``GET /runs``: a page of runs with the total that match and the counts of each
+    status and group (``stranded``, ``waiting``, ``queued``)."""
     from stepstone.store._base import RUN_STATUSES
 
     bad = sorted(set(statuses) - set(RUN_STATUSES))
     if bad:
         raise HttpError(400, f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}")
+    if group is not None and group not in LIST_GROUPS:
+        raise HttpError(400, f"unknown group {group!r}; pass one of {', '.join(LIST_GROUPS)}")
     limit = config.page_size if limit is None else limit
-    total, runs = query_runs(
+    found = run_listing(
         config.store,
         statuses=statuses,
         kinds=kinds,
@@ -294,11 +388,14 @@ def list_runs(
         offset=offset,
         error_text=error_text,
         queue=queue,
+        group=group,
     )
+    total, runs = found["total"], found["runs"]
     more = offset + len(runs) < total
     return {
         "total": total,
         "runs": runs,
+        "counts": found["counts"],
         "limit": limit,
         "offset": offset,
         "next_offset": offset + len(runs) if more else None,
@@ -411,4 +508,12 @@ def diff(config: ServerConfig, a: str, b: str) -> dict[str, Any]:
     """``GET /diff?a=KEY&b=KEY``: where two runs diverged, side by side."""
     if not a or not b:
         raise HttpError(400, "pass ?a=KEY&b=KEY")
-    return diff_runs(config.store, a, b)
+    from stepstone.server._pages import cut_payloads
+
+    out = diff_runs(config.store, a, b)
+    for part in ("same", "only_a", "only_b"):
+        cut_payloads(out[part])
+    first = out["first_difference"]
+    if first is not None:
+        cut_payloads([e for e in (first["a"], first["b"]) if e is not None])
+    return out

@@ -137,5 +137,10 @@ def item_data(item: StreamItem) -> str:
 
 
 def outcome_data(outcome: RunOutcome) -> str:
-    """The ``end`` event's data: how the run ended."""
-    return json.dumps({"status": outcome.status, "error": outcome.error}, ensure_ascii=False)
+    """The ``end`` event's data: how the run ended (``paused`` for a queued agent run that
+    stopped for approvals: its entry ends failed with a ``RunPaused`` error, and an
+    approval queues it again)."""
+    status = outcome.status
+    if status == "failed" and (outcome.error or "").startswith("RunPaused:"):
+        status = "paused"
+    return json.dumps({"status": status, "error": outcome.error}, ensure_ascii=False)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,38 @@ class Targets:
             )
         self._check_module(target, mod_name)
         try:
-            return resolve_target(target)
+            obj = resolve_target(target)
         except UserError as exc:
             raise TargetError(str(exc)) from None
+        self._check_reached(target, mod_name, attr)
+        return obj
+
+    def _check_reached(self, target: str, mod_name: str, attr: str) -> None:
+        """Refuse a target whose attribute path goes through a module the target's module
+        imported (``app:os.system``), or that names a function, class or workflow defined
+        in a module outside the import paths (``app:helper`` after ``from lib import
+        helper``): the server runs only code that lives under its import paths."""
+        obj: Any = sys.modules[mod_name]
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+            if isinstance(obj, types.ModuleType) and not self._module_under(obj):
+                raise TargetError(
+                    f"target {target!r} reaches module {obj.__name__!r}, which is not under "
+                    f"the server's import paths ({self._roots()}); name a target defined "
+                    "under them, or register it"
+                )
+        for code in (obj, getattr(obj, "fn", None), getattr(obj, "__wrapped__", None)):
+            if not (inspect.isfunction(code) or inspect.isclass(code)):
+                continue
+            home = sys.modules.get(getattr(code, "__module__", "") or "")
+            if home is None or not self._module_under(home):
+                raise TargetError(
+                    f"target {target!r} is defined in module {code.__module__!r}, which is "
+                    f"not under the server's import paths ({self._roots()}); the server "
+                    "runs only code that lives under them (register it, or pass "
+                    "--import-path DIR)"
+                )
+
+    def _module_under(self, module: types.ModuleType) -> bool:
+        places = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
+        return _under(places, self.roots)

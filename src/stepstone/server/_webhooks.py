@@ -28,6 +28,7 @@ from stepstone.durable._outbox import (
     claim_due_webhooks,
     record_webhook_attempt,
     settle_ended_webhooks,
+    subscribe_queue_runs,
     subscribe_webhook,
     webhook_deliveries,
 )
@@ -116,6 +117,7 @@ class Dispatcher:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._client: Any = None
+        self._seen: set[str] = set()  # queue entries whose queue's delivery is recorded
 
     def start(self) -> None:
         """Run on the current event loop."""
@@ -148,6 +150,7 @@ class Dispatcher:
                 await asyncio.wait_for(self._stop.wait(), self.policy.poll)
 
     def _settle_ended(self) -> None:
+        subscribe_queue_runs(self.store, self._seen)
         settle_ended_webhooks(self.store)
 
     def _claim_due(self) -> list[WebhookRecord]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from stepstone.core._serialization import compact_encoder
 from stepstone.exceptions import CheckpointCorruptError, StoreError
-from stepstone.store._changes import ChangeFeed
+from stepstone.store._changes import ChangeFeed, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._webhooks import WebhookRecord
 
@@ -199,6 +199,13 @@ def head_from_row(row: Sequence[Any]) -> RunHead:
         )
     if values["next_step"] is not None:
         values["next_step"] = checked_text(values["next_step"], key, "column next_step")
+    _decode_head_numbers(values, key)
+    values["meta"] = _decode_head_meta(values["meta"], key)
+    return RunHead(**values)
+
+
+def _decode_head_numbers(values: dict[str, Any], key: Any) -> None:
+    """Turn a head's number columns in ``values`` into ``int`` / ``float`` in place."""
     try:
         for name in _INT_COLUMNS:
             values[name] = int(values[name])
@@ -208,15 +215,18 @@ def head_from_row(row: Sequence[Any]) -> RunHead:
             values["pid_start"] = int(values["pid_start"])
     except (TypeError, ValueError) as exc:
         raise corrupt_error(key, f"head has a non-numeric number column ({exc})") from None
-    text = checked_text(values["meta"], key, "column meta")
+
+
+def _decode_head_meta(value: Any, key: Any) -> dict[str, Any]:
+    """A head's ``meta`` column decoded: a JSON object."""
+    text = checked_text(value, key, "column meta")
     try:
         meta = json.loads(text)
     except ValueError as exc:
         raise corrupt_error(key, f"head column meta is not JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise corrupt_error(key, f"head column meta is a JSON {type(meta).__name__}, not an object")
-    values["meta"] = meta
-    return RunHead(**values)
+    return meta
 
 
 def heads_for_listing(
@@ -277,6 +287,16 @@ def journal_row(
     """A journal row read from a database, its columns checked (invalid UTF-8, or a
     sequence number that is not an integer, raises CheckpointCorruptError naming the key
     and the row). A time that is not a number reads as None: times only inform."""
+    if (
+        type(seq) is int
+        and type(kind) is str
+        and type(data) is str
+        and (name is None or type(name) is str)
+        and (kind.isascii() or _utf8(kind))
+        and (data.isascii() or _utf8(data))
+        and (name is None or name.isascii() or _utf8(name))
+    ):  # the usual row, checked without building the names an error would need
+        return JournalRow(seq, kind, name, data, _time(started_at), _time(committed_at))
     where = f"journal row {printable_key(seq)}"
     if type(seq) is not int:
         raise corrupt_error(key, f"{where} has a sequence number that is not an integer")
@@ -288,6 +308,15 @@ def journal_row(
         _time(started_at),
         _time(committed_at),
     )
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored as UTF-8 (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _time(value: Any) -> float | None:
@@ -566,6 +595,13 @@ class Backend(abc.ABC):
         if self._polling_feed is None:
             self._polling_feed = ChangeFeed(poll=0.1)
         return self._polling_feed
+
+    def notify_run(self, key: str) -> None:
+        """Wake whoever waits on the records of the run under ``key`` (a sleep, a receive,
+        a stream reader, a ``get_event``): they look again now rather than at their next
+        poll (an operator's cancel of a waiting run). This one wakes the waiters of this
+        process; a store with notifications between processes wakes those too."""
+        self.changes().publish(run_topic(key))
 
     def _no_extras(self) -> StoreError:
         return StoreError(

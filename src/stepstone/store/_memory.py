@@ -196,33 +196,42 @@ class MemoryBackend(Backend):
             ):
                 return False
             key = extras.key or head.key  # whose records
-            for mid in extras.consume:  # checked first: nothing is written on a refusal
-                found = self._messages.get(mid)
-                if found is None or found.run_key != key or found.consumed_at is not None:
-                    raise consumed_already(key, mid)
+            self._check_consumable(key, extras.consume)  # first: nothing written on a refusal
             if not self.run_commit(head, expected_version, rows, writes):
                 return False  # (never: checked above, under the same lock)
-            now = head.updated_at
-            for mid in extras.consume:
-                msg = self._messages[mid]
-                self._messages[mid] = dataclasses.replace(msg, consumed_at=now)
-            for name, data in extras.events:
-                self._events.setdefault(key, {})[name] = EventValue(
-                    name=name, data=data, updated_at=now
-                )
-            for name, data in extras.stream:
-                self._append(key, name, data, None, now)
-            timers = self._timers.setdefault(key, {})
-            for name in extras.clear_timers:
-                timers.pop(name, None)
-            for timer in extras.timers:
-                timers[timer.name] = timer
-            if not timers:
-                del self._timers[key]
+            self._apply_extras(key, extras, head.updated_at)
         self._feed.publish(run_topic(key))
         if key != head.key:
             self._feed.publish(run_topic(head.key))
         return True
+
+    def _check_consumable(self, key: str, consume: Sequence[int]) -> None:
+        """Raise when a message to consume is missing, another run's, or consumed already;
+        called under the lock."""
+        for mid in consume:
+            found = self._messages.get(mid)
+            if found is None or found.run_key != key or found.consumed_at is not None:
+                raise consumed_already(key, mid)
+
+    def _apply_extras(self, key: str, extras: ExtraWrites, now: float) -> None:
+        """Write a commit's messages consumed, events, stream items and timers for run
+        ``key``; called under the lock, after the commit itself."""
+        for mid in extras.consume:
+            msg = self._messages[mid]
+            self._messages[mid] = dataclasses.replace(msg, consumed_at=now)
+        for name, data in extras.events:
+            self._events.setdefault(key, {})[name] = EventValue(
+                name=name, data=data, updated_at=now
+            )
+        for name, data in extras.stream:
+            self._append(key, name, data, None, now)
+        timers = self._timers.setdefault(key, {})
+        for name in extras.clear_timers:
+            timers.pop(name, None)
+        for timer in extras.timers:
+            timers[timer.name] = timer
+        if not timers:
+            del self._timers[key]
 
     def message_send(
         self, run_key: str, topic: str, data: str, *, refuse: Collection[str]

@@ -55,7 +55,7 @@ from stepstone.store._base import (
     heads_for_listing,
     journal_row,
 )
-from stepstone.store._changes import CHANNEL, ChangeFeed, ListeningFeed
+from stepstone.store._changes import CHANNEL, ChangeFeed, ListeningFeed, run_topic
 from stepstone.store._extras import EventValue, ExtraWrites, Message, StreamEntry, Timer
 from stepstone.store._memory import consumed_already, run_key_conflict
 from stepstone.store._webhooks import WEBHOOK_COLUMNS, WebhookRecord
@@ -1024,32 +1024,7 @@ class PostgresBackend(Backend):
                 )
             if writes:
                 cur.executemany(UPSERT_KV_SQL, [(w, text, now) for w, text in writes])
-            if extras.consume:
-                cur.execute(
-                    "UPDATE stepstone_messages SET consumed_at = %s WHERE id = ANY(%s) "
-                    "AND run_key = %s AND consumed_at IS NULL RETURNING id",
-                    (now, list(extras.consume), key),
-                )
-                done = {int(r[0]) for r in cur.fetchall()}
-                for mid in extras.consume:
-                    if mid not in done:
-                        raise consumed_already(key, mid)  # rolled back: nothing is written
-            for name, data in extras.events:
-                cur.execute(_EVENT_SQL, (key, name, data, now))
-            for name, data in extras.stream:
-                cur.execute(_APPEND_SQL, {"key": key, "name": name, "data": data, "attempt": None})
-            if extras.clear_timers:
-                cur.execute(
-                    "DELETE FROM stepstone_timers WHERE run_key = %s AND name = ANY(%s)",
-                    (key, list(extras.clear_timers)),
-                )
-            for timer in extras.timers:
-                cur.execute(
-                    "INSERT INTO stepstone_timers (run_key, name, wake_at, topic, since) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_key, name) DO UPDATE SET "
-                    "wake_at = EXCLUDED.wake_at, topic = EXCLUDED.topic, since = EXCLUDED.since",
-                    (key, timer.name, timer.wake_at, timer.topic, timer.since),
-                )
+            _write_extras(cur, key, extras, now)
             return True
 
         keys = [head.key, key, *(w for w, _ in writes)]
@@ -1252,6 +1227,14 @@ class PostgresBackend(Backend):
     def changes(self) -> ChangeFeed:
         return self._feed
 
+    def notify_run(self, key: str) -> None:
+        # A NOTIFY of the run's topic: its waiters in every process listening look again.
+        self._read(
+            "notify a run's waiters",
+            lambda cur: cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, run_topic(key))),
+        )
+        self._feed.publish(run_topic(key))
+
     def _listen(
         self,
         stop: threading.Event,
@@ -1317,6 +1300,37 @@ WITH woke AS (
 )
 SELECT pg_notify('{CHANNEL}', 'q:' || left(md5(queue), 16)) FROM woke
 """
+
+
+def _write_extras(cur: Cursor, key: str, extras: ExtraWrites, now: float) -> None:
+    """Write a commit's messages consumed, events, stream items and timers for run ``key``,
+    in the commit's transaction (a message not pending raises: all of it rolls back)."""
+    if extras.consume:
+        cur.execute(
+            "UPDATE stepstone_messages SET consumed_at = %s WHERE id = ANY(%s) "
+            "AND run_key = %s AND consumed_at IS NULL RETURNING id",
+            (now, list(extras.consume), key),
+        )
+        done = {int(r[0]) for r in cur.fetchall()}
+        for mid in extras.consume:
+            if mid not in done:
+                raise consumed_already(key, mid)  # rolled back: nothing is written
+    for name, data in extras.events:
+        cur.execute(_EVENT_SQL, (key, name, data, now))
+    for name, data in extras.stream:
+        cur.execute(_APPEND_SQL, {"key": key, "name": name, "data": data, "attempt": None})
+    if extras.clear_timers:
+        cur.execute(
+            "DELETE FROM stepstone_timers WHERE run_key = %s AND name = ANY(%s)",
+            (key, list(extras.clear_timers)),
+        )
+    for timer in extras.timers:
+        cur.execute(
+            "INSERT INTO stepstone_timers (run_key, name, wake_at, topic, since) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_key, name) DO UPDATE SET "
+            "wake_at = EXCLUDED.wake_at, topic = EXCLUDED.topic, since = EXCLUDED.since",
+            (key, timer.name, timer.wake_at, timer.topic, timer.since),
+        )
 
 
 def _message(row: Sequence[Any]) -> Message:

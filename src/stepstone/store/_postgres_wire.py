@@ -139,6 +139,10 @@ def _state(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> set[
 
 #: What a wait generator yields (what to wait for) and is sent back (what is ready).
 _R, _W = 1, 2
+#: The ``poll`` events that make the socket readable / writable for the wait generators
+#: (an error or a hang-up too: the next read or write reports it).
+_POLL_R = select.POLLIN | select.POLLERR | select.POLLHUP
+_POLL_W = select.POLLOUT | select.POLLERR | select.POLLHUP
 #: A wait generator: it yields ``_R``/``_W`` flags and is sent the flags that are ready.
 Waits = Generator[int, int, T]
 
@@ -300,10 +304,7 @@ def _to_the_answer_sync(gen: Waits[T], pgconn: pq.abc.PGconn) -> T:
             interrupted, events = exc, []
         ready = 0
         for _, event in events:
-            if event & (select.POLLIN | select.POLLERR | select.POLLHUP):
-                ready |= _R
-            if event & (select.POLLOUT | select.POLLERR | select.POLLHUP):
-                ready |= _W
+            ready |= (_R if event & _POLL_R else 0) | (_W if event & _POLL_W else 0)
 
 
 async def asend(

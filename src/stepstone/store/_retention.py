@@ -61,6 +61,12 @@ class Retention:
         return (self.prefix,) if isinstance(self.prefix, str) else self.prefix
 
     def __post_init__(self) -> None:
+        self._check_limits()
+        self._normalize_prefix()
+        self._normalize_statuses()
+
+    def _check_limits(self) -> None:
+        """Refuse a bad ``ttl``, ``keep_last`` or ``min_age`` (or neither limit)."""
         if self.ttl is None and self.keep_last is None:
             raise ValueError(
                 "Retention needs ttl= (e.g. timedelta(days=30)) or keep_last= (e.g. 100), or both"
@@ -81,6 +87,9 @@ class Retention:
             raise ValueError(f"Retention keep_last must be >= 0, got {self.keep_last!r}")
         if self.min_age < timedelta(0):
             raise ValueError(f"Retention min_age must be >= 0, got {self.min_age!r}")
+
+    def _normalize_prefix(self) -> None:
+        """``prefix`` as a str, a tuple of str, or None (a list becomes a tuple)."""
         if isinstance(self.prefix, list):
             object.__setattr__(self, "prefix", tuple(self.prefix))
         prefixes = self.prefix if isinstance(self.prefix, tuple) else (self.prefix or "",)
@@ -90,6 +99,9 @@ class Retention:
             )
         if isinstance(self.prefix, tuple) and not self.prefix:
             raise ValueError("Retention prefix=() names no group; pass None for every run")
+
+    def _normalize_statuses(self) -> None:
+        """``statuses`` as a non-empty tuple of prunable statuses (a str becomes a tuple)."""
         if isinstance(self.statuses, str):
             object.__setattr__(self, "statuses", (self.statuses,))
         bad = [s for s in self.statuses if s not in PRUNABLE_STATUSES]

@@ -357,6 +357,13 @@ def _check_options(
 ) -> None:
     """Refuse bad ``SQLiteBackend`` arguments before anything is opened, naming the value
     and the fix."""
+    _check_tuning(durability, busy_timeout, checkpoint_pages)
+    _check_path_name(path)
+    _check_path_file(path, read_only)
+
+
+def _check_tuning(durability: str, busy_timeout: float, checkpoint_pages: int) -> None:
+    """Refuse a bad ``durability``, ``busy_timeout`` or ``checkpoint_pages``."""
     if (
         isinstance(checkpoint_pages, bool)
         or not isinstance(checkpoint_pages, int)
@@ -375,6 +382,10 @@ def _check_options(
         raise ValueError(
             f"busy_timeout must be a finite number of seconds > 0, got {busy_timeout!r}"
         )
+
+
+def _check_path_name(path: str | os.PathLike[str]) -> None:
+    """Refuse a store path that is no file name: not a path, empty, a URL, ``:memory:``."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"a SQLite store's path must be a str or a path, got {path!r}")
     if not os.fspath(path):
@@ -389,6 +400,11 @@ def _check_options(
             "a SQLite store needs a file: ':memory:' would give every thread its own empty "
             "database; use Store() for a store in memory, or db='runs.sqlite'"
         )
+
+
+def _check_path_file(path: str | os.PathLike[str], read_only: bool) -> None:
+    """Refuse a store path whose directory is missing, that is a directory, or (read
+    only) that names no file."""
     file = Path(path)
     if not file.parent.exists():
         raise StoreError(
@@ -755,6 +771,11 @@ class SQLiteBackend(Backend):
 
     def _journal_row(self, key: str, row: Sequence[Any]) -> JournalRow:
         """A journal row selected as :attr:`_journal_cols`, its checksum checked, decoded."""
+        if self._times and self._checksums:  # the current schema: one unpacking
+            seq, kind, name, data, crc, started_at, committed_at = row
+            if crc is not None:
+                checked_journal_row(key, seq, kind, name, data, crc)
+            return journal_row(key, seq, kind, name, data, started_at, committed_at)
         body, times = (row[:-2], row[-2:]) if self._times else (row, ())
         return journal_row(
             key, *(checked_journal_row(key, *body) if self._checksums else body), *times
@@ -1023,38 +1044,7 @@ class SQLiteBackend(Backend):
                 conn.executemany(
                     kv_upsert_sql(self._kv), [kv_params(wkey, text, now) for wkey, text in writes]
                 )
-            for mid in extras.consume:
-                cur = conn.execute(
-                    "UPDATE stepstone_messages SET consumed_at = ? "
-                    "WHERE id = ? AND run_key = ? AND consumed_at IS NULL",
-                    (now, mid, key),
-                )
-                if cur.rowcount != 1:
-                    raise consumed_already(key, mid)  # rolled back: nothing is written
-            for name, data in extras.events:
-                _put_event(conn, key, name, data, now)
-            for name, data in extras.stream:
-                _append(conn, key, name, data, None, now)
-            if extras.clear_timers:
-                conn.executemany(
-                    "DELETE FROM stepstone_timers WHERE run_key = ? AND name = ?",
-                    [(key, name) for name in extras.clear_timers],
-                )
-            for timer in extras.timers:
-                since = float(timer.since)
-                wake = None if timer.wake_at is None else float(timer.wake_at)
-                conn.execute(
-                    "INSERT OR REPLACE INTO stepstone_timers "
-                    "(run_key, name, wake_at, topic, since, crc) VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        key,
-                        timer.name,
-                        wake,
-                        timer.topic,
-                        since,
-                        timer_crc(key, timer.name, wake, timer.topic, since),
-                    ),
-                )
+            _write_extras(conn, key, extras, now)
         self._feed.publish(run_topic(key))
         return True
 
@@ -1305,6 +1295,43 @@ class SQLiteBackend(Backend):
 
 
 _MESSAGE_COLS = "id, run_key, topic, data, sent_at, consumed_at, crc"
+
+
+def _write_extras(conn: sqlite3.Connection, key: str, extras: ExtraWrites, now: float) -> None:
+    """Write a commit's messages consumed, events, stream items and timers for run ``key``,
+    in the commit's transaction (a message not pending raises: all of it rolls back)."""
+    for mid in extras.consume:
+        cur = conn.execute(
+            "UPDATE stepstone_messages SET consumed_at = ? "
+            "WHERE id = ? AND run_key = ? AND consumed_at IS NULL",
+            (now, mid, key),
+        )
+        if cur.rowcount != 1:
+            raise consumed_already(key, mid)  # rolled back: nothing is written
+    for name, data in extras.events:
+        _put_event(conn, key, name, data, now)
+    for name, data in extras.stream:
+        _append(conn, key, name, data, None, now)
+    if extras.clear_timers:
+        conn.executemany(
+            "DELETE FROM stepstone_timers WHERE run_key = ? AND name = ?",
+            [(key, name) for name in extras.clear_timers],
+        )
+    for timer in extras.timers:
+        since = float(timer.since)
+        wake = None if timer.wake_at is None else float(timer.wake_at)
+        conn.execute(
+            "INSERT OR REPLACE INTO stepstone_timers "
+            "(run_key, name, wake_at, topic, since, crc) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                key,
+                timer.name,
+                wake,
+                timer.topic,
+                since,
+                timer_crc(key, timer.name, wake, timer.topic, since),
+            ),
+        )
 
 
 def _put_event(conn: sqlite3.Connection, key: str, name: str, data: str, now: float) -> None:

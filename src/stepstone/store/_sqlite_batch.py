@@ -88,6 +88,20 @@ def _apply(
     backend: SQLiteBackend, conn: sqlite3.Connection, items: Sequence[BatchItem]
 ) -> list[Outcome]:
     outcomes: list[Outcome] = [None] * len(items)
+    commits = _apply_claims(backend, conn, items, outcomes)
+    if commits:
+        _apply_commits(backend, conn, commits, outcomes)
+    return outcomes
+
+
+def _apply_claims(
+    backend: SQLiteBackend,
+    conn: sqlite3.Connection,
+    items: Sequence[BatchItem],
+    outcomes: list[Outcome],
+) -> list[tuple[int, CommitArgs]]:
+    """Apply the claims among ``items`` (their outcomes into ``outcomes``); the commits
+    left, each with its index."""
     commits: list[tuple[int, CommitArgs]] = []
     for i, item in enumerate(items):
         if _is_claim(item):
@@ -100,8 +114,17 @@ def _apply(
                 outcomes[i] = exc
         else:
             commits.append((i, item))  # type: ignore[arg-type]
-    if not commits:
-        return outcomes
+    return commits
+
+
+def _apply_commits(
+    backend: SQLiteBackend,
+    conn: sqlite3.Connection,
+    commits: list[tuple[int, CommitArgs]],
+    outcomes: list[Outcome],
+) -> None:
+    """Check each commit against the heads as the commits before it left them, then write
+    the passing ones with three ``executemany`` calls (outcomes into ``outcomes``)."""
     runs, journal, kv = backend._runs, backend._journal, backend._kv
     run_keys = {head.key for _, (head, _, _, _) in commits}
     write_keys = {k for _, (_, _, _, writes) in commits for k, _ in writes}
@@ -130,7 +153,6 @@ def _apply(
         conn.executemany(journal_insert_sql(journal), rows)
     if values:
         conn.executemany(kv_upsert_sql(kv), values)
-    return outcomes
 
 
 def _heads(

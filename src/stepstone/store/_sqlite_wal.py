@@ -18,6 +18,7 @@ import struct
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO, NamedTuple
 
 __all__ = ["WalTender", "wal_checksum", "wal_damage"]
 
@@ -181,64 +182,102 @@ def _scan(db: Path) -> tuple[str, bytes] | None:
             and wal_checksum(head[:24], (0, 0), big) == (c1, c2)
         )
         if not header_ok:
-            if not head.strip(b"\0") and not f.read(1 << 16).strip(b"\0"):
-                return None  # nothing written yet (or zeros kept ahead of the commits)
-            page = page or _db_page_size(db)
-            f.seek(_WAL_HEADER)
-            if page is None:
+            layout = _frames_layout(f, db, head, page, (c1, c2))
+            if layout is None:
                 return None
-            first = f.read(_WAL_FRAME_HEADER + page)
-            f.seek(_WAL_HEADER)
-            if len(first) < _WAL_FRAME_HEADER + page:
-                return None
-            salt1, salt2 = struct.unpack(">II", first[8:16])  # the frames' own salts
-            # the byte order of the sums (the magic's low bit, perhaps the damaged one):
-            # the one the first frame checks out with, else the machine's, as SQLite's
-            stored = struct.unpack(">II", first[16:24])
-            body = first[:8] + first[24:]
-            fits = [b for b in (True, False) if wal_checksum(body, (c1, c2), b) == stored]
-            big = fits[0] if fits else sys.byteorder == "big"
+            page, salt1, salt2, big = layout
         if page is None:
             return None
-        frame = _WAL_FRAME_HEADER + page
-        recovered = -1  # the last commit frame recovery keeps
-        written = -1  # the last commit frame the writer wrote whole
-        broken = -1 if header_ok else 0  # the first frame recovery stops at
-        seed = (c1, c2)  # the stored checksum of the frame before (of the header first)
-        frames: list[tuple[int, bytes]] = []
-        evidence = head
-        while True:
-            data = f.read(frame)
-            if len(data) < frame:
-                break
-            pgno, commit, s1, s2, k1, k2 = struct.unpack(">6I", data[:24])
-            if (s1, s2) != (salt1, salt2) or pgno == 0:
-                break  # the end of this generation's frames (zeros, or an older one's)
-            i = len(frames)
-            sound = wal_checksum(data[:8] + data[24:], seed, big) == (k1, k2)
-            if broken < 0 and not sound:
-                broken = i
-                evidence += data
-            if sound and commit:
-                written = i
-                if broken < 0:
-                    recovered = i
-            seed = (k1, k2)
-            frames.append((pgno, data[24:]))
-        if written <= recovered:
+        walk = _walk_frames(f, page, (salt1, salt2), (c1, c2), big, header_ok, head)
+        if walk.written <= walk.recovered:
             return None
-        if _reads_the_same(db, page, frames, recovered, written):
+        if _reads_the_same(db, page, walk.frames, walk.recovered, walk.written):
             return None
-        where = (
-            "its header is damaged, so SQLite would ignore the whole file"
-            if not header_ok
-            else f"frame {broken + 1} is damaged, so SQLite would stop reading there"
-        )
-        return (
-            f"its WAL file ({db.name}-wal) holds committed transactions that SQLite would "
-            f"drop (frames {recovered + 2} to {written + 1} of {len(frames)}): {where}",
-            evidence,
-        )
+    where = (
+        "its header is damaged, so SQLite would ignore the whole file"
+        if not header_ok
+        else f"frame {walk.broken + 1} is damaged, so SQLite would stop reading there"
+    )
+    return (
+        f"its WAL file ({db.name}-wal) holds committed transactions that SQLite would "
+        f"drop (frames {walk.recovered + 2} to {walk.written + 1} of {len(walk.frames)}): "
+        f"{where}",
+        walk.evidence,
+    )
+
+
+def _frames_layout(
+    f: BinaryIO, db: Path, head: bytes, page: int | None, sums: tuple[int, int]
+) -> tuple[int, int, int, bool] | None:
+    """For a WAL whose header is damaged: the page size, salts and checksum byte order its
+    frames were written with, read from the first frame (the page size from the main file
+    when the header's is not one), or None when there is no frame to read. Leaves ``f`` at
+    the first frame."""
+    if not head.strip(b"\0") and not f.read(1 << 16).strip(b"\0"):
+        return None  # nothing written yet (or zeros kept ahead of the commits)
+    page = page or _db_page_size(db)
+    f.seek(_WAL_HEADER)
+    if page is None:
+        return None
+    first = f.read(_WAL_FRAME_HEADER + page)
+    f.seek(_WAL_HEADER)
+    if len(first) < _WAL_FRAME_HEADER + page:
+        return None
+    salt1, salt2 = struct.unpack(">II", first[8:16])  # the frames' own salts
+    # the byte order of the sums (the magic's low bit, perhaps the damaged one):
+    # the one the first frame checks out with, else the machine's, as SQLite's
+    stored = struct.unpack(">II", first[16:24])
+    body = first[:8] + first[24:]
+    fits = [b for b in (True, False) if wal_checksum(body, sums, b) == stored]
+    return page, salt1, salt2, fits[0] if fits else sys.byteorder == "big"
+
+
+class _Walk(NamedTuple):
+    """What :func:`_walk_frames` found in a WAL's frames (indexes count from 0; -1: none)."""
+
+    recovered: int  # the last commit frame recovery keeps
+    written: int  # the last commit frame the writer wrote whole
+    broken: int  # the first frame recovery stops at
+    frames: list[tuple[int, bytes]]  # (page number, page) of every frame read
+    evidence: bytes  # the header, and the frame recovery stops at
+
+
+def _walk_frames(
+    f: BinaryIO,
+    page: int,
+    salts: tuple[int, int],
+    seed: tuple[int, int],
+    big: bool,
+    header_ok: bool,
+    head: bytes,
+) -> _Walk:
+    """Read the frames of this generation (``salts``) from ``f``'s position, chaining
+    their checksums from ``seed`` (the header's stored checksum)."""
+    frame = _WAL_FRAME_HEADER + page
+    recovered = -1
+    written = -1
+    broken = -1 if header_ok else 0
+    frames: list[tuple[int, bytes]] = []
+    evidence = head
+    while True:
+        data = f.read(frame)
+        if len(data) < frame:
+            break
+        pgno, commit, s1, s2, k1, k2 = struct.unpack(">6I", data[:24])
+        if (s1, s2) != salts or pgno == 0:
+            break  # the end of this generation's frames (zeros, or an older one's)
+        i = len(frames)
+        sound = wal_checksum(data[:8] + data[24:], seed, big) == (k1, k2)
+        if broken < 0 and not sound:
+            broken = i
+            evidence += data
+        if sound and commit:
+            written = i
+            if broken < 0:
+                recovered = i
+        seed = (k1, k2)  # the stored checksum of the frame before
+        frames.append((pgno, data[24:]))
+    return _Walk(recovered, written, broken, frames, evidence)
 
 
 def _db_page_size(db: Path) -> int | None:

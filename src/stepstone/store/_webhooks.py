@@ -15,8 +15,10 @@ import dataclasses
 
 __all__ = ["WEBHOOK_STATUSES", "WebhookRecord"]
 
-#: ``waiting`` (its run goes on), ``pending`` (to send), ``delivered``, ``failed`` (gave up).
-WEBHOOK_STATUSES = ("waiting", "pending", "delivered", "failed")
+#: ``waiting`` (its run goes on), ``pending`` (to send), ``delivered``, ``failed`` (gave up);
+#: a queue's standing order (not a delivery: its id is ``queue:NAME``, its run key empty)
+#: is ``subscribed``, and ``dropped`` once it is taken back.
+WEBHOOK_STATUSES = ("waiting", "pending", "delivered", "failed", "subscribed", "dropped")
 
 #: The columns of ``stepstone_webhooks``, in order.
 WEBHOOK_COLUMNS = (

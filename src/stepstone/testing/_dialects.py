@@ -31,6 +31,9 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    #: Which TCP connection carried it: 1 for the server's first accepted connection, 2 for
+    #: the next, ... (requests on one kept-alive connection share the number).
+    connection: int = 0
 
     def json(self) -> Any:
         """The body parsed as JSON."""
@@ -238,6 +241,42 @@ class OpenAIDialect(Dialect):
     def render(self, reply: Reply, request: RecordedRequest, model: str) -> Action:
         if request.path.rstrip("/").endswith("/responses"):
             return self._responses(reply, request, model)
+        usage_json = self._chat_usage(reply)
+        outcome = reply.outcome()
+        finish = reply.raw_stop_reason or _OPENAI_FINISH.get(outcome, outcome)
+        refusal = reply.text if outcome == "refusal" else None
+        calls = [
+            {"id": c.id or f"call_{i}", "name": c.name, "arguments": self._args(c)}
+            for i, c in enumerate(reply.tool_calls)
+        ]
+        if self.wants_stream(request):
+            return self._chat_stream(reply, model, refusal, calls, finish, usage_json)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if refusal is not None else reply.text or None,
+            "refusal": refusal,
+        }
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
+                for c in calls
+            ]
+        return Respond(
+            body={
+                "id": "chatcmpl-loopback",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage_json,
+            }
+        )
+
+    def _chat_usage(self, reply: Reply) -> dict[str, Any]:
         usage = self._usage(reply)
         usage_json: dict[str, Any] = {
             "prompt_tokens": usage.input_tokens,
@@ -248,38 +287,19 @@ class OpenAIDialect(Dialect):
             usage_json["prompt_tokens_details"] = {"cached_tokens": usage.cache_read_tokens}
         if usage.reasoning_tokens:
             usage_json["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
-        outcome = reply.outcome()
-        finish = reply.raw_stop_reason or _OPENAI_FINISH.get(outcome, outcome)
-        refusal = reply.text if outcome == "refusal" else None
-        calls = [
-            {"id": c.id or f"call_{i}", "name": c.name, "arguments": self._args(c)}
-            for i, c in enumerate(reply.tool_calls)
-        ]
-        if not self.wants_stream(request):
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": None if refusal is not None else reply.text or None,
-                "refusal": refusal,
-            }
-            if calls:
-                message["tool_calls"] = [
-                    {
-                        "id": c["id"],
-                        "type": "function",
-                        "function": {"name": c["name"], "arguments": c["arguments"]},
-                    }
-                    for c in calls
-                ]
-            return Respond(
-                body={
-                    "id": "chatcmpl-loopback",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": model,
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                    "usage": usage_json,
-                }
-            )
+        return usage_json
+
+    def _chat_stream(
+        self,
+        reply: Reply,
+        model: str,
+        refusal: str | None,
+        calls: list[dict[str, Any]],
+        finish: str,
+        usage_json: dict[str, Any],
+    ) -> SSE:
+        """The chat completion as SSE chunks: its text, then each tool call's name and
+        arguments in two halves, then the finish reason and the usage."""
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
             return {
@@ -307,38 +327,20 @@ class OpenAIDialect(Dialect):
                 "function": {"name": c["name"], "arguments": ""},
             }
             events.append((None, chunk({"tool_calls": [head]})))
-            args = c["arguments"]
-            half = len(args) // 2
-            for part in (args[:half], args[half:]):
-                if part:
-                    events.append(
-                        (
-                            None,
-                            chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]}),
-                        )
-                    )
-        if reply.truncate:
-            return SSE(
-                events=events,
-                delay=reply.chunk_delay,
-                stall_after=_stall(reply, 1),
-                reset_after=_reset(reply, 1),
-            )
-        events.append((None, chunk({}, finish)))
-        events.append(
-            (
-                None,
-                {
-                    "id": "chatcmpl-loopback",
-                    "object": "chat.completion.chunk",
-                    "created": 0,
-                    "model": model,
-                    "choices": [],
-                    "usage": usage_json,
-                },
-            )
-        )
-        events.append((None, "[DONE]"))
+            for part in _halves(c["arguments"]):
+                delta = {"tool_calls": [{"index": i, "function": {"arguments": part}}]}
+                events.append((None, chunk(delta)))
+        if not reply.truncate:
+            events.append((None, chunk({}, finish)))
+            last = {
+                "id": "chatcmpl-loopback",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
+                "choices": [],
+                "usage": usage_json,
+            }
+            events += [(None, last), (None, "[DONE]")]
         return SSE(
             events=events,
             delay=reply.chunk_delay,
@@ -407,6 +409,18 @@ class AnthropicDialect(Dialect):
         }
         if not self.wants_stream(request):
             return Respond(body=message)
+        return self._stream(reply, message, usage_json, stop, usage.output_tokens)
+
+    def _stream(
+        self,
+        reply: Reply,
+        message: dict[str, Any],
+        usage_json: dict[str, Any],
+        stop: str,
+        output_tokens: int,
+    ) -> SSE:
+        """The message as SSE events: a block each for the thinking, the text (in pieces)
+        and every tool call (its input in two halves), then the stop reason."""
         start = {**message, "content": [], "stop_reason": None}
         start["usage"] = {**usage_json, "output_tokens": 1}
         events: list[tuple[str | None, Any]] = [
@@ -416,92 +430,30 @@ class AnthropicDialect(Dialect):
         index = 0
         if reply.thinking:
             events += [
-                (
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "thinking", "thinking": "", "signature": ""},
-                    },
-                ),
-                (
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "thinking_delta", "thinking": reply.thinking},
-                    },
-                ),
-                (
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "signature_delta", "signature": "sig"},
-                    },
-                ),
-                ("content_block_stop", {"type": "content_block_stop", "index": index}),
+                _block_start(index, {"type": "thinking", "thinking": "", "signature": ""}),
+                _block_delta(index, {"type": "thinking_delta", "thinking": reply.thinking}),
+                _block_delta(index, {"type": "signature_delta", "signature": "sig"}),
+                _block_stop(index),
             ]
             index += 1
         if reply.text:
-            events.append(
-                (
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "text", "text": ""},
-                    },
-                )
-            )
+            events.append(_block_start(index, {"type": "text", "text": ""}))
             for n, piece in enumerate(self._chunks(reply)):
                 if reply.stream_error is not None and n >= reply.error_after:
                     break
-                events.append(
-                    (
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": index,
-                            "delta": {"type": "text_delta", "text": piece},
-                        },
-                    )
-                )
+                events.append(_block_delta(index, {"type": "text_delta", "text": piece}))
             if reply.stream_error is not None:
                 return SSE(events=[*events, _anthropic_error(reply.stream_error)])
-            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+            events.append(_block_stop(index))
             index += 1
         for i, c in enumerate(reply.tool_calls):
-            events.append(
-                (
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {
-                            "type": "tool_use",
-                            "id": c.id or f"toolu_{i}",
-                            "name": c.name,
-                            "input": {},
-                        },
-                    },
+            block = {"type": "tool_use", "id": c.id or f"toolu_{i}", "name": c.name, "input": {}}
+            events.append(_block_start(index, block))
+            for part in _halves(self._args(c)):
+                events.append(
+                    _block_delta(index, {"type": "input_json_delta", "partial_json": part})
                 )
-            )
-            args = self._args(c)
-            half = len(args) // 2
-            for part in (args[:half], args[half:]):
-                if part:
-                    events.append(
-                        (
-                            "content_block_delta",
-                            {
-                                "type": "content_block_delta",
-                                "index": index,
-                                "delta": {"type": "input_json_delta", "partial_json": part},
-                            },
-                        )
-                    )
-            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+            events.append(_block_stop(index))
             index += 1
         events.append(
             (
@@ -509,7 +461,7 @@ class AnthropicDialect(Dialect):
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": stop, "stop_sequence": None},
-                    "usage": {"output_tokens": usage.output_tokens},
+                    "usage": {"output_tokens": output_tokens},
                 },
             )
         )
@@ -677,3 +629,26 @@ def _stall(reply: Reply, preamble: int) -> int | None:
 
 def _reset(reply: Reply, preamble: int) -> int | None:
     return None if reply.reset_after is None else preamble + reply.reset_after
+
+
+def _halves(text: str) -> list[str]:
+    """``text`` in two non-empty pieces (one when it is a single character, none when
+    empty): how the servers stream a tool call's arguments."""
+    half = len(text) // 2
+    return [part for part in (text[:half], text[half:]) if part]
+
+
+def _block_start(index: int, block: dict[str, Any]) -> tuple[str, Any]:
+    """An Anthropic ``content_block_start`` event."""
+    event = {"type": "content_block_start", "index": index, "content_block": block}
+    return ("content_block_start", event)
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> tuple[str, Any]:
+    """An Anthropic ``content_block_delta`` event."""
+    return ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def _block_stop(index: int) -> tuple[str, Any]:
+    """An Anthropic ``content_block_stop`` event."""
+    return ("content_block_stop", {"type": "content_block_stop", "index": index})

@@ -207,6 +207,7 @@ class LoopbackServer:
         with self._lock:
             self._tasks.add(task)
             self.connections += 1
+            number = self.connections
         try:
             while True:
                 self._idle.add(writer)
@@ -216,6 +217,7 @@ class LoopbackServer:
                     self._idle.discard(writer)
                 if request is None:
                     break
+                request = dataclasses.replace(request, connection=number)
                 action = self._next(request)
                 if self.latency:
                     await asyncio.sleep(self.latency)
@@ -280,17 +282,24 @@ class LoopbackServer:
             writer.transport.abort()
             return False
         if isinstance(action, Respond):
-            body = action.body
-            if not isinstance(body, bytes):
-                body = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-            headers = {
-                "content-type": action.content_type,
-                "content-length": str(len(body)),
-                **action.headers,
-            }
-            writer.write(self._head(action.status, headers) + body)
-            await writer.drain()
+            await self._respond(action, writer)
             return True
+        return await self._stream(action, writer)
+
+    async def _respond(self, action: Respond, writer: asyncio.StreamWriter) -> None:
+        body = action.body
+        if not isinstance(body, bytes):
+            body = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        headers = {
+            "content-type": action.content_type,
+            "content-length": str(len(body)),
+            **action.headers,
+        }
+        writer.write(self._head(action.status, headers) + body)
+        await writer.drain()
+
+    async def _stream(self, action: SSE, writer: asyncio.StreamWriter) -> bool:
+        """Send ``action``'s events as chunked SSE; False when it reset the connection."""
         writer.write(
             self._head(
                 200,

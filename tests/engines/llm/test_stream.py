@@ -74,7 +74,7 @@ async def test_no_idle_timeout_waits() -> None:  # guarantee 77
     assert [t async for t in Agent(engine=engine).stream("q")] == ["a", "b"]
 
 
-async def test_consumer_break_cancels_the_loop() -> None:  # guarantee 85
+async def test_consumer_break_cancels_the_loop() -> None:  # guarantee 85, 410
     ran: list[str] = []
 
     async def tool_after() -> str:

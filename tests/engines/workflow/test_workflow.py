@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import itertools
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import stepstone
 from stepstone import (
@@ -26,6 +28,7 @@ from stepstone import (
     workflow,
 )
 from stepstone.durable import read_run
+from stepstone.graph import END, GraphBuilder, State
 
 CALLS: list[tuple[Any, ...]] = []
 
@@ -125,6 +128,67 @@ async def test_run_is_awaitable_and_concurrent_steps_get_positions_in_call_order
     ]
     assert steps[3]["key"] == "o-1/1"  # the child run's key: <parent>/<position>
     assert store.read("o-1/1")["status"] == "done"
+
+
+@workflow
+async def grouped(order_id: str) -> list[str]:
+    first = await charge(order_id, 1)
+    async with asyncio.TaskGroup() as group:
+        two = group.create_task(charge(order_id, 2))
+        three = group.create_task(charge(order_id, 3))
+    if FAIL.get("stop_after_group"):
+        raise KeyboardInterrupt  # the process goes away after the group
+    return [first, two.result(), three.result(), await charge(order_id, 4)]
+
+
+def test_a_task_group_numbers_its_steps_like_gather_and_replays_them(store: Store) -> None:
+    # guarantee 473: steps started in a TaskGroup are numbered under a branch of their parent,
+    # in the order the tasks were created; a replay gives the same positions and runs none
+    FAIL["stop_after_group"] = True
+    with pytest.raises(KeyboardInterrupt):
+        grouped.using(store=store, key="tg").run_sync("a")
+    assert sorted(c[2] for c in CALLS) == [1, 2, 3]
+    steps = store.read("tg")["steps"]
+    assert [(s["position"], s["args"]) for s in steps] == [
+        ("0", ["a", 1]),
+        ("1.0.0", ["a", 2]),
+        ("1.1.0", ["a", 3]),
+    ]
+    FAIL.clear()
+    CALLS.clear()
+    assert grouped.using(store=store, key="tg").run_sync("a") == [
+        "receipt-a-1",
+        "receipt-a-2",
+        "receipt-a-3",
+        "receipt-a-4",
+    ]
+    assert [c[2] for c in CALLS] == [4]  # the grouped steps were replayed, not run
+    assert [s["position"] for s in store.read("tg")["steps"]] == ["0", "1.0.0", "1.1.0", "1"]
+
+
+@workflow
+async def parent_of_interrupted(order_id: str) -> list[str]:
+    return [await charge(order_id, 0), *await interrupted(order_id)]
+
+
+def test_a_child_that_did_not_finish_resumes_on_its_own_under_its_key(store: Store) -> None:
+    # guarantee 478: the child is a run of its own; resumed under "<parent>/<position>"
+    # without its parent, it replays its committed step; the parent then replays the child
+    FAIL["stop_after_first"] = True
+    with pytest.raises(KeyboardInterrupt):
+        parent_of_interrupted.using(store=store, key="p").run_sync("a")
+    assert store.read("p/1")["status"] == "running"
+    FAIL.clear()
+    CALLS.clear()
+    child = interrupted.using(store=store, key="p/1").run_sync("a")
+    assert child == ["receipt-a-1", "receipt-a-2"] and [c[2] for c in CALLS] == [2]
+    CALLS.clear()
+    assert parent_of_interrupted.using(store=store, key="p").run_sync("a") == [
+        "receipt-a-0",
+        *child,
+    ]
+    assert CALLS == []  # neither the parent's step nor the child's ran again
+    assert store.read("p")["status"] == "done"
 
 
 @workflow
@@ -389,6 +453,30 @@ def test_retries_record_each_attempt_and_the_last_error_reaches_the_workflow(
     CALLS.clear()
     assert retrying.using(store=store, key="r2").run_sync(4) == "gave up: attempt 3 failed"
     assert CALLS == []
+
+
+@step(retries=3, retry_delay=0.04, max_retry_delay=0.1)
+async def slow_to_work(n: int) -> int:
+    CALLS.append(("slow_to_work", time.monotonic()))
+    if len(CALLS) < 4:
+        raise ConnectionError("not yet")
+    return n
+
+
+@workflow
+async def backing_off(n: int) -> int:
+    return await slow_to_work(n)
+
+
+def test_retry_delays_double_from_retry_delay_up_to_the_cap(store: Store) -> None:
+    # guarantee 476: waits of S, 2S, then the cap, each jittered down by at most half (a
+    # constant S would let the second wait be as short as S/2)
+    assert backing_off.using(store=store, key="b").run_sync(7) == 7
+    times = [c[1] for c in CALLS]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(gaps) == 3
+    assert gaps[0] >= 0.02 and gaps[1] >= 0.04 and gaps[2] >= 0.05
+    assert [a["attempt"] for a in store.read("b")["steps"][0]["failed_attempts"]] == [1, 2, 3]
 
 
 @workflow
@@ -734,6 +822,69 @@ def test_a_plan_in_a_workflow_body_is_a_child_run_found_again_on_resume(store: S
     assert ops[0]["key"] == "wp/0" and store.read("wp/0")["status"] == "done"
 
 
+# -- graphs inside workflows --------------------------------------------------------------------
+class Ticket(State):
+    n: int = 0
+    trail: list[str] = Field(default_factory=list)
+
+
+def _triage(state: Ticket) -> dict[str, Any]:
+    PLAN_RUNS.append("triage")
+    return {"n": state.n + 1, "trail": [*state.trail, "triage"]}
+
+
+async def _answer(state: Ticket) -> dict[str, Any]:
+    PLAN_RUNS.append("answer")
+    if FAIL.get("in_answer"):
+        raise KeyboardInterrupt  # the process goes away inside the graph's second node
+    receipt = await charge("in-node", state.n)  # a step in a node is a plain call
+    return {"n": state.n * 10, "trail": [*state.trail, receipt]}
+
+
+TICKETS = (
+    GraphBuilder(Ticket)
+    .add_node("triage", _triage)
+    .add_node("answer", _answer)
+    .add_edge("triage", "answer")
+    .add_edge("answer", END)
+    .set_entry("triage")
+    .compile()
+)
+
+
+@workflow(name="with_graph")
+async def with_graph(n: int) -> int:
+    final = await TICKETS.ainvoke(Ticket(n=n))
+    after = await charge("after", final.n)
+    if FAIL.get("stop"):
+        raise KeyboardInterrupt
+    return len(after) + final.n
+
+
+def test_a_graph_in_a_workflow_body_is_one_operation_replayed_on_resume(store: Store) -> None:
+    # guarantee 492: before, the graph was a plain call: a resumed workflow ran its nodes again
+    PLAN_RUNS.clear()
+    FAIL["in_answer"] = True
+    with pytest.raises(KeyboardInterrupt):  # cut short inside the graph: it runs again
+        with_graph.using(store=store, key="wg").run_sync(1)
+    FAIL.clear()
+    FAIL["stop"] = True
+    with pytest.raises(KeyboardInterrupt):  # cut short after the graph: it is replayed
+        with_graph.using(store=store, key="wg").run_sync(1)
+    assert PLAN_RUNS == ["triage", "answer", "triage", "answer"]
+    FAIL.clear()
+    CALLS.clear()
+    assert with_graph.using(store=store, key="wg").run_sync(1) == len("receipt-after-20") + 20
+    assert PLAN_RUNS == ["triage", "answer", "triage", "answer"] and CALLS == []
+    ops = store.read("wg")["steps"]
+    assert [(o["position"], o["op"], o["name"]) for o in ops] == [
+        ("0", "graph", "graph Ticket"),
+        ("1", "step", "charge"),
+    ]
+    assert ops[0]["value"] == {"n": 20, "trail": ["triage", "receipt-in-node-2"]}
+    assert ops[0]["attempts"] == 2  # the first attempt was cut short, the second finished
+
+
 def test_a_step_in_doubt_is_settled_by_hand_and_the_run_goes_on(store: Store) -> None:
     # guarantee 491
     from stepstone.durable._operations import settle_operation
@@ -758,12 +909,13 @@ def test_a_step_in_doubt_is_settled_by_hand_and_the_run_goes_on(store: Store) ->
 
 
 LEAKED: list[asyncio.Task[Any]] = []
+RUN_ENDED: list[asyncio.Event] = []
 
 
 @workflow
 async def leaks(order_id: str) -> str:
     async def later() -> str:
-        await asyncio.sleep(0.05)
+        await RUN_ENDED[0].wait()
         return await charge(order_id, 9)  # after the run ended
 
     LEAKED.append(asyncio.create_task(later()))
@@ -773,7 +925,9 @@ async def leaks(order_id: str) -> str:
 async def test_a_step_called_after_its_run_ended_is_refused(store: Store) -> None:
     # guarantee 483: nothing is written into a run that ended
     LEAKED.clear()
+    RUN_ENDED[:] = [asyncio.Event()]
     assert await leaks.using(store=store, key="leak").run("o") == "receipt-o-1"
+    RUN_ENDED[0].set()
     with pytest.raises(RuntimeError, match="has ended"):
         await LEAKED[0]
     assert store.read("leak")["status"] == "done" and len(store.read("leak")["steps"]) == 1
@@ -797,9 +951,13 @@ def test_stepstone_settle_lists_and_settles_a_workflow_step_in_doubt(tmp_path: P
         (doubt,) = in_doubt_effects(store, "cli")
         assert (doubt["position"], doubt["name"]) == ("0", "pay_once")
     cli = CliRunner(env={"COLUMNS": "200"})
+    shown = cli.invoke(app, ["show", "cli", "--db", str(db)])
+    assert shown.exit_code == 0 and "EffectInDoubtError" in shown.output
+    assert "at None" not in shown.output  # guarantee 493: a failure that names no step
     argv = ["settle", "cli", "0", "--happened", "--result", "paid by hand", "--db", str(db)]
     out = cli.invoke(app, argv)
     assert out.exit_code == 0, out.output
+    assert "cli: pay_once call 0 settled as happened" in " ".join(out.output.split())  # 493
     with Store(db=db) as store:
         CALLS.clear()
         assert pays.using(store=store, key="cli").run_sync("o", "fail") == "paid by hand"

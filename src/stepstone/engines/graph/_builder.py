@@ -276,9 +276,20 @@ class GraphBuilder(Generic[S]):
                 Agent or a compiled graph, or ``inputs``/``outputs`` is given for a branch
                 that is not a subgraph (or is not a function).
         """
-        from stepstone.engines.graph._compiled import CompiledGraph
-
         where = f"fan-out node {name!r}"
+        self._check_fan_fields(where, over, into)
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise GraphCompileError(
+                f"{where}: concurrency is a positive int (branches at once) or None for all "
+                f"at once, got {concurrency!r}"
+            )
+        kind = _fan_branch(where, branch, inputs, outputs)
+        fan = FanSpec(over=over, into=into, concurrency=concurrency, **kind)
+        return self._add(NodeSpec(name=name, fan=fan))
+
+    def _check_fan_fields(self, where: str, over: str, into: str | None) -> None:
         fields = self.state_cls.model_fields
         for option, named in (("over", over), ("into", into)):
             if named is None and option == "into":
@@ -288,37 +299,6 @@ class GraphBuilder(Generic[S]):
                     f"{where}: {option}= names a field of {self.state_cls.__name__}, got "
                     f"{named!r}; its fields are {sorted(fields)}"
                 )
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise GraphCompileError(
-                f"{where}: concurrency is a positive int (branches at once) or None for all "
-                f"at once, got {concurrency!r}"
-            )
-        for option, value in (("inputs", inputs), ("outputs", outputs)):
-            if value is not None and not isinstance(branch, CompiledGraph):
-                raise GraphCompileError(
-                    f"{where}: {option}= is for a branch that is a compiled graph; a function "
-                    "branch takes the item (and the state) and returns its result itself"
-                )
-            if value is not None and not callable(value):
-                raise GraphCompileError(
-                    f"{where}: {option}= is a function, got {value!r}; pass e.g. "
-                    f"{option}=lambda {'item, state' if option == 'inputs' else 'final'}: ..."
-                )
-        if isinstance(branch, CompiledGraph):
-            kind: dict[str, Any] = {"subgraph": branch, "inputs": inputs, "outputs": outputs}
-        elif is_agent_like(branch):
-            kind = {"agent": branch}
-        elif callable(branch):
-            kind = {"fn": branch, "with_state": _takes_state(branch, where)}
-        else:
-            raise GraphCompileError(
-                f"{where}: the branch is a function fn(item) or fn(item, state), an Agent, "
-                f"or a compiled graph, got {branch!r}"
-            )
-        fan = FanSpec(over=over, into=into, concurrency=concurrency, **kind)
-        return self._add(NodeSpec(name=name, fan=fan))
 
     def add_edge(self, source: str, target: str | Any) -> GraphBuilder[S]:
         """After ``source`` completes, run ``target`` (a node name, or ``END``)."""
@@ -440,3 +420,35 @@ class GraphBuilder(Generic[S]):
             migrations=self._migrations,
             observers=tuple(self._observers),
         )
+
+
+def _fan_branch(
+    where: str,
+    branch: Callable[..., Any] | Any,
+    inputs: Callable[..., Any] | None,
+    outputs: Callable[..., Any] | None,
+) -> dict[str, Any]:
+    """The FanSpec fields of a fan-out node's branch: a subgraph, an Agent or a function."""
+    from stepstone.engines.graph._compiled import CompiledGraph
+
+    for option, value in (("inputs", inputs), ("outputs", outputs)):
+        if value is not None and not isinstance(branch, CompiledGraph):
+            raise GraphCompileError(
+                f"{where}: {option}= is for a branch that is a compiled graph; a function "
+                "branch takes the item (and the state) and returns its result itself"
+            )
+        if value is not None and not callable(value):
+            raise GraphCompileError(
+                f"{where}: {option}= is a function, got {value!r}; pass e.g. "
+                f"{option}=lambda {'item, state' if option == 'inputs' else 'final'}: ..."
+            )
+    if isinstance(branch, CompiledGraph):
+        return {"subgraph": branch, "inputs": inputs, "outputs": outputs}
+    if is_agent_like(branch):
+        return {"agent": branch}
+    if callable(branch):
+        return {"fn": branch, "with_state": _takes_state(branch, where)}
+    raise GraphCompileError(
+        f"{where}: the branch is a function fn(item) or fn(item, state), an Agent, "
+        f"or a compiled graph, got {branch!r}"
+    )

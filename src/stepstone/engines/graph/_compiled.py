@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from stepstone.core._serialization import from_typed_json, to_typed_json
 from stepstone.core._sync import cancel_point, run_sync
 from stepstone.durable import (
     OwnedRun,
@@ -18,7 +19,8 @@ from stepstone.durable import (
     owner_alive,
     run_head,
 )
-from stepstone.durable._effects import bind_scope
+from stepstone.durable._effects import DurableScope, bind_scope
+from stepstone.durable._operations import Call, OperationJournal, Outcome, current_journal
 from stepstone.engines.graph._builder import _END_NAME, END, EdgeSpec, NodeSpec
 from stepstone.engines.graph._checkpoint import StoreCheckpointer
 from stepstone.engines.graph._codec import check_metadata
@@ -81,6 +83,34 @@ class _Resume:
     step: int
     ns: tuple[str, ...] = ()
     last: tuple[str, int] | None = None  # the frame's last completed node, carried over
+
+
+@dataclasses.dataclass
+class _Begin:
+    """How an invoke starts: the chain it belongs to and where its frames continue."""
+
+    correlation_id: str
+    origin: str
+    resumes: list[_Resume]
+    attempt: int
+    positions: list[NodePosition]
+    metadata: dict[str, Any]
+    fan_outs: dict[FanOutAt, dict[int, Any]]
+
+    @classmethod
+    def resumed(
+        cls, raw: RawRecord, resumes: list[_Resume], metadata: Mapping[str, Any] | None
+    ) -> _Begin:
+        return cls(
+            correlation_id=raw.correlation_id,
+            # chains started before origins were recorded keep their correlation id
+            origin=raw.origin or raw.correlation_id,
+            resumes=resumes,
+            attempt=raw.attempt + 1,
+            positions=list(raw.positions),
+            metadata={**raw.metadata, **(metadata or {})},
+            fan_outs=raw.fan_outs,
+        )
 
 
 class CompiledGraph(Generic[S]):
@@ -194,6 +224,60 @@ class CompiledGraph(Generic[S]):
                 ``resume_invocation`` cannot be loaded.
         """
         _check_invoke_options(correlation_id, metadata)
+        journal = current_journal() if resume_invocation is None else None
+        if journal is not None:  # in a workflow's body: one operation of the workflow
+            return await self._journaled(
+                journal,
+                state,
+                correlation_id=correlation_id,
+                metadata=metadata,
+                observers=observers,
+            )
+        return await self._ainvoke(
+            state,
+            correlation_id=correlation_id,
+            resume_invocation=resume_invocation,
+            metadata=metadata,
+            observers=observers,
+        )
+
+    async def _journaled(self, journal: OperationJournal, state: S | None, **options: Any) -> S:
+        """Run the graph as one operation of the workflow ``journal`` belongs to: its final
+        state is recorded, so a replay of the workflow returns it without running a node;
+        a graph cut short by a crash runs again from its start (guarantee 492)."""
+        if state is None or not isinstance(state, self.state_cls):
+            raise UserError(
+                f"invoke() takes an initial {self.state_cls.__name__} instance, got "
+                f"{type(state).__name__}"
+            )
+        name = f"graph {self.state_cls.__name__}"
+        data = to_typed_json(state, where=f"{name} state", strict=True)
+
+        async def invoke(call: Call) -> Outcome:
+            # Nodes see a durable scope of their own (as a step's body does): an agent in
+            # a node journals under the call's idempotency key, a step is a plain call.
+            scope = DurableScope(
+                store=journal.store,
+                key=call.idempotency_key,
+                address=journal.key,
+                attempt=call.attempt,
+            )
+            with bind_scope(scope):
+                final = await self._ainvoke(state, resume_invocation=None, **options)
+            return Outcome.of(to_typed_json(final, where=f"{name} result", strict=True), final)
+
+        result: S = await journal.operation("graph", name, data, invoke, decode=from_typed_json)
+        return result
+
+    async def _ainvoke(
+        self,
+        state: S | None,
+        *,
+        correlation_id: str | None,
+        resume_invocation: str | None,
+        metadata: Mapping[str, Any] | None,
+        observers: Sequence[Observer] | None,
+    ) -> S:
         told = Observers(
             (*self.observers, *check_observers(observers, "invoke(observers=...)")),
             self._deliveries,
@@ -203,96 +287,131 @@ class CompiledGraph(Generic[S]):
         lock: OwnedRun | None = None
         try:
             if resume_invocation is not None:
-                if cp is None:
-                    raise UserError(
-                        "resume_invocation needs a checkpointer; build the graph with "
-                        ".with_checkpointer(SQLiteCheckpointer(path))"
-                    )
-                # The whole record is loaded and checked before the lock is written: a
-                # record that cannot be resumed leaves every byte as it was.
-                raw = await load_record(cp, resume_invocation)
-                if correlation_id is not None and correlation_id != raw.correlation_id:
-                    raise UserError(
-                        f"invocation {resume_invocation!r} belongs to correlation_id "
-                        f"{raw.correlation_id!r}, not {correlation_id!r}; omit correlation_id "
-                        "when resuming"
-                    )
-                resumes = self._prepare_resume(raw)
+                raw, resumes = await self._load_resume(cp, resume_invocation, correlation_id)
                 if isinstance(cp, StoreCheckpointer):
                     lock = await blocking_call(
                         cp.store, self._lock_source, cp, resume_invocation, invocation_id, bulk=True
                     )
-                    current = await blocking_call(
-                        cp.store, run_head, cp.store, cp.key(resume_invocation)
-                    )
-                    if current != raw.head:  # saved again before the lock: load it again
-                        raw = await load_record(cp, resume_invocation)
-                        resumes = self._prepare_resume(raw)
-                correlation_id = raw.correlation_id
-                # chains started before origins were recorded keep their correlation id
-                origin = raw.origin or correlation_id
-                attempt = raw.attempt + 1
-                positions = list(raw.positions)
-                meta = {**raw.metadata, **(metadata or {})}
-                fan_outs = raw.fan_outs
+                    raw, resumes = await self._reload_if_saved(cp, resume_invocation, raw, resumes)
+                begin = _Begin.resumed(raw, resumes, metadata)
             else:
-                if state is None or not isinstance(state, self.state_cls):
-                    raise UserError(
-                        f"invoke() takes an initial {self.state_cls.__name__} instance, got "
-                        f"{type(state).__name__}"
-                    )
-                if correlation_id is None:
-                    correlation_id = invocation_id
-                origin = invocation_id
-                resumes = [_Resume(self, state, None, self.entry, 0)]
-                attempt = 0
-                positions = []
-                meta = dict(metadata or {})
-                fan_outs = {}
-            run = GraphRun(
-                sink=None,
-                invocation_id=invocation_id,
-                correlation_id=correlation_id,
-                attempt=attempt,
-                positions=positions,
-                observers=told,
-                fan_done={at: dict(done) for at, done in fan_outs.items()},
-            )
-            run.sink = await self._start(
-                run,
-                cp,
-                resumes,
-                resumed_from=resume_invocation,
-                metadata=meta,
-                origin=origin,
-                fan_outs=fan_outs,
-            )
-            top = resumes[0]
-            try:
-                final: S = await self._execute(
-                    run, self, top.state, (), top.node, top.step, resumes[1:]
-                )
-            except NodeException as exc:
-                exc.invocation_id = invocation_id if run.sink is not None else None
-                await self._finish(run, "failed", exc)
-                run.emit("run_end", status="failed", error=exc)
-                raise
-            except BaseException as exc:
-                await self._finish(run, "failed", exc)
-                run.emit("run_end", status="failed", error=exc)
-                raise
-            try:
-                await self._finish(run, "done", None)
-            except BaseException as exc:
-                run.emit("run_end", status="failed", error=exc)
-                raise
-            run.emit("run_end", status="done", state=final)
-            await cancel_point()  # one held back while the last node's thread finished
-            return final
+                begin = self._fresh_begin(state, correlation_id, metadata, invocation_id)
+            run = await self._first_save(begin, invocation_id, told, cp, resume_invocation)
+            return await self._run_to_end(run, begin.resumes)
         finally:
             told.close()
             if lock is not None:
                 await blocking_call(lock.store, _release_lock, lock)
+
+    async def _first_save(
+        self,
+        begin: _Begin,
+        invocation_id: str,
+        told: Observers,
+        cp: Checkpointer | None,
+        resumed_from: str | None,
+    ) -> GraphRun:
+        """The new invocation's run, its first record saved (with a checkpointer)."""
+        run = GraphRun(
+            sink=None,
+            invocation_id=invocation_id,
+            correlation_id=begin.correlation_id,
+            attempt=begin.attempt,
+            positions=begin.positions,
+            observers=told,
+            fan_done={at: dict(done) for at, done in begin.fan_outs.items()},
+        )
+        run.sink = await self._start(
+            run,
+            cp,
+            begin.resumes,
+            resumed_from=resumed_from,
+            metadata=begin.metadata,
+            origin=begin.origin,
+            fan_outs=begin.fan_outs,
+        )
+        return run
+
+    async def _load_resume(
+        self, cp: Checkpointer | None, resume_invocation: str, correlation_id: str | None
+    ) -> tuple[RawRecord, list[_Resume]]:
+        """The record to resume and where its frames continue, loaded and checked whole
+        before the lock is written: a record that cannot be resumed leaves every byte as
+        it was."""
+        if cp is None:
+            raise UserError(
+                "resume_invocation needs a checkpointer; build the graph with "
+                ".with_checkpointer(SQLiteCheckpointer(path))"
+            )
+        raw = await load_record(cp, resume_invocation)
+        if correlation_id is not None and correlation_id != raw.correlation_id:
+            raise UserError(
+                f"invocation {resume_invocation!r} belongs to correlation_id "
+                f"{raw.correlation_id!r}, not {correlation_id!r}; omit correlation_id "
+                "when resuming"
+            )
+        return raw, self._prepare_resume(raw)
+
+    async def _reload_if_saved(
+        self,
+        cp: StoreCheckpointer,
+        resume_invocation: str,
+        raw: RawRecord,
+        resumes: list[_Resume],
+    ) -> tuple[RawRecord, list[_Resume]]:
+        """The record as it is under the lock: loaded again if saved since it was read."""
+        current = await blocking_call(cp.store, run_head, cp.store, cp.key(resume_invocation))
+        if current == raw.head:
+            return raw, resumes
+        raw = await load_record(cp, resume_invocation)
+        return raw, self._prepare_resume(raw)
+
+    def _fresh_begin(
+        self,
+        state: S | None,
+        correlation_id: str | None,
+        metadata: Mapping[str, Any] | None,
+        invocation_id: str,
+    ) -> _Begin:
+        if state is None or not isinstance(state, self.state_cls):
+            raise UserError(
+                f"invoke() takes an initial {self.state_cls.__name__} instance, got "
+                f"{type(state).__name__}"
+            )
+        return _Begin(
+            correlation_id=invocation_id if correlation_id is None else correlation_id,
+            origin=invocation_id,
+            resumes=[_Resume(self, state, None, self.entry, 0)],
+            attempt=0,
+            positions=[],
+            metadata=dict(metadata or {}),
+            fan_outs={},
+        )
+
+    async def _run_to_end(self, run: GraphRun, resumes: list[_Resume]) -> S:
+        """Run the graph from its first frame to ``END`` and save how the run ended."""
+        top = resumes[0]
+        try:
+            final: S = await self._execute(
+                run, self, top.state, (), top.node, top.step, resumes[1:]
+            )
+        except NodeException as exc:
+            exc.invocation_id = run.invocation_id if run.sink is not None else None
+            await self._finish(run, "failed", exc)
+            run.emit("run_end", status="failed", error=exc)
+            raise
+        except BaseException as exc:
+            await self._finish(run, "failed", exc)
+            run.emit("run_end", status="failed", error=exc)
+            raise
+        try:
+            await self._finish(run, "done", None)
+        except BaseException as exc:
+            run.emit("run_end", status="failed", error=exc)
+            raise
+        run.emit("run_end", status="done", state=final)
+        await cancel_point()  # one held back while the last node's thread finished
+        return final
 
     def submit(self, state: S, *, store: Any = None, **options: Any) -> Any:
         """Queue a run from ``state`` for a :class:`~stepstone.Worker`; returns its
@@ -551,51 +670,21 @@ class CompiledGraph(Generic[S]):
         while node != _END_NAME:
             await cancel_point()  # a Ctrl-C during the last node stops the run here
             spec = graph.nodes[node]
-            pop = 0
             where = {"node_name": node, "namespace": ns, "step": step}
             run.emit("node_start", extra, state=state, **where)
             try:
-                if spec.fan is not None:
-                    new, set_fields, extend = await run_fan_out(
-                        self, run, graph, spec, state, ns, step, extra
-                    )
-                else:
-                    if spec.subgraph is not None:
-                        update, pop = await self._run_subgraph(
-                            run, graph, spec, state, ns, step, inner
-                        )
-                        inner = []
-                    else:
-                        with bind_scope(run.scope(ns, node, step)):
-                            update = await call_node(spec, state)
-                    if update is None:
-                        update = {}
-                    if not isinstance(update, Mapping):
-                        raise TypeError(
-                            f"node {node!r} returned {type(update).__name__}; return a dict "
-                            "of the fields to update (or None)"
-                        )
-                    new, set_fields, extend = apply_update(
-                        state, update, node=node, reducers=update_reducers(spec, graph)
-                    )
-                patch = run.patch(new, set_fields, extend)
-            except (CheckpointSaveFailed, ConcurrentRunError, RunCancelledError) as exc:
-                run.emit("node_end", extra, error=exc, **where)
-                raise  # the run's own failure (a save, its ownership), not the node's
-            except NodeException as exc:
-                if exc.node_name == node and not exc.namespace:
-                    exc.namespace = ns
-                run.emit("node_end", extra, error=exc, **where)
-                raise
-            except Exception as exc:
-                failed = NodeException(
-                    f"node {node!r} raised {type(exc).__name__}: {exc}",
-                    node_name=node,
-                    recoverable_state=state,
-                    namespace=ns,
+                new, set_fields, extend, pop = await self._run_node(
+                    run, graph, spec, state, ns, step, inner, extra
                 )
+                patch = run.patch(new, set_fields, extend)
+            except Exception as exc:
+                failed = _node_error(exc, node, state, ns)
                 run.emit("node_end", extra, error=failed, **where)
+                if failed is exc:
+                    raise
                 raise failed from exc
+            if spec.fan is None and spec.subgraph is not None:
+                inner = []  # the resumed subgraph frames are used up
             route_error: NodeException | None = None
             try:
                 nxt: str | None = graph._route(node, new, ns)
@@ -610,6 +699,42 @@ class CompiledGraph(Generic[S]):
             assert nxt is not None
             state, node, step = new, nxt, step + 1
         return state
+
+    async def _run_node(
+        self,
+        run: GraphRun,
+        graph: CompiledGraph[Any],
+        spec: NodeSpec,
+        state: Any,
+        ns: tuple[str, ...],
+        step: int,
+        inner: list[_Resume],
+        extra: tuple[Observer, ...],
+    ) -> tuple[Any, list[str], dict[str, list[Any]], int]:
+        """Run one node: the new state, what it set and extended, and how many resumed
+        frames it used (``pop``)."""
+        if spec.fan is not None:
+            new, set_fields, extend = await run_fan_out(
+                self, run, graph, spec, state, ns, step, extra
+            )
+            return new, set_fields, extend, 0
+        pop = 0
+        if spec.subgraph is not None:
+            update, pop = await self._run_subgraph(run, graph, spec, state, ns, step, inner)
+        else:
+            with bind_scope(run.scope(ns, spec.name, step)):
+                update = await call_node(spec, state)
+        if update is None:
+            update = {}
+        if not isinstance(update, Mapping):
+            raise TypeError(
+                f"node {spec.name!r} returned {type(update).__name__}; return a dict "
+                "of the fields to update (or None)"
+            )
+        new, set_fields, extend = apply_update(
+            state, update, node=spec.name, reducers=update_reducers(spec, graph)
+        )
+        return new, set_fields, extend, pop
 
     async def _run_subgraph(
         self,
@@ -683,3 +808,20 @@ def _release_lock(lock: OwnedRun) -> None:
         pass
     finally:
         lock.release()
+
+
+def _node_error(exc: Exception, node: str, state: Any, ns: tuple[str, ...]) -> Exception:
+    """What a node's failure raises: the run's own failures (a save, its ownership, a
+    cancel) and NodeExceptions as they are, anything else as a NodeException."""
+    if isinstance(exc, CheckpointSaveFailed | ConcurrentRunError | RunCancelledError):
+        return exc  # the run's own failure (a save, its ownership), not the node's
+    if isinstance(exc, NodeException):
+        if exc.node_name == node and not exc.namespace:
+            exc.namespace = ns
+        return exc
+    return NodeException(
+        f"node {node!r} raised {type(exc).__name__}: {exc}",
+        node_name=node,
+        recoverable_state=state,
+        namespace=ns,
+    )

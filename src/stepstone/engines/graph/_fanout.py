@@ -57,12 +57,7 @@ async def run_fan_out(
     fan = spec.fan
     assert fan is not None
     name = spec.name
-    items = getattr(state, fan.over)
-    if not isinstance(items, (list, tuple)):
-        raise TypeError(
-            f"fan-out node {name!r} maps over field {fan.over!r}, which holds "
-            f"{type(items).__name__} {items!r:.80}, not a list"
-        )
+    items = _items(state, fan, name)
     at: FanOutAt = (ns, name, step)
     done: dict[int, Any] = run.fan_done.pop(at, {})  # saved before a resume: not run again
     todo = [i for i in range(len(items)) if i not in done]
@@ -109,7 +104,25 @@ async def run_fan_out(
     results = [done[i] for i in range(len(items))]
     if fan.into is not None:
         return apply_update(state, {fan.into: results}, node=name, reducers=graph.reducers)
-    reducers = _result_reducers(fan, graph)
+    return _merge(state, results, name, _result_reducers(fan, graph))
+
+
+def _items(state: State, fan: FanSpec, name: str) -> list[Any] | tuple[Any, ...]:
+    """The list a fan-out node maps over (TypeError naming the field when it is not one)."""
+    items = getattr(state, fan.over)
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(
+            f"fan-out node {name!r} maps over field {fan.over!r}, which holds "
+            f"{type(items).__name__} {items!r:.80}, not a list"
+        )
+    return items
+
+
+def _merge(
+    state: State, results: list[Any], name: str, reducers: Mapping[str, Reducer]
+) -> tuple[State, list[str], dict[str, list[Any]]]:
+    """The branches' updates (dicts of fields, or None) applied one after another, in
+    item order, through ``reducers``."""
     current, set_fields, extend = state, list[str](), dict[str, list[Any]]()
     for i, result in enumerate(results):
         if result is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -390,12 +391,10 @@ class LLMEngine(ProviderRouting):
                     break
                 yield token
             if task.done() and not task.cancelled() and task.exception() is None:
+                metadata = self._metadata(state, started)
                 _STREAM_RESULT.set(
                     Envelope(
-                        task=env.task,
-                        context=env.context,
-                        payload=task.result(),
-                        metadata=self._metadata(state, started),
+                        task=env.task, context=env.context, payload=task.result(), metadata=metadata
                     )
                 )
         finally:
@@ -408,17 +407,22 @@ class LLMEngine(ProviderRouting):
                 if not cancelled_by_us:
                     raise
             finally:
-                state.emit(
-                    EventType.AGENT_FINISH,
-                    {
-                        "cancelled": cancelled_by_us,
-                        "ok": task.done() and not task.cancelled() and task.exception() is None,
-                        "error": type(task.exception()).__name__
-                        if task.done() and not task.cancelled() and task.exception() is not None
-                        else None,
-                        **self._metadata(state, started),
-                    },
-                )
+                self._emit_stream_finish(state, task, started, cancelled=cancelled_by_us)
+
+    def _emit_stream_finish(
+        self, state: RunState, task: asyncio.Task[Any], started: float, *, cancelled: bool
+    ) -> None:
+        """The AGENT_FINISH event of a stream, whatever ended it."""
+        failed = task.done() and not task.cancelled() and task.exception() is not None
+        state.emit(
+            EventType.AGENT_FINISH,
+            {
+                "cancelled": cancelled,
+                "ok": task.done() and not task.cancelled() and task.exception() is None,
+                "error": type(task.exception()).__name__ if failed else None,
+                **self._metadata(state, started),
+            },
+        )
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -480,41 +484,32 @@ class LLMEngine(ProviderRouting):
         wire_model = provider.resolve_model(self.settings.model)
         state.model = wire_model
         tool_map = {t.name: t for t in tools}
-        definitions = [
-            ToolDefinition(name=t.name, description=t.description, parameters=t.parameters)
-            for t in tools
-        ]
+        definitions = _definitions(tools)
         structured = wants_structured(output_type)
         schema = output_schema(output_type) if structured else None
         user_text = env.task if env.task else payload_text(env.payload)
         messages = [Message(role="user", text=user_text)]
-        batch = ToolBatch(
-            tool_map=tool_map,
-            effects=effects,
-            emit=state.emit,
-            run_id=state.run_id,
-            max_parallel_tools=self.settings.max_parallel_tools,
-            max_tool_calls_per_turn=self.settings.max_tool_calls_per_turn,
-            tool_timeout=self.settings.tool_timeout,
+        batch = self._tool_batch(tool_map, effects, state)
+        # What every turn's request carries; each turn adds the messages so far.
+        request_of = functools.partial(
+            ModelRequest,
+            model=wire_model,
+            system=self._system(env),
+            tools=definitions,
+            temperature=self.settings.temperature,
+            thinking=self.settings.thinking_config,
+            cache=self.settings.cache,
+            output_schema=schema,
+            output_name=getattr(output_type, "__name__", None) if structured else None,
         )
-        system = self._system(env)
-        thinking = self.settings.thinking_config
         pending = ""  # text of paused or length-continued turns, joined to the final answer
         for turn in range(self.settings.max_turns):
             self._calls.check_limits(state, wire_model, provider.name)
             force = self.settings.tool_choice == "any" and turn == 0 and bool(definitions)
-            request = ModelRequest(
-                model=wire_model,
+            request = request_of(
                 messages=list(messages),
-                system=system,
-                tools=definitions,
                 tool_choice="required" if force else "auto",
-                temperature=self.settings.temperature,
-                thinking=thinking,
-                cache=self.settings.cache,
                 native_tools=list(self.settings.native_tools),
-                output_schema=schema,
-                output_name=getattr(output_type, "__name__", None) if structured else None,
                 turn=turn,
             )
             if hooks is not None:
@@ -528,22 +523,9 @@ class LLMEngine(ProviderRouting):
             if hooks is not None:
                 hooks.model_done(request, response, state)
             outcome = self._calls.outcome(provider, response, state)
-            messages.append(
-                Message(
-                    role="assistant",
-                    text=response.text,
-                    tool_calls=list(response.tool_calls),
-                    raw=response.raw,
-                    raw_provider=provider.name,
-                )
-            )
-            if outcome == "malformed":
-                messages.append(Message(role="user", text=MALFORMED_CALL_NOTE))
-                continue
-            if outcome in ("pause", "continue"):
-                pending += response.text
-                if outcome == "continue":
-                    messages.append(Message(role="user", text=CONTINUE_NOTE))
+            messages.append(_assistant_message(response, provider.name))
+            if outcome in ("malformed", "pause", "continue"):
+                pending = _unfinished_turn(outcome, response.text, pending, messages)
                 continue
             if response.tool_calls:
                 state.tool_calls += len(response.tool_calls)
@@ -557,27 +539,27 @@ class LLMEngine(ProviderRouting):
             text, pending = pending + response.text, ""
             if not structured:
                 return text
-            try:
-                value = parse_output(text, output_type)
-            except ValueError as exc:
-                # Tell the model what was wrong and let it try again (counts as a turn).
-                messages.append(
-                    Message(
-                        role="user",
-                        text=(
-                            f"Your answer did not match the required JSON schema: {exc}. "
-                            "Reply with only a JSON value that matches the schema."
-                        ),
-                    )
-                )
-                continue
-            if sink is not None and text:
-                await sink.put(text)
-            return value
+            answer = await _structured_answer(text, output_type, sink, messages)
+            if answer is not _RETRY:
+                return answer
         raise MaxTurnsExceeded(
             f"the model was still working after max_turns={self.settings.max_turns} turns "
             f"(model {wire_model!r}, {state.tool_calls} tool call(s)); raise "
             f"LLMEngine(max_turns=...) or simplify the task"
+        )
+
+    def _tool_batch(
+        self, tool_map: dict[str, Tool], effects: EffectHandler, state: RunState
+    ) -> ToolBatch:
+        """What runs the tool calls of each turn, with the engine's limits."""
+        return ToolBatch(
+            tool_map=tool_map,
+            effects=effects,
+            emit=state.emit,
+            run_id=state.run_id,
+            max_parallel_tools=self.settings.max_parallel_tools,
+            max_tool_calls_per_turn=self.settings.max_tool_calls_per_turn,
+            tool_timeout=self.settings.tool_timeout,
         )
 
     async def _model_call(
@@ -679,3 +661,61 @@ def _check_default_route(model: str, provider: Provider) -> None:
             f"LLMEngine.register_provider_rule({model.split('-')[0]!r}, '<provider>', "
             "kind='startswith')"
         ) from exc
+
+
+#: What :func:`_structured_answer` returns when the model must try again.
+_RETRY: Final = object()
+
+
+def _unfinished_turn(outcome: str, text: str, pending: str, messages: list[Message]) -> str:
+    """Prepare the next turn after one that gave no answer: a malformed tool call is
+    pointed out to the model; the text of a paused or length-cut turn is kept (returned,
+    joined to ``pending``) and a cut one is asked to continue."""
+    if outcome == "malformed":
+        messages.append(Message(role="user", text=MALFORMED_CALL_NOTE))
+        return pending
+    if outcome == "continue":
+        messages.append(Message(role="user", text=CONTINUE_NOTE))
+    return pending + text
+
+
+async def _structured_answer(
+    text: str, output_type: type, sink: TokenQueue | None, messages: list[Message]
+) -> Any:
+    """The final answer ``text`` parsed as ``output_type`` (and sent to ``sink``), or
+    ``_RETRY`` after telling the model what was wrong (the retry counts as a turn)."""
+    try:
+        value = parse_output(text, output_type)
+    except ValueError as exc:
+        messages.append(
+            Message(
+                role="user",
+                text=(
+                    f"Your answer did not match the required JSON schema: {exc}. "
+                    "Reply with only a JSON value that matches the schema."
+                ),
+            )
+        )
+        return _RETRY
+    if sink is not None and text:
+        await sink.put(text)
+    return value
+
+
+def _assistant_message(response: ModelResponse, provider: str) -> Message:
+    """The model's answer as the history keeps it (with the provider's raw parts)."""
+    return Message(
+        role="assistant",
+        text=response.text,
+        tool_calls=list(response.tool_calls),
+        raw=response.raw,
+        raw_provider=provider,
+    )
+
+
+def _definitions(tools: list[Tool]) -> list[ToolDefinition]:
+    """The tools as the model is offered them."""
+    return [
+        ToolDefinition(name=t.name, description=t.description, parameters=t.parameters)
+        for t in tools
+    ]

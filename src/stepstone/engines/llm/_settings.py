@@ -120,17 +120,7 @@ class LLMSettings:
             ("stream_buffer", stream_buffer, int, 1, False),
             ("temperature", temperature, float, 0, True),
         )
-        if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
-            raise ConfigurationTypeError(
-                f"usage_limits must be a UsageLimits, got {usage_limits!r}"
-            )
-        if system is not None and not isinstance(system, str):
-            raise ConfigurationTypeError(f"system must be a str or None, got {system!r}")
-        if stream_to is not None and (not isinstance(stream_to, str) or not stream_to):
-            raise ConfigurationTypeError(
-                f"stream_to must be the name of a stream (a non-empty str) or None, got "
-                f"{stream_to!r:.80}"
-            )
+        _check_types(usage_limits, system, stream_to)
         idle = _idle_timeout(stream_idle_timeout, stacklevel + 2)
         _check_tool_choice(tool_choice)
         natives = _native_tools(native_tools, allow_dangerous_native_tools)
@@ -171,6 +161,19 @@ class LLMSettings:
         if isinstance(self.thinking, ThinkingConfig):
             return self.thinking
         return ThinkingConfig() if self.thinking else None
+
+
+def _check_types(usage_limits: Any, system: Any, stream_to: Any) -> None:
+    """The options that must be of one type (or None): ConfigurationTypeError if not."""
+    if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
+        raise ConfigurationTypeError(f"usage_limits must be a UsageLimits, got {usage_limits!r}")
+    if system is not None and not isinstance(system, str):
+        raise ConfigurationTypeError(f"system must be a str or None, got {system!r}")
+    if stream_to is not None and (not isinstance(stream_to, str) or not stream_to):
+        raise ConfigurationTypeError(
+            f"stream_to must be the name of a stream (a non-empty str) or None, got "
+            f"{stream_to!r:.80}"
+        )
 
 
 def _check_numbers(*checks: tuple[str, Any, type, float | None, bool]) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import reprlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stepstone.core import Envelope
@@ -185,76 +186,100 @@ _ENVELOPE_FIELDS = {"task", "context", "payload", "encoding", "metadata", "error
 
 def replay(key: str, rows: list[JournalRow]) -> Replay:
     """Decode ``rows``; raises CheckpointCorruptError naming ``key`` when they are bad."""
-    applied: list[tuple[str, dict[str, Any]]] = []
-    pending: dict[str, dict[str, dict[str, Any]]] = {}
-    kv: dict[str, Any] = {}
-    shape: list[Any] | None = None
-    direct: list[str] = []
-    bands: list[str] = []
+    rep = Replay([], {}, {})
     for row in rows:
-        try:
-            data = json.loads(row.data)
-        except ValueError as exc:
-            raise corrupt_checkpoint(key, f"journal row {row.seq} is not JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise corrupt_checkpoint(
-                key, f"journal row {row.seq} is {type(data).__name__}, not an object"
-            )
-        unknown = set(data) - _ROW_FIELDS.get(row.kind, set(data))
-        env = data.get("envelope") if row.kind == "step" else None
-        if isinstance(env, dict):
-            unknown |= {f"envelope.{k}" for k in set(env) - _ENVELOPE_FIELDS}
-        if unknown:  # a byte flipped in a field's name: skipping the field changes the run
-            raise corrupt_checkpoint(
-                key,
-                f"journal row {row.seq} ({row.kind} {row.name!r}) has the field(s) "
-                f"{sorted(unknown)}, which a Plan run never writes",
-            )
-        if row.kind == "step":
-            if not row.name:
-                raise corrupt_checkpoint(key, f"journal row {row.seq} has no step name")
-            band = data.get("band")
-            # Only rows imported from the first formats (before the shape row) may lack
-            # their envelope: without it, a resume would run the step again.
-            legacy = shape is None and band is None
-            if not isinstance(data.get("envelope"), dict | None if legacy else dict):
-                raise corrupt_checkpoint(
-                    key, f"journal row {row.seq} (step {row.name!r}) has no envelope"
-                )
-            if band is not None:
-                pending.setdefault(str(band), {})[row.name] = data
-                continue
-            applied.append((row.name, data))
-            direct.append(row.name)
-            _apply_write(kv, data)
-        elif row.kind == "band":
-            bands.append(str(row.name))
-            branches = pending.pop(str(row.name), {})
-            for name, branch in branches.items():
-                applied.append((name, branch))
-                _apply_write(kv, branch)
-        elif row.kind == "kv":
-            if "key" not in data:
-                raise corrupt_checkpoint(key, f"journal row {row.seq} (a kv entry) has no key")
-            kv[str(data["key"])] = data.get("value")
-        elif row.kind == "plan" and row.name == "shape":
-            steps = data.get("steps")
-            if not _is_shape(steps):
-                # read as no shape, the run would pass for one from before shape rows, and
-                # its steps would be checked as loosely as those
-                raise corrupt_checkpoint(
-                    key,
-                    f"journal row {row.seq} (the plan's steps) is not a list of "
-                    f"[name, parallel, writes] entries: {reprlib.repr(steps)}",
-                )
-            shape = steps
-        else:  # a byte flipped in its kind: skipping it would drop a step from the run
-            raise corrupt_checkpoint(
-                key,
-                f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which a Plan "
-                "run never writes",
-            )
-    return Replay(applied, pending, kv, shape, direct, bands)
+        data = _row_data(key, row)
+        apply = _REPLAY_ROW.get(row.kind)
+        if apply is None:  # a byte flipped in its kind: skipping it would drop a step
+            raise _unknown_row(key, row)
+        apply(key, rep, row, data)
+    return rep
+
+
+def _row_data(key: str, row: JournalRow) -> dict[str, Any]:
+    """A journal row's fields, checked to be the ones its kind of row holds."""
+    try:
+        data = json.loads(row.data)
+    except ValueError as exc:
+        raise corrupt_checkpoint(key, f"journal row {row.seq} is not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise corrupt_checkpoint(
+            key, f"journal row {row.seq} is {type(data).__name__}, not an object"
+        )
+    unknown = set(data) - _ROW_FIELDS.get(row.kind, set(data))
+    env = data.get("envelope") if row.kind == "step" else None
+    if isinstance(env, dict):
+        unknown |= {f"envelope.{k}" for k in set(env) - _ENVELOPE_FIELDS}
+    if unknown:  # a byte flipped in a field's name: skipping the field changes the run
+        raise corrupt_checkpoint(
+            key,
+            f"journal row {row.seq} ({row.kind} {row.name!r}) has the field(s) "
+            f"{sorted(unknown)}, which a Plan run never writes",
+        )
+    return data
+
+
+def _unknown_row(key: str, row: JournalRow) -> CheckpointCorruptError:
+    return corrupt_checkpoint(
+        key,
+        f"journal row {row.seq} is a {row.kind!r} row named {row.name!r}, which a Plan "
+        "run never writes",
+    )
+
+
+def _replay_step(key: str, rep: Replay, row: JournalRow, data: dict[str, Any]) -> None:
+    if not row.name:
+        raise corrupt_checkpoint(key, f"journal row {row.seq} has no step name")
+    band = data.get("band")
+    # Only rows imported from the first formats (before the shape row) may lack
+    # their envelope: without it, a resume would run the step again.
+    legacy = rep.shape is None and band is None
+    if not isinstance(data.get("envelope"), dict | None if legacy else dict):
+        raise corrupt_checkpoint(key, f"journal row {row.seq} (step {row.name!r}) has no envelope")
+    if band is not None:
+        rep.pending.setdefault(str(band), {})[row.name] = data
+        return
+    rep.applied.append((row.name, data))
+    rep.direct.append(row.name)
+    _apply_write(rep.kv, data)
+
+
+def _replay_band(key: str, rep: Replay, row: JournalRow, data: dict[str, Any]) -> None:
+    rep.bands.append(str(row.name))
+    branches = rep.pending.pop(str(row.name), {})
+    for name, branch in branches.items():
+        rep.applied.append((name, branch))
+        _apply_write(rep.kv, branch)
+
+
+def _replay_kv(key: str, rep: Replay, row: JournalRow, data: dict[str, Any]) -> None:
+    if "key" not in data:
+        raise corrupt_checkpoint(key, f"journal row {row.seq} (a kv entry) has no key")
+    rep.kv[str(data["key"])] = data.get("value")
+
+
+def _replay_plan(key: str, rep: Replay, row: JournalRow, data: dict[str, Any]) -> None:
+    if row.name != "shape":
+        raise _unknown_row(key, row)
+    steps = data.get("steps")
+    if not _is_shape(steps):
+        # read as no shape, the run would pass for one from before shape rows, and
+        # its steps would be checked as loosely as those
+        raise corrupt_checkpoint(
+            key,
+            f"journal row {row.seq} (the plan's steps) is not a list of "
+            f"[name, parallel, writes] entries: {reprlib.repr(steps)}",
+        )
+    rep.shape = steps
+
+
+#: How each kind of Plan journal row applies to the decoded run.
+_REPLAY_ROW: dict[str, Callable[[str, Replay, JournalRow, dict[str, Any]], None]] = {
+    "step": _replay_step,
+    "band": _replay_band,
+    "kv": _replay_kv,
+    "plan": _replay_plan,
+}
 
 
 def _is_shape(steps: Any) -> bool:
@@ -364,25 +389,7 @@ def legacy_import(key: str, text: str) -> tuple[RunHead, list[JournalRow]] | Non
             key, f"legacy checkpoint has invalid status/next_step/kv: {text[:200]}"
         )
     version = data.get("checkpoint_version", 1)
-    rows: list[JournalRow] = []
-    for k, v in kv.items():
-        rows.append(JournalRow(len(rows), "kv", None, dumps({"key": k, "value": v})))
-    history = data.get("history") or []
-    completed = [str(n) for n in data.get("completed_steps") or []]
-    if isinstance(history, list) and history:
-        for item in history:
-            if not isinstance(item, dict):
-                continue
-            name = item.get("step") or item.get("name")
-            env = item.get("envelope")
-            if env is None and "payload" in item:
-                env = {"task": item.get("task"), "payload": item.get("payload")}
-            if name:
-                row = {"iteration": item.get("iteration"), "envelope": env}
-                rows.append(JournalRow(len(rows), "step", str(name), dumps(row)))
-    else:
-        for name in completed:
-            rows.append(JournalRow(len(rows), "step", name, dumps({"envelope": None})))
+    rows = _legacy_rows(data, kv)
     now = time.time()
     head = RunHead(
         key=key,
@@ -402,3 +409,34 @@ def legacy_import(key: str, text: str) -> tuple[RunHead, list[JournalRow]] | Non
         updated_at=now,
     )
     return head, rows
+
+
+def _legacy_rows(data: dict[str, Any], kv: dict[str, Any]) -> list[JournalRow]:
+    """The journal rows of a plain-value checkpoint: its kv entries, then its steps."""
+    rows: list[JournalRow] = []
+    for k, v in kv.items():
+        rows.append(JournalRow(len(rows), "kv", None, dumps({"key": k, "value": v})))
+    history = data.get("history") or []
+    completed = [str(n) for n in data.get("completed_steps") or []]
+    if isinstance(history, list) and history:
+        for name, row in _legacy_history(history):
+            rows.append(JournalRow(len(rows), "step", name, dumps(row)))
+    else:
+        for name in completed:
+            rows.append(JournalRow(len(rows), "step", name, dumps({"envelope": None})))
+    return rows
+
+
+def _legacy_history(history: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(step, row data)`` of each named entry of a v2 checkpoint's history."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for item in history:
+        if not isinstance(item, dict):
+            continue
+        name = item.get("step") or item.get("name")
+        env = item.get("envelope")
+        if env is None and "payload" in item:
+            env = {"task": item.get("task"), "payload": item.get("payload")}
+        if name:
+            out.append((str(name), {"iteration": item.get("iteration"), "envelope": env}))
+    return out

@@ -82,61 +82,11 @@ def compile_plan(
     Raises:
         PlanCompileError: naming the step and the fix, for every invalid plan.
     """
-    if not steps:
-        raise PlanCompileError("Plan() needs at least one Step")
-    if (
-        isinstance(max_iterations, bool)
-        or not isinstance(max_iterations, int)
-        or max_iterations < 1
-    ):
-        raise PlanCompileError(f"max_iterations must be an int >= 1, got {max_iterations!r}")
-    for i, step in enumerate(steps):
-        if not isinstance(step, Step):
-            raise PlanCompileError(
-                f"Plan() takes Step objects; argument {i} is {type(step).__name__}: {step!r}"
-            )
-    for s in steps:  # before the fingerprint, which encodes them
-        if s.writes is not None and (not isinstance(s.writes, str) or not s.writes):
-            raise PlanCompileError(
-                f"step {s.step_name!r}: writes= must be a non-empty str, got {s.writes!r}"
-            )
-        problem = None if s.writes is None else key_problem(s.writes, new=True)
-        if problem is not None:
-            raise PlanCompileError(f"step {s.step_name!r}: writes={shown_key(s.writes)} {problem}")
-    step_of: dict[str, Step] = {}
-    for step in steps:
-        for what, tp in (("input", step.input), ("output", step.output)):
-            if tp is str or tp is Any:
-                continue
-            try:
-                type_adapter(tp)
-            except Exception as exc:  # pydantic's errors differ by what the type is
-                raise PlanCompileError(
-                    f"step {step.step_name!r}: {what}={tp!r} is not a type its payload can be "
-                    f"validated as ({type(exc).__name__}); pass a type such as str, dict or a "
-                    "pydantic model"
-                ) from exc
-        if step.step_name in step_of:
-            raise PlanCompileError(
-                f"two steps are named {step.step_name!r}; step names are identities (routing, "
-                "sentinels, checkpoints): give one of them name='...'"
-            )
-        step_of[step.step_name] = step
-
-    units: list[Unit] = []
-    unit_of: dict[str, int] = {}
-    i = 0
-    while i < len(steps):
-        j = i + 1
-        if steps[i].parallel:
-            while j < len(steps) and steps[j].parallel:
-                j += 1
-        unit = Unit(len(units), tuple(steps[i:j]))
-        for s in unit.steps:
-            unit_of[s.step_name] = unit.index
-        units.append(unit)
-        i = j
-
+    _check_arguments(steps, max_iterations)
+    for step in steps:  # before the fingerprint, which encodes them
+        _check_writes(step)
+    step_of = _index_steps(steps)
+    units, unit_of = _group_units(steps)
     compiled = CompiledPlan(
         steps=tuple(steps),
         units=tuple(units),
@@ -150,13 +100,92 @@ def compile_plan(
         _check_routing(step, compiled)
         _check_types(step, compiled)
     for unit in units:
-        band_writes = [s.writes for s in unit.steps if s.writes]
-        if len(band_writes) != len(set(band_writes)):
-            raise PlanCompileError(
-                f"parallel band starting at {unit.entry!r} has two steps writing the same "
-                f"key ({band_writes}); give each branch its own writes= key"
-            )
+        _check_band_writes(unit)
     return compiled
+
+
+def _check_arguments(steps: tuple[Step, ...], max_iterations: int) -> None:
+    if not steps:
+        raise PlanCompileError("Plan() needs at least one Step")
+    if (
+        isinstance(max_iterations, bool)
+        or not isinstance(max_iterations, int)
+        or max_iterations < 1
+    ):
+        raise PlanCompileError(f"max_iterations must be an int >= 1, got {max_iterations!r}")
+    for i, step in enumerate(steps):
+        if not isinstance(step, Step):
+            raise PlanCompileError(
+                f"Plan() takes Step objects; argument {i} is {type(step).__name__}: {step!r}"
+            )
+
+
+def _check_writes(step: Step) -> None:
+    if step.writes is None:
+        return
+    if not isinstance(step.writes, str) or not step.writes:
+        raise PlanCompileError(
+            f"step {step.step_name!r}: writes= must be a non-empty str, got {step.writes!r}"
+        )
+    problem = key_problem(step.writes, new=True)
+    if problem is not None:
+        raise PlanCompileError(
+            f"step {step.step_name!r}: writes={shown_key(step.writes)} {problem}"
+        )
+
+
+def _check_payload_types(step: Step) -> None:
+    for what, tp in (("input", step.input), ("output", step.output)):
+        if tp is str or tp is Any:
+            continue
+        try:
+            type_adapter(tp)
+        except Exception as exc:  # pydantic's errors differ by what the type is
+            raise PlanCompileError(
+                f"step {step.step_name!r}: {what}={tp!r} is not a type its payload can be "
+                f"validated as ({type(exc).__name__}); pass a type such as str, dict or a "
+                "pydantic model"
+            ) from exc
+
+
+def _index_steps(steps: tuple[Step, ...]) -> dict[str, Step]:
+    step_of: dict[str, Step] = {}
+    for step in steps:
+        _check_payload_types(step)
+        if step.step_name in step_of:
+            raise PlanCompileError(
+                f"two steps are named {step.step_name!r}; step names are identities (routing, "
+                "sentinels, checkpoints): give one of them name='...'"
+            )
+        step_of[step.step_name] = step
+    return step_of
+
+
+def _group_units(steps: tuple[Step, ...]) -> tuple[list[Unit], dict[str, int]]:
+    """Consecutive parallel=True steps form one band; every other step is its own unit."""
+    units: list[Unit] = []
+    unit_of: dict[str, int] = {}
+    i = 0
+    while i < len(steps):
+        j = i + 1
+        if steps[i].parallel:
+            while j < len(steps) and steps[j].parallel:
+                j += 1
+        unit = Unit(len(units), tuple(steps[i:j]))
+        for s in unit.steps:
+            unit_of[s.step_name] = unit.index
+        units.append(unit)
+        i = j
+    return units, unit_of
+
+
+def _check_band_writes(unit: Unit) -> None:
+    band_writes = [s.writes for s in unit.steps if s.writes]
+    if len(band_writes) != len(set(band_writes)):
+        raise PlanCompileError(
+            f"parallel band starting at {unit.entry!r} has two steps writing the same "
+            f"key ({band_writes}); give each branch its own writes= key"
+        )
 
 
 def _fingerprint(steps: tuple[Step, ...]) -> str:
@@ -243,6 +272,15 @@ def _check_sentinels(step: Step, plan: CompiledPlan) -> None:
 
 
 def _check_routing(step: Step, plan: CompiledPlan) -> None:
+    _check_routing_options(step)
+    targets = _route_targets(step)
+    for target in targets:
+        _check_route_target(step.step_name, target, plan)
+    if step.after_branches is not None:
+        _check_after_branches(step, step.after_branches, targets, plan)
+
+
+def _check_routing_options(step: Step) -> None:
     name = step.step_name
     if step.routes is not None and step.routes_by is not None:
         raise PlanCompileError(
@@ -259,6 +297,11 @@ def _check_routing(step: Step, plan: CompiledPlan) -> None:
             f"step {name!r} is parallel=True and routes; a band runs all its branches, so "
             "route from a sequential step"
         )
+
+
+def _route_targets(step: Step) -> list[str]:
+    """The step names ``routes=`` or ``routes_by=`` may send to (checked callables)."""
+    name = step.step_name
     targets: list[str] = []
     if step.routes is not None:
         if not isinstance(step.routes, dict):
@@ -271,36 +314,41 @@ def _check_routing(step: Step, plan: CompiledPlan) -> None:
             targets.append(target)
     if step.routes_by is not None:
         targets.extend(_routes_by_targets(step))
+    return targets
+
+
+def _check_route_target(name: str, target: str, plan: CompiledPlan) -> None:
+    if target not in plan.step_of:
+        raise PlanCompileError(
+            f"step {name!r} routes to {target!r}, which is not a step of this plan "
+            f"(steps: {', '.join(plan.step_of)})"
+        )
+    unit = plan.band_of(target)
+    if unit.entry != target:
+        raise PlanCompileError(
+            f"step {name!r} routes to {target!r}, a member of the parallel band starting "
+            f"at {unit.entry!r}; route to the band's first step"
+        )
+
+
+def _check_after_branches(step: Step, rejoin: str, targets: list[str], plan: CompiledPlan) -> None:
+    name = step.step_name
+    if rejoin not in plan.step_of:
+        raise PlanCompileError(
+            f"step {name!r}: after_branches={rejoin!r} is not a step of this plan"
+        )
+    here, there = plan.unit_of[name], plan.unit_of[rejoin]
+    if there <= here + 1:
+        raise PlanCompileError(
+            f"step {name!r}: after_branches={rejoin!r} must come after the branch steps "
+            f"that follow {name!r}"
+        )
     for target in targets:
-        if target not in plan.step_of:
+        if not here < plan.unit_of[target] < there:
             raise PlanCompileError(
-                f"step {name!r} routes to {target!r}, which is not a step of this plan "
-                f"(steps: {', '.join(plan.step_of)})"
+                f"step {name!r} routes to {target!r} with after_branches={rejoin!r}; "
+                f"branches must lie between {name!r} and {rejoin!r}"
             )
-        unit = plan.band_of(target)
-        if unit.entry != target:
-            raise PlanCompileError(
-                f"step {name!r} routes to {target!r}, a member of the parallel band starting "
-                f"at {unit.entry!r}; route to the band's first step"
-            )
-    if step.after_branches is not None:
-        rejoin = step.after_branches
-        if rejoin not in plan.step_of:
-            raise PlanCompileError(
-                f"step {name!r}: after_branches={rejoin!r} is not a step of this plan"
-            )
-        here, there = plan.unit_of[name], plan.unit_of[rejoin]
-        if there <= here + 1:
-            raise PlanCompileError(
-                f"step {name!r}: after_branches={rejoin!r} must come after the branch steps "
-                f"that follow {name!r}"
-            )
-        for target in targets:
-            if not here < plan.unit_of[target] < there:
-                raise PlanCompileError(
-                    f"step {name!r} routes to {target!r} with after_branches={rejoin!r}; "
-                    f"branches must lie between {name!r} and {rejoin!r}"
-                )
 
 
 def literal_values(annotation: Any) -> list[Any] | None:

@@ -31,7 +31,7 @@ from stepstone.durable._approvals import (
     plan_decisions,
     refusal_text,
 )
-from stepstone.durable._kernel import Encoded
+from stepstone.durable._kernel import ClaimResult, Encoded
 from stepstone.durable._operations import current_journal
 from stepstone.durable._queue import RunHandle
 from stepstone.engines.plan._checkpoint import (
@@ -135,41 +135,7 @@ class Plan:
         on_plan_change: PlanChangePolicy = "fail",
         approvals: dict[str, bool | str] | None = None,
     ) -> None:
-        if on_plan_change not in _POLICIES:
-            raise PlanCompileError(
-                f"Plan(on_plan_change={on_plan_change!r}): must be 'fail' (default: a changed "
-                "plan refuses to resume), 'restart' (start over under the same key) or "
-                "'continue' (resume by step name)"
-            )
-        if on_concurrent not in ("fail", "fork"):
-            raise PlanCompileError(
-                f"Plan(on_concurrent={on_concurrent!r}): must be 'fail' (default: raise on a "
-                "collision) or 'fork' (isolate each run under a suffixed key)"
-            )
-        if on_concurrent == "fork" and resume:
-            raise PlanCompileError(
-                "Plan(on_concurrent='fork', resume=True) is not supported: 'fork' gives each "
-                "run its own key, so there is no shared checkpoint to resume. Use "
-                "on_concurrent='fail' with a unique checkpoint_key per run to resume"
-            )
-        if (store is None) != (checkpoint_key is None):
-            missing = "checkpoint_key=" if store is not None else "store="
-            raise PlanCompileError(
-                f"checkpointing needs both store= and checkpoint_key=; {missing} is missing"
-            )
-        if checkpoint_key is not None and (
-            not isinstance(checkpoint_key, str) or not checkpoint_key
-        ):
-            raise PlanCompileError(
-                f"checkpoint_key must be a non-empty str, got {checkpoint_key!r}"
-            )
-        problem = None if checkpoint_key is None else key_problem(checkpoint_key, new=True)
-        if problem is not None:
-            raise PlanCompileError(f"checkpoint_key {shown_key(checkpoint_key)} {problem}")
-        if store is not None and not isinstance(store, Store):
-            raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
-        if resume and store is None:
-            raise PlanCompileError("resume=True needs store= and checkpoint_key=")
+        _check_options(store, checkpoint_key, resume, on_concurrent, on_plan_change)
         checked = check_approvals(approvals, error=PlanCompileError)
         self.steps: tuple[Step, ...] = tuple(steps)  # compiled once: not to be mutated
         self.max_iterations = max_iterations
@@ -234,12 +200,7 @@ class Plan:
         )
         meta = {"checkpoint_version": CHECKPOINT_VERSION, "fingerprint": self._compiled.fingerprint}
         if ctx.location is None and self.store is None:
-            # In a workflow's body, a plan without a store is a child run of the workflow,
-            # under a key of its position there: a replay of the workflow finds it again.
-            journal = current_journal()
-            if journal is not None:
-                child = RunLocation(store=journal.store, key=journal.child_key("plan", "plan"))
-                ctx = dataclasses.replace(ctx, location=child)
+            ctx = _in_workflow(ctx)
         store, key, resume = self._where(ctx.location)
         if store is None or key is None:
             return await PlanRun.fresh(**settings, meta=meta).execute(first)
@@ -252,44 +213,10 @@ class Plan:
         options: dict[str, Any] = dict(
             kind="plan", first_step=first, meta=meta, run_uid=uid, what="Plan"
         )
-        found: tuple[RunHead, Replay] | None = None
-        # A resume of a key that holds nothing starts a fresh run in one claim. Else read
-        # and validate the checkpoint before claiming it: a resume that fails on a corrupt
-        # record must leave every byte as it was.
-        claim = await aclaim_empty(store, key, resume=True, **options) if resume else None
-        if claim is None:
-            if resume:
-                found = await blocking_call(store, _read_checkpoint, store, key, bulk=True)
-                if found is not None and self.approvals:
-                    await blocking_call(store, self._check_approvals, store, found[0])
-            # The steps of the plan that started the run, for naming what changed (the
-            # head carries only their fingerprint: it is rewritten at every step).
-            old_shape = found[1].shape if found is not None else None
-            claim = await aclaim_run(
-                store,
-                key,
-                resume=resume,
-                legacy_import=legacy_import,
-                check_resume=lambda head: self._check_resume(head, old_shape, found),
-                **options,
-            )
+        claim, found = await self._claim(store, key, resume, options)
         if claim.run is None:  # resume=True on a done run: the cached kv
             rep = await self._replay_of(store, key, claim.head, found)
-            cached = {
-                "checkpoint_key": key,
-                "run_uid": claim.head.run_uid,
-                "status": "done",
-                "cached": True,
-            }
-            # A caller's location (a queue's worker) asks for the run's result: the last
-            # step's output, as the run that finished it returned, with the kv beside it.
-            # Inline, the payload is the kv, with the last output beside it.
-            last = last_output(self._compiled, rep, env)
-            if ctx.location is not None and last is not None:
-                meta = {**last.metadata, **cached, "kv": rep.kv}
-                return dataclasses.replace(last, metadata=meta)
-            cached["last_output"] = last.payload if last is not None else None
-            return Envelope(task=env.task, payload=rep.kv, metadata=cached)
+            return self._cached(key, claim.head, rep, env, ctx)
         if claim.outcome != "resumed":
             runner = PlanRun.fresh(
                 **settings,
@@ -352,6 +279,56 @@ class Plan:
         async with contextlib.aclosing(stream_run(run, boundaries=boundaries)) as tokens:
             async for token in tokens:
                 yield token
+
+    async def _claim(
+        self, store: Store, key: str, resume: bool, options: dict[str, Any]
+    ) -> tuple[ClaimResult, tuple[RunHead, Replay] | None]:
+        """Claim the run under ``key``, and the checkpoint read to validate a resume.
+
+        A resume of a key that holds nothing starts a fresh run in one claim. Else read
+        and validate the checkpoint before claiming it: a resume that fails on a corrupt
+        record must leave every byte as it was."""
+        found: tuple[RunHead, Replay] | None = None
+        claim = await aclaim_empty(store, key, resume=True, **options) if resume else None
+        if claim is not None:
+            return claim, found
+        if resume:
+            found = await blocking_call(store, _read_checkpoint, store, key, bulk=True)
+            if found is not None and self.approvals:
+                await blocking_call(store, self._check_approvals, store, found[0])
+        # The steps of the plan that started the run, for naming what changed (the
+        # head carries only their fingerprint: it is rewritten at every step).
+        old_shape = found[1].shape if found is not None else None
+        claim = await aclaim_run(
+            store,
+            key,
+            resume=resume,
+            legacy_import=legacy_import,
+            check_resume=lambda head: self._check_resume(head, old_shape, found),
+            **options,
+        )
+        return claim, found
+
+    def _cached(
+        self, key: str, head: RunHead, rep: Replay, env: Envelope[Any], ctx: RunContext
+    ) -> Envelope[Any]:
+        """The result of a done run asked again (``resume=True``): its cached kv.
+
+        A caller's location (a queue's worker) asks for the run's result: the last
+        step's output, as the run that finished it returned, with the kv beside it.
+        Inline, the payload is the kv, with the last output beside it."""
+        cached: dict[str, Any] = {
+            "checkpoint_key": key,
+            "run_uid": head.run_uid,
+            "status": "done",
+            "cached": True,
+        }
+        last = last_output(self._compiled, rep, env)
+        if ctx.location is not None and last is not None:
+            meta = {**last.metadata, **cached, "kv": rep.kv}
+            return dataclasses.replace(last, metadata=meta)
+        cached["last_output"] = last.payload if last is not None else None
+        return Envelope(task=env.task, payload=rep.kv, metadata=cached)
 
     @staticmethod
     def _result(out: Envelope[Any], runner: PlanRun, ctx: RunContext) -> Envelope[Any]:
@@ -733,3 +710,60 @@ def _read_checkpoint(store: Store, key: str) -> tuple[RunHead, Replay] | None:
     rep = replay(key, rows)
     rep.check(key)
     return head, rep
+
+
+def _check_options(
+    store: Store | None,
+    checkpoint_key: str | None,
+    resume: bool,
+    on_concurrent: str,
+    on_plan_change: str,
+) -> None:
+    """Raise PlanCompileError for Plan() options that contradict each other or are invalid."""
+    if on_plan_change not in _POLICIES:
+        raise PlanCompileError(
+            f"Plan(on_plan_change={on_plan_change!r}): must be 'fail' (default: a changed "
+            "plan refuses to resume), 'restart' (start over under the same key) or "
+            "'continue' (resume by step name)"
+        )
+    if on_concurrent not in ("fail", "fork"):
+        raise PlanCompileError(
+            f"Plan(on_concurrent={on_concurrent!r}): must be 'fail' (default: raise on a "
+            "collision) or 'fork' (isolate each run under a suffixed key)"
+        )
+    if on_concurrent == "fork" and resume:
+        raise PlanCompileError(
+            "Plan(on_concurrent='fork', resume=True) is not supported: 'fork' gives each "
+            "run its own key, so there is no shared checkpoint to resume. Use "
+            "on_concurrent='fail' with a unique checkpoint_key per run to resume"
+        )
+    if (store is None) != (checkpoint_key is None):
+        missing = "checkpoint_key=" if store is not None else "store="
+        raise PlanCompileError(
+            f"checkpointing needs both store= and checkpoint_key=; {missing} is missing"
+        )
+    _check_checkpoint_key(checkpoint_key)
+    if store is not None and not isinstance(store, Store):
+        raise PlanCompileError(f"store= must be a stepstone Store, got {store!r}")
+    if resume and store is None:
+        raise PlanCompileError("resume=True needs store= and checkpoint_key=")
+
+
+def _check_checkpoint_key(checkpoint_key: str | None) -> None:
+    if checkpoint_key is None:
+        return
+    if not isinstance(checkpoint_key, str) or not checkpoint_key:
+        raise PlanCompileError(f"checkpoint_key must be a non-empty str, got {checkpoint_key!r}")
+    problem = key_problem(checkpoint_key, new=True)
+    if problem is not None:
+        raise PlanCompileError(f"checkpoint_key {shown_key(checkpoint_key)} {problem}")
+
+
+def _in_workflow(ctx: RunContext) -> RunContext:
+    """In a workflow's body, a plan without a store is a child run of the workflow, under a
+    key of its position there: a replay of the workflow finds it again."""
+    journal = current_journal()
+    if journal is None:
+        return ctx
+    child = RunLocation(store=journal.store, key=journal.child_key("plan", "plan"))
+    return dataclasses.replace(ctx, location=child)

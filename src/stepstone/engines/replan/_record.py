@@ -118,54 +118,67 @@ def replay(key: str, rows: list[JournalRow]) -> Replay:
     task: str | None = None
     rounds: list[Round] = []
     for row in rows:
-        try:
-            data = json.loads(row.data)
-        except ValueError as exc:
-            raise _corrupt(key, f"journal row {row.seq} is not JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise _corrupt(key, f"journal row {row.seq} is {type(data).__name__}, not an object")
-        unknown = set(data) - _ROW_FIELDS.get(row.kind, set(data))
-        if unknown:  # a byte flipped in a field's name: skipping it changes the run
-            raise _corrupt(
-                key,
-                f"journal row {row.seq} ({row.kind}) has the field(s) {sorted(unknown)}, "
-                "which a replan run never writes",
-            )
+        data = _row_data(key, row)
         if row.kind == "start":
             task = data.get("task")
             if not isinstance(task, str | None):
                 raise _corrupt(key, f"journal row {row.seq}: the run's task is not text")
         elif row.kind == "round":
-            number = data.get("round")
-            if number != len(rounds) + 1:
-                raise _corrupt(
-                    key, f"journal row {row.seq} is round {number!r}, expected {len(rounds) + 1}"
-                )
-            try:
-                plan = PlanRound.model_validate(data.get("plan"))
-            except ValidationError as exc:
-                raise _corrupt(key, f"round {number} does not decode: {exc}") from exc
-            rounds.append(Round(number, plan))
+            rounds.append(_round(key, row, data, len(rounds) + 1))
         elif row.kind == "task":
-            number, index = data.get("round"), data.get("index")
-            if not rounds or number != rounds[-1].number or not isinstance(index, int):
-                raise _corrupt(key, f"journal row {row.seq} is a task of an unknown round")
-            if not 0 <= index < len(rounds[-1].plan.tasks):
-                raise _corrupt(key, f"journal row {row.seq}: round {number} has no task {index}")
-            planned = rounds[-1].plan.tasks[index].tool
-            if data.get("tool", planned) != planned:
-                raise _corrupt(
-                    key,
-                    f"journal row {row.seq} is task {index} of round {number} with tool "
-                    f"{data.get('tool')!r}, but the round planned {planned!r} there",
-                )
-            outcome = {k: data[k] for k in ("result", "error") if k in data}
-            if len(outcome) != 1:
-                raise _corrupt(key, f"journal row {row.seq} holds no one result or error")
-            rounds[-1].outcomes[index] = outcome
+            _apply_task(key, row, data, rounds)
         else:
             raise _corrupt(key, f"journal row {row.seq} has unknown kind {row.kind!r}")
     return Replay(task, rounds)
+
+
+def _row_data(key: str, row: JournalRow) -> dict[str, Any]:
+    """A journal row's fields, checked to be the ones its kind of row holds."""
+    try:
+        data = json.loads(row.data)
+    except ValueError as exc:
+        raise _corrupt(key, f"journal row {row.seq} is not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise _corrupt(key, f"journal row {row.seq} is {type(data).__name__}, not an object")
+    unknown = set(data) - _ROW_FIELDS.get(row.kind, set(data))
+    if unknown:  # a byte flipped in a field's name: skipping it changes the run
+        raise _corrupt(
+            key,
+            f"journal row {row.seq} ({row.kind}) has the field(s) {sorted(unknown)}, "
+            "which a replan run never writes",
+        )
+    return data
+
+
+def _round(key: str, row: JournalRow, data: dict[str, Any], expected: int) -> Round:
+    number = data.get("round")
+    if number != expected:
+        raise _corrupt(key, f"journal row {row.seq} is round {number!r}, expected {expected}")
+    try:
+        plan = PlanRound.model_validate(data.get("plan"))
+    except ValidationError as exc:
+        raise _corrupt(key, f"round {number} does not decode: {exc}") from exc
+    return Round(number, plan)
+
+
+def _apply_task(key: str, row: JournalRow, data: dict[str, Any], rounds: list[Round]) -> None:
+    """Record a task row's outcome in the last round (the round it must belong to)."""
+    number, index = data.get("round"), data.get("index")
+    if not rounds or number != rounds[-1].number or not isinstance(index, int):
+        raise _corrupt(key, f"journal row {row.seq} is a task of an unknown round")
+    if not 0 <= index < len(rounds[-1].plan.tasks):
+        raise _corrupt(key, f"journal row {row.seq}: round {number} has no task {index}")
+    planned = rounds[-1].plan.tasks[index].tool
+    if data.get("tool", planned) != planned:
+        raise _corrupt(
+            key,
+            f"journal row {row.seq} is task {index} of round {number} with tool "
+            f"{data.get('tool')!r}, but the round planned {planned!r} there",
+        )
+    outcome: dict[str, Any] = {k: data[k] for k in ("result", "error") if k in data}
+    if len(outcome) != 1:
+        raise _corrupt(key, f"journal row {row.seq} holds no one result or error")
+    rounds[-1].outcomes[index] = outcome
 
 
 def checked_replay(head: RunHead, rows: list[JournalRow]) -> Replay:

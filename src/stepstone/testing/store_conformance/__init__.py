@@ -26,6 +26,7 @@ from stepstone.testing.store_conformance._extras import (
     test_deleting_a_run_deletes_its_records_and_a_fresh_start_keeps_its_mail,
     test_events_keep_the_last_value_and_streams_append_at_the_next_offset,
     test_messages_are_kept_in_send_order_and_consumed_once_with_a_commit,
+    test_notify_run_wakes_the_runs_waiters,
     test_timers_are_set_and_cleared_with_commits,
 )
 from stepstone.testing.store_conformance._ownership import (
@@ -92,6 +93,7 @@ __all__ = [
     "test_keys_items_prefix_is_exact",
     "test_lease_renew_and_expiry_takeover",
     "test_messages_are_kept_in_send_order_and_consumed_once_with_a_commit",
+    "test_notify_run_wakes_the_runs_waiters",
     "test_pydantic_values_persist_as_model_dump",
     "test_read_only_open_reads_and_refuses_writes",
     "test_read_write_delete_roundtrip",

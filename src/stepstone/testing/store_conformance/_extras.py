@@ -293,3 +293,33 @@ def test_a_waiter_is_woken_by_a_message_an_event_or_a_stream_value(
                 what,
                 waited,
             )
+
+
+def test_notify_run_wakes_the_runs_waiters(store_spec: StoreSpec) -> None:
+    """guarantee 513: ``notify_run(key)`` (what an operator's cancel calls) wakes a
+    subscription to the run's records, from another store object too (on PostgreSQL a
+    ``NOTIFY`` between connections), well before the feed's poll interval."""
+    store = store_spec.open()
+    other = store_spec.open()
+    feed = store.backend.changes()
+    key = _key("notified")
+    with feed.subscribe([run_topic(key)]) as sub:
+        time.sleep(0.05)  # a listener connecting meanwhile wakes the waiter once
+        sub.wait(0)
+
+        def notify() -> None:
+            time.sleep(0.05)
+            other.backend.notify_run(key)
+
+        thread = threading.Thread(target=notify)
+        start = time.monotonic()
+        thread.start()
+        woke = False
+        while not woke and time.monotonic() < start + 10:
+            woke = sub.wait(10)
+        thread.join()
+        waited = time.monotonic() - start
+    if other is not store_spec.shared:
+        other.close()
+    assert woke, "notify_run did not wake the run's waiter"
+    assert waited < 0.9 * max(feed.poll, 1.0), waited

@@ -266,7 +266,7 @@ async def test_a_quick_sync_node_of_concurrent_invocations_moves_to_the_loops_th
         .set_entry("tick")
         .compile()
     )
-    finals = await asyncio.gather(*(g.ainvoke(S()) for _ in range(12)))
-    assert [f.total for f in finals] == [2] * 12
+    finals = await asyncio.gather(*(g.ainvoke(S()) for _ in range(40)))
+    assert [f.total for f in finals] == [2] * 40
     loop_thread = threading.get_ident()
     assert loop_thread not in seen[:3] and loop_thread in seen

@@ -676,6 +676,10 @@ class OperationJournal:
         self._rows, self._extra, self._writes, self._extras = [], [], [], []
         mark = self._appended
         self._flushing = True
+        # This commit takes what a lazy commit was waiting for: a row buffered from now on
+        # waits its own LAZY_COMMIT_DELAY (a timer armed by an earlier row would commit it
+        # alone, early, in the middle of the next turn of a tool loop).
+        self._drop_lazy()
         ops: list[Row] = []
         if taken:
             ops.append((OPS, taken[0][1], [[kind, pos, data] for kind, pos, data in taken]))

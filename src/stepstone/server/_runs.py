@@ -496,12 +496,32 @@ def approve(
         detail = run_detail(config.store, record) or {}
         undecided = [p for p in detail.get("pending_approvals", []) if p.get("decision") is None]
         if not undecided:
-            done["requeued"] = requeue_run(config.store, key)
+            done["requeued"] = _requeue_when_stopped(config, key)
     if done["requeued"]:
         outcome += "; the run is queued again: a worker resumes it"
     elif done["changed"]:
         outcome += "; the run's next resume applies it"
     return {**done, "outcome": outcome}
+
+
+def _requeue_when_stopped(config: ServerConfig, key: str, limit: float = 30.0) -> str | None:
+    """Queue the run under ``key`` again (``requeue_run``). A decision can come while the
+    worker that paused the run is still finishing its queue entry (it is ``running`` a
+    moment longer); the entry is then put back once it stopped, waited for up to
+    ``limit`` seconds, so the decision is not left for nobody to apply."""
+    import time
+
+    store = config.store
+    deadline = time.monotonic() + limit
+    while True:
+        requeued = requeue_run(store, key)
+        queue = existing_queue(store)
+        entry = None if queue is None else queue.latest_entry(key)
+        if requeued or entry is None or entry.status not in ("running", "claimed"):
+            return requeued
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 def diff(config: ServerConfig, a: str, b: str) -> dict[str, Any]:

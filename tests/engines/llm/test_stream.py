@@ -59,10 +59,10 @@ async def test_stall_before_any_text_is_retried() -> None:  # guarantee 81
 
 
 async def test_slow_but_steady_stream_is_not_a_stall() -> None:  # guarantee 81
-    chunks = [f"t{i} " for i in range(6)]
-    model = FakeModel([Reply(chunks=chunks, chunk_delay=0.03)])
-    agent = Agent(engine=LLMEngine(model, stream_idle_timeout=0.1))
-    # 6 chunks * 30 ms > the idle timeout in total, but no single gap exceeds it
+    chunks = [f"t{i} " for i in range(8)]
+    model = FakeModel([Reply(chunks=chunks, chunk_delay=0.15)])
+    agent = Agent(engine=LLMEngine(model, stream_idle_timeout=1.0))
+    # 8 chunks * 150 ms > the idle timeout in total, but no single gap comes near it
     assert [t async for t in agent.stream("q")] == chunks
 
 

@@ -41,10 +41,11 @@ def test_all_is_grouped_and_sorted_within_groups() -> None:
 
 
 def test_all_is_complete() -> None:
+    # dir() lists the names loaded on first use too; getattr loads each of them
     public = {
         name
-        for name, value in vars(stepstone).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+        for name in dir(stepstone)
+        if not name.startswith("_") and not isinstance(getattr(stepstone, name), types.ModuleType)
     }
     assert public == set(stepstone.__all__)
 

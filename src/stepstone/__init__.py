@@ -14,42 +14,10 @@ Example::
     Agent(engine=plan)("today's batch")
 """
 
-from stepstone.agent import Agent
-from stepstone.core import (
-    Envelope,
-    ErrorInfo,
-    RunContext,
-    RunLocation,
-    SignedPickle,
-    Tool,
-    ToolContext,
-    from_parallel,
-    from_parallel_all,
-    from_prev,
-    from_start,
-    from_step,
-    tool,
-)
-from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
-from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
-from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
-from stepstone.durable._time import recv, set_event, sleep, sleep_until, write_stream
-from stepstone.engines import Engine, KeywordEngine
+import importlib as _importlib
+import typing as _typing
+
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
-from stepstone.engines.llm import CacheConfig, LLMEngine, NativeTool, ThinkingConfig, UsageLimits
-from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step, StepToken
-from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
-from stepstone.engines.workflow import (
-    BoundWorkflow,
-    StepContext,
-    Workflow,
-    WorkflowStep,
-    deprecate_patch,
-    patched,
-    step,
-    step_context,
-    workflow,
-)
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
     ApprovalPendingError,
@@ -108,10 +76,139 @@ from stepstone.exceptions import (
     UserError,
     WorkflowCorruptError,
 )
-from stepstone.observability import Event, EventType, Session
-from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
-from stepstone.store import Store, StoreEntry
-from stepstone.worker import Worker
+
+if _typing.TYPE_CHECKING:
+    from stepstone.agent import Agent
+    from stepstone.core import (
+        Envelope,
+        ErrorInfo,
+        RunContext,
+        RunLocation,
+        SignedPickle,
+        Tool,
+        ToolContext,
+        from_parallel,
+        from_parallel_all,
+        from_prev,
+        from_start,
+        from_step,
+        tool,
+    )
+    from stepstone.durable._messages import RunOutcome, StreamItem, StreamReader, asend, send
+    from stepstone.durable._queue import RunHandle, prune_queue, set_queue_limits, submit
+    from stepstone.durable._schedules import Schedule, ScheduleInfo, list_schedules, schedule
+    from stepstone.durable._time import recv, set_event, sleep, sleep_until, write_stream
+    from stepstone.engines import Engine, KeywordEngine
+    from stepstone.engines.llm import (
+        CacheConfig,
+        LLMEngine,
+        NativeTool,
+        ThinkingConfig,
+        UsageLimits,
+    )
+    from stepstone.engines.plan import CHECKPOINT_VERSION, Plan, Step, StepToken
+    from stepstone.engines.replan import PlanRound, ReplanEngine, ReplanTask, Task
+    from stepstone.engines.workflow import (
+        BoundWorkflow,
+        StepContext,
+        Workflow,
+        WorkflowStep,
+        deprecate_patch,
+        patched,
+        step,
+        step_context,
+        workflow,
+    )
+    from stepstone.observability import Event, EventType, Session
+    from stepstone.runner import AgentResult, Runner, RunnerConfig, checkpoint_latest_key
+    from stepstone.store import Store, StoreEntry
+    from stepstone.worker import Worker
+
+# The public names load on first use (PEP 562): a program that needs a Plan and a Store
+# does not pay for importing every engine, the worker and the observability layer.
+_LAZY: dict[str, tuple[str, str]] = {
+    "Agent": ("stepstone.agent", "Agent"),
+    "Envelope": ("stepstone.core", "Envelope"),
+    "ErrorInfo": ("stepstone.core", "ErrorInfo"),
+    "RunContext": ("stepstone.core", "RunContext"),
+    "RunLocation": ("stepstone.core", "RunLocation"),
+    "SignedPickle": ("stepstone.core", "SignedPickle"),
+    "Tool": ("stepstone.core", "Tool"),
+    "ToolContext": ("stepstone.core", "ToolContext"),
+    "from_parallel": ("stepstone.core", "from_parallel"),
+    "from_parallel_all": ("stepstone.core", "from_parallel_all"),
+    "from_prev": ("stepstone.core", "from_prev"),
+    "from_start": ("stepstone.core", "from_start"),
+    "from_step": ("stepstone.core", "from_step"),
+    "tool": ("stepstone.core", "tool"),
+    "RunOutcome": ("stepstone.durable._messages", "RunOutcome"),
+    "StreamItem": ("stepstone.durable._messages", "StreamItem"),
+    "StreamReader": ("stepstone.durable._messages", "StreamReader"),
+    "asend": ("stepstone.durable._messages", "asend"),
+    "send": ("stepstone.durable._messages", "send"),
+    "RunHandle": ("stepstone.durable._queue", "RunHandle"),
+    "prune_queue": ("stepstone.durable._queue", "prune_queue"),
+    "set_queue_limits": ("stepstone.durable._queue", "set_queue_limits"),
+    "submit": ("stepstone.durable._queue", "submit"),
+    "Schedule": ("stepstone.durable._schedules", "Schedule"),
+    "ScheduleInfo": ("stepstone.durable._schedules", "ScheduleInfo"),
+    "list_schedules": ("stepstone.durable._schedules", "list_schedules"),
+    "schedule": ("stepstone.durable._schedules", "schedule"),
+    "recv": ("stepstone.durable._time", "recv"),
+    "set_event": ("stepstone.durable._time", "set_event"),
+    "sleep": ("stepstone.durable._time", "sleep"),
+    "sleep_until": ("stepstone.durable._time", "sleep_until"),
+    "write_stream": ("stepstone.durable._time", "write_stream"),
+    "Engine": ("stepstone.engines", "Engine"),
+    "KeywordEngine": ("stepstone.engines", "KeywordEngine"),
+    "CacheConfig": ("stepstone.engines.llm", "CacheConfig"),
+    "LLMEngine": ("stepstone.engines.llm", "LLMEngine"),
+    "NativeTool": ("stepstone.engines.llm", "NativeTool"),
+    "ThinkingConfig": ("stepstone.engines.llm", "ThinkingConfig"),
+    "UsageLimits": ("stepstone.engines.llm", "UsageLimits"),
+    "CHECKPOINT_VERSION": ("stepstone.engines.plan", "CHECKPOINT_VERSION"),
+    "Plan": ("stepstone.engines.plan", "Plan"),
+    "Step": ("stepstone.engines.plan", "Step"),
+    "StepToken": ("stepstone.engines.plan", "StepToken"),
+    "PlanRound": ("stepstone.engines.replan", "PlanRound"),
+    "ReplanEngine": ("stepstone.engines.replan", "ReplanEngine"),
+    "ReplanTask": ("stepstone.engines.replan", "ReplanTask"),
+    "Task": ("stepstone.engines.replan", "Task"),
+    "BoundWorkflow": ("stepstone.engines.workflow", "BoundWorkflow"),
+    "StepContext": ("stepstone.engines.workflow", "StepContext"),
+    "Workflow": ("stepstone.engines.workflow", "Workflow"),
+    "WorkflowStep": ("stepstone.engines.workflow", "WorkflowStep"),
+    "deprecate_patch": ("stepstone.engines.workflow", "deprecate_patch"),
+    "patched": ("stepstone.engines.workflow", "patched"),
+    "step": ("stepstone.engines.workflow", "step"),
+    "step_context": ("stepstone.engines.workflow", "step_context"),
+    "workflow": ("stepstone.engines.workflow", "workflow"),
+    "Event": ("stepstone.observability", "Event"),
+    "EventType": ("stepstone.observability", "EventType"),
+    "Session": ("stepstone.observability", "Session"),
+    "AgentResult": ("stepstone.runner", "AgentResult"),
+    "Runner": ("stepstone.runner", "Runner"),
+    "RunnerConfig": ("stepstone.runner", "RunnerConfig"),
+    "checkpoint_latest_key": ("stepstone.runner", "checkpoint_latest_key"),
+    "Store": ("stepstone.store", "Store"),
+    "StoreEntry": ("stepstone.store", "StoreEntry"),
+    "Worker": ("stepstone.worker", "Worker"),
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'stepstone' has no attribute {name!r}") from None
+    value = getattr(_importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 # The one place stepstone's run views are registered (see stepstone.engines._views).
 _register_builtin_views()

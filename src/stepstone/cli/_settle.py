@@ -17,7 +17,6 @@ import typer
 from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, fail, open_store
 from stepstone.cli._render import key_table, keyed_console, named_key, visible_console
 from stepstone.durable._settle import in_doubt_effects, settle_effect
-from stepstone.runner import checkpoint_latest_key
 from stepstone.store import Store
 
 __all__ = ["register"]
@@ -26,6 +25,10 @@ __all__ = ["register"]
 def _run_key(store: Store, key: str) -> str:
     """``key`` as typed (unescaped as the tables print it); an agent run's id when the store
     holds no run under ``key`` itself."""
+    # the runner (agents, the LLM engine) loads only when a command settles an effect, not
+    # on every start of the CLI
+    from stepstone.runner import checkpoint_latest_key
+
     key = named_key(store, key)
     if key not in store and checkpoint_latest_key(key) in store:
         return checkpoint_latest_key(key)

@@ -21,10 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 from stepstone.durable._time import STEP_OPS_KIND
-from stepstone.engines.llm._durable import agent_view
-from stepstone.engines.plan._checkpoint import plan_view
-from stepstone.engines.replan._record import replan_view
-from stepstone.engines.workflow._view import workflow_view
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._views import register_internal_kind, register_run_view
 
@@ -42,18 +38,45 @@ INTERNAL_KINDS = ("graph.resume", STEP_OPS_KIND)
 
 def register_builtin_views() -> None:
     """Register the view of every built-in run kind (idempotent)."""
-    register_run_view("plan", plan_view)
+    register_run_view("plan", _plan_view)
     register_run_view("graph", _graph_view)
-    register_run_view("replan", replan_view)
-    register_run_view("agent", agent_view)
-    register_run_view("workflow", workflow_view)
+    register_run_view("replan", _replan_view)
+    register_run_view("agent", _agent_view)
+    register_run_view("workflow", _workflow_view)
     for kind in INTERNAL_KINDS:
         register_internal_kind(kind)
 
 
+# `import stepstone` loads no engine (a program that runs Plans never needs the graph or
+# the LLM engine): each view loads its engine's module the first time a run of its kind is
+# read.
+
+
+def _plan_view(head: RunHead, rows: list[JournalRow]) -> Any:
+    from stepstone.engines.plan._checkpoint import plan_view
+
+    return plan_view(head, rows)
+
+
 def _graph_view(head: RunHead, rows: list[JournalRow]) -> Any:
-    # `import stepstone` does not load the graph engine (Plans and agents never need it):
-    # its view loads the fold module the first time a graph run is read.
     from stepstone.engines.graph._fold import graph_view
 
     return graph_view(head, rows)
+
+
+def _replan_view(head: RunHead, rows: list[JournalRow]) -> Any:
+    from stepstone.engines.replan._record import replan_view
+
+    return replan_view(head, rows)
+
+
+def _agent_view(head: RunHead, rows: list[JournalRow]) -> Any:
+    from stepstone.engines.llm._durable import agent_view
+
+    return agent_view(head, rows)
+
+
+def _workflow_view(head: RunHead, rows: list[JournalRow]) -> Any:
+    from stepstone.engines.workflow._view import workflow_view
+
+    return workflow_view(head, rows)

@@ -329,3 +329,49 @@ def test_two_agent_runs_in_parallel_replay_their_own_answers(tmp_path: Path) -> 
     assert len(asked) == 4
     assert handle.run_sync("Lima", "Berlin") == ["Lima: 4 letters", "Berlin: 6 letters"]
     assert len(asked) == 4  # each run replayed its own answers
+
+
+def _journal_rows(db: Path) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("SELECT count(*) FROM stepstone_journal").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_tool_loop_commits_once_per_turn(tmp_path: Path, monkeypatch: Any) -> None:
+    # guarantee 551: a tool's outcome waits for the next turn's commit; no lazy commit
+    # armed before a commit fires alone in the middle of the next turn
+    from stepstone.durable import _operations
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await asyncio.sleep(0.2)  # the model thinks
+        n = sum(1 for m in messages if m.kind == "response")
+        if n < 4:
+            return ModelResponse(parts=[ToolCallPart("work", {"n": n})])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(model), name="loop", capabilities=[StepstoneDurability()]
+    )
+
+    @agent.tool_plain
+    async def work(n: int) -> str:
+        await asyncio.sleep(0.3)  # the tool works
+        return f"did {n}"
+
+    def rows(delay: float, db: Path) -> int:
+        monkeypatch.setattr(_operations, "LAZY_COMMIT_DELAY", delay)
+
+        @workflow(store=Store(db=db), key="loop")
+        async def handle(text: str) -> str:
+            return (await agent.run(text)).output
+
+        assert handle.run_sync("go") == "done"
+        return _journal_rows(db)
+
+    floor = rows(3600.0, tmp_path / "never.sqlite")  # no lazy commit can fire
+    # a lazy commit waits 0.4 s: longer than the model takes, shorter than a whole turn
+    assert rows(0.4, tmp_path / "lazy.sqlite") == floor

@@ -322,6 +322,71 @@ def run_listing(
     Raises:
         ValueError: a negative ``limit`` or ``offset``, an unknown status or group.
     """
+    _check_listing(statuses, group, limit, offset)
+    now = database_now(store) if now is None else now
+    every = store.backend.run_list(prefix or None)
+    known = {h.key for h in every}
+    heads = filter_heads(every, kinds=kinds, older_than=older_than, newer_than=newer_than, now=now)
+    if error_text:
+        needle = error_text.casefold()
+        heads = [h for h in heads if needle in _error_words(h).casefold()]
+    found = existing_queue(store)
+    entries = found.entries(None, None) if found is not None else []
+    latest = {e.run_key: e for e in sorted(entries, key=lambda e: e.created_at)}
+    if queue is not None:
+        in_queue = {e.run_key for e in entries if e.queue == queue}
+        heads = [h for h in heads if h.key in in_queue]
+    taken = successors(store, heads, prefix=prefix or None)
+    stranded = {h.key for h in heads if _stranded(h, now, taken)}
+    timers = _waits(store, now)
+    waiting = {h.key for h in heads if h.key in timers}
+    queued = []
+    if not kinds and not error_text:  # a run not started yet has neither
+        queued = [
+            e
+            for e in latest.values()
+            if _not_started(e, known, prefix, queue)
+            and (older_than is None or now - e.updated_at >= older_than)
+            and (newer_than is None or now - e.updated_at <= newer_than)
+        ]
+    counts: dict[str, int] = dict.fromkeys(RUN_STATUSES, 0)
+    for h in heads:
+        counts[h.status] = counts.get(h.status, 0) + 1
+    counts.update(stranded=len(stranded), waiting=len(waiting), queued=len(queued))
+    if group == "queued":
+        queued.sort(key=lambda e: (e.created_at, e.run_key), reverse=True)
+        shown = queued[offset : None if limit is None else offset + limit]
+        return {
+            "total": len(queued),
+            "runs": [_queued_summary(e, now) for e in shown],
+            "counts": counts,
+        }
+    if group == "stranded":
+        heads = [h for h in heads if h.key in stranded]
+    elif group == "waiting":
+        heads = [h for h in heads if h.key in waiting]
+    if statuses:
+        heads = [h for h in heads if h.status in statuses]
+    page = heads[offset : None if limit is None else offset + limit]
+    faults = damaged_runs(store, [h.key for h in page])
+    runs = [
+        _listed(
+            run_summary(
+                head, now=now, superseded_by=taken.get(head.key), damaged=faults.get(head.key)
+            ),
+            head,
+            latest.get(head.key) or latest.get(_agent_run_id(head.key)),
+            timers.get(head.key),
+        )
+        for head in page
+    ]
+    return {"total": len(heads), "runs": runs, "counts": counts}
+
+
+def _check_listing(
+    statuses: Sequence[str], group: str | None, limit: int | None, offset: int
+) -> None:
+    """Refuse a listing's bad arguments, naming the value and what it may be."""
     if (limit is not None and limit < 0) or offset < 0:
         raise ValueError(
             f"limit and offset must be >= 0 (limit=None for all runs), got limit={limit!r}, "
@@ -332,30 +397,20 @@ def run_listing(
     bad = sorted(set(statuses) - set(RUN_STATUSES))
     if bad:
         raise ValueError(f"unknown run status {bad}; pass one of {', '.join(RUN_STATUSES)}")
-    now = database_now(store) if now is None else now
-    every = store.backend.run_list(prefix or None)
-    known = {h.key for h in every}
-    heads = filter_heads(every, kinds=kinds, older_than=older_than, newer_than=newer_than, now=now)
-    if error_text:
-        needle = error_text.casefold()
-        heads = [h for h in heads if needle in _error_words(h).casefold()]
-    found = existing_queue(store)
-    entries = found.entries(None, None) if found is not None else []
-    latest: dict[str, QueueEntry] = {}
-    for entry in sorted(entries, key=lambda e: e.created_at):
-        latest[entry.run_key] = entry
-    if queue is not None:
-        in_queue = {e.run_key for e in entries if e.queue == queue}
-        heads = [h for h in heads if h.key in in_queue]
-    taken = successors(store, heads, prefix=prefix or None)
-    stranded = {
-        h.key
-        for h in heads
-        if h.status in LIVE_STATUSES
-        and not owner_alive(h, now=now)
-        and h.key not in taken
-        and not is_internal_kind(h.kind)
-    }
+
+
+def _stranded(head: RunHead, now: float, taken: dict[str, str]) -> bool:
+    """Whether ``head`` is a user's run whose owner died and that no resume took over."""
+    return (
+        head.status in LIVE_STATUSES
+        and not owner_alive(head, now=now)
+        and head.key not in taken
+        and not is_internal_kind(head.kind)
+    )
+
+
+def _waits(store: Store, now: float) -> dict[str, dict[str, Any]]:
+    """What each run sleeps or waits for (its first timer), by run key."""
     timers: dict[str, dict[str, Any]] = {}
     for timer in store.backend.timers(None):
         if timer.run_key in timers:
@@ -367,55 +422,35 @@ def run_listing(
             "topic": timer.topic,
             "since": timer.since,
         }
-    waiting = {h.key for h in heads if h.key in timers}
-    queued = [
-        e
-        for e in latest.values()
-        if e.status in ("queued", "running")
-        and e.run_key not in known
-        and f"agent:{e.run_key}:checkpoint:latest" not in known  # a queued agent run's record
-        and (prefix is None or e.run_key.startswith(prefix))
-        and (queue is None or e.queue == queue)
-        and not kinds
-        and not error_text
-        and (older_than is None or now - e.updated_at >= older_than)
-        and (newer_than is None or now - e.updated_at <= newer_than)
-    ]
-    counts: dict[str, int] = dict.fromkeys(RUN_STATUSES, 0)
-    for h in heads:
-        counts[h.status] = counts.get(h.status, 0) + 1
-    counts.update(stranded=len(stranded), waiting=len(waiting), queued=len(queued))
-    if group == "queued":
-        queued.sort(key=lambda e: (e.created_at, e.run_key), reverse=True)
-        page_entries = queued[offset : None if limit is None else offset + limit]
-        return {
-            "total": len(queued),
-            "runs": [_queued_summary(e, now) for e in page_entries],
-            "counts": counts,
-        }
-    if group == "stranded":
-        heads = [h for h in heads if h.key in stranded]
-    elif group == "waiting":
-        heads = [h for h in heads if h.key in waiting]
-    if statuses:
-        heads = [h for h in heads if h.status in statuses]
-    page = heads[offset : None if limit is None else offset + limit]
-    faults = damaged_runs(store, [h.key for h in page])
-    runs = []
-    for head in page:
-        summary = run_summary(
-            head, now=now, superseded_by=taken.get(head.key), damaged=faults.get(head.key)
-        )
-        last = latest.get(head.key) or latest.get(_agent_run_id(head.key))
-        err = _error_of(head)
-        summary.update(
-            queue=None if last is None else last.queue,
-            entry_status=None if last is None else last.status,
-            waiting=timers.get(head.key),
-            error=None if err is None else err.get("message"),
-        )
-        runs.append(summary)
-    return {"total": len(heads), "runs": runs, "counts": counts}
+    return timers
+
+
+def _not_started(entry: QueueEntry, known: set[str], prefix: str | None, queue: str | None) -> bool:
+    """Whether ``entry`` is a queued run that has no record yet, within the filters."""
+    return (
+        entry.status in ("queued", "running")
+        and entry.run_key not in known
+        and f"agent:{entry.run_key}:checkpoint:latest" not in known  # a queued agent run's
+        and (prefix is None or entry.run_key.startswith(prefix))
+        and (queue is None or entry.queue == queue)
+    )
+
+
+def _listed(
+    summary: dict[str, Any],
+    head: RunHead,
+    last: QueueEntry | None,
+    waiting: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``summary`` with what the list adds: queue, entry status, wait and error message."""
+    err = _error_of(head)
+    summary.update(
+        queue=None if last is None else last.queue,
+        entry_status=None if last is None else last.status,
+        waiting=waiting,
+        error=None if err is None else err.get("message"),
+    )
+    return summary
 
 
 def _agent_run_id(key: str) -> str:

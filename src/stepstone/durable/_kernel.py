@@ -565,58 +565,15 @@ def _claimer(
         imported: list[JournalRow] = []
         drop_kv = False
         if head is None and kv_text is not None:
-            legacy = legacy_import(key, kv_text) if legacy_import is not None else None
-            if legacy is None:
-                raise StoreKeyConflictError(
-                    f"checkpoint_key {key!r} already holds a plain value that is not a "
-                    f"{what} checkpoint; refusing to overwrite it. Use another checkpoint_key "
-                    f"or remove the value with store.delete({key!r})"
-                )
-            head, imported = legacy
+            head, imported = _legacy_head(key, kv_text, legacy_import, kind, resume, what)
             drop_kv = True
-            if not resume and head.status in ("claimed", "running"):
-                # An old-format record names no owner: the process that stored it may be
-                # running it still, so a fresh run may not overwrite it.
-                raise ownership_error(
-                    kind,
-                    f"checkpoint_key {key!r} holds a {what} checkpoint in an older format "
-                    f"with status {head.status!r}, run {head.run_uid}; a run in that format "
-                    "names no owner, so it may still be running. Continue it with "
-                    f"resume=True (it is imported and resumed where it stopped), or, once no "
-                    f"process runs it, remove it with store.delete({key!r}) to start over",
-                )
         decision.previous = head
-        if head is not None and head.kind != kind:
-            unknown = (
-                ""
-                if has_run_view(head.kind)
-                else f" (no engine stepstone knows writes {head.kind!r} runs: unless one of "
-                "yours does, a damaged byte changed the record's kind)"
-            )
-            raise StoreKeyConflictError(
-                f"checkpoint_key {key!r} holds a {head.kind} run, not a {kind} run{unknown}; "
-                f"use another key or remove it with store.delete({key!r})"
-            )
-        if head is not None and owner_alive(head, now=now):
-            fork = " (on_concurrent='fork' does that for fan-out)" if kind == "plan" else ""
-            raise ownership_error(
-                kind,
-                f"checkpoint_key {key!r} is owned by live {describe_owner(head)}, status "
-                f"{head.status!r}. Wait for it to finish, or use a distinct key per run{fork}",
-            )
+        if head is not None:
+            _refuse_taking(key, head, kind, now)
         base = lease.claim(now, uid)
         verdict = check_resume(head) if head is not None and resume and check_resume else None
         if head is not None and resume and verdict != "fresh":
-            if head.status == "done" and not drop_kv:
-                decision.outcome = "done"
-                return None
-            if head.status == "done":
-                decision.outcome = "done"
-                return Claim(head=head, rows=imported, drop_kv=True)
-            decision.outcome = "resumed"
-            merged = {**head.meta, **(meta or {})}
-            new = head.replace(version=head.version + 1, meta=merged, **base)
-            return Claim(head=new, rows=imported, drop_kv=drop_kv)
+            return _taken_over(decision, head, imported, drop_kv, meta, base)
         decision.outcome = "fresh"
         new = RunHead(
             key=key,
@@ -645,6 +602,89 @@ def _claimer(
         return ClaimResult(decision.outcome, head, run, decision.previous)
 
     return decide, finish
+
+
+def _legacy_head(
+    key: str,
+    kv_text: str,
+    legacy_import: LegacyImport | None,
+    kind: str,
+    resume: bool,
+    what: str,
+) -> tuple[RunHead, list[JournalRow]]:
+    """The head and rows of the older-format record ``key`` holds as a plain value
+    (``kv_text``), imported by the engine's ``legacy_import``.
+
+    Raises:
+        StoreKeyConflictError: the value is not such a record.
+        ConcurrentRunError: a fresh run would overwrite one that may still be running.
+    """
+    legacy = legacy_import(key, kv_text) if legacy_import is not None else None
+    if legacy is None:
+        raise StoreKeyConflictError(
+            f"checkpoint_key {key!r} already holds a plain value that is not a "
+            f"{what} checkpoint; refusing to overwrite it. Use another checkpoint_key "
+            f"or remove the value with store.delete({key!r})"
+        )
+    head, imported = legacy
+    if not resume and head.status in ("claimed", "running"):
+        # An old-format record names no owner: the process that stored it may be
+        # running it still, so a fresh run may not overwrite it.
+        raise ownership_error(
+            kind,
+            f"checkpoint_key {key!r} holds a {what} checkpoint in an older format "
+            f"with status {head.status!r}, run {head.run_uid}; a run in that format "
+            "names no owner, so it may still be running. Continue it with "
+            f"resume=True (it is imported and resumed where it stopped), or, once no "
+            f"process runs it, remove it with store.delete({key!r}) to start over",
+        )
+    return head, imported
+
+
+def _refuse_taking(key: str, head: RunHead, kind: str, now: float) -> None:
+    """Refuse a claim of ``key`` over ``head``: a run of another kind, or a live one.
+
+    Raises:
+        StoreKeyConflictError: ``head`` is not a ``kind`` run.
+        ConcurrentRunError: its owner is alive at ``now`` (the database's clock).
+    """
+    if head.kind != kind:
+        unknown = (
+            ""
+            if has_run_view(head.kind)
+            else f" (no engine stepstone knows writes {head.kind!r} runs: unless one of "
+            "yours does, a damaged byte changed the record's kind)"
+        )
+        raise StoreKeyConflictError(
+            f"checkpoint_key {key!r} holds a {head.kind} run, not a {kind} run{unknown}; "
+            f"use another key or remove it with store.delete({key!r})"
+        )
+    if owner_alive(head, now=now):
+        fork = " (on_concurrent='fork' does that for fan-out)" if kind == "plan" else ""
+        raise ownership_error(
+            kind,
+            f"checkpoint_key {key!r} is owned by live {describe_owner(head)}, status "
+            f"{head.status!r}. Wait for it to finish, or use a distinct key per run{fork}",
+        )
+
+
+def _taken_over(
+    decision: _Decision,
+    head: RunHead,
+    imported: list[JournalRow],
+    drop_kv: bool,
+    meta: dict[str, Any] | None,
+    base: dict[str, Any],
+) -> Claim | None:
+    """A resume's claim of ``head``: a done run is only reported (an imported one is
+    written in the new format), another is taken over with the owner fields ``base``."""
+    if head.status == "done":
+        decision.outcome = "done"
+        return Claim(head=head, rows=imported, drop_kv=True) if drop_kv else None
+    decision.outcome = "resumed"
+    merged = {**head.meta, **(meta or {})}
+    new = head.replace(version=head.version + 1, meta=merged, **base)
+    return Claim(head=new, rows=imported, drop_kv=drop_kv)
 
 
 async def aclaim_run(store: Store, key: str, **options: Any) -> ClaimResult:

@@ -211,32 +211,11 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     _plan_only(head, "fork")
     if head.kind == "workflow":
         return _fork_workflow(store, head, rows, at, to)
-    cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
-    if not cut:
-        names = sorted({str(r.name) for r in rows if r.kind == "step"})
-        raise KeyError(f"run {key!r} has no step {at!r} in its journal (steps: {names})")
-    end = cut[-1] + 1
-    band = _band_of(rows[cut[-1]])
-    if band is not None:  # a band is one unit: the copy takes it whole, or not at all
-        ends = [i for i in range(end, len(rows)) if rows[i].kind == "band" and rows[i].name == band]
-        if not ends:
-            raise ValueError(
-                f"step {at!r} of run {key!r} ran in the parallel band {band!r}, which did not "
-                "finish: fork at the step before the band, or retry the run"
-            )
-        end = ends[0] + 1
+    end = _fork_end(key, rows, at)
     kept = rows[:end]
     following = [r for r in rows[end:] if r.kind == "step"]
     next_step = (_band_of(following[0]) or following[0].name) if following else head.next_step
-    last = next(r for r in reversed(kept) if r.kind == "step")
-    iteration = json.loads(last.data).get("iteration")
-    if iteration is None:  # rows written before steps recorded it
-        iteration = head.iteration
-    if isinstance(iteration, bool) or not isinstance(iteration, int):
-        raise CheckpointCorruptError(
-            f"run {key!r} cannot be forked at {at!r}: its journal row {last.seq} records the "
-            f"iteration {iteration!r}, not a count; nothing was written"
-        )
+    iteration = _fork_iteration(key, head, kept, at)
     units = _units(kept)
     now = store.backend.clock()
     new = head.replace(
@@ -272,6 +251,41 @@ def fork_run(store: Store, key: str, *, at: str, to: str) -> RunHead:
     written = store.backend.run_transact(to, decide)
     assert written is not None
     return written
+
+
+def _fork_end(key: str, rows: list[JournalRow], at: str) -> int:
+    """How many of the run's ``rows`` a fork at its step ``at`` copies: up to its last
+    execution of ``at``, or to the end of the parallel band it ran in."""
+    cut = [i for i, r in enumerate(rows) if r.name == at and r.kind == "step"]
+    if not cut:
+        names = sorted({str(r.name) for r in rows if r.kind == "step"})
+        raise KeyError(f"run {key!r} has no step {at!r} in its journal (steps: {names})")
+    end = cut[-1] + 1
+    band = _band_of(rows[cut[-1]])
+    if band is None:
+        return end
+    # a band is one unit: the copy takes it whole, or not at all
+    ends = [i for i in range(end, len(rows)) if rows[i].kind == "band" and rows[i].name == band]
+    if not ends:
+        raise ValueError(
+            f"step {at!r} of run {key!r} ran in the parallel band {band!r}, which did not "
+            "finish: fork at the step before the band, or retry the run"
+        )
+    return ends[0] + 1
+
+
+def _fork_iteration(key: str, head: RunHead, kept: list[JournalRow], at: str) -> int:
+    """The iteration count a fork's copy (``kept``: its rows) starts with: its last step's."""
+    last = next(r for r in reversed(kept) if r.kind == "step")
+    iteration = json.loads(last.data).get("iteration")
+    if iteration is None:  # rows written before steps recorded it
+        iteration = head.iteration
+    if isinstance(iteration, bool) or not isinstance(iteration, int):
+        raise CheckpointCorruptError(
+            f"run {key!r} cannot be forked at {at!r}: its journal row {last.seq} records the "
+            f"iteration {iteration!r}, not a count; nothing was written"
+        )
+    return iteration
 
 
 def _rewind_past_damage(

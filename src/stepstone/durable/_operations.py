@@ -676,6 +676,10 @@ class OperationJournal:
         self._rows, self._extra, self._writes, self._extras = [], [], [], []
         mark = self._appended
         self._flushing = True
+        # This commit takes what a lazy commit was waiting for: a row buffered from now on
+        # waits its own LAZY_COMMIT_DELAY (a timer armed by an earlier row would commit it
+        # alone, early, in the middle of the next turn of a tool loop).
+        self._drop_lazy()
         ops: list[Row] = []
         if taken:
             ops.append((OPS, taken[0][1], [[kind, pos, data] for kind, pos, data in taken]))
@@ -1312,8 +1316,9 @@ def approve_operation(
     transaction with the head, while no process runs it; a run that stopped on the question
     (failed with ``ApprovalPendingError``) is left ``paused``. Its next run replays the
     decision. When that was the last call it waited for and the run came from a work queue,
-    its queue entry is put back in its queue (:func:`~stepstone.durable._queue.requeue_run`):
-    a worker continues the run, with no one running the key again by hand.
+    its queue entry is put back in its queue (``requeue_when_stopped``, which waits for the
+    worker that paused the run to finish the entry): a worker continues the run, with no one
+    running the key again by hand.
 
     Returns:
         ``{key, run_key, call_id, tool, arguments, decision, previous, changed,
@@ -1363,9 +1368,9 @@ def approve_operation(
     stopped = _record_approval(store, key, head, rows, match["position"], decision)
     undecided = [c for c in asked if c["decision"] is None and c["call_id"] != call_id]
     if stopped and not undecided:
-        from stepstone.durable._queue import requeue_run
+        from stepstone.durable._queue import requeue_when_stopped
 
-        result["requeued"] = requeue_run(store, key)
+        result["requeued"] = requeue_when_stopped(store, key)
     return result
 
 

@@ -461,6 +461,24 @@ def requeue_run(store: Store, key: str) -> str | None:
     return None if queue is None else queue.requeue(key)
 
 
+def requeue_when_stopped(store: Store, key: str, limit: float = 30.0) -> str | None:
+    """:func:`requeue_run`, for a decision that lets a paused run go on (an approval): the
+    worker that paused the run may still be finishing its queue entry (``running`` a
+    moment longer), so the entry is put back once it stopped, waited for up to ``limit``
+    seconds; the decision is never left for nobody to apply. Returns the entry's id, or
+    None (no entry holds the run, or it is still running after ``limit``)."""
+    deadline = time.monotonic() + limit
+    while True:
+        requeued = requeue_run(store, key)
+        queue = existing_queue(store)
+        entry = None if queue is None else queue.latest_entry(key)
+        if requeued or entry is None or entry.status not in ("running", "claimed"):
+            return requeued
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
 #: The fewest characters of an entry id that name it (``stepstone queue`` prints 12).
 MIN_ID_CHARS = 6
 

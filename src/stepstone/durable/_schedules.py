@@ -321,23 +321,13 @@ def schedule(
     check_name("queue", queue)
     check_int("priority", priority, None)
     check_int("max_attempts", max_attempts, 1)
-    if catch_up not in ("one", "all", "none"):
-        raise ConfigurationError(
-            f"catch_up must be 'one' (one run for the ticks missed while no worker ran), "
-            f"'all' (a run each) or 'none', got {catch_up!r:.80}"
-        )
+    _check_catch_up(catch_up)
     grace = check_number("grace", grace, 0)
     _cron(cron, timezone)
-    env = _workflow_envelope(target, path, args, kwargs, task)
-    text = json.dumps(
-        (env or start_envelope(task)).to_dict(where=f"task of schedule {name!r}", strict=True),
-        separators=(",", ":"),
-    )
+    text = _task_text(name, target, path, args, kwargs, task)
     qb = queue_backend(store)
     now = qb.now()
     old = qb.schedule_get(name)
-    same_clock = old is not None and (old.cron, old.timezone) == (cron, timezone)
-    nxt = old.next_tick if same_clock and old is not None else next_tick(cron, timezone, now)
     qb.schedule_put(
         ScheduleRow(
             name=name,
@@ -351,13 +341,38 @@ def schedule(
             catch_up=catch_up,
             grace=grace,
             paused=paused,
-            next_tick=nxt,
+            next_tick=_next_tick_of(old, cron, timezone, now),
             last_tick=None if old is None else old.last_tick,
             created_at=now if old is None else old.created_at,
             updated_at=now,
         )
     )
     return Schedule(store, name)
+
+
+def _check_catch_up(catch_up: str) -> None:
+    if catch_up not in ("one", "all", "none"):
+        raise ConfigurationError(
+            f"catch_up must be 'one' (one run for the ticks missed while no worker ran), "
+            f"'all' (a run each) or 'none', got {catch_up!r:.80}"
+        )
+
+
+def _task_text(name: str, target: Any, path: str, args: Any, kwargs: Any, task: Any) -> str:
+    """The JSON text of the start envelope of the runs of schedule ``name``."""
+    env = _workflow_envelope(target, path, args, kwargs, task)
+    return json.dumps(
+        (env or start_envelope(task)).to_dict(where=f"task of schedule {name!r}", strict=True),
+        separators=(",", ":"),
+    )
+
+
+def _next_tick_of(old: ScheduleRow | None, cron: str, timezone: str, now: float) -> float:
+    """The next tick of a schedule stored now: the one it had (``old``: as stored before)
+    when its expression and time zone did not change, else the next after ``now``."""
+    if old is not None and (old.cron, old.timezone) == (cron, timezone):
+        return old.next_tick
+    return next_tick(cron, timezone, now)
 
 
 def _workflow_envelope(

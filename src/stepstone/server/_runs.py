@@ -20,7 +20,7 @@ from stepstone.durable._outbox import (
     set_queue_webhook,
     subscribe_queued_run,
 )
-from stepstone.durable._queue import existing_queue, requeue_run, submit
+from stepstone.durable._queue import existing_queue, requeue_run, requeue_when_stopped, submit
 from stepstone.durable._records import run_head
 from stepstone.durable._watch import record_key
 from stepstone.engines.workflow import Workflow
@@ -496,7 +496,7 @@ def approve(
         detail = run_detail(config.store, record) or {}
         undecided = [p for p in detail.get("pending_approvals", []) if p.get("decision") is None]
         if not undecided:
-            done["requeued"] = requeue_run(config.store, key)
+            done["requeued"] = requeue_when_stopped(config.store, key)
     if done["requeued"]:
         outcome += "; the run is queued again: a worker resumes it"
     elif done["changed"]:

@@ -270,34 +270,8 @@ class SQLiteQueue(QueueBackend):
     ) -> list[QueueEntry]:
         def take(conn: sqlite3.Connection) -> list[QueueEntry]:
             now = time.time()
-            conn.execute(
-                "UPDATE stepstone_queue SET status = 'cancelled', lease_until = NULL, "
-                "error = ?, updated_at = ? WHERE queue = ? AND status = 'running' "
-                "AND lease_until < ? AND cancel_requested",
-                (CANCELLED_RUNNING, now, queue, now),
-            )
-            conn.execute(
-                "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
-                "updated_at = ?, error = 'its worker died or lost its lease on each of its ' "
-                "|| attempts || ' attempts (max_attempts=' || max_attempts || '); last worker ' "
-                "|| coalesce(worker, '?') || ' (pid ' || coalesce(pid, '?') || ' on host ' "
-                "|| coalesce(host, '?') || ')' WHERE queue = ? AND status = 'running' "
-                "AND lease_until < ? AND attempts >= max_attempts",
-                (now, queue, now),
-            )
-            concurrency = rate = None
-            running = started = 0
-            limits = conn.execute(
-                "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = ?", (queue,)
-            ).fetchone()
-            if limits is not None:
-                concurrency, rate = limits
-                running, started = conn.execute(
-                    "SELECT count(*) FILTER (WHERE status = 'running' AND lease_until >= ?), "
-                    "count(*) FILTER (WHERE started_at > ?) FROM stepstone_queue WHERE queue = ?",
-                    (now, now - rate_window(rate), queue),
-                ).fetchone()
-            free = free_slots(limit, concurrency, running, rate, started)
+            _end_lapsed(conn, queue, now)
+            free = _free_slots(conn, queue, now, limit)
             if free <= 0:
                 return []
             # Rows are addressed by seq (the rowid), never through the index of ids: a byte
@@ -314,32 +288,9 @@ class SQLiteQueue(QueueBackend):
                 seqs += _pick_queued(conn, queue, now, free - len(seqs))
             taken = []
             for seq in seqs:
-                conn.execute(
-                    "UPDATE stepstone_queue SET status = 'running', attempts = attempts + 1, "
-                    "worker = ?, host = ?, pid = ?, pid_start = ?, lease_until = ?, "
-                    "started_at = ?, updated_at = ? WHERE seq = ?",
-                    (
-                        owner.worker,
-                        owner.host,
-                        owner.pid,
-                        owner.pid_start,
-                        now + lease_seconds,
-                        now,
-                        now,
-                        seq,
-                    ),
-                )
-                got = conn.execute(
-                    f"SELECT {COLS} FROM stepstone_queue WHERE seq = ?", (seq,)
-                ).fetchone()
-                try:
-                    taken.append(_entry(got))
-                except CorruptRecordError as exc:  # fails alone: never blocks the queue
-                    conn.execute(
-                        "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
-                        "error = ?, updated_at = ? WHERE seq = ?",
-                        (str(exc), now, seq),
-                    )
+                entry = _start(conn, seq, owner, now, now + lease_seconds)
+                if entry is not None:
+                    taken.append(entry)
             return taken
 
         return self._write(take)
@@ -714,6 +665,67 @@ def has_queue(path: str | os.PathLike[str]) -> bool:
         return False
     finally:
         conn.close()
+
+
+def _end_lapsed(conn: sqlite3.Connection, queue: str, now: float) -> None:
+    """End the running entries of ``queue`` whose lease lapsed and that must not run
+    again: ``cancelled`` when a cancel was requested, ``failed`` after their last attempt."""
+    conn.execute(
+        "UPDATE stepstone_queue SET status = 'cancelled', lease_until = NULL, "
+        "error = ?, updated_at = ? WHERE queue = ? AND status = 'running' "
+        "AND lease_until < ? AND cancel_requested",
+        (CANCELLED_RUNNING, now, queue, now),
+    )
+    conn.execute(
+        "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
+        "updated_at = ?, error = 'its worker died or lost its lease on each of its ' "
+        "|| attempts || ' attempts (max_attempts=' || max_attempts || '); last worker ' "
+        "|| coalesce(worker, '?') || ' (pid ' || coalesce(pid, '?') || ' on host ' "
+        "|| coalesce(host, '?') || ')' WHERE queue = ? AND status = 'running' "
+        "AND lease_until < ? AND attempts >= max_attempts",
+        (now, queue, now),
+    )
+
+
+def _free_slots(conn: sqlite3.Connection, queue: str, now: float, limit: int) -> int:
+    """How many entries of ``queue`` a claim of up to ``limit`` may start now, under the
+    queue's concurrency and rate limits."""
+    concurrency = rate = None
+    running = started = 0
+    limits = conn.execute(
+        "SELECT concurrency, rate FROM stepstone_queue_limits WHERE queue = ?", (queue,)
+    ).fetchone()
+    if limits is not None:
+        concurrency, rate = limits
+        running, started = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'running' AND lease_until >= ?), "
+            "count(*) FILTER (WHERE started_at > ?) FROM stepstone_queue WHERE queue = ?",
+            (now, now - rate_window(rate), queue),
+        ).fetchone()
+    return free_slots(limit, concurrency, running, rate, started)
+
+
+def _start(
+    conn: sqlite3.Connection, seq: int, owner: Owner, now: float, lease_until: float
+) -> QueueEntry | None:
+    """Start the entry at ``seq`` for ``owner``: the entry, or None when its row is corrupt
+    (then marked failed: it fails alone, never blocking the queue)."""
+    conn.execute(
+        "UPDATE stepstone_queue SET status = 'running', attempts = attempts + 1, "
+        "worker = ?, host = ?, pid = ?, pid_start = ?, lease_until = ?, "
+        "started_at = ?, updated_at = ? WHERE seq = ?",
+        (owner.worker, owner.host, owner.pid, owner.pid_start, lease_until, now, now, seq),
+    )
+    got = conn.execute(f"SELECT {COLS} FROM stepstone_queue WHERE seq = ?", (seq,)).fetchone()
+    try:
+        return _entry(got)
+    except CorruptRecordError as exc:
+        conn.execute(
+            "UPDATE stepstone_queue SET status = 'failed', lease_until = NULL, "
+            "error = ?, updated_at = ? WHERE seq = ?",
+            (str(exc), now, seq),
+        )
+        return None
 
 
 def _pick_queued(conn: sqlite3.Connection, queue: str, now: float, limit: int) -> list[int]:

@@ -77,13 +77,10 @@ async def test_same_turn_calls_run_concurrently_in_call_order() -> None:  # guar
     # later calls finish first; results must still come back in call order
     calls = [call("slow", n=i, delay=0.05 - i * 0.01) for i in range(5)]
     model = FakeModel([calls, "done"])
-    start = time.perf_counter()
     env = await Agent(engine=LLMEngine(model), tools=[slow]).run("q")
-    elapsed = time.perf_counter() - start
     assert env.ok, env.error
     assert results_of(model, 1) == [(str(i), False) for i in range(5)]
-    assert peak == 5
-    assert elapsed < 0.15  # serial would take 0.15 s
+    assert peak == 5  # all five ran at once (a wall-time bound would only add load noise)
 
 
 async def test_max_parallel_tools_caps_concurrency() -> None:  # guarantee 79

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from stepstone import Store
 from stepstone.cli import app
+from stepstone.durable import read_run
 from tests.engines.workflow.make_ops_fixture import (
     BREAK,
     CALLS,
@@ -57,6 +58,11 @@ def test_the_fixture_holds_runs_of_every_kind(db: Path) -> None:
     # guarantee 495: what was frozen (a test that would pass on an empty store proves nothing)
     with Store(db=db) as store:
         status = {key: store.read(key)["status"] for key in store.keys()}
+        found = read_run(store, "done")
+        assert found is not None
+        _, rows = found
+    assert [r.kind for r in rows] == ["start", *["ops"] * 8, "result"]
+    assert json.loads(rows[0].data)["format"] == 1
     assert status == {
         "done": "done",
         "done/2": "done",

@@ -151,7 +151,7 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
     assert "took" in (lane.get_attribute("title") or "")
     lane.focus()
     page.keyboard.press("Enter")  # brings its timeline row into view
-    page.wait_for_selector('#timeline tr.flash[data-name="fetch"]')
+    page.wait_for_selector('#timeline tr[aria-current="true"][data-name="fetch"]')
     assert "bad rows" in page.inner_text("#run-error")
     assert page.is_visible("#retry-box") and page.is_hidden("#cancel")  # nothing to cancel
     _fits(page)

@@ -517,6 +517,8 @@ function showRow(name) {
   const row = rows[rows.length - 1];
   if (!row) return;
   row.scrollIntoView({ block: "center" });
+  for (const r of document.querySelectorAll('#timeline tr[aria-current="true"]')) r.removeAttribute("aria-current");
+  row.setAttribute("aria-current", "true");  // stays: the row last brought into view
   row.classList.add("flash");
   setTimeout(() => row.classList.remove("flash"), 1200);
   const details = row.querySelector("details");

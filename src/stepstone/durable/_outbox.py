@@ -38,22 +38,7 @@ EVENT = "run.finished"
 def subscribe_webhook(store: Store, run_key: str, url: str) -> WebhookRecord:
     """Record that the end of the run under ``run_key`` is to be told to ``url``."""
     now = store.backend.clock()
-    record = WebhookRecord(
-        id=f"msg_{new_uid()}",
-        run_key=run_key,
-        url=url,
-        event=EVENT,
-        status="waiting",
-        payload=None,
-        attempts=0,
-        next_at=0.0,
-        lease_until=0.0,
-        owner=None,
-        log="[]",
-        created_at=now,
-        updated_at=now,
-        version=0,
-    )
+    record = _fresh(f"msg_{new_uid()}", run_key, url, "waiting", None, now)
     store.backend.webhook_add(record)
     return record
 
@@ -220,22 +205,7 @@ def set_queue_webhook(store: Store, queue: str, url: str) -> WebhookRecord:
         payload = json.dumps({"queue": queue, "since": now})
         found = backend.webhook_get(_queue_id(queue))
         if found is None:
-            record = WebhookRecord(
-                id=_queue_id(queue),
-                run_key="",
-                url=url,
-                event=EVENT,
-                status="subscribed",
-                payload=payload,
-                attempts=0,
-                next_at=0.0,
-                lease_until=0.0,
-                owner=None,
-                log="[]",
-                created_at=now,
-                updated_at=now,
-                version=0,
-            )
+            record = _fresh(_queue_id(queue), "", url, "subscribed", payload, now)
             if backend.webhook_add(record):
                 return record
             continue
@@ -324,3 +294,25 @@ def _add_delivery(store: Store, order: WebhookRecord, run_key: str, entry_id: st
         version=0,
     )
     return int(store.backend.webhook_add(record))
+
+
+def _fresh(
+    id: str, run_key: str, url: str, status: str, payload: str | None, now: float
+) -> WebhookRecord:
+    """A new outbox record: no attempt yet, not leased, version 0."""
+    return WebhookRecord(
+        id=id,
+        run_key=run_key,
+        url=url,
+        event=EVENT,
+        status=status,
+        payload=payload,
+        attempts=0,
+        next_at=0.0,
+        lease_until=0.0,
+        owner=None,
+        log="[]",
+        created_at=now,
+        updated_at=now,
+        version=0,
+    )

@@ -130,22 +130,28 @@ class _Server:
         out = await self.call(_runs.start_run, self.config, self.targets, body)
         return _json(out, 202)
 
-    async def list_runs(self, request: Request) -> Response:
-        check_read(request, self.config)
-        out = await self.call(
+    async def _listing(self, request: Request) -> dict[str, Any]:
+        """The runs ``request``'s query string asks for (``GET /runs`` and the page API)."""
+        query = request.query_params
+        out: dict[str, Any] = await self.call(
             _runs.list_runs,
             self.config,
             statuses=query_many(request, "status"),
             kinds=query_many(request, "kind"),
-            prefix=request.query_params.get("prefix") or None,
-            error_text=request.query_params.get("error") or None,
-            queue=request.query_params.get("queue") or None,
+            prefix=query.get("prefix") or None,
+            error_text=query.get("error") or None,
+            queue=query.get("queue") or None,
             older_than=query_age(request, "older_than"),
             newer_than=query_age(request, "newer_than"),
             limit=query_whole(request, "limit", 1),
             offset=query_whole(request, "offset", 0) or 0,
-            group=request.query_params.get("group") or None,
+            group=query.get("group") or None,
         )
+        return out
+
+    async def list_runs(self, request: Request) -> Response:
+        check_read(request, self.config)
+        out = await self._listing(request)
         return _json(out)
 
     async def get_run(self, request: Request) -> Response:
@@ -262,20 +268,7 @@ class _Server:
     # -- the inspector's page API (query-string form, as `stepstone ui` served it) -------
     async def page_runs(self, request: Request) -> Response:
         check_read(request, self.config)
-        out = await self.call(
-            _runs.list_runs,
-            self.config,
-            statuses=query_many(request, "status"),
-            kinds=query_many(request, "kind"),
-            prefix=request.query_params.get("prefix") or None,
-            error_text=request.query_params.get("error") or None,
-            queue=request.query_params.get("queue") or None,
-            older_than=query_age(request, "older_than"),
-            newer_than=query_age(request, "newer_than"),
-            limit=query_whole(request, "limit", 1),
-            offset=query_whole(request, "offset", 0) or 0,
-            group=request.query_params.get("group") or None,
-        )
+        out = await self._listing(request)
         out.update(
             store=self.config.store.describe(),
             allow_actions=self.config.actions,

@@ -1221,8 +1221,6 @@ def settle_operation(
         KeyError: no run under ``key``, or no such step.
         UserError: the run is not a workflow run, is live, or the step is not in doubt.
     """
-    from stepstone.durable._kernel import ownership_error
-    from stepstone.durable._leases import owner_alive
     from stepstone.durable._records import read_run
     from stepstone.exceptions import UserError
 
@@ -1250,33 +1248,65 @@ def settle_operation(
         record = ["attempt", pos, note]
     text = json.dumps([record], ensure_ascii=False, separators=(",", ":"))
 
+    written, _ = _append_to_stopped(
+        store,
+        head,
+        JournalRow(0, OPS, pos, text),
+        stopped_by="EffectInDoubtError",
+        changed="it was being settled",
+        live=UserError(f"run {key!r} is live; settle a step only while no process runs it"),
+        meta={"settled": {"step": f"{pos} {entry.name}", "happened": happened}},
+    )
+    return written
+
+
+def _append_to_stopped(
+    store: Store,
+    head: RunHead,
+    row: JournalRow,
+    *,
+    stopped_by: str,
+    changed: str,
+    live: Exception,
+    meta: dict[str, Any] | None = None,
+) -> tuple[RunHead, bool]:
+    """Append ``row`` (its ``seq`` set here) to the run of ``head`` as read, in one
+    transaction with its head, while no process runs it: a run that failed with
+    ``stopped_by`` is left ``paused`` (its error cleared), ``meta`` is added to the head's.
+    Raises ``live`` when an owner holds the run, an ownership error when it changed since
+    read. Returns the new head and whether the run had stopped (paused, or failed so)."""
+    from stepstone.durable._kernel import ownership_error
+    from stepstone.durable._leases import owner_alive
+
+    key = head.key
+    stopped: list[bool] = []
+
     def decide(cur: RunHead | None, _kv: str | None) -> Claim:
         if cur is None or cur.version != head.version:
-            raise ownership_error(
-                head.kind, f"run {key!r} changed while it was being settled; try again"
-            )
+            raise ownership_error(head.kind, f"run {key!r} changed while {changed}; try again")
         now = store.backend.clock()
         if owner_alive(cur, now=now):
-            raise UserError(f"run {key!r} is live; settle a step only while no process runs it")
+            raise live
         error = cur.meta.get("error")
         failed_here = (
             cur.status == "failed"
             and isinstance(error, dict)
-            and str(error.get("type", "")).endswith("EffectInDoubtError")
+            and str(error.get("type", "")).endswith(stopped_by)
         )
-        meta = {k: v for k, v in cur.meta.items() if not (failed_here and k == "error")}
+        stopped[:] = [failed_here or cur.status == "paused"]
+        kept = {k: v for k, v in cur.meta.items() if not (failed_here and k == "error")}
         new = cur.replace(
             status="paused" if failed_here else cur.status,
             version=cur.version + 1,
             journal_len=cur.journal_len + 1,
             updated_at=now,
-            meta={**meta, "settled": {"step": f"{pos} {entry.name}", "happened": happened}},
+            meta={**kept, **(meta or {})},
         )
-        return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
+        return Claim(head=new, rows=[dataclasses.replace(row, seq=cur.journal_len)])
 
     written = store.backend.run_transact(key, decide)
     assert written is not None
-    return written
+    return written, stopped == [True]
 
 
 def pending_operation_approvals(head: RunHead, rows: Sequence[JournalRow]) -> list[dict[str, Any]]:
@@ -1386,8 +1416,6 @@ def _record_approval(
     run under ``key`` (as read: ``head`` and its journal ``rows``), in one transaction with
     its head; refused when the run changed since read or is live. A run that failed asking
     is left paused. True when the run had stopped (paused, or failed asking)."""
-    from stepstone.durable._kernel import ownership_error
-    from stepstone.durable._leases import owner_alive
     from stepstone.exceptions import ApprovalTargetError
 
     entry = load_entries(key, rows)[0][pos]
@@ -1398,35 +1426,15 @@ def _record_approval(
         "settled": {"happened": True, "at": round(time.time(), 3)},
     }
     text = json.dumps([["outcome", pos, outcome]], ensure_ascii=False, separators=(",", ":"))
-    stopped: list[bool] = []
-
-    def decide(cur: RunHead | None, _kv: str | None) -> Claim:
-        if cur is None or cur.version != head.version:
-            raise ownership_error(
-                head.kind, f"run {key!r} changed while the decision was recorded; try again"
-            )
-        now = store.backend.clock()
-        if owner_alive(cur, now=now):
-            raise ApprovalTargetError(f"run {key!r} is live; approve its calls once it stops")
-        error = cur.meta.get("error")
-        asking = (
-            cur.status == "failed"
-            and isinstance(error, dict)
-            and str(error.get("type", "")).endswith("ApprovalPendingError")
-        )
-        stopped[:] = [asking or cur.status == "paused"]
-        meta = {k: v for k, v in cur.meta.items() if not (asking and k == "error")}
-        new = cur.replace(
-            status="paused" if asking else cur.status,
-            version=cur.version + 1,
-            journal_len=cur.journal_len + 1,
-            updated_at=now,
-            meta=meta,
-        )
-        return Claim(head=new, rows=[JournalRow(cur.journal_len, OPS, pos, text)])
-
-    store.backend.run_transact(key, decide)
-    return stopped == [True]
+    _, stopped = _append_to_stopped(
+        store,
+        head,
+        JournalRow(0, OPS, pos, text),
+        stopped_by="ApprovalPendingError",
+        changed="the decision was recorded",
+        live=ApprovalTargetError(f"run {key!r} is live; approve its calls once it stops"),
+    )
+    return stopped
 
 
 def iter_positions(entries: dict[str, Entry]) -> Iterator[tuple[str, Entry]]:

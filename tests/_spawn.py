@@ -511,9 +511,11 @@ def close() -> None:
         found.close()
 
 
-def Popen(args: Sequence[Any], **kwargs: Any) -> Process:  # noqa: N802 (subprocess's name)
-    """:class:`subprocess.Popen`, forked from the warmed server where it can be."""
-    target = _target(args, kwargs)
+def Popen(args: Sequence[Any], *, fresh: bool = False, **kwargs: Any) -> Process:  # noqa: N802 (subprocess's name)
+    """:class:`subprocess.Popen`, forked from the warmed server where it can be.
+
+    ``fresh=True``: a fresh interpreter all the same (a test that keeps one on purpose)."""
+    target = None if fresh else _target(args, kwargs)
     if target is not None:
         child = server().spawn(args, *target, dict(kwargs))
         if child is not None:
@@ -528,10 +530,12 @@ def run(
     capture_output: bool = False,
     timeout: float | None = None,
     check: bool = False,
+    fresh: bool = False,
     **kwargs: Any,
 ) -> subprocess.CompletedProcess[Any]:
-    """:func:`subprocess.run`, forked from the warmed server where it can be."""
-    if _target(args, kwargs) is None:
+    """:func:`subprocess.run`, forked from the warmed server where it can be (``fresh``:
+    as :func:`Popen`)."""
+    if fresh or _target(args, kwargs) is None:
         return subprocess.run(
             args, input=input, capture_output=capture_output, timeout=timeout, check=check, **kwargs
         )

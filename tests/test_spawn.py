@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(params=["forked", "fresh"])
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "fresh":
-        monkeypatch.setenv("STEPSTONE_TEST_FRESH_PROCESSES", "1")
+        proc = _spawn.Popen([sys.executable, str(script)], stdout=_spawn.PIPE, fresh=True)
+    assert isinstance(proc, subprocess.Popen)
+    proc.communicate(timeout=60)
+    monkeypatch.setenv("STEPSTONE_TEST_FRESH_PROCESSES", "1")
     yield request.param
 
 
@@ -359,6 +362,9 @@ def test_what_a_forked_child_cannot_be_goes_to_subprocess(
     # a directory on the child's path that would shadow a preloaded module
     (tmp_path / "openai.py").write_text("")
     proc = _spawn.Popen([sys.executable, str(script)], stdout=_spawn.PIPE)
+    assert isinstance(proc, subprocess.Popen)
+    proc.communicate(timeout=60)
+    proc = _spawn.Popen([sys.executable, str(script)], stdout=_spawn.PIPE, fresh=True)
     assert isinstance(proc, subprocess.Popen)
     proc.communicate(timeout=60)
     monkeypatch.setenv("STEPSTONE_TEST_FRESH_PROCESSES", "1")

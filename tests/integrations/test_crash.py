@@ -31,6 +31,7 @@ import pytest
 from stepstone import Store, Worker
 from stepstone.durable import read_run
 from stepstone.testing import LoopbackServer, OpenAIDialect
+from tests import _spawn
 from tests.integrations.effects import attempts, effects
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,11 +57,15 @@ def _run(
     server: LoopbackServer,
     kill_at: str = "",
     *extra: str,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """The shop's crash worker run to its end (forked from the warm server unless ``fresh``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHOP_KILL_AT": kill_at}
     worker = f"tests.integrations.{shop.__name__.rsplit('.', 1)[1].split('_')[0]}_crash_worker"
     args = [sys.executable, "-m", worker, str(db), str(logs), server.base_url, *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    return _spawn.run(
+        args, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, fresh=fresh
+    )
 
 
 def _open(db: Path | str) -> Store:
@@ -111,7 +116,8 @@ def test_sigkill_inside_the_tool_loop_then_resume(
     assert clean["output"] == shop.EXPECTED and clean["requests"] == shop.REQUESTS
     db, logs = tmp_path / "shop.sqlite", tmp_path / "logs"
     logs.mkdir()
-    died = _run(shop, db, logs, server, kill_at)
+    # one kill per framework in a fresh interpreter, the others in a forked one
+    died = _run(shop, db, logs, server, kill_at, fresh=kill_at == "inside:charge")
     assert died.returncode == -signal.SIGKILL, died.stderr
     assert (logs / "killed").read_text() == kill_at
     committed = _committed_model_requests(db, "ticket-1")
@@ -191,9 +197,9 @@ def test_a_keyed_durable_runner_run_resumes_after_a_kill(tmp_path: Path) -> None
         assert view["status"] == "done" and view["workflow"] == "openai-agents"
 
 
-def _worker(db: Path, kill_at: str, *args: str) -> subprocess.Popen[str]:
+def _worker(db: Path, kill_at: str, *args: str) -> _spawn.Process:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHOP_KILL_AT": kill_at}
-    return subprocess.Popen(
+    return _spawn.Popen(
         [
             *(sys.executable, "-m", "stepstone.cli", "worker", "--db", str(db)),
             *("--queue", "agents", "--poll-interval", "0.05", "--lease-seconds", "60", *args),

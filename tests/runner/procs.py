@@ -19,19 +19,24 @@ import pytest
 from stepstone.durable._journal_format import read_entries
 from stepstone.store import JournalRow
 from stepstone.testing import LoopbackServer
+from tests import _spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("agent_worker.py")
 
 
-def spawn(mode: str, db: Path, server: LoopbackServer, **opts: Any) -> subprocess.Popen[str]:
-    """agent_worker.py in a new process (see its docstring)."""
-    return subprocess.Popen(
+def spawn(
+    mode: str, db: Path, server: LoopbackServer, *, fresh: bool = False, **opts: Any
+) -> _spawn.Process:
+    """agent_worker.py in a new process (see its docstring), forked from the warm server
+    unless ``fresh``."""
+    return _spawn.Popen(
         [sys.executable, str(WORKER), mode, str(db), server.base_url, json.dumps(opts)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        fresh=fresh,
     )
 
 
@@ -40,7 +45,7 @@ def run_worker(mode: str, db: Path, server: LoopbackServer, **opts: Any) -> dict
     return result_of(spawn(mode, db, server, **opts))
 
 
-def result_of(proc: subprocess.Popen[str]) -> dict[str, Any]:
+def result_of(proc: _spawn.Process) -> dict[str, Any]:
     """What the worker printed, once it has ended on its own."""
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
@@ -48,7 +53,7 @@ def result_of(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return result
 
 
-def kill_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> None:
+def kill_when(proc: _spawn.Process, ready: Callable[[], bool]) -> None:
     """SIGKILL ``proc`` as soon as ``ready()`` holds (it must hold within two minutes)."""
     deadline = time.monotonic() + 120
     while not ready():

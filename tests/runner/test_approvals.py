@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from stepstone import Agent, Plan, Runner, Step, Store, UserError, checkpoint_latest_key, tool
 from stepstone.durable import approve_call, pending_approvals, read_run
 from stepstone.testing import LoopbackServer, OpenAIDialect, call
+from tests import _spawn
 from tests.runner.conftest import Script
 from tests.runner.procs import kill_when, ledger, run_worker, spawn, turn_of
 from tests.store.damage import stored_rows
@@ -26,7 +26,7 @@ WORKER = Path(__file__).with_name("approval_worker.py")
 
 def _worker(*args: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
+    out = _spawn.run(
         [sys.executable, str(WORKER), *args],
         capture_output=True,
         text=True,

@@ -51,7 +51,8 @@ def test_a_turn_that_runs_no_tool_is_committed_before_the_next_request(
     db = tmp_path / "a.sqlite"
     with LoopbackServer(OpenAIDialect(), model="gpt-4o") as server:
         server.push(first, Hang())
-        proc = spawn("run", db, server, **opts)
+        # one of these kills hits a fresh interpreter, the others a forked one
+        proc = spawn("run", db, server, fresh=case == "an unknown tool" and then == "run", **opts)
         kill_when(proc, lambda: len(server.requests) >= 2)  # turn 1 was requested
         assert {"intent model:0:0", "outcome model:0:0"} <= committed(db)
         server.push(call("append", x="1"), final)

@@ -57,6 +57,7 @@ from stepstone.durable import database_now, owner_alive
 from stepstone.durable._journal_format import read_entries
 from stepstone.graph import StoreCheckpointer
 from stepstone.store import check_store
+from tests import _spawn
 from tests.runner import torture_worker as tw
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,6 +189,8 @@ class Trial:
     rng: random.Random
     kills: list[Kill] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: Its processes are fresh interpreters (else forked from the tests' warm server).
+    fresh: bool = False
 
     def fail(self, what: str) -> TortureFailure:
         lines = "\n".join(" ".join(map(str, line)) for line in log_lines(self.log))
@@ -291,7 +294,7 @@ def _wait_lines(log: Path, target: int, alive: Callable[[], bool], deadline: flo
     return True
 
 
-def _first_line(proc: subprocess.Popen[str]) -> str:
+def _first_line(proc: _spawn.Process) -> str:
     """The first line ``proc`` prints, read a byte at a time from its pipe: a buffered
     ``readline`` would read ahead what ``communicate`` (which reads the pipe itself) must
     get later."""
@@ -305,7 +308,7 @@ def _first_line(proc: subprocess.Popen[str]) -> str:
     return line.decode().strip()
 
 
-def stop(proc: subprocess.Popen[str]) -> None:
+def stop(proc: _spawn.Process) -> None:
     """SIGSTOP ``proc`` and wait until it is stopped (a signal is delivered when the
     process next enters the kernel: until then it may still write and commit)."""
     proc.send_signal(signal.SIGSTOP)
@@ -341,12 +344,13 @@ def run_attempt(
     delay = rng.uniform(0.0, 1.2 * PACE.get(scenario, 0.05))
     effects, extra = rng.randint(1, max(1, left)), rng.uniform(0.0, 0.003)
     procs = [
-        subprocess.Popen(
+        _spawn.Popen(
             [sys.executable, str(WORKER), *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=_env(),
+            fresh=trial.fresh,
         )
         for _ in range(racers)
     ]
@@ -428,13 +432,20 @@ async def _approve_all(store: Store, log: str, opts: dict[str, Any]) -> dict[str
 
 # -- scenarios ---------------------------------------------------------------------------------
 def torture_script(
-    scenario: str, where: str, log: Path, seed: int, opts: dict[str, Any], max_kills: int
+    scenario: str,
+    where: str,
+    log: Path,
+    seed: int,
+    opts: dict[str, Any],
+    max_kills: int,
+    *,
+    fresh: bool = False,
 ) -> Trial:
     """Drive one scripted pipeline to its end through up to ``max_kills`` kills; now and
     then two processes resume it at once (not for a graph: each resume of a graph's
     record is a new invocation, so two in a row would both run its nodes)."""
     rng = random.Random(f"{scenario}:{seed}")
-    trial = Trial(f"{scenario} seed={seed} opts={opts}", where, log, rng)
+    trial = Trial(f"{scenario} seed={seed} opts={opts}", where, log, rng, fresh=fresh)
     expected_result, expected = reference(scenario, opts)
     kills = rng.randint(1, max_kills)
     approvals: dict[str, bool] | None = None
@@ -579,7 +590,9 @@ def test_torture_sqlite(tmp_path: Path, scenario: str) -> None:
         where = tmp_path / f"{scenario}-{seed}.sqlite"
         rng = random.Random(f"options:{scenario}:{seed}")
         opts = {**OPTIONS[scenario](rng), "sqlite": sqlite_options(rng)}
-        torture_script(scenario, str(where), tmp_path / f"{scenario}-{seed}.log", seed, opts, 4)
+        log = tmp_path / f"{scenario}-{seed}.log"
+        # the Plan's processes are fresh interpreters, the others forked ones
+        torture_script(scenario, str(where), log, seed, opts, 4, fresh=scenario == "plan")
 
     each_seed(one)
 
@@ -607,20 +620,23 @@ def test_torture_postgres(tmp_path: Path, pg_server: Any, scenario: str) -> None
 
 
 # -- queued runs served by `stepstone worker` processes -----------------------------------------
-def _spawn_worker(where: str, queue: str, lease: float, out: Path) -> subprocess.Popen[str]:
+def _spawn_worker(
+    where: str, queue: str, lease: float, out: Path, *, fresh: bool
+) -> _spawn.Process:
     store = ["--url", where] if "://" in where else ["--db", where]
     argv = ["worker", *store, "--queue", queue, "--concurrency", "2", "--poll-interval", "0.05"]
     argv += ["--lease-seconds", str(lease), "--until-idle"]
     with out.open("a") as fh:  # a file, not a pipe nobody reads until the worker ends
         fh.write(f"-- worker started at {time.monotonic():.3f}\n")
         fh.flush()
-        return subprocess.Popen(
+        return _spawn.Popen(
             [sys.executable, "-m", "stepstone.cli", *argv],
             cwd=ROOT,
             env=_env(),
             stdout=fh,
             stderr=subprocess.STDOUT,
             text=True,
+            fresh=fresh,
         )
 
 
@@ -664,7 +680,8 @@ def torture_queue(where: str, log: Path, seed: int, max_kills: int) -> Trial:
     runs = {f"q{seed}-{i}-{kind}": kind for i, kind in enumerate(kinds)}
     lease = rng.choice([2.0, 30.0])
     width = rng.randint(1, 2)
-    trial = Trial(f"queue seed={seed} lease={lease} workers={width}", where, log, rng)
+    fresh = "://" not in where  # on SQLite fresh interpreters, on PostgreSQL forked ones
+    trial = Trial(f"queue seed={seed} lease={lease} workers={width}", where, log, rng, fresh=fresh)
     expected_results, expected = queue_reference(runs)
     queue = f"torture{seed}"
     with contextlib.closing(open_store(where)) as store:
@@ -677,7 +694,7 @@ def torture_queue(where: str, log: Path, seed: int, max_kills: int) -> Trial:
             if kind == "graph":
                 task = tw.Walk(run=run, log=str(log))
             handles[run] = submit(store, target, task, key=run, queue=queue, max_attempts=50)
-        workers: list[subprocess.Popen[str]] = []
+        workers: list[_spawn.Process] = []
         kills = rng.randint(1, max_kills)
         deadline = time.monotonic() + DEADLINE
         try:
@@ -688,7 +705,8 @@ def torture_queue(where: str, log: Path, seed: int, max_kills: int) -> Trial:
                 if time.monotonic() > deadline:
                     raise trial.fail(f"queued runs stuck: {[h.entry() for h in handles.values()]}")
                 while len(workers) < width:
-                    workers.append(_spawn_worker(where, queue, lease, log.with_suffix(".out")))
+                    out = log.with_suffix(".out")
+                    workers.append(_spawn_worker(where, queue, lease, out, fresh=trial.fresh))
                     trial.notes.append(f"worker {workers[-1].pid} started")
                 if len(trial.kills) < kills:
                     _kill_a_worker(trial, workers, deadline, 2.5 * lease if lease < 5 else None)
@@ -712,7 +730,7 @@ def torture_queue(where: str, log: Path, seed: int, max_kills: int) -> Trial:
     return trial
 
 
-def _alive_or_checked(trial: Trial, worker: subprocess.Popen[str]) -> bool:
+def _alive_or_checked(trial: Trial, worker: _spawn.Process) -> bool:
     """Whether ``worker`` still runs; one that ended must have ended cleanly."""
     if worker.poll() is None:
         return True
@@ -724,7 +742,7 @@ def _alive_or_checked(trial: Trial, worker: subprocess.Popen[str]) -> bool:
 
 
 def _kill_a_worker(
-    trial: Trial, workers: list[subprocess.Popen[str]], deadline: float, freeze: float | None
+    trial: Trial, workers: list[_spawn.Process], deadline: float, freeze: float | None
 ) -> None:
     """Wait a random while (a delay, or a few side effects and at most 3 ms), then SIGKILL
     a random live worker, stop the others while the store is read, and let them go on.

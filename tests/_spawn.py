@@ -132,8 +132,7 @@ class Child:
 
     def _read_status(self, timeout: float | None) -> None:
         """Take the exit status from the fork server if it comes within ``timeout``."""
-        ready, _, _ = select.select([self._conn], [], [], timeout)
-        if not ready:
+        if not _ready({self._conn.fileno(): select.POLLIN}, timeout):
             return
         msg = self._conn.recv(4096)
         if not msg:
@@ -275,8 +274,12 @@ class Child:
             left = self._left(endtime)
             if left is not None and left < 0:
                 self._timeout(timeout, out, err)
-            wlist = [writer] if writer else []
-            ready_r, ready_w, _ = select.select(list(readers), wlist, [], left)
+            wanted = dict.fromkeys(readers, select.POLLIN)
+            if writer is not None:
+                wanted[writer.fileno()] = select.POLLOUT
+            ready = _ready(wanted, left)
+            ready_r = [fd for fd in ready if fd in readers]
+            ready_w = writer is not None and writer.fileno() in ready
             left = self._left(endtime)
             if left is not None and left < 0:
                 self._timeout(timeout, out, err)
@@ -313,6 +316,16 @@ class Child:
 
 
 Process: TypeAlias = "subprocess.Popen[Any] | Child"
+
+
+def _ready(wanted: dict[int, int], timeout: float | None) -> set[int]:
+    """The fds of ``wanted`` ready within ``timeout`` seconds (poll(2), as subprocess:
+    select(2) fails on fd numbers over 1023)."""
+    poller = select.poll()
+    for fd, events in wanted.items():
+        poller.register(fd, events)
+    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    return {fd for fd, _ in poller.poll(ms)}
 
 
 def _newlines(data: bytes, encoding: str, errors: str) -> str:

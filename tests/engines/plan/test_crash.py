@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import Store
+from tests import _spawn
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 MANY_WORKER = Path(__file__).with_name("crash_many_worker.py")
@@ -53,7 +54,7 @@ def _killed_after_steps(worker: list[str], log: Path, steps: int, extra: float) 
     run however fast or loaded the machine is; ``extra`` lands the kill anywhere in the
     step after (in its function, or in the commit of the one before)."""
     start = _lines(log)
-    with subprocess.Popen(
+    with _spawn.Popen(
         [sys.executable, *worker], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
         assert proc.stdout is not None
@@ -102,13 +103,14 @@ def test_sigkill_at_random_points_then_resume(tmp_path: Path, seed: int) -> None
 @pytest.mark.crash
 def test_killed_owner_is_resumable_at_once_but_live_owner_is_not(tmp_path: Path) -> None:
     # guarantee 30 across processes, and the known fault "an interrupted run stays running"
+    # (the owner killed here is a fresh interpreter, `-c`; the workers are forked)
     db, log = tmp_path / "crash.sqlite", tmp_path / "effects.log"
     with subprocess.Popen(
         [sys.executable, "-c", _SLOW_OWNER, str(db)], stdout=subprocess.PIPE, text=True
     ) as slow:
         assert slow.stdout is not None
         assert slow.stdout.readline().strip() == "started"
-        busy = subprocess.run(
+        busy = _spawn.run(
             [sys.executable, str(WORKER), str(db), str(log), "1"], capture_output=True, text=True
         )
         assert busy.returncode != 0 and "ConcurrentPlanRunError" in busy.stderr
@@ -117,7 +119,7 @@ def test_killed_owner_is_resumable_at_once_but_live_owner_is_not(tmp_path: Path)
     with Store(db=db) as store:
         assert store.read("crash-run")["status"] == "claimed"  # the dead owner's last word
     t0 = time.monotonic()
-    again = subprocess.run(
+    again = _spawn.run(
         [sys.executable, str(WORKER), str(db), str(log), "1"], capture_output=True, text=True
     )
     assert again.returncode == 0, again.stderr

@@ -19,13 +19,15 @@ from typer.testing import CliRunner
 from stepstone import Agent, Plan, Step, Store, __version__
 from stepstone.cli import app
 from stepstone.exceptions import StoreError
+from tests import _spawn
 
 runner = CliRunner()
 
 
 def stepstone(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    """The command as a user runs it: a real process, its exit status, stdout and stderr."""
-    return subprocess.run(
+    """The command as a user runs it: a real process (forked from the tests' warm server,
+    see tests/_spawn.py), its exit status, stdout and stderr."""
+    return _spawn.run(
         [sys.executable, "-m", "stepstone.cli", *args],
         capture_output=True,
         text=True,

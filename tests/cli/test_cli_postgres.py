@@ -14,6 +14,7 @@ import pytest
 
 from stepstone import Agent, Plan, Step, Store
 from stepstone.exceptions import StoreError
+from tests import _spawn
 from tests.pgserver import PASSWORD, PgServer
 
 pytestmark = pytest.mark.postgres
@@ -37,7 +38,8 @@ def _tables(url: str) -> list[str]:
 
 
 def _stepstone(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    """The command in a real process, forked from the tests' warm server."""
+    return _spawn.run(
         [sys.executable, "-m", "stepstone.cli", *args],
         capture_output=True,
         text=True,

@@ -20,6 +20,7 @@ import pytest
 from stepstone import RunHandle, Store, send
 from stepstone.durable import read_run
 from stepstone.durable._operations import operation_rows
+from tests import _spawn
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,13 +39,16 @@ class Where:
     def open(self) -> Store:
         return Store(url=self.store) if "://" in self.store else Store(db=self.store)
 
-    def start(self, mode: str, *args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
+    def start(self, mode: str, *args: str, fresh: bool = False) -> _spawn.Process:
+        """The worker in a process of its own, forked from the tests' warm server unless
+        ``fresh``, once it printed ``ready``."""
+        proc = _spawn.Popen(
             [sys.executable, str(WORKER), mode, self.store, self.marker, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
+            fresh=fresh,
         )
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -64,12 +68,12 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     yield Where(store=url, marker=str(tmp_path / "m"))
 
 
-def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+def _finish(proc: _spawn.Process, timeout: float = 120) -> tuple[int, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out + err
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
+def _kill(proc: _spawn.Process) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
@@ -92,7 +96,7 @@ def _ops(store: Store, key: str, op: str) -> list[dict[str, object]]:
 
 def test_killed_while_sleeping_it_sleeps_only_what_is_left_and_not_again(where: Where) -> None:
     # guarantee 515
-    proc = where.start("sleep", "6")
+    proc = where.start("sleep", "6", fresh=True)  # this family's kill of a fresh interpreter
     with where.open() as store:
         _wait(lambda: bool(store.backend.timers("dozer")))
         (timer,) = store.backend.timers("dozer")

@@ -16,6 +16,7 @@ import pytest
 
 from stepstone import QueuedRunError, RunHandle, Store, submit
 from stepstone.graph import CheckpointFilter, StoreCheckpointer
+from tests import _spawn
 from tests.workers.targets import Tally, executions, task
 
 pytestmark = pytest.mark.postgres
@@ -35,9 +36,11 @@ def store(pg_url: str) -> Iterator[Store]:
         yield s
 
 
-def spawn(url: str, *args: str) -> subprocess.Popen[str]:
+def spawn(url: str, *args: str, fresh: bool = False) -> _spawn.Process:
+    """``stepstone worker`` in a process of its own, forked from the tests' warm server
+    unless ``fresh``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
+    return _spawn.Popen(
         [
             sys.executable,
             "-m",
@@ -54,10 +57,11 @@ def spawn(url: str, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        fresh=fresh,
     )
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+def finish(proc: _spawn.Process, timeout: float = 120) -> str:
     out, _ = proc.communicate(timeout=timeout)
     return out
 
@@ -91,7 +95,7 @@ def test_a_sigkilled_workers_run_completes_elsewhere_and_no_committed_step_rerun
 ) -> None:
     log = str(tmp_path / "log")
     h = submit(store, T + "long_plan", task(log, "k", sleep=0.03))
-    first = spawn(pg_url, "--lease-seconds", "60")
+    first = spawn(pg_url, "--lease-seconds", "60", fresh=True)  # killed: a fresh interpreter
     wait_for(lambda: len(executions(log)) >= 5, what="5 steps of the first worker")
     first.send_signal(signal.SIGKILL)
     finish(first)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import Store
+from tests import _spawn
 
 WORKER = Path(__file__).with_name("crash_threads_worker.py")
 
@@ -28,15 +29,19 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def _run(args: list[str], log: Path, kill_after: tuple[int, float] | None) -> int:
-    """Run the worker; with ``kill_after`` (steps, seconds), SIGKILL it that many seconds
-    after its log grew by that many steps (unless it ended first). Its exit code."""
+def _run(
+    args: list[str], log: Path, kill_after: tuple[int, float] | None, *, fresh: bool = False
+) -> int:
+    """Run the worker (forked from the tests' warm server unless ``fresh``); with
+    ``kill_after`` (steps, seconds), SIGKILL it that many seconds after its log grew by that
+    many steps (unless it ended first). Its exit code."""
     start = _lines(log)
-    with subprocess.Popen(
+    with _spawn.Popen(
         [sys.executable, str(WORKER), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        fresh=fresh,
     ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -94,7 +99,8 @@ def test_sigkill_inside_a_shared_commit_then_every_run_resumes_from_its_last_ste
     db, log = tmp_path / "threads.sqlite", tmp_path / "effects.log"
     runs, steps = 8, 60
     kill_at = rng.randint(2, 25)
-    code = _run([str(db), str(log), str(runs), str(steps), str(kill_at), when], log, None)
+    args = [str(db), str(log), str(runs), str(steps), str(kill_at), when]
+    code = _run(args, log, None, fresh=when == "before" and seed == 6)  # one fresh interpreter
     assert code == -signal.SIGKILL, "the worker never reached a shared commit to die in"
     committed = _committed(db, runs)
     before = Counter(map(tuple, (map(int, line.split()) for line in log.read_text().splitlines())))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import _spawn
+
 ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = """
@@ -51,7 +53,7 @@ def test_second_process_is_refused_while_the_first_runs(tmp_path: Path) -> None:
     script.write_text(WORKER)
     db, gate = str(tmp_path / "r.sqlite"), tmp_path / "gate"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen(
+    first = _spawn.Popen(  # both forked from the tests' warm server
         [sys.executable, str(script), db, str(gate), "run"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -63,7 +65,7 @@ def test_second_process_is_refused_while_the_first_runs(tmp_path: Path) -> None:
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    second = subprocess.run(
+    second = _spawn.run(
         [sys.executable, str(script), db, str(gate), "resume"],
         capture_output=True,
         text=True,

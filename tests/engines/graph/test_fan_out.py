@@ -34,6 +34,7 @@ from stepstone.graph import (
     merge_all,
 )
 from stepstone.testing import FakeModel
+from tests import _spawn
 
 WORKER = Path(__file__).with_name("fan_worker.py")
 
@@ -277,7 +278,7 @@ def test_sigkill_mid_fan_out_then_resume_runs_only_the_unfinished_branches(
         text = log.read_text() if log.exists() else ""
         return sum(line.startswith("end") for line in text.splitlines())
 
-    proc = subprocess.Popen(
+    proc = _spawn.Popen(
         [sys.executable, str(WORKER), str(db), str(log)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -302,7 +303,7 @@ def test_sigkill_mid_fan_out_then_resume_runs_only_the_unfinished_branches(
     cp.close()
     before = Tally(line for line in log.read_text().splitlines() if line.startswith("start"))
 
-    done = subprocess.run(
+    done = _spawn.run(
         [sys.executable, str(WORKER), str(db), str(log)],
         capture_output=True,
         text=True,

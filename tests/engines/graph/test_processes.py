@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stepstone.graph import CheckpointFilter, NodeException, SQLiteCheckpointer
+from tests import _spawn
 from tests.engines.graph._graphs import Counter, loop_graph
 
 WORKER = Path(__file__).with_name("proc_worker.py")
@@ -37,7 +38,7 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def _ran_ticks(proc: subprocess.Popen[bytes], log: Path, ticks: int) -> bool:
+def _ran_ticks(proc: _spawn.Process, log: Path, ticks: int) -> bool:
     """Wait until ``proc`` logged ``ticks`` more tick executions; False if it exited first."""
     start = _lines(log)
     deadline = time.monotonic() + 60
@@ -55,12 +56,13 @@ def test_sigkill_mid_run_then_resume_in_a_new_process(tmp_path: Path) -> None:
     committed: list[int] = []
     in_flight: set[int] = set()
     kills = 0
-    for _ in range(40):
-        proc = subprocess.Popen(
+    for attempt in range(40):
+        proc = _spawn.Popen(
             [sys.executable, str(WORKER), "crash", str(db), str(log), str(LIMIT)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             bufsize=0,  # readline() below must not read ahead of what communicate() gets
+            fresh=attempt == 0,  # the first a fresh interpreter, the others forked ones
         )
         assert proc.stdout is not None
         # The kill comes a few ticks after the worker is ready (imports take seconds on a
@@ -114,7 +116,7 @@ def test_two_processes_resuming_one_record(tmp_path: Path) -> None:
     cmd = [sys.executable, str(WORKER), "resume", str(db), str(log)]
     # the first resume is stopped (SIGSTOP: alive, holding the record) after its first
     # tick, so it is still running however long the second process takes to start
-    first = subprocess.Popen([*cmd, inv, "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = _spawn.Popen([*cmd, inv, "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while f" {first.pid}" not in (log.read_text() if log.exists() else ""):
         assert first.poll() is None, first.communicate()
@@ -122,7 +124,7 @@ def test_two_processes_resuming_one_record(tmp_path: Path) -> None:
         time.sleep(0.02)
     first.send_signal(signal.SIGSTOP)
     try:
-        second = subprocess.run([*cmd, inv, "0"], capture_output=True, timeout=60)
+        second = _spawn.run([*cmd, inv, "0"], capture_output=True, timeout=60)
     finally:
         first.send_signal(signal.SIGCONT)
     out1, err1 = first.communicate(timeout=60)

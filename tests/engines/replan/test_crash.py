@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from stepstone import Store
+from tests import _spawn
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 ROUNDS, PARALLEL = 3, 4
@@ -42,7 +43,7 @@ def _committed(record: dict[str, Any] | None) -> tuple[int, set[str]]:
     return record["round"], items
 
 
-def _wait_for_lines(proc: subprocess.Popen[str], log: Path, target: int) -> bool:
+def _wait_for_lines(proc: _spawn.Process, log: Path, target: int) -> bool:
     """Wait until ``log`` has ``target`` lines; False when the process exited first."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -55,20 +56,23 @@ def _wait_for_lines(proc: subprocess.Popen[str], log: Path, target: int) -> bool
 
 
 def _crash_and_resume(
-    where: str, log: Path, seed: int, step: tuple[int, int] = (1, 5)
+    where: str, log: Path, seed: int, step: tuple[int, int] = (1, 5), *, fresh: bool = False
 ) -> tuple[int, int]:
-    """Kill a worker after every ``step`` (random in that range) new log lines; returns
-    (kills, kills that landed inside a round)."""
+    """Kill a worker (forked from the tests' warm server; with ``fresh``, the first one is a
+    fresh interpreter) after every
+    ``step`` (random in that range) new log lines; returns (kills, kills that landed inside
+    a round)."""
     rng = random.Random(seed)
     snapshots: dict[str, tuple[int, set[str]]] = {}  # killed attempt -> committed after it
     mid_round_kills = 0
     for attempt in range(80):
         name = f"a{attempt}"
-        with subprocess.Popen(
+        with _spawn.Popen(
             [sys.executable, str(WORKER), where, str(log), name],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            fresh=fresh and attempt == 0,
         ) as proc:
             lines = len(log.read_text().splitlines()) if log.exists() else 0
             if _wait_for_lines(proc, log, lines + rng.randint(*step)):
@@ -119,7 +123,8 @@ def _crash_and_resume(
 @pytest.mark.crash
 def test_sigkill_inside_rounds_then_resume_sqlite(tmp_path: Path) -> None:
     # guarantee 190, 191, 198
-    _crash_and_resume(str(tmp_path / "replan.sqlite"), tmp_path / "effects.log", seed=11)
+    db = str(tmp_path / "replan.sqlite")
+    _crash_and_resume(db, tmp_path / "effects.log", seed=11, fresh=True)
 
 
 @pytest.mark.crash

@@ -22,6 +22,7 @@ import pytest
 
 from stepstone import Store
 from stepstone.durable import list_runs, read_run
+from tests import _spawn
 from tests.engines.workflow.crash_worker import expected
 
 WORKER = Path(__file__).with_name("crash_worker.py")
@@ -50,12 +51,13 @@ def _log(path: Path) -> list[str]:
 
 
 def _run(
-    db: Path, log: Path, kill_at: str = "", timeout: float = 120
+    db: Path, log: Path, kill_at: str = "", timeout: float = 120, *, fresh: bool = False
 ) -> subprocess.CompletedProcess[str]:
+    """The worker run to its end, forked from the tests' warm server unless ``fresh``."""
     args = [sys.executable, str(WORKER), str(db), str(log), str(N)]
     if kill_at:
         args.append(kill_at)
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return _spawn.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, fresh=fresh)
 
 
 def _check(db: Path, log: Path, snapshots: list[tuple[int, set[str]]], kills: int) -> None:
@@ -89,7 +91,7 @@ def _check(db: Path, log: Path, snapshots: list[tuple[int, set[str]]], kills: in
 def test_sigkill_at_a_chosen_point_then_resume(tmp_path: Path, kill_at: str) -> None:
     # guarantee 471, 478, 483
     db, log = tmp_path / "wf.sqlite", tmp_path / "effects.log"
-    died = _run(db, log, kill_at)
+    died = _run(db, log, kill_at, fresh=kill_at == "inside:s4")  # one fresh interpreter
     assert died.returncode == -signal.SIGKILL, died.stderr
     snapshots = [(len(_log(log)), _committed(db))]
     label = kill_at.split(":")[1]
@@ -106,7 +108,7 @@ def test_sigkill_at_a_chosen_point_then_resume(tmp_path: Path, kill_at: str) -> 
 def _killed_after(db: Path, log: Path, steps: int, extra: float) -> bool:
     start = len(_log(log))
     args = [sys.executable, str(WORKER), str(db), str(log), str(N)]
-    with subprocess.Popen(
+    with _spawn.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     ) as proc:
         assert proc.stdout is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import RunHandle, Store, Worker
+from tests import _spawn
 from tests.engines.workflow.targets import batch, broken, counts, dies_once
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,10 +71,11 @@ def test_a_workflow_that_raises_ends_its_entry_failed_with_the_error(
     assert store.read(handle.key)["status"] == "failed"
 
 
-def _spawn(store: Store, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+def _start_worker(store: Store, tmp_path: Path, *args: str) -> _spawn.Process:
+    """``stepstone worker`` in a process of its own, forked from the tests' warm server."""
     where = WHERE[id(store)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
+    return _spawn.Popen(
         [
             sys.executable,
             "-m",
@@ -100,11 +102,11 @@ def test_a_worker_sigkilled_mid_run_is_taken_over_and_no_committed_step_reruns(
     # guarantee 484
     log = str(tmp_path / "log")
     handle = dies_once.using(store=store, key="d-1", queue="wf").submit(log)
-    first = _spawn(store, tmp_path, "--lease-seconds", "60")
+    first = _start_worker(store, tmp_path, "--lease-seconds", "60")
     out, _ = first.communicate(timeout=120)
     assert first.returncode == -signal.SIGKILL, out
     assert counts(log) == {"before": [first.pid]}
-    second = _spawn(store, tmp_path, "--until-idle", "--lease-seconds", "60")
+    second = _start_worker(store, tmp_path, "--until-idle", "--lease-seconds", "60")
     out, _ = second.communicate(timeout=120)
     assert second.returncode == 0, out
     env = handle.result(timeout=5)

@@ -422,6 +422,7 @@ class _Server:
             "env": env,
             "cwd": cwd,
             "setsid": bool(kw.get("start_new_session", False)),
+            "ignored_signals": _ignored_signals(),
         }
         child_fds, parent_fds, opened = _stdio(kw)
         conn, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -470,6 +471,17 @@ class _Server:
             errors=kw.get("errors"),
             bufsize=kw.get("bufsize", -1),
         )
+
+
+def _ignored_signals() -> list[int]:
+    """The signals this process ignores: a fresh child inherits that across exec (bar the
+    ones subprocess restores to the default: SIGPIPE, SIGXFSZ)."""
+    restored = {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGKILL, signal.SIGSTOP}
+    return [
+        int(sig)
+        for sig in signal.valid_signals()
+        if sig not in restored and signal.getsignal(sig) == signal.SIG_IGN
+    ]
 
 
 def _stdio(kw: Mapping[str, Any]) -> tuple[list[int], list[int], list[int]]:

@@ -262,8 +262,29 @@ def _become(job: _Job, base_path: list[str]) -> None:
         sys.excepthook = _script_excepthook
     else:
         sys.excepthook = _module_excepthook
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _fresh_signals(set(request["ignored_signals"]))
     gc.enable()
+
+
+def _fresh_signals(ignored: set[int]) -> None:
+    """Signal dispositions as a fresh interpreter started by the test process has them:
+    what the test process ignores stays ignored across exec (SIGINT too: then Python
+    installs no KeyboardInterrupt handler; xdist's workers ignore SIGINT), every other
+    handler is reset to the default, and Python ignores SIGPIPE and SIGXFSZ and turns
+    SIGINT into KeyboardInterrupt."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if sig in ignored or sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            handler: Any = signal.SIG_IGN
+        elif sig == signal.SIGINT:
+            handler = signal.default_int_handler
+        else:
+            handler = signal.SIG_DFL
+        try:
+            signal.signal(sig, handler)
+        except (OSError, ValueError):
+            pass  # one the C library keeps for itself
 
 
 def _fresh_stdio(*, buffered: bool) -> None:
@@ -401,6 +422,18 @@ def _preload() -> None:
     gc.freeze()
 
 
+def _open_fds() -> list[int]:
+    """This process's open file descriptors (fstat: opens nothing itself)."""
+    found = []
+    for fd in range(os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") < 4096 else 4096):
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        found.append(fd)
+    return found
+
+
 def _main() -> _Job | None:
     ctl = socket.socket(fileno=int(sys.argv[1]))
     base_path = list(sys.path[1:])  # sys.path[0] is our working directory (-m)
@@ -413,6 +446,8 @@ def _main() -> _Job | None:
         "modules": len(sys.modules),
         "threads": threading.active_count(),
         "env_reads": sorted(ENV_READS),
+        "fds": _open_fds(),
+        "sockets": sorted(x.fileno() for x in (ctl, server.wake_r, server.wake_w)),
     }
     _send(ctl, hello)
     job = server.serve()

@@ -211,15 +211,35 @@ def test_signals(tmp_path: Path, mode: str) -> None:
         assert proc.wait(timeout=60) == -sig
         assert proc.stdout is not None
         proc.stdout.close()
-    proc = _spawn.Popen(
-        [sys.executable, str(script)], stdout=_spawn.PIPE, stderr=_spawn.PIPE, text=True
+    # SIGINT: a fresh interpreter turns it into KeyboardInterrupt (traceback, then death by
+    # SIGINT), unless its parent ignores SIGINT (as xdist's workers do): then so does it
+    waiter = _script(
+        tmp_path,
+        "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\nprint('still here')\n",
+        "waiter.py",
     )
-    _wait_line(proc, "ready")
-    proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=60)
-    # a fresh interpreter: KeyboardInterrupt's traceback, then death by SIGINT
-    assert proc.returncode == -signal.SIGINT
-    assert err.startswith("Traceback") and err.endswith("KeyboardInterrupt\n"), err
+    for handler in (signal.default_int_handler, signal.SIG_IGN):
+        old = signal.signal(signal.SIGINT, handler)
+        try:
+            proc = _spawn.Popen(
+                [sys.executable, str(waiter)],
+                stdin=_spawn.PIPE,
+                stdout=_spawn.PIPE,
+                stderr=_spawn.PIPE,
+                text=True,
+            )
+        finally:
+            signal.signal(signal.SIGINT, old)
+        _kind(proc, mode)
+        _wait_line(proc, "ready")
+        proc.send_signal(signal.SIGINT)  # pending before the line below reaches it
+        out, err = proc.communicate("go on\n", timeout=60)
+        if handler is signal.SIG_IGN:
+            assert (proc.returncode, out, err) == (0, "still here\n", "")
+        else:
+            assert proc.returncode == -signal.SIGINT, err
+            assert err.startswith("Traceback") and err.endswith("KeyboardInterrupt\n"), err
+            assert out == ""
     proc = _spawn.Popen([sys.executable, str(script)], stdout=_spawn.PIPE, text=True)
     _wait_line(proc, "ready")
     proc.kill()
@@ -316,6 +336,26 @@ def test_the_child_is_forked_from_the_warm_server(tmp_path: Path) -> None:
     assert isinstance(proc, _spawn.Child)
     assert proc.communicate(timeout=60)[0] == "True\n"
     assert _spawn.server().hello["threads"] == 1
+
+
+def test_the_server_holds_only_its_sockets_and_one_thread() -> None:
+    hello = _spawn.server().hello
+    assert hello["threads"] == 1
+    assert hello["fds"] == [0, 1, 2, *hello["sockets"]]  # no store, socket or file left open
+
+
+def test_children_draw_different_random_numbers(tmp_path: Path, mode: str) -> None:
+    script = _script(
+        tmp_path,
+        "import random, secrets, uuid\n"
+        "print(random.random(), secrets.token_hex(8), uuid.uuid4(), uuid.uuid1())\n",
+    )
+    outs = [
+        _spawn.run([sys.executable, str(script)], capture_output=True, text=True).stdout.split()
+        for _ in range(3)
+    ]
+    for column in zip(*outs, strict=True):
+        assert len(set(column)) == 3, outs
 
 
 def test_what_a_forked_child_cannot_be_goes_to_subprocess(

@@ -14,8 +14,11 @@ shadow a preloaded module) runs in a fresh process through :mod:`subprocess`, un
 
 What a forked child sees differently from a fresh interpreter: the preloaded modules are
 already in ``sys.modules`` (a test of import-time behaviour, of a missing extra or of
-start-up time must use :mod:`subprocess` itself), ``os.getppid()`` is the fork server,
-and string hashes use the fork server's seed, shared by its children.
+start-up time must use :mod:`subprocess` itself; their objects are frozen with
+``gc.freeze``, so collections and the exit skip them), ``os.getppid()`` is the fork
+server, ``ps`` shows the server's command line, ``sys.flags`` and the string-hash seed are
+the server's (shared by its children), and ``sys.excepthook`` is a wrapper that leaves the
+server's frames out of a traceback (what it prints is what a fresh interpreter prints).
 
 One fork server per test process (each xdist worker), started on first use and closed at
 exit (it also ends when the test process's end of its socket closes, or when its parent

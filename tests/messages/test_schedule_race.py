@@ -17,6 +17,7 @@ import pytest
 
 from stepstone import Schedule, Store, schedule
 from stepstone.durable._queue import queue_backend
+from tests import _spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 T = "tests.messages.targets:noop_plan"
@@ -38,8 +39,9 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Stor
             yield s, ["--url", url]
 
 
-def _worker(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def _worker(args: list[str]) -> _spawn.Process:
+    """``stepstone worker`` in a process of its own, forked from the tests' warm server."""
+    return _spawn.Popen(
         [sys.executable, "-m", "stepstone.cli", "worker", *args, "--poll-interval", "0.05"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

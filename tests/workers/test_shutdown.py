@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from stepstone import RunHandle, Store, Worker, submit
+from tests import _spawn
 from tests.pgserver import PgServer
 from tests.workers.targets import executions, task
 from tests.workers.test_pg_processes import ROOT, T, finish, spawn, wait_for
@@ -33,7 +34,7 @@ from tests.workers.test_pg_processes import ROOT, T, finish, spawn, wait_for
 BOUND = 30.0
 
 
-def _stop_and_time(proc: subprocess.Popen[str]) -> tuple[float, str]:
+def _stop_and_time(proc: _spawn.Process) -> tuple[float, str]:
     """SIGTERM ``proc``; how long it took to exit, and what it printed."""
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -47,9 +48,10 @@ def _stop_and_time(proc: subprocess.Popen[str]) -> tuple[float, str]:
     return time.monotonic() - started, finish(proc)
 
 
-def _spawn_sqlite(db: Path, *args: str) -> subprocess.Popen[str]:
+def _spawn_sqlite(db: Path, *args: str) -> _spawn.Process:
+    """``stepstone worker`` on SQLite, forked from the tests' warm server."""
     command = ["worker", "--db", str(db), "--poll-interval", "0.05", *args]
-    return subprocess.Popen(
+    return _spawn.Popen(
         [sys.executable, "-m", "stepstone.cli", *command],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs._blocks import _FENCE, ROOT, blocks, doc_files
+from tests.docs._blocks import _FENCE, ROOT, Block, blocks, doc_files
 
 _NO_RUN_BUDGET = 3  # blocks marked `python no-run` in all the docs together: keep them rare
 
@@ -87,3 +87,26 @@ def test_the_command_lines_run(name: str, tmp_path: Path) -> None:
         assert proc.returncode == 0, (argv, proc.stderr)
         ran += 1
     assert ran >= 4
+
+
+@pytest.mark.parametrize(
+    ("code", "imports_it"),
+    [
+        ("from agents import Agent\n", True),
+        ("import agents\n", True),
+        ("import agents.tool as t\n", True),
+        ("from stepstone.integrations.openai_agents import DurableRunner\n", True),
+        ("from stepstone.integrations import openai_agents\n", True),
+        ("if True:\n    from agents import Agent\nawait run()\n", True),
+        ("from stepstone import Agent\nimport agentsmith\n", False),
+        ("from stepstone.integrations.pydantic_ai import DurableAgent\n", False),
+        ("x = 'import agents'\n", False),
+    ],
+)
+def test_the_runner_sees_which_pages_import_the_agents_sdk(code: str, imports_it: bool) -> None:
+    # Only those pages pay for importing the SDK and pointing it at the loopback server; a
+    # page that imports it unseen fails its run (see _runner.main).
+    from tests.docs._runner import _imports_agents_sdk
+
+    block = Block(ROOT / "docs" / "x.md", 1, "python", code)
+    assert _imports_agents_sdk(block) is imports_it

@@ -11,6 +11,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from tests.docs._cli_lines import run_lines
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operate.md"
 
 
@@ -57,20 +59,15 @@ def test_operate_doc_blocks_run(tmp_path: Path) -> None:
             )
             assert proc.returncode == 0, (code, proc.stderr)
             continue
-        for raw in code.splitlines():
-            line = raw.split("  #", 1)[0].strip()
-            if not line:
-                continue
-            if line.startswith("stepstone ui"):
-                _serve_once("exec " + line, tmp_path, env)
-                continue
-            proc = subprocess.run(
-                line,
-                shell=True,
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert proc.returncode == 0, (line, proc.stdout, proc.stderr)
+        lines = [raw.split("  #", 1)[0].strip() for raw in code.splitlines()]
+        lines = [line for line in lines if line]
+        serve = [line for line in lines if line.startswith("stepstone ui")]
+        assert serve in ([], lines[-1:]), "`stepstone ui` ends its block"
+        # The other lines in one interpreter, each as the `stepstone` command runs it.
+        commands = lines[: len(lines) - len(serve)]
+        ran = run_lines(commands, cwd=tmp_path, env=env) if commands else []
+        assert [done.line for done in ran] == commands
+        for done in ran:
+            assert done.status == 0, (done.line, done.stdout, done.stderr)
+        for line in serve:  # the `stepstone` command on PATH, in a shell
+            _serve_once("exec " + line, tmp_path, env)

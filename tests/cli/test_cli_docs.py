@@ -12,7 +12,7 @@ from typing import Any
 import typer.main
 
 from stepstone.cli import app
-from tests.docs._cli_lines import run_lines
+from tests.docs._one_interpreter import run_steps
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -89,7 +89,7 @@ def test_the_opening_example_runs(tmp_path: Path) -> None:
     assert 10 <= len(lines) <= 25 and all(line.startswith("stepstone ") for line in lines)
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env["COLUMNS"] = "200"
-    ran = run_lines(lines, cwd=tmp_path, env=env)
+    ran = run_steps(lines, cwd=tmp_path, env=env)
     assert [done.line for done in ran] == lines
     for done in ran:
         assert done.status == 0, f"{done.line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs._blocks import _FENCE, ROOT, Block, blocks, doc_files
-from tests.docs._cli_lines import run_lines
+from tests.docs._one_interpreter import run_steps
 
 _NO_RUN_BUDGET = 3  # blocks marked `python no-run` in all the docs together: keep them rare
 
@@ -20,10 +20,16 @@ def _needs_postgres(path: Path) -> bool:
     return any(b.runs and "postgresql://" in b.code for b in blocks(path))
 
 
+def _has_python(path: Path) -> bool:
+    return any(b.is_python for b in blocks(path))
+
+
 def _params() -> list[object]:
+    """The pages with a python block (a page without one has nothing for a runner to do)."""
     return [
         pytest.param(p, id=p.name, marks=[pytest.mark.postgres] if _needs_postgres(p) else [])
         for p in doc_files()
+        if _has_python(p)
     ]
 
 
@@ -80,7 +86,7 @@ def test_the_command_lines_run(name: str, tmp_path: Path) -> None:
     # guarantee 153: the `stepstone ...` lines of the page's shell blocks, in order, each
     # exits 0 (one interpreter runs them all, each as the `stepstone` command runs it)
     lines = [line for line in _command_lines(ROOT / name) if "..." not in line]  # postgresql://...
-    ran = run_lines(lines, cwd=tmp_path, env=dict(os.environ))
+    ran = run_steps(lines, cwd=tmp_path, env=dict(os.environ))
     for done in ran:
         assert done.status == 0, (done.line, done.stderr)
     assert [done.line for done in ran] == lines

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.docs._one_interpreter import Ran, Script, run_steps
 from tests.examples._run import example_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,35 +39,27 @@ def _agents_blocks() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def agents_blocks_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> list[tuple[str, subprocess.CompletedProcess[str]]]:
-    """Each python block of docs/agents.md run once, alone, as a script in a directory of
-    its own (its temp dirs too): the block and how it ended."""
+def agents_blocks_run(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Ran]]:
+    """Each python block of docs/agents.md run once, alone, as a script (one interpreter for
+    them all, each block its own ``__main__``), its temp dirs in a directory of its own:
+    the block and how it ended."""
     tmp_path = tmp_path_factory.mktemp("agents_md")
-    runs = []
-    for i, block in enumerate(_agents_blocks()):
-        script = tmp_path / f"block{i}.py"
-        script.write_text(block)
-        proc = subprocess.run(
-            [sys.executable, str(script)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-            env={**os.environ, "TMPDIR": str(tmp_path)},  # the blocks' temp dirs go here
-            check=False,
-        )
-        runs.append((block, proc))
-    return runs
+    blocks = _agents_blocks()
+    ran = run_steps(
+        [Script(code=block, name=f"docs/agents.md block {i}") for i, block in enumerate(blocks)],
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # the blocks' temp dirs go here
+        timeout=300,
+    )
+    return list(zip(blocks, ran, strict=True))
 
 
 def test_docs_code_blocks_run(
-    agents_blocks_run: list[tuple[str, subprocess.CompletedProcess[str]]],
+    agents_blocks_run: list[tuple[str, Ran]],
 ) -> None:
     assert len(agents_blocks_run) == 6
     for block, proc in agents_blocks_run:
-        assert proc.returncode == 0, (block, proc.stderr)
+        assert proc.status == 0, (block, proc.stderr)
     assert agents_blocks_run[2][1].stdout.splitlines() == [
         "completed Q4 revenue grew 12% to 1.2M EUR.",
         "completed",
@@ -86,10 +77,10 @@ def test_docs_code_blocks_run(
 
 
 def test_docs_opening_block_prints_what_it_says(
-    agents_blocks_run: list[tuple[str, subprocess.CompletedProcess[str]]],
+    agents_blocks_run: list[tuple[str, Ran]],
 ) -> None:
     # the page's first example (once the README's): a durable run that pays once
     block, proc = agents_blocks_run[0]
     assert block == _agents_blocks()[0]
-    assert proc.returncode == 0, proc.stderr
+    assert proc.status == 0, proc.stderr
     assert proc.stdout.strip() == "completed Charged 120 EUR."

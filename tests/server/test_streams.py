@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.server._serve import Served, sse, start_server, wait_until
+from tests.server._serve import TLS, Served, sse, start_server, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -112,7 +112,7 @@ def test_two_hundred_readers_each_get_every_item(tmp_path: Path) -> None:
         def read(i: int) -> None:
             try:
                 with (
-                    httpx2.Client(base_url=served.url, timeout=120) as c,
+                    httpx2.Client(base_url=served.url, timeout=120, verify=TLS) as c,
                     c.stream("GET", "/runs/fan-1/streams/tokens") as resp,
                 ):
                     assert resp.status_code == 200

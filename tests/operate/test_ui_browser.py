@@ -12,7 +12,7 @@ import pytest
 
 from stepstone import Store
 from stepstone.ui import InspectorServer
-from tests.operate._browser import png_pixels, share
+from tests.operate._browser import share, share_near
 from tests.operate._live import SteppedRun
 from tests.operate._runs import done_run, failed_run
 
@@ -38,13 +38,8 @@ def _in_thread(fn: Callable[[], None]) -> None:
     worker.join(120)
 
 
-def _near(pixel: tuple[int, int, int], rgb: tuple[int, int, int], tol: int = 6) -> bool:
-    return all(abs(a - b) <= tol for a, b in zip(pixel, rgb, strict=True))
-
-
 def _share_of(png: bytes, rgb: tuple[int, int, int]) -> float:
-    _, _, pixels = png_pixels(png)
-    return sum(_near(p, rgb) for p in pixels) / len(pixels)
+    return share_near(png, rgb, tol=6)
 
 
 def test_inspector_in_headless_chromium(browser: Any, tmp_path: Path) -> None:

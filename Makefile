@@ -35,12 +35,19 @@ fmt: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(VENV)/bin/mypy
 
-## test: linters, type checker, then the whole suite (PostgreSQL tests start their own server)
-## in TEST_WORKERS processes (pytest-xdist); most tests wait on processes, servers and
-## sockets, so more processes than cores keep both cores busy. TEST_WORKERS=0: one process.
+## test: linters, then the type checker and the whole suite side by side (mypy runs on one
+## core; its report is printed after pytest's). PostgreSQL tests start their own server. The
+## suite runs in TEST_WORKERS processes (pytest-xdist); most tests wait on processes, servers
+## and sockets, so more processes than cores keep both cores busy. TEST_WORKERS=0: one
+## process. Python may cache bytecode here even where the environment says not to: a run
+## starts hundreds of interpreters, and each would compile the same sources again.
+## The exit status is pytest's when it failed (5: no tests ran), else mypy's.
 TEST_WORKERS ?= 4
-test: lint typecheck
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
+test: lint
+	@set +e; log=$$(mktemp); $(VENV)/bin/mypy > $$log 2>&1 & mypy_pid=$$!; \
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal; status=$$?; \
+	wait $$mypy_pid; mypy_status=$$?; echo "mypy:"; cat $$log; rm -f $$log; \
+	if [ $$status -eq 0 ]; then status=$$mypy_status; fi; exit $$status
 
 bench: $(VENV)/.dev
 	$(PY) bench/plan_overhead.py
@@ -61,3 +68,4 @@ bench: $(VENV)/.dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	find src tests examples bench -name __pycache__ -prune -exec rm -rf {} +

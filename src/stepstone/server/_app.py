@@ -335,15 +335,13 @@ async def _until(closing: asyncio.Event, items: AsyncIterator[Any]) -> AsyncIter
     """``items`` until they end or ``closing`` is set (the server stops: the stream ends,
     and an EventSource client reconnects, to this server started again or another)."""
     closed = asyncio.ensure_future(closing.wait())
+    following: asyncio.Future[Any] | None = None
     try:
         while True:
             following = asyncio.ensure_future(anext(items))
             await asyncio.wait({following, closed}, return_when=asyncio.FIRST_COMPLETED)
             if not following.done():
-                following.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await following
-                return
+                return  # closing: the read in flight is cancelled below
             try:
                 item = following.result()
             except StopAsyncIteration:
@@ -351,6 +349,13 @@ async def _until(closing: asyncio.Event, items: AsyncIterator[Any]) -> AsyncIter
             yield item
     finally:
         closed.cancel()
+        # closing, or the client went away (this generator cancelled or closed): the
+        # read in flight is cancelled too, so ``items`` runs its own cleanup (a hub drops
+        # the client, and stops with its last one)
+        if following is not None and not following.done():
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await following
 
 
 def end_streams(app: ASGIApp) -> None:

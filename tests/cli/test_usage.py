@@ -102,14 +102,21 @@ def _writing(proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.02)
 
 
+@pytest.fixture(scope="module")
+def long_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of 4,000 steps, made once: the commands below only read it."""
+    db = tmp_path_factory.mktemp("long") / "long.sqlite"
+    _long_run(db, 4000)
+    return db
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads what a pipe holds (Linux)")
 @pytest.mark.parametrize("command", ["show", "history", "inspect"])
 def test_ctrl_c_in_the_middle_of_a_long_output_says_interrupted(
-    tmp_path: Path, command: str
+    long_db: Path, command: str
 ) -> None:
     # guarantee 228: before, show and history exited 130 without a word (inspect said so)
-    db = tmp_path / "long.sqlite"
-    _long_run(db, 4000)
+    db = long_db
     proc = _start(command, "long", "--db", str(db), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _writing(proc)
     proc.send_signal(signal.SIGINT)
@@ -124,8 +131,10 @@ def test_ctrl_c_in_the_middle_of_a_check_says_interrupted(tmp_path: Path) -> Non
     """guarantee 228: `check` is stopped while it checks (its progress bar, on a real
     pseudo-terminal, shows it at work); before, it exited 130 without a word."""
     db = tmp_path / "many.sqlite"
+    # checking 5,000 runs takes over a second, so the check is still at work when the
+    # SIGINT sent as soon as its bar shows arrives (20,000 took 4 s to write, 5 s to check)
     with Store(db=db, durability="normal") as store:
-        for i in range(20000):
+        for i in range(5000):
             run = claim_run(store, f"r{i:05d}", kind="plan", resume=False, first_step="s0").run
             assert run is not None
             run.commit_sync(status="done", next_step=None, rows=[("step", "s0", {"n": i})])

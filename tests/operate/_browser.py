@@ -68,8 +68,9 @@ def launch() -> Iterator[Any]:
             browser.close()
 
 
-def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, int, int]]]:
-    """Decode an 8-bit RGB/RGBA non-interlaced PNG (what Chromium writes): w, h, pixels."""
+def png_rows(data: bytes) -> tuple[int, int, int, list[bytes]]:
+    """Decode an 8-bit RGB/RGBA non-interlaced PNG (what Chromium writes): width, height,
+    bytes per pixel, and each row's bytes, unfiltered."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat = 8, b""
     width = height = channels = 0
@@ -85,29 +86,69 @@ def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, int, int]]]:
             idat += body
     raw = zlib.decompress(idat)
     stride = width * channels
-    prev = bytearray(stride)
-    pixels: list[tuple[int, int, int]] = []
+    prev = bytes(stride)
+    rows: list[bytes] = []
     for y in range(height):
         ftype = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
-        for i in range(stride):
-            a = line[i - channels] if i >= channels else 0
-            b = prev[i]
+        line = raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]
+        prev = _unfilter(ftype, line, prev, channels)
+        rows.append(prev)
+    return width, height, channels, rows
+
+
+def _add(a: int, b: int, low: int, high: int) -> int:
+    """The byte-by-byte sum (mod 256) of two rows held as integers, no carry between bytes:
+    the low 7 bits of each byte add, the top bit is their xor."""
+    return ((a & low) + (b & low)) ^ ((a ^ b) & high)
+
+
+def _unfilter(ftype: int, line: bytes, prev: bytes, channels: int) -> bytes:
+    """One row with PNG filter ``ftype`` undone (the row above: ``prev``). None and Up,
+    most of Chromium's rows, and Sub are whole-row integer sums (Sub a prefix sum in
+    log2(width) of them); Average and Paeth go byte by byte."""
+    size = len(line)
+    if ftype == 0:
+        return line
+    if ftype in (1, 2):
+        low = int.from_bytes(b"\x7f" * size, "little")
+        high = int.from_bytes(b"\x80" * size, "little")
+        row = int.from_bytes(line, "little")
+        if ftype == 2:
+            row = _add(row, int.from_bytes(prev, "little"), low, high)
+        else:  # each byte plus the whole-pixel prefix before it
+            full = (1 << (8 * size)) - 1
+            shift = channels
+            while shift < size:
+                row = _add(row, (row << (8 * shift)) & full, low, high)
+                shift *= 2
+        return row.to_bytes(size, "little")
+    out = bytearray(line)
+    for i in range(size):
+        a = out[i - channels] if i >= channels else 0
+        b = prev[i]
+        if ftype == 3:
+            out[i] = (out[i] + (a + b) // 2) & 0xFF
+        else:
             c = prev[i - channels] if i >= channels else 0
-            if ftype == 1:
-                line[i] = (line[i] + a) & 0xFF
-            elif ftype == 2:
-                line[i] = (line[i] + b) & 0xFF
-            elif ftype == 3:
-                line[i] = (line[i] + (a + b) // 2) & 0xFF
-            elif ftype == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-                line[i] = (line[i] + pred) & 0xFF
-        pixels.extend((line[x], line[x + 1], line[x + 2]) for x in range(0, stride, channels))
-        prev = line
-    return width, height, pixels
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+            out[i] = (out[i] + pred) & 0xFF
+    return bytes(out)
+
+
+def share_near(data: bytes, rgb: tuple[int, int, int], tol: int = 6) -> float:
+    """The share of a PNG's pixels whose R, G and B are each within ``tol`` of ``rgb``.
+
+    Counted a whole channel at a time: each channel's bytes map to 1 (near) or 0, and a
+    pixel counts when its three are 1."""
+    width, height, channels, rows = png_rows(data)
+    raw = b"".join(rows)
+    near = -1  # every bit set: the first channel's flags pass as they are
+    for k, want in enumerate(rgb):
+        table = bytes(int(abs(v - want) <= tol) for v in range(256))
+        near &= int.from_bytes(raw[k::channels].translate(table), "little")
+    return near.bit_count() / (width * height)
 
 
 def share(path: Path) -> None:

@@ -12,17 +12,26 @@ import pytest
 
 from stepstone import Store
 from stepstone.ui import InspectorServer
-from tests.operate._browser import png_pixels, share
+from tests.operate._browser import launch, share, share_near
 from tests.operate._live import SteppedRun
 from tests.operate._runs import done_run, failed_run
 
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def module_chromium() -> Iterator[Any]:
+    """One headless Chromium for this module's tests (each gets a fresh context of it):
+    started once instead of once per test. Every test here already makes its runs on
+    another thread (Playwright's sync API holds a running loop on this one); the browser
+    is closed when the module's last test ends, before any other module's test starts."""
+    yield from launch()
+
+
 @pytest.fixture
-def browser(chromium: Any) -> Iterator[Any]:
+def browser(module_chromium: Any) -> Iterator[Any]:
     """A page in a fresh context of a headless Chromium."""
-    context = chromium.new_context(viewport={"width": 1200, "height": 640})
+    context = module_chromium.new_context(viewport={"width": 1200, "height": 640})
     try:
         page = context.new_page()
         page.set_default_timeout(60_000)
@@ -38,13 +47,8 @@ def _in_thread(fn: Callable[[], None]) -> None:
     worker.join(120)
 
 
-def _near(pixel: tuple[int, int, int], rgb: tuple[int, int, int], tol: int = 6) -> bool:
-    return all(abs(a - b) <= tol for a, b in zip(pixel, rgb, strict=True))
-
-
 def _share_of(png: bytes, rgb: tuple[int, int, int]) -> float:
-    _, _, pixels = png_pixels(png)
-    return sum(_near(p, rgb) for p in pixels) / len(pixels)
+    return share_near(png, rgb, tol=6)
 
 
 def test_inspector_in_headless_chromium(browser: Any, tmp_path: Path) -> None:

@@ -20,13 +20,18 @@ from tests.server._serve import HERE, Event, Served, sse, start_server, wait_unt
 W = {"X-Stepstone-Action": "1"}
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
-    """A server whose workers serve the queue `default` only."""
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    """A server whose workers serve the queue `default` only; one per module and backend
+    (each test starts runs of keys of its own and reads only those)."""
     if request.param == "postgres":
         store = request.getfixturevalue("pg_url")
     else:
-        store = str(tmp_path / "app.sqlite")
+        store = str(tmp_path_factory.mktemp("served") / "app.sqlite")
     server = start_server(store, "--workers", "2", "--queue", "default")
     try:
         yield server

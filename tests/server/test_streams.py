@@ -1,5 +1,6 @@
 """Run streams as Server-Sent Events from a real server process: reconnecting with
-Last-Event-ID, a server SIGKILLed while a client reads, 200 readers of one run."""
+Last-Event-ID, a server SIGKILLed while a client reads, 200 readers of one run, a server
+closed while clients follow a run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.server._serve import Served, sse, start_server, wait_until
+from stepstone import Store
+from stepstone.ui import InspectorServer
+from tests.operate._runs import done_run
+from tests.server._serve import TLS, Served, sse, start_server, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -112,7 +116,7 @@ def test_two_hundred_readers_each_get_every_item(tmp_path: Path) -> None:
         def read(i: int) -> None:
             try:
                 with (
-                    httpx2.Client(base_url=served.url, timeout=120) as c,
+                    httpx2.Client(base_url=served.url, timeout=120, verify=TLS) as c,
                     c.stream("GET", "/runs/fan-1/streams/tokens") as resp,
                 ):
                     assert resp.status_code == 200
@@ -160,3 +164,27 @@ def test_bad_stream_requests(tmp_path: Path) -> None:
             wait_until(lambda: c.get("/runs/s-1").json()["status"] == "done")
     finally:
         assert served.stop() == 0
+
+
+def test_a_server_stopped_from_a_thread_ends_the_streams_it_serves(tmp_path: Path) -> None:
+    """guarantee 655: closing a server that serves from a thread (``InspectorServer``,
+    ``Server.start()``) ends the streams its clients hold open, and the server stops: each
+    client reads its response to a clean end, with no ``gone`` event (the run is still
+    there). Before, uvicorn waited out its graceful shutdown for those streams (no signal
+    reaches a server in a thread), then cut their connections."""
+    with Store(db=tmp_path / "s.sqlite") as store:
+        done_run(store, "kept")
+        server = InspectorServer(store, port=0).start()
+        try:
+            with (
+                httpx2.Client(base_url=server.url, timeout=60, verify=TLS) as c,
+                c.stream("GET", "/runs/kept/watch") as resp,
+            ):
+                assert resp.status_code == 200
+                lines = resp.iter_lines()
+                assert next(line for line in lines if line.startswith("event:")) == "event: run"
+                server.close()  # from this thread, while the stream is open
+                rest = list(lines)  # to the end of the response: a cut would raise
+        finally:
+            server.close()
+    assert not [line for line in rest if line.startswith("event:")], rest

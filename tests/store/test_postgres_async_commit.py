@@ -191,25 +191,27 @@ def test_closing_the_store_closes_its_async_connections(pg_url: str) -> None:
     """guarantee 346: Store.close() ends the sessions of the idle async connections on the
     server; nothing is left to warn about at garbage collection."""
 
-    def sessions() -> int:
+    def alive(pids: set[int]) -> set[int]:
+        """Which of the server sessions ``pids`` still run (the store's own: another
+        test's store collected meanwhile must not count)."""
         with psycopg.connect(pg_url) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND application_name = 'stepstone'"
-            ).fetchone()
-            return int(row[0]) if row else 0
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (list(pids),)
+            ).fetchall()
+            return {int(row[0]) for row in rows}
 
-    before = sessions()
     store = Store(url=pg_url)
     asyncio.run(Agent(engine=counted_plan(store, "closing", 2, [])).run("go"))
     assert async_conns(store).open_connections == 1
+    pids = {conn.info.backend_pid for conn in async_conns(store)._idle}
+    assert len(pids) == 1 and alive(pids) == pids
     store.close()
     gc.collect()
     for _ in range(50):
-        if sessions() == before:
+        if not alive(pids):
             break
         threading.Event().wait(0.05)
-    assert sessions() == before
+    assert alive(pids) == set()
 
 
 def test_async_commits_follow_prepare_false(pg_url: str) -> None:

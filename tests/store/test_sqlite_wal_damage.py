@@ -138,18 +138,24 @@ def test_opens_beside_a_live_writer_never_see_damage(tmp_path: Path) -> None:
     path = tmp_path / "live.sqlite"
     stop = threading.Event()
     with Store(backend=SQLiteBackend(path, checkpoint_pages=50)) as writer:
+        written = [0]
 
         def write() -> None:
             i = 0
             while not stop.is_set():
                 writer.write(f"k{i % 300}", "y" * (500 + i % 4000))
                 i += 1
+                written[0] = i
 
         thread = threading.Thread(target=write)
         thread.start()
         try:
-            for i in range(100):
-                Store(db=path, read_only=i % 2 == 0).close()
+            # at least 100 opens, and on until the writer has started its WAL over a few
+            # times (~2.5 KB a write, a checkpoint every 50 pages)
+            opens = 0
+            while opens < 100 or written[0] < 400:
+                Store(db=path, read_only=opens % 2 == 0).close()
+                opens += 1
         finally:
             stop.set()
             thread.join()

@@ -7,6 +7,7 @@ value and the fix, and a bug is a 500 with no traceback in the answer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -44,7 +45,7 @@ from stepstone.server._targets import TargetError, Targets
 from stepstone.server._watch import WatchHubs
 from stepstone.server._webhooks import Dispatcher, WebhookPolicy
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "end_streams"]
 
 log = logging.getLogger("stepstone")
 
@@ -98,6 +99,9 @@ class _Server:
         self.watches = WatchHubs(config.store, config.poll_seconds)
         self.policy = policy
         self.dispatcher: Dispatcher | None = None
+        #: Set when the server stops: every open stream ends at once (see end_streams).
+        self.closing = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await to_thread(fn, *args, **kwargs)
@@ -239,7 +243,7 @@ class _Server:
 
         async def events() -> AsyncIterator[ServerSentEvent]:
             last_id: int | None = start - 1 if start else None
-            async for item in self.hubs.follow(key, name, start):
+            async for item in _until(self.closing, self.hubs.follow(key, name, start)):
                 if isinstance(item, StreamItem):
                     last_id = item.offset
                     yield ServerSentEvent(data=item_data(item), event="item", id=str(item.offset))
@@ -259,9 +263,10 @@ class _Server:
             raise HttpError(404, await self.call(missing_run, self.config.store, key))
 
         async def events() -> AsyncIterator[ServerSentEvent]:
-            async for state in self.watches.follow(key):
+            async for state in _until(self.closing, self.watches.follow(key)):
                 yield ServerSentEvent(data=json.dumps(state, default=str), event="run")
-            yield ServerSentEvent(data=json.dumps({"key": key, "gone": True}), event="gone")
+            if not self.closing.is_set():
+                yield ServerSentEvent(data=json.dumps({"key": key, "gone": True}), event="gone")
 
         return EventSourceResponse(events(), ping=15, headers=HEADERS, sep="\n")
 
@@ -313,6 +318,7 @@ class _Server:
     # -- lifespan ------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.loop = asyncio.get_running_loop()
         if self.policy is not None and self.config.deliver_webhooks:
             self.dispatcher = Dispatcher(self.config.store, self.policy)
             self.dispatcher.start()
@@ -323,6 +329,45 @@ class _Server:
                 await self.dispatcher.stop()
             await self.hubs.close()
             await self.watches.close()
+
+
+async def _until(closing: asyncio.Event, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``items`` until they end or ``closing`` is set (the server stops: the stream ends,
+    and an EventSource client reconnects, to this server started again or another)."""
+    closed = asyncio.ensure_future(closing.wait())
+    following: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(items))
+            await asyncio.wait({following, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not following.done():
+                return  # closing: the read in flight is cancelled below
+            try:
+                item = following.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        closed.cancel()
+        # closing, or the client went away (this generator cancelled or closed): the
+        # read in flight is cancelled too, so ``items`` runs its own cleanup (a hub drops
+        # the client, and stops with its last one)
+        if following is not None and not following.done():
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await following
+
+
+def end_streams(app: ASGIApp) -> None:
+    """End every open stream of ``app`` (made by :func:`create_app`) now; callable from
+    any thread. A server stopped from another thread gets no signal, so its streams
+    would otherwise hold uvicorn's graceful shutdown for its whole timeout."""
+    inner = app.app if isinstance(app, HostCheck) else app
+    server: _Server = inner.state.server  # type: ignore[attr-defined]
+    loop = server.loop
+    if loop is not None and not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing open
+            loop.call_soon_threadsafe(server.closing.set)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -12,7 +12,7 @@ from typing import Any
 
 import uvicorn
 
-from stepstone.server._app import create_app
+from stepstone.server._app import create_app, end_streams
 from stepstone.server._config import ServerConfig
 from stepstone.server._webhooks import WebhookPolicy
 
@@ -120,6 +120,7 @@ class Server:
 
     def close(self) -> None:
         """Stop serving (streams end, the worker hands its runs back) and free the port."""
+        end_streams(self.app)
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=30)

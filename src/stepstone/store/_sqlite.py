@@ -628,6 +628,8 @@ class SQLiteBackend(Backend):
 
     @file_errors
     def _setup(self) -> None:
+        if self._schema_is_current() and (self._wal is None or self._wal.allocated()):
+            return  # nothing to write: no migration, the WAL's space allocated
         with self._tx() as conn:
             fresh = not _has_table(conn, "stepstone_schema")
             if fresh:
@@ -659,6 +661,26 @@ class SQLiteBackend(Backend):
                     "INSERT INTO stepstone_schema (version, applied_at) VALUES (?, ?)",
                     (version, time.time()),
                 )
+
+    def _schema_is_current(self) -> bool:
+        """Whether the file already holds this stepstone's schema, its tables as that
+        version has them: read in one snapshot without the write lock, so that opening a
+        store beside a busy writer does not queue behind its commits (WAL readers never
+        wait). A new file, an older or newer schema, or a WAL to allocate goes through
+        :meth:`_setup`'s write transaction, which reads it all again under the lock."""
+        conn = self._conn()
+        conn.execute("BEGIN")  # deferred: a read snapshot, no lock on writers
+        try:
+            if not _has_table(conn, "stepstone_schema"):
+                return False
+            current = _schema_version(conn, self.path)
+            if current != len(MIGRATIONS):
+                return False
+            _check_layout(conn, current, self.path)
+            return True
+        finally:
+            if conn.in_transaction:  # SQLite ends it itself on some errors
+                conn.execute("ROLLBACK")
 
     def _check_read_only(self) -> None:
         """Refuse a file that is not a stepstone store; read an older one as it is."""

@@ -38,6 +38,14 @@ class WalTender:
         self.wal = wal
         self.seen = -1  # the file's size when this store last looked at (or grew) it
 
+    def allocated(self) -> bool:
+        """Whether the WAL already holds the space a store allocates at open (another
+        store of the file keeps it tended): then opening need not take the write lock."""
+        try:
+            return self.wal.stat().st_size >= FIRST_CHUNK
+        except FileNotFoundError:
+            return False
+
     def tend(self, conn: sqlite3.Connection) -> bool:
         """Extend the WAL when a store opens it or its commits outgrew the space; False
         when the disk refused (the caller stops tending it).

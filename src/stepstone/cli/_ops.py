@@ -55,7 +55,20 @@ from stepstone.store._base import read_salvaged
 from stepstone.store._check import problem_text
 from stepstone.store._queue_base import FINAL_STATUSES, QueueEntry
 
-__all__ = ["register", "split_values"]
+__all__ = [
+    "approve_cmd",
+    "cancel_cmd",
+    "diff_cmd",
+    "fork_cmd",
+    "history_cmd",
+    "prune_cmd",
+    "queue_cmd",
+    "retry_cmd",
+    "show_cmd",
+    "split_values",
+    "stranded_cmd",
+    "vacuum_cmd",
+]
 
 DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
 UrlOption = Annotated[
@@ -902,21 +915,6 @@ def _entry_view(e: QueueEntry) -> dict[str, Any]:
     times = ("not_before", "started_at", "created_at", "updated_at")
     view = {name: getattr(e, name) for name in (*keep, *more, *times)}
     return {**view, "cancel_requested": bool(e.cancel_requested)}
-
-
-def register(app: typer.Typer) -> None:
-    """Add the operator commands to ``app``."""
-    app.command("prune")(prune_cmd)
-    app.command("vacuum")(vacuum_cmd)
-    app.command("show")(show_cmd)
-    app.command("history")(history_cmd)
-    app.command("stranded")(stranded_cmd)
-    app.command("diff")(diff_cmd)
-    app.command("cancel")(cancel_cmd)
-    app.command("fork")(fork_cmd)
-    app.command("retry")(retry_cmd)
-    app.command("approve")(approve_cmd)
-    app.command("queue")(queue_cmd)
 
 
 def _error_place(err: dict[str, Any]) -> str:

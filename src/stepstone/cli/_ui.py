@@ -12,7 +12,7 @@ import typer
 from stepstone.cli._ops import DbOption, DebugOption, UrlOption, open_store
 from stepstone.cli._options import seconds, whole
 
-__all__ = ["register"]
+__all__ = ["ui_cmd"]
 
 
 def _loopback(host: str) -> bool:
@@ -74,8 +74,3 @@ def ui_cmd(
             pass
         finally:
             server.close()
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``ui`` to ``app``."""
-    app.command("ui")(ui_cmd)

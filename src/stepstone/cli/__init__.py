@@ -58,8 +58,16 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The commands built so far in this process. typer builds the whole click group again on
+#: every call of ``app`` (a test calls it hundreds of times); a built command holds no
+#: state of one invocation, so each is built once.
+_BUILT: dict[str, Any] = {}
+
+
 def _build(name: str) -> Any:
     """The click command ``name``, built from its function as typer builds it in a group."""
+    if name in _BUILT:
+        return _BUILT[name]
     module, attr = _COMMANDS[name]
     target = getattr(importlib.import_module(module), attr)
     one = typer.Typer(add_completion=False)
@@ -68,7 +76,8 @@ def _build(name: str) -> Any:
     else:
         one.command(name)(target)
         one.callback()(_no_options)  # a group, as the whole app is, whatever the command
-    return cast(TyperGroup, typer.main.get_command(one)).commands[name]
+    _BUILT[name] = cast(TyperGroup, typer.main.get_command(one)).commands[name]
+    return _BUILT[name]
 
 
 def _no_options() -> None:

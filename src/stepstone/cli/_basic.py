@@ -16,8 +16,7 @@ from rich.console import Console
 
 from stepstone.cli import _debug as _debug_state
 from stepstone.cli import _fail
-from stepstone.cli._ops import split_values
-from stepstone.cli._options import UsageFailure, check_sort, whole, wrong_statuses
+from stepstone.cli._options import UsageFailure, check_sort, split_values, whole, wrong_statuses
 from stepstone.cli._render import (
     entry_json,
     named_key,

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from stepstone.cli._debug import asked
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, fail
+from stepstone.cli._options import DbOption, DebugOption, JsonOption, UrlOption, fail
 from stepstone.cli._render import progress_bar, visible_console
 from stepstone.exceptions import StoreDamagedError, StoreError
 from stepstone.store import CheckProblem, CheckReport, Store, check_store

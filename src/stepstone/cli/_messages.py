@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from stepstone.cli._ops import (
+from stepstone.cli._options import (
     DbOption,
     DebugOption,
     JsonOption,

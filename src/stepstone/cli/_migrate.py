@@ -20,13 +20,13 @@ from typing import Annotated, Any
 import typer
 
 from stepstone.agent import Agent
-from stepstone.cli._ops import (
+from stepstone.cli._ops import no_run
+from stepstone.cli._options import (
     DbOption,
     DebugOption,
     JsonOption,
     OpsError,
     UrlOption,
-    no_run,
     open_store,
 )
 from stepstone.cli._render import key_table, keyed_console, named_key, visible_console

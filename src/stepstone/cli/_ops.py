@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -25,8 +24,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stepstone.cli._debug import asked
-from stepstone.cli._options import whole
+from stepstone.cli._options import (
+    DbOption,
+    DebugOption,
+    JsonOption,
+    OpsError,
+    UrlOption,
+    fail,
+    open_store,
+    split_values,
+    whole,
+)
 from stepstone.cli._render import (
     key_table,
     keyed_console,
@@ -49,7 +57,7 @@ from stepstone.durable._inspect import (
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._queue import existing_queue, requeue_run
 from stepstone.durable._retention import PruneInterrupted, PruneReport, parse_age, prune
-from stepstone.exceptions import CorruptRecordError, StepstoneError
+from stepstone.exceptions import CorruptRecordError
 from stepstone.store import Retention, Store, vacuum
 from stepstone.store._base import read_salvaged
 from stepstone.store._check import problem_text
@@ -69,74 +77,6 @@ __all__ = [
     "stranded_cmd",
     "vacuum_cmd",
 ]
-
-DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
-UrlOption = Annotated[
-    str | None, typer.Option("--url", help="Store URL (postgresql://... or sqlite:///...).")
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback on failure.")]
-
-
-def split_values(values: list[str] | None) -> tuple[str, ...]:
-    """The values of a repeatable option, each occurrence also split at commas
-    (``--status done,failed`` is ``--status done --status failed``)."""
-    return tuple(v.strip() for raw in values or () for v in raw.split(",") if v.strip())
-
-
-class OpsError(Exception):
-    """A failure worth one line: the message names the bad value and the fix."""
-
-
-def fail(message: str, code: int = 1) -> None:
-    """Print ``error: message`` on stderr and exit with status ``code`` (1: the command
-    failed; 2: a wrong command line)."""
-    typer.echo(f"error: {visible(message)}", err=True)  # stored text quoted in it, made visible
-    raise typer.Exit(code)
-
-
-@contextmanager
-def open_store(
-    db: Path | None, url: str | None, *, debug: bool = False, read_only: bool = False
-) -> Iterator[Store]:
-    """The store named by ``--db``/``--url``; any failure inside becomes one line.
-
-    ``read_only`` for commands that only look: nothing is created, migrated or written.
-    Commands that write first check, read-only, that the file or database already is a
-    stepstone store, so they never create tables in someone else's database.
-    """
-    if (db is None) == (url is None):
-        fail("pass exactly one of --db FILE or --url URL (see --help)", 2)
-    if db is not None and not db.exists():
-        fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
-    store: Store | None = None
-    try:
-        if not read_only:
-            probe = Store(db=db, url=url, read_only=True)
-            try:
-                probe.setup()  # PostgreSQL connects here, and checks the schema is stepstone's
-            finally:
-                probe.close()
-        store = Store(db=db, url=url, read_only=read_only)
-        yield store
-    except typer.Exit:
-        raise
-    except (
-        StepstoneError,
-        OpsError,
-        ValueError,
-        TypeError,
-        KeyError,
-        OSError,
-        RuntimeError,
-    ) as exc:
-        if asked(debug):
-            raise
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        fail(" ".join(str(msg).split()))
-    finally:
-        if store is not None:
-            store.close()
 
 
 def no_run(key: str, store: Store) -> OpsError:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, open_store
+from stepstone.cli._options import DbOption, DebugOption, JsonOption, UrlOption, open_store
 from stepstone.cli._render import visible_console
 from stepstone.durable._queue import requeue_entry
 

@@ -10,8 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, UrlOption, fail
-from stepstone.cli._options import seconds, whole
+from stepstone.cli._options import DbOption, DebugOption, UrlOption, fail, seconds, whole
 from stepstone.exceptions import StepstoneError
 
 __all__ = ["listen_error", "serve_cmd"]

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, fail, open_store
+from stepstone.cli._options import DbOption, DebugOption, JsonOption, UrlOption, fail, open_store
 from stepstone.cli._render import key_table, keyed_console, named_key, visible_console
 from stepstone.durable._settle import in_doubt_effects, settle_effect
 from stepstone.store import Store

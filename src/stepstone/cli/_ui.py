@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, UrlOption, open_store
-from stepstone.cli._options import seconds, whole
+from stepstone.cli._options import DbOption, DebugOption, UrlOption, open_store, seconds, whole
 
 __all__ = ["ui_cmd"]
 

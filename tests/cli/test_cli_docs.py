@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +12,7 @@ from typing import Any
 import typer.main
 
 from stepstone.cli import app
+from tests.docs._one_interpreter import run_steps
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -77,18 +75,22 @@ def test_each_commands_section_names_every_option_it_takes() -> None:
     assert not missing, f"docs/cli.md does not describe: {missing}"
 
 
-def test_the_opening_example_runs(tmp_path: Path) -> None:
-    # guarantee 409: the commands the page opens with run, in order, and succeed
+def opening_lines() -> list[str]:
+    """The command lines of the shell block the page opens with, comments cut off."""
     opening = re.search(r"```sh\n(.*?)```", DOC.read_text(), re.S)
     assert opening is not None
-    lines = [line.split("  #")[0].strip() for line in opening[1].splitlines()]
+    return [line.split("  #")[0].strip() for line in opening[1].splitlines()]
+
+
+def test_the_opening_example_runs(tmp_path: Path) -> None:
+    # guarantee 409: the commands the page opens with run, in order, and succeed (one
+    # interpreter runs them all, each as the `stepstone` command runs it)
+    lines = opening_lines()
     assert 10 <= len(lines) <= 25 and all(line.startswith("stepstone ") for line in lines)
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env["COLUMNS"] = "200"
-    for line in lines:
-        argv = [sys.executable, "-m", "stepstone.cli", *shlex.split(line)[1:]]
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
-        )
-        assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        assert proc.stdout.strip(), line
+    ran = run_steps(lines, cwd=tmp_path, env=env)
+    assert [done.line for done in ran] == lines
+    for done in ran:
+        assert done.status == 0, f"{done.line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        assert done.stdout.strip(), done.line

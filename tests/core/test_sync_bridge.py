@@ -195,9 +195,10 @@ def test_async_generators_left_open_are_closed_before_the_call_returns() -> None
 
 def test_executor_jobs_started_by_a_call_finish_before_it_returns() -> None:
     # guarantee 320
-    finished = threading.Event()
+    started, finished = threading.Event(), threading.Event()
 
     def slow() -> None:
+        started.set()
         time.sleep(0.3)
         finished.set()
 
@@ -205,8 +206,9 @@ def test_executor_jobs_started_by_a_call_finish_before_it_returns() -> None:
 
     async def body() -> str:
         kept.append(asyncio.create_task(asyncio.to_thread(slow)))
-        await asyncio.sleep(0.01)  # the job is running; its awaiting task is then cancelled
-        return "returned"
+        while not started.is_set():  # a busy machine may start the job late
+            await asyncio.sleep(0.001)
+        return "returned"  # the job is running; its awaiting task is then cancelled
 
     assert call(body) == "returned"
     assert finished.is_set()

@@ -176,18 +176,44 @@ def _run(block: Block, namespace: dict[str, Any], local_url: str) -> None:
         exec(code, namespace)
 
 
-def _point_agent_sdks_at(base_url: str) -> None:
+_AGENTS_SDK = ("agents", "stepstone.integrations.openai_agents")
+
+
+def _imports_agents_sdk(block: Block) -> bool:
+    """Whether ``block`` imports the OpenAI Agents SDK, directly or through stepstone's
+    integration of it."""
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    try:
+        tree = compile(block.code, block.where, "exec", flags=flags)
+    except SyntaxError:  # the block fails when it runs, with its own message
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        if any(n == m or n.startswith(m + ".") for n in names for m in _AGENTS_SDK):
+            return True
+    return False
+
+
+def _point_models_at(base_url: str) -> None:
     """pydantic-ai's and the OpenAI Agents SDK's OpenAI models, built from a model name
     (``"openai:gpt-5.2"``, ``model="gpt-5.2"``), talk to the loopback server: both read
-    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``; the Agents SDK is told to speak Chat
-    Completions (what the server speaks) and to keep its traces to itself."""
+    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``."""
     os.environ["OPENAI_BASE_URL"] = base_url
     os.environ["OPENAI_API_KEY"] = "docs-loopback"
-    try:
-        from agents import set_default_openai_api, set_default_openai_client, set_tracing_disabled
-        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
-    except ImportError:  # the [openai-agents] extra is not installed: no block uses it
-        return
+
+
+def _point_agents_sdk_at_loopback() -> None:
+    """The Agents SDK is told to speak Chat Completions (what the loopback server speaks) and
+    to keep its traces to itself. Only for a page that imports it: importing it and
+    ``openai`` costs about 2 s of CPU, more than most pages' blocks together."""
+    from agents import set_default_openai_api, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
     set_default_openai_api("chat_completions")
     set_tracing_disabled(True)
     # The SDK keeps one client for the process; the blocks run on several event loops (a
@@ -209,11 +235,13 @@ def main(path: Path) -> int:
     namespace: dict[str, Any] = module.__dict__
     namespace.update(PLACEHOLDERS)
     ran = 0
+    page = [block for block in blocks(path) if block.is_python]
+    uses_agents_sdk = any(_imports_agents_sdk(block) for block in page)
     with LoopbackServer(OpenAIDialect(), default="ok from the local server") as server:
-        _point_agent_sdks_at(server.base_url)
-        for block in blocks(path):
-            if not block.is_python:
-                continue
+        _point_models_at(server.base_url)
+        if uses_agents_sdk:
+            _point_agents_sdk_at_loopback()
+        for block in page:
             try:
                 _run(block, namespace, server.base_url)
             except BaseException:  # noqa: BLE001 - report which block failed, then fail
@@ -221,6 +249,14 @@ def main(path: Path) -> int:
                 traceback.print_exc()
                 return 1
             ran += block.runs
+    if "agents" in sys.modules and not uses_agents_sdk:
+        print(
+            f"{path}: a block imported the OpenAI Agents SDK in a way this runner did not see "
+            "(it looks for `import agents` or `stepstone.integrations.openai_agents`), so the "
+            "SDK was not pointed at the loopback server: import it by name",
+            file=sys.stderr,
+        )
+        return 1
     print(f"{path.name}: {ran} block(s) ran")
     return 0
 

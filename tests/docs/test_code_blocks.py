@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.docs._blocks import _FENCE, ROOT, blocks, doc_files
+from tests.docs._blocks import _FENCE, ROOT, Block, blocks, doc_files
+from tests.docs._one_interpreter import run_steps
 
 _NO_RUN_BUDGET = 3  # blocks marked `python no-run` in all the docs together: keep them rare
 
@@ -18,10 +20,16 @@ def _needs_postgres(path: Path) -> bool:
     return any(b.runs and "postgresql://" in b.code for b in blocks(path))
 
 
+def _has_python(path: Path) -> bool:
+    return any(b.is_python for b in blocks(path))
+
+
 def _params() -> list[object]:
+    """The pages with a python block (a page without one has nothing for a runner to do)."""
     return [
         pytest.param(p, id=p.name, marks=[pytest.mark.postgres] if _needs_postgres(p) else [])
         for p in doc_files()
+        if _has_python(p)
     ]
 
 
@@ -62,28 +70,56 @@ def test_the_fence_parser_sees_every_block() -> None:
     assert found == [("python", "x = 1\n"), ("python no-run", "y(\n"), ("", "plain\n")]
 
 
-@pytest.mark.parametrize("name", ["README.md", "docs/cli.md"])
-def test_the_command_lines_run(name: str, tmp_path: Path) -> None:
-    # guarantee 153: the `stepstone ...` lines of the page's shell blocks, in order
-    page = ROOT / name
-    lines = [
-        line.split("#", 1)[0].split()
+def _command_lines(page: Path) -> list[str]:
+    """The `stepstone ...` lines of the page's shell blocks, in order, comments cut off."""
+    return [
+        line.split("#", 1)[0].strip()
         for block in blocks(page)
         if block.info == "sh"
         for line in block.code.splitlines()
         if line.startswith("stepstone ")
     ]
-    ran = 0
-    for argv in lines:
-        if any("..." in arg for arg in argv):  # a placeholder such as postgresql://...
-            continue
-        proc = subprocess.run(
-            [sys.executable, "-m", "stepstone.cli", *argv[1:]],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            cwd=tmp_path,
-        )
-        assert proc.returncode == 0, (argv, proc.stderr)
-        ran += 1
-    assert ran >= 4
+
+
+@pytest.mark.parametrize("name", ["README.md"])
+def test_the_command_lines_run(name: str, tmp_path: Path) -> None:
+    # guarantee 153: the `stepstone ...` lines of the page's shell blocks, in order, each
+    # exits 0 (one interpreter runs them all, each as the `stepstone` command runs it)
+    lines = [line for line in _command_lines(ROOT / name) if "..." not in line]  # postgresql://...
+    ran = run_steps(lines, cwd=tmp_path, env=dict(os.environ))
+    for done in ran:
+        assert done.status == 0, (done.line, done.stderr)
+    assert [done.line for done in ran] == lines
+    assert len(ran) >= 4
+
+
+def test_the_cli_pages_command_lines_run_in_tests_cli() -> None:
+    # guarantee 153: docs/cli.md's `stepstone ...` lines are its opening example, which
+    # tests/cli/test_cli_docs.py::test_the_opening_example_runs runs, line by line
+    from tests.cli.test_cli_docs import opening_lines
+
+    lines = _command_lines(ROOT / "docs" / "cli.md")
+    assert [shlex.split(line) for line in lines] == [shlex.split(x) for x in opening_lines()]
+
+
+@pytest.mark.parametrize(
+    ("code", "imports_it"),
+    [
+        ("from agents import Agent\n", True),
+        ("import agents\n", True),
+        ("import agents.tool as t\n", True),
+        ("from stepstone.integrations.openai_agents import DurableRunner\n", True),
+        ("from stepstone.integrations import openai_agents\n", True),
+        ("if True:\n    from agents import Agent\nawait run()\n", True),
+        ("from stepstone import Agent\nimport agentsmith\n", False),
+        ("from stepstone.integrations.pydantic_ai import DurableAgent\n", False),
+        ("x = 'import agents'\n", False),
+    ],
+)
+def test_the_runner_sees_which_pages_import_the_agents_sdk(code: str, imports_it: bool) -> None:
+    # Only those pages pay for importing the SDK and pointing it at the loopback server; a
+    # page that imports it unseen fails its run (see _runner.main).
+    from tests.docs._runner import _imports_agents_sdk
+
+    block = Block(ROOT / "docs" / "x.md", 1, "python", code)
+    assert _imports_agents_sdk(block) is imports_it

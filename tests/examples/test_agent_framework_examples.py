@@ -11,7 +11,7 @@ from tests.examples._run import example_lines
 
 def test_pydantic_ai_support_example(tmp_path: Path) -> None:
     # guarantee 530, 534
-    lines = example_lines("pydantic_ai_support.py", tmp_path)
+    lines = example_lines("pydantic_ai_support.py", tmp_path=tmp_path)
     assert lines == [
         "first process: killed by signal 9 inside the refund tool",
         "result: Order 42 is refunded.",
@@ -24,7 +24,7 @@ def test_pydantic_ai_support_example(tmp_path: Path) -> None:
 
 def test_openai_agents_support_example(tmp_path: Path) -> None:
     # guarantee 534, 540
-    lines = example_lines("openai_agents_support.py", tmp_path)
+    lines = example_lines("openai_agents_support.py", tmp_path=tmp_path)
     assert lines == [
         "first process: killed by signal 9 inside the refund tool",
         "result: Order 42 is refunded. (answered by billing)",

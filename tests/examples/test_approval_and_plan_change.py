@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "approval_and_plan_change.py"
+from tests.examples._run import run_example
 
 
 def test_approval_and_plan_change_example(tmp_path: Path) -> None:
     # guarantee 124, 128, 129, 130
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(tmp_path / "quotes.sqlite")],
-        capture_output=True,
-        text=True,
+    proc = run_example(
+        "approval_and_plan_change.py",
+        str(tmp_path / "quotes.sqlite"),
+        tmp_path=tmp_path,
         timeout=120,
     )
-    assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()
     assert out[:5] == [
         f"poll {i}: PlanPaused (Plan paused at step 'approve': quote for ACME waits for a manager)"
@@ -28,11 +25,6 @@ def test_approval_and_plan_change_example(tmp_path: Path) -> None:
     assert out[7].startswith("changed plan refused: checkpoint 'quote-acme' was written by a")
     assert "steps removed: 'approve'" in out[7]
     assert out[8] == "restarted: sent ACME: 2499.80 (two seats), valid 30 Jun 2026"
-    # Run without an argument, it cleans up after itself.
-    again = subprocess.run(
-        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
-    assert again.returncode == 0, again.stderr
-    assert list(tmp_path.iterdir()) == [tmp_path / "quotes.sqlite"] or all(
-        p.name.startswith("quotes.sqlite") for p in tmp_path.iterdir()
-    )
+    # Run without an argument, it cleans up after itself: run_example checks that its
+    # working directory and its TMPDIR are left empty.
+    run_example("approval_and_plan_change.py", tmp_path=tmp_path, timeout=120)

@@ -12,7 +12,7 @@ DAMAGED = "damaged: database disk image is malformed (SQLITE_CORRUPT)"
 
 def test_check_store_example(tmp_path: Path) -> None:
     # guarantees 154, 157, 353, 354
-    lines = example_lines("check_store.py", tmp_path)
+    lines = example_lines("check_store.py", tmp_path=tmp_path)
     assert lines == [
         "original: ok=True, 5 runs, 1 value",
         "resume on the copy: StoreDamagedError: 'copy.sqlite' is damaged: SQLite says "

@@ -3,22 +3,16 @@ Plan recorded where the caller says."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_engine.py"
+from tests.examples._run import example_lines
 
 
-def test_custom_engine_example() -> None:
+def test_custom_engine_example(tmp_path: Path) -> None:
     # guarantee 300
     # guarantee 301
     # guarantee 304
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
+    assert example_lines("custom_engine.py", tmp_path=tmp_path, timeout=120) == [
         "loud HELLO THERE",
         "counter 2",
         "counter has no tool 'shout' (tools: ['count'])",

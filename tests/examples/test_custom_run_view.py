@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_run_view.py"
+from tests.examples._run import example_lines
 
 
 def test_custom_run_view_example(tmp_path: Path) -> None:
     # guarantee 313: store.read shows the countdown through the view its engine registered
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(tmp_path / "c.sqlite")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
+    assert example_lines("custom_run_view.py", tmp_path=tmp_path, timeout=120) == [
         "lease: 6 s, renewed every 2 s",
         "first try: crashed before tick 1",
         "after the crash: {'status': 'running', 'ticks': [2], 'left': 2}",

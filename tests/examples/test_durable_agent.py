@@ -4,27 +4,19 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
+from tests.docs._one_interpreter import Ran, Script, run_steps
+from tests.examples._run import example_lines
+
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "durable_agent.py"
 
 
 def test_example_crash_and_approval_stories(tmp_path: Path) -> None:
     # guarantee 160, 161, 178
-    env = {**os.environ, "STEPSTONE_BLOCK_MODEL_REQUESTS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(tmp_path / "agents.sqlite")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
+    assert example_lines("durable_agent.py", tmp_path=tmp_path, timeout=180) == [
         "1. crash in the middle of the tool loop",
         "   first process killed: True",
         "   resumed: completed, 3 effects replayed",
@@ -41,77 +33,54 @@ def test_example_crash_and_approval_stories(tmp_path: Path) -> None:
     ]
 
 
-def test_docs_code_blocks_run(tmp_path: Path) -> None:
+def _agents_blocks() -> list[str]:
     text = (ROOT / "docs" / "agents.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 6
-    for i, block in enumerate(blocks):
-        script = tmp_path / f"block{i}.py"
-        script.write_text(block)
-        proc = subprocess.run(
-            [sys.executable, str(script)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-            env={**os.environ, "TMPDIR": str(tmp_path)},  # the blocks' temp dirs go here
-            check=False,
-        )
-        assert proc.returncode == 0, (block, proc.stderr)
-    out = subprocess.run(
-        [sys.executable, str(tmp_path / "block2.py")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=True,
-    ).stdout.splitlines()
-    assert out == [
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def agents_blocks_run(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Ran]]:
+    """Each python block of docs/agents.md run once, alone, as a script (one interpreter for
+    them all, each block its own ``__main__``), its temp dirs in a directory of its own:
+    the block and how it ended."""
+    tmp_path = tmp_path_factory.mktemp("agents_md")
+    blocks = _agents_blocks()
+    ran = run_steps(
+        [Script(code=block, name=f"docs/agents.md block {i}") for i, block in enumerate(blocks)],
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # the blocks' temp dirs go here
+        timeout=300,
+    )
+    return list(zip(blocks, ran, strict=True))
+
+
+def test_docs_code_blocks_run(
+    agents_blocks_run: list[tuple[str, Ran]],
+) -> None:
+    assert len(agents_blocks_run) == 6
+    for block, proc in agents_blocks_run:
+        assert proc.status == 0, (block, proc.stderr)
+    assert agents_blocks_run[2][1].stdout.splitlines() == [
         "completed Q4 revenue grew 12% to 1.2M EUR.",
         "completed",
         "run_terminal",
         "['run_started', 'step_started', 'pre_llm', 'post_llm']",
     ]
-    ids = subprocess.run(
-        [
-            sys.executable,
-            str(tmp_path / f"block{next(i for i, b in enumerate(blocks) if 'bill-1' in b)}.py"),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=True,
-    ).stdout.splitlines()
-    assert ids == ["[('bill-1', 't-7', 'done')]", "t-7"]  # guarantee 400
-    settled = subprocess.run(
-        [
-            sys.executable,
-            str(tmp_path / f"block{next(i for i, b in enumerate(blocks) if 'settle' in b)}.py"),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=True,
-    ).stdout.splitlines()
-    assert settled == [  # guarantee 405
+    ids = next(proc for block, proc in agents_blocks_run if "bill-1" in block)
+    assert ids.stdout.splitlines() == ["[('bill-1', 't-7', 'done')]", "t-7"]  # guarantee 400
+    settled = next(proc for block, proc in agents_blocks_run if "settle" in block)
+    assert settled.stdout.splitlines() == [  # guarantee 405
         "EffectInDoubtError",
         "['call_0_0']",
         "completed moved x1 (ledger entry 7781)",
     ]
 
 
-def test_docs_opening_block_prints_what_it_says(tmp_path: Path) -> None:
+def test_docs_opening_block_prints_what_it_says(
+    agents_blocks_run: list[tuple[str, Ran]],
+) -> None:
     # the page's first example (once the README's): a durable run that pays once
-    text = (ROOT / "docs" / "agents.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
-    script = tmp_path / "opening_block.py"
-    script.write_text(block)
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+    block, proc = agents_blocks_run[0]
+    assert block == _agents_blocks()[0]
+    assert proc.status == 0, proc.stderr
     assert proc.stdout.strip() == "completed Charged 120 EUR."

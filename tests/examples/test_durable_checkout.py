@@ -9,7 +9,7 @@ from tests.examples._run import example_lines
 
 def test_durable_checkout_example(tmp_path: Path) -> None:
     # guarantee 471, 477, 478
-    lines = example_lines("durable_checkout.py", tmp_path)
+    lines = example_lines("durable_checkout.py", tmp_path=tmp_path)
     assert lines[0] == "first process: killed by signal 9 while shipping"
     assert lines[1].startswith("result: {'receipt': 'receipt-o-42-1299', 'stock': 3")
     assert lines[2:7] == [

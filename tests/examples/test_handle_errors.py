@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "handle_errors.py"
+from tests.examples._run import example_lines
 
 
 def test_handle_errors_example(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(tmp_path / "errors.sqlite")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout.splitlines()
+    out = example_lines("handle_errors.py", tmp_path=tmp_path, timeout=120)
     assert (
         out[0] == "misuse (ConfigurationError, a ValueError: True): max_turns must be >= 1, got 0"
     )

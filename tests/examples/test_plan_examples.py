@@ -3,26 +3,13 @@ them (guarantee 18, 23, 28, 34)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def run_example(name: str, tmp_path: Path) -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), str(tmp_path / "pipeline.sqlite")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.splitlines()
+from tests.examples._run import example_lines
 
 
 def test_etl_crash_resume(tmp_path: Path) -> None:
-    out = run_example("etl_crash_resume.py", tmp_path)
+    out = example_lines("etl_crash_resume.py", tmp_path=tmp_path, timeout=120)
     assert "run 1 crashed: status='failed' next_step='validate'" in out
     assert "run 2 resumed: ran ['validate', 'load'] -> 'loaded 2 rows'" in out
     assert "run 3 cached: ran [], kv keys ['clean', 'loaded', 'raw', 'verdict']" in out
@@ -30,7 +17,7 @@ def test_etl_crash_resume(tmp_path: Path) -> None:
 
 
 def test_backtest_fork(tmp_path: Path) -> None:
-    out = run_example("backtest_fork.py", tmp_path)
+    out = example_lines("backtest_fork.py", tmp_path=tmp_path, timeout=120)
     scores = [line.split()[0] for line in out[:4]]
     assert scores == ["AAPL:", "GOOG:", "MSFT:", "AMZN:"]
     keys = {line.split()[3] for line in out[:4]}
@@ -40,7 +27,7 @@ def test_backtest_fork(tmp_path: Path) -> None:
 
 
 def test_inspect_failure(tmp_path: Path) -> None:
-    out = run_example("inspect_failure.py", tmp_path)
+    out = example_lines("inspect_failure.py", tmp_path=tmp_path, timeout=120)
     assert out[1:4] == ["failed", "validate", "['extract', 'transform']"]
     assert out[4] == "[{'id': '1', 'amount': '10'}, {'id': '2', 'amount': 'oops'}]"
 
@@ -48,19 +35,7 @@ def test_inspect_failure(tmp_path: Path) -> None:
 def test_etl_with_llm_agents_offline(tmp_path: Path) -> None:
     # The ETL example with four LLM agents. Each scripted model holds exactly one answer,
     # so a re-run of extract or transform after the crash would exhaust its script and fail.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(EXAMPLES / "etl_llm_agents.py"),
-            "--offline",
-            str(tmp_path / "pipeline.sqlite"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout.splitlines()
+    out = example_lines("etl_llm_agents.py", "--offline", tmp_path=tmp_path, timeout=120)
     assert out[0] == "mode: offline (scripted models)"
     assert out[1] == (
         "run 1 crashed: status='failed' next_step='validate' completed=['extract', 'transform']"

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "provider_outcomes.py"
+from tests.examples._run import example_lines
 
 
-def test_example_runs() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=180
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+def test_example_runs(tmp_path: Path) -> None:
+    lines = example_lines("provider_outcomes.py", tmp_path=tmp_path, timeout=180)
     for name in ("anthropic", "openai", "google"):
         mine = [line.split(": ", 1)[1] for line in lines if line.startswith(name + ":")]
         assert mine == [

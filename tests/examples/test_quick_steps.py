@@ -10,7 +10,7 @@ from tests.examples._run import example_lines
 
 def test_quick_steps_example(tmp_path: Path) -> None:
     # guarantee 341
-    lines = example_lines("quick_steps.py", tmp_path)
+    lines = example_lines("quick_steps.py", tmp_path=tmp_path)
     assert lines[0] == "300 runs, first: Customer 0 (US): 0.6"
     counts = {}
     for line in lines[1:5]:

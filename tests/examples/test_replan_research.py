@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from stepstone import Store
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "replan_research.py"
+from tests.examples._run import run_example
 
 
 def test_runs_offline_crashes_in_round_2_and_resumes(tmp_path: Path) -> None:
     # guarantee 190, 191
-    env = {**os.environ, "STEPSTONE_BLOCK_MODEL_REQUESTS": "1"}
     db = tmp_path / "replan.sqlite"
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(db)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_example("replan_research.py", str(db), tmp_path=tmp_path)
     out = proc.stdout.splitlines()
     assert out[0].startswith("run 1 (pid ") and out[0].endswith("killed with SIGKILL in round 2")
     assert out[1] == "  record: status running, round 2 tasks ['done', 'pending']"

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 from stepstone import Agent, Store
 from stepstone.testing import FakeModel
+from tests.examples._run import EXAMPLES, run_example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "research_and_write.py"
+EXAMPLE = EXAMPLES / "research_and_write.py"
 
 
 def load_example() -> ModuleType:
@@ -24,15 +22,7 @@ def load_example() -> ModuleType:
 
 
 def test_runs_offline_as_a_script(tmp_path: Path) -> None:
-    env = {**os.environ, "STEPSTONE_BLOCK_MODEL_REQUESTS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--offline", str(tmp_path / "r.sqlite")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_example("research_and_write.py", "--offline", tmp_path=tmp_path, timeout=120)
     out = proc.stdout.splitlines()
     assert out[0] == "mode: offline (scripted models)"
     assert out[1].startswith("research: 3 facts, angle: Failures are normal")

@@ -11,6 +11,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from tests.docs._one_interpreter import Script, run_steps
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operate.md"
 
 
@@ -45,32 +47,18 @@ def test_operate_doc_blocks_run(tmp_path: Path) -> None:
     }
     blocks = _blocks()
     assert [lang for lang, _ in blocks].count("sh") >= 4
-    for lang, code in blocks:
+    # Each python block as a script, each shell line as the `stepstone` command: in order,
+    # all in one interpreter but `stepstone ui`, which ends the page.
+    steps: list[str | Script] = []
+    for i, (lang, code) in enumerate(blocks):
         if lang == "python":
-            proc = subprocess.run(
-                [sys.executable, "-c", code],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert proc.returncode == 0, (code, proc.stderr)
+            steps.append(Script(code=code, name=f"docs/operate.md python block {i + 1}"))
             continue
-        for raw in code.splitlines():
-            line = raw.split("  #", 1)[0].strip()
-            if not line:
-                continue
-            if line.startswith("stepstone ui"):
-                _serve_once("exec " + line, tmp_path, env)
-                continue
-            proc = subprocess.run(
-                line,
-                shell=True,
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert proc.returncode == 0, (line, proc.stdout, proc.stderr)
+        lines = [raw.split("  #", 1)[0].strip() for raw in code.splitlines()]
+        steps += [line for line in lines if line]
+    serve = [step for step in steps if isinstance(step, str) and step.startswith("stepstone ui")]
+    assert serve == steps[-1:], "`stepstone ui` ends the page"
+    ran = run_steps(steps[:-1], cwd=tmp_path, env=env)
+    for step, done in zip(steps, ran, strict=False):
+        assert done.status == 0, (step, done.stdout, done.stderr)
+    _serve_once("exec " + serve[0], tmp_path, env)  # the `stepstone` command on PATH

@@ -266,7 +266,12 @@ async def test_a_quick_sync_node_of_concurrent_invocations_moves_to_the_loops_th
         .set_entry("tick")
         .compile()
     )
-    finals = await asyncio.gather(*(g.ainvoke(S()) for _ in range(40)))
-    assert [f.total for f in finals] == [2] * 40
     loop_thread = threading.get_ident()
+    # A busy machine can stretch a call past the quick mark and restart its streak: run
+    # rounds of 40 concurrent invocations until the node has moved (at most 50 rounds).
+    for _ in range(50):
+        finals = await asyncio.gather(*(g.ainvoke(S()) for _ in range(40)))
+        assert [f.total for f in finals] == [2] * 40
+        if loop_thread in seen:
+            break
     assert loop_thread not in seen[:3] and loop_thread in seen

@@ -1,48 +1,122 @@
-"""The ``stepstone`` command: ``demo``, ``inspect`` and ``runs``.
+"""The ``stepstone`` command and its table of subcommands (each loaded when it runs).
 
 Every failure is one line on stderr, ``error: <what> ...`` naming the problem and the fix,
 with exit status 1 (2 for a wrong command line, whatever the command); ``--debug`` shows the
 traceback instead. Ctrl-C stops any command with ``interrupted`` on stderr and exit status
-130. ``inspect`` and ``runs`` open the store read-only: they never create, migrate or write.
+130. ``inspect`` and ``runs`` (in ``_basic``) open the store read-only: they never create,
+migrate or write.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Callable
-from pathlib import Path
-from typing import Annotated, Any, TypeVar
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import Annotated, Any, cast
 
 import typer
-from rich.console import Console
+import typer.main
 from typer.core import TyperGroup
 
-from stepstone.cli import _check, _messages, _migrate, _ops, _requeue, _serve, _settle, _ui
 from stepstone.cli import _debug as _debug_state
-from stepstone.cli._ops import split_values
-from stepstone.cli._options import UsageFailure, check_sort, whole, wrong_statuses
-from stepstone.cli._render import (
-    entry_json,
-    named_key,
-    render_entry,
-    render_runs,
-    visible,
-    visible_console,
-)
-from stepstone.cli._runs import select_runs
-from stepstone.cli._worker import worker
-from stepstone.durable import database_now
-from stepstone.engines._views import BUILTIN_KINDS
-from stepstone.exceptions import StepstoneError, StoreError
-from stepstone.store import Store
 
 __all__ = ["app", "main"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 #: click's error for a wrong command line (typer's own copy of click, in recent typers)
 _ClickUsageError: type[Exception] = typer.BadParameter.__mro__[1]
+
+#: Every command, in the order ``--help`` lists them: where its function is (module,
+#: attribute; ``schedules`` is a Typer app of its own). A command's module is imported,
+#: and its options read, only when the command runs or a help page lists it: ``stepstone
+#: runs`` does not load what ``serve`` or ``migrate`` need.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("stepstone.cli._basic", "demo"),
+    "worker": ("stepstone.cli._worker", "worker"),
+    "inspect": ("stepstone.cli._basic", "inspect"),
+    "runs": ("stepstone.cli._basic", "runs"),
+    "prune": ("stepstone.cli._ops", "prune_cmd"),
+    "vacuum": ("stepstone.cli._ops", "vacuum_cmd"),
+    "show": ("stepstone.cli._ops", "show_cmd"),
+    "history": ("stepstone.cli._ops", "history_cmd"),
+    "stranded": ("stepstone.cli._ops", "stranded_cmd"),
+    "diff": ("stepstone.cli._ops", "diff_cmd"),
+    "cancel": ("stepstone.cli._ops", "cancel_cmd"),
+    "fork": ("stepstone.cli._ops", "fork_cmd"),
+    "retry": ("stepstone.cli._ops", "retry_cmd"),
+    "approve": ("stepstone.cli._ops", "approve_cmd"),
+    "queue": ("stepstone.cli._ops", "queue_cmd"),
+    "ui": ("stepstone.cli._ui", "ui_cmd"),
+    "serve": ("stepstone.cli._serve", "serve_cmd"),
+    "migrate": ("stepstone.cli._migrate", "migrate_cmd"),
+    "resume": ("stepstone.cli._migrate", "resume_cmd"),
+    "check": ("stepstone.cli._check", "check_cmd"),
+    "send": ("stepstone.cli._messages", "send_cmd"),
+    "events": ("stepstone.cli._messages", "events_cmd"),
+    "stream": ("stepstone.cli._messages", "stream_cmd"),
+    "requeue": ("stepstone.cli._requeue", "requeue_cmd"),
+    "settle": ("stepstone.cli._settle", "settle_cmd"),
+    "schedules": ("stepstone.cli._messages", "schedules_app"),
+}
+
+
+#: The commands built so far in this process. typer builds the whole click group again on
+#: every call of ``app`` (a test calls it hundreds of times); a built command holds no
+#: state of one invocation, so each is built once.
+_BUILT: dict[str, Any] = {}
+
+
+def _build(name: str) -> Any:
+    """The click command ``name``, built from its function as typer builds it in a group."""
+    if name in _BUILT:
+        return _BUILT[name]
+    module, attr = _COMMANDS[name]
+    target = getattr(importlib.import_module(module), attr)
+    one = typer.Typer(add_completion=False)
+    if isinstance(target, typer.Typer):
+        one.add_typer(target, name=name)
+    else:
+        one.command(name)(target)
+        one.callback()(_no_options)  # a group, as the whole app is, whatever the command
+    _BUILT[name] = cast(TyperGroup, typer.main.get_command(one)).commands[name]
+    return _BUILT[name]
+
+
+def _no_options() -> None:
+    """(The group one command is built in; never shown.)"""
+
+
+class _LazyCommands(MutableMapping[str, Any]):
+    """The root group's commands: every name known, each command built on first use."""
+
+    def __init__(self, built: MutableMapping[str, Any]) -> None:
+        self._built: dict[str, Any] = dict(built)
+        self._names = [*_COMMANDS, *(n for n in built if n not in _COMMANDS)]
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            if name not in _COMMANDS:
+                raise KeyError(name)
+            self._built[name] = _build(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        if name not in self._names:
+            self._names.append(name)
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self._names:
+            raise KeyError(name)
+        self._names.remove(name)
+        self._built.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
 
 
 class _Commands(TyperGroup):
@@ -50,6 +124,10 @@ class _Commands(TyperGroup):
     (an unknown option, a value an option does not take) is one ``error:`` line and exit
     status 2, and Ctrl-C prints ``interrupted`` on stderr and exits with status 130
     (``--debug`` shows the traceback instead)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = _LazyCommands(self.commands)
 
     def invoke(self, ctx: Any) -> Any:
         # the command line as given (click empties ctx's copy before the command runs)
@@ -78,14 +156,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DbOption = Annotated[
-    Path | None, typer.Option("--db", help="SQLite store file (opened read-only).")
-]
-UrlOption = Annotated[
-    str | None,
-    typer.Option("--url", help="Store URL: postgresql://... or sqlite:///path (read-only)."),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error.")]
 
 
@@ -111,203 +181,13 @@ def _root(
     _debug_state.state["on"] = debug
 
 
-def _fails_in_one_line(fn: F) -> F:
-    """Turn any error of ``fn`` into one ``error: ...`` line (the traceback with --debug)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("debug"):
-            _debug_state.state["on"] = True
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort):
-            raise
-        except UsageFailure as exc:
-            if _debug_state.asked():
-                raise
-            _fail(str(exc), 2)
-        except Exception as exc:  # the CLI reports every error in one line
-            if _debug_state.asked():
-                raise
-            _fail(_message(exc), 1)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _message(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, StepstoneError | ValueError | LookupError):
-        return text
-    return f"{type(exc).__name__}: {text}"
-
-
 def _fail(message: str, code: int) -> None:
+    from stepstone.cli._render import visible
+
     hint = "" if code == 2 else " (--debug shows the traceback)"
     # visible: a message may quote stored text (a newline, an escape sequence, invalid UTF-8)
     typer.echo(f"error: {visible(message)}{hint}", err=True)
     raise typer.Exit(code)
-
-
-def _open_store(db: Path | None, url: str | None) -> Store:
-    if (db is None) == (url is None):
-        raise UsageFailure("pass exactly one of --db PATH or --url URL (see --help)")
-    return Store(db=db, url=url, read_only=True)
-
-
-@app.command()
-@_fails_in_one_line
-def demo(
-    db: Annotated[
-        Path | None,
-        typer.Option(
-            "--db",
-            help="SQLite file to keep (the graph story's file goes next to it); "
-            "default: a temporary directory, removed at the end.",
-        ),
-    ] = None,
-    debug: DebugOption = False,
-) -> None:
-    """Run the ETL crash/resume story (and the lunar-mission graph story) offline."""
-    from stepstone.demos import run_demo
-
-    run_demo(Console(), db)
-
-
-app.command()(worker)
-
-
-@app.command()
-@_fails_in_one_line
-def inspect(
-    key: Annotated[str, typer.Argument(help="The checkpoint key (or any store key).")],
-    db: DbOption = None,
-    url: UrlOption = None,
-    history: Annotated[bool, typer.Option(help="Show the step history table.")] = True,
-    as_json: JsonOption = False,
-    debug: DebugOption = False,
-) -> None:
-    """Print a checkpoint (status, next step, completed steps, kv keys, history) or a value."""
-    with _open_store(db, url) as store:
-        key = named_key(store, key)
-        try:
-            entry = store.read_entry(key)
-        except Exception as exc:
-            if key in str(exc):
-                raise
-            # A decoding error deep in a driver does not know which record it was reading.
-            raise StoreError(f"cannot read key {key!r} in {store!r}: {_message(exc)}") from exc
-        if entry is None:
-            near = store.keys(prefix=key[:3]) if key else []
-            hint = f"; keys starting like it: {', '.join(near[:10])}" if near else ""
-            raise LookupError(f"no key {key!r} in {store!r}{hint}")
-        if as_json:
-            typer.echo(json.dumps(entry_json(entry), default=str, ensure_ascii=False))
-        else:
-            render_entry(visible_console(markup=True), entry, history=history)
-
-
-def _age(value: str | None, option: str) -> float | None:
-    if value is None:
-        return None
-    from stepstone.durable._retention import parse_age
-
-    try:
-        return parse_age(value).total_seconds()
-    except ValueError as exc:
-        raise UsageFailure(f"{option} {value!r}: {exc}") from None
-
-
-@app.command()
-@_fails_in_one_line
-def runs(
-    db: DbOption = None,
-    url: UrlOption = None,
-    prefix: Annotated[str | None, typer.Option(help="Only keys starting with this.")] = None,
-    status: Annotated[
-        list[str] | None,
-        typer.Option(help="Only runs in this status (repeat it, or comma-separate)."),
-    ] = None,
-    kind: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Only runs of this kind: plan, graph, agent, replan, workflow (repeat it)."
-        ),
-    ] = None,
-    older_than: Annotated[
-        str | None, typer.Option(help="Only runs last updated longer ago (30d, 12h, 15m).")
-    ] = None,
-    newer_than: Annotated[
-        str | None, typer.Option(help="Only runs updated within this age (1h, 2d).")
-    ] = None,
-    sort: Annotated[
-        str, typer.Option(help="key (A-Z), updated or created (most recent first).")
-    ] = "key",
-    limit: Annotated[
-        int | None,
-        typer.Option(parser=whole(1), metavar="N", help="Show at most N runs (a page)."),
-    ] = None,
-    offset: Annotated[
-        int,
-        typer.Option(parser=whole(0), metavar="M", help="Skip the first M matching runs."),
-    ] = 0,
-    as_json: JsonOption = False,
-    with_total: Annotated[
-        bool,
-        typer.Option(
-            "--with-total",
-            help='With --json: print {"total": N, "runs": [...]}, N the runs matching on every '
-            "page, instead of the bare list.",
-        ),
-    ] = False,
-    debug: DebugOption = False,
-) -> None:
-    """List the durable runs in a store, with their owner's state (live or dead)."""
-    older, newer = _age(older_than, "--older-than"), _age(newer_than, "--newer-than")
-    kinds, statuses = split_values(kind), split_values(status)
-    wrong = wrong_statuses(statuses)
-    if wrong is not None:
-        raise wrong
-    check_sort(sort)
-    with _open_store(db, url) as store:
-        now = database_now(store)  # owners are judged by the database's clock
-        total, lines = select_runs(
-            store,
-            prefix,
-            statuses=statuses,
-            kinds=kinds,
-            older_than=older,
-            newer_than=newer,
-            sort=sort,
-            limit=limit,
-            offset=offset,
-            now=now,
-        )
-    odd = [k for k in kinds if k not in BUILTIN_KINDS]
-    if odd and total == 0:
-        # Not an error: an engine of the user's own journals runs of its own kind.
-        typer.echo(
-            f"note: no run has kind {', '.join(map(repr, odd))}; stepstone's kinds are "
-            f"{', '.join(BUILTIN_KINDS)}",
-            err=True,
-        )  # repr: the kinds as typed, each character visible
-    if as_json:
-        # A bare list by default: scripts written for it keep working.
-        listed = [line.to_json(now) for line in lines]
-        out: Any = {"total": total, "runs": listed} if with_total else listed
-        typer.echo(json.dumps(out, default=str))
-    else:
-        # One line per run, keys whole: a row wider than the terminal wraps on it.
-        render_runs(Console(highlight=False), lines, now=now, total=total, offset=offset)
-
-
-_ops.register(app)
-_ui.register(app)
-_serve.register(app)
-_migrate.register(app)
-_check.register(app)
-_messages.register(app)
-_requeue.register(app)
-_settle.register(app)
 
 
 def main() -> None:

@@ -16,13 +16,13 @@ import typer
 from rich.markup import escape
 
 from stepstone.cli._debug import asked
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, fail
+from stepstone.cli._options import DbOption, DebugOption, JsonOption, UrlOption, fail
 from stepstone.cli._render import progress_bar, visible_console
 from stepstone.exceptions import StoreDamagedError, StoreError
 from stepstone.store import CheckProblem, CheckReport, Store, check_store
 from stepstone.store._check import problem_text
 
-__all__ = ["register"]
+__all__ = ["check_cmd"]
 
 
 def check_cmd(
@@ -133,8 +133,3 @@ def _report(report: CheckReport, as_json: bool) -> None:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``check`` to ``app``."""
-    app.command("check")(check_cmd)

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from stepstone.cli._ops import (
+from stepstone.cli._options import (
     DbOption,
     DebugOption,
     JsonOption,
@@ -28,7 +28,7 @@ from stepstone.core._serialization import untag
 from stepstone.durable._messages import StreamReader, events, run_outcome, send
 from stepstone.durable._schedules import Schedule, list_schedules
 
-__all__ = ["register"]
+__all__ = ["events_cmd", "schedules_app", "send_cmd", "stream_cmd"]
 
 
 def _shown(value: Any) -> str:
@@ -121,14 +121,6 @@ def stream_cmd(
         typer.echo(visible(f"-- run {key} ended {outcome.status}{why}"), err=True)
     else:
         typer.echo(f"-- next offset {reader.next_offset} (the run goes on)", err=True)
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``send``, ``events``, ``stream`` and ``schedules`` to ``app``."""
-    app.command("send")(send_cmd)
-    app.command("events")(events_cmd)
-    app.command("stream")(stream_cmd)
-    app.add_typer(schedules_app, name="schedules")
 
 
 # -- schedules -----------------------------------------------------------------------------

@@ -20,13 +20,13 @@ from typing import Annotated, Any
 import typer
 
 from stepstone.agent import Agent
-from stepstone.cli._ops import (
+from stepstone.cli._ops import no_run
+from stepstone.cli._options import (
     DbOption,
     DebugOption,
     JsonOption,
     OpsError,
     UrlOption,
-    no_run,
     open_store,
 )
 from stepstone.cli._render import key_table, keyed_console, named_key, visible_console
@@ -39,7 +39,7 @@ from stepstone.engines.plan import Plan
 from stepstone.engines.plan._verdict import resume_verdict
 from stepstone.store import RunHead, Store
 
-__all__ = ["register"]
+__all__ = ["migrate_cmd", "resume_cmd"]
 
 
 def load_target(spec: str) -> Plan | CompiledGraph[Any]:
@@ -269,9 +269,3 @@ def _check_kinds(key: str, head: RunHead, engine: Any, target: str) -> None:
         f"{'compiled graph' if wanted == 'graph' else 'Plan'}; nothing was run or changed. "
         f"Pass the {'compiled graph' if head.kind == 'graph' else 'Plan'} that runs it"
     )
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``migrate`` and ``resume`` to ``app``."""
-    app.command("migrate")(migrate_cmd)
-    app.command("resume")(resume_cmd)

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -25,8 +24,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stepstone.cli._debug import asked
-from stepstone.cli._options import whole
+from stepstone.cli._options import (
+    DbOption,
+    DebugOption,
+    JsonOption,
+    OpsError,
+    UrlOption,
+    fail,
+    open_store,
+    split_values,
+    whole,
+)
 from stepstone.cli._render import (
     key_table,
     keyed_console,
@@ -49,81 +57,26 @@ from stepstone.durable._inspect import (
 from stepstone.durable._operate import cancel_run, fork_run, retry_run
 from stepstone.durable._queue import existing_queue, requeue_run
 from stepstone.durable._retention import PruneInterrupted, PruneReport, parse_age, prune
-from stepstone.exceptions import CorruptRecordError, StepstoneError
+from stepstone.exceptions import CorruptRecordError
 from stepstone.store import Retention, Store, vacuum
 from stepstone.store._base import read_salvaged
 from stepstone.store._check import problem_text
 from stepstone.store._queue_base import FINAL_STATUSES, QueueEntry
 
-__all__ = ["register", "split_values"]
-
-DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store file.")]
-UrlOption = Annotated[
-    str | None, typer.Option("--url", help="Store URL (postgresql://... or sqlite:///...).")
+__all__ = [
+    "approve_cmd",
+    "cancel_cmd",
+    "diff_cmd",
+    "fork_cmd",
+    "history_cmd",
+    "prune_cmd",
+    "queue_cmd",
+    "retry_cmd",
+    "show_cmd",
+    "split_values",
+    "stranded_cmd",
+    "vacuum_cmd",
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback on failure.")]
-
-
-def split_values(values: list[str] | None) -> tuple[str, ...]:
-    """The values of a repeatable option, each occurrence also split at commas
-    (``--status done,failed`` is ``--status done --status failed``)."""
-    return tuple(v.strip() for raw in values or () for v in raw.split(",") if v.strip())
-
-
-class OpsError(Exception):
-    """A failure worth one line: the message names the bad value and the fix."""
-
-
-def fail(message: str, code: int = 1) -> None:
-    """Print ``error: message`` on stderr and exit with status ``code`` (1: the command
-    failed; 2: a wrong command line)."""
-    typer.echo(f"error: {visible(message)}", err=True)  # stored text quoted in it, made visible
-    raise typer.Exit(code)
-
-
-@contextmanager
-def open_store(
-    db: Path | None, url: str | None, *, debug: bool = False, read_only: bool = False
-) -> Iterator[Store]:
-    """The store named by ``--db``/``--url``; any failure inside becomes one line.
-
-    ``read_only`` for commands that only look: nothing is created, migrated or written.
-    Commands that write first check, read-only, that the file or database already is a
-    stepstone store, so they never create tables in someone else's database.
-    """
-    if (db is None) == (url is None):
-        fail("pass exactly one of --db FILE or --url URL (see --help)", 2)
-    if db is not None and not db.exists():
-        fail(f"no store file at {str(db)!r}; check the path (stepstone never creates one here)")
-    store: Store | None = None
-    try:
-        if not read_only:
-            probe = Store(db=db, url=url, read_only=True)
-            try:
-                probe.setup()  # PostgreSQL connects here, and checks the schema is stepstone's
-            finally:
-                probe.close()
-        store = Store(db=db, url=url, read_only=read_only)
-        yield store
-    except typer.Exit:
-        raise
-    except (
-        StepstoneError,
-        OpsError,
-        ValueError,
-        TypeError,
-        KeyError,
-        OSError,
-        RuntimeError,
-    ) as exc:
-        if asked(debug):
-            raise
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        fail(" ".join(str(msg).split()))
-    finally:
-        if store is not None:
-            store.close()
 
 
 def no_run(key: str, store: Store) -> OpsError:
@@ -902,21 +855,6 @@ def _entry_view(e: QueueEntry) -> dict[str, Any]:
     times = ("not_before", "started_at", "created_at", "updated_at")
     view = {name: getattr(e, name) for name in (*keep, *more, *times)}
     return {**view, "cancel_requested": bool(e.cancel_requested)}
-
-
-def register(app: typer.Typer) -> None:
-    """Add the operator commands to ``app``."""
-    app.command("prune")(prune_cmd)
-    app.command("vacuum")(vacuum_cmd)
-    app.command("show")(show_cmd)
-    app.command("history")(history_cmd)
-    app.command("stranded")(stranded_cmd)
-    app.command("diff")(diff_cmd)
-    app.command("cancel")(cancel_cmd)
-    app.command("fork")(fork_cmd)
-    app.command("retry")(retry_cmd)
-    app.command("approve")(approve_cmd)
-    app.command("queue")(queue_cmd)
 
 
 def _error_place(err: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.cells import cell_len
@@ -23,9 +23,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Span, Text
 
-from stepstone.cli._runs import RunLine
-from stepstone.durable._inspect import named_run, steps_done
 from stepstone.store import Store, StoreEntry
+
+if TYPE_CHECKING:
+    from stepstone.cli._runs import RunLine
 
 __all__ = [
     "entry_json",
@@ -96,6 +97,10 @@ def named_key(store: Store, key: str) -> str:
         meant = unescape(key)
         if meant != key and not _holds(store, key) and _holds(store, meant):
             return meant
+    from stepstone.durable._inspect import (
+        named_run,
+    )  # the kernel: loaded by a command that reads runs
+
     return named_run(store, key)
 
 
@@ -365,6 +370,8 @@ def _run_cells(line: RunLine, now: float) -> list[_Cell]:
             ("-", ""),
             ("-", ""),
         ]
+    from stepstone.durable._inspect import steps_done
+
     h = line.head
     state, detail = line.owner(now)
     owner = ("-", "")

@@ -11,11 +11,11 @@ from typing import Annotated
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, open_store
+from stepstone.cli._options import DbOption, DebugOption, JsonOption, UrlOption, open_store
 from stepstone.cli._render import visible_console
 from stepstone.durable._queue import requeue_entry
 
-__all__ = ["register"]
+__all__ = ["requeue_cmd"]
 
 
 def requeue_cmd(
@@ -43,8 +43,3 @@ def requeue_cmd(
             f"{after.queue}: a worker runs it from where its run stopped (from the start "
             "when it has no checkpoint)"
         )
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``requeue`` to ``app``."""
-    app.command("requeue")(requeue_cmd)

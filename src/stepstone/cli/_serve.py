@@ -10,11 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, UrlOption, fail
-from stepstone.cli._options import seconds, whole
+from stepstone.cli._options import DbOption, DebugOption, UrlOption, fail, seconds, whole
 from stepstone.exceptions import StepstoneError
 
-__all__ = ["register", "listen_error"]
+__all__ = ["listen_error", "serve_cmd"]
 
 
 def listen_error(host: str, port: int, exc: OSError) -> str:
@@ -223,8 +222,3 @@ def _serve_until_stopped(server: Any) -> None:
         pass
     finally:
         server.close()
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``serve`` to ``app``."""
-    app.command("serve")(serve_cmd)

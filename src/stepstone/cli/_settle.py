@@ -14,12 +14,12 @@ from typing import Annotated
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, JsonOption, UrlOption, fail, open_store
+from stepstone.cli._options import DbOption, DebugOption, JsonOption, UrlOption, fail, open_store
 from stepstone.cli._render import key_table, keyed_console, named_key, visible_console
 from stepstone.durable._settle import in_doubt_effects, settle_effect
 from stepstone.store import Store
 
-__all__ = ["register"]
+__all__ = ["settle_cmd"]
 
 
 def _run_key(store: Store, key: str) -> str:
@@ -96,8 +96,3 @@ def settle_cmd(
             f"{done['run_key']}: {done['name']} call {done['position']} settled as {what}; "
             f"the run is {done['status']}, and its next resume continues from there"
         )
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``settle`` to ``app``."""
-    app.command("settle")(settle_cmd)

@@ -9,10 +9,9 @@ from typing import Annotated
 
 import typer
 
-from stepstone.cli._ops import DbOption, DebugOption, UrlOption, open_store
-from stepstone.cli._options import seconds, whole
+from stepstone.cli._options import DbOption, DebugOption, UrlOption, open_store, seconds, whole
 
-__all__ = ["register"]
+__all__ = ["ui_cmd"]
 
 
 def _loopback(host: str) -> bool:
@@ -74,8 +73,3 @@ def ui_cmd(
             pass
         finally:
             server.close()
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``ui`` to ``app``."""
-    app.command("ui")(ui_cmd)

@@ -6,9 +6,12 @@ import dataclasses
 import json
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
-
-from stepstone.core._serialization import ENCODING_VERSION, from_typed_json, to_typed_json
+from stepstone.core._serialization import (
+    ENCODING_VERSION,
+    from_typed_json,
+    is_model,
+    to_typed_json,
+)
 
 __all__ = ["TRANSIENT_BUILTINS", "Envelope", "ErrorInfo", "is_retryable"]
 
@@ -163,7 +166,7 @@ def payload_text(payload: Any) -> str:
         return ""
     if isinstance(payload, str):
         return payload
-    if isinstance(payload, BaseModel):
+    if is_model(payload):
         return payload.model_dump_json()
     if isinstance(payload, Envelope):
         return payload.text()

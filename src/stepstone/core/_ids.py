@@ -7,8 +7,6 @@ import os
 import socket
 import uuid
 
-import psutil
-
 __all__ = ["host_id", "new_origin", "new_uid", "process_alive", "process_start_time"]
 
 
@@ -53,6 +51,8 @@ def process_start_time(pid: int) -> int | None:
     Linux the value is exactly the kernel's tick count (what earlier releases stored), so a
     head written by an older release still compares equal.
     """
+    import psutil  # loaded by the processes that own or judge runs, not by every import
+
     try:
         created = psutil.Process(pid).create_time()
     except (psutil.Error, OSError, ValueError):
@@ -65,6 +65,8 @@ def process_alive(pid: int, start_time: int | None) -> bool:
     """Whether process ``pid`` (started at ``start_time``, when known) still runs here."""
     if pid <= 0:
         return False
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -84,6 +86,8 @@ def process_alive(pid: int, start_time: int | None) -> bool:
 
 @functools.cache
 def _boot_time() -> float:
+    import psutil
+
     return float(psutil.boot_time())
 
 

@@ -47,14 +47,16 @@ import math
 import pathlib
 import pickle
 import pkgutil
+import sys
 import uuid
 import warnings
 from collections.abc import Callable
-from typing import Any
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from stepstone.exceptions import SerializationError, UnserializableValueWarning
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = [
     "ENCODING_VERSION",
@@ -62,12 +64,45 @@ __all__ = [
     "compact_encoder",
     "dumps",
     "from_typed_json",
+    "is_model",
+    "is_model_class",
     "json_equal",
     "loads",
     "to_json_value",
     "to_typed_json",
     "untag",
 ]
+
+_MODEL_BASE: list[type] = []
+
+
+def _model_base() -> type | None:
+    """pydantic's ``BaseModel`` once pydantic is loaded, else None.
+
+    No pydantic model can exist before pydantic is imported, so the codec tells models
+    apart without importing pydantic itself: ``import stepstone`` and a program that never
+    uses pydantic do not pay for loading it.
+    """
+    if not _MODEL_BASE:
+        if "pydantic" not in sys.modules:
+            return None
+        from pydantic import BaseModel
+
+        _MODEL_BASE.append(BaseModel)
+    return _MODEL_BASE[0]
+
+
+def is_model(value: Any) -> TypeGuard[BaseModel]:
+    """Whether ``value`` is a pydantic model instance (pydantic is not imported to tell)."""
+    base = _model_base()
+    return base is not None and isinstance(value, base)
+
+
+def is_model_class(cls: type) -> TypeGuard[type[BaseModel]]:
+    """Whether the class ``cls`` is a pydantic model (pydantic is not imported to tell)."""
+    base = _model_base()
+    return base is not None and issubclass(cls, base)
+
 
 #: The version of the tagged encoding :func:`to_typed_json` writes.
 ENCODING_VERSION = 2
@@ -285,7 +320,7 @@ class _Encoder:
 
     def model_or_collection(self, value: Any, where: _Where) -> Any:
         """A pydantic model, a tuple or a set (tagged when typed), else :meth:`leaf`."""
-        if isinstance(value, BaseModel):
+        if is_model(value):
             data = value.model_dump(mode="json")
             return self.tag("model", data, type(value))
         if isinstance(value, tuple):
@@ -437,7 +472,7 @@ def _decode_class(tag: str, cls_path: Any, v: Any) -> Any:
     if cls is None:
         return data
     try:
-        if tag == "model" and issubclass(cls, BaseModel):
+        if tag == "model" and is_model_class(cls):
             return cls.model_validate(v)
         if tag == "enum" and issubclass(cls, enum.Enum):
             return cls(data)
@@ -477,7 +512,7 @@ def _from_v1(value: Any) -> Any:
         if _V1_MODEL_TAG in value and len(value) == 2 and "data" in value:
             cls = _import_class(value[_V1_MODEL_TAG])
             data = _from_v1(value["data"])
-            if cls is None or not issubclass(cls, BaseModel):
+            if cls is None or not is_model_class(cls):
                 return data
             try:
                 return cls.model_validate(data)

@@ -10,57 +10,130 @@ Also what operators use on runs from outside their owner: read models (``query_r
 :class:`~stepstone.store.Retention` policy.
 """
 
-from stepstone.durable._approvals import (
-    agent_view,
-    approve_call,
-    pending_approvals,
-    recorded_approvals,
-)
-from stepstone.durable._inspect import (
-    diff_runs,
-    owner_state,
-    query_runs,
-    run_detail,
-    run_summary,
-    run_timeline,
-    stranded_runs,
-    timeline,
-)
-from stepstone.durable._kernel import (
-    ClaimResult,
-    OwnedRun,
-    aclaim_empty,
-    aclaim_run,
-    claim_empty,
-    claim_run,
-    describe_owner,
-    ownership_error,
-)
-from stepstone.durable._leases import LeasePolicy, database_now, owner_alive
-from stepstone.durable._operate import cancel_run, fork_run, retry_run
-from stepstone.durable._operations import settle_operation
-from stepstone.durable._queue import requeue_run
-from stepstone.durable._records import (
-    adelete_run,
-    alist_runs,
-    aread_run,
-    blocking_call,
-    delete_run,
-    journal_since,
-    list_runs,
-    read_run,
-    run_head,
-)
-from stepstone.durable._retention import (
-    PrunedRun,
-    PruneInterrupted,
-    Pruner,
-    PruneReport,
-    plan_prune,
-    prune,
-    prune_run,
-)
-from stepstone.durable._settle import in_doubt_effects, settle_effect
+from __future__ import annotations
+
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
+if _TYPE_CHECKING:
+    from stepstone.durable._approvals import (
+        agent_view,
+        approve_call,
+        pending_approvals,
+        recorded_approvals,
+    )
+    from stepstone.durable._inspect import (
+        diff_runs,
+        owner_state,
+        query_runs,
+        run_detail,
+        run_summary,
+        run_timeline,
+        stranded_runs,
+        timeline,
+    )
+    from stepstone.durable._kernel import (
+        ClaimResult,
+        OwnedRun,
+        aclaim_empty,
+        aclaim_run,
+        claim_empty,
+        claim_run,
+        describe_owner,
+        ownership_error,
+    )
+    from stepstone.durable._leases import LeasePolicy, database_now, owner_alive
+    from stepstone.durable._operate import cancel_run, fork_run, retry_run
+    from stepstone.durable._operations import settle_operation
+    from stepstone.durable._queue import requeue_run
+    from stepstone.durable._records import (
+        adelete_run,
+        alist_runs,
+        aread_run,
+        blocking_call,
+        delete_run,
+        journal_since,
+        list_runs,
+        read_run,
+        run_head,
+    )
+    from stepstone.durable._retention import (
+        PrunedRun,
+        PruneInterrupted,
+        Pruner,
+        PruneReport,
+        plan_prune,
+        prune,
+        prune_run,
+    )
+    from stepstone.durable._settle import in_doubt_effects, settle_effect
+
+# Each name loads its module on first use (PEP 562): importing one module of the package
+# does not import the others.
+_LAZY: dict[str, str] = {
+    "agent_view": "stepstone.durable._approvals",
+    "approve_call": "stepstone.durable._approvals",
+    "pending_approvals": "stepstone.durable._approvals",
+    "recorded_approvals": "stepstone.durable._approvals",
+    "diff_runs": "stepstone.durable._inspect",
+    "owner_state": "stepstone.durable._inspect",
+    "query_runs": "stepstone.durable._inspect",
+    "run_detail": "stepstone.durable._inspect",
+    "run_summary": "stepstone.durable._inspect",
+    "run_timeline": "stepstone.durable._inspect",
+    "stranded_runs": "stepstone.durable._inspect",
+    "timeline": "stepstone.durable._inspect",
+    "ClaimResult": "stepstone.durable._kernel",
+    "OwnedRun": "stepstone.durable._kernel",
+    "aclaim_empty": "stepstone.durable._kernel",
+    "aclaim_run": "stepstone.durable._kernel",
+    "claim_empty": "stepstone.durable._kernel",
+    "claim_run": "stepstone.durable._kernel",
+    "describe_owner": "stepstone.durable._kernel",
+    "ownership_error": "stepstone.durable._kernel",
+    "LeasePolicy": "stepstone.durable._leases",
+    "database_now": "stepstone.durable._leases",
+    "owner_alive": "stepstone.durable._leases",
+    "cancel_run": "stepstone.durable._operate",
+    "fork_run": "stepstone.durable._operate",
+    "retry_run": "stepstone.durable._operate",
+    "settle_operation": "stepstone.durable._operations",
+    "requeue_run": "stepstone.durable._queue",
+    "adelete_run": "stepstone.durable._records",
+    "alist_runs": "stepstone.durable._records",
+    "aread_run": "stepstone.durable._records",
+    "blocking_call": "stepstone.durable._records",
+    "delete_run": "stepstone.durable._records",
+    "journal_since": "stepstone.durable._records",
+    "list_runs": "stepstone.durable._records",
+    "read_run": "stepstone.durable._records",
+    "run_head": "stepstone.durable._records",
+    "PrunedRun": "stepstone.durable._retention",
+    "PruneInterrupted": "stepstone.durable._retention",
+    "Pruner": "stepstone.durable._retention",
+    "PruneReport": "stepstone.durable._retention",
+    "plan_prune": "stepstone.durable._retention",
+    "prune": "stepstone.durable._retention",
+    "prune_run": "stepstone.durable._retention",
+    "in_doubt_effects": "stepstone.durable._settle",
+    "settle_effect": "stepstone.durable._settle",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ClaimResult",

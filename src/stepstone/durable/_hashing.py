@@ -34,8 +34,7 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel
-
+from stepstone.core._serialization import is_model
 from stepstone.exceptions import SerializationError
 
 __all__ = ["INPUT_HASH_VERSION", "InputHash", "canonical_hash", "hash_json"]
@@ -182,7 +181,7 @@ class _Canonical:
             return text  # as version 1 wrote it
         self.unstable = True
         cls = type(value)
-        if isinstance(value, BaseModel):
+        if is_model(value):
             fields = {**value.__dict__, **(value.__pydantic_extra__ or {})}
             return {_TAG: "model", "cls": _class_path(cls), "v": self._fields(fields)}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -216,7 +215,7 @@ def _holds_unordered(value: Any, seen: set[int]) -> bool:
         return any(_holds_unordered(k, seen) or _holds_unordered(v, seen) for k, v in value.items())
     if isinstance(value, list | tuple):
         return any(_holds_unordered(v, seen) for v in value)
-    if isinstance(value, BaseModel):
+    if is_model(value):
         extra = value.__pydantic_extra__ or {}
         return any(_holds_unordered(v, seen) for v in (*value.__dict__.values(), *extra.values()))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -20,10 +20,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-
 from stepstone.core import Envelope
 from stepstone.core._ids import new_uid
+from stepstone.core._serialization import is_model
 from stepstone.core._threads import to_thread
 from stepstone.exceptions import (
     ConfigurationError,
@@ -35,6 +34,8 @@ from stepstone.store._queue_base import FINAL_STATUSES, QueueBackend, QueueEntry
 from stepstone.store._store import Store, key_problem, shown_key
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from stepstone.durable._messages import StreamReader
 
 __all__ = [
@@ -311,13 +312,13 @@ def start_envelope(task: Any) -> Envelope[Any]:
     Raises:
         UserError: ``task`` is none of them.
     """
-    if not isinstance(task, str | Envelope | BaseModel):
+    if not (isinstance(task, str | Envelope) or is_model(task)):
         raise UserError(
             f"task must be a str, an Envelope or (for a graph) its state model instance, got "
             f"{type(task).__name__} {task!r:.80}; wrap other values in Envelope(task=..., "
             "payload=...)"
         )
-    if isinstance(task, BaseModel):  # a graph's initial state
+    if is_model(task):  # a graph's initial state
         return Envelope(task=type(task).__name__, payload=task.model_dump(mode="json"))
     if isinstance(task, Envelope):
         return task

@@ -24,11 +24,10 @@ import json
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from pydantic import BaseModel
 
 from stepstone.core import Envelope
 from stepstone.core._ids import new_uid
@@ -45,6 +44,9 @@ from stepstone.durable._queue import (
 from stepstone.exceptions import ConfigurationError, ConfigurationTypeError, UserError
 from stepstone.store._queue_base import QueueBackend, ScheduleRow, TickEntry
 from stepstone.store._store import Store
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = [
     "CatchUp",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepstone.durable._time import STEP_OPS_KIND
 from stepstone.store._base import JournalRow, RunHead
 from stepstone.store._views import register_internal_kind, register_run_view
 
@@ -33,7 +32,9 @@ BUILTIN_KINDS = ("plan", "graph", "replan", "agent", "workflow")
 #: Record kinds of stepstone's engines that are bookkeeping, not runs: a graph record's
 #: resume lock (``graph:<id>#resume``), a step execution's own journal of its sleeps,
 #: receives and stream writes (``<idempotency key>:ops``). Listings of runs leave them out.
-INTERNAL_KINDS = ("graph.resume", STEP_OPS_KIND)
+#: (Written out rather than imported from the kernel, so ``import stepstone`` loads no
+#: kernel module; a test checks they agree with the graph engine's and the kernel's.)
+INTERNAL_KINDS = ("graph.resume", "step-ops")
 
 
 def register_builtin_views() -> None:

@@ -23,9 +23,7 @@ from stepstone.durable._outbox import (
 from stepstone.durable._queue import existing_queue, requeue_run, requeue_when_stopped, submit
 from stepstone.durable._records import run_head
 from stepstone.durable._watch import record_key
-from stepstone.engines.workflow import Workflow
 from stepstone.exceptions import UserError
-from stepstone.runner import checkpoint_latest_key
 from stepstone.server._config import ServerConfig
 from stepstone.server._http import HttpError
 from stepstone.server._targets import Targets
@@ -85,6 +83,8 @@ def check_webhook_url(url: Any) -> str:
 
 def _task_of(target: str, obj: Any, body: dict[str, Any]) -> tuple[Any, str | None]:
     """The start envelope for ``obj`` and the key its decorator gives (workflows)."""
+    from stepstone.engines.workflow import Workflow  # loaded when a run starts, not by serve
+
     args = _field(body, "args", list, [])
     kwargs = _field(body, "kwargs", dict, {})
     if isinstance(obj, Workflow):
@@ -480,6 +480,8 @@ def approve(
     decision: bool | str = True if deny is None else deny
     record = key
     if run_head(config.store, key) is None:
+        from stepstone.runner import checkpoint_latest_key  # not loaded by serve's start
+
         record = checkpoint_latest_key(key)  # a queued agent run, named by its run id
         if run_head(config.store, record) is None:
             record = key

@@ -114,14 +114,22 @@ def test_two_processes_resuming_one_record(tmp_path: Path) -> None:
     inv = info.value.invocation_id or ""
     cp.close()
     cmd = [sys.executable, str(WORKER), "resume", str(db), str(log)]
-    # the first resume is stopped (SIGSTOP: alive, holding the record) after its first
-    # tick, so it is still running however long the second process takes to start
+    # the first resume is stopped (SIGSTOP: alive, holding the record) once its first
+    # tick is committed, so it is still running however long the second process takes to
+    # start; stopped then, it sleeps in its next tick and holds no write lock
     first = _spawn.Popen([*cmd, inv, "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while f" {first.pid}" not in (log.read_text() if log.exists() else ""):
-        assert first.poll() is None, first.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    watch = SQLiteCheckpointer(db)
+    try:
+        while not any(
+            r.resumed_from == inv and r.state["n"] >= 2
+            for r in watch.list(CheckpointFilter(correlation_id="pair"))
+        ):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        watch.close()
     first.send_signal(signal.SIGSTOP)
     try:
         second = _spawn.run([*cmd, inv, "0"], capture_output=True, timeout=60)

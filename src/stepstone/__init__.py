@@ -14,9 +14,9 @@ Example::
     Agent(engine=plan)("today's batch")
 """
 
-import importlib as _importlib
 import typing as _typing
 
+from stepstone.core._lazy import lazy_attributes as _lazy_attributes
 from stepstone.engines._views import register_builtin_views as _register_builtin_views
 from stepstone.exceptions import (
     AgentCheckpointCorruptionError,
@@ -196,18 +196,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 
-def __getattr__(name: str) -> _typing.Any:
-    try:
-        module, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'stepstone' has no attribute {name!r}") from None
-    value = getattr(_importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, globals())
 
 
 # The one place stepstone's run views are registered (see stepstone.engines._views).

@@ -277,22 +277,7 @@ def subscribe_queued_run(store: Store, queue: str, run_key: str, entry_id: str) 
 
 def _add_delivery(store: Store, order: WebhookRecord, run_key: str, entry_id: str) -> int:
     now = store.backend.clock()
-    record = WebhookRecord(
-        id=_delivery_id(order, entry_id),
-        run_key=run_key,
-        url=order.url,
-        event=EVENT,
-        status="waiting",
-        payload=None,
-        attempts=0,
-        next_at=0.0,
-        lease_until=0.0,
-        owner=None,
-        log="[]",
-        created_at=now,
-        updated_at=now,
-        version=0,
-    )
+    record = _fresh(_delivery_id(order, entry_id), run_key, order.url, "waiting", None, now)
     return int(store.backend.webhook_add(record))
 
 

@@ -233,6 +233,28 @@ def test_process_identity_detects_gone_recycled_and_zombie_processes() -> None:
     assert not process_alive(0, None)
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux's /proc")
+def test_a_process_start_time_ignores_a_step_of_the_wall_clock(tmp_path: Path) -> None:
+    """Guarantee 121: the kernel's boot time (/proc/stat btime) follows every step of the
+    wall clock, so a start time derived from wall-clock creation time would move under a
+    live owner. Here psutil reads a /proc whose btime moved by 50 s; ours must not."""
+    import psutil
+
+    me = os.getpid()
+    before = process_start_time(me)
+    stat = Path("/proc/stat").read_text()
+    btime = next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("btime"))
+    (tmp_path / "stat").write_text(stat.replace(f"btime {btime}", f"btime {btime + 50}"))
+    (tmp_path / str(me)).symlink_to(f"/proc/{me}")
+    original, psutil.PROCFS_PATH = psutil.PROCFS_PATH, str(tmp_path)
+    try:
+        assert psutil.boot_time() == btime + 50  # psutil reads the stepped clock
+        assert process_start_time(me) == before is not None
+        assert process_alive(me, before)
+    finally:
+        psutil.PROCFS_PATH = original
+
+
 # -- dead-owner takeover across processes ----------------------------------------------------
 _OWNER = textwrap.dedent(
     """

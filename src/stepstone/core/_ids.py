@@ -47,10 +47,15 @@ def process_start_time(pid: int) -> int | None:
     """The start time of ``pid`` in clock ticks since boot, or None when unknown.
 
     Together with the pid it names a process uniquely within one boot, so a recycled pid is
-    not mistaken for the original owner. Read through psutil, which knows every platform; on
-    Linux the value is exactly the kernel's tick count (what earlier releases stored), so a
-    head written by an older release still compares equal.
+    not mistaken for the original owner. The value must never change while the process
+    lives. On Linux it is the kernel's own tick count, read from ``/proc/<pid>/stat``: it
+    does not move when the wall clock is stepped. (Deriving it from a wall-clock creation
+    time minus the boot time does: the kernel's boot time follows every clock step, so a
+    live owner would look dead and its run be taken over.) Elsewhere psutil's creation
+    time stands in for it.
     """
+    if _PROC_STAT:
+        return _linux_start_ticks(pid)
     import psutil  # loaded by the processes that own or judge runs, not by every import
 
     try:
@@ -59,6 +64,23 @@ def process_start_time(pid: int) -> int | None:
         return None
     ticks: int = round((float(created) - _boot_time()) * _CLOCK_TICKS)
     return ticks
+
+
+def _linux_start_ticks(pid: int) -> int | None:
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # The command name (field 2) sits in parentheses and may hold spaces or ")": the
+    # fields after its last ")" start at field 3, so the start time (field 22) is the 20th.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def process_alive(pid: int, start_time: int | None) -> bool:
@@ -92,3 +114,4 @@ def _boot_time() -> float:
 
 
 _CLOCK_TICKS: int = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PROC_STAT: bool = os.path.exists(f"/proc/{os.getpid()}/stat")

@@ -130,7 +130,7 @@ def test_a_server_with_no_connection_slot_left_is_a_store_error_saying_what_to_d
     try:
         with Store(backend=PostgresBackend(url, reconnect_timeout=1.0)) as store:
             store.setup()  # the slot is free: the schema goes in (the pool opens later)
-            with psycopg.connect(url):  # takes the only slot
+            with _take_the_slot(url):  # the only slot, once setup's backend has exited
                 with pytest.raises(StoreError, match="no connection slot is left") as info:
                     store.write("setting", 1)  # the pool's connections are refused
                 with pytest.raises(StoreError, match="no connection slot is left"):

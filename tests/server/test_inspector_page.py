@@ -152,6 +152,12 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
     lane.focus()
     page.keyboard.press("Enter")  # brings its timeline row into view
     page.wait_for_selector('#timeline tr[aria-current="true"][data-name="fetch"]')
+    # a redraw (the page polls) rebuilds lanes and rows: the focus and the mark stay
+    drawn = int(page.get_attribute("#live", "data-updates") or 0)
+    page.evaluate("window.dispatchEvent(new HashChangeEvent('hashchange'))")
+    expect(page.locator("#live")).not_to_have_attribute("data-updates", str(drawn))
+    assert page.evaluate("document.activeElement.dataset.name") == "fetch"
+    assert page.is_visible('#timeline tr[aria-current="true"][data-name="fetch"]')
     assert "bad rows" in page.inner_text("#run-error")
     assert page.is_visible("#retry-box") and page.is_hidden("#cancel")  # nothing to cancel
     _fits(page)

@@ -15,6 +15,7 @@ let watch = null;           // the run page's change feed: {key, ctl, live}
 const streams = new Map();  // stream name -> {ctl, box}
 let busy = false;
 let again = false;
+let shownRow = null;        // the timeline row last brought into view: {key, name}
 
 // -- small helpers ----------------------------------------------------------------------
 
@@ -368,6 +369,7 @@ async function renderRun(key) {
     errBox.hidden = true;
     errBox.textContent = "";
   }
+  const focused = focusMark();
   renderActions(run);
   renderApprovals(run);
   renderDiagram(run.diagram);
@@ -379,6 +381,7 @@ async function renderRun(key) {
   renderOperations(run);
   renderTimeline(run);
   renderWebhooks(run.webhooks || []);
+  refocus(focused);
   markLive(" · " + (run.steps || 0) + " step(s)");
 }
 
@@ -511,18 +514,50 @@ function renderDiagram(shape) {
   $("#diagram-key").textContent = "done · running · next · failed · stranded · pending (not reached)";
 }
 
-function showRow(name) {
-  // Bring a step's timeline row into view, its payload open.
+function focusMark() {
+  // A redraw rebuilds the diagram's nodes and the Gantt's lanes: note which one has the
+  // keyboard focus (its name, and which of the lanes of that name), so the rebuilt one
+  // gets it back. A poll must not take the focus from under a user's keys.
+  const a = document.activeElement;
+  const box = a && a.closest ? a.closest("#gantt, #diagram") : null;
+  if (!box) return null;
+  const name = focusName(a);
+  const same = [...box.querySelectorAll("[tabindex]")].filter((e) => focusName(e) === name);
+  return { box: box.id, name, nth: same.indexOf(a) };
+}
+
+function focusName(node) {
+  return node.dataset.id || node.dataset.name || "";
+}
+
+function refocus(mark) {
+  if (!mark) return;
+  const same = [...document.querySelectorAll("#" + mark.box + " [tabindex]")].filter((e) => focusName(e) === mark.name);
+  const again = same[Math.min(mark.nth, same.length - 1)];
+  if (again && document.activeElement !== again) again.focus({ preventScroll: true });
+}
+
+function markRow(name) {
+  // The last timeline row of a step: marked current, its payload open (a redraw, which
+  // rebuilds the rows, marks it again).
   const rows = [...document.querySelectorAll("#timeline tbody tr")].filter((r) => r.dataset.name === name);
   const row = rows[rows.length - 1];
-  if (!row) return;
-  row.scrollIntoView({ block: "center" });
   for (const r of document.querySelectorAll('#timeline tr[aria-current="true"]')) r.removeAttribute("aria-current");
-  row.setAttribute("aria-current", "true");  // stays: the row last brought into view
-  row.classList.add("flash");
-  setTimeout(() => row.classList.remove("flash"), 1200);
+  if (!row) return null;
+  row.setAttribute("aria-current", "true");
   const details = row.querySelector("details");
   if (details) details.open = true;
+  return row;
+}
+
+function showRow(name) {
+  // Bring a step's timeline row into view.
+  const row = markRow(name);
+  if (!row) return;
+  shownRow = { key: currentKey(), name };
+  row.scrollIntoView({ block: "center" });
+  row.classList.add("flash");
+  setTimeout(() => row.classList.remove("flash"), 1200);
 }
 
 function serverNow(run) {
@@ -731,6 +766,7 @@ function renderTimeline(run) {
       el("td", span(entry.gap_seconds), "gap"), payloadCell(entry), errCell);
     body.append(tr);
   }
+  if (shownRow && shownRow.key === run.key) markRow(shownRow.name);
 }
 
 function renderWaits(run) {

@@ -57,6 +57,15 @@ def _shot(page: Any, folder: Path, name: str) -> None:
     share(path)
 
 
+def _redraw(page: Any) -> None:
+    """Redraw the page now, as its poll does, and wait until it has."""
+    from playwright.sync_api import expect
+
+    drawn = page.get_attribute("#live", "data-updates")
+    page.evaluate("window.dispatchEvent(new HashChangeEvent('hashchange'))")
+    expect(page.locator("#live")).not_to_have_attribute("data-updates", drawn or "")
+
+
 def _fits(page: Any) -> None:
     """Readable at 1280 wide: nothing runs off the right edge of the page."""
     width = page.evaluate("document.documentElement.scrollWidth")
@@ -143,6 +152,8 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
     page.goto(served.url)
     page.wait_for_selector('#runs tbody tr[data-key="plan-bad"]')
     page.focus('a[href="#run=plan-bad"]')
+    _redraw(page)  # the list redraws on every poll: a row that did not change stays
+    assert page.evaluate("document.activeElement.getAttribute('href')") == "#run=plan-bad"
     page.keyboard.press("Enter")
     page.wait_for_selector('#run-facts[data-status="failed"]')
     page.wait_for_selector('#diagram g.node[data-id="fetch"][data-state="done"]')
@@ -152,10 +163,7 @@ def _every_kind(page: Any, served: Served, tmp_path: Path, gate: Path) -> None:
     lane.focus()
     page.keyboard.press("Enter")  # brings its timeline row into view
     page.wait_for_selector('#timeline tr[aria-current="true"][data-name="fetch"]')
-    # a redraw (the page polls) rebuilds lanes and rows: the focus and the mark stay
-    drawn = int(page.get_attribute("#live", "data-updates") or 0)
-    page.evaluate("window.dispatchEvent(new HashChangeEvent('hashchange'))")
-    expect(page.locator("#live")).not_to_have_attribute("data-updates", str(drawn))
+    _redraw(page)  # it rebuilds lanes and rows: the focus and the mark stay
     assert page.evaluate("document.activeElement.dataset.name") == "fetch"
     assert page.is_visible('#timeline tr[aria-current="true"][data-name="fetch"]')
     assert "bad rows" in page.inner_text("#run-error")

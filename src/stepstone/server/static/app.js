@@ -255,8 +255,7 @@ async function renderList() {
   $("#mode").textContent = data.allow_actions ? "actions enabled" : "read-only";
   $("#count").textContent = data.total + " run(s)";
   renderCounts(data.counts || {});
-  const body = $("#runs tbody");
-  body.replaceChildren();
+  const rows = [];
   for (const run of data.runs) {
     const tr = el("tr", null, run.error ? "row-error" : "");
     tr.dataset.key = run.key;
@@ -295,16 +294,31 @@ async function renderList() {
       el("td", run.steps), el("td", run.next_step || ""), el("td", run.queue || ""),
       el("td", when(run.updated_at)),
       el("td", errText, run.error_type ? "owner-dead" : ""));
-    body.append(tr);
+    rows.push(tr);
   }
+  const body = $("#runs tbody");
+  patchChildren(body, rows);
+  for (const pick of body.querySelectorAll("input.pick")) pick.checked = picked.has(pick.closest("tr").dataset.key);
   updateCompare();
   markLive();
 }
 
+function patchChildren(host, fresh) {
+  // Put the nodes ``fresh`` in ``host``, keeping in place each old child equal to its new
+  // one (same attributes and text: their handlers act on the same run): the list redraws
+  // on every poll, and must not swap a row from under a click or the keyboard focus.
+  const old = [...host.children];
+  fresh.forEach((node, i) => {
+    const was = old[i];
+    if (!was) host.append(node);
+    else if (!was.isEqualNode(node)) host.replaceChild(node, was);
+  });
+  for (const extra of old.slice(fresh.length)) extra.remove();
+}
+
 function renderCounts(counts) {
-  const box = $("#counts");
-  box.replaceChildren();
   const form = $("#filters");
+  const buttons = [];
   for (const [name, field] of COUNTED) {
     const n = counts[name] || 0;
     const on = form.elements[field].value === name;
@@ -318,8 +332,9 @@ function renderCounts(counts) {
     b.dataset.count = name;
     b.dataset.n = String(n);
     b.setAttribute("aria-pressed", String(on));
-    box.append(b);
+    buttons.push(b);
   }
+  patchChildren($("#counts"), buttons);
 }
 
 function updateCompare() {

@@ -233,26 +233,38 @@ def test_process_identity_detects_gone_recycled_and_zombie_processes() -> None:
     assert not process_alive(0, None)
 
 
+_STEPPED = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import psutil
+    from stepstone.core._ids import process_alive, process_start_time
+
+    me, fake = os.getpid(), Path(sys.argv[1])
+    before = process_start_time(me)
+    stat = Path("/proc/stat").read_text()
+    btime = next(int(ln.split()[1]) for ln in stat.splitlines() if ln.startswith("btime"))
+    (fake / "stat").write_text(stat.replace(f"btime {btime}", f"btime {btime + 50}"))
+    (fake / str(me)).symlink_to(f"/proc/{me}")
+    psutil.PROCFS_PATH = str(fake)
+    assert psutil.boot_time() == btime + 50, "psutil reads the stepped clock"
+    after = process_start_time(me)
+    assert after == before is not None, (before, after)
+    assert process_alive(me, before)
+    """
+)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux's /proc")
 def test_a_process_start_time_ignores_a_step_of_the_wall_clock(tmp_path: Path) -> None:
     """Guarantee 121: the kernel's boot time (/proc/stat btime) follows every step of the
     wall clock, so a start time derived from wall-clock creation time would move under a
-    live owner. Here psutil reads a /proc whose btime moved by 50 s; ours must not."""
-    import psutil
-
-    me = os.getpid()
-    before = process_start_time(me)
-    stat = Path("/proc/stat").read_text()
-    btime = next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("btime"))
-    (tmp_path / "stat").write_text(stat.replace(f"btime {btime}", f"btime {btime + 50}"))
-    (tmp_path / str(me)).symlink_to(f"/proc/{me}")
-    original, psutil.PROCFS_PATH = psutil.PROCFS_PATH, str(tmp_path)
-    try:
-        assert psutil.boot_time() == btime + 50  # psutil reads the stepped clock
-        assert process_start_time(me) == before is not None
-        assert process_alive(me, before)
-    finally:
-        psutil.PROCFS_PATH = original
+    live owner. A child points psutil at a /proc whose btime moved by 50 s (in its own
+    process: psutil's /proc path is global); its start time must not move."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STEPPED, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
 
 
 # -- dead-owner takeover across processes ----------------------------------------------------

@@ -97,9 +97,8 @@ def named_key(store: Store, key: str) -> str:
         meant = unescape(key)
         if meant != key and not _holds(store, key) and _holds(store, meant):
             return meant
-    from stepstone.durable._inspect import (
-        named_run,
-    )  # the kernel: loaded by a command that reads runs
+    # the kernel: loaded by a command that reads runs, not by every command
+    from stepstone.durable._inspect import named_run
 
     return named_run(store, key)
 

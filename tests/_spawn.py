@@ -563,10 +563,6 @@ def run(
 ) -> subprocess.CompletedProcess[Any]:
     """:func:`subprocess.run`, forked from the warmed server where it can be (``fresh``:
     as :func:`Popen`)."""
-    if fresh or _target(args, kwargs) is None:
-        return subprocess.run(
-            args, input=input, capture_output=capture_output, timeout=timeout, check=check, **kwargs
-        )
     if input is not None:
         if kwargs.get("stdin") is not None:
             raise ValueError("stdin and input arguments may not both be used.")
@@ -575,7 +571,7 @@ def run(
         if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
             raise ValueError("stdout and stderr arguments may not be used with capture_output.")
         kwargs["stdout"] = kwargs["stderr"] = PIPE
-    with Popen(args, **kwargs) as process:
+    with Popen(args, fresh=fresh, **kwargs) as process:
         try:
             stdout, stderr = process.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:

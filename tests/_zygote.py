@@ -425,7 +425,7 @@ def _preload() -> None:
 def _open_fds() -> list[int]:
     """This process's open file descriptors (fstat: opens nothing itself)."""
     found = []
-    for fd in range(os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") < 4096 else 4096):
+    for fd in range(min(os.sysconf("SC_OPEN_MAX"), 4096)):
         try:
             os.fstat(fd)
         except OSError:
@@ -441,9 +441,6 @@ def _main() -> _Job | None:
         _preload()
     server = _Server(ctl, base_path)
     hello = {
-        "pid": os.getpid(),
-        "env": server.env,
-        "modules": len(sys.modules),
         "threads": threading.active_count(),
         "env_reads": sorted(ENV_READS),
         "fds": _open_fds(),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from stepstone.core._ids import process_alive
 from tests import _spawn, _zygote
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -448,16 +449,9 @@ def test_the_server_ends_with_its_test_process() -> None:
     holder.kill()  # no atexit: only the socket's close and the parent check remain
     holder.communicate(timeout=60)
     deadline = time.monotonic() + 60
-    while Path(f"/proc/{zygote}").exists() and _state(zygote) != "Z":
+    while process_alive(zygote, None):  # gone, or a zombie: ended
         assert time.monotonic() < deadline, "the fork server outlived its test process"
         time.sleep(0.05)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return "Z"
 
 
 def test_no_test_sets_a_variable_the_preloaded_modules_read_at_import() -> None:

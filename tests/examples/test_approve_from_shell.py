@@ -3,11 +3,9 @@ another process, then applied by the Plan's resume."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.cli.test_cli import stepstone
 from tests.examples._run import run_example
 
 WIDE = {"COLUMNS": "200"}
@@ -20,14 +18,7 @@ def test_pause_approve_from_the_shell_resume(tmp_path: Path) -> None:
         "paused: refund({'order': 'o-42', 'amount': 30}) waits; approve it with "
         f"`stepstone approve refunds call_0_0 --db {db}`"
     ]
-    cli = [sys.executable, "-m", "stepstone.cli"]
-    approve = subprocess.run(
-        [*cli, "approve", "refunds", "call_0_0", "--db", db, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **WIDE},
-    )
+    approve = stepstone("approve", "refunds", "call_0_0", "--db", db, "--json")
     assert approve.returncode == 0, approve.stderr
     approved = approve.stdout
     assert '"decision": true' in approved and '"tool": "refund"' in approved

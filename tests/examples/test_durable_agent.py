@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
 
+from tests.docs._blocks import blocks
 from tests.docs._one_interpreter import Ran, Script, run_steps
 from tests.examples._run import example_lines
 
@@ -34,8 +34,7 @@ def test_example_crash_and_approval_stories(tmp_path: Path) -> None:
 
 
 def _agents_blocks() -> list[str]:
-    text = (ROOT / "docs" / "agents.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return [b.code for b in blocks(ROOT / "docs" / "agents.md") if b.runs]
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ file runs the others, once each.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ OFFLINE = {"etl_llm_agents.py", "research_and_write.py"}
 _RUNNERS = {"run_example", "example_lines"}
 
 
+@functools.cache  # read at collection and by the check below: parsed once
 def _run_by_their_tests() -> dict[str, str]:
     """The examples a test file here runs through ``run_example`` (or ``example_lines``) with
     literal arguments only, so with no store file: example -> test file."""
